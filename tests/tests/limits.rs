@@ -1,0 +1,132 @@
+//! Resource limits: memory, pids, output, workspace disk.
+
+#![forbid(unsafe_code)]
+
+use pycell_tests::{run_code, status_of};
+use serde_json::Value;
+
+#[test]
+fn memory_hog_is_killed_as_oom() {
+    // Touch every page: `bytes * n` writes the memory, unlike bytearray(n).
+    let code = r#"
+chunks = []
+for i in range(512):
+    chunks.append(b"\x01" * (1 << 20))
+print("allocated", len(chunks), "MiB")
+"#;
+    let out = run_code("hog.py", code, &["--memory", "64M"], &[]);
+    assert_eq!(status_of(&out), "oom", "{}", out.describe());
+    assert_eq!(out.exit_code, Some(137), "{}", out.describe());
+    assert!(
+        !out.result()["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("allocated"),
+        "the hog finished its 512 MiB under a 64 MiB limit:\n{}",
+        out.describe()
+    );
+}
+
+#[test]
+fn fork_bomb_is_bounded_by_pids() {
+    // Bounded on purpose: at most 200 attempts, children sleep and are
+    // killed and reaped by the parent before it exits.
+    let code = r#"
+import json, os, signal, time
+kids, failures = [], 0
+for _ in range(200):
+    try:
+        pid = os.fork()
+    except OSError:
+        failures += 1
+        continue
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.kill(pid, signal.SIGKILL)
+for pid in kids:
+    os.waitpid(pid, 0)
+print(json.dumps({"forked": len(kids), "failures": failures}))
+"#;
+    let out = run_code("forks.py", code, &["--pids", "16", "--timeout", "20"], &[]);
+    let status = status_of(&out);
+    assert!(
+        status == "ok" || status == "error",
+        "status {status:?}, want ok or error\n{}",
+        out.describe()
+    );
+    let stdout = out.result()["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let counts: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "script output is not its JSON count ({e})\n{}",
+            out.describe()
+        )
+    });
+    let forked = counts["forked"].as_u64().expect("forked count");
+    assert!(
+        forked > 0 && forked < 16,
+        "forked {forked} children under --pids 16 (want 1..15)\n{}",
+        out.describe()
+    );
+    assert!(
+        counts["failures"].as_u64().unwrap_or(0) > 0,
+        "no fork failed under --pids 16\n{}",
+        out.describe()
+    );
+}
+
+#[test]
+fn output_flood_is_truncated() {
+    let code = r#"
+import sys
+line = "x" * 1023 + "\n"
+for _ in range(10 * 1024):
+    sys.stdout.write(line)
+"#;
+    let out = run_code("flood.py", code, &["--max-output", "64K"], &[]);
+    let r = out.result();
+    assert_eq!(r["status"], "ok", "{}", out.describe());
+    assert_eq!(r["stdout_truncated"], true, "{}", out.describe());
+    let len = r["stdout"].as_str().map(str::len).unwrap_or(usize::MAX);
+    assert!(
+        len <= 64 * 1024,
+        "stdout has {len} bytes under --max-output 64K"
+    );
+    assert!(len > 0, "stdout is empty: the first 64 KiB should be kept");
+}
+
+#[test]
+fn workspace_fills_to_enospc() {
+    let code = r#"
+import errno, json, os
+total, err = 0, None
+chunk = b"\xab" * (1 << 20)
+with open("/workspace/fill", "wb", buffering=0) as f:
+    for _ in range(100):
+        try:
+            total += f.write(chunk)
+        except OSError as e:
+            err = errno.errorcode.get(e.errno, str(e.errno))
+            break
+print(json.dumps({"errno": err, "total": total}))
+"#;
+    let out = run_code("fill.py", code, &["--disk", "8M"], &[]);
+    let stdout = out.result()["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let v: Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("script output is not JSON ({e})\n{}", out.describe()));
+    assert_eq!(v["errno"], "ENOSPC", "{}", out.describe());
+    let total = v["total"].as_u64().expect("total");
+    assert!(
+        (6 << 20..=8 << 20).contains(&total),
+        "wrote {total} bytes into an 8 MiB workspace (want 6..=8 MiB)\n{}",
+        out.describe()
+    );
+}
