@@ -1,0 +1,296 @@
+//! Resource limits of one run, and the ranges they must stay in.
+//!
+//! The ranges are the same whether a value comes from a policy file or from a
+//! CLI override, so they live here, next to the type, in `Limits::check`.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::units::{format_duration, format_size};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+/// Longest wall-clock timeout a policy may set.
+pub const MAX_WALL_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+/// Smallest memory limit: below this CPython cannot start reliably.
+pub const MIN_MEMORY: u64 = 16 * MIB;
+/// Range of `pids` (tasks, i.e. processes and threads, in the run's cgroup).
+pub const PIDS_RANGE: (u32, u32) = (1, 65536);
+/// Range of `cpus` (CPU bandwidth in cores).
+pub const CPUS_RANGE: (f64, f64) = (0.01, 1024.0);
+/// Range of `open_files` (RLIMIT_NOFILE). Python itself needs a few.
+pub const OPEN_FILES_RANGE: (u64, u64) = (16, 1_048_576);
+/// Smallest tmpfs for `/workspace` and `/tmp`.
+pub const MIN_TMPFS_SIZE: u64 = MIB;
+/// Smallest cap on each of stdout and stderr.
+pub const MIN_MAX_OUTPUT: u64 = KIB;
+
+/// Resource limits of one run, validated (see [`Limits::validate`]).
+///
+/// `Default` gives the built-in defaults, which are also what a user policy
+/// file gets for any limit it leaves out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Wall-clock time after which the whole cgroup is killed.
+    pub wall_timeout: Duration,
+    /// RLIMIT_CPU. The kernel counts whole seconds: round up when applying.
+    pub cpu_time: Duration,
+    /// cgroup memory.max in bytes (swap is always 0).
+    pub memory: u64,
+    /// cgroup pids.max.
+    pub pids: u32,
+    /// CPU bandwidth in cores: cgroup cpu.max quota = cpus × period.
+    pub cpus: f64,
+    /// RLIMIT_NOFILE.
+    pub open_files: u64,
+    /// RLIMIT_FSIZE in bytes.
+    pub file_size: u64,
+    /// Size of the tmpfs mounted at /workspace, in bytes.
+    pub workspace_size: u64,
+    /// Size of the tmpfs mounted at /tmp (and of /dev/shm), in bytes.
+    pub tmp_size: u64,
+    /// Cap in bytes for EACH of stdout and stderr; the rest is dropped and
+    /// the result says it was truncated.
+    pub max_output: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            wall_timeout: Duration::from_secs(30),
+            cpu_time: Duration::from_secs(30),
+            memory: 512 * MIB,
+            pids: 64,
+            cpus: 1.0,
+            open_files: 256,
+            file_size: 64 * MIB,
+            workspace_size: 64 * MIB,
+            tmp_size: 64 * MIB,
+            max_output: MIB,
+        }
+    }
+}
+
+/// A limit outside its range: which field, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LimitError {
+    pub(crate) field: &'static str,
+    pub(crate) message: String,
+}
+
+impl Limits {
+    /// Checks every limit against its range, so that values set by a CLI
+    /// override get the same checks as values from a policy file.
+    ///
+    /// The error names the field, e.g. `memory: must be at least 16MiB (got 1MiB)`.
+    pub fn validate(&self) -> Result<(), String> {
+        self.check()
+            .map_err(|e| format!("{}: {}", e.field, e.message))
+    }
+
+    pub(crate) fn check(&self) -> Result<(), LimitError> {
+        let fail = |field, message| Err(LimitError { field, message });
+        if self.wall_timeout.is_zero() {
+            return fail("wall_timeout", "must be greater than 0".to_owned());
+        }
+        if self.wall_timeout > MAX_WALL_TIMEOUT {
+            return fail(
+                "wall_timeout",
+                format!(
+                    "must be at most 24h (got {})",
+                    format_duration(self.wall_timeout)
+                ),
+            );
+        }
+        if self.cpu_time.is_zero() {
+            return fail("cpu_time", "must be greater than 0".to_owned());
+        }
+        if self.memory < MIN_MEMORY {
+            return fail("memory", at_least(MIN_MEMORY, self.memory));
+        }
+        if !(PIDS_RANGE.0..=PIDS_RANGE.1).contains(&self.pids) {
+            return fail("pids", between(PIDS_RANGE, self.pids));
+        }
+        // `contains` is false for NaN, so NaN is rejected too.
+        if !(CPUS_RANGE.0..=CPUS_RANGE.1).contains(&self.cpus) {
+            return fail("cpus", between(CPUS_RANGE, self.cpus));
+        }
+        if !(OPEN_FILES_RANGE.0..=OPEN_FILES_RANGE.1).contains(&self.open_files) {
+            return fail("open_files", between(OPEN_FILES_RANGE, self.open_files));
+        }
+        if self.file_size < 1 {
+            return fail("file_size", at_least(1, self.file_size));
+        }
+        if self.workspace_size < MIN_TMPFS_SIZE {
+            return fail(
+                "workspace_size",
+                at_least(MIN_TMPFS_SIZE, self.workspace_size),
+            );
+        }
+        if self.tmp_size < MIN_TMPFS_SIZE {
+            return fail("tmp_size", at_least(MIN_TMPFS_SIZE, self.tmp_size));
+        }
+        if self.max_output < MIN_MAX_OUTPUT {
+            return fail("max_output", at_least(MIN_MAX_OUTPUT, self.max_output));
+        }
+        Ok(())
+    }
+}
+
+fn at_least(min: u64, got: u64) -> String {
+    format!(
+        "must be at least {} (got {})",
+        format_size(min),
+        format_size(got)
+    )
+}
+
+pub(crate) fn between<T: std::fmt::Display>(range: (T, T), got: impl std::fmt::Display) -> String {
+    format!("must be between {} and {} (got {got})", range.0, range.1)
+}
+
+/// The JSON form of [`Limits`]: durations in seconds, sizes in bytes, with
+/// the unit in the field name so a reader never has to guess.
+#[derive(Serialize)]
+struct LimitsReport {
+    wall_timeout_s: f64,
+    cpu_time_s: f64,
+    memory_bytes: u64,
+    pids: u32,
+    cpus: f64,
+    open_files: u64,
+    file_size_bytes: u64,
+    workspace_size_bytes: u64,
+    tmp_size_bytes: u64,
+    max_output_bytes: u64,
+}
+
+impl Serialize for Limits {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        LimitsReport {
+            wall_timeout_s: self.wall_timeout.as_secs_f64(),
+            cpu_time_s: self.cpu_time.as_secs_f64(),
+            memory_bytes: self.memory,
+            pids: self.pids,
+            cpus: self.cpus,
+            open_files: self.open_files,
+            file_size_bytes: self.file_size,
+            workspace_size_bytes: self.workspace_size,
+            tmp_size_bytes: self.tmp_size,
+            max_output_bytes: self.max_output,
+        }
+        .serialize(serializer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(Limits::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn each_range_names_its_field() {
+        type Case = (fn(&mut Limits), &'static str);
+        let cases: Vec<Case> = vec![
+            (
+                |l| l.wall_timeout = Duration::ZERO,
+                "wall_timeout: must be greater than 0",
+            ),
+            (
+                |l| l.wall_timeout = Duration::from_secs(25 * 3600),
+                "wall_timeout: must be at most 24h (got 25h)",
+            ),
+            (
+                |l| l.cpu_time = Duration::ZERO,
+                "cpu_time: must be greater than 0",
+            ),
+            (
+                |l| l.memory = MIB,
+                "memory: must be at least 16MiB (got 1MiB)",
+            ),
+            (|l| l.pids = 0, "pids: must be between 1 and 65536 (got 0)"),
+            (
+                |l| l.pids = 65537,
+                "pids: must be between 1 and 65536 (got 65537)",
+            ),
+            (
+                |l| l.cpus = 0.0,
+                "cpus: must be between 0.01 and 1024 (got 0)",
+            ),
+            (
+                |l| l.cpus = f64::NAN,
+                "cpus: must be between 0.01 and 1024 (got NaN)",
+            ),
+            (
+                |l| l.cpus = 2000.0,
+                "cpus: must be between 0.01 and 1024 (got 2000)",
+            ),
+            (
+                |l| l.open_files = 3,
+                "open_files: must be between 16 and 1048576 (got 3)",
+            ),
+            (
+                |l| l.file_size = 0,
+                "file_size: must be at least 1 byte (got 0 bytes)",
+            ),
+            (
+                |l| l.workspace_size = 1000,
+                "workspace_size: must be at least 1MiB (got 1000 bytes)",
+            ),
+            (
+                |l| l.tmp_size = 512 * KIB,
+                "tmp_size: must be at least 1MiB (got 512KiB)",
+            ),
+            (
+                |l| l.max_output = 1023,
+                "max_output: must be at least 1KiB (got 1023 bytes)",
+            ),
+        ];
+        for (set, expected) in cases {
+            let mut limits = Limits::default();
+            set(&mut limits);
+            assert_eq!(limits.validate().unwrap_err(), expected);
+        }
+    }
+
+    #[test]
+    fn edges_are_inclusive() {
+        let limits = Limits {
+            wall_timeout: MAX_WALL_TIMEOUT,
+            cpu_time: Duration::from_millis(1),
+            memory: MIN_MEMORY,
+            pids: 65536,
+            cpus: 0.01,
+            open_files: 16,
+            file_size: 1,
+            workspace_size: MIB,
+            tmp_size: MIB,
+            max_output: KIB,
+        };
+        assert_eq!(limits.validate(), Ok(()));
+    }
+
+    #[test]
+    fn serializes_with_units_in_field_names() {
+        let text = toml::to_string(&Limits::default()).unwrap();
+        assert_eq!(
+            text,
+            "wall_timeout_s = 30.0\n\
+             cpu_time_s = 30.0\n\
+             memory_bytes = 536870912\n\
+             pids = 64\n\
+             cpus = 1.0\n\
+             open_files = 256\n\
+             file_size_bytes = 67108864\n\
+             workspace_size_bytes = 67108864\n\
+             tmp_size_bytes = 67108864\n\
+             max_output_bytes = 1048576\n"
+        );
+    }
+}

@@ -1,0 +1,138 @@
+//! The first layer: the file's shape, exactly as written. Unknown fields are
+//! rejected here; values are checked in `validate`.
+//!
+//! Integers are read as i64 (TOML's integer) so that an out-of-range number
+//! gets the range message from validation rather than a type error.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::Deserialize;
+
+use crate::types::Namespace;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPolicy {
+    pub(crate) name: String,
+    pub(crate) description: String,
+    pub(crate) namespaces: Vec<Namespace>,
+    pub(crate) interpreter: RawInterpreter,
+    pub(crate) limits: Option<RawLimits>,
+    pub(crate) network: Option<RawNetwork>,
+    pub(crate) mounts: Option<Vec<RawMount>>,
+    pub(crate) landlock: Option<RawLandlock>,
+    pub(crate) seccomp: Option<RawSeccomp>,
+    pub(crate) env: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawInterpreter {
+    pub(crate) python: Option<String>,
+    pub(crate) venv: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLimits {
+    pub(crate) wall_timeout: Option<Quantity>,
+    pub(crate) cpu_time: Option<Quantity>,
+    pub(crate) memory: Option<Quantity>,
+    pub(crate) pids: Option<i64>,
+    pub(crate) cpus: Option<f64>,
+    pub(crate) open_files: Option<i64>,
+    pub(crate) file_size: Option<Quantity>,
+    pub(crate) workspace_size: Option<Quantity>,
+    pub(crate) tmp_size: Option<Quantity>,
+    pub(crate) max_output: Option<Quantity>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawNetwork {
+    pub(crate) mode: RawNetworkMode,
+}
+
+/// Only "none" exists in this version. A hand-written Deserialize so that
+/// "allowlist" (planned) gets a message saying so, not a list of variants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RawNetworkMode {
+    None,
+}
+
+impl<'de> Deserialize<'de> for RawNetworkMode {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ModeVisitor;
+        impl Visitor<'_> for ModeVisitor {
+            type Value = RawNetworkMode;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawNetworkMode, E> {
+                match v {
+                    "none" => Ok(RawNetworkMode::None),
+                    other => Err(E::custom(format!(
+                        "unsupported network mode {other:?}: only \"none\" is supported in this version"
+                    ))),
+                }
+            }
+        }
+        deserializer.deserialize_str(ModeVisitor)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMount {
+    pub(crate) source: String,
+    pub(crate) target: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLandlock {
+    pub(crate) min_abi: Option<i64>,
+    pub(crate) read_exec: Option<Vec<String>>,
+    pub(crate) read_only: Option<Vec<String>>,
+    pub(crate) read_write: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSeccomp {
+    pub(crate) profile: String,
+}
+
+/// A size or a duration as written: an integer (bytes or seconds) or a
+/// string with a unit. Parsed in `validate`, where the field is known.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Quantity {
+    Integer(i64),
+    Text(String),
+}
+
+impl<'de> Deserialize<'de> for Quantity {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct QuantityVisitor;
+        impl Visitor<'_> for QuantityVisitor {
+            type Value = Quantity;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an integer or a string with a unit, such as \"30s\" or \"64MiB\"")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Quantity, E> {
+                Ok(Quantity::Integer(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Quantity, E> {
+                i64::try_from(v)
+                    .map(Quantity::Integer)
+                    .map_err(|_| E::custom(format!("{v} is too large")))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Quantity, E> {
+                Ok(Quantity::Text(v.to_owned()))
+            }
+        }
+        deserializer.deserialize_any(QuantityVisitor)
+    }
+}

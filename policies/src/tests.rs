@@ -1,0 +1,499 @@
+//! Whole-file tests: what an operator sees for a good file and for mistakes.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::*;
+
+/// A complete, valid user policy; tests edit one line of it.
+const GOOD: &str = r#"name = "custom"
+description = "Test policy."
+namespaces = ["user", "pid", "mount", "net", "ipc", "uts", "cgroup"]
+
+[interpreter]
+python = "/usr/bin/python3"
+
+[limits]
+wall_timeout = "10s"
+cpu_time = 5
+memory = "256MiB"
+pids = 32
+cpus = 0.5
+open_files = 128
+file_size = "1M"
+workspace_size = "32MiB"
+tmp_size = 16777216
+max_output = "64KiB"
+
+[network]
+mode = "none"
+
+[[mounts]]
+source = "/usr"
+
+[[mounts]]
+source = "/opt/data"
+target = "/data"
+
+[landlock]
+min_abi = 4
+read_exec = ["/opt/tools"]
+read_only = ["/srv"]
+read_write = ["/workspace/out"]
+
+[seccomp]
+profile = "numpy-ok"
+
+[env]
+PATH = "/usr/bin:/bin"
+HOME = "/workspace"
+"#;
+
+fn parse(text: &str) -> Result<Policy, PolicyError> {
+    Policy::from_toml_str(text, Path::new("policies/custom.toml"))
+}
+
+/// The error text for GOOD with `from` replaced by `to`.
+fn error_with(from: &str, to: &str) -> String {
+    assert!(
+        GOOD.contains(from),
+        "test edits a line that is not in GOOD: {from}"
+    );
+    parse(&GOOD.replacen(from, to, 1))
+        .expect_err("edited policy should be rejected")
+        .to_string()
+}
+
+#[test]
+fn good_policy_parses_into_typed_values() {
+    let p = parse(GOOD).unwrap();
+    assert_eq!(p.name, "custom");
+    assert_eq!(p.description, "Test policy.");
+    assert_eq!(
+        p.interpreter,
+        Interpreter::HostPython("/usr/bin/python3".into())
+    );
+    assert_eq!(
+        p.limits,
+        Limits {
+            wall_timeout: Duration::from_secs(10),
+            cpu_time: Duration::from_secs(5),
+            memory: 256 << 20,
+            pids: 32,
+            cpus: 0.5,
+            open_files: 128,
+            file_size: 1 << 20,
+            workspace_size: 32 << 20,
+            tmp_size: 16 << 20,
+            max_output: 64 << 10,
+        }
+    );
+    assert_eq!(p.network, NetworkMode::None);
+    assert_eq!(
+        p.mounts,
+        vec![
+            ReadOnlyMount {
+                source: "/usr".into(),
+                target: "/usr".into()
+            },
+            ReadOnlyMount {
+                source: "/opt/data".into(),
+                target: "/data".into()
+            },
+        ]
+    );
+    assert_eq!(
+        p.landlock,
+        LandlockRules {
+            min_abi: 4,
+            read_exec: vec!["/opt/tools".into()],
+            read_only: vec!["/srv".into()],
+            read_write: vec!["/workspace/out".into()],
+        }
+    );
+    assert_eq!(p.seccomp_profile, "numpy-ok");
+    assert_eq!(p.env.len(), 2);
+    assert_eq!(p.env["HOME"], "/workspace");
+    assert_eq!(p.namespaces(), &Namespace::ALL);
+}
+
+#[test]
+fn minimal_user_policy_takes_defaults() {
+    let text = r#"
+name = "custom"
+description = "Minimal."
+namespaces = ["cgroup", "uts", "ipc", "net", "mount", "pid", "user"]
+interpreter = { venv = "/var/lib/pycell/envs/abc" }
+"#;
+    let p = parse(text).unwrap();
+    assert_eq!(
+        p.interpreter,
+        Interpreter::Venv("/var/lib/pycell/envs/abc".into())
+    );
+    assert_eq!(p.limits, Limits::default());
+    assert_eq!(p.network, NetworkMode::None);
+    assert!(p.mounts.is_empty());
+    assert_eq!(p.landlock, LandlockRules::default());
+    assert_eq!(p.seccomp_profile, "default");
+    assert!(
+        p.env.is_empty(),
+        "nothing is inherited, nothing is invented"
+    );
+}
+
+#[test]
+fn some_limits_given_others_default() {
+    let text = GOOD
+        .replace("cpu_time = 5\n", "")
+        .replace("pids = 32\n", "");
+    let p = parse(&text).unwrap();
+    assert_eq!(p.limits.cpu_time, Limits::default().cpu_time);
+    assert_eq!(p.limits.pids, Limits::default().pids);
+    assert_eq!(p.limits.memory, 256 << 20);
+}
+
+#[test]
+fn invalid_size_names_position_field_and_fix() {
+    assert_eq!(
+        error_with(r#"memory = "256MiB""#, r#"memory = "12XB""#),
+        "policies/custom.toml:11:10: limits.memory: invalid size \"12XB\": use a number of bytes \
+         or a number with a unit (KiB, MiB, GiB; k/M/G also mean 1024-based)"
+    );
+}
+
+#[test]
+fn unknown_field_lists_the_known_ones() {
+    assert_eq!(
+        error_with("memory = ", "memroy = "),
+        "policies/custom.toml:11:1: limits.memroy: unknown field \"memroy\"; expected one of: \
+         wall_timeout, cpu_time, memory, pids, cpus, open_files, file_size, workspace_size, \
+         tmp_size, max_output"
+    );
+    assert_eq!(
+        error_with("[network]", "[netwrok]"),
+        "policies/custom.toml:20:2: netwrok: unknown field \"netwrok\"; expected one of: \
+         name, description, namespaces, interpreter, limits, network, mounts, landlock, seccomp, env"
+    );
+}
+
+#[test]
+fn writable_mounts_do_not_exist() {
+    assert_eq!(
+        error_with("target = \"/data\"\n", "target = \"/data\"\nwritable = true\n"),
+        "policies/custom.toml:29:1: mounts[1].writable: unknown field \"writable\"; expected one of: \
+         source, target (mounts are always read-only)"
+    );
+}
+
+#[test]
+fn every_namespace_is_required() {
+    assert_eq!(
+        error_with(r#""net", "#, ""),
+        "policies/custom.toml:3:14: namespaces: missing \"net\": pycell always isolates net; \
+         it cannot be turned off (list all of: user, pid, mount, net, ipc, uts, cgroup)"
+    );
+    assert_eq!(
+        error_with(r#""uts", "#, r#""pid", "uts", "#),
+        "policies/custom.toml:3:53: namespaces[5]: duplicate namespace \"pid\": list each namespace once"
+    );
+    assert_eq!(
+        error_with(r#""net""#, r#""network""#),
+        "policies/custom.toml:3:39: namespaces[3]: unknown value \"network\"; expected one of: \
+         user, pid, mount, net, ipc, uts, cgroup"
+    );
+}
+
+#[test]
+fn network_allowlist_is_not_yet_supported() {
+    assert_eq!(
+        error_with(r#"mode = "none""#, r#"mode = "allowlist""#),
+        "policies/custom.toml:21:8: network.mode: unsupported network mode \"allowlist\": \
+         only \"none\" is supported in this version"
+    );
+}
+
+#[test]
+fn missing_required_field_is_named() {
+    assert_eq!(
+        error_with("description = \"Test policy.\"\n", ""),
+        "policies/custom.toml:1:1: description: missing required field"
+    );
+    assert_eq!(
+        error_with(
+            "[[mounts]]\nsource = \"/usr\"\n",
+            "[[mounts]]\ntarget = \"/usr\"\n"
+        ),
+        "policies/custom.toml:23:1: mounts[0].source: missing required field"
+    );
+}
+
+#[test]
+fn wrong_types_use_toml_words() {
+    assert_eq!(
+        error_with("pids = 32", "pids = \"32\""),
+        "policies/custom.toml:12:8: limits.pids: expected an integer, found string \"32\""
+    );
+    assert_eq!(
+        error_with("HOME = \"/workspace\"", "HOME = 1"),
+        "policies/custom.toml:41:8: env.HOME: expected a string, found integer 1"
+    );
+    assert_eq!(
+        error_with("memory = \"256MiB\"", "memory = 1.5"),
+        "policies/custom.toml:11:10: limits.memory: expected an integer or a string with a unit, \
+         such as \"30s\" or \"64MiB\", found float 1.5"
+    );
+}
+
+#[test]
+fn ranges_are_checked_with_the_limit_rules() {
+    assert_eq!(
+        error_with(r#"memory = "256MiB""#, r#"memory = "1MiB""#),
+        "policies/custom.toml:11:10: limits.memory: must be at least 16MiB (got 1MiB)"
+    );
+    assert_eq!(
+        error_with("pids = 32", "pids = -1"),
+        "policies/custom.toml:12:8: limits.pids: must be between 1 and 65536 (got -1)"
+    );
+    assert_eq!(
+        error_with("pids = 32", "pids = 99999999999"),
+        "policies/custom.toml:12:8: limits.pids: must be between 1 and 65536 (got 99999999999)"
+    );
+    assert_eq!(
+        error_with("cpus = 0.5", "cpus = nan"),
+        "policies/custom.toml:13:8: limits.cpus: must be between 0.01 and 1024 (got NaN)"
+    );
+    assert_eq!(
+        error_with(r#"wall_timeout = "10s""#, r#"wall_timeout = "2d""#),
+        "policies/custom.toml:9:16: limits.wall_timeout: invalid duration \"2d\": use a number of \
+         seconds or a number with a unit (ms, s, m, h), e.g. \"500ms\", \"30s\", \"2m\""
+    );
+    assert_eq!(
+        error_with(r#"wall_timeout = "10s""#, "wall_timeout = 0"),
+        "policies/custom.toml:9:16: limits.wall_timeout: must be greater than 0"
+    );
+    assert_eq!(
+        error_with("cpu_time = 5", "cpu_time = -5"),
+        "policies/custom.toml:10:12: limits.cpu_time: invalid duration -5: must not be negative"
+    );
+    assert_eq!(
+        error_with("min_abi = 4", "min_abi = 8"),
+        "policies/custom.toml:31:11: landlock.min_abi: must be between 1 and 7 (got 8)"
+    );
+}
+
+#[test]
+fn paths_must_be_absolute_and_normalized() {
+    assert_eq!(
+        error_with(r#"python = "/usr/bin/python3""#, r#"python = "python3""#),
+        "policies/custom.toml:6:10: interpreter.python: path \"python3\" is not absolute: \
+         use a path that starts with /"
+    );
+    assert_eq!(
+        error_with(r#"source = "/opt/data""#, r#"source = "/opt/../etc""#),
+        "policies/custom.toml:27:10: mounts[1].source: path \"/opt/../etc\" is not normalized: \
+         write it without \".\" or \"..\" components, repeated slashes or a trailing slash"
+    );
+    assert_eq!(
+        error_with(
+            r#"read_only = ["/srv"]"#,
+            r#"read_only = ["/srv", "/srv/"]"#
+        ),
+        "policies/custom.toml:33:22: landlock.read_only[1]: path \"/srv/\" is not normalized: \
+         write it without \".\" or \"..\" components, repeated slashes or a trailing slash"
+    );
+}
+
+#[test]
+fn mount_targets_stay_out_of_the_jailers_places() {
+    assert_eq!(
+        error_with(r#"target = "/data""#, r#"target = "/etc/data""#),
+        "policies/custom.toml:28:10: mounts[1].target: target \"/etc/data\" is inside /etc, \
+         which the jailer builds itself: choose another target"
+    );
+    assert_eq!(
+        error_with(r#"target = "/data""#, r#"target = "/""#),
+        "policies/custom.toml:28:10: mounts[1].target: target \"/\" would replace the jail's root: \
+         mount a directory below it"
+    );
+    // Without a target the source is the target, and the error points there.
+    assert_eq!(
+        error_with(r#"source = "/usr""#, r#"source = "/tmp""#),
+        "policies/custom.toml:24:10: mounts[0].source: target \"/tmp\" is inside /tmp, \
+         which the jailer builds itself: choose another target"
+    );
+    assert_eq!(
+        error_with(r#"target = "/data""#, r#"target = "/usr""#),
+        "policies/custom.toml:28:10: mounts[1].target: target \"/usr\" is already the target of \
+         mounts[0]: each target may be mounted once"
+    );
+}
+
+#[test]
+fn read_write_only_below_workspace_or_tmp() {
+    assert_eq!(
+        error_with(r#"read_write = ["/workspace/out"]"#, r#"read_write = ["/tmp", "/var/tmp"]"#),
+        "policies/custom.toml:34:23: landlock.read_write[1]: \"/var/tmp\" is not writable in the jail: \
+         read_write paths must be /workspace, /tmp or below them"
+    );
+    assert!(parse(&GOOD.replace(r#"["/workspace/out"]"#, r#"["/workspace", "/tmp/x"]"#)).is_ok());
+}
+
+#[test]
+fn interpreter_is_exactly_one() {
+    assert_eq!(
+        error_with(
+            "python = \"/usr/bin/python3\"\n",
+            "python = \"/usr/bin/python3\"\nvenv = \"/v\"\n"
+        ),
+        "policies/custom.toml:5:1: interpreter: set exactly one of python or venv, not both"
+    );
+    assert_eq!(
+        error_with("python = \"/usr/bin/python3\"\n", ""),
+        "policies/custom.toml:5:1: interpreter: set one of python (a host python executable) \
+         or venv (a virtual environment directory made by uv)"
+    );
+}
+
+#[test]
+fn names_env_and_profile() {
+    assert_eq!(
+        error_with(r#"name = "custom""#, r#"name = "Custom""#),
+        "policies/custom.toml:1:8: name: invalid name \"Custom\": use 1 to 64 lowercase letters, \
+         digits, \"_\" or \"-\", starting with a letter or digit"
+    );
+    assert_eq!(
+        error_with(r#"name = "custom""#, r#"name = "other""#),
+        "policies/custom.toml:1:8: name: name \"other\" does not match the file name \
+         \"custom.toml\": name the file other.toml or set name = \"custom\""
+    );
+    assert_eq!(
+        error_with("HOME = ", "2HOME = "),
+        "policies/custom.toml:41:9: env.2HOME: invalid variable name \"2HOME\": use letters, \
+         digits and \"_\", not starting with a digit"
+    );
+    assert_eq!(
+        error_with(r#"HOME = "/workspace""#, r#"HOME = "/work\u0000space""#),
+        "policies/custom.toml:41:8: env.HOME: value contains a NUL byte"
+    );
+    assert_eq!(
+        error_with(r#"profile = "numpy-ok""#, r#"profile = "../x""#),
+        "policies/custom.toml:37:11: seccomp.profile: invalid profile name \"../x\": \
+         use 1 to 64 lowercase letters, digits, \"_\" or \"-\""
+    );
+    assert_eq!(
+        error_with("description = \"Test policy.\"", "description = \" \""),
+        "policies/custom.toml:2:15: description: must not be empty: say in one line what this \
+         policy allows"
+    );
+}
+
+#[test]
+fn syntax_errors_have_a_position_and_no_field() {
+    assert_eq!(
+        error_with("pids = 32", "pids = 32\npids = 33"),
+        "policies/custom.toml:13:1: invalid TOML: duplicate key \"pids\": each key may appear once per table"
+    );
+    assert_eq!(
+        error_with("[seccomp]", "[seccomp"),
+        "policies/custom.toml:36:9: invalid TOML: unclosed table, expected `]`"
+    );
+}
+
+#[test]
+fn origin_without_toml_extension_skips_the_name_check() {
+    let p = Policy::from_toml_str(GOOD, Path::new("<stdin>")).unwrap();
+    assert_eq!(p.name, "custom");
+}
+
+#[test]
+fn read_errors_name_the_file() {
+    let err = Policy::load(Path::new("/nonexistent/pycell/x.toml")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "cannot read policy /nonexistent/pycell/x.toml: No such file or directory (os error 2)"
+    );
+}
+
+#[test]
+fn load_reads_a_file_and_checks_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("custom.toml");
+    std::fs::write(&path, GOOD).unwrap();
+    assert_eq!(Policy::load(&path).unwrap(), parse(GOOD).unwrap());
+
+    let wrong = dir.path().join("wrong.toml");
+    std::fs::write(&wrong, GOOD).unwrap();
+    let err = Policy::load(&wrong).unwrap_err();
+    let PolicyError::Invalid {
+        file,
+        line,
+        column,
+        field,
+        ..
+    } = &err
+    else {
+        panic!("expected Invalid, got {err:?}");
+    };
+    assert_eq!(
+        (file.as_path(), *line, *column, field.as_str()),
+        (wrong.as_path(), 1, 8, "name")
+    );
+}
+
+#[test]
+fn builtin_files_must_be_complete() {
+    let text = builtin::source("default")
+        .unwrap()
+        .replace("pids = 64\n", "");
+    let err = parse_complete(&text).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "<builtin>/default.toml:27:1: limits.pids: missing required field: shipped policies set \
+         every limit explicitly"
+    );
+    // The same text is fine as a user file.
+    assert_eq!(
+        Policy::from_toml_str(&text, Path::new("default.toml"))
+            .unwrap()
+            .limits
+            .pids,
+        Limits::default().pids
+    );
+}
+
+fn parse_complete(text: &str) -> Result<Policy, PolicyError> {
+    crate::parse(
+        text,
+        Path::new("<builtin>/default.toml"),
+        Completeness::Complete,
+    )
+}
+
+#[test]
+fn default_policy_is_what_the_docs_say() {
+    let p = builtin::load("default").unwrap();
+    assert_eq!(
+        p.interpreter,
+        Interpreter::HostPython("/usr/bin/python3".into())
+    );
+    assert_eq!(p.limits, Limits::default());
+    let targets: Vec<&Path> = p.mounts.iter().map(|m| m.target.as_path()).collect();
+    assert_eq!(
+        targets,
+        ["/usr", "/bin", "/lib", "/lib64", "/sbin"].map(Path::new)
+    );
+    assert_eq!(p.landlock, LandlockRules::default());
+    assert_eq!(p.seccomp_profile, "default");
+    assert_eq!(p.env["PATH"], "/usr/local/bin:/usr/bin:/bin");
+    assert_eq!(p.env["PYTHONDONTWRITEBYTECODE"], "1");
+}
+
+#[test]
+fn policy_serializes_for_reports() {
+    let p = builtin::load("default").unwrap();
+    let text = toml::to_string(&p).unwrap();
+    assert!(text.contains("seccomp_profile = \"default\""), "{text}");
+    assert!(text.contains("network = \"none\""), "{text}");
+    assert!(text.contains("python = \"/usr/bin/python3\""), "{text}");
+    assert!(text.contains("memory_bytes = 536870912"), "{text}");
+}

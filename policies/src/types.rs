@@ -1,0 +1,125 @@
+//! Validated policy parts. Values of these types only come out of
+//! validation, so the jailer may trust their invariants (absolute, normalized
+//! paths; known modes) without checking again.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// A Linux namespace. pycell puts every run in a new one of each kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Namespace {
+    User,
+    Pid,
+    Mount,
+    Net,
+    Ipc,
+    Uts,
+    Cgroup,
+}
+
+impl Namespace {
+    /// Every namespace, in the order the policy format lists them.
+    pub const ALL: [Namespace; 7] = [
+        Namespace::User,
+        Namespace::Pid,
+        Namespace::Mount,
+        Namespace::Net,
+        Namespace::Ipc,
+        Namespace::Uts,
+        Namespace::Cgroup,
+    ];
+
+    /// The name used in policy files ("user", "pid", ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Namespace::User => "user",
+            Namespace::Pid => "pid",
+            Namespace::Mount => "mount",
+            Namespace::Net => "net",
+            Namespace::Ipc => "ipc",
+            Namespace::Uts => "uts",
+            Namespace::Cgroup => "cgroup",
+        }
+    }
+}
+
+impl std::fmt::Display for Namespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The namespaces of every run: always all of them. A policy must list all
+/// seven so that a reader of the file sees what the jail is.
+pub fn namespaces() -> &'static [Namespace] {
+    &Namespace::ALL
+}
+
+/// Which Python runs the code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum Interpreter {
+    /// A host python executable, e.g. Debian's /usr/bin/python3. Its
+    /// directory tree must be reachable through `mounts`.
+    #[serde(rename = "python")]
+    HostPython(PathBuf),
+    /// A virtual environment directory made by uv; mounted read-only at the
+    /// same path by the jailer.
+    #[serde(rename = "venv")]
+    Venv(PathBuf),
+}
+
+/// Network access of the jail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// A new network namespace with only loopback.
+    None,
+}
+
+impl NetworkMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkMode::None => "none",
+        }
+    }
+}
+
+/// A read-only bind mount of a host path into the jail. There is no writable
+/// kind: the only writable places are the jailer's tmpfs mounts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReadOnlyMount {
+    /// Absolute, normalized host path. If it is a symlink on the host, the
+    /// jailer recreates the same symlink at `target` instead of binding.
+    pub source: PathBuf,
+    /// Absolute, normalized path in the jail; never /, nor under /proc, /dev,
+    /// /tmp, /workspace or /etc.
+    pub target: PathBuf,
+}
+
+/// Extra Landlock grants, on top of what the jailer grants by itself (the
+/// interpreter, every mount target, /tmp, /workspace, /dev basics).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LandlockRules {
+    /// The run is refused if the kernel's Landlock ABI is lower. 1..=7.
+    pub min_abi: u8,
+    /// Absolute in-jail paths granted read + execute.
+    pub read_exec: Vec<PathBuf>,
+    /// Absolute in-jail paths granted read.
+    pub read_only: Vec<PathBuf>,
+    /// Absolute in-jail paths granted read + write; each is /workspace, /tmp,
+    /// or under one of them.
+    pub read_write: Vec<PathBuf>,
+}
+
+impl Default for LandlockRules {
+    fn default() -> Self {
+        LandlockRules {
+            min_abi: 3,
+            read_exec: Vec::new(),
+            read_only: Vec::new(),
+            read_write: Vec::new(),
+        }
+    }
+}

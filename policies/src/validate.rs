@@ -1,0 +1,498 @@
+//! The second layer: raw values → types that cannot hold bad values.
+//!
+//! Each check reports the field path of the offending value; the caller
+//! turns that path into a line and column.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{Diagnostic, FieldPath};
+use crate::limits::{between, Limits, OPEN_FILES_RANGE, PIDS_RANGE};
+use crate::raw::{Quantity, RawLandlock, RawLimits, RawMount, RawNetworkMode, RawPolicy};
+use crate::types::{Interpreter, LandlockRules, Namespace, NetworkMode, ReadOnlyMount};
+use crate::units::{parse_duration, parse_size};
+use crate::Policy;
+
+/// Whether every field must be written out. Shipped policies are complete so
+/// that an operator reading one sees every knob; a user's file may leave
+/// out anything that has a default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Completeness {
+    Complete,
+    Partial,
+}
+
+/// In-jail places the jailer builds itself; a mount over them would replace
+/// or shadow what the jail depends on.
+const RESERVED_TARGETS: [&str; 5] = ["/proc", "/dev", "/tmp", "/workspace", "/etc"];
+/// The only places a run may write (both are size-limited tmpfs).
+const WRITABLE_ROOTS: [&str; 2] = ["/workspace", "/tmp"];
+const LANDLOCK_ABI_RANGE: (i64, i64) = (1, 7);
+const DEFAULT_SECCOMP_PROFILE: &str = "default";
+
+type Result<T> = std::result::Result<T, Diagnostic>;
+
+pub(crate) fn validate(
+    raw: RawPolicy,
+    origin: &Path,
+    completeness: Completeness,
+) -> Result<Policy> {
+    let root = FieldPath::root();
+    let complete = |present: bool, path: FieldPath| -> Result<()> {
+        if completeness == Completeness::Complete && !present {
+            return Err(Diagnostic::at(
+                path,
+                "missing required field: shipped policies state every section and field explicitly",
+            ));
+        }
+        Ok(())
+    };
+
+    let name = check_name(&raw.name).map_err(|m| Diagnostic::at(root.key("name"), m))?;
+    check_name_matches_file(&name, origin).map_err(|m| Diagnostic::at(root.key("name"), m))?;
+
+    if raw.description.trim().is_empty() {
+        return Err(Diagnostic::at(
+            root.key("description"),
+            "must not be empty: say in one line what this policy allows",
+        ));
+    }
+
+    check_namespaces(&raw.namespaces, &root.key("namespaces"))?;
+
+    let interpreter = check_interpreter(&raw, &root.key("interpreter"))?;
+
+    complete(raw.limits.is_some(), root.key("limits"))?;
+    let limits = check_limits(
+        raw.limits.unwrap_or_default(),
+        &root.key("limits"),
+        completeness,
+    )?;
+
+    complete(raw.network.is_some(), root.key("network"))?;
+    let network = match raw.network.map(|n| n.mode) {
+        None | Some(RawNetworkMode::None) => NetworkMode::None,
+    };
+
+    complete(raw.mounts.is_some(), root.key("mounts"))?;
+    let mounts = check_mounts(raw.mounts.unwrap_or_default(), &root.key("mounts"))?;
+
+    complete(raw.landlock.is_some(), root.key("landlock"))?;
+    let landlock = check_landlock(
+        raw.landlock.unwrap_or_default(),
+        &root.key("landlock"),
+        completeness,
+    )?;
+
+    complete(raw.seccomp.is_some(), root.key("seccomp"))?;
+    let seccomp_profile = match raw.seccomp {
+        Some(s) => {
+            check_profile_name(&s.profile)
+                .map_err(|m| Diagnostic::at(root.key("seccomp").key("profile"), m))?;
+            s.profile
+        }
+        None => DEFAULT_SECCOMP_PROFILE.to_owned(),
+    };
+
+    complete(raw.env.is_some(), root.key("env"))?;
+    let env = check_env(raw.env.unwrap_or_default(), &root.key("env"))?;
+
+    Ok(Policy {
+        name,
+        description: raw.description,
+        interpreter,
+        limits,
+        network,
+        mounts,
+        landlock,
+        seccomp_profile,
+        env,
+    })
+}
+
+/// Whether `name` is a valid policy name: `[a-z0-9][a-z0-9_-]{0,63}`, safe as
+/// a file name, a cgroup name and a log field. Use it to tell `--policy NAME`
+/// from `--policy ./file.toml`: a valid name never contains "/" or ".".
+pub fn is_valid_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    let allowed = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-';
+    !bytes.is_empty()
+        && bytes.len() <= 64
+        && (bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit())
+        && bytes.iter().all(|&b| allowed(b))
+}
+
+fn check_name(name: &str) -> std::result::Result<String, String> {
+    if is_valid_name(name) {
+        Ok(name.to_owned())
+    } else {
+        Err(format!(
+            "invalid name {name:?}: use 1 to 64 lowercase letters, digits, \"_\" or \"-\", \
+             starting with a letter or digit"
+        ))
+    }
+}
+
+/// `--policy NAME` finds NAME.toml, so a file whose name disagrees with its
+/// content would be a policy that cannot be selected by its own name.
+fn check_name_matches_file(name: &str, origin: &Path) -> std::result::Result<(), String> {
+    if origin.extension().and_then(|e| e.to_str()) != Some("toml") {
+        return Ok(());
+    }
+    let Some(stem) = origin.file_stem().and_then(|s| s.to_str()) else {
+        return Ok(());
+    };
+    if stem == name {
+        return Ok(());
+    }
+    let file = origin
+        .file_name()
+        .map(|f| f.to_string_lossy())
+        .unwrap_or_default();
+    Err(format!(
+        "name {name:?} does not match the file name {file:?}: name the file {name}.toml or set name = {stem:?}"
+    ))
+}
+
+fn check_namespaces(listed: &[Namespace], path: &FieldPath) -> Result<()> {
+    for (i, ns) in listed.iter().enumerate() {
+        if listed[..i].contains(ns) {
+            return Err(Diagnostic::at(
+                path.index(i),
+                format!("duplicate namespace \"{ns}\": list each namespace once"),
+            ));
+        }
+    }
+    if let Some(missing) = Namespace::ALL.iter().find(|ns| !listed.contains(ns)) {
+        let all: Vec<&str> = Namespace::ALL.iter().map(|n| n.as_str()).collect();
+        return Err(Diagnostic::at(
+            path.clone(),
+            format!(
+                "missing \"{missing}\": pycell always isolates {missing}; it cannot be turned off \
+                 (list all of: {})",
+                all.join(", ")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_interpreter(raw: &RawPolicy, path: &FieldPath) -> Result<Interpreter> {
+    match (&raw.interpreter.python, &raw.interpreter.venv) {
+        (Some(python), None) => {
+            let p = path.key("python");
+            check_path(python).map(Interpreter::HostPython).map_err(|m| Diagnostic::at(p, m))
+        }
+        (None, Some(venv)) => {
+            let p = path.key("venv");
+            check_path(venv).map(Interpreter::Venv).map_err(|m| Diagnostic::at(p, m))
+        }
+        (Some(_), Some(_)) => Err(Diagnostic::at(
+            path.clone(),
+            "set exactly one of python or venv, not both",
+        )),
+        (None, None) => Err(Diagnostic::at(
+            path.clone(),
+            "set one of python (a host python executable) or venv (a virtual environment directory made by uv)",
+        )),
+    }
+}
+
+fn check_limits(raw: RawLimits, path: &FieldPath, completeness: Completeness) -> Result<Limits> {
+    let mut limits = Limits::default();
+    let field = |name: &str| path.key(name);
+    let require = |present: bool, name: &str| -> Result<()> {
+        if completeness == Completeness::Complete && !present {
+            return Err(Diagnostic::at(
+                field(name),
+                "missing required field: shipped policies set every limit explicitly",
+            ));
+        }
+        Ok(())
+    };
+    macro_rules! set {
+        ($name:ident, $convert:expr) => {
+            require(raw.$name.is_some(), stringify!($name))?;
+            if let Some(v) = raw.$name {
+                #[allow(clippy::redundant_closure_call)]
+                let converted =
+                    ($convert)(v).map_err(|m| Diagnostic::at(field(stringify!($name)), m))?;
+                limits.$name = converted;
+            }
+        };
+    }
+    set!(wall_timeout, duration);
+    set!(cpu_time, duration);
+    set!(memory, size);
+    set!(pids, |v: i64| u32::try_from(v)
+        .map_err(|_| between(PIDS_RANGE, v)));
+    set!(cpus, Ok::<f64, String>);
+    set!(open_files, |v: i64| u64::try_from(v)
+        .map_err(|_| between(OPEN_FILES_RANGE, v)));
+    set!(file_size, size);
+    set!(workspace_size, size);
+    set!(tmp_size, size);
+    set!(max_output, size);
+    limits
+        .check()
+        .map_err(|e| Diagnostic::at(field(e.field), e.message))?;
+    Ok(limits)
+}
+
+fn duration(q: Quantity) -> std::result::Result<Duration, String> {
+    match q {
+        Quantity::Integer(n) => u64::try_from(n)
+            .map(Duration::from_secs)
+            .map_err(|_| format!("invalid duration {n}: must not be negative")),
+        Quantity::Text(s) => parse_duration(&s),
+    }
+}
+
+fn size(q: Quantity) -> std::result::Result<u64, String> {
+    match q {
+        Quantity::Integer(n) => {
+            u64::try_from(n).map_err(|_| format!("invalid size {n}: must not be negative"))
+        }
+        Quantity::Text(s) => parse_size(&s),
+    }
+}
+
+fn check_mounts(raw: Vec<RawMount>, path: &FieldPath) -> Result<Vec<ReadOnlyMount>> {
+    let mut mounts: Vec<ReadOnlyMount> = Vec::with_capacity(raw.len());
+    for (i, m) in raw.into_iter().enumerate() {
+        let source_path = path.index(i).key("source");
+        let source = check_path(&m.source).map_err(|e| Diagnostic::at(source_path.clone(), e))?;
+        let (target, target_path) = match &m.target {
+            Some(t) => {
+                let tp = path.index(i).key("target");
+                (
+                    check_path(t).map_err(|e| Diagnostic::at(tp.clone(), e))?,
+                    tp,
+                )
+            }
+            None => (source.clone(), source_path),
+        };
+        check_mount_target(&target).map_err(|e| Diagnostic::at(target_path.clone(), e))?;
+        if let Some(j) = mounts.iter().position(|earlier| earlier.target == target) {
+            return Err(Diagnostic::at(
+                target_path,
+                format!(
+                    "target {:?} is already the target of mounts[{j}]: each target may be mounted once",
+                    target.display().to_string()
+                ),
+            ));
+        }
+        mounts.push(ReadOnlyMount { source, target });
+    }
+    Ok(mounts)
+}
+
+fn check_mount_target(target: &Path) -> std::result::Result<(), String> {
+    if target == Path::new("/") {
+        return Err(
+            "target \"/\" would replace the jail's root: mount a directory below it".to_owned(),
+        );
+    }
+    if let Some(reserved) = RESERVED_TARGETS.iter().find(|r| target.starts_with(r)) {
+        return Err(format!(
+            "target {:?} is inside {reserved}, which the jailer builds itself: choose another target",
+            target.display().to_string()
+        ));
+    }
+    Ok(())
+}
+
+fn check_landlock(
+    raw: RawLandlock,
+    path: &FieldPath,
+    completeness: Completeness,
+) -> Result<LandlockRules> {
+    if completeness == Completeness::Complete {
+        let fields = [
+            ("min_abi", raw.min_abi.is_some()),
+            ("read_exec", raw.read_exec.is_some()),
+            ("read_only", raw.read_only.is_some()),
+            ("read_write", raw.read_write.is_some()),
+        ];
+        if let Some((name, _)) = fields.iter().find(|(_, present)| !present) {
+            return Err(Diagnostic::at(
+                path.key(name),
+                "missing required field: shipped policies state every section and field explicitly",
+            ));
+        }
+    }
+    let mut rules = LandlockRules::default();
+    if let Some(abi) = raw.min_abi {
+        rules.min_abi = u8::try_from(abi)
+            .ok()
+            .filter(|a| (LANDLOCK_ABI_RANGE.0..=LANDLOCK_ABI_RANGE.1).contains(&i64::from(*a)))
+            .ok_or_else(|| Diagnostic::at(path.key("min_abi"), between(LANDLOCK_ABI_RANGE, abi)))?;
+    }
+    let paths = |list: Option<Vec<String>>, name: &str| -> Result<Vec<PathBuf>> {
+        let list_path = path.key(name);
+        list.unwrap_or_default()
+            .iter()
+            .enumerate()
+            .map(|(i, p)| check_path(p).map_err(|m| Diagnostic::at(list_path.index(i), m)))
+            .collect()
+    };
+    rules.read_exec = paths(raw.read_exec, "read_exec")?;
+    rules.read_only = paths(raw.read_only, "read_only")?;
+    rules.read_write = paths(raw.read_write, "read_write")?;
+    for (i, p) in rules.read_write.iter().enumerate() {
+        if !WRITABLE_ROOTS.iter().any(|root| p.starts_with(root)) {
+            return Err(Diagnostic::at(
+                path.key("read_write").index(i),
+                format!(
+                    "{:?} is not writable in the jail: read_write paths must be /workspace, /tmp or below them",
+                    p.display().to_string()
+                ),
+            ));
+        }
+    }
+    Ok(rules)
+}
+
+fn check_profile_name(name: &str) -> std::result::Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid profile name {name:?}: use 1 to 64 lowercase letters, digits, \"_\" or \"-\""
+        ))
+    }
+}
+
+fn check_env(raw: BTreeMap<String, String>, path: &FieldPath) -> Result<BTreeMap<String, String>> {
+    for (key, value) in &raw {
+        let mut bytes = key.bytes();
+        let valid_key = bytes
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !valid_key {
+            return Err(Diagnostic::at(
+                path.key(key),
+                format!(
+                    "invalid variable name {key:?}: use letters, digits and \"_\", not starting with a digit"
+                ),
+            ));
+        }
+        if value.contains('\0') {
+            return Err(Diagnostic::at(path.key(key), "value contains a NUL byte"));
+        }
+    }
+    Ok(raw)
+}
+
+/// Absolute and normalized, so that prefix checks (`starts_with("/etc")`)
+/// mean what they say and the jailer never resolves "..".
+pub(crate) fn check_path(s: &str) -> std::result::Result<PathBuf, String> {
+    if s.contains('\0') {
+        return Err("path contains a NUL byte".to_owned());
+    }
+    if !s.starts_with('/') {
+        return Err(format!(
+            "path {s:?} is not absolute: use a path that starts with /"
+        ));
+    }
+    let normalized = s == "/"
+        || (!s.ends_with('/')
+            && !s.contains("//")
+            && Path::new(s)
+                .components()
+                .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+            && !s.split('/').any(|part| part == "."));
+    if !normalized {
+        return Err(format!(
+            "path {s:?} is not normalized: write it without \".\" or \"..\" components, \
+             repeated slashes or a trailing slash"
+        ));
+    }
+    Ok(PathBuf::from(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for good in ["default", "a", "0", "data-science", "x_1", &"a".repeat(64)] {
+            assert!(is_valid_name(good), "{good:?}");
+        }
+        for bad in [
+            "",
+            "-a",
+            "_a",
+            "Default",
+            "a b",
+            "a.b",
+            "é",
+            &"a".repeat(65),
+        ] {
+            assert!(!is_valid_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn paths() {
+        for good in ["/", "/usr", "/usr/lib/python3", "/a.b/..c/d..", "/.hidden"] {
+            assert_eq!(check_path(good), Ok(PathBuf::from(good)), "{good:?}");
+        }
+        for bad in [
+            "",
+            "usr",
+            "./usr",
+            "/usr/",
+            "//usr",
+            "/usr//lib",
+            "/usr/./lib",
+            "/usr/..",
+            "/.",
+            "/a/\0",
+        ] {
+            assert!(check_path(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            check_path("/usr/../etc").unwrap_err(),
+            "path \"/usr/../etc\" is not normalized: write it without \".\" or \"..\" components, \
+             repeated slashes or a trailing slash"
+        );
+    }
+
+    #[test]
+    fn mount_targets() {
+        assert!(check_mount_target(Path::new("/usr")).is_ok());
+        assert!(check_mount_target(Path::new("/etcetera")).is_ok());
+        assert!(check_mount_target(Path::new("/workspace2")).is_ok());
+        for bad in [
+            "/",
+            "/proc",
+            "/proc/sys",
+            "/dev/shm",
+            "/tmp",
+            "/workspace/x",
+            "/etc/ssl",
+        ] {
+            assert!(check_mount_target(Path::new(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn file_name_check_only_for_toml_files() {
+        assert!(check_name_matches_file("x", Path::new("/etc/pycell/policies/x.toml")).is_ok());
+        assert!(check_name_matches_file("x", Path::new("<stdin>")).is_ok());
+        assert!(check_name_matches_file("x", Path::new("x.txt")).is_ok());
+        assert_eq!(
+            check_name_matches_file("x", Path::new("dir/y.toml")).unwrap_err(),
+            "name \"x\" does not match the file name \"y.toml\": name the file x.toml or set name = \"y\""
+        );
+    }
+}
