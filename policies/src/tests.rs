@@ -497,3 +497,17 @@ fn policy_serializes_for_reports() {
     assert!(text.contains("python = \"/usr/bin/python3\""), "{text}");
     assert!(text.contains("memory_bytes = 536870912"), "{text}");
 }
+
+#[test]
+fn mounts_may_be_appended_after_env() {
+    // Tools that derive a policy from default.toml append a [[mounts]]
+    // entry at the end of the file, after [env]; TOML allows that.
+    let text = builtin::source("default").unwrap().to_owned()
+        + "\n[[mounts]]\nsource = \"/opt/venvs/numpy\"\n";
+    let p = Policy::from_toml_str(&text, Path::new("default.toml")).unwrap();
+    assert_eq!(
+        p.mounts.last().unwrap().target,
+        Path::new("/opt/venvs/numpy")
+    );
+    assert_eq!(p.env.len(), 5);
+}

@@ -70,6 +70,15 @@ pub enum Interpreter {
     Venv(PathBuf),
 }
 
+impl Interpreter {
+    /// The configured path: the executable, or the venv directory.
+    pub fn path(&self) -> &std::path::Path {
+        match self {
+            Interpreter::HostPython(p) | Interpreter::Venv(p) => p,
+        }
+    }
+}
+
 /// Network access of the jail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
