@@ -146,13 +146,23 @@ def write_path(path, data=b"pycell-probe\n", keep=False):
     return attempt(go)
 
 
-def write_existing(path, data=b"x"):
-    """Open an existing file for writing (no create), write, report."""
+def write_existing(path, data=b""):
+    """Open an existing file for writing (no create, no truncate).
+
+    "ok" means the open succeeded, which is already a hole; `data`, if any,
+    is a harmless payload (e.g. the current hostname) whose write result is
+    recorded too. An empty payload writes nothing at all.
+    """
 
     def go():
         fd = os.open(path, os.O_WRONLY)
         try:
-            return {"written": os.write(fd, data)}
+            if not data:
+                return {"opened": True}
+            try:
+                return {"opened": True, "written": os.write(fd, data)}
+            except OSError as e:
+                return {"opened": True, "write_errno": errname(e.errno)}
         finally:
             os.close(fd)
 
@@ -583,13 +593,17 @@ def main():
                                    "/usr/bin/pycell-probe")
     })
     check("write_existing_denied", lambda: {
-        p: write_existing(p) for p in ("/proc/sys/kernel/hostname", "/etc/passwd", "/etc/hosts",
-                                       "/proc/sysrq-trigger", "/proc/self/oom_score_adj")
+        "/proc/sys/kernel/hostname": write_existing("/proc/sys/kernel/hostname", b"pycell"),
+        "/etc/passwd": write_existing("/etc/passwd"),
+        "/etc/hosts": write_existing("/etc/hosts"),
+        "/proc/sysrq-trigger": write_existing("/proc/sysrq-trigger"),
+        "/proc/self/oom_score_adj": write_existing("/proc/self/oom_score_adj"),
+        "/usr/bin/python3": write_existing("/usr/bin/python3"),
     })
     check("write_allowed", lambda: {
         p: write_path(p) for p in ("/workspace/probe-write", "/tmp/probe-write", "/dev/shm/probe-write")
     })
-    check("dev_null_write", lambda: write_existing("/dev/null"))
+    check("dev_null_write", lambda: write_existing("/dev/null", b"x"))
     check("landlock", landlock_candidates)
 
     if args.host_port is not None:
