@@ -64,8 +64,8 @@ pub enum Interpreter {
     /// directory tree must be reachable through `mounts`.
     #[serde(rename = "python")]
     HostPython(PathBuf),
-    /// A virtual environment directory made by uv; mounted read-only at the
-    /// same path by the jailer.
+    /// A host virtual environment directory made by uv; the CLI/daemon
+    /// mounts it read-only into the jail (at /venv).
     #[serde(rename = "venv")]
     Venv(PathBuf),
 }
