@@ -245,6 +245,29 @@ def abstract_connect(name):
     return attempt(go)
 
 
+def loopback_inside():
+    """Informational: TCP inside the jail's own netns (Landlock ABI 4 may
+    refuse bind/connect with EACCES even there)."""
+
+    def go():
+        srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            srv.bind(("127.0.0.1", 0))
+            srv.listen(1)
+            port = srv.getsockname()[1]
+            cli = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            cli.settimeout(3.0)
+            try:
+                cli.connect(("127.0.0.1", port))
+            finally:
+                cli.close()
+            return {"port": port}
+        finally:
+            srv.close()
+
+    return attempt(go)
+
+
 def interfaces():
     try:
         return sorted(name for _, name in socket.if_nameindex())
@@ -612,6 +635,8 @@ def main():
         check("connect_host_abstract", lambda: abstract_connect(args.abstract_socket))
     check("dns", lambda: attempt(lambda: socket.getaddrinfo("pypi.org", 443)[0][4]))
     check("interfaces", interfaces)
+    check("loopback_inside", loopback_inside)
+    check("signal_init", lambda: attempt(lambda: os.kill(1, 0)))
     check("tty", check_tty)
 
     check("denied_syscalls", denied_syscalls)
