@@ -1,1 +1,28 @@
-fn main() {}
+//! `pycell`: the client. `pycell run` executes Python in a pycell sandbox
+//! (embedded mode: this process allocates the sandbox uid and starts
+//! `pycell-jailer` itself, which needs root); `pycell policy check` validates
+//! policy files; `pycell info` reports what this host can enforce.
+//!
+//! Threat model: this process handles the user's own input (flags, files,
+//! policies) and never runs the untrusted code itself; everything the code
+//! can reach is decided by the jailer from the resolved spec.
+#![forbid(unsafe_code)]
+
+mod cli;
+mod info;
+mod policy_cmd;
+mod resolve;
+mod run;
+
+use clap::Parser;
+
+fn main() {
+    let cli = cli::Cli::parse();
+    let code = match cli.command {
+        cli::Command::Run(args) => run::main(&args),
+        cli::Command::Policy(cli::PolicyCommand::Check { files }) => policy_cmd::check(&files),
+        cli::Command::Info { json } => info::main(json),
+        cli::Command::Debug(cli::DebugCommand::Spec(args)) => run::print_spec(&args),
+    };
+    std::process::exit(code);
+}

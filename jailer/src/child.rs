@@ -1,0 +1,319 @@
+//! The sandbox's first process (pid 1 of the new pid namespace): runs the
+//! pipeline steps, then stays as a minimal init that forks the program,
+//! forwards signals to it, reaps every zombie, and reports how the program
+//! ended. When the program ends, init exits and the kernel kills whatever is
+//! left in the pid namespace.
+//!
+//! Everything here runs in a forked copy of the single-threaded jailer.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::PathBuf;
+
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
+use nix::sys::signalfd::SignalFd;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{execve, sethostname, setresgid, setresuid, setsid, Gid, Pid, Uid};
+use pycell_seccomp::CompiledFilter;
+use serde::{Deserialize, Serialize};
+
+use crate::landlock_rules::{self, Grants};
+use crate::mounts::{self, PreparedSources, RootfsLayout};
+use crate::pipeline::{run_steps, JailSteps, Step, StepError};
+use crate::report::LandlockReport;
+use crate::rlimits;
+use crate::spec::{JailSpec, JAIL_GID, JAIL_UID};
+use crate::syscall::{self, CloneResult};
+
+pub const HOSTNAME: &str = "pycell";
+
+/// Messages from the jail to the jailer, one JSON object per line on the
+/// status pipe (each well under PIPE_BUF, so lines never interleave).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildMessage {
+    Ready { landlock: LandlockReport },
+    SetupFailed(StepError),
+    ExecFailed { message: String },
+    Exited { code: i32 },
+    Signaled { signal: i32 },
+}
+
+/// Signals init forwards to the program. SIGCHLD is init's own.
+const FORWARDED: &[Signal] = &[
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+
+/// The descriptors the child starts with (all from the jailer's pipes).
+#[derive(Debug)]
+pub struct ChildFds {
+    pub go_read: OwnedFd,
+    pub status_write: OwnedFd,
+    pub stdin_read: OwnedFd,
+    pub stdout_write: OwnedFd,
+    pub stderr_write: OwnedFd,
+}
+
+struct RealSteps<'a> {
+    spec: &'a JailSpec,
+    filter: &'a CompiledFilter,
+    go_read: Option<OwnedFd>,
+    status: &'a File,
+    signal_fd: Option<SignalFd>,
+    sources: Option<PreparedSources>,
+    landlock: Option<LandlockReport>,
+}
+
+fn send(status: &File, msg: &ChildMessage) {
+    if let Ok(mut line) = serde_json::to_vec(msg) {
+        line.push(b'\n');
+        let _ = (&*status).write_all(&line);
+    }
+}
+
+fn io_step(step: Step) -> impl Fn(std::io::Error) -> StepError {
+    move |e| StepError::new(step, e.to_string())
+}
+
+fn nix_step(step: Step, what: &'static str) -> impl Fn(nix::Error) -> StepError {
+    move |e| StepError::new(step, format!("{what}: {e}"))
+}
+
+impl JailSteps for RealSteps<'_> {
+    fn wait_for_parent(&mut self) -> Result<(), StepError> {
+        let fd = self.go_read.take().expect("go pipe is read once");
+        let mut byte = [0u8; 1];
+        // EOF here means the jailer died (or gave up) before setting us up.
+        match File::from(fd).read(&mut byte) {
+            Ok(1) if byte[0] == b'G' => Ok(()),
+            Ok(_) => Err(StepError::new(
+                Step::WaitForParent,
+                "the jailer went away before the jail was set up",
+            )),
+            Err(e) => Err(StepError::new(Step::WaitForParent, e.to_string())),
+        }
+    }
+
+    fn enter_cgroup_namespace(&mut self) -> Result<(), StepError> {
+        // Now that the jailer has moved us into the run's cgroup, a new cgroup
+        // namespace makes that cgroup the root of what the code can see.
+        unshare(CloneFlags::CLONE_NEWCGROUP)
+            .map_err(nix_step(Step::CgroupNamespace, "unshare(CLONE_NEWCGROUP)"))
+    }
+
+    fn prepare_mount_sources(&mut self) -> Result<(), StepError> {
+        let s = mounts::prepare_sources(&self.spec.mounts)
+            .map_err(|e| StepError::new(Step::MountSources, e.to_string()))?;
+        self.sources = Some(s);
+        Ok(())
+    }
+
+    fn become_jail_user(&mut self) -> Result<(), StepError> {
+        // Host uid 0 is not mapped in this namespace, so switching away from
+        // it keeps the namespace capabilities we still need for mounting;
+        // they are dropped for good in `drop_capabilities`.
+        let g = Gid::from_raw(JAIL_GID);
+        let u = Uid::from_raw(JAIL_UID);
+        setresgid(g, g, g).map_err(nix_step(Step::Credentials, "setresgid"))?;
+        setresuid(u, u, u).map_err(nix_step(Step::Credentials, "setresuid"))?;
+        Ok(())
+    }
+
+    fn build_root_and_pivot(&mut self) -> Result<(), StepError> {
+        let sources = self
+            .sources
+            .take()
+            .expect("sources prepared before the root");
+        let l = &self.spec.limits;
+        let layout = RootfsLayout {
+            workspace_size: l.workspace_size_bytes,
+            tmp_size: l.tmp_size_bytes,
+            files: &self.spec.files,
+            hostname: HOSTNAME,
+        };
+        mounts::build_root(sources, &layout)
+            .map_err(|e| StepError::new(Step::Rootfs, e.to_string()))?;
+        mounts::pivot().map_err(|e| StepError::new(Step::Rootfs, e.to_string()))
+    }
+
+    fn set_hostname(&mut self) -> Result<(), StepError> {
+        sethostname(HOSTNAME).map_err(nix_step(Step::Hostname, "sethostname"))
+    }
+
+    fn set_rlimits(&mut self) -> Result<(), StepError> {
+        rlimits::apply(&self.spec.limits).map_err(|e| StepError::new(Step::Rlimits, e))
+    }
+
+    fn new_session(&mut self) -> Result<(), StepError> {
+        setsid()
+            .map(|_| ())
+            .map_err(nix_step(Step::Setsid, "setsid"))
+    }
+
+    fn drop_capabilities(&mut self) -> Result<(), StepError> {
+        crate::capabilities::drop_all().map_err(|e| StepError::new(Step::Capabilities, e))
+    }
+
+    fn set_no_new_privs(&mut self) -> Result<(), StepError> {
+        nix::sys::prctl::set_no_new_privs()
+            .map_err(nix_step(Step::NoNewPrivs, "prctl(PR_SET_NO_NEW_PRIVS)"))
+    }
+
+    fn close_inherited_fds(&mut self) -> Result<(), StepError> {
+        // init keeps its status pipe and its signalfd (both close-on-exec, so
+        // the program never sees them); everything else beyond 0/1/2 goes.
+        let mask = forwarded_and_child_mask();
+        sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None)
+            .map_err(nix_step(Step::CloseFds, "sigprocmask"))?;
+        let sfd = SignalFd::with_flags(&mask, nix::sys::signalfd::SfdFlags::SFD_CLOEXEC)
+            .map_err(nix_step(Step::CloseFds, "signalfd"))?;
+        let keep = [self.status.as_raw_fd(), sfd.as_fd().as_raw_fd()];
+        self.signal_fd = Some(sfd);
+        syscall::close_fds_except(&keep).map_err(io_step(Step::CloseFds))
+    }
+
+    fn apply_landlock(&mut self) -> Result<(), StepError> {
+        let targets: Vec<PathBuf> = mounts::tree_targets(&self.spec.mounts);
+        let grants = Grants::for_jail(&self.spec.landlock, &targets);
+        let report =
+            landlock_rules::restrict(self.spec.landlock.min_abi, &grants).map_err(|e| {
+                let code = match e {
+                    landlock_rules::LandlockError::Unavailable(_) => "landlock_unavailable",
+                    landlock_rules::LandlockError::AbiTooOld { .. } => "landlock_abi_too_old",
+                    _ => "landlock_failed",
+                };
+                StepError::new(Step::Landlock, e.to_string()).with_code(code)
+            })?;
+        self.landlock = Some(report);
+        Ok(())
+    }
+
+    fn apply_seccomp(&mut self) -> Result<(), StepError> {
+        pycell_seccomp::apply(self.filter).map_err(|e| StepError::new(Step::Seccomp, e.to_string()))
+    }
+}
+
+fn forwarded_and_child_mask() -> SigSet {
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    for s in FORWARDED {
+        mask.add(*s);
+    }
+    mask
+}
+
+/// Entry point of the cloned child. Never returns.
+pub fn child_main(spec: &JailSpec, filter: &CompiledFilter, fds: ChildFds) -> ! {
+    let status = File::from(fds.status_write);
+    // If the jailer dies, so does the jail (pid 1 dying kills the namespace).
+    // Set before waiting for the go byte, so there is no window: a jailer that
+    // died earlier shows up as EOF on the go pipe.
+    if nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_err() {
+        syscall::exit_now(126);
+    }
+    let redirected = nix::unistd::dup2_stdin(&fds.stdin_read)
+        .and_then(|_| nix::unistd::dup2_stdout(&fds.stdout_write))
+        .and_then(|_| nix::unistd::dup2_stderr(&fds.stderr_write));
+    if let Err(e) = redirected {
+        send(
+            &status,
+            &ChildMessage::SetupFailed(StepError::new(Step::WaitForParent, format!("dup2: {e}"))),
+        );
+        syscall::exit_now(126);
+    }
+    drop((fds.stdin_read, fds.stdout_write, fds.stderr_write));
+
+    let mut steps = RealSteps {
+        spec,
+        filter,
+        go_read: Some(fds.go_read),
+        status: &status,
+        signal_fd: None,
+        sources: None,
+        landlock: None,
+    };
+    if let Err(e) = run_steps(&mut steps) {
+        send(&status, &ChildMessage::SetupFailed(e));
+        syscall::exit_now(126);
+    }
+    let landlock = steps.landlock.take().expect("landlock applied");
+    let signal_fd = steps.signal_fd.take().expect("signalfd created");
+    send(&status, &ChildMessage::Ready { landlock });
+    init(spec, &status, signal_fd)
+}
+
+fn cstrings(items: impl IntoIterator<Item = String>) -> Vec<CString> {
+    // Spec validation rejects NUL bytes, so this never drops anything.
+    items
+        .into_iter()
+        .filter_map(|s| CString::new(s).ok())
+        .collect()
+}
+
+fn init(spec: &JailSpec, status: &File, signal_fd: SignalFd) -> ! {
+    let argv = cstrings(spec.argv.iter().cloned());
+    let env = cstrings(spec.env.iter().map(|(k, v)| format!("{k}={v}")));
+    let main = match syscall::clone_fork(0) {
+        Ok(CloneResult::Child) => {
+            // The program starts with no blocked signals and default handlers.
+            let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+            let err = execve(&argv[0], &argv, &env).unwrap_err();
+            send(
+                status,
+                &ChildMessage::ExecFailed {
+                    message: format!("execve {}: {err}", spec.argv[0]),
+                },
+            );
+            syscall::exit_now(127);
+        }
+        Ok(CloneResult::Parent(pid)) => pid,
+        Err(e) => {
+            send(
+                status,
+                &ChildMessage::SetupFailed(StepError::new(Step::Exec, format!("fork: {e}"))),
+            );
+            syscall::exit_now(126);
+        }
+    };
+    loop {
+        let sig = match signal_fd.read_signal() {
+            Ok(Some(info)) => info.ssi_signo as i32,
+            Ok(None) => continue,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => syscall::exit_now(126),
+        };
+        if sig == Signal::SIGCHLD as i32 {
+            if let Some(msg) = reap(main) {
+                send(status, &msg);
+                syscall::exit_now(0);
+            }
+        } else if let Ok(s) = Signal::try_from(sig) {
+            let _ = kill(main, s);
+        }
+    }
+}
+
+/// Reap every exited child; report the main program's end if it was among them.
+fn reap(main: Pid) -> Option<ChildMessage> {
+    let mut ended = None;
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == main => {
+                ended = Some(ChildMessage::Exited { code })
+            }
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == main => {
+                ended = Some(ChildMessage::Signaled { signal: sig as i32 })
+            }
+            Ok(WaitStatus::StillAlive) | Err(_) => return ended,
+            Ok(_) => {}
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Landlock inside the jail, after `pivot_root`: read+execute on the
+//! interpreter and read-only binds, read on the synthetic /etc, /proc and the
+//! random devices, read+write only on /workspace, /tmp and the null devices.
+//! Every filesystem right the kernel knows is handled, so anything not granted
+//! here is denied. With ABI >= 6 the sandbox is also scoped: no signals to,
+//! and no abstract-socket connections into, anything outside it.
+//!
+//! Fail closed: a kernel ABI below the policy's `min_abi`, or anything short
+//! of full enforcement, refuses the run.
+
+use std::path::{Path, PathBuf};
+
+use landlock::{
+    path_beneath_rules, Access, AccessFs, BitFlags, CompatLevel, Compatible, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+
+use crate::report::LandlockReport;
+use crate::spec::LandlockSpec;
+use crate::syscall;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LandlockError {
+    #[error("Landlock is not available on this kernel ({0}); pycell needs it. Enable it at boot (lsm=...,landlock) or use a kernel >= 5.13 with CONFIG_SECURITY_LANDLOCK=y")]
+    Unavailable(std::io::Error),
+    #[error("the kernel's Landlock ABI is {kernel}, the policy requires at least {required} (set landlock.min_abi lower only if you accept weaker file-system confinement)")]
+    AbiTooOld { kernel: u32, required: u8 },
+    #[error("Landlock ruleset: {0}")]
+    Ruleset(#[from] landlock::RulesetError),
+    #[error("Landlock was only {0:?} for this ruleset; refusing to run with partial confinement")]
+    NotFullyEnforced(RulesetStatus),
+}
+
+/// The paths a jail grants, in-jail and absolute.
+#[derive(Debug, Clone, Default)]
+pub struct Grants {
+    pub read_exec: Vec<PathBuf>,
+    pub read_only: Vec<PathBuf>,
+    pub read_write: Vec<PathBuf>,
+}
+
+impl Grants {
+    /// The jailer's own layout plus the policy's extras.
+    pub fn for_jail(spec: &LandlockSpec, mount_targets: &[PathBuf]) -> Grants {
+        let mut read_exec: Vec<PathBuf> = mount_targets.to_vec();
+        read_exec.extend(spec.read_exec.iter().cloned());
+        let mut read_only: Vec<PathBuf> = ["/etc", "/proc", "/dev/random", "/dev/urandom"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        read_only.extend(spec.read_only.iter().cloned());
+        let mut read_write: Vec<PathBuf> = [
+            crate::spec::WORKSPACE,
+            "/tmp",
+            "/dev/shm",
+            "/dev/null",
+            "/dev/zero",
+            "/dev/full",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        read_write.extend(spec.read_write.iter().cloned());
+        Grants {
+            read_exec,
+            read_only,
+            read_write,
+        }
+    }
+}
+
+fn existing(paths: &[PathBuf]) -> Vec<&Path> {
+    // A granted path that does not exist in the jail grants nothing; skipping
+    // it is not a weakening.
+    paths
+        .iter()
+        .map(PathBuf::as_path)
+        .filter(|p| p.symlink_metadata().is_ok())
+        .collect()
+}
+
+/// Restrict the calling process (and its future children).
+pub fn restrict(min_abi: u8, grants: &Grants) -> Result<LandlockReport, LandlockError> {
+    let kernel = syscall::landlock_abi().map_err(LandlockError::Unavailable)?;
+    if kernel < u32::from(min_abi) {
+        return Err(LandlockError::AbiTooOld {
+            kernel,
+            required: min_abi,
+        });
+    }
+    let abi = ABI::from(kernel as i32);
+    let all: BitFlags<AccessFs> = AccessFs::from_all(abi);
+    let read_exec = AccessFs::from_read(abi);
+    let read_only = read_exec & !AccessFs::Execute;
+    let read_write = all & !(AccessFs::Execute | AccessFs::MakeChar | AccessFs::MakeBlock);
+
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(all)?;
+    if kernel >= 6 {
+        ruleset = ruleset.scope(Scope::from_all(abi))?;
+    }
+    let status = ruleset
+        .create()?
+        .add_rules(path_beneath_rules(existing(&grants.read_exec), read_exec))?
+        .add_rules(path_beneath_rules(existing(&grants.read_only), read_only))?
+        .add_rules(path_beneath_rules(existing(&grants.read_write), read_write))?
+        // Listing directories anywhere in the (synthetic) root is harmless and
+        // expected (os.listdir("/"), glob); reading files is not granted by it.
+        .add_rules(path_beneath_rules(["/"], AccessFs::ReadDir))?
+        .restrict_self()?;
+    match status.ruleset {
+        RulesetStatus::FullyEnforced => Ok(LandlockReport {
+            abi: abi as u8,
+            status: "fully_enforced".to_string(),
+        }),
+        other => Err(LandlockError::NotFullyEnforced(other)),
+    }
+}

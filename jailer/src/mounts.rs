@@ -1,0 +1,319 @@
+//! The jail's root file system, built inside the new mount namespace:
+//! a small tmpfs root holding read-only binds of the interpreter (and any
+//! policy mounts), a fresh /proc, a minimal /dev, size-limited tmpfs /tmp and
+//! /workspace, and a synthetic /etc; then `pivot_root` and the old root
+//! detached. The code's files are written into /workspace, never bind-mounted
+//! from the host (that would leak host paths through mountinfo).
+//!
+//! Sources are cloned with `open_tree` *before* anything is mounted on top of
+//! the staging directory, so a source below it is still reachable, and made
+//! read-only/nosuid/nodev recursively with `mount_setattr` while detached.
+
+use std::fs;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::unistd::{chdir, pivot_root};
+
+use crate::spec::{BindMount, WorkspaceFile, JAIL_GID, JAIL_UID, WORKSPACE};
+use crate::syscall::{
+    self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
+};
+
+/// Staging directory for the new root inside our private mount namespace.
+/// Anything mounted here is invisible outside the namespace.
+const STAGING: &str = "/tmp";
+
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct MountError {
+    pub what: String,
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> MountError {
+    let what = what.into();
+    move |source| MountError { what, source }
+}
+
+fn nix_err(what: impl Into<String>) -> impl FnOnce(nix::Error) -> MountError {
+    let what = what.into();
+    move |e| MountError {
+        what,
+        source: std::io::Error::from(e),
+    }
+}
+
+/// What a bind turns into once its source has been looked at.
+#[derive(Debug)]
+enum Prepared {
+    /// A detached, already read-only copy of the source mount tree.
+    Tree {
+        fd: OwnedFd,
+        target: PathBuf,
+        is_dir: bool,
+    },
+    /// The source is a symlink on the host; recreate it verbatim.
+    Symlink { target: PathBuf, link: PathBuf },
+}
+
+/// Sources cloned while we still have the host credentials needed to reach
+/// them (see `pipeline`: this runs before switching to the jail uid).
+#[derive(Debug)]
+pub struct PreparedSources {
+    binds: Vec<Prepared>,
+    devices: Vec<(String, OwnedFd)>,
+}
+
+/// Step 1: private propagation, then clone every source.
+pub fn prepare_sources(binds: &[BindMount]) -> Result<PreparedSources, MountError> {
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(nix_err("making / private in the new mount namespace"))?;
+    let mut prepared = Vec::with_capacity(binds.len());
+    for b in binds {
+        let meta = fs::symlink_metadata(&b.source)
+            .map_err(err(format!("mount source {}", b.source.display())))?;
+        if meta.file_type().is_symlink() {
+            let link = fs::read_link(&b.source)
+                .map_err(err(format!("readlink {}", b.source.display())))?;
+            prepared.push(Prepared::Symlink {
+                target: b.target.clone(),
+                link,
+            });
+            continue;
+        }
+        let fd = syscall::open_tree_clone(&b.source, true)
+            .map_err(err(format!("cloning mount {}", b.source.display())))?;
+        syscall::mount_setattr_fd(
+            &fd,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            true,
+        )
+        .map_err(err(format!("making {} read-only", b.source.display())))?;
+        prepared.push(Prepared::Tree {
+            fd,
+            target: b.target.clone(),
+            is_dir: meta.is_dir(),
+        });
+    }
+    let mut devices = Vec::with_capacity(DEVICES.len());
+    for d in DEVICES {
+        let src = Path::new("/dev").join(d);
+        let fd = syscall::open_tree_clone(&src, false)
+            .map_err(err(format!("cloning {}", src.display())))?;
+        syscall::mount_setattr_fd(&fd, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, false)
+            .map_err(err(format!("setting nosuid,noexec on {}", src.display())))?;
+        devices.push((d.to_string(), fd));
+    }
+    Ok(PreparedSources {
+        binds: prepared,
+        devices,
+    })
+}
+
+/// What goes into the root besides the binds.
+#[derive(Debug)]
+pub struct RootfsLayout<'a> {
+    pub workspace_size: u64,
+    pub tmp_size: u64,
+    pub files: &'a [WorkspaceFile],
+    pub hostname: &'a str,
+}
+
+fn staged(p: &Path) -> PathBuf {
+    let rel = p.strip_prefix("/").unwrap_or(p);
+    Path::new(STAGING).join(rel)
+}
+
+fn mkdir_p(p: &Path) -> Result<(), MountError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(p)
+        .map_err(err(format!("mkdir {}", p.display())))
+}
+
+fn tmpfs(target: &Path, flags: MsFlags, data: &str) -> Result<(), MountError> {
+    mount(Some("tmpfs"), target, Some("tmpfs"), flags, Some(data)).map_err(nix_err(format!(
+        "mounting tmpfs on {} ({data})",
+        target.display()
+    )))
+}
+
+fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), MountError> {
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(err(format!("creating {}", path.display())))?;
+    f.write_all(contents)
+        .map_err(err(format!("writing {}", path.display())))
+}
+
+/// Step 2 (as the jail uid, which owns everything created here): build the
+/// root under the staging directory.
+pub fn build_root(sources: PreparedSources, layout: &RootfsLayout<'_>) -> Result<(), MountError> {
+    let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    tmpfs(
+        Path::new(STAGING),
+        nosuid_nodev,
+        "size=1m,nr_inodes=1024,mode=0755",
+    )?;
+
+    for p in sources.binds {
+        match p {
+            Prepared::Symlink { target, link } => {
+                let at = staged(&target);
+                if let Some(parent) = at.parent() {
+                    mkdir_p(parent)?;
+                }
+                std::os::unix::fs::symlink(&link, &at).map_err(err(format!(
+                    "symlink {} -> {}",
+                    at.display(),
+                    link.display()
+                )))?;
+            }
+            Prepared::Tree { fd, target, is_dir } => {
+                let at = staged(&target);
+                if is_dir {
+                    mkdir_p(&at)?;
+                } else {
+                    if let Some(parent) = at.parent() {
+                        mkdir_p(parent)?;
+                    }
+                    write_file(&at, b"", 0o644)?;
+                }
+                syscall::move_mount_to(&fd, &at)
+                    .map_err(err(format!("attaching bind at {}", target.display())))?;
+            }
+        }
+    }
+
+    let proc_dir = staged(Path::new("/proc"));
+    mkdir_p(&proc_dir)?;
+    mount(
+        Some("proc"),
+        &proc_dir,
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(nix_err("mounting a fresh /proc"))?;
+
+    let dev = staged(Path::new("/dev"));
+    mkdir_p(&dev)?;
+    tmpfs(
+        &dev,
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        "size=64k,nr_inodes=64,mode=0755",
+    )?;
+    for (name, fd) in sources.devices {
+        let at = dev.join(&name);
+        write_file(&at, b"", 0o666)?;
+        syscall::move_mount_to(&fd, &at).map_err(err(format!("attaching /dev/{name}")))?;
+    }
+    for (link, to) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(to, dev.join(link))
+            .map_err(err(format!("symlink /dev/{link}")))?;
+    }
+    mkdir_p(&dev.join("shm"))?;
+
+    let tmp = staged(Path::new("/tmp"));
+    mkdir_p(&tmp)?;
+    tmpfs(
+        &tmp,
+        nosuid_nodev,
+        &format!("size={},mode=1777", layout.tmp_size),
+    )?;
+    // /dev/shm is the same tmpfs (POSIX semaphores for multiprocessing), so it
+    // shares /tmp's size limit.
+    mount(
+        Some(&tmp),
+        &dev.join("shm"),
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(nix_err("binding /tmp at /dev/shm"))?;
+
+    let ws = staged(Path::new(WORKSPACE));
+    mkdir_p(&ws)?;
+    tmpfs(
+        &ws,
+        nosuid_nodev,
+        &format!("size={},mode=0755", layout.workspace_size),
+    )?;
+    for f in layout.files {
+        write_file(&ws.join(&f.name), f.contents.as_bytes(), 0o644)?;
+    }
+
+    let etc = staged(Path::new("/etc"));
+    mkdir_p(&etc)?;
+    let passwd = format!("root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{JAIL_UID}:{JAIL_GID}:pycell sandbox:{WORKSPACE}:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
+    let group = format!("root:x:0:\nsandbox:x:{JAIL_GID}:\nnogroup:x:65534:\n");
+    let hosts = format!(
+        "127.0.0.1\tlocalhost {h}\n::1\tlocalhost ip6-localhost {h}\n",
+        h = layout.hostname
+    );
+    write_file(&etc.join("passwd"), passwd.as_bytes(), 0o644)?;
+    write_file(&etc.join("group"), group.as_bytes(), 0o644)?;
+    write_file(&etc.join("hosts"), hosts.as_bytes(), 0o644)?;
+    write_file(
+        &etc.join("hostname"),
+        format!("{}\n", layout.hostname).as_bytes(),
+        0o644,
+    )?;
+    write_file(
+        &etc.join("nsswitch.conf"),
+        b"passwd: files\ngroup: files\nhosts: files\n",
+        0o644,
+    )?;
+    std::os::unix::fs::symlink("/usr/share/zoneinfo/UTC", etc.join("localtime"))
+        .map_err(err("symlink /etc/localtime"))?;
+    Ok(())
+}
+
+/// Step 3: make the staging directory the root, detach the old root, and make
+/// the root (and /dev) read-only. Ends with the working directory at /workspace.
+pub fn pivot() -> Result<(), MountError> {
+    chdir(STAGING).map_err(nix_err("chdir to the new root"))?;
+    // pivot_root(".", ".") stacks the old root on top of the new one; the
+    // detach below removes it without needing a directory for it.
+    pivot_root(".", ".").map_err(nix_err("pivot_root"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(nix_err("detaching the old root"))?;
+    chdir("/").map_err(nix_err("chdir /"))?;
+    syscall::mount_setattr_path(
+        Path::new("/"),
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        false,
+    )
+    .map_err(err("making / read-only"))?;
+    syscall::mount_setattr_path(Path::new("/dev"), MOUNT_ATTR_RDONLY, false)
+        .map_err(err("making /dev read-only"))?;
+    chdir(WORKSPACE).map_err(nix_err("chdir /workspace"))?;
+    Ok(())
+}
+
+/// In-jail targets of the binds that are real trees (not symlinks); Landlock
+/// grants read+execute on these.
+pub fn tree_targets(binds: &[BindMount]) -> Vec<PathBuf> {
+    binds.iter().map(|b| b.target.clone()).collect()
+}

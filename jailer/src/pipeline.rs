@@ -1,0 +1,247 @@
+//! The jail pipeline: what the sandbox's first process does, in a fixed order,
+//! between `clone` and `exec`. The order is the security argument, so it lives
+//! in one function ([`run_steps`]) that tests observe through a recording
+//! implementation of [`JailSteps`].
+//!
+//! Order (the parent has already written the uid/gid maps with setgroups
+//! denied and attached this process to the run's cgroup before `WaitForParent`
+//! returns, so everything below is accounted and limited):
+//!
+//!  1. wait for the parent (maps + cgroup attach done; parent death = exit)
+//!  2. cgroup namespace (rooted at the run's cgroup)
+//!  3. mount sources cloned (private propagation; read-only detached copies)
+//!  4. credentials: become the jail uid/gid (host: the unique sandbox uid)
+//!  5. root file system built, then `pivot_root`, old root detached
+//!  6. hostname
+//!  7. rlimits
+//!  8. `setsid` (no controlling terminal)
+//!  9. drop all capabilities (bounding, ambient, inheritable, effective, permitted)
+//! 10. `no_new_privs`
+//! 11. close every inherited fd except 0/1/2 and the jailer's own status fds
+//! 12. Landlock
+//! 13. seccomp (last)
+//!
+//! then the init process forks the program, which execs it.
+
+use serde::{Deserialize, Serialize};
+
+/// Steps of the pipeline, named for error reports and order tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Step {
+    WaitForParent,
+    CgroupNamespace,
+    MountSources,
+    Credentials,
+    Rootfs,
+    Hostname,
+    Rlimits,
+    Setsid,
+    Capabilities,
+    NoNewPrivs,
+    CloseFds,
+    Landlock,
+    Seccomp,
+    Exec,
+}
+
+impl Step {
+    /// The layer a failure of this step is reported against.
+    pub fn layer(self) -> &'static str {
+        match self {
+            Step::WaitForParent => "jailer",
+            Step::CgroupNamespace => "namespaces",
+            Step::MountSources | Step::Rootfs => "mounts",
+            Step::Credentials => "user_namespace",
+            Step::Hostname => "namespaces",
+            Step::Rlimits => "rlimits",
+            Step::Setsid => "session",
+            Step::Capabilities => "capabilities",
+            Step::NoNewPrivs => "no_new_privs",
+            Step::CloseFds => "file_descriptors",
+            Step::Landlock => "landlock",
+            Step::Seccomp => "seccomp",
+            Step::Exec => "exec",
+        }
+    }
+}
+
+/// A failed step: what failed, why, and what the operator can do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{step:?}: {message}")]
+pub struct StepError {
+    pub step: Step,
+    pub code: String,
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+impl StepError {
+    pub fn new(step: Step, message: impl Into<String>) -> StepError {
+        StepError {
+            step,
+            code: format!("{}_failed", step.layer()),
+            message: message.into(),
+            hint: None,
+        }
+    }
+
+    pub fn with_code(mut self, code: &str) -> StepError {
+        self.code = code.to_string();
+        self
+    }
+
+    pub fn with_hint(mut self, hint: impl Into<String>) -> StepError {
+        self.hint = Some(hint.into());
+        self
+    }
+}
+
+/// One method per step; the real implementation lives in `child.rs`.
+pub trait JailSteps {
+    fn wait_for_parent(&mut self) -> Result<(), StepError>;
+    fn enter_cgroup_namespace(&mut self) -> Result<(), StepError>;
+    fn prepare_mount_sources(&mut self) -> Result<(), StepError>;
+    fn become_jail_user(&mut self) -> Result<(), StepError>;
+    fn build_root_and_pivot(&mut self) -> Result<(), StepError>;
+    fn set_hostname(&mut self) -> Result<(), StepError>;
+    fn set_rlimits(&mut self) -> Result<(), StepError>;
+    fn new_session(&mut self) -> Result<(), StepError>;
+    fn drop_capabilities(&mut self) -> Result<(), StepError>;
+    fn set_no_new_privs(&mut self) -> Result<(), StepError>;
+    fn close_inherited_fds(&mut self) -> Result<(), StepError>;
+    fn apply_landlock(&mut self) -> Result<(), StepError>;
+    fn apply_seccomp(&mut self) -> Result<(), StepError>;
+}
+
+/// Run every step in the one fixed order; stop at the first failure.
+pub fn run_steps(s: &mut impl JailSteps) -> Result<(), StepError> {
+    s.wait_for_parent()?;
+    s.enter_cgroup_namespace()?;
+    s.prepare_mount_sources()?;
+    s.become_jail_user()?;
+    s.build_root_and_pivot()?;
+    s.set_hostname()?;
+    s.set_rlimits()?;
+    s.new_session()?;
+    s.drop_capabilities()?;
+    s.set_no_new_privs()?;
+    s.close_inherited_fds()?;
+    s.apply_landlock()?;
+    s.apply_seccomp()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records the order of calls; optionally fails at one step.
+    struct Recorder {
+        calls: Vec<Step>,
+        fail_at: Option<Step>,
+    }
+
+    impl Recorder {
+        fn step(&mut self, s: Step) -> Result<(), StepError> {
+            self.calls.push(s);
+            if self.fail_at == Some(s) {
+                return Err(StepError::new(s, "injected"));
+            }
+            Ok(())
+        }
+    }
+
+    impl JailSteps for Recorder {
+        fn wait_for_parent(&mut self) -> Result<(), StepError> {
+            self.step(Step::WaitForParent)
+        }
+        fn enter_cgroup_namespace(&mut self) -> Result<(), StepError> {
+            self.step(Step::CgroupNamespace)
+        }
+        fn prepare_mount_sources(&mut self) -> Result<(), StepError> {
+            self.step(Step::MountSources)
+        }
+        fn become_jail_user(&mut self) -> Result<(), StepError> {
+            self.step(Step::Credentials)
+        }
+        fn build_root_and_pivot(&mut self) -> Result<(), StepError> {
+            self.step(Step::Rootfs)
+        }
+        fn set_hostname(&mut self) -> Result<(), StepError> {
+            self.step(Step::Hostname)
+        }
+        fn set_rlimits(&mut self) -> Result<(), StepError> {
+            self.step(Step::Rlimits)
+        }
+        fn new_session(&mut self) -> Result<(), StepError> {
+            self.step(Step::Setsid)
+        }
+        fn drop_capabilities(&mut self) -> Result<(), StepError> {
+            self.step(Step::Capabilities)
+        }
+        fn set_no_new_privs(&mut self) -> Result<(), StepError> {
+            self.step(Step::NoNewPrivs)
+        }
+        fn close_inherited_fds(&mut self) -> Result<(), StepError> {
+            self.step(Step::CloseFds)
+        }
+        fn apply_landlock(&mut self) -> Result<(), StepError> {
+            self.step(Step::Landlock)
+        }
+        fn apply_seccomp(&mut self) -> Result<(), StepError> {
+            self.step(Step::Seccomp)
+        }
+    }
+
+    #[test]
+    fn steps_run_in_the_documented_order() {
+        let mut r = Recorder {
+            calls: vec![],
+            fail_at: None,
+        };
+        run_steps(&mut r).unwrap();
+        use Step::*;
+        assert_eq!(
+            r.calls,
+            vec![
+                WaitForParent,
+                CgroupNamespace,
+                MountSources,
+                Credentials,
+                Rootfs,
+                Hostname,
+                Rlimits,
+                Setsid,
+                Capabilities,
+                NoNewPrivs,
+                CloseFds,
+                Landlock,
+                Seccomp
+            ]
+        );
+        // Security-relevant relations, stated on their own.
+        let pos = |s: Step| r.calls.iter().position(|c| *c == s).unwrap();
+        assert!(pos(Capabilities) < pos(NoNewPrivs));
+        assert!(pos(NoNewPrivs) < pos(Landlock));
+        assert!(pos(CloseFds) < pos(Landlock));
+        assert_eq!(
+            *r.calls.last().unwrap(),
+            Seccomp,
+            "seccomp must be the last step"
+        );
+    }
+
+    #[test]
+    fn a_failing_step_stops_the_pipeline() {
+        let mut r = Recorder {
+            calls: vec![],
+            fail_at: Some(Step::Capabilities),
+        };
+        let e = run_steps(&mut r).unwrap_err();
+        assert_eq!(e.step, Step::Capabilities);
+        assert_eq!(e.code, "capabilities_failed");
+        assert_eq!(*r.calls.last().unwrap(), Step::Capabilities);
+        assert!(!r.calls.contains(&Step::Landlock));
+    }
+}

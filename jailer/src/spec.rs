@@ -1,0 +1,244 @@
+//! The fully resolved description of one sandbox run, as the jailer receives
+//! it (JSON on stdin). The caller (the CLI in embedded mode, later the daemon's
+//! monitor) resolves a policy into this; the jailer re-validates it anyway,
+//! because it runs as root and must not trust its input's shape.
+
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// In-jail uid/gid of the sandboxed code. It maps to the unique host
+/// `sandbox_uid`/`sandbox_gid`; uid 0 is not mapped at all.
+pub const JAIL_UID: u32 = 1000;
+pub const JAIL_GID: u32 = 1000;
+/// Where the code's files go, and its working directory.
+pub const WORKSPACE: &str = "/workspace";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JailSpec {
+    /// `r-` followed by lowercase hex; names the cgroup.
+    pub run_id: String,
+    /// Host uid/gid the code runs as (allocated by the caller, unique per
+    /// concurrent sandbox, not root and not an existing account).
+    pub sandbox_uid: u32,
+    pub sandbox_gid: u32,
+    /// argv of the program exec'd inside the jail; argv[0] is an absolute
+    /// in-jail path.
+    pub argv: Vec<String>,
+    /// The complete environment (nothing is inherited).
+    pub env: Vec<(String, String)>,
+    /// Files written into /workspace before the code starts.
+    pub files: Vec<WorkspaceFile>,
+    /// Bytes fed to the program's stdin (then closed).
+    #[serde(default)]
+    pub stdin: Vec<u8>,
+    /// Read-only bind mounts (host source → in-jail target). A source that is
+    /// a symlink on the host is recreated as the same symlink.
+    pub mounts: Vec<BindMount>,
+    pub limits: JailLimits,
+    pub landlock: LandlockSpec,
+    /// Name of a profile known to the `pycell-seccomp` crate.
+    pub seccomp_profile: String,
+    pub cgroup: CgroupSpec,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceFile {
+    /// A plain file name (no slashes).
+    pub name: String,
+    pub contents: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BindMount {
+    pub source: PathBuf,
+    pub target: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JailLimits {
+    pub wall_timeout_ms: u64,
+    pub cpu_time_s: u64,
+    pub memory_bytes: u64,
+    pub pids: u32,
+    /// cpu.max quota in millicores (1000 = one core).
+    pub cpu_millicores: u32,
+    pub open_files: u64,
+    pub file_size_bytes: u64,
+    pub workspace_size_bytes: u64,
+    pub tmp_size_bytes: u64,
+    /// Cap for each of stdout and stderr.
+    pub max_output_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LandlockSpec {
+    /// The run is refused if the kernel's Landlock ABI is lower.
+    pub min_abi: u8,
+    pub read_exec: Vec<PathBuf>,
+    pub read_only: Vec<PathBuf>,
+    pub read_write: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CgroupSpec {
+    /// Parent under which the per-run cgroup is created, relative to the
+    /// jailer's own cgroup in each hierarchy (e.g. "pycell").
+    pub parent: String,
+}
+
+/// Why a spec was rejected by [`JailSpec::validate`].
+#[derive(Debug, thiserror::Error)]
+#[error("invalid jail spec: {field}: {problem}")]
+pub struct SpecError {
+    pub field: String,
+    pub problem: String,
+}
+
+fn bad(field: impl Into<String>, problem: impl Into<String>) -> SpecError {
+    SpecError {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+/// Absolute, no `.`/`..`, no NUL.
+pub fn is_clean_absolute(p: &Path) -> bool {
+    p.is_absolute()
+        && !p.as_os_str().as_encoded_bytes().contains(&0)
+        && p.components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+}
+
+/// In-jail paths the jailer builds itself; binds may not cover them.
+const RESERVED_TARGETS: &[&str] = &["/proc", "/dev", "/tmp", WORKSPACE, "/etc"];
+
+impl JailSpec {
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let id_ok = self.run_id.len() <= 40
+            && self.run_id.starts_with("r-")
+            && self.run_id.len() > 2
+            && self.run_id[2..]
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if !id_ok {
+            return Err(bad("run_id", "must be r- followed by lowercase hex"));
+        }
+        if self.sandbox_uid == 0 || self.sandbox_gid == 0 {
+            return Err(bad("sandbox_uid", "the sandbox must not run as root"));
+        }
+        if self.sandbox_uid == u32::MAX || self.sandbox_gid == u32::MAX {
+            return Err(bad("sandbox_uid", "(uid_t)-1 is not a valid id"));
+        }
+        match self.argv.first() {
+            Some(a0) if is_clean_absolute(Path::new(a0)) => {}
+            _ => return Err(bad("argv", "argv[0] must be an absolute in-jail path")),
+        }
+        if self.argv.iter().any(|a| a.contains('\0')) {
+            return Err(bad("argv", "contains a NUL byte"));
+        }
+        for (k, v) in &self.env {
+            let key_ok = !k.is_empty()
+                && k.bytes().enumerate().all(|(i, b)| {
+                    b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit())
+                });
+            if !key_ok || v.contains('\0') {
+                return Err(bad(
+                    format!("env.{k}"),
+                    "invalid variable name or NUL in value",
+                ));
+            }
+        }
+        for f in &self.files {
+            if f.name.is_empty()
+                || f.name.contains('/')
+                || f.name.contains('\0')
+                || f.name == "."
+                || f.name == ".."
+            {
+                return Err(bad(
+                    "files",
+                    format!("{:?} is not a plain file name", f.name),
+                ));
+            }
+        }
+        for m in &self.mounts {
+            if !is_clean_absolute(&m.source) || !is_clean_absolute(&m.target) {
+                return Err(bad(
+                    "mounts",
+                    format!(
+                        "{} -> {} must be clean absolute paths",
+                        m.source.display(),
+                        m.target.display()
+                    ),
+                ));
+            }
+            if m.target == Path::new("/")
+                || RESERVED_TARGETS.iter().any(|r| m.target.starts_with(r))
+            {
+                return Err(bad(
+                    "mounts",
+                    format!("target {} is built by the jailer", m.target.display()),
+                ));
+            }
+        }
+        let l = &self.limits;
+        if l.wall_timeout_ms == 0
+            || l.memory_bytes < (16 << 20)
+            || l.pids == 0
+            || l.cpu_millicores == 0
+        {
+            return Err(bad(
+                "limits",
+                "timeout, memory (>= 16MiB), pids and cpus must be positive",
+            ));
+        }
+        if l.workspace_size_bytes < 4096 || l.tmp_size_bytes < 4096 || l.open_files < 16 {
+            return Err(bad(
+                "limits",
+                "workspace/tmp sizes and open_files are too small",
+            ));
+        }
+        for p in self
+            .landlock
+            .read_exec
+            .iter()
+            .chain(&self.landlock.read_only)
+            .chain(&self.landlock.read_write)
+        {
+            if !is_clean_absolute(p) {
+                return Err(bad(
+                    "landlock",
+                    format!("{} is not a clean absolute path", p.display()),
+                ));
+            }
+        }
+        for p in &self.landlock.read_write {
+            if !(p.starts_with(WORKSPACE) || p.starts_with("/tmp")) {
+                return Err(bad(
+                    "landlock.read_write",
+                    format!("{} is outside /workspace and /tmp", p.display()),
+                ));
+            }
+        }
+        if self.cgroup.parent.is_empty()
+            || !self
+                .cgroup
+                .parent
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        {
+            return Err(bad(
+                "cgroup.parent",
+                "must be a single plain directory name",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,222 @@
+//! Raw system calls that `nix` does not wrap. This is the only module in the
+//! workspace allowed to use `unsafe`; every block states what it relies on.
+//!
+//! The jailer is single-threaded (see `lib.rs`), which is what makes a raw
+//! `clone` without a new stack sound: the child gets a copy of the only thread.
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::unistd::Pid;
+
+/// Which side of a `clone` we are on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloneResult {
+    Parent(Pid),
+    Child,
+}
+
+fn cstring(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// `clone(flags | SIGCHLD)` with fork semantics (child continues on a copy of
+/// the stack). `flags` are `CLONE_NEW*` namespace flags, or 0 for a plain fork.
+pub fn clone_fork(namespace_flags: libc::c_int) -> io::Result<CloneResult> {
+    let flags = (namespace_flags | libc::SIGCHLD) as libc::c_ulong;
+    // SAFETY: with a NULL stack pointer clone behaves like fork: the child runs
+    // on a copy-on-write copy of the caller's stack and memory. The caller is
+    // single-threaded (the jailer never starts threads), so no lock or
+    // allocator state can be held by a thread that does not exist in the
+    // child. No pointers are passed (parent_tid/child_tid/tls are 0).
+    let ret = check(unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    })?;
+    if ret == 0 {
+        Ok(CloneResult::Child)
+    } else {
+        Ok(CloneResult::Parent(Pid::from_raw(ret as libc::pid_t)))
+    }
+}
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
+pub const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
+pub const MOUNT_ATTR_NODEV: u64 = 0x0000_0004;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x0000_0008;
+
+/// `struct mount_attr` from <linux/mount.h> (MOUNT_ATTR_SIZE_VER0).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// `open_tree(path, OPEN_TREE_CLONE [| AT_RECURSIVE])`: a detached copy of the
+/// mount at `path` (a bind mount not yet attached anywhere).
+pub fn open_tree_clone(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
+    let c = cstring(path)?;
+    let mut flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC;
+    if recursive {
+        flags |= AT_RECURSIVE;
+    }
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call; the
+    // kernel returns a new file descriptor that nothing else owns, which we
+    // wrap in an OwnedFd exactly once.
+    let fd = check(unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            flags as libc::c_ulong,
+        )
+    })?;
+    // SAFETY: `fd` was just returned by the kernel and is owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `mount_setattr(fd, "", AT_EMPTY_PATH [| AT_RECURSIVE], {attr_set})`.
+/// Only adds flags, so it never trips over flags locked by the kernel.
+pub fn mount_setattr_fd(fd: &OwnedFd, attr_set: u64, recursive: bool) -> io::Result<()> {
+    let mut flags = libc::AT_EMPTY_PATH as libc::c_uint;
+    if recursive {
+        flags |= AT_RECURSIVE;
+    }
+    mount_setattr_raw(fd.as_raw_fd(), c"", flags, attr_set)
+}
+
+/// `mount_setattr(AT_FDCWD, path, flags, {attr_set})`.
+pub fn mount_setattr_path(path: &Path, attr_set: u64, recursive: bool) -> io::Result<()> {
+    let c = cstring(path)?;
+    let flags = if recursive { AT_RECURSIVE } else { 0 };
+    mount_setattr_raw(libc::AT_FDCWD, &c, flags, attr_set)
+}
+
+fn mount_setattr_raw(
+    dirfd: RawFd,
+    path: &std::ffi::CStr,
+    flags: libc::c_uint,
+    attr_set: u64,
+) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `path` is NUL-terminated and `attr` is a properly laid out
+    // `struct mount_attr` that lives across the call; its size is passed so the
+    // kernel reads exactly that many bytes.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            dirfd,
+            path.as_ptr(),
+            flags as libc::c_ulong,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })?;
+    Ok(())
+}
+
+/// `move_mount(fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)`: attach a
+/// detached mount (from `open_tree_clone`) at `target`.
+pub fn move_mount_to(fd: &OwnedFd, target: &Path) -> io::Result<()> {
+    let t = cstring(target)?;
+    // SAFETY: both strings are NUL-terminated and outlive the call; `fd` is a
+    // valid open descriptor borrowed for the duration of the call.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH as libc::c_ulong,
+        )
+    })?;
+    Ok(())
+}
+
+/// Close every descriptor from 3 up except those in `keep`.
+pub fn close_fds_except(keep: &[RawFd]) -> io::Result<()> {
+    let mut keep: Vec<RawFd> = keep.iter().copied().filter(|k| *k >= 3).collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut lo: u32 = 3;
+    for k in keep.into_iter().map(|k| k as u32) {
+        if k > lo {
+            close_range(lo, k - 1)?;
+        }
+        lo = k + 1;
+    }
+    close_range(lo, u32::MAX)
+}
+
+fn close_range(lo: u32, hi: u32) -> io::Result<()> {
+    // SAFETY: close_range only closes descriptors. Its caller (the jail child,
+    // single-threaded, before exec) owns every descriptor in the range and
+    // holds no Rust owner for any of them that is used afterwards: the ones
+    // it keeps are excluded by `close_fds_except`.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            lo as libc::c_uint,
+            hi as libc::c_uint,
+            0 as libc::c_uint,
+        )
+    })?;
+    Ok(())
+}
+
+/// `_exit(2)`: end the process now, without running exit handlers or
+/// unwinding (the right way out of a forked child).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and touches no memory of ours; it is
+    // async-signal-safe and valid in a forked child.
+    unsafe { libc::_exit(code) }
+}
+
+const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+
+/// The kernel's Landlock ABI version, or the errno explaining its absence
+/// (ENOSYS: not built in; EOPNOTSUPP: built in but disabled at boot).
+pub fn landlock_abi() -> io::Result<u32> {
+    // SAFETY: with a NULL attr pointer, size 0 and the VERSION flag the call
+    // only returns the ABI number; no memory is read or written.
+    let v = check(unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    })?;
+    Ok(v as u32)
+}

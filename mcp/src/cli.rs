@@ -1,0 +1,86 @@
+//! Command-line syntax.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "pycell",
+    version,
+    about = "Run untrusted Python in a fail-closed Linux sandbox"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a Python script (or code on stdin with "-") in a sandbox.
+    ///
+    /// Exit status: the script's own; 128+N if it was killed by signal N;
+    /// 124 on timeout; 137 on out-of-memory; 125 if the run was refused or
+    /// pycell itself failed.
+    Run(RunArgs),
+    /// Work with policy files.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Show pycell's version, built-in policies, and what this host can enforce.
+    Info {
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Developer tools.
+    #[command(subcommand, hide = true)]
+    Debug(DebugCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Validate policy files; prints "FILE: ok (policy NAME)" or the error.
+    Check {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DebugCommand {
+    /// Print the resolved jail spec that `pycell-jailer` takes on stdin.
+    Spec(RunArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct RunArgs {
+    /// The Python file to run, or "-" to read the code from stdin.
+    pub script: PathBuf,
+    /// Arguments passed to the script (after "--").
+    #[arg(last = true)]
+    pub script_args: Vec<String>,
+    /// Policy name (looked up in /etc/pycell/policies, then built in) or a path to a .toml file.
+    #[arg(long, default_value = "default")]
+    pub policy: String,
+    /// Print one JSON result object instead of streaming the output.
+    #[arg(long)]
+    pub json: bool,
+    /// Wall-clock timeout in seconds (fractions allowed).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<String>,
+    /// Memory limit, e.g. 256M or 1GiB (no swap).
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    /// Maximum number of processes and threads.
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u32>,
+    /// Size of the /workspace tmpfs.
+    #[arg(long, value_name = "SIZE")]
+    pub disk: Option<String>,
+    /// Cap for each of stdout and stderr.
+    #[arg(long, value_name = "SIZE")]
+    pub max_output: Option<String>,
+    /// File whose contents become the script's stdin (default: empty).
+    #[arg(long, value_name = "FILE")]
+    pub input: Option<PathBuf>,
+}

@@ -1,0 +1,292 @@
+//! From a policy, the user's overrides and the code to a fully resolved
+//! [`JailSpec`]: which host paths are mounted where, the exact argv and
+//! environment, and every limit in the jailer's units.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pycell_jailer::spec::{
+    BindMount, CgroupSpec, JailLimits, JailSpec, LandlockSpec, WorkspaceFile, WORKSPACE,
+};
+use pycell_policy::{Interpreter, Limits, Policy};
+
+use crate::cli::RunArgs;
+
+/// Where policies installed by the operator live.
+pub const POLICY_DIR: &str = "/etc/pycell/policies";
+/// In-jail mount point of a venv interpreter.
+pub const VENV_TARGET: &str = "/venv";
+/// Parent of the per-run cgroups (relative to the jailer's own cgroup on v1,
+/// to the root of the unified hierarchy on v2).
+pub const CGROUP_PARENT: &str = "pycell";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error("{0}")]
+    Policy(#[from] pycell_policy::PolicyError),
+    #[error("no policy named {name:?}: not in {dir} and not built in (built-in: {builtin}); pass a path to a .toml file to use your own")]
+    UnknownPolicy {
+        name: String,
+        dir: &'static str,
+        builtin: String,
+    },
+    #[error("--{flag} {value:?}: {problem}")]
+    BadFlag {
+        flag: &'static str,
+        value: String,
+        problem: String,
+    },
+    #[error("{0}")]
+    Interpreter(String),
+}
+
+/// `--policy NAME|PATH`.
+pub fn load_policy(arg: &str) -> Result<Policy, ResolveError> {
+    if arg.contains('/') || arg.ends_with(".toml") {
+        return Ok(Policy::load(Path::new(arg))?);
+    }
+    let installed = Path::new(POLICY_DIR).join(format!("{arg}.toml"));
+    if installed.exists() {
+        return Ok(Policy::load(&installed)?);
+    }
+    if pycell_policy::builtin::source(arg).is_some() {
+        return Ok(pycell_policy::builtin::load(arg)?);
+    }
+    Err(ResolveError::UnknownPolicy {
+        name: arg.to_string(),
+        dir: POLICY_DIR,
+        builtin: pycell_policy::builtin::names().join(", "),
+    })
+}
+
+/// The policy's limits with the command-line overrides applied and checked.
+pub fn effective_limits(policy: &Policy, args: &RunArgs) -> Result<Limits, ResolveError> {
+    let mut l = policy.limits.clone();
+    let size = |flag: &'static str, v: &str| {
+        pycell_policy::parse_size(v).map_err(|problem| ResolveError::BadFlag {
+            flag,
+            value: v.to_string(),
+            problem,
+        })
+    };
+    if let Some(t) = &args.timeout {
+        let secs: f64 = t.parse().map_err(|_| ResolveError::BadFlag {
+            flag: "timeout",
+            value: t.clone(),
+            problem: "expected a number of seconds, e.g. 10 or 2.5".into(),
+        })?;
+        if !(secs.is_finite() && secs > 0.0) {
+            return Err(ResolveError::BadFlag {
+                flag: "timeout",
+                value: t.clone(),
+                problem: "must be greater than 0".into(),
+            });
+        }
+        l.wall_timeout = Duration::from_secs_f64(secs);
+    }
+    if let Some(m) = &args.memory {
+        l.memory = size("memory", m)?;
+    }
+    if let Some(p) = args.pids {
+        l.pids = p;
+    }
+    if let Some(d) = &args.disk {
+        l.workspace_size = size("disk", d)?;
+    }
+    if let Some(o) = &args.max_output {
+        l.max_output = size("max-output", o)?;
+    }
+    l.validate().map_err(|problem| ResolveError::BadFlag {
+        flag: "limits",
+        value: String::new(),
+        problem,
+    })?;
+    Ok(l)
+}
+
+/// The file name the code gets in /workspace.
+pub fn script_name(script: &Path) -> String {
+    if script == Path::new("-") {
+        return "main.py".to_string();
+    }
+    script
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .filter(|n| !n.is_empty() && n != "." && n != "..")
+        .unwrap_or_else(|| "main.py".to_string())
+}
+
+/// Is `path` (host) reachable at the same path inside the jail through one
+/// of `mounts` (which all map source == target for the interpreter's prefix)?
+fn covered(path: &Path, mounts: &[BindMount]) -> bool {
+    mounts
+        .iter()
+        .any(|m| m.source == m.target && path.starts_with(&m.source))
+}
+
+/// The interpreter: argv[0] in the jail and any extra mounts it needs.
+fn interpreter(policy: &Policy, mounts: &mut Vec<BindMount>) -> Result<String, ResolveError> {
+    match &policy.interpreter {
+        Interpreter::HostPython(py) => {
+            let real = std::fs::canonicalize(py).map_err(|e| {
+                ResolveError::Interpreter(format!(
+                    "policy {}: interpreter {}: {e} (install it, e.g. `apt-get install python3`, or point [interpreter] python at an existing one)",
+                    policy.name,
+                    py.display()
+                ))
+            })?;
+            if !covered(py, mounts) || !covered(&real, mounts) {
+                return Err(ResolveError::Interpreter(format!(
+                    "policy {}: interpreter {} (really {}) is not inside any of the policy's [[mounts]]; add a read-only mount of its prefix",
+                    policy.name,
+                    py.display(),
+                    real.display()
+                )));
+            }
+            Ok(py.to_string_lossy().into_owned())
+        }
+        Interpreter::Venv(dir) => {
+            let cfg_path = dir.join("pyvenv.cfg");
+            let cfg = std::fs::read_to_string(&cfg_path).map_err(|e| {
+                ResolveError::Interpreter(format!(
+                    "policy {}: venv {} has no readable pyvenv.cfg ({e}); create it with `uv venv --python /usr/bin/python3 {}`",
+                    policy.name,
+                    dir.display(),
+                    dir.display()
+                ))
+            })?;
+            let home = cfg
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once('=')?;
+                    (k.trim() == "home").then(|| PathBuf::from(v.trim()))
+                })
+                .ok_or_else(|| {
+                    ResolveError::Interpreter(format!(
+                        "{}: no `home = ...` line",
+                        cfg_path.display()
+                    ))
+                })?;
+            let real = std::fs::canonicalize(dir.join("bin/python")).map_err(|e| {
+                ResolveError::Interpreter(format!("venv {}: bin/python: {e}", dir.display()))
+            })?;
+            // The base interpreter the venv points at must be visible at its
+            // own path; mount its prefix read-only if the policy doesn't.
+            for needed in [&home, &real] {
+                if !covered(needed, mounts) {
+                    let prefix = needed
+                        .ancestors()
+                        .find(|a| a.join("lib").is_dir() && a.join("bin").is_dir())
+                        .ok_or_else(|| {
+                            ResolveError::Interpreter(format!(
+                                "venv {}: cannot find the prefix of its base interpreter {}",
+                                dir.display(),
+                                needed.display()
+                            ))
+                        })?;
+                    mounts.push(BindMount {
+                        source: prefix.to_path_buf(),
+                        target: prefix.to_path_buf(),
+                    });
+                }
+            }
+            mounts.push(BindMount {
+                source: dir.clone(),
+                target: PathBuf::from(VENV_TARGET),
+            });
+            Ok(format!("{VENV_TARGET}/bin/python"))
+        }
+    }
+}
+
+/// Everything but the sandbox uid/gid and run id, which the caller allocates.
+#[derive(Debug)]
+pub struct Resolved {
+    pub spec: JailSpec,
+    pub limits: Limits,
+}
+
+pub fn resolve(
+    policy: &Policy,
+    args: &RunArgs,
+    code: String,
+    stdin: Vec<u8>,
+) -> Result<Resolved, ResolveError> {
+    let limits = effective_limits(policy, args)?;
+    let mut mounts: Vec<BindMount> = policy
+        .mounts
+        .iter()
+        .map(|m| BindMount {
+            source: m.source.clone(),
+            target: m.target.clone(),
+        })
+        .collect();
+    let python = interpreter(policy, &mut mounts)?;
+    let name = script_name(&args.script);
+    // -s: no user site-packages (HOME is the workspace; nothing to find there).
+    let mut argv = vec![python, "-s".to_string(), format!("{WORKSPACE}/{name}")];
+    argv.extend(args.script_args.iter().cloned());
+    let spec = JailSpec {
+        run_id: String::new(),
+        sandbox_uid: 0,
+        sandbox_gid: 0,
+        argv,
+        env: policy
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        files: vec![WorkspaceFile {
+            name,
+            contents: code,
+        }],
+        stdin,
+        mounts,
+        limits: JailLimits {
+            wall_timeout_ms: limits.wall_timeout.as_millis().max(1) as u64,
+            cpu_time_s: limits.cpu_time.as_secs_f64().ceil().max(1.0) as u64,
+            memory_bytes: limits.memory,
+            pids: limits.pids,
+            cpu_millicores: (limits.cpus * 1000.0).round().max(1.0) as u32,
+            open_files: limits.open_files,
+            file_size_bytes: limits.file_size,
+            workspace_size_bytes: limits.workspace_size,
+            tmp_size_bytes: limits.tmp_size,
+            max_output_bytes: limits.max_output,
+        },
+        landlock: LandlockSpec {
+            min_abi: policy.landlock.min_abi,
+            read_exec: policy.landlock.read_exec.clone(),
+            read_only: policy.landlock.read_only.clone(),
+            read_write: policy.landlock.read_write.clone(),
+        },
+        seccomp_profile: policy.seccomp_profile.clone(),
+        cgroup: CgroupSpec {
+            parent: CGROUP_PARENT.to_string(),
+        },
+    };
+    Ok(Resolved { spec, limits })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_names() {
+        assert_eq!(script_name(Path::new("-")), "main.py");
+        assert_eq!(script_name(Path::new("/a/b/x.py")), "x.py");
+        assert_eq!(script_name(Path::new("..")), "main.py");
+    }
+
+    #[test]
+    fn coverage_is_by_path_prefix() {
+        let m = vec![BindMount {
+            source: "/usr".into(),
+            target: "/usr".into(),
+        }];
+        assert!(covered(Path::new("/usr/bin/python3.11"), &m));
+        assert!(!covered(Path::new("/usrx/bin/python"), &m));
+        assert!(!covered(Path::new("/opt/py/bin/python"), &m));
+    }
+}

@@ -1,0 +1,324 @@
+//! `pycell run` in embedded mode: resolve the policy, lease a sandbox uid,
+//! start `pycell-jailer` with the spec, stream or collect its events, and
+//! exit with the run's status.
+
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use pycell_jailer::events::{read_event, Event};
+use pycell_jailer::report::{JailFailure, JailReport, RunStatus};
+use pycell_jailer::uidalloc;
+use serde::Serialize;
+
+use crate::cli::RunArgs;
+use crate::resolve::{self, Resolved};
+
+/// Where embedded runs keep their uid leases.
+const UID_LOCK_DIR: &str = "/run/pycell/uids";
+/// Largest script or stdin we accept from the command line.
+const MAX_INPUT: u64 = 16 << 20;
+
+/// The JSON printed by `pycell run --json`.
+#[derive(Debug, Serialize)]
+struct RunResult<'a> {
+    run_id: &'a str,
+    status: RunStatus,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    stdout: String,
+    stderr: String,
+    stdout_truncated: bool,
+    stderr_truncated: bool,
+    wall_ms: f64,
+    cpu_ms: f64,
+    peak_memory_bytes: u64,
+    policy: &'a str,
+    limits: Option<&'a pycell_policy::Limits>,
+    layers: Option<&'a pycell_jailer::report::Layers>,
+    error: Option<&'a JailFailure>,
+}
+
+/// A failure before the jail exists: reported like a refused run.
+fn refuse(args: &RunArgs, policy: &str, code: &str, layer: &str, message: String) -> i32 {
+    let failure = JailFailure {
+        code: code.into(),
+        layer: layer.into(),
+        message,
+        hint: None,
+    };
+    let report = JailReport::refused(failure);
+    emit(args, "", policy, None, &report, Vec::new(), Vec::new());
+    report.process_exit_code()
+}
+
+fn read_bounded(what: &str, mut r: impl Read) -> Result<Vec<u8>, String> {
+    let mut buf = Vec::new();
+    r.by_ref()
+        .take(MAX_INPUT + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("reading {what}: {e}"))?;
+    if buf.len() as u64 > MAX_INPUT {
+        return Err(format!("{what} is larger than {} MiB", MAX_INPUT >> 20));
+    }
+    Ok(buf)
+}
+
+fn read_inputs(args: &RunArgs) -> Result<(String, Vec<u8>), String> {
+    let code = if args.script == Path::new("-") {
+        read_bounded("the code from stdin", io::stdin().lock())?
+    } else {
+        let f = std::fs::File::open(&args.script)
+            .map_err(|e| format!("cannot read {}: {e}", args.script.display()))?;
+        read_bounded(&args.script.display().to_string(), f)?
+    };
+    let code = String::from_utf8(code)
+        .map_err(|_| "the code is not valid UTF-8 (Python source must be)".to_string())?;
+    let stdin = match &args.input {
+        None => Vec::new(),
+        Some(p) if p == Path::new("-") => {
+            if args.script == Path::new("-") {
+                return Err("--input - and a script on stdin cannot both use stdin".into());
+            }
+            read_bounded("stdin", io::stdin().lock())?
+        }
+        Some(p) => {
+            let f = std::fs::File::open(p)
+                .map_err(|e| format!("cannot read --input {}: {e}", p.display()))?;
+            read_bounded(&p.display().to_string(), f)?
+        }
+    };
+    Ok((code, stdin))
+}
+
+fn jailer_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("PYCELL_JAILER") {
+        return PathBuf::from(p);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join("pycell-jailer")))
+        .unwrap_or_else(|| PathBuf::from("/usr/libexec/pycell/pycell-jailer"))
+}
+
+fn new_run_id() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    format!("r-{:016x}", t ^ (u64::from(std::process::id()) << 40))
+}
+
+fn prepare(
+    args: &RunArgs,
+) -> Result<(pycell_policy::Policy, Resolved), (String, &'static str, String)> {
+    let policy = resolve::load_policy(&args.policy)
+        .map_err(|e| (args.policy.clone(), "policy", e.to_string()))?;
+    let (code, stdin) = read_inputs(args).map_err(|e| (policy.name.clone(), "input", e))?;
+    let resolved = resolve::resolve(&policy, args, code, stdin)
+        .map_err(|e| (policy.name.clone(), "policy", e.to_string()))?;
+    Ok((policy, resolved))
+}
+
+pub fn print_spec(args: &RunArgs) -> i32 {
+    match prepare(args) {
+        Ok((_, mut r)) => {
+            r.spec.run_id = new_run_id();
+            r.spec.sandbox_uid = *uidalloc::DEFAULT_RANGE.start();
+            r.spec.sandbox_gid = *uidalloc::DEFAULT_RANGE.start();
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&r.spec).unwrap_or_default()
+            );
+            0
+        }
+        Err((_, _, msg)) => {
+            eprintln!("pycell: {msg}");
+            125
+        }
+    }
+}
+
+pub fn main(args: &RunArgs) -> i32 {
+    let (policy, mut resolved) = match prepare(args) {
+        Ok(x) => x,
+        Err((policy, layer, msg)) => {
+            return refuse(args, &policy, &format!("invalid_{layer}"), layer, msg)
+        }
+    };
+    if !nix::unistd::geteuid().is_root() {
+        return refuse(
+            args,
+            &policy.name,
+            "not_root",
+            "jailer",
+            "embedded mode needs root (it creates cgroups and maps a sandbox uid): run pycell as root".into(),
+        );
+    }
+    let range = match std::env::var("PYCELL_UID_RANGE") {
+        Ok(s) => match uidalloc::parse_range(&s) {
+            Some(r) => r,
+            None => {
+                return refuse(
+                    args,
+                    &policy.name,
+                    "invalid_config",
+                    "uid",
+                    format!("PYCELL_UID_RANGE={s:?}: expected START-END"),
+                )
+            }
+        },
+        Err(_) => uidalloc::DEFAULT_RANGE,
+    };
+    let lease = match uidalloc::allocate(&range, Path::new(UID_LOCK_DIR)) {
+        Ok(l) => l,
+        Err(e) => return refuse(args, &policy.name, "uid_unavailable", "uid", e.to_string()),
+    };
+    let run_id = new_run_id();
+    resolved.spec.run_id = run_id.clone();
+    resolved.spec.sandbox_uid = lease.uid;
+    resolved.spec.sandbox_gid = lease.gid;
+
+    let (report, out, err) = match run_jailer(&resolved, args.json) {
+        Ok(x) => x,
+        Err(msg) => return refuse(args, &policy.name, "jailer_failed", "jailer", msg),
+    };
+    drop(lease);
+    emit(
+        args,
+        &run_id,
+        &policy.name,
+        Some(&resolved.limits),
+        &report,
+        out,
+        err,
+    );
+    report.process_exit_code()
+}
+
+type Collected = (JailReport, Vec<u8>, Vec<u8>);
+
+fn run_jailer(resolved: &Resolved, collect: bool) -> Result<Collected, String> {
+    let path = jailer_path();
+    let spec = serde_json::to_vec(&resolved.spec).map_err(|e| e.to_string())?;
+    let mut child = Command::new(&path)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| {
+            format!(
+                "cannot start {}: {e} (set PYCELL_JAILER or install pycell-jailer next to pycell)",
+                path.display()
+            )
+        })?;
+    {
+        let mut stdin = child.stdin.take().ok_or("jailer stdin")?;
+        stdin
+            .write_all(&spec)
+            .map_err(|e| format!("sending the spec to the jailer: {e}"))?;
+    }
+    let mut events =
+        io::BufReader::with_capacity(128 * 1024, child.stdout.take().ok_or("jailer stdout")?);
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let mut report = None;
+    let stdout = io::stdout();
+    let stderr = io::stderr();
+    loop {
+        match read_event(&mut events) {
+            Ok(Some(Event::Stdout(b))) if collect => out.extend_from_slice(&b),
+            Ok(Some(Event::Stderr(b))) if collect => err.extend_from_slice(&b),
+            Ok(Some(Event::Stdout(b))) => {
+                let mut o = stdout.lock();
+                let _ = o.write_all(&b).and_then(|_| o.flush());
+            }
+            Ok(Some(Event::Stderr(b))) => {
+                let mut e = stderr.lock();
+                let _ = e.write_all(&b).and_then(|_| e.flush());
+            }
+            Ok(Some(Event::Result(r))) => report = Some(*r),
+            Ok(None) => break,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("reading events from the jailer: {e}"));
+            }
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for the jailer: {e}"))?;
+    match report {
+        Some(r) => Ok((r, out, err)),
+        None => Err(format!("the jailer ended without a result ({status})")),
+    }
+}
+
+fn emit(
+    args: &RunArgs,
+    run_id: &str,
+    policy: &str,
+    limits: Option<&pycell_policy::Limits>,
+    report: &JailReport,
+    out: Vec<u8>,
+    err: Vec<u8>,
+) {
+    if args.json {
+        let result = RunResult {
+            run_id,
+            status: report.status,
+            exit_code: report.exit_code,
+            signal: report.signal,
+            stdout: String::from_utf8_lossy(&out).into_owned(),
+            stderr: String::from_utf8_lossy(&err).into_owned(),
+            stdout_truncated: report.stdout_truncated,
+            stderr_truncated: report.stderr_truncated,
+            wall_ms: report.wall_ms,
+            cpu_ms: report.cpu_ms,
+            peak_memory_bytes: report.peak_memory_bytes,
+            policy,
+            limits,
+            layers: report.layers.as_ref(),
+            error: report.error.as_ref(),
+        };
+        match serde_json::to_string(&result) {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("pycell: cannot encode the result: {e}"),
+        }
+        return;
+    }
+    let note = match (report.status, &report.error) {
+        (RunStatus::Ok | RunStatus::Error, _) if report.signal.is_none() => None,
+        (_, Some(e)) => Some(match &e.hint {
+            Some(h) => format!(
+                "{} ({}): {} — {h}",
+                status_word(report.status),
+                e.code,
+                e.message
+            ),
+            None => format!("{} ({}): {}", status_word(report.status), e.code, e.message),
+        }),
+        (s, None) => Some(match report.signal {
+            Some(sig) => format!("{}: killed by signal {sig}", status_word(s)),
+            None => status_word(s).to_string(),
+        }),
+    };
+    if let Some(n) = note {
+        eprintln!("pycell: {n}");
+    }
+    if report.stdout_truncated || report.stderr_truncated {
+        eprintln!("pycell: output truncated at the max-output limit");
+    }
+}
+
+fn status_word(s: RunStatus) -> &'static str {
+    match s {
+        RunStatus::Ok => "ok",
+        RunStatus::Error => "error",
+        RunStatus::Timeout => "timeout",
+        RunStatus::Oom => "out of memory",
+        RunStatus::Killed => "killed",
+        RunStatus::Refused => "refused",
+    }
+}
