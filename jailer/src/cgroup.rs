@@ -166,6 +166,56 @@ impl CgroupLayout {
             CgroupLayout::V1 { .. } => CgroupVersion::V1,
         }
     }
+
+    fn bases(&self) -> Vec<&Path> {
+        match self {
+            CgroupLayout::V2 { root } => vec![root.as_path()],
+            CgroupLayout::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+            } => {
+                vec![
+                    memory.as_path(),
+                    pids.as_path(),
+                    cpu.as_path(),
+                    cpuacct.as_path(),
+                ]
+            }
+        }
+    }
+
+    /// Remove cgroups under `parent` whose names start with `prefix`, killing
+    /// anything still in them. Only call this for a prefix nobody else can be
+    /// using (pycell uses the sandbox uid, whose lease the caller holds): they
+    /// are leftovers of a supervisor that was killed before cleaning up.
+    pub fn remove_stale(&self, parent: &str, prefix: &str) {
+        for base in self.bases() {
+            let dir = join_rel(base, parent);
+            let Ok(entries) = fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name();
+                if !name.to_string_lossy().starts_with(prefix) {
+                    continue;
+                }
+                let path = e.path();
+                if self.version() == CgroupVersion::V2 {
+                    let _ = write_file(&path.join("cgroup.kill"), "1");
+                } else if let Ok(procs) = fs::read_to_string(path.join("cgroup.procs")) {
+                    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                        let _ = nix::sys::signal::kill(
+                            Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+                remove_dirs(&[path]);
+            }
+        }
+    }
 }
 
 /// The cgroup(s) of one run. Removed by [`SandboxCgroup::remove`].
@@ -431,9 +481,9 @@ impl SandboxCgroup {
             CgroupVersion::V2 => keyed(&self.memory.path().join("memory.events"), "oom_kill"),
             CgroupVersion::V1 => keyed(&self.memory.path().join("memory.oom_control"), "oom_kill"),
         };
-        let cpu_ns = match (&self.cpuacct, self.version) {
-            (Some(a), _) => a.cpuacct().usage,
-            (None, _) => keyed(&self.cpu.path().join("cpu.stat"), "usage_usec") * 1000,
+        let cpu_ns = match &self.cpuacct {
+            Some(a) => read_u64(&a.path().join("cpuacct.usage")),
+            None => keyed(&self.cpu.path().join("cpu.stat"), "usage_usec") * 1000,
         };
         CgroupUsage {
             cpu_ns,

@@ -8,7 +8,7 @@
 
 use std::ffi::CString;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 
@@ -29,6 +29,9 @@ use crate::spec::{JailSpec, JAIL_GID, JAIL_UID};
 use crate::syscall::{self, CloneResult};
 
 pub const HOSTNAME: &str = "pycell";
+/// Go-pipe bytes from the jailer: uid/gid maps written; cgroup attached.
+pub const GO_MAPS: u8 = b'M';
+pub const GO_CGROUP: u8 = b'C';
 
 /// Messages from the jail to the jailer, one JSON object per line on the
 /// status pipe (each well under PIPE_BUF, so lines never interleave).
@@ -88,18 +91,14 @@ fn nix_step(step: Step, what: &'static str) -> impl Fn(nix::Error) -> StepError 
 }
 
 impl JailSteps for RealSteps<'_> {
-    fn wait_for_parent(&mut self) -> Result<(), StepError> {
-        let fd = self.go_read.take().expect("go pipe is read once");
-        let mut byte = [0u8; 1];
-        // EOF here means the jailer died (or gave up) before setting us up.
-        match File::from(fd).read(&mut byte) {
-            Ok(1) if byte[0] == b'G' => Ok(()),
-            Ok(_) => Err(StepError::new(
-                Step::WaitForParent,
-                "the jailer went away before the jail was set up",
-            )),
-            Err(e) => Err(StepError::new(Step::WaitForParent, e.to_string())),
-        }
+    fn wait_for_id_maps(&mut self) -> Result<(), StepError> {
+        self.wait_for(GO_MAPS, Step::WaitForParent)
+    }
+
+    fn wait_for_cgroup(&mut self) -> Result<(), StepError> {
+        let r = self.wait_for(GO_CGROUP, Step::CgroupAttach);
+        self.go_read = None;
+        r
     }
 
     fn enter_cgroup_namespace(&mut self) -> Result<(), StepError> {
@@ -198,6 +197,26 @@ impl JailSteps for RealSteps<'_> {
 
     fn apply_seccomp(&mut self) -> Result<(), StepError> {
         pycell_seccomp::apply(self.filter).map_err(|e| StepError::new(Step::Seccomp, e.to_string()))
+    }
+}
+
+impl RealSteps<'_> {
+    /// Block until the jailer sends `expected` on the go pipe. EOF or any
+    /// other byte means the jailer died or gave up: stop here.
+    fn wait_for(&mut self, expected: u8, step: Step) -> Result<(), StepError> {
+        let fd = self
+            .go_read
+            .as_ref()
+            .expect("go pipe open until the cgroup step");
+        let mut byte = [0u8; 1];
+        match nix::unistd::read(fd, &mut byte) {
+            Ok(1) if byte[0] == expected => Ok(()),
+            Ok(_) => Err(StepError::new(
+                step,
+                "the jailer went away before the jail was set up",
+            )),
+            Err(e) => Err(StepError::new(step, e.to_string())),
+        }
     }
 }
 

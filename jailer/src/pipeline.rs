@@ -3,16 +3,17 @@
 //! in one function ([`run_steps`]) that tests observe through a recording
 //! implementation of [`JailSteps`].
 //!
-//! Order (the parent has already written the uid/gid maps with setgroups
-//! denied and attached this process to the run's cgroup before `WaitForParent`
-//! returns, so everything below is accounted and limited):
+//! Order (namespaces were created by `clone`; the parent writes the uid/gid
+//! maps with setgroups denied, then builds the run's cgroup while this
+//! process builds its root, so the two overlap):
 //!
-//!  1. wait for the parent (maps + cgroup attach done; parent death = exit)
-//!  2. cgroup namespace (rooted at the run's cgroup)
-//!  3. mount sources cloned (private propagation; read-only detached copies)
-//!  4. credentials: become the jail uid/gid (host: the unique sandbox uid)
-//!  5. root file system built, then `pivot_root`, old root detached
-//!  6. hostname
+//!  1. wait for the parent's uid/gid maps (parent death = EOF = exit)
+//!  2. mount sources cloned (private propagation; read-only detached copies)
+//!  3. credentials: become the jail uid/gid (host: the unique sandbox uid)
+//!  4. root file system built, then `pivot_root`, old root detached
+//!  5. wait for the parent to attach us to the run's cgroup (limits apply
+//!     from here on, before any untrusted code exists)
+//!  6. cgroup namespace (rooted at the run's cgroup), hostname
 //!  7. rlimits
 //!  8. `setsid` (no controlling terminal)
 //!  9. drop all capabilities (bounding, ambient, inheritable, effective, permitted)
@@ -30,10 +31,11 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "snake_case")]
 pub enum Step {
     WaitForParent,
-    CgroupNamespace,
     MountSources,
     Credentials,
     Rootfs,
+    CgroupAttach,
+    CgroupNamespace,
     Hostname,
     Rlimits,
     Setsid,
@@ -50,6 +52,7 @@ impl Step {
     pub fn layer(self) -> &'static str {
         match self {
             Step::WaitForParent => "jailer",
+            Step::CgroupAttach => "cgroup",
             Step::CgroupNamespace => "namespaces",
             Step::MountSources | Step::Rootfs => "mounts",
             Step::Credentials => "user_namespace",
@@ -99,11 +102,12 @@ impl StepError {
 
 /// One method per step; the real implementation lives in `child.rs`.
 pub trait JailSteps {
-    fn wait_for_parent(&mut self) -> Result<(), StepError>;
-    fn enter_cgroup_namespace(&mut self) -> Result<(), StepError>;
+    fn wait_for_id_maps(&mut self) -> Result<(), StepError>;
     fn prepare_mount_sources(&mut self) -> Result<(), StepError>;
     fn become_jail_user(&mut self) -> Result<(), StepError>;
     fn build_root_and_pivot(&mut self) -> Result<(), StepError>;
+    fn wait_for_cgroup(&mut self) -> Result<(), StepError>;
+    fn enter_cgroup_namespace(&mut self) -> Result<(), StepError>;
     fn set_hostname(&mut self) -> Result<(), StepError>;
     fn set_rlimits(&mut self) -> Result<(), StepError>;
     fn new_session(&mut self) -> Result<(), StepError>;
@@ -116,11 +120,12 @@ pub trait JailSteps {
 
 /// Run every step in the one fixed order; stop at the first failure.
 pub fn run_steps(s: &mut impl JailSteps) -> Result<(), StepError> {
-    s.wait_for_parent()?;
-    s.enter_cgroup_namespace()?;
+    s.wait_for_id_maps()?;
     s.prepare_mount_sources()?;
     s.become_jail_user()?;
     s.build_root_and_pivot()?;
+    s.wait_for_cgroup()?;
+    s.enter_cgroup_namespace()?;
     s.set_hostname()?;
     s.set_rlimits()?;
     s.new_session()?;
@@ -153,8 +158,11 @@ mod tests {
     }
 
     impl JailSteps for Recorder {
-        fn wait_for_parent(&mut self) -> Result<(), StepError> {
+        fn wait_for_id_maps(&mut self) -> Result<(), StepError> {
             self.step(Step::WaitForParent)
+        }
+        fn wait_for_cgroup(&mut self) -> Result<(), StepError> {
+            self.step(Step::CgroupAttach)
         }
         fn enter_cgroup_namespace(&mut self) -> Result<(), StepError> {
             self.step(Step::CgroupNamespace)
@@ -222,6 +230,8 @@ mod tests {
         );
         // Security-relevant relations, stated on their own.
         let pos = |s: Step| r.calls.iter().position(|c| *c == s).unwrap();
+        assert!(pos(Rootfs) < pos(CgroupAttach));
+        assert!(pos(CgroupAttach) < pos(CgroupNamespace));
         assert!(pos(Capabilities) < pos(NoNewPrivs));
         assert!(pos(NoNewPrivs) < pos(Landlock));
         assert!(pos(CloseFds) < pos(Landlock));

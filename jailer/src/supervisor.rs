@@ -17,7 +17,7 @@ use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{pipe2, setgroups, Pid};
 
 use crate::cgroup::{CgroupLayout, CgroupLimits, SandboxCgroup};
-use crate::child::{child_main, ChildFds, ChildMessage};
+use crate::child::{child_main, ChildFds, ChildMessage, GO_CGROUP, GO_MAPS};
 use crate::events::{self, KIND_STDERR, KIND_STDOUT};
 use crate::report::{CgroupReport, JailFailure, JailReport, Layers, RunStatus, SeccompReport};
 use crate::spec::{JailSpec, JAIL_GID, JAIL_UID};
@@ -38,18 +38,54 @@ fn failure(code: &str, layer: &str, message: impl Into<String>, hint: Option<&st
     }
 }
 
-/// Run the jail described by `spec`, writing event frames to `out`. Returns
-/// the final report (also written as the last frame).
-pub fn run(spec: &JailSpec, out: &mut impl Write) -> JailReport {
-    let report = match run_inner(spec, out) {
-        Ok(r) => r,
-        Err(f) => JailReport::refused(f),
-    };
-    let _ = events::write_result(out, &report);
-    report
+/// Which of the program's output streams a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
 }
 
-fn run_inner(spec: &JailSpec, out: &mut impl Write) -> Result<JailReport, JailFailure> {
+/// Receives the program's output as it arrives (already capped).
+pub trait OutputSink {
+    fn output(&mut self, stream: OutputStream, bytes: &[u8]) -> io::Result<()>;
+}
+
+/// Writes output as event frames (what the `pycell-jailer` binary does).
+#[derive(Debug)]
+pub struct FrameSink<W: Write>(pub W);
+
+impl<W: Write> OutputSink for FrameSink<W> {
+    fn output(&mut self, stream: OutputStream, bytes: &[u8]) -> io::Result<()> {
+        let kind = match stream {
+            OutputStream::Stdout => KIND_STDOUT,
+            OutputStream::Stderr => KIND_STDERR,
+        };
+        events::write_frame(&mut self.0, kind, bytes)
+    }
+}
+
+/// Run the jail described by `spec`, streaming its output to `sink`, and
+/// return the report. Must be called from a single-threaded process: it
+/// forks. Blocks SIGINT/SIGTERM/SIGHUP/SIGCHLD in the caller while it runs
+/// (SIGINT is passed on to the program; SIGTERM/SIGHUP kill the sandbox).
+pub fn run(spec: &JailSpec, sink: &mut dyn OutputSink) -> JailReport {
+    match run_inner(spec, sink) {
+        Ok(r) => r,
+        Err(f) => JailReport::refused(f),
+    }
+}
+
+/// The cgroup name of a run; starts with the sandbox uid so that the holder
+/// of that uid's lease can recognise leftovers of an earlier holder.
+pub fn cgroup_name(spec: &JailSpec) -> String {
+    format!("{}{}", cgroup_prefix(spec.sandbox_uid), spec.run_id)
+}
+
+fn cgroup_prefix(uid: u32) -> String {
+    format!("pycell-{uid}-")
+}
+
+fn run_inner(spec: &JailSpec, sink: &mut dyn OutputSink) -> Result<JailReport, JailFailure> {
     spec.validate()
         .map_err(|e| failure("invalid_spec", "jailer", e.to_string(), None))?;
     if !nix::unistd::geteuid().is_root() {
@@ -64,22 +100,28 @@ fn run_inner(spec: &JailSpec, out: &mut impl Write) -> Result<JailReport, JailFa
         .map_err(|e| failure("seccomp_unavailable", "seccomp", e.to_string(), None))?;
     let layout = CgroupLayout::detect()
         .map_err(|e| failure("cgroup_unavailable", "cgroup", e.to_string(), None))?;
-    let cg_name = format!("pycell-{}", spec.run_id);
-    let cgroup = SandboxCgroup::create(
-        &layout,
+    let mut cgroup = None;
+    let result = supervise(spec, &filter, &layout, &mut cgroup, sink);
+    if let Some(cg) = cgroup {
+        cg.kill_all();
+        cg.remove();
+    }
+    result
+}
+
+fn create_cgroup(spec: &JailSpec, layout: &CgroupLayout) -> Result<SandboxCgroup, JailFailure> {
+    layout.remove_stale(&spec.cgroup.parent, &cgroup_prefix(spec.sandbox_uid));
+    SandboxCgroup::create(
+        layout,
         &spec.cgroup.parent,
-        &cg_name,
+        &cgroup_name(spec),
         CgroupLimits {
             memory_bytes: spec.limits.memory_bytes,
             pids: spec.limits.pids,
             cpu_millicores: spec.limits.cpu_millicores,
         },
     )
-    .map_err(|e| failure("cgroup_unavailable", "cgroup", e.to_string(), None))?;
-    let result = supervise(spec, &filter, &cgroup, out);
-    cgroup.kill_all();
-    cgroup.remove();
-    result
+    .map_err(|e| failure("cgroup_unavailable", "cgroup", e.to_string(), None))
 }
 
 struct Pipes {
@@ -119,8 +161,9 @@ fn write_id_maps(pid: Pid, spec: &JailSpec) -> io::Result<()> {
 fn supervise(
     spec: &JailSpec,
     filter: &pycell_seccomp::CompiledFilter,
-    cgroup: &SandboxCgroup,
-    out: &mut impl Write,
+    layout: &CgroupLayout,
+    cgroup_slot: &mut Option<SandboxCgroup>,
+    sink: &mut dyn OutputSink,
 ) -> Result<JailReport, JailFailure> {
     let io_fail = |what: &str| {
         let what = what.to_string();
@@ -197,6 +240,8 @@ fn supervise(
     } = p;
     drop((go.0, status.1, stdin.0, stdout.1, stderr.1));
 
+    let mut go = File::from(go.1);
+    // Maps first; the child builds its root while we build its cgroup.
     let setup = write_id_maps(pid, spec)
         .map_err(|e| {
             failure(
@@ -207,18 +252,28 @@ fn supervise(
             )
         })
         .and_then(|()| {
-            cgroup
+            go.write_all(&[GO_MAPS])
+                .map_err(io_fail("starting the jail"))
+        })
+        .and_then(|()| create_cgroup(spec, layout))
+        .and_then(|cg| {
+            let attached = cg
                 .attach(pid)
-                .map_err(|e| failure("cgroup_unavailable", "cgroup", e.to_string(), None))
+                .map_err(|e| failure("cgroup_unavailable", "cgroup", e.to_string(), None));
+            *cgroup_slot = Some(cg);
+            attached
+        })
+        .and_then(|()| {
+            go.write_all(&[GO_CGROUP])
+                .map_err(io_fail("starting the jail"))
         });
+    drop(go);
     if let Err(f) = setup {
         let _ = kill(pid, Signal::SIGKILL);
         let _ = waitpid(pid, None);
         return Err(f);
     }
-    File::from(go.1)
-        .write_all(b"G")
-        .map_err(io_fail("starting the jail"))?;
+    let cgroup = cgroup_slot.as_ref().expect("cgroup attached above");
 
     let mut relay = Relay::new(spec, stdin.1, stdout.0, stderr.0, status.0);
     let deadline = start + Duration::from_millis(spec.limits.wall_timeout_ms);
@@ -238,7 +293,7 @@ fn supervise(
             PollTimeout::try_from(deadline - now).unwrap_or(PollTimeout::MAX)
         };
         let signal = relay
-            .poll_once(out, sfd.as_fd(), wait)
+            .poll_once(sink, sfd.as_fd(), wait)
             .map_err(io_fail("relaying output"))?;
         if signal {
             while let Ok(Some(info)) = sfd.read_signal() {
@@ -437,7 +492,7 @@ impl Relay {
     /// One poll round. Returns true if the signalfd is readable.
     fn poll_once(
         &mut self,
-        out: &mut impl Write,
+        out: &mut dyn OutputSink,
         sfd: BorrowedFd<'_>,
         wait: PollTimeout,
     ) -> io::Result<bool> {
@@ -501,7 +556,7 @@ impl Relay {
         }
     }
 
-    fn read_output(&mut self, i: usize, out: &mut impl Write) -> io::Result<()> {
+    fn read_output(&mut self, i: usize, out: &mut dyn OutputSink) -> io::Result<()> {
         let mut buf = vec![0u8; CHUNK];
         let Some(f) = self.outs[i].as_mut() else {
             return Ok(());
@@ -520,8 +575,12 @@ impl Relay {
         let take = n.min(room);
         if take > 0 {
             self.sent[i] += take as u64;
-            let kind = if i == 0 { KIND_STDOUT } else { KIND_STDERR };
-            events::write_frame(out, kind, &buf[..take])?;
+            let stream = if i == 0 {
+                OutputStream::Stdout
+            } else {
+                OutputStream::Stderr
+            };
+            out.output(stream, &buf[..take])?;
         }
         // Past the cap we keep reading and discarding, so the program is not
         // blocked on a full pipe; the timeout bounds how long that goes on.

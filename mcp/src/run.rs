@@ -1,13 +1,12 @@
 //! `pycell run` in embedded mode: resolve the policy, lease a sandbox uid,
-//! start `pycell-jailer` with the spec, stream or collect its events, and
-//! exit with the run's status.
+//! run the jail supervisor in-process (this process is single-threaded),
+//! stream or collect the output, and exit with the run's status.
 
 use std::io::{self, Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 
-use pycell_jailer::events::{read_event, Event};
 use pycell_jailer::report::{JailFailure, JailReport, RunStatus};
+use pycell_jailer::supervisor::{self, OutputSink, OutputStream};
 use pycell_jailer::uidalloc;
 use serde::Serialize;
 
@@ -91,16 +90,6 @@ fn read_inputs(args: &RunArgs) -> Result<(String, Vec<u8>), String> {
     Ok((code, stdin))
 }
 
-fn jailer_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("PYCELL_JAILER") {
-        return PathBuf::from(p);
-    }
-    std::env::current_exe()
-        .ok()
-        .and_then(|e| e.parent().map(|d| d.join("pycell-jailer")))
-        .unwrap_or_else(|| PathBuf::from("/usr/libexec/pycell/pycell-jailer"))
-}
-
 fn new_run_id() -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -179,10 +168,7 @@ pub fn main(args: &RunArgs) -> i32 {
     resolved.spec.sandbox_uid = lease.uid;
     resolved.spec.sandbox_gid = lease.gid;
 
-    let (report, out, err) = match run_jailer(&resolved, args.json) {
-        Ok(x) => x,
-        Err(msg) => return refuse(args, &policy.name, "jailer_failed", "jailer", msg),
-    };
+    let (report, out, err) = run_embedded(&resolved, args.json);
     drop(lease);
     emit(
         args,
@@ -196,63 +182,42 @@ pub fn main(args: &RunArgs) -> i32 {
     report.process_exit_code()
 }
 
-type Collected = (JailReport, Vec<u8>, Vec<u8>);
+/// Streams the program's output to our own stdout/stderr, or collects it
+/// for the JSON result.
+struct CliSink {
+    collect: bool,
+    out: Vec<u8>,
+    err: Vec<u8>,
+}
 
-fn run_jailer(resolved: &Resolved, collect: bool) -> Result<Collected, String> {
-    let path = jailer_path();
-    let spec = serde_json::to_vec(&resolved.spec).map_err(|e| e.to_string())?;
-    let mut child = Command::new(&path)
-        .env_clear()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| {
-            format!(
-                "cannot start {}: {e} (set PYCELL_JAILER or install pycell-jailer next to pycell)",
-                path.display()
-            )
-        })?;
-    {
-        let mut stdin = child.stdin.take().ok_or("jailer stdin")?;
-        stdin
-            .write_all(&spec)
-            .map_err(|e| format!("sending the spec to the jailer: {e}"))?;
-    }
-    let mut events =
-        io::BufReader::with_capacity(128 * 1024, child.stdout.take().ok_or("jailer stdout")?);
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let mut report = None;
-    let stdout = io::stdout();
-    let stderr = io::stderr();
-    loop {
-        match read_event(&mut events) {
-            Ok(Some(Event::Stdout(b))) if collect => out.extend_from_slice(&b),
-            Ok(Some(Event::Stderr(b))) if collect => err.extend_from_slice(&b),
-            Ok(Some(Event::Stdout(b))) => {
-                let mut o = stdout.lock();
-                let _ = o.write_all(&b).and_then(|_| o.flush());
+impl OutputSink for CliSink {
+    fn output(&mut self, stream: OutputStream, bytes: &[u8]) -> io::Result<()> {
+        match (self.collect, stream) {
+            (true, OutputStream::Stdout) => self.out.extend_from_slice(bytes),
+            (true, OutputStream::Stderr) => self.err.extend_from_slice(bytes),
+            // A closed terminal or pipe on our side must not stop the run.
+            (false, OutputStream::Stdout) => {
+                let mut o = io::stdout().lock();
+                let _ = o.write_all(bytes).and_then(|()| o.flush());
             }
-            Ok(Some(Event::Stderr(b))) => {
-                let mut e = stderr.lock();
-                let _ = e.write_all(&b).and_then(|_| e.flush());
-            }
-            Ok(Some(Event::Result(r))) => report = Some(*r),
-            Ok(None) => break,
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("reading events from the jailer: {e}"));
+            (false, OutputStream::Stderr) => {
+                let _ = io::stderr().lock().write_all(bytes);
             }
         }
+        Ok(())
     }
-    let status = child
-        .wait()
-        .map_err(|e| format!("waiting for the jailer: {e}"))?;
-    match report {
-        Some(r) => Ok((r, out, err)),
-        None => Err(format!("the jailer ended without a result ({status})")),
-    }
+}
+
+/// Embedded mode runs the jailer's supervisor in this (single-threaded)
+/// process instead of starting `pycell-jailer`: same code, one exec less.
+fn run_embedded(resolved: &Resolved, collect: bool) -> (JailReport, Vec<u8>, Vec<u8>) {
+    let mut sink = CliSink {
+        collect,
+        out: Vec::new(),
+        err: Vec::new(),
+    };
+    let report = supervisor::run(&resolved.spec, &mut sink);
+    (report, sink.out, sink.err)
 }
 
 fn emit(
