@@ -214,10 +214,11 @@ mod tests {
             r.calls,
             vec![
                 WaitForParent,
-                CgroupNamespace,
                 MountSources,
                 Credentials,
                 Rootfs,
+                CgroupAttach,
+                CgroupNamespace,
                 Hostname,
                 Rlimits,
                 Setsid,
