@@ -147,6 +147,11 @@ impl JailSteps for RealSteps<'_> {
         sethostname(HOSTNAME).map_err(nix_step(Step::Hostname, "sethostname"))
     }
 
+    fn bring_up_loopback(&mut self) -> Result<(), StepError> {
+        syscall::interface_up("lo")
+            .map_err(|e| StepError::new(Step::Loopback, format!("bringing up lo: {e}")))
+    }
+
     fn set_rlimits(&mut self) -> Result<(), StepError> {
         rlimits::apply(&self.spec.limits).map_err(|e| StepError::new(Step::Rlimits, e))
     }
@@ -238,6 +243,7 @@ pub fn child_main(spec: &JailSpec, filter: &CompiledFilter, fds: ChildFds) -> ! 
     if nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_err() {
         syscall::exit_now(126);
     }
+    hide_host_command_line();
     let redirected = nix::unistd::dup2_stdin(&fds.stdin_read)
         .and_then(|_| nix::unistd::dup2_stdout(&fds.stdout_write))
         .and_then(|_| nix::unistd::dup2_stderr(&fds.stderr_write));
@@ -267,6 +273,42 @@ pub fn child_main(spec: &JailSpec, filter: &CompiledFilter, fds: ChildFds) -> ! 
     let signal_fd = steps.signal_fd.take().expect("signalfd created");
     send(&status, &ChildMessage::Ready { landlock });
     init(spec, &status, signal_fd)
+}
+
+/// This process is a fork of the jailer (or of `pycell run`), so its
+/// /proc/<pid>/cmdline would show the host command line, paths included, to
+/// the code in the jail (cmdline is world-readable). Overwrite our own argv
+/// area with "pycell-init" and NULs, and rename the thread likewise.
+fn hide_host_command_line() {
+    let _ = nix::sys::prctl::set_name(c"pycell-init");
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return;
+    };
+    // Fields after the parenthesised comm; arg_start/arg_end are fields 48/49.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let (Some(start), Some(end)) = (
+        fields.get(48 - 3).and_then(|v| v.parse::<u64>().ok()),
+        fields.get(49 - 3).and_then(|v| v.parse::<u64>().ok()),
+    ) else {
+        return;
+    };
+    if end <= start || end - start > 1 << 20 {
+        return;
+    }
+    let mut area = vec![0u8; (end - start) as usize];
+    let name = b"pycell-init";
+    let n = name.len().min(area.len().saturating_sub(1));
+    area[..n].copy_from_slice(&name[..n]);
+    if let Ok(mem) = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/self/mem")
+    {
+        use std::os::unix::fs::FileExt;
+        let _ = mem.write_all_at(&area, start);
+    }
 }
 
 fn cstrings(items: impl IntoIterator<Item = String>) -> Vec<CString> {

@@ -13,7 +13,8 @@
 //!  4. root file system built, then `pivot_root`, old root detached
 //!  5. wait for the parent to attach us to the run's cgroup (limits apply
 //!     from here on, before any untrusted code exists)
-//!  6. cgroup namespace (rooted at the run's cgroup), hostname
+//!  6. cgroup namespace (rooted at the run's cgroup), hostname, loopback up
+//!     (the network namespace is otherwise empty)
 //!  7. rlimits
 //!  8. `setsid` (no controlling terminal)
 //!  9. drop all capabilities (bounding, ambient, inheritable, effective, permitted)
@@ -37,6 +38,7 @@ pub enum Step {
     CgroupAttach,
     CgroupNamespace,
     Hostname,
+    Loopback,
     Rlimits,
     Setsid,
     Capabilities,
@@ -57,6 +59,7 @@ impl Step {
             Step::MountSources | Step::Rootfs => "mounts",
             Step::Credentials => "user_namespace",
             Step::Hostname => "namespaces",
+            Step::Loopback => "network",
             Step::Rlimits => "rlimits",
             Step::Setsid => "session",
             Step::Capabilities => "capabilities",
@@ -109,6 +112,7 @@ pub trait JailSteps {
     fn wait_for_cgroup(&mut self) -> Result<(), StepError>;
     fn enter_cgroup_namespace(&mut self) -> Result<(), StepError>;
     fn set_hostname(&mut self) -> Result<(), StepError>;
+    fn bring_up_loopback(&mut self) -> Result<(), StepError>;
     fn set_rlimits(&mut self) -> Result<(), StepError>;
     fn new_session(&mut self) -> Result<(), StepError>;
     fn drop_capabilities(&mut self) -> Result<(), StepError>;
@@ -127,6 +131,7 @@ pub fn run_steps(s: &mut impl JailSteps) -> Result<(), StepError> {
     s.wait_for_cgroup()?;
     s.enter_cgroup_namespace()?;
     s.set_hostname()?;
+    s.bring_up_loopback()?;
     s.set_rlimits()?;
     s.new_session()?;
     s.drop_capabilities()?;
@@ -179,6 +184,9 @@ mod tests {
         fn set_hostname(&mut self) -> Result<(), StepError> {
             self.step(Step::Hostname)
         }
+        fn bring_up_loopback(&mut self) -> Result<(), StepError> {
+            self.step(Step::Loopback)
+        }
         fn set_rlimits(&mut self) -> Result<(), StepError> {
             self.step(Step::Rlimits)
         }
@@ -220,6 +228,7 @@ mod tests {
                 CgroupAttach,
                 CgroupNamespace,
                 Hostname,
+                Loopback,
                 Rlimits,
                 Setsid,
                 Capabilities,

@@ -220,3 +220,60 @@ pub fn landlock_abi() -> io::Result<u32> {
     })?;
     Ok(v as u32)
 }
+
+const SIOCGIFFLAGS: libc::c_ulong = 0x8913;
+const SIOCSIFFLAGS: libc::c_ulong = 0x8914;
+
+/// `struct ifreq` with the `ifr_flags` member of its union (40 bytes).
+#[repr(C)]
+struct IfreqFlags {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// Set IFF_UP on the interface named `ifname` of the current network
+/// namespace (used for `lo` in a fresh namespace, where it starts down).
+pub fn interface_up(ifname: &str) -> io::Result<()> {
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    let sock = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(io::Error::from)?;
+    let mut req = IfreqFlags {
+        name: [0; libc::IFNAMSIZ],
+        flags: 0,
+        _pad: [0; 22],
+    };
+    let bytes = ifname.as_bytes();
+    if bytes.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "interface name too long",
+        ));
+    }
+    req.name[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: `req` is a properly sized and aligned `struct ifreq` (name +
+    // flags member of the union, padded to the kernel's 40 bytes) that lives
+    // across both calls; `sock` is an open socket we own.
+    check(unsafe {
+        libc::ioctl(
+            sock.as_raw_fd(),
+            SIOCGIFFLAGS as _,
+            &mut req as *mut IfreqFlags,
+        )
+    } as libc::c_long)?;
+    req.flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: as above.
+    check(unsafe {
+        libc::ioctl(
+            sock.as_raw_fd(),
+            SIOCSIFFLAGS as _,
+            &req as *const IfreqFlags,
+        )
+    } as libc::c_long)?;
+    Ok(())
+}

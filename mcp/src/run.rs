@@ -254,7 +254,7 @@ fn emit(
         return;
     }
     let note = match (report.status, &report.error) {
-        (RunStatus::Ok | RunStatus::Error, _) if report.signal.is_none() => None,
+        (RunStatus::Ok, _) => None,
         (_, Some(e)) => Some(match &e.hint {
             Some(h) => format!(
                 "{} ({}): {} — {h}",
@@ -264,9 +264,10 @@ fn emit(
             ),
             None => format!("{} ({}): {}", status_word(report.status), e.code, e.message),
         }),
-        (s, None) => Some(match report.signal {
-            Some(sig) => format!("{}: killed by signal {sig}", status_word(s)),
-            None => status_word(s).to_string(),
+        (s, None) => Some(match (report.exit_code, report.signal) {
+            (_, Some(sig)) => format!("{}: killed by signal {sig}", status_word(s)),
+            (Some(code), None) => format!("{}: exit code {code}", status_word(s)),
+            (None, None) => status_word(s).to_string(),
         }),
     };
     if let Some(n) = note {
