@@ -11,7 +11,6 @@
 mod cli;
 mod info;
 mod policy_cmd;
-mod resolve;
 mod run;
 
 use clap::Parser;

@@ -1,60 +1,47 @@
-//! `pycell run` in embedded mode: resolve the policy, lease a sandbox uid,
-//! run the jail supervisor in-process (this process is single-threaded),
-//! stream or collect the output, and exit with the run's status.
+//! `pycell run` in embedded mode: load the policy, turn the flags into a
+//! [`RunRequest`], resolve it, lease a sandbox uid, run the jail supervisor
+//! in-process (this process is single-threaded), stream or collect the
+//! output, and exit with the run's status.
 
 use std::io::{self, Read, Write};
 use std::path::Path;
 
-use pycell_jailer::report::{JailFailure, JailReport, RunStatus};
+use pycell_daemon::protocol::{LimitOverrides, RunRequest};
+use pycell_daemon::resolve::{self, Resolved, POLICY_DIR};
+use pycell_daemon::result::RunResult;
+use pycell_jailer::report::{JailFailure, RunStatus};
 use pycell_jailer::supervisor::{self, OutputSink, OutputStream};
 use pycell_jailer::uidalloc;
-use serde::Serialize;
+use pycell_policy::Policy;
 
 use crate::cli::RunArgs;
-use crate::resolve::{self, Resolved};
 
 /// Where embedded runs keep their uid leases.
 const UID_LOCK_DIR: &str = "/run/pycell/uids";
 /// Largest script or stdin we accept from the command line.
-const MAX_INPUT: u64 = 16 << 20;
+const MAX_INPUT: u64 = pycell_daemon::protocol::MAX_CODE_BYTES as u64;
 
-/// The JSON printed by `pycell run --json`.
-#[derive(Debug, Serialize)]
-struct RunResult<'a> {
-    run_id: &'a str,
-    status: RunStatus,
-    exit_code: Option<i32>,
-    signal: Option<i32>,
-    stdout: String,
-    stderr: String,
-    stdout_truncated: bool,
-    stderr_truncated: bool,
-    wall_ms: f64,
-    cpu_ms: f64,
-    peak_memory_bytes: u64,
-    policy: &'a str,
-    limits: Option<&'a pycell_policy::Limits>,
-    layers: Option<&'a pycell_jailer::report::Layers>,
-    error: Option<&'a JailFailure>,
+/// A failure before any jail exists, reported like a refused run.
+#[derive(Debug)]
+struct Early {
+    policy: String,
+    code: String,
+    layer: &'static str,
+    message: String,
 }
 
-/// A failure before the jail exists: reported like a refused run.
-fn refuse(args: &RunArgs, policy: &str, code: &str, layer: &str, message: String) -> i32 {
-    let failure = JailFailure {
-        code: code.into(),
-        layer: layer.into(),
-        message,
-        hint: None,
-    };
-    let report = JailReport::refused(failure);
-    emit(args, "", policy, None, &report, Vec::new(), Vec::new());
-    report.process_exit_code()
+fn early(policy: &str, code: &str, layer: &'static str, message: impl Into<String>) -> Early {
+    Early {
+        policy: policy.to_string(),
+        code: code.to_string(),
+        layer,
+        message: message.into(),
+    }
 }
 
-fn read_bounded(what: &str, mut r: impl Read) -> Result<Vec<u8>, String> {
+fn read_bounded(what: &str, r: impl Read) -> Result<Vec<u8>, String> {
     let mut buf = Vec::new();
-    r.by_ref()
-        .take(MAX_INPUT + 1)
+    r.take(MAX_INPUT + 1)
         .read_to_end(&mut buf)
         .map_err(|e| format!("reading {what}: {e}"))?;
     if buf.len() as u64 > MAX_INPUT {
@@ -63,7 +50,23 @@ fn read_bounded(what: &str, mut r: impl Read) -> Result<Vec<u8>, String> {
     Ok(buf)
 }
 
-fn read_inputs(args: &RunArgs) -> Result<(String, Vec<u8>), String> {
+/// `--policy NAME|PATH`: a path (contains '/' or ends in .toml) is the
+/// caller's own file; a name goes through the same lookup as the daemon's.
+pub fn load_policy(arg: &str) -> Result<Policy, String> {
+    if arg.contains('/') || arg.ends_with(".toml") {
+        return Policy::load(Path::new(arg)).map_err(|e| e.to_string());
+    }
+    resolve::load_policy_by_name(arg, Path::new(POLICY_DIR)).map_err(|e| e.to_string())
+}
+
+fn size_flag(flag: &str, v: &Option<String>) -> Result<Option<u64>, String> {
+    v.as_deref()
+        .map(|s| pycell_policy::parse_size(s).map_err(|e| format!("--{flag} {s:?}: {e}")))
+        .transpose()
+}
+
+/// The request the flags describe (the same shape a daemon client sends).
+fn request(args: &RunArgs) -> Result<RunRequest, String> {
     let code = if args.script == Path::new("-") {
         read_bounded("the code from stdin", io::stdin().lock())?
     } else {
@@ -87,7 +90,41 @@ fn read_inputs(args: &RunArgs) -> Result<(String, Vec<u8>), String> {
             read_bounded(&p.display().to_string(), f)?
         }
     };
-    Ok((code, stdin))
+    let timeout_s = match &args.timeout {
+        None => None,
+        Some(t) => Some(
+            pycell_policy::parse_duration(t)
+                .map_err(|e| format!("--timeout {t:?}: {e}"))?
+                .as_secs_f64(),
+        ),
+    };
+    let filename =
+        (args.script != Path::new("-")).then(|| args.script.to_string_lossy().into_owned());
+    let mut req = RunRequest {
+        code,
+        filename,
+        args: args.script_args.clone(),
+        stdin_base64: None,
+        policy: Some(args.policy.clone()),
+        limits: LimitOverrides {
+            timeout_s,
+            memory_bytes: size_flag("memory", &args.memory)?,
+            pids: args.pids,
+            workspace_bytes: size_flag("disk", &args.disk)?,
+            max_output_bytes: size_flag("max-output", &args.max_output)?,
+        },
+    };
+    req.set_stdin(&stdin);
+    Ok(req)
+}
+
+fn prepare(args: &RunArgs) -> Result<(Policy, Resolved), Early> {
+    let policy = load_policy(&args.policy)
+        .map_err(|m| early(&args.policy, "invalid_policy", "policy", m))?;
+    let req = request(args).map_err(|m| early(&policy.name, "invalid_request", "request", m))?;
+    let resolved = resolve::resolve(&policy, &req)
+        .map_err(|e| early(&policy.name, "invalid_request", "policy", e.to_string()))?;
+    Ok((policy, resolved))
 }
 
 fn new_run_id() -> String {
@@ -96,17 +133,6 @@ fn new_run_id() -> String {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     format!("r-{:016x}", t ^ (u64::from(std::process::id()) << 40))
-}
-
-fn prepare(
-    args: &RunArgs,
-) -> Result<(pycell_policy::Policy, Resolved), (String, &'static str, String)> {
-    let policy = resolve::load_policy(&args.policy)
-        .map_err(|e| (args.policy.clone(), "policy", e.to_string()))?;
-    let (code, stdin) = read_inputs(args).map_err(|e| (policy.name.clone(), "input", e))?;
-    let resolved = resolve::resolve(&policy, args, code, stdin)
-        .map_err(|e| (policy.name.clone(), "policy", e.to_string()))?;
-    Ok((policy, resolved))
 }
 
 pub fn print_spec(args: &RunArgs) -> i32 {
@@ -121,65 +147,73 @@ pub fn print_spec(args: &RunArgs) -> i32 {
             );
             0
         }
-        Err((_, _, msg)) => {
-            eprintln!("pycell: {msg}");
+        Err(e) => {
+            eprintln!("pycell: {}", e.message);
             125
         }
     }
 }
 
 pub fn main(args: &RunArgs) -> i32 {
-    let (policy, mut resolved) = match prepare(args) {
-        Ok(x) => x,
-        Err((policy, layer, msg)) => {
-            return refuse(args, &policy, &format!("invalid_{layer}"), layer, msg)
-        }
+    let result = match run(args) {
+        Ok(r) => r,
+        Err(e) => RunResult::refused(
+            "",
+            &e.policy,
+            JailFailure {
+                code: e.code,
+                layer: e.layer.to_string(),
+                message: e.message,
+                hint: None,
+            },
+        ),
     };
+    emit(args.json, &result);
+    result.process_exit_code()
+}
+
+fn run(args: &RunArgs) -> Result<RunResult, Early> {
+    let (policy, mut resolved) = prepare(args)?;
     if !nix::unistd::geteuid().is_root() {
-        return refuse(
-            args,
+        return Err(early(
             &policy.name,
             "not_root",
             "jailer",
-            "embedded mode needs root (it creates cgroups and maps a sandbox uid): run pycell as root".into(),
-        );
+            "embedded mode needs root (it creates cgroups and maps a sandbox uid): run pycell as root",
+        ));
     }
     let range = match std::env::var("PYCELL_UID_RANGE") {
-        Ok(s) => match uidalloc::parse_range(&s) {
-            Some(r) => r,
-            None => {
-                return refuse(
-                    args,
-                    &policy.name,
-                    "invalid_config",
-                    "uid",
-                    format!("PYCELL_UID_RANGE={s:?}: expected START-END"),
-                )
-            }
-        },
+        Ok(s) => uidalloc::parse_range(&s).ok_or_else(|| {
+            early(
+                &policy.name,
+                "invalid_config",
+                "uid",
+                format!("PYCELL_UID_RANGE={s:?}: expected START-END"),
+            )
+        })?,
         Err(_) => uidalloc::DEFAULT_RANGE,
     };
-    let lease = match uidalloc::allocate(&range, Path::new(UID_LOCK_DIR)) {
-        Ok(l) => l,
-        Err(e) => return refuse(args, &policy.name, "uid_unavailable", "uid", e.to_string()),
-    };
+    let lease = uidalloc::allocate(&range, Path::new(UID_LOCK_DIR))
+        .map_err(|e| early(&policy.name, "uid_unavailable", "uid", e.to_string()))?;
     let run_id = new_run_id();
     resolved.spec.run_id = run_id.clone();
     resolved.spec.sandbox_uid = lease.uid;
     resolved.spec.sandbox_gid = lease.gid;
-
-    let (report, out, err) = run_embedded(&resolved, args.json);
+    let mut sink = CliSink {
+        collect: args.json,
+        out: Vec::new(),
+        err: Vec::new(),
+    };
+    let report = supervisor::run(&resolved.spec, &mut sink);
     drop(lease);
-    emit(
-        args,
+    Ok(RunResult::new(
         &run_id,
         &policy.name,
         Some(&resolved.limits),
-        &report,
-        out,
-        err,
-    );
-    report.process_exit_code()
+        report,
+        &sink.out,
+        &sink.err,
+    ))
 }
 
 /// Streams the program's output to our own stdout/stderr, or collects it
@@ -208,83 +242,40 @@ impl OutputSink for CliSink {
     }
 }
 
-/// Embedded mode runs the jailer's supervisor in this (single-threaded)
-/// process instead of starting `pycell-jailer`: same code, one exec less.
-fn run_embedded(resolved: &Resolved, collect: bool) -> (JailReport, Vec<u8>, Vec<u8>) {
-    let mut sink = CliSink {
-        collect,
-        out: Vec::new(),
-        err: Vec::new(),
-    };
-    let report = supervisor::run(&resolved.spec, &mut sink);
-    (report, sink.out, sink.err)
-}
-
-fn emit(
-    args: &RunArgs,
-    run_id: &str,
-    policy: &str,
-    limits: Option<&pycell_policy::Limits>,
-    report: &JailReport,
-    out: Vec<u8>,
-    err: Vec<u8>,
-) {
-    if args.json {
-        let result = RunResult {
-            run_id,
-            status: report.status,
-            exit_code: report.exit_code,
-            signal: report.signal,
-            stdout: String::from_utf8_lossy(&out).into_owned(),
-            stderr: String::from_utf8_lossy(&err).into_owned(),
-            stdout_truncated: report.stdout_truncated,
-            stderr_truncated: report.stderr_truncated,
-            wall_ms: report.wall_ms,
-            cpu_ms: report.cpu_ms,
-            peak_memory_bytes: report.peak_memory_bytes,
-            policy,
-            limits,
-            layers: report.layers.as_ref(),
-            error: report.error.as_ref(),
-        };
-        match serde_json::to_string(&result) {
+/// Print the result: one JSON object, or (streaming mode, where the output
+/// has already been shown) one `pycell: ...` line when the run did not end ok.
+pub fn emit(json: bool, r: &RunResult) {
+    if json {
+        match serde_json::to_string(r) {
             Ok(s) => println!("{s}"),
             Err(e) => eprintln!("pycell: cannot encode the result: {e}"),
         }
         return;
     }
-    let note = match (report.status, &report.error) {
-        (RunStatus::Ok, _) => None,
-        (_, Some(e)) => Some(match &e.hint {
-            Some(h) => format!(
-                "{} ({}): {} — {h}",
-                status_word(report.status),
-                e.code,
-                e.message
-            ),
-            None => format!("{} ({}): {}", status_word(report.status), e.code, e.message),
-        }),
-        (s, None) => Some(match (report.exit_code, report.signal) {
-            (_, Some(sig)) => format!("{}: killed by signal {sig}", status_word(s)),
-            (Some(code), None) => format!("{}: exit code {code}", status_word(s)),
-            (None, None) => status_word(s).to_string(),
-        }),
-    };
-    if let Some(n) = note {
+    if let Some(n) = status_note(r) {
         eprintln!("pycell: {n}");
     }
-    if report.stdout_truncated || report.stderr_truncated {
+    if r.stdout_truncated || r.stderr_truncated {
         eprintln!("pycell: output truncated at the max-output limit");
     }
 }
 
-fn status_word(s: RunStatus) -> &'static str {
-    match s {
-        RunStatus::Ok => "ok",
+fn status_note(r: &RunResult) -> Option<String> {
+    let word = match r.status {
+        RunStatus::Ok => return None,
         RunStatus::Error => "error",
         RunStatus::Timeout => "timeout",
         RunStatus::Oom => "out of memory",
         RunStatus::Killed => "killed",
         RunStatus::Refused => "refused",
-    }
+    };
+    Some(match (&r.error, r.exit_code, r.signal) {
+        (Some(e), _, _) => match &e.hint {
+            Some(h) => format!("{word} ({}): {} — {h}", e.code, e.message),
+            None => format!("{word} ({}): {}", e.code, e.message),
+        },
+        (None, _, Some(sig)) => format!("{word}: killed by signal {sig}"),
+        (None, Some(code), None) => format!("{word}: exit code {code}"),
+        (None, None, None) => word.to_string(),
+    })
 }

@@ -1,6 +1,7 @@
-//! From a policy, the user's overrides and the code to a fully resolved
-//! [`JailSpec`]: which host paths are mounted where, the exact argv and
-//! environment, and every limit in the jailer's units.
+//! From a policy and a [`RunRequest`] to a fully resolved [`JailSpec`]:
+//! which host paths are mounted where, the exact argv and environment, and
+//! every limit in the jailer's units. Used by the daemon's broker and by the
+//! client's embedded mode alike.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,7 +11,7 @@ use pycell_jailer::spec::{
 };
 use pycell_policy::{Interpreter, Limits, Policy};
 
-use crate::cli::RunArgs;
+use crate::protocol::{LimitOverrides, RunRequest, MAX_CODE_BYTES};
 
 /// Where policies installed by the operator live.
 pub const POLICY_DIR: &str = "/etc/pycell/policies";
@@ -30,89 +31,85 @@ pub enum ResolveError {
         dir: &'static str,
         builtin: String,
     },
-    #[error("--{flag} {value:?}: {problem}")]
-    BadFlag {
-        flag: &'static str,
-        value: String,
+    #[error("{field}: {problem}")]
+    BadRequest {
+        field: &'static str,
         problem: String,
     },
     #[error("{0}")]
     Interpreter(String),
 }
 
-/// `--policy NAME|PATH`.
-pub fn load_policy(arg: &str) -> Result<Policy, ResolveError> {
-    if arg.contains('/') || arg.ends_with(".toml") {
-        return Ok(Policy::load(Path::new(arg))?);
+/// A policy by name: the operator's `<dir>/NAME.toml` if present, else the
+/// built-in copy. Names only: a client never picks a file by path here.
+pub fn load_policy_by_name(name: &str, dir: &Path) -> Result<Policy, ResolveError> {
+    if !pycell_policy::is_valid_name(name) {
+        return Err(ResolveError::BadRequest {
+            field: "policy",
+            problem: format!("{name:?} is not a policy name ([a-z0-9][a-z0-9_-]*)"),
+        });
     }
-    let installed = Path::new(POLICY_DIR).join(format!("{arg}.toml"));
+    let installed = dir.join(format!("{name}.toml"));
     if installed.exists() {
         return Ok(Policy::load(&installed)?);
     }
-    if pycell_policy::builtin::source(arg).is_some() {
-        return Ok(pycell_policy::builtin::load(arg)?);
+    if pycell_policy::builtin::source(name).is_some() {
+        return Ok(pycell_policy::builtin::load(name)?);
     }
     Err(ResolveError::UnknownPolicy {
-        name: arg.to_string(),
+        name: name.to_string(),
         dir: POLICY_DIR,
         builtin: pycell_policy::builtin::names().join(", "),
     })
 }
 
-/// The policy's limits with the command-line overrides applied and checked.
-pub fn effective_limits(policy: &Policy, args: &RunArgs) -> Result<Limits, ResolveError> {
+/// The policy's limits with the request's overrides applied and checked.
+pub fn effective_limits(policy: &Policy, o: &LimitOverrides) -> Result<Limits, ResolveError> {
     let mut l = policy.limits.clone();
-    let size = |flag: &'static str, v: &str| {
-        pycell_policy::parse_size(v).map_err(|problem| ResolveError::BadFlag {
-            flag,
-            value: v.to_string(),
-            problem,
-        })
-    };
-    if let Some(t) = &args.timeout {
-        let secs: f64 = t.parse().map_err(|_| ResolveError::BadFlag {
-            flag: "timeout",
-            value: t.clone(),
-            problem: "expected a number of seconds, e.g. 10 or 2.5".into(),
-        })?;
-        if !(secs.is_finite() && secs > 0.0) {
-            return Err(ResolveError::BadFlag {
-                flag: "timeout",
-                value: t.clone(),
-                problem: "must be greater than 0".into(),
+    if let Some(secs) = o.timeout_s {
+        if !(secs.is_finite()
+            && secs > 0.0
+            && secs <= pycell_policy::MAX_WALL_TIMEOUT.as_secs_f64())
+        {
+            return Err(ResolveError::BadRequest {
+                field: "timeout",
+                problem: format!(
+                    "must be more than 0 and at most {} seconds (got {secs})",
+                    pycell_policy::MAX_WALL_TIMEOUT.as_secs()
+                ),
             });
         }
         l.wall_timeout = Duration::from_secs_f64(secs);
     }
-    if let Some(m) = &args.memory {
-        l.memory = size("memory", m)?;
+    if let Some(m) = o.memory_bytes {
+        l.memory = m;
     }
-    if let Some(p) = args.pids {
+    if let Some(p) = o.pids {
         l.pids = p;
     }
-    if let Some(d) = &args.disk {
-        l.workspace_size = size("disk", d)?;
+    if let Some(d) = o.workspace_bytes {
+        l.workspace_size = d;
     }
-    if let Some(o) = &args.max_output {
-        l.max_output = size("max-output", o)?;
+    if let Some(m) = o.max_output_bytes {
+        l.max_output = m;
     }
-    l.validate().map_err(|problem| ResolveError::BadFlag {
-        flag: "limits",
-        value: String::new(),
+    l.validate().map_err(|problem| ResolveError::BadRequest {
+        field: "limits",
         problem,
     })?;
     Ok(l)
 }
 
-/// The file name the code gets in /workspace.
-pub fn script_name(script: &Path) -> String {
-    if script == Path::new("-") {
-        return "main.py".to_string();
-    }
-    script
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .filter(|n| !n.is_empty() && n != "." && n != "..")
+/// The file name the code gets in /workspace: a plain name, else `main.py`.
+pub fn script_name(requested: Option<&str>) -> String {
+    requested
+        .map(|n| {
+            Path::new(n)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+        .filter(|n| !n.is_empty() && n != "." && n != ".." && !n.contains('\0'))
         .unwrap_or_else(|| "main.py".to_string())
 }
 
@@ -206,13 +203,36 @@ pub struct Resolved {
     pub limits: Limits,
 }
 
-pub fn resolve(
-    policy: &Policy,
-    args: &RunArgs,
-    code: String,
-    stdin: Vec<u8>,
-) -> Result<Resolved, ResolveError> {
-    let limits = effective_limits(policy, args)?;
+pub fn resolve(policy: &Policy, req: &RunRequest) -> Result<Resolved, ResolveError> {
+    if req.code.len() > MAX_CODE_BYTES {
+        return Err(ResolveError::BadRequest {
+            field: "code",
+            problem: format!(
+                "{} bytes is more than the {} MiB allowed",
+                req.code.len(),
+                MAX_CODE_BYTES >> 20
+            ),
+        });
+    }
+    let stdin = req
+        .stdin_bytes()
+        .map_err(|problem| ResolveError::BadRequest {
+            field: "stdin",
+            problem,
+        })?;
+    if stdin.len() > MAX_CODE_BYTES {
+        return Err(ResolveError::BadRequest {
+            field: "stdin",
+            problem: format!("more than the {} MiB allowed", MAX_CODE_BYTES >> 20),
+        });
+    }
+    if req.args.iter().any(|a| a.contains('\0')) {
+        return Err(ResolveError::BadRequest {
+            field: "args",
+            problem: "an argument contains a NUL byte".into(),
+        });
+    }
+    let limits = effective_limits(policy, &req.limits)?;
     let mut mounts: Vec<BindMount> = policy
         .mounts
         .iter()
@@ -222,10 +242,10 @@ pub fn resolve(
         })
         .collect();
     let python = interpreter(policy, &mut mounts)?;
-    let name = script_name(&args.script);
+    let name = script_name(req.filename.as_deref());
     // -s: no user site-packages (HOME is the workspace; nothing to find there).
     let mut argv = vec![python, "-s".to_string(), format!("{WORKSPACE}/{name}")];
-    argv.extend(args.script_args.iter().cloned());
+    argv.extend(req.args.iter().cloned());
     let spec = JailSpec {
         run_id: String::new(),
         sandbox_uid: 0,
@@ -238,7 +258,7 @@ pub fn resolve(
             .collect(),
         files: vec![WorkspaceFile {
             name,
-            contents: code,
+            contents: req.code.clone(),
         }],
         stdin,
         mounts,
@@ -274,9 +294,48 @@ mod tests {
 
     #[test]
     fn script_names() {
-        assert_eq!(script_name(Path::new("-")), "main.py");
-        assert_eq!(script_name(Path::new("/a/b/x.py")), "x.py");
-        assert_eq!(script_name(Path::new("..")), "main.py");
+        assert_eq!(script_name(None), "main.py");
+        assert_eq!(script_name(Some("/a/b/x.py")), "x.py");
+        assert_eq!(script_name(Some("..")), "main.py");
+        assert_eq!(script_name(Some("")), "main.py");
+    }
+
+    #[test]
+    fn policies_are_chosen_by_name_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = load_policy_by_name("../etc/passwd", dir.path()).unwrap_err();
+        assert!(e.to_string().starts_with("policy: "), "{e}");
+        assert!(load_policy_by_name("default", dir.path()).is_ok());
+        let e = load_policy_by_name("nope", dir.path()).unwrap_err();
+        assert!(e.to_string().contains("no policy named \"nope\""), "{e}");
+    }
+
+    #[test]
+    fn overrides_are_range_checked() {
+        let p = pycell_policy::builtin::load("default").unwrap();
+        let o = LimitOverrides {
+            memory_bytes: Some(1024),
+            ..Default::default()
+        };
+        assert!(effective_limits(&p, &o)
+            .unwrap_err()
+            .to_string()
+            .contains("memory"));
+        let o = LimitOverrides {
+            timeout_s: Some(-1.0),
+            ..Default::default()
+        };
+        assert!(effective_limits(&p, &o)
+            .unwrap_err()
+            .to_string()
+            .starts_with("timeout: "));
+        let o = LimitOverrides {
+            timeout_s: Some(2.5),
+            pids: Some(8),
+            ..Default::default()
+        };
+        let l = effective_limits(&p, &o).unwrap();
+        assert_eq!((l.wall_timeout, l.pids), (Duration::from_millis(2500), 8));
     }
 
     #[test]

@@ -1,0 +1,74 @@
+//! Messages between a client (`pycell run`, `pycell mcp`) and the daemon,
+//! and the request shape embedded mode resolves too. On the socket each
+//! message is one JSON object in a length-delimited frame (see
+//! `docs/protocol.md`).
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+/// Bumped on any incompatible change; the handshake refuses a mismatch.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Largest code (and largest stdin) a request may carry.
+pub const MAX_CODE_BYTES: usize = 16 << 20;
+
+/// Limits a caller may ask for instead of the policy's. Each is checked
+/// against the same ranges as policy files.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitOverrides {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
+}
+
+/// One sandboxed run: what to execute and under which policy.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    /// Python source (UTF-8).
+    pub code: String,
+    /// File name the code gets in /workspace (default `main.py`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filename: Option<String>,
+    /// `sys.argv[1:]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Bytes for the program's stdin, base64 (standard alphabet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin_base64: Option<String>,
+    /// Policy name (default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    #[serde(default)]
+    pub limits: LimitOverrides,
+}
+
+impl RunRequest {
+    pub fn stdin_bytes(&self) -> Result<Vec<u8>, String> {
+        match &self.stdin_base64 {
+            None => Ok(Vec::new()),
+            Some(s) => base64::engine::general_purpose::STANDARD
+                .decode(s)
+                .map_err(|e| format!("stdin_base64 is not valid base64: {e}")),
+        }
+    }
+
+    pub fn set_stdin(&mut self, bytes: &[u8]) {
+        self.stdin_base64 = if bytes.is_empty() {
+            None
+        } else {
+            Some(base64::engine::general_purpose::STANDARD.encode(bytes))
+        };
+    }
+
+    pub fn policy_name(&self) -> &str {
+        self.policy.as_deref().unwrap_or("default")
+    }
+}

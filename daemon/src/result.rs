@@ -1,0 +1,78 @@
+//! The structured result of a run, as `pycell run --json` prints it, the
+//! daemon sends it, and the MCP `run_python` tool returns it.
+
+use pycell_jailer::report::{JailFailure, JailReport, Layers, RunStatus};
+use pycell_policy::Limits;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunResult {
+    pub run_id: String,
+    pub status: RunStatus,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub wall_ms: f64,
+    pub cpu_ms: f64,
+    pub peak_memory_bytes: u64,
+    pub policy: String,
+    /// The effective limits, in the JSON form of `pycell_policy::Limits`.
+    pub limits: Option<serde_json::Value>,
+    pub layers: Option<Layers>,
+    pub error: Option<JailFailure>,
+}
+
+impl RunResult {
+    /// Combine the jailer's report with the output collected from it.
+    pub fn new(
+        run_id: &str,
+        policy: &str,
+        limits: Option<&Limits>,
+        report: JailReport,
+        stdout: &[u8],
+        stderr: &[u8],
+    ) -> RunResult {
+        RunResult {
+            run_id: run_id.to_string(),
+            status: report.status,
+            exit_code: report.exit_code,
+            signal: report.signal,
+            stdout: String::from_utf8_lossy(stdout).into_owned(),
+            stderr: String::from_utf8_lossy(stderr).into_owned(),
+            stdout_truncated: report.stdout_truncated,
+            stderr_truncated: report.stderr_truncated,
+            wall_ms: report.wall_ms,
+            cpu_ms: report.cpu_ms,
+            peak_memory_bytes: report.peak_memory_bytes,
+            policy: policy.to_string(),
+            limits: limits.and_then(|l| serde_json::to_value(l).ok()),
+            layers: report.layers,
+            error: report.error,
+        }
+    }
+
+    /// A run refused before a jail existed.
+    pub fn refused(run_id: &str, policy: &str, failure: JailFailure) -> RunResult {
+        RunResult::new(run_id, policy, None, JailReport::refused(failure), b"", b"")
+    }
+
+    /// Process exit code for this outcome (see [`JailReport::process_exit_code`]).
+    pub fn process_exit_code(&self) -> i32 {
+        let r = JailReport {
+            status: self.status,
+            exit_code: self.exit_code,
+            signal: self.signal,
+            stdout_truncated: false,
+            stderr_truncated: false,
+            wall_ms: 0.0,
+            cpu_ms: 0.0,
+            peak_memory_bytes: 0,
+            layers: None,
+            error: None,
+        };
+        r.process_exit_code()
+    }
+}
