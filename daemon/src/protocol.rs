@@ -72,3 +72,96 @@ impl RunRequest {
         self.policy.as_deref().unwrap_or("default")
     }
 }
+
+/// Largest frame either side accepts (a maximal request: 16 MiB of code plus
+/// 16 MiB of stdin in base64, with room to spare).
+pub const MAX_FRAME: u32 = 48 << 20;
+
+/// Stable error codes (part of the protocol; never renamed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The frame was larger than [`MAX_FRAME`]; the connection is closed.
+    FrameTooLarge,
+    /// The frame was not a JSON message of this protocol (garbage, unknown
+    /// type, unknown or missing fields).
+    BadMessage,
+    /// The first message was not `hello`.
+    HandshakeRequired,
+    /// The client speaks another protocol version.
+    VersionMismatch,
+    /// The peer's uid/groups are not allowed to use pycell.
+    Unauthorized,
+    /// The per-uid or global concurrency limit is reached; try again later.
+    Busy,
+    /// The run request is invalid (unknown policy, limits out of range, ...).
+    InvalidRequest,
+    /// A `run` arrived while this connection already has one going.
+    RunInProgress,
+    /// `cancel` named no run of this connection.
+    NoSuchRun,
+    /// The daemon is shutting down and takes no new runs.
+    ShuttingDown,
+    /// Something failed inside the daemon.
+    Internal,
+}
+
+/// Client → daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ClientMessage {
+    Hello { version: u32, client: String },
+    Run { id: String, request: RunRequest },
+    Cancel { id: String },
+    Info,
+}
+
+/// Which output stream a chunk belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Daemon → client.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ServerMessage {
+    Welcome {
+        version: u32,
+        server: String,
+    },
+    Started {
+        id: String,
+        run_id: String,
+    },
+    Output {
+        id: String,
+        stream: Stream,
+        data_base64: String,
+    },
+    Result {
+        id: String,
+        result: Box<crate::result::RunResult>,
+    },
+    Info {
+        info: serde_json::Value,
+    },
+    Error {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+pub fn encode_b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+pub fn decode_b64(s: &str) -> Result<Vec<u8>, String> {
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .map_err(|e| format!("invalid base64: {e}"))
+}

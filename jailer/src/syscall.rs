@@ -277,3 +277,64 @@ pub fn interface_up(ifname: &str) -> io::Result<()> {
     } as libc::c_long)?;
     Ok(())
 }
+
+/// Receive into `buf` from a unix stream socket, taking any file descriptors
+/// passed with SCM_RIGHTS. Returns the byte count and the descriptors.
+pub fn recv_with_fds(sock: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+        .map_err(io::Error::from)?;
+    let mut fds = Vec::new();
+    for c in msg.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            for fd in raw {
+                // SAFETY: the kernel just installed this descriptor in our
+                // table for this message (SCM_RIGHTS); nothing else owns it.
+                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+    }
+    Ok((msg.bytes, fds))
+}
+
+/// Send all of `data` on a unix stream socket with `fd` attached (SCM_RIGHTS)
+/// to its first byte.
+pub fn send_with_fd(sock: std::os::fd::BorrowedFd<'_>, data: &[u8], fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let fds = [fd.as_raw_fd()];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let iov = [io::IoSlice::new(data)];
+    let sent = sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None).map_err(io::Error::from)?;
+    if sent < data.len() {
+        // The descriptor went with the first part; the rest is plain data.
+        let mut rest = &data[sent..];
+        while !rest.is_empty() {
+            let n = nix::unistd::write(sock, rest).map_err(io::Error::from)?;
+            rest = &rest[n..];
+        }
+    }
+    Ok(())
+}
+
+/// Take ownership of a descriptor inherited across exec at a number passed
+/// on the command line (pycelld's broker gets its sockets this way). Returns
+/// None if `fd` is not open or is one of 0/1/2. Call once per descriptor.
+pub fn adopt_inherited_fd(fd: RawFd) -> Option<OwnedFd> {
+    if fd < 3 {
+        return None;
+    }
+    // SAFETY: F_GETFD only reads the descriptor's flags; it tells us whether
+    // `fd` is open without touching anything.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is open (checked above), was inherited from our parent for
+    // us alone, and the caller adopts each number once, so nothing else owns
+    // it. Marking it close-on-exec keeps it out of anything we start later.
+    unsafe {
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        Some(OwnedFd::from_raw_fd(fd))
+    }
+}

@@ -23,6 +23,13 @@ pub enum Command {
     /// 124 on timeout; 137 on out-of-memory; 125 if the run was refused or
     /// pycell itself failed.
     Run(RunArgs),
+    /// Serve the Model Context Protocol on stdin/stdout, for agents' MCP clients.
+    ///
+    /// Tools: run_python (run code in a fresh sandbox) and sandbox_info
+    /// (policies, limits, isolation status). Configure a client with
+    /// {"command": "pycell", "args": ["mcp"]}. With no pycelld daemon the
+    /// sandboxes are built by this process (embedded mode), which needs root.
+    Mcp(McpArgs),
     /// Work with policy files.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -83,4 +90,19 @@ pub struct RunArgs {
     /// File whose contents become the script's stdin (default: empty).
     #[arg(long, value_name = "FILE")]
     pub input: Option<PathBuf>,
+    /// pycelld socket to use. Without it (and without PYCELL_SOCKET), pycell
+    /// uses /run/pycell/pycell.sock if it exists, else runs embedded (as root).
+    #[arg(long, value_name = "PATH", env = "PYCELL_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// Run embedded (in this process, needs root) even if pycelld is running.
+    #[arg(long, conflicts_with = "socket")]
+    pub embedded: bool,
+}
+
+/// `pycell mcp`.
+#[derive(Debug, Args, Clone)]
+pub struct McpArgs {
+    /// Policy for run_python calls that do not name one (an installed or built-in policy name).
+    #[arg(long, default_value = "default", value_name = "NAME")]
+    pub policy: String,
 }

@@ -6,7 +6,10 @@
 use std::io::{self, Read, Write};
 use std::path::Path;
 
-use pycell_daemon::protocol::{LimitOverrides, RunRequest};
+use std::path::PathBuf;
+
+use pycell_daemon::client::{ClientError, DaemonClient, DEFAULT_SOCKET};
+use pycell_daemon::protocol::{LimitOverrides, RunRequest, Stream};
 use pycell_daemon::resolve::{self, Resolved, POLICY_DIR};
 use pycell_daemon::result::RunResult;
 use pycell_jailer::report::{JailFailure, RunStatus};
@@ -154,8 +157,70 @@ pub fn print_spec(args: &RunArgs) -> i32 {
     }
 }
 
+/// The daemon socket to use, if any: `--socket`/PYCELL_SOCKET (must work),
+/// else the default path if it exists, else none (embedded mode).
+fn daemon_socket(args: &RunArgs) -> Option<PathBuf> {
+    if args.embedded {
+        return None;
+    }
+    match &args.socket {
+        Some(p) if !p.as_os_str().is_empty() => Some(p.clone()),
+        _ => {
+            let d = Path::new(DEFAULT_SOCKET);
+            d.exists().then(|| d.to_path_buf())
+        }
+    }
+}
+
+/// `pycell run` through pycelld: the daemon does the rest.
+fn run_via_daemon(args: &RunArgs, socket: &Path) -> Result<RunResult, Early> {
+    let policy = args.policy.clone();
+    if policy.contains('/') || policy.ends_with(".toml") {
+        return Err(early(
+            &policy,
+            "invalid_policy",
+            "policy",
+            "pycelld runs only the operator's policies (by name); a policy file needs embedded mode (--embedded, as root)",
+        ));
+    }
+    let req = request(args).map_err(|m| early(&policy, "invalid_request", "request", m))?;
+    let mut client = DaemonClient::connect(socket)
+        .map_err(|e| early(&policy, "daemon_unavailable", "daemon", e.to_string()))?;
+    // The result carries the (capped) output too; without --json it is
+    // shown as it arrives instead.
+    let mut sink = CliSink {
+        collect: false,
+        out: Vec::new(),
+        err: Vec::new(),
+    };
+    let result = client.run(req, |stream, bytes| {
+        if !args.json {
+            let s = match stream {
+                Stream::Stdout => OutputStream::Stdout,
+                Stream::Stderr => OutputStream::Stderr,
+            };
+            let _ = sink.output(s, bytes);
+        }
+    });
+    match result {
+        Ok(r) => Ok(r),
+        Err(ClientError::Refused { code, message }) => {
+            let code = serde_json::to_value(code)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            Err(early(&policy, &code, "daemon", message))
+        }
+        Err(e) => Err(early(&policy, "daemon_failed", "daemon", e.to_string())),
+    }
+}
+
 pub fn main(args: &RunArgs) -> i32 {
-    let result = match run(args) {
+    let outcome = match daemon_socket(args) {
+        Some(socket) => run_via_daemon(args, &socket),
+        None => run(args),
+    };
+    let result = match outcome {
         Ok(r) => r,
         Err(e) => RunResult::refused(
             "",

@@ -1,0 +1,299 @@
+//! `/etc/pycell/pycelld.toml`: where the socket lives, who may use it, how
+//! many runs may go at once, and where the audit log goes. Unknown fields are
+//! rejected; errors name the file, line, column and field.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub const DEFAULT_CONFIG: &str = "/etc/pycell/pycelld.toml";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    socket: Option<PathBuf>,
+    socket_group: Option<String>,
+    socket_mode: Option<String>,
+    broker_user: Option<String>,
+    allowed_uids: Option<Vec<u32>>,
+    allowed_groups: Option<Vec<String>>,
+    uid_range: Option<String>,
+    max_concurrent_runs: Option<usize>,
+    max_runs_per_uid: Option<usize>,
+    shutdown_grace: Option<String>,
+    audit_log: Option<String>,
+    policy_dir: Option<PathBuf>,
+    cgroup_parent: Option<String>,
+}
+
+/// Where audit lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditSink {
+    /// One line per run on stderr (the journal, under systemd).
+    Stderr,
+    File(PathBuf),
+    Off,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Socket path (default /run/pycell/pycell.sock).
+    pub socket: PathBuf,
+    /// Group owning the socket; its members may connect (default "pycell").
+    pub socket_group: String,
+    pub socket_mode: u32,
+    /// Unprivileged user the broker runs as (default "pycell").
+    pub broker_user: String,
+    /// Peers allowed besides root and members of `allowed_groups`.
+    pub allowed_uids: Vec<u32>,
+    /// Groups whose members (primary or supplementary) may run code
+    /// (default: the socket group).
+    pub allowed_groups: Vec<String>,
+    pub uid_range: std::ops::RangeInclusive<u32>,
+    pub max_concurrent_runs: usize,
+    pub max_runs_per_uid: usize,
+    pub shutdown_grace: Duration,
+    pub audit: AuditSink,
+    pub policy_dir: PathBuf,
+    /// Parent of the daemon's run cgroups; distinct from embedded mode's, so
+    /// that a daemon restart can sweep it.
+    pub cgroup_parent: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: {field}: {message}")]
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        field: String,
+        message: String,
+    },
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            socket: PathBuf::from("/run/pycell/pycell.sock"),
+            socket_group: "pycell".into(),
+            socket_mode: 0o660,
+            broker_user: "pycell".into(),
+            allowed_uids: Vec::new(),
+            allowed_groups: vec!["pycell".into()],
+            uid_range: pycell_jailer::uidalloc::DEFAULT_RANGE,
+            max_concurrent_runs: 16,
+            max_runs_per_uid: 8,
+            shutdown_grace: Duration::from_secs(10),
+            audit: AuditSink::Stderr,
+            policy_dir: PathBuf::from(crate::resolve::POLICY_DIR),
+            cgroup_parent: "pycelld".into(),
+        }
+    }
+}
+
+impl Config {
+    /// Load `path`; a missing file at the default location means defaults.
+    pub fn load(path: &Path, must_exist: bool) -> Result<Config, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must_exist => {
+                return Ok(Config::default())
+            }
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        Config::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let invalid = |offset: Option<usize>, field: &str, message: String| {
+            let (line, column) = offset.map_or((1, 1), |o| line_col(text, o));
+            ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line,
+                column,
+                field: field.to_string(),
+                message,
+            }
+        };
+        let de = toml::de::Deserializer::parse(text)
+            .map_err(|e| invalid(e.span().map(|s| s.start), "", e.message().to_string()))?;
+        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+            let field = e.path().to_string();
+            let inner = e.into_inner();
+            invalid(
+                inner.span().map(|s| s.start),
+                &field,
+                inner.message().to_string(),
+            )
+        })?;
+        let find = |key: &str| {
+            text.find(&format!("{key} "))
+                .or_else(|| text.find(&format!("{key}=")))
+        };
+        let mut c = Config::default();
+        if let Some(s) = raw.socket {
+            if !s.is_absolute() {
+                return Err(invalid(
+                    find("socket"),
+                    "socket",
+                    "must be an absolute path".into(),
+                ));
+            }
+            c.socket = s;
+        }
+        if let Some(g) = raw.socket_group {
+            c.allowed_groups = vec![g.clone()];
+            c.socket_group = g;
+        }
+        if let Some(m) = raw.socket_mode {
+            c.socket_mode = u32::from_str_radix(m.trim_start_matches("0o"), 8)
+                .ok()
+                .filter(|m| *m <= 0o777)
+                .ok_or_else(|| {
+                    invalid(
+                        find("socket_mode"),
+                        "socket_mode",
+                        format!("{m:?} is not an octal mode like \"0660\""),
+                    )
+                })?;
+        }
+        if let Some(u) = raw.broker_user {
+            c.broker_user = u;
+        }
+        if let Some(u) = raw.allowed_uids {
+            c.allowed_uids = u;
+        }
+        if let Some(g) = raw.allowed_groups {
+            c.allowed_groups = g;
+        }
+        if let Some(r) = raw.uid_range {
+            c.uid_range = pycell_jailer::uidalloc::parse_range(&r)
+                .filter(|r| *r.start() > 0 && *r.end() < u32::MAX)
+                .ok_or_else(|| {
+                    invalid(
+                        find("uid_range"),
+                        "uid_range",
+                        format!("{r:?}: expected \"START-END\" with 0 < START <= END < 4294967295"),
+                    )
+                })?;
+        }
+        if let Some(n) = raw.max_concurrent_runs {
+            if n == 0 || n > 4096 {
+                return Err(invalid(
+                    find("max_concurrent_runs"),
+                    "max_concurrent_runs",
+                    "must be 1..=4096".into(),
+                ));
+            }
+            c.max_concurrent_runs = n;
+        }
+        if let Some(n) = raw.max_runs_per_uid {
+            if n == 0 {
+                return Err(invalid(
+                    find("max_runs_per_uid"),
+                    "max_runs_per_uid",
+                    "must be at least 1".into(),
+                ));
+            }
+            c.max_runs_per_uid = n;
+        }
+        if let Some(g) = raw.shutdown_grace {
+            c.shutdown_grace = pycell_policy::parse_duration(&g)
+                .map_err(|e| invalid(find("shutdown_grace"), "shutdown_grace", e))?;
+        }
+        if let Some(a) = raw.audit_log {
+            c.audit = match a.as_str() {
+                "stderr" => AuditSink::Stderr,
+                "off" => AuditSink::Off,
+                p if p.starts_with('/') => AuditSink::File(PathBuf::from(p)),
+                _ => {
+                    return Err(invalid(
+                        find("audit_log"),
+                        "audit_log",
+                        "use \"stderr\", \"off\" or an absolute file path".into(),
+                    ))
+                }
+            };
+        }
+        if let Some(d) = raw.policy_dir {
+            c.policy_dir = d;
+        }
+        if let Some(p) = raw.cgroup_parent {
+            let ok = !p.is_empty()
+                && p.split('/').all(|s| {
+                    !s.is_empty()
+                        && s != "."
+                        && s != ".."
+                        && s.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                });
+            if !ok {
+                return Err(invalid(
+                    find("cgroup_parent"),
+                    "cgroup_parent",
+                    "must be a relative path of plain names".into(),
+                ));
+            }
+            c.cgroup_parent = p;
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_means_defaults() {
+        let c = Config::parse("", Path::new("x.toml")).unwrap();
+        assert_eq!(c.socket, PathBuf::from("/run/pycell/pycell.sock"));
+        assert_eq!(c.socket_mode, 0o660);
+        assert_eq!(c.allowed_groups, vec!["pycell".to_string()]);
+    }
+
+    #[test]
+    fn unknown_fields_name_file_line_and_field() {
+        let e = Config::parse(
+            "socket = \"/x\"\nmax_runz = 3\n",
+            Path::new("/etc/pycell/pycelld.toml"),
+        )
+        .unwrap_err();
+        let s = e.to_string();
+        assert!(s.starts_with("/etc/pycell/pycelld.toml:2:1: "), "{s}");
+        assert!(s.contains("max_runz"), "{s}");
+    }
+
+    #[test]
+    fn values_are_checked() {
+        let e = Config::parse("socket_mode = \"999\"\n", Path::new("c.toml")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "c.toml:1:1: socket_mode: \"999\" is not an octal mode like \"0660\""
+        );
+        let c = Config::parse("uid_range = \"5000-6000\"\nsocket_group = \"staff\"\naudit_log = \"/var/log/pycell.jsonl\"\n", Path::new("c.toml")).unwrap();
+        assert_eq!(c.uid_range, 5000..=6000);
+        assert_eq!(c.allowed_groups, vec!["staff".to_string()]);
+        assert_eq!(c.audit, AuditSink::File("/var/log/pycell.jsonl".into()));
+        assert!(Config::parse("uid_range = \"0-10\"\n", Path::new("c.toml")).is_err());
+    }
+}

@@ -1,0 +1,131 @@
+//! Length-delimited frames: a 4-byte big-endian length, then that many bytes
+//! of JSON. Frames over [`MAX_FRAME`] are refused before anything is read or
+//! allocated for them.
+
+use std::io::{self, Read, Write};
+
+use serde::{de::DeserializeOwned, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::protocol::MAX_FRAME;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("connection closed")]
+    Closed,
+    #[error("frame of {0} bytes exceeds the maximum of {MAX_FRAME}")]
+    TooLarge(u32),
+    #[error("i/o: {0}")]
+    Io(#[from] io::Error),
+    #[error("bad message: {0}")]
+    BadMessage(String),
+}
+
+fn check_len(len: u32) -> Result<usize, FrameError> {
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLarge(len));
+    }
+    Ok(len as usize)
+}
+
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
+    let body = serde_json::to_vec(msg).map_err(|e| FrameError::BadMessage(e.to_string()))?;
+    let len = u32::try_from(body.len()).map_err(|_| FrameError::TooLarge(u32::MAX))?;
+    check_len(len)?;
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
+    serde_json::from_slice(body).map_err(|e| FrameError::BadMessage(e.to_string()))
+}
+
+pub fn write_sync<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError> {
+    w.write_all(&encode(msg)?)?;
+    w.flush()?;
+    Ok(())
+}
+
+pub fn read_sync<T: DeserializeOwned>(r: &mut impl Read) -> Result<T, FrameError> {
+    let mut head = [0u8; 4];
+    match r.read_exact(&mut head) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
+        Err(e) => return Err(e.into()),
+    }
+    let len = check_len(u32::from_be_bytes(head))?;
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    decode(&body)
+}
+
+pub async fn write_async<T: Serialize>(
+    w: &mut (impl tokio::io::AsyncWrite + Unpin),
+    msg: &T,
+) -> Result<(), FrameError> {
+    w.write_all(&encode(msg)?).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// Read one frame's raw body (the caller decodes it, so that a bad message
+/// can be answered without dropping the connection).
+pub async fn read_async_raw(
+    r: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> Result<Vec<u8>, FrameError> {
+    let mut head = [0u8; 4];
+    match r.read_exact(&mut head).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
+        Err(e) => return Err(e.into()),
+    }
+    let len = check_len(u32::from_be_bytes(head))?;
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await?;
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::ClientMessage;
+
+    #[test]
+    fn round_trip_and_limits() {
+        let msg = ClientMessage::Hello {
+            version: 1,
+            client: "t".into(),
+        };
+        let mut buf = Vec::new();
+        write_sync(&mut buf, &msg).unwrap();
+        let back: ClientMessage = read_sync(&mut &buf[..]).unwrap();
+        assert_eq!(back, msg);
+        let huge = (MAX_FRAME + 1).to_be_bytes();
+        assert!(matches!(
+            read_sync::<ClientMessage>(&mut &huge[..]),
+            Err(FrameError::TooLarge(_))
+        ));
+        assert!(matches!(
+            read_sync::<ClientMessage>(&mut &[][..]),
+            Err(FrameError::Closed)
+        ));
+        let mut bad = Vec::new();
+        bad.extend_from_slice(&5u32.to_be_bytes());
+        bad.extend_from_slice(b"nope!");
+        assert!(matches!(
+            read_sync::<ClientMessage>(&mut &bad[..]),
+            Err(FrameError::BadMessage(_))
+        ));
+    }
+
+    #[test]
+    fn unknown_fields_and_types_are_bad_messages() {
+        let e = decode::<ClientMessage>(br#"{"type":"hello","version":1,"client":"x","extra":1}"#)
+            .unwrap_err();
+        assert!(matches!(e, FrameError::BadMessage(_)));
+        let e = decode::<ClientMessage>(br#"{"type":"format_disk"}"#).unwrap_err();
+        assert!(matches!(e, FrameError::BadMessage(_)));
+    }
+}
