@@ -398,10 +398,15 @@ async fn run(
         Ok(p) => p,
         Err((code, msg)) => return send(stream, &error(Some(&id), code, msg)).await,
     };
-    let outcome = run_admitted(broker, stream, peer, &id, &request).await;
+    let last = run_admitted(broker, stream, peer, &id, &request).await;
+    // Free the slot before the client hears the run is over, so that its
+    // next run is admitted.
     drop(permit);
     broker.release(peer.uid);
-    outcome
+    match last {
+        Some(msg) => send(stream, &msg).await,
+        None => false,
+    }
 }
 
 async fn run_admitted(
@@ -410,10 +415,10 @@ async fn run_admitted(
     peer: Peer,
     id: &str,
     request: &RunRequest,
-) -> bool {
+) -> Option<ServerMessage> {
     let (reply, fd) = match broker.link.spawn(peer.uid, request.clone()).await {
         Ok(r) => r,
-        Err(e) => return send(stream, &error(Some(id), ErrorCode::Internal, e)).await,
+        Err(e) => return Some(error(Some(id), ErrorCode::Internal, e)),
     };
     let (run_id, policy, limits) = match reply {
         ToBroker::Spawned {
@@ -422,28 +427,18 @@ async fn run_admitted(
             limits,
             ..
         } => (run_id, policy, limits),
-        ToBroker::Refused { code, message, .. } => {
-            return send(stream, &error(Some(id), code, message)).await
-        }
+        ToBroker::Refused { code, message, .. } => return Some(error(Some(id), code, message)),
         ToBroker::Exited { .. } => {
-            return send(
-                stream,
-                &error(Some(id), ErrorCode::Internal, "unexpected reply"),
-            )
-            .await
+            return Some(error(Some(id), ErrorCode::Internal, "unexpected reply"))
         }
     };
     let Some(fd) = fd else {
         let _ = broker.link.send(&ToMonitor::Kill { run_id });
-        return send(
-            stream,
-            &error(
-                Some(id),
-                ErrorCode::Internal,
-                "the monitor sent no event pipe",
-            ),
-        )
-        .await;
+        return Some(error(
+            Some(id),
+            ErrorCode::Internal,
+            "the monitor sent no event pipe",
+        ));
     };
     if !send(
         stream,
@@ -455,13 +450,13 @@ async fn run_admitted(
     .await
     {
         let _ = broker.link.send(&ToMonitor::Kill { run_id });
-        return false;
+        return None;
     }
     let mut events = match tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
         Ok(r) => r,
         Err(e) => {
             let _ = broker.link.send(&ToMonitor::Kill { run_id });
-            return send(stream, &error(Some(id), ErrorCode::Internal, e.to_string())).await;
+            return Some(error(Some(id), ErrorCode::Internal, e.to_string()));
         }
     };
     let (mut out, mut err) = (Vec::new(), Vec::new());
@@ -528,17 +523,12 @@ async fn run_admitted(
     result.limits = Some(limits);
     broker.audit(&peer, request, &result);
     if !connection_alive {
-        return false;
+        return None;
     }
-    framing::write_async(
-        &mut wr,
-        &ServerMessage::Result {
-            id: id.to_string(),
-            result: Box::new(result),
-        },
-    )
-    .await
-    .is_ok()
+    Some(ServerMessage::Result {
+        id: id.to_string(),
+        result: Box::new(result),
+    })
 }
 
 enum JailerEvent {

@@ -20,7 +20,7 @@ pub enum ClientError {
     Connect { path: PathBuf, source: io::Error },
     #[error("pycelld: {0}")]
     Frame(#[from] FrameError),
-    #[error("pycelld refused ({code:?}): {message}")]
+    #[error("pycelld refused ({code}): {message}")]
     Refused { code: ErrorCode, message: String },
     #[error("pycelld sent an unexpected message: {0}")]
     Unexpected(String),
@@ -39,14 +39,23 @@ impl DaemonClient {
             source,
         })?;
         let mut c = DaemonClient { stream };
-        framing::write_sync(
+        let hello = framing::write_sync(
             &mut c.stream,
             &ClientMessage::Hello {
                 version: PROTOCOL_VERSION,
                 client: format!("pycell {}", env!("CARGO_PKG_VERSION")),
             },
-        )?;
-        match framing::read_sync::<ServerMessage>(&mut c.stream)? {
+        );
+        // A daemon that refuses us (unauthorized) says why and hangs up
+        // without reading: its reason may already be waiting even though
+        // our hello could not be written.
+        let reply = framing::read_sync::<ServerMessage>(&mut c.stream);
+        let reply = match (hello, reply) {
+            (_, Ok(r)) => r,
+            (Err(e), Err(_)) => return Err(e.into()),
+            (Ok(()), Err(e)) => return Err(e.into()),
+        };
+        match reply {
             ServerMessage::Welcome { .. } => Ok(c),
             ServerMessage::Error { code, message, .. } => {
                 Err(ClientError::Refused { code, message })

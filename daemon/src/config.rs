@@ -68,7 +68,7 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path}:{line}:{column}: {field}: {message}")]
+    #[error("{path}:{line}:{column}: {}{message}", if field.is_empty() { String::new() } else { format!("{field}: ") })]
     Invalid {
         path: PathBuf,
         line: usize,

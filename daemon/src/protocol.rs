@@ -106,6 +106,31 @@ pub enum ErrorCode {
     Internal,
 }
 
+impl ErrorCode {
+    /// The code as it appears on the wire (`busy`, `unauthorized`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::FrameTooLarge => "frame_too_large",
+            ErrorCode::BadMessage => "bad_message",
+            ErrorCode::HandshakeRequired => "handshake_required",
+            ErrorCode::VersionMismatch => "version_mismatch",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Busy => "busy",
+            ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::RunInProgress => "run_in_progress",
+            ErrorCode::NoSuchRun => "no_such_run",
+            ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::Internal => "internal",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Client → daemon.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]

@@ -184,8 +184,10 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> Result<RunResult, Early> {
         ));
     }
     let req = request(args).map_err(|m| early(&policy, "invalid_request", "request", m))?;
-    let mut client = DaemonClient::connect(socket)
-        .map_err(|e| early(&policy, "daemon_unavailable", "daemon", e.to_string()))?;
+    let mut client = DaemonClient::connect(socket).map_err(|e| match e {
+        ClientError::Refused { code, message } => early(&policy, code.as_str(), "daemon", message),
+        e => early(&policy, "daemon_unavailable", "daemon", e.to_string()),
+    })?;
     // The result carries the (capped) output too; without --json it is
     // shown as it arrives instead.
     let mut sink = CliSink {
@@ -205,11 +207,7 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> Result<RunResult, Early> {
     match result {
         Ok(r) => Ok(r),
         Err(ClientError::Refused { code, message }) => {
-            let code = serde_json::to_value(code)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
-            Err(early(&policy, &code, "daemon", message))
+            Err(early(&policy, code.as_str(), "daemon", message))
         }
         Err(e) => Err(early(&policy, "daemon_failed", "daemon", e.to_string())),
     }

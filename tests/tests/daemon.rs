@@ -1,0 +1,629 @@
+//! pycelld end to end: a real daemon (root monitor + unprivileged broker as
+//! the `pycell` user) on a socket in a temp dir, driven through the client
+//! library and raw frames. Needs root and the `pycell` system user (which
+//! scripts/setup creates).
+
+#![forbid(unsafe_code)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pycell_daemon::client::{ClientError, DaemonClient};
+use pycell_daemon::protocol::{
+    ClientMessage, ErrorCode, LimitOverrides, RunRequest, ServerMessage, MAX_FRAME,
+    PROTOCOL_VERSION,
+};
+use pycell_tests::{find_cgroups, processes_with_uid, pycell_bin, require_root};
+
+/// A pycelld started for one test, killed (by pid) when dropped.
+struct Daemon {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    cgroup_parent: String,
+    /// Sandbox uids of this daemon only (concurrent tests run sandboxes too).
+    uid_base: u32,
+}
+
+const UIDS_PER_DAEMON: u32 = 64;
+
+fn uid_base() -> u32 {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::SeqCst) as u32;
+    1_900_000_000 + ((std::process::id() % 1000) * 16 + n) * UIDS_PER_DAEMON
+}
+
+fn pycelld_bin() -> PathBuf {
+    pycell_bin().with_file_name("pycelld")
+}
+
+impl Daemon {
+    fn start(extra_config: &str) -> Daemon {
+        require_root();
+        let dir = tempfile::Builder::new()
+            .prefix("pycelld-test")
+            .tempdir()
+            .unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        // Each daemon sweeps its own cgroup parent at start and stop; keep
+        // concurrent test daemons apart.
+        let cgroup_parent = format!(
+            "pycelld-test-{}",
+            dir.path()
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .replace(|c: char| !c.is_ascii_alphanumeric(), "")
+        );
+        let uid_base = uid_base();
+        let config = format!(
+            "socket = \"{}/pycell.sock\"\naudit_log = \"{}/audit.jsonl\"\nshutdown_grace = \"6s\"\ncgroup_parent = \"{cgroup_parent}\"\nuid_range = \"{uid_base}-{}\"\n{extra_config}",
+            dir.path().display(),
+            dir.path().display(),
+            uid_base + UIDS_PER_DAEMON - 1
+        );
+        std::fs::write(dir.path().join("pycelld.toml"), config).unwrap();
+        let log = std::fs::File::create(dir.path().join("pycelld.log")).unwrap();
+        let child = Command::new(pycelld_bin())
+            .arg("--config")
+            .arg(dir.path().join("pycelld.toml"))
+            .env(
+                "PYCELL_JAILER",
+                pycell_bin().with_file_name("pycell-jailer"),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {}: {e} (build it with cargo build --workspace)",
+                    pycelld_bin().display()
+                )
+            });
+        let d = Daemon {
+            child: Some(child),
+            dir,
+            cgroup_parent,
+            uid_base,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while UnixStream::connect(d.socket()).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "pycelld did not start listening:\n{}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("pycell.sock")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("pycelld.log")).unwrap_or_default()
+    }
+
+    fn audit(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("audit.jsonl")).unwrap_or_default()
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    fn client(&self) -> DaemonClient {
+        DaemonClient::connect(&self.socket()).unwrap_or_else(|e| panic!("{e}\n{}", self.log()))
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).unwrap();
+    }
+
+    /// Wait for the daemon to exit; its exit status.
+    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pycelld did not exit within {limit:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Host processes running as one of this daemon's sandbox uids.
+    fn sandbox_processes(&self) -> Vec<pycell_tests::HostProc> {
+        pycell_tests::host_processes()
+            .into_iter()
+            .filter(|p| {
+                p.uids
+                    .iter()
+                    .any(|u| (self.uid_base..self.uid_base + UIDS_PER_DAEMON).contains(u))
+            })
+            .collect()
+    }
+
+    fn daemon_cgroups(&self) -> Vec<PathBuf> {
+        find_cgroups(|name| name.starts_with("pycell-"))
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains(&self.cgroup_parent))
+            .collect()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn request(code: &str) -> RunRequest {
+    RunRequest {
+        code: code.to_string(),
+        ..Default::default()
+    }
+}
+
+fn raw_frame(body: &[u8]) -> Vec<u8> {
+    let mut v = (body.len() as u32).to_be_bytes().to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+fn read_reply(s: &mut UnixStream) -> ServerMessage {
+    let mut head = [0u8; 4];
+    s.read_exact(&mut head).unwrap();
+    let mut body = vec![0u8; u32::from_be_bytes(head) as usize];
+    s.read_exact(&mut body).unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
+fn send(s: &mut UnixStream, msg: &ClientMessage) {
+    s.write_all(&raw_frame(&serde_json::to_vec(msg).unwrap()))
+        .unwrap();
+}
+
+fn error_code(m: &ServerMessage) -> ErrorCode {
+    match m {
+        ServerMessage::Error { code, .. } => *code,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+fn hello(s: &mut UnixStream) {
+    send(
+        s,
+        &ClientMessage::Hello {
+            version: PROTOCOL_VERSION,
+            client: "test".into(),
+        },
+    );
+    assert!(matches!(read_reply(s), ServerMessage::Welcome { .. }));
+}
+
+#[test]
+fn runs_through_the_daemon_and_audits_them() {
+    let d = Daemon::start("");
+    let mut out = Vec::new();
+    let r = d
+        .client()
+        .run(request("print('via daemon')"), |_, b| {
+            out.extend_from_slice(b)
+        })
+        .unwrap();
+    assert_eq!(serde_json::to_value(r.status).unwrap(), "ok", "{r:?}");
+    assert_eq!(r.stdout, "via daemon\n");
+    assert_eq!(out, b"via daemon\n", "output is streamed as it comes");
+    let layers = r.layers.as_ref().unwrap();
+    assert_ne!(layers.sandbox_uid, 0);
+    // The CLI uses the same socket.
+    let cli = Command::new(pycell_bin())
+        .args(["run", "--json", "--socket"])
+        .arg(d.socket())
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin
+                .take()
+                .unwrap()
+                .write_all(b"import sys; print(6*7); sys.exit(4)")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert_eq!(cli.status.code(), Some(4));
+    let v: serde_json::Value = serde_json::from_slice(&cli.stdout).unwrap();
+    assert_eq!(v["stdout"], "42\n");
+    assert_eq!(v["status"], "error");
+    // One audit line per run, with the code's hash and the peer.
+    let audit = d.audit();
+    let lines: Vec<serde_json::Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{audit}");
+    assert_eq!(lines[0]["peer_uid"], 0);
+    assert_eq!(lines[0]["status"], "ok");
+    assert_eq!(lines[0]["code_sha256"].as_str().unwrap().len(), 64);
+    assert_eq!(lines[1]["exit_code"], 4);
+    // The broker runs unprivileged.
+    let broker = processes_with_uid(
+        nix::unistd::User::from_name("pycell")
+            .unwrap()
+            .unwrap()
+            .uid
+            .as_raw(),
+    );
+    assert!(
+        broker.iter().any(|p| p.name == "pycelld"),
+        "no pycelld broker running as pycell: {broker:?}"
+    );
+}
+
+#[test]
+fn bad_input_gets_an_error_code_and_the_daemon_keeps_serving() {
+    let d = Daemon::start("");
+    // Oversized frame: refused before anything is read.
+    let mut s = UnixStream::connect(d.socket()).unwrap();
+    hello(&mut s);
+    s.write_all(&(MAX_FRAME + 1).to_be_bytes()).unwrap();
+    assert_eq!(error_code(&read_reply(&mut s)), ErrorCode::FrameTooLarge);
+    // Garbage inside a frame: an error, and the connection goes on.
+    let mut s = UnixStream::connect(d.socket()).unwrap();
+    hello(&mut s);
+    s.write_all(&raw_frame(b"\x00\xffnot json at all")).unwrap();
+    assert_eq!(error_code(&read_reply(&mut s)), ErrorCode::BadMessage);
+    s.write_all(&raw_frame(
+        br#"{"type":"run","id":"x","request":{"code":"print(1)","bogus":1}}"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        error_code(&read_reply(&mut s)),
+        ErrorCode::BadMessage,
+        "unknown fields are rejected"
+    );
+    s.write_all(&raw_frame(br#"{"type":"format_disk"}"#))
+        .unwrap();
+    assert_eq!(error_code(&read_reply(&mut s)), ErrorCode::BadMessage);
+    send(&mut s, &ClientMessage::Info);
+    assert!(matches!(read_reply(&mut s), ServerMessage::Info { .. }));
+    // Garbage instead of a hello; then a wrong version; then run before hello.
+    let mut s = UnixStream::connect(d.socket()).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    let mut s = UnixStream::connect(d.socket()).unwrap();
+    send(
+        &mut s,
+        &ClientMessage::Hello {
+            version: 999,
+            client: "future".into(),
+        },
+    );
+    assert_eq!(error_code(&read_reply(&mut s)), ErrorCode::VersionMismatch);
+    let mut s = UnixStream::connect(d.socket()).unwrap();
+    send(&mut s, &ClientMessage::Info);
+    assert_eq!(
+        error_code(&read_reply(&mut s)),
+        ErrorCode::HandshakeRequired
+    );
+    // A truncated frame, then the peer vanishes.
+    let mut s = UnixStream::connect(d.socket()).unwrap();
+    hello(&mut s);
+    s.write_all(&100u32.to_be_bytes()).unwrap();
+    s.write_all(b"{\"type\":").unwrap();
+    drop(s);
+    // Huge code (over the 16 MiB limit, within the frame limit): invalid_request.
+    let huge = format!("x = '{}'\n", "a".repeat(17 << 20));
+    match d.client().run(request(&huge), |_, _| {}) {
+        Err(ClientError::Refused { code, message }) => {
+            assert_eq!(code, ErrorCode::InvalidRequest);
+            assert!(message.contains("code"), "{message}");
+        }
+        other => panic!("huge code was not refused: {other:?}"),
+    }
+    // Invalid limits and unknown policies say what to fix.
+    let mut r = request("print(1)");
+    r.limits = LimitOverrides {
+        memory_bytes: Some(1),
+        ..Default::default()
+    };
+    match d.client().run(r, |_, _| {}) {
+        Err(ClientError::Refused { code, message }) => {
+            assert_eq!(code, ErrorCode::InvalidRequest);
+            assert!(message.contains("memory"), "{message}");
+        }
+        other => panic!("bad limits were not refused: {other:?}"),
+    }
+    let mut r = request("print(1)");
+    r.policy = Some("../../etc/passwd".into());
+    assert!(matches!(
+        d.client().run(r, |_, _| {}),
+        Err(ClientError::Refused {
+            code: ErrorCode::InvalidRequest,
+            ..
+        })
+    ));
+    // And after all that it still serves.
+    let r = d
+        .client()
+        .run(request("print('still here')"), |_, _| {})
+        .unwrap();
+    assert_eq!(r.stdout, "still here\n", "{}", d.log());
+}
+
+#[test]
+fn unauthorized_uids_are_refused() {
+    // The socket is world-connectable here, so the broker's own check is
+    // what refuses: uid 4242 is neither root nor in the pycell group.
+    let d = Daemon::start("socket_mode = \"0666\"\n");
+    let out = Command::new(pycell_bin())
+        .args(["run", "--socket"])
+        .arg(d.socket())
+        .arg("-")
+        .uid(4242)
+        .gid(4242)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(b"print(1)")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "stderr: {stderr}");
+    assert!(
+        stderr.contains("unauthorized") && stderr.contains("4242"),
+        "stderr: {stderr}"
+    );
+    assert!(out.stdout.is_empty());
+    // Root still gets in.
+    assert!(d.client().run(request("print(1)"), |_, _| {}).is_ok());
+}
+
+#[test]
+fn concurrency_limits_answer_busy() {
+    let d = Daemon::start("max_concurrent_runs = 1\n");
+    let socket = d.socket();
+    let long = std::thread::spawn(move || {
+        let mut c = DaemonClient::connect(&socket).unwrap();
+        c.run(
+            request("import time; time.sleep(3); print('done')"),
+            |_, _| {},
+        )
+        .unwrap()
+    });
+    // Wait until the long run occupies the only slot.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = d.client().info().unwrap();
+        if info["daemon"]["active_runs"] == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the long run never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    match d.client().run(request("print(1)"), |_, _| {}) {
+        Err(ClientError::Refused {
+            code: ErrorCode::Busy,
+            message,
+        }) => assert!(message.contains("max_concurrent_runs"), "{message}"),
+        other => panic!("expected busy, got {other:?}"),
+    }
+    assert_eq!(long.join().unwrap().stdout, "done\n");
+    assert!(
+        d.client().run(request("print(1)"), |_, _| {}).is_ok(),
+        "the slot is free again"
+    );
+}
+
+#[test]
+fn five_hundred_runs_at_concurrency_16_keep_their_own_results() {
+    let d = Daemon::start("max_concurrent_runs = 16\nmax_runs_per_uid = 16\n");
+    let next = Arc::new(AtomicUsize::new(0));
+    let total = 500;
+    let workers: Vec<_> = (0..16)
+        .map(|_| {
+            let (socket, next) = (d.socket(), Arc::clone(&next));
+            std::thread::spawn(move || {
+                let mut failures = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= total {
+                        return failures;
+                    }
+                    let token = format!("run-{i}-{}", i * 7919 % 1000);
+                    let mut streamed = Vec::new();
+                    let r = DaemonClient::connect(&socket).and_then(|mut c| {
+                        let mut req = request(&format!(
+                            "import sys; print({token:?}); print({token:?}[::-1], file=sys.stderr)"
+                        ));
+                        req.args = vec![token.clone()];
+                        c.run(req, |_, b| streamed.extend_from_slice(b))
+                    });
+                    match r {
+                        Ok(r)
+                            if r.stdout == format!("{token}\n")
+                                && r.stderr
+                                    == format!("{}\n", token.chars().rev().collect::<String>())
+                                && r.exit_code == Some(0) => {}
+                        Ok(r) => failures.push(format!(
+                            "{token}: status {:?} stdout {:?} stderr {:?} error {:?}",
+                            r.status, r.stdout, r.stderr, r.error
+                        )),
+                        Err(e) => failures.push(format!("{token}: {e}")),
+                    }
+                }
+            })
+        })
+        .collect();
+    let failures: Vec<String> = workers
+        .into_iter()
+        .flat_map(|w| w.join().unwrap())
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {total} runs failed or mixed up, e.g. {:?}\n{}",
+        failures.len(),
+        &failures[..failures.len().min(5)],
+        d.log()
+    );
+}
+
+/// Wait until none of the daemon's sandbox processes or cgroups is left.
+fn assert_sandbox_gone(d: &Daemon, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let procs = d.sandbox_processes();
+        let cgroups = d.daemon_cgroups();
+        if procs.is_empty() && cgroups.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left behind after {within:?}: processes {procs:?}, cgroups {cgroups:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+type RunHandle = std::thread::JoinHandle<Result<pycell_daemon::result::RunResult, ClientError>>;
+
+/// Start a long run on its own connection; return once its output arrived,
+/// with a canceller for that connection.
+fn start_long_run(d: &Daemon) -> (RunHandle, pycell_daemon::client::Canceller) {
+    let mut c = d.client();
+    let canceller = c.canceller().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        let mut sent = false;
+        c.run(
+            request("import time\nprint('going', flush=True)\ntime.sleep(60)\n"),
+            |_, _| {
+                if !sent {
+                    sent = true;
+                    let _ = tx.send(());
+                }
+            },
+        )
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("the long run produced no output");
+    assert!(
+        !d.sandbox_processes().is_empty(),
+        "the run's sandbox processes are visible on the host"
+    );
+    (handle, canceller)
+}
+
+#[test]
+fn sigkill_of_the_daemon_leaves_no_sandbox_behind_and_a_restart_serves() {
+    let mut d = Daemon::start("");
+    let (handle, _c) = start_long_run(&d);
+    assert!(
+        !d.daemon_cgroups().is_empty(),
+        "the run has a cgroup under the daemon's parent"
+    );
+    d.signal(nix::sys::signal::Signal::SIGKILL);
+    d.wait(Duration::from_secs(5));
+    assert_sandbox_gone(&d, Duration::from_secs(10));
+    assert!(
+        handle.join().unwrap().is_err(),
+        "the client sees the daemon go away"
+    );
+    // A restart on the same socket serves again.
+    let d2 = Daemon::start("");
+    assert!(
+        d2.client().run(request("print(1)"), |_, _| {}).is_ok(),
+        "{}",
+        d2.log()
+    );
+}
+
+#[test]
+fn sigterm_lets_running_runs_finish_then_exits() {
+    let mut d = Daemon::start("");
+    let socket = d.socket();
+    let run = std::thread::spawn(move || {
+        let mut c = DaemonClient::connect(&socket).unwrap();
+        c.run(
+            request("import time; print('started', flush=True); time.sleep(2); print('finished')"),
+            |_, _| {},
+        )
+    });
+    // Let it start, then ask the daemon to stop.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.client().info().unwrap()["daemon"]["active_runs"] != 1 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    std::thread::sleep(Duration::from_millis(300));
+    // No new runs while draining.
+    match DaemonClient::connect(&d.socket()).and_then(|mut c| c.run(request("print(1)"), |_, _| {}))
+    {
+        Ok(r) => panic!("a run was accepted while draining: {r:?}"),
+        Err(ClientError::Refused { code, .. }) => assert_eq!(code, ErrorCode::ShuttingDown),
+        Err(_) => {} // the socket is already closed: also a refusal
+    }
+    let r = run.join().unwrap().expect("the running run completes");
+    assert_eq!(r.stdout, "started\nfinished\n");
+    let status = d.wait(Duration::from_secs(15));
+    assert!(status.success(), "pycelld exit: {status:?}\n{}", d.log());
+    assert!(!Path::new(&d.socket()).exists(), "the socket is removed");
+    assert!(d.daemon_cgroups().is_empty());
+}
+
+#[test]
+fn cancel_kills_the_run_and_a_vanished_client_takes_its_run_along() {
+    let d = Daemon::start("");
+    let (handle, mut canceller) = start_long_run(&d);
+    canceller.cancel().unwrap();
+    let r = handle.join().unwrap().unwrap();
+    assert_eq!(serde_json::to_value(r.status).unwrap(), "killed", "{r:?}");
+    assert_sandbox_gone(&d, Duration::from_secs(10));
+    // A client that just disconnects mid-run.
+    let mut s = UnixStream::connect(d.socket()).unwrap();
+    hello(&mut s);
+    send(
+        &mut s,
+        &ClientMessage::Run {
+            id: "a".into(),
+            request: request("import time\nprint('x', flush=True)\ntime.sleep(60)"),
+        },
+    );
+    assert!(matches!(read_reply(&mut s), ServerMessage::Started { .. }));
+    assert!(matches!(read_reply(&mut s), ServerMessage::Output { .. }));
+    drop(s);
+    assert_sandbox_gone(&d, Duration::from_secs(10));
+    let audit = d.audit();
+    assert_eq!(
+        audit.lines().filter(|l| l.contains("\"killed\"")).count(),
+        2,
+        "{audit}"
+    );
+}
