@@ -50,12 +50,30 @@ impl SeccompData {
 
 /// Runs `program` and returns the seccomp action word it produces.
 pub(crate) fn run(program: &[sock_filter], data: &SeccompData) -> u32 {
+    trace(program, data).action
+}
+
+/// The outcome of one run of a program.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Trace {
+    pub(crate) action: u32,
+    /// Instructions executed, the final `RET` included.
+    pub(crate) steps: usize,
+    /// Whether the run read a syscall argument (or the instruction pointer).
+    pub(crate) read_args: bool,
+}
+
+/// Runs `program`, counting what it does on the way.
+pub(crate) fn trace(program: &[sock_filter], data: &SeccompData) -> Trace {
     let mut accumulator: u32 = 0;
     let mut pc: usize = 0;
+    let mut steps = 0;
+    let mut read_args = false;
     loop {
         let instruction = program
             .get(pc)
             .unwrap_or_else(|| panic!("BPF program ran off its end at {pc}"));
+        steps += 1;
         let k = instruction.k;
         let branch = |taken: bool| {
             1 + usize::from(if taken {
@@ -67,6 +85,7 @@ pub(crate) fn run(program: &[sock_filter], data: &SeccompData) -> u32 {
         pc += match instruction.code {
             0x20 => {
                 // BPF_LD | BPF_W | BPF_ABS
+                read_args |= k >= 8;
                 accumulator = data.word_at(k);
                 1
             }
@@ -80,8 +99,53 @@ pub(crate) fn run(program: &[sock_filter], data: &SeccompData) -> u32 {
             0x25 => branch(accumulator > k),      // BPF_JMP | BPF_JGT | BPF_K
             0x35 => branch(accumulator >= k),     // BPF_JMP | BPF_JGE | BPF_K
             0x45 => branch(accumulator & k != 0), // BPF_JMP | BPF_JSET | BPF_K
-            0x06 => return k,                     // BPF_RET | BPF_K
+            0x06 => {
+                // BPF_RET | BPF_K
+                return Trace {
+                    action: k,
+                    steps,
+                    read_args,
+                };
+            }
             code => panic!("unexpected BPF opcode {code:#x} at {pc}"),
         };
     }
+}
+
+/// A model of the kernel's `seccomp_is_const_allow()` (kernel/seccomp.c),
+/// which runs when a filter is installed, once per syscall number, to build
+/// the bitmap of calls that skip the filter: it emulates the program for
+/// `nr` and gives up (`None`) at the first instruction it does not know or
+/// that loads anything but `nr` and `arch`. The kernel caches the call only
+/// when this reaches `RET ALLOW`; here the action reached is returned.
+pub(crate) fn constant_action(program: &[sock_filter], arch: u32, nr: u32) -> Option<u32> {
+    let mut accumulator: u32 = 0;
+    let mut pc: usize = 0;
+    while let Some(instruction) = program.get(pc) {
+        let k = instruction.k;
+        let jump = |taken: bool| {
+            usize::from(if taken {
+                instruction.jt
+            } else {
+                instruction.jf
+            })
+        };
+        match instruction.code {
+            0x20 => match k {
+                0 => accumulator = nr,
+                4 => accumulator = arch,
+                _ => return None,
+            },
+            0x06 => return Some(k),
+            0x05 => pc += k as usize,
+            0x15 => pc += jump(accumulator == k),
+            0x25 => pc += jump(accumulator > k),
+            0x35 => pc += jump(accumulator >= k),
+            0x45 => pc += jump(accumulator & k != 0),
+            0x54 => accumulator &= k,
+            _ => return None,
+        }
+        pc += 1;
+    }
+    None
 }

@@ -1,6 +1,10 @@
 //! Errors of this crate, one variant per step that can fail.
 
 /// Why a profile could not be looked up, compiled or applied.
+///
+/// The built-in profiles are compiled by build.rs, so `Parse`,
+/// `InvalidProfile`, `Compile` and `TooLarge` stop the build there (with this
+/// message); at run time only `denials` re-reads a profile.
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompError {
     /// The profile name is not one of [`crate::profile_names`].
@@ -38,7 +42,7 @@ pub enum SeccompError {
         source: seccompiler::Error,
     },
 
-    /// The chained program exceeds the kernel's limit of instructions per filter.
+    /// The generated program exceeds the kernel's limit of instructions per filter.
     #[error(
         "seccomp profile \"{profile}\" compiles to {instructions} BPF instructions, \
          more than the kernel's limit of {limit}; split or shorten the profile"

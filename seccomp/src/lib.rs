@@ -1,5 +1,7 @@
 //! pycell's seccomp filters: profiles kept as data (`profiles/*.json`, in
-//! seccompiler's JSON format) and their compilation to one BPF program.
+//! seccompiler's JSON format), compiled at build time (build.rs) to one BPF
+//! program per profile and architecture, a decision tree over syscall
+//! numbers, and embedded in the binary.
 //!
 //! Threat model: the filter is the last layer the jailer applies before it
 //! execs the sandboxed interpreter, after namespaces, mounts, capability drop,
@@ -22,13 +24,27 @@
 #![forbid(unsafe_code)]
 
 mod apply;
+// Shared with build.rs, which uses the encoder, opcodes and arch table; the
+// library itself only decodes the embedded programs.
+#[cfg_attr(not(test), allow(dead_code))]
+mod bpf;
 #[cfg(test)]
 mod bpf_eval;
 mod compile;
+#[cfg(test)]
+mod equivalence;
 mod error;
+// build.rs compiles the profiles with these two; the tests compile synthetic
+// profiles and other architectures with them.
+#[cfg(test)]
+mod generate;
 mod profile;
 #[cfg(test)]
+mod reference;
+#[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tree;
 
 pub use compile::CompiledFilter;
 pub use error::SeccompError;
@@ -48,9 +64,12 @@ pub fn profile_source(name: &str) -> Option<&'static str> {
     profile::source(name)
 }
 
-/// Compiles a built-in profile for the architecture this crate was built for.
+/// The filter of a built-in profile for the architecture this crate was
+/// built for.
 ///
-/// Allocates; call it before cloning the sandbox, and [`apply`] in the child.
+/// The program was compiled and checked when the crate was built; this only
+/// decodes it (tens of nanoseconds). It allocates, so call it before cloning
+/// the sandbox, and [`apply`] in the child.
 pub fn compile(profile: &str) -> Result<CompiledFilter, SeccompError> {
     compile::compile(profile)
 }

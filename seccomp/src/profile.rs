@@ -11,7 +11,10 @@
 //!   ("not my business, ask the next layer") and `match_action` is the errno
 //!   returned for the calls it lists.
 //!
-//! Deny layers run first (in name order), `main` last; see `compile.rs`.
+//! Deny layers run first (in name order), `main` last; see `generate.rs`.
+//!
+//! Shared with build.rs (`#[path]`), which validates every profile before
+//! compiling it, so a profile that breaks these rules fails the build.
 
 use std::collections::BTreeMap;
 
@@ -23,8 +26,10 @@ use crate::SeccompError;
 /// Name of the allowlist filter inside a profile.
 pub(crate) const MAIN_FILTER: &str = "main";
 
-/// The profiles shipped in the binary: name and JSON text.
-const PROFILES: &[(&str, &str)] = &[("default", include_str!("../profiles/default.json"))];
+/// The profiles shipped in the binary: name and JSON text. build.rs compiles
+/// each of them (`profiles/NAME.json`) to a program per architecture.
+pub(crate) const PROFILES: &[(&str, &str)] =
+    &[("default", include_str!("../profiles/default.json"))];
 
 /// Names of the profiles in [`PROFILES`], in the same order.
 const PROFILE_NAMES: &[&str] = &["default"];
@@ -219,6 +224,8 @@ impl<'a> Profile<'a> {
     }
 
     /// Deny layers in evaluation order, followed by `main`.
+    // Used by build.rs (`generate.rs`) and the tests, not by the library.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn layer_names(&self) -> Vec<&'a str> {
         let mut names: Vec<&'a str> = self
             .filters

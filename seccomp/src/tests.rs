@@ -5,11 +5,12 @@ use std::collections::BTreeSet;
 
 use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, TargetArch};
 
+use crate::bpf::MAX_INSTRUCTIONS;
 use crate::bpf_eval::{
     self, ret_errno, SeccompData, AUDIT_ARCH_AARCH64, AUDIT_ARCH_I386, AUDIT_ARCH_X86_64,
     RET_ALLOW, RET_KILL_PROCESS,
 };
-use crate::compile::{compile_text, CompiledFilter, MAX_INSTRUCTIONS};
+use crate::compile::{compile_text, CompiledFilter};
 use crate::profile::{Condition, Profile, MAIN_FILTER};
 use crate::{denials, denied_syscalls, profile_names, profile_source, Denial, SeccompError};
 
@@ -33,7 +34,7 @@ fn default_for(arch: TargetArch, arch_name: &'static str) -> CompiledFilter {
 /// The syscall number seccompiler uses for `name` on `arch`, read back from
 /// a one-rule filter so the tests share seccompiler's table instead of
 /// keeping their own.
-fn syscall_nr(name: &str, arch: TargetArch) -> u32 {
+pub(crate) fn syscall_nr(name: &str, arch: TargetArch) -> u32 {
     let json = format!(
         r#"{{"f": {{"mismatch_action": "allow", "match_action": {{"errno": 1}},
                     "filter": [{{"syscall": "{name}"}}]}}}}"#
@@ -251,9 +252,19 @@ fn oversized_profile_is_refused() {
         })
         .collect();
     let rules = rules.join(",");
+    // About two instructions per rule in the tree; four layers of 700 rules
+    // exceed the limit while each layer alone stays within seccompiler's.
+    let deny = |name: &str| {
+        format!(
+            r#""{name}": {{"mismatch_action": "allow", "match_action": {{"errno": 1}}, "filter": [{rules}]}}"#
+        )
+    };
     let text = format!(
         r#"{{"main": {{"mismatch_action": {{"errno": 38}}, "match_action": "allow", "filter": [{rules}]}},
-            "deny": {{"mismatch_action": "allow", "match_action": {{"errno": 1}}, "filter": [{rules}]}}}}"#
+            {}, {}, {}}}"#,
+        deny("deny"),
+        deny("deny2"),
+        deny("deny3")
     );
     let error = compile_text("big", &text, TargetArch::x86_64, "x86_64").unwrap_err();
     assert!(
@@ -487,7 +498,7 @@ fn every_deny_rule_is_enforced_on_both_architectures() {
     }
 }
 
-fn exists_on(name: &str, arch: TargetArch) -> bool {
+pub(crate) fn exists_on(name: &str, arch: TargetArch) -> bool {
     let json = format!(
         r#"{{"f": {{"mismatch_action": "allow", "match_action": {{"errno": 1}},
                     "filter": [{{"syscall": "{name}"}}]}}}}"#
