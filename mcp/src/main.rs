@@ -8,8 +8,10 @@
 //! can reach is decided by the jailer from the resolved spec.
 #![forbid(unsafe_code)]
 
+mod backend;
 mod cli;
 mod info;
+mod mcp_server;
 mod policy_cmd;
 mod run;
 
@@ -19,6 +21,7 @@ fn main() {
     let cli = cli::Cli::parse();
     let code = match cli.command {
         cli::Command::Run(args) => run::main(&args),
+        cli::Command::Mcp(args) => mcp_server::main(&args),
         cli::Command::Policy(cli::PolicyCommand::Check { files }) => policy_cmd::check(&files),
         cli::Command::Info { json } => info::main(json),
         cli::Command::Debug(cli::DebugCommand::Spec(args)) => run::print_spec(&args),

@@ -1,0 +1,359 @@
+//! `pycell mcp`: the stdio MCP server that agents' MCP clients launch.
+//!
+//! It speaks MCP with the official Rust SDK (`rmcp`) on stdin/stdout, offers
+//! the `run_python` and `sandbox_info` tools, and hands each run to the
+//! [`Backend`]. While a run goes it sends progress notifications if the
+//! client asked for them; a client's `notifications/cancelled` kills the
+//! run's sandbox. At the end of stdin it cancels what is still running,
+//! waits for the sandboxes to be cleaned up, and exits.
+//!
+//! Threat model: the client (and the LLM behind it) is untrusted as far as
+//! the sandbox goes: tool arguments are checked here and again by the
+//! backend and the jailer, and nothing it sends runs outside a sandbox. This
+//! process holds no privilege beyond what embedded mode needs to start the
+//! jailer; with the daemon it needs none.
+
+mod eof;
+mod output;
+mod tools;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
+    ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{Peer, RequestContext};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
+use tokio_util::sync::CancellationToken;
+
+use pycell_daemon::resolve::POLICY_DIR;
+use pycell_jailer::supervisor::OutputStream;
+
+use crate::backend::{Backend, RunEvent};
+use crate::cli::McpArgs;
+use output::{human_bytes, RunPythonOutput, Status};
+
+/// How often a run with a progress token reports progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// How long, after stdin ends, runs still going get to be killed and cleaned up.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+const INSTRUCTIONS: &str = "pycell runs Python code in a locked-down Linux sandbox: call run_python with the code (each call is a fresh sandbox with no network and no state from earlier calls; print what you want to see). Call sandbox_info to see the policies (limits, network) you can choose and what isolation this host enforces.";
+
+/// The MCP server: its tools and where runs go.
+#[derive(Debug, Clone)]
+pub struct PycellServer {
+    backend: Backend,
+    default_policy: String,
+    tools: Arc<Vec<Tool>>,
+}
+
+impl PycellServer {
+    pub fn new(backend: Backend, default_policy: String) -> Self {
+        let limits = pycell_daemon::resolve::load_policy_by_name(
+            &default_policy,
+            std::path::Path::new(POLICY_DIR),
+        )
+        .ok()
+        .map(|p| p.limits);
+        let tools = tools::tools(&default_policy, limits.as_ref());
+        PycellServer {
+            backend,
+            default_policy,
+            tools: Arc::new(tools),
+        }
+    }
+
+    async fn run_python(
+        &self,
+        params: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let req = match tools::run_python_request(params.arguments, &self.default_policy) {
+            Ok(r) => r,
+            Err(e) => return argument_error(&e.0),
+        };
+        let progress = Arc::new(Progress::default());
+        let sink = Arc::clone(&progress);
+        let on_event = move |ev: RunEvent<'_>| sink.record(ev);
+        let run = self.backend.run(req, on_event, context.ct.clone());
+        let result = match context.meta.get_progress_token() {
+            None => run.await,
+            Some(token) => {
+                // In this task (not a spawned one): the reporter stops when the run does.
+                tokio::select! {
+                    r = run => r,
+                    never = report_progress(context.peer.clone(), token, progress) => match never {},
+                }
+            }
+        };
+        match result {
+            Ok(r) => {
+                let out = RunPythonOutput::from(r);
+                let text = out.render();
+                let is_error = out.status == Status::Refused;
+                let value = match serde_json::to_value(&out) {
+                    Ok(v) => v,
+                    Err(e) => return argument_error(&format!("cannot encode the result: {e}")),
+                };
+                let mut result = CallToolResult::structured(value);
+                result.content = vec![ContentBlock::text(text)];
+                result.is_error = Some(is_error);
+                result
+            }
+            Err(e) => argument_error(&tools::request_error_message(&e)),
+        }
+    }
+
+    async fn sandbox_info(&self) -> CallToolResult {
+        match tokio::task::spawn_blocking(crate::info::collect).await {
+            Ok(info) => {
+                let text = render_info(&info);
+                match serde_json::to_value(&info) {
+                    Ok(v) => {
+                        let mut r = CallToolResult::structured(v);
+                        r.content = vec![ContentBlock::text(text)];
+                        r
+                    }
+                    Err(e) => argument_error(&format!("cannot encode the report: {e}")),
+                }
+            }
+            Err(e) => argument_error(&format!("measuring the host failed: {e}")),
+        }
+    }
+}
+
+/// A tool error the model can act on (MCP: a result with isError, so that
+/// the client shows the message to the model rather than a protocol error).
+fn argument_error(message: &str) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(format!(
+        "run_python was not run: {message}"
+    ))])
+}
+
+fn render_info(info: &crate::info::Info) -> String {
+    let mut t = format!(
+        "pycell {} ({} mode)\n\npolicies:\n",
+        info.version, info.mode
+    );
+    for p in &info.policies {
+        let l = &p.limits;
+        t.push_str(&format!(
+            "  {}: {} network: {}; limits: {} s wall, {} s CPU, {} memory, {} processes, {} output per stream, {} workspace\n",
+            p.name,
+            p.description,
+            p.network,
+            l.wall_timeout_s,
+            l.cpu_time_s,
+            human_bytes(l.memory_bytes),
+            l.pids,
+            human_bytes(l.max_output_bytes),
+            human_bytes(l.workspace_size_bytes),
+        ));
+    }
+    for p in &info.policy_problems {
+        t.push_str(&format!("  {}: does not load: {}\n", p.name, p.message));
+    }
+    t.push_str("\nisolation layers on this host:\n");
+    for l in &info.layers {
+        t.push_str(&format!(
+            "  {}: {} ({})\n",
+            l.layer,
+            if l.available { "yes" } else { "NO" },
+            l.detail
+        ));
+    }
+    t
+}
+
+/// What a run has done so far, for progress notifications.
+#[derive(Debug, Default)]
+struct Progress {
+    started: tokio::sync::Notify,
+    sandbox: Mutex<Option<(String, u32)>>,
+    stdout_bytes: AtomicU64,
+    stderr_bytes: AtomicU64,
+}
+
+impl Progress {
+    fn record(&self, ev: RunEvent<'_>) {
+        match ev {
+            RunEvent::Started {
+                run_id,
+                sandbox_uid,
+            } => {
+                if let Ok(mut s) = self.sandbox.lock() {
+                    *s = Some((run_id.to_string(), sandbox_uid));
+                }
+                self.started.notify_one();
+            }
+            RunEvent::Output { stream, bytes } => {
+                let counter = match stream {
+                    OutputStream::Stdout => &self.stdout_bytes,
+                    OutputStream::Stderr => &self.stderr_bytes,
+                };
+                counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn message(&self, elapsed: Duration) -> String {
+        let who = match self.sandbox.lock().ok().and_then(|s| s.clone()) {
+            Some((run_id, uid)) => format!("run {run_id} in sandbox uid {uid}"),
+            None => "run".to_string(),
+        };
+        format!(
+            "{who}: running for {:.0} s; output so far: {} stdout, {} stderr",
+            elapsed.as_secs_f64().floor(),
+            human_bytes(self.stdout_bytes.load(Ordering::Relaxed)),
+            human_bytes(self.stderr_bytes.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+/// Sends a progress notification when the sandbox starts and then every
+/// [`PROGRESS_EVERY`]; `progress` is the elapsed time in seconds (it only
+/// grows, as MCP requires). Never returns: dropped when the run ends.
+async fn report_progress(
+    peer: Peer<RoleServer>,
+    token: ProgressToken,
+    progress: Arc<Progress>,
+) -> std::convert::Infallible {
+    let start = Instant::now();
+    progress.started.notified().await;
+    let mut tick = tokio::time::interval(PROGRESS_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let elapsed = start.elapsed();
+        let note = ProgressNotificationParam::new(token.clone(), elapsed.as_secs_f64())
+            .with_message(progress.message(elapsed));
+        // A client that went away is noticed by the service loop; a lost
+        // progress note is not worth failing the run for.
+        let _ = peer.notify_progress(note).await;
+    }
+}
+
+impl ServerHandler for PycellServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("pycell", env!("CARGO_PKG_VERSION"))
+                    .with_title("pycell: a sandbox for untrusted Python"),
+            )
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(self.tools.as_ref().clone()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools.iter().find(|t| t.name == name).cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let result = match request.name.as_ref() {
+            tools::RUN_PYTHON => self.run_python(request, context).await,
+            tools::SANDBOX_INFO => self.sandbox_info().await,
+            other => {
+                return Err(McpError::invalid_params(
+                    format!(
+                        "no tool named {other:?}; pycell offers {} and {}",
+                        tools::RUN_PYTHON,
+                        tools::SANDBOX_INFO
+                    ),
+                    None,
+                ))
+            }
+        };
+        Ok(result.into())
+    }
+}
+
+/// `pycell mcp`.
+pub fn main(args: &McpArgs) -> i32 {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("pycell-mcp")
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("pycell mcp: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: &McpArgs) -> i32 {
+    if let Err(e) =
+        pycell_daemon::resolve::load_policy_by_name(&args.policy, std::path::Path::new(POLICY_DIR))
+    {
+        eprintln!("pycell mcp: --policy {}: {e}", args.policy);
+        return 2;
+    }
+    let backend = Backend::from_env();
+    let server = PycellServer::new(backend.clone(), args.policy.clone());
+    // The end of stdin means the client is gone: nobody can read the results
+    // of runs still going, so stop them at once rather than after rmcp's
+    // grace period for in-flight handlers (longer than clients wait for a
+    // server to exit before they kill it). SIGTERM/SIGINT end the session too.
+    let eof = CancellationToken::new();
+    let stop = CancellationToken::new();
+    let watcher = tokio::spawn(watch_for_the_end(
+        eof.clone(),
+        stop.clone(),
+        backend.clone(),
+    ));
+    let (stdin, stdout) = rmcp::transport::stdio_pipes();
+    let transport = (eof::EofSignal::new(stdin, eof), stdout);
+    let quit = match server.serve_with_ct(transport, stop).await {
+        Ok(service) => service.waiting().await.map_err(|e| e.to_string()),
+        Err(e) => Err(format!("the MCP session did not start: {e}")),
+    };
+    watcher.abort();
+    backend.shutdown(SHUTDOWN_GRACE).await;
+    match quit {
+        Ok(_) => 0,
+        Err(e) => {
+            eprintln!("pycell mcp: {e}");
+            1
+        }
+    }
+}
+
+/// Cancels every run when stdin ends or a termination signal arrives (and,
+/// for a signal, stops the MCP session as well).
+async fn watch_for_the_end(eof: CancellationToken, stop: CancellationToken, backend: Backend) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without handlers the signals keep their default action; the
+        // jailers' parent-death signal still stops their sandboxes.
+        eof.cancelled().await;
+        backend.cancel_all();
+        return;
+    };
+    tokio::select! {
+        _ = eof.cancelled() => {}
+        _ = term.recv() => stop.cancel(),
+        _ = int.recv() => stop.cancel(),
+    }
+    backend.cancel_all();
+}

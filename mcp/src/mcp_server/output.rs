@@ -1,0 +1,380 @@
+//! The `run_python` result as the MCP client sees it: the structured content
+//! (whose JSON schema is the tool's `outputSchema`) and its short text
+//! rendering.
+
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use pycell_daemon::result::RunResult;
+use pycell_jailer::report::RunStatus;
+
+use crate::info::LimitsInfo;
+
+/// How the run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// The program exited with code 0.
+    Ok,
+    /// The program exited non-zero (e.g. an uncaught exception: see stderr) or died of a signal.
+    Error,
+    /// The wall-clock limit expired; the whole sandbox was killed.
+    Timeout,
+    /// The memory limit was reached; the kernel killed the program.
+    Oom,
+    /// Killed on request (the call was cancelled) or by the CPU-time limit.
+    Killed,
+    /// The sandbox could not be built, so the code never ran; `error` says why.
+    Refused,
+}
+
+impl From<RunStatus> for Status {
+    fn from(s: RunStatus) -> Self {
+        match s {
+            RunStatus::Ok => Status::Ok,
+            RunStatus::Error => Status::Error,
+            RunStatus::Timeout => Status::Timeout,
+            RunStatus::Oom => Status::Oom,
+            RunStatus::Killed => Status::Killed,
+            RunStatus::Refused => Status::Refused,
+        }
+    }
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Error => "error",
+            Status::Timeout => "timeout",
+            Status::Oom => "oom",
+            Status::Killed => "killed",
+            Status::Refused => "refused",
+        }
+    }
+}
+
+/// Why a run did not end normally.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ErrorInfo {
+    /// Stable code, e.g. `timeout`, `oom`, `cpu_time_limit`, `not_root`, `landlock_unavailable`.
+    pub code: String,
+    /// The layer or step concerned, e.g. `limits`, `landlock`, `cgroup`, `jailer`.
+    pub layer: String,
+    pub message: String,
+    /// What to do about it, when there is something to do.
+    pub hint: Option<String>,
+}
+
+/// Landlock as enforced for the run.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct LandlockInfo {
+    /// The kernel's Landlock ABI version.
+    pub abi: u8,
+    /// `fully_enforced` or `partially_enforced`.
+    pub status: String,
+}
+
+/// The seccomp filter the run had.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct SeccompInfo {
+    pub profile: String,
+    pub instructions: usize,
+}
+
+/// The run's cgroup.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct CgroupInfo {
+    /// `v1` or `v2`.
+    pub version: String,
+    pub name: String,
+}
+
+/// The isolation layers that were enforced for the run.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct LayersInfo {
+    /// New namespaces the sandbox ran in.
+    pub namespaces: Vec<String>,
+    /// Host uid the code ran as (unique to the run, no account has it).
+    pub sandbox_uid: u32,
+    pub landlock: LandlockInfo,
+    pub seccomp: SeccompInfo,
+    pub cgroup: CgroupInfo,
+    pub no_new_privs: bool,
+    /// Capabilities the code had: `none`.
+    pub capabilities: String,
+}
+
+/// The result of one `run_python` call.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct RunPythonOutput {
+    /// Identifies the run (`r-` and hex); empty if it was refused before it got one.
+    pub run_id: String,
+    pub status: Status,
+    /// The program's exit code; null if it was killed by a signal or never ran.
+    pub exit_code: Option<i32>,
+    /// The signal that killed the program, if one did.
+    pub signal: Option<i32>,
+    /// What the program printed on stdout (UTF-8; invalid bytes replaced).
+    pub stdout: String,
+    /// What the program printed on stderr (tracebacks go here).
+    pub stderr: String,
+    /// True if stdout went over the output cap and the rest was dropped.
+    pub stdout_truncated: bool,
+    /// True if stderr went over the output cap and the rest was dropped.
+    pub stderr_truncated: bool,
+    /// Wall-clock time of the run, in milliseconds.
+    pub duration_ms: f64,
+    /// CPU time the program used, in milliseconds.
+    pub cpu_ms: f64,
+    /// Peak memory of the sandbox, in bytes.
+    pub peak_memory_bytes: u64,
+    /// The policy the run used.
+    pub policy: String,
+    /// The limits the run had (null if it was refused before they were known).
+    pub limits: Option<LimitsInfo>,
+    /// The isolation layers enforced (null if the run was refused).
+    pub layers: Option<LayersInfo>,
+    /// Why the run did not end normally (timeout, oom, CPU limit, refusal); null otherwise.
+    pub error: Option<ErrorInfo>,
+}
+
+/// Hints written for a `pycell run` user name its flags; say what to change
+/// in a tool call instead.
+fn mcp_hint(code: &str, hint: Option<String>) -> Option<String> {
+    match code {
+        "timeout" => Some(format!(
+            "pass a larger timeout_s (at most {} s), or make the code faster",
+            pycell_policy::MAX_WALL_TIMEOUT.as_secs()
+        )),
+        "oom" => Some(
+            "use less memory (process data in chunks), or use a policy with a larger memory limit (see sandbox_info)"
+                .into(),
+        ),
+        "cpu_time_limit" => Some(
+            "make the code do less work, or use a policy with a larger CPU-time limit (see sandbox_info)"
+                .into(),
+        ),
+        _ => hint,
+    }
+}
+
+impl From<RunResult> for RunPythonOutput {
+    fn from(r: RunResult) -> Self {
+        RunPythonOutput {
+            run_id: r.run_id,
+            status: r.status.into(),
+            exit_code: r.exit_code,
+            signal: r.signal,
+            stdout: r.stdout,
+            stderr: r.stderr,
+            stdout_truncated: r.stdout_truncated,
+            stderr_truncated: r.stderr_truncated,
+            duration_ms: r.wall_ms,
+            cpu_ms: r.cpu_ms,
+            peak_memory_bytes: r.peak_memory_bytes,
+            policy: r.policy,
+            limits: r.limits.and_then(|v| serde_json::from_value(v).ok()),
+            layers: r.layers.map(|l| LayersInfo {
+                namespaces: l.namespaces,
+                sandbox_uid: l.sandbox_uid,
+                landlock: LandlockInfo {
+                    abi: l.landlock.abi,
+                    status: l.landlock.status,
+                },
+                seccomp: SeccompInfo {
+                    profile: l.seccomp.profile,
+                    instructions: l.seccomp.instructions,
+                },
+                cgroup: CgroupInfo {
+                    version: serde_json::to_value(l.cgroup.version)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    name: l.cgroup.name,
+                },
+                no_new_privs: l.no_new_privs,
+                capabilities: l.capabilities,
+            }),
+            error: r.error.map(|e| ErrorInfo {
+                hint: mcp_hint(&e.code, e.hint),
+                code: e.code,
+                layer: e.layer,
+                message: e.message,
+            }),
+        }
+    }
+}
+
+/// `1.5 KiB`, `8.4 MiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64;
+    let mut unit = "B";
+    for u in UNITS {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = u;
+    }
+    if v >= 100.0 || v.fract() == 0.0 {
+        format!("{v:.0} {unit}")
+    } else {
+        format!("{v:.1} {unit}")
+    }
+}
+
+fn push_stream(text: &mut String, name: &str, body: &str, truncated: bool, cap: Option<u64>) {
+    if body.is_empty() && !truncated {
+        return;
+    }
+    text.push_str(&format!("\n--- {name} ---\n"));
+    text.push_str(body);
+    if !body.ends_with('\n') && !body.is_empty() {
+        text.push('\n');
+    }
+    if truncated {
+        match cap {
+            Some(c) => text.push_str(&format!(
+                "[{name} truncated: only the first {} were kept]\n",
+                human_bytes(c)
+            )),
+            None => text.push_str(&format!("[{name} truncated]\n")),
+        }
+    }
+}
+
+impl RunPythonOutput {
+    /// The text content of the tool result: one status line, then the
+    /// output streams, then what went wrong and what to do about it.
+    pub fn render(&self) -> String {
+        let mut head = format!("status: {}", self.status.as_str());
+        match (self.exit_code, self.signal) {
+            (Some(c), _) if self.status != Status::Ok => head.push_str(&format!(", exit code {c}")),
+            (None, Some(s)) if self.status == Status::Error => {
+                head.push_str(&format!(", killed by signal {s}"))
+            }
+            _ => {}
+        }
+        if self.status != Status::Refused {
+            head.push_str(&format!(
+                " ({:.0} ms, {:.0} ms CPU, {} peak memory; policy {})",
+                self.duration_ms,
+                self.cpu_ms,
+                human_bytes(self.peak_memory_bytes),
+                self.policy
+            ));
+        }
+        let mut text = head;
+        text.push('\n');
+        let cap = self.limits.as_ref().map(|l| l.max_output_bytes);
+        push_stream(
+            &mut text,
+            "stdout",
+            &self.stdout,
+            self.stdout_truncated,
+            cap,
+        );
+        push_stream(
+            &mut text,
+            "stderr",
+            &self.stderr,
+            self.stderr_truncated,
+            cap,
+        );
+        if self.stdout.is_empty() && self.stderr.is_empty() && self.status != Status::Refused {
+            text.push_str("(no output: print what you want to see)\n");
+        }
+        if let Some(e) = &self.error {
+            text.push_str(&format!(
+                "\n{} ({}): {}\n",
+                self.status.as_str(),
+                e.code,
+                e.message
+            ));
+            if let Some(h) = &e.hint {
+                text.push_str(&format!("hint: {h}\n"));
+            }
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pycell_jailer::report::{JailFailure, JailReport};
+
+    fn report(status: RunStatus, code: Option<i32>) -> JailReport {
+        JailReport {
+            status,
+            exit_code: code,
+            signal: None,
+            stdout_truncated: false,
+            stderr_truncated: false,
+            wall_ms: 17.4,
+            cpu_ms: 9.2,
+            peak_memory_bytes: 8_839_168,
+            layers: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn an_ok_run_renders_its_output() {
+        let r = RunResult::new(
+            "r-1",
+            "default",
+            Some(&pycell_policy::Limits::default()),
+            report(RunStatus::Ok, Some(0)),
+            b"1\n",
+            b"",
+        );
+        let o = RunPythonOutput::from(r);
+        assert_eq!(o.limits.as_ref().unwrap().max_output_bytes, 1 << 20);
+        assert_eq!(
+            o.render(),
+            "status: ok (17 ms, 9 ms CPU, 8.4 MiB peak memory; policy default)\n\n--- stdout ---\n1\n"
+        );
+    }
+
+    #[test]
+    fn a_timeout_says_what_to_change_in_the_call() {
+        let mut rep = report(RunStatus::Timeout, None);
+        rep.signal = Some(9);
+        rep.stdout_truncated = true;
+        rep.error = Some(JailFailure {
+            code: "timeout".into(),
+            layer: "limits".into(),
+            message: "wall-clock timeout of 1.0s expired; the sandbox was killed".into(),
+            hint: Some("raise --timeout, or make the code faster".into()),
+        });
+        let o = RunPythonOutput::from(RunResult::new(
+            "r-2",
+            "default",
+            Some(&pycell_policy::Limits::default()),
+            rep,
+            b"x",
+            b"",
+        ));
+        let text = o.render();
+        assert!(text.starts_with("status: timeout ("), "{text}");
+        assert!(
+            text.contains("[stdout truncated: only the first 1 MiB were kept]"),
+            "{text}"
+        );
+        assert!(text.contains("hint: pass a larger timeout_s"), "{text}");
+        assert!(!text.contains("--timeout"), "{text}");
+    }
+
+    #[test]
+    fn sizes_read_naturally() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(512 << 20), "512 MiB");
+    }
+}

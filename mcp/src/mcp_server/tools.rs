@@ -1,0 +1,372 @@
+//! The tools `pycell mcp` offers: their descriptions (written for the LLM
+//! that reads them), their input and output schemas, and the checking of
+//! their arguments into a [`RunRequest`].
+
+use std::sync::Arc;
+
+use rmcp::handler::server::common::{schema_for_empty_input, schema_for_input, schema_for_output};
+use rmcp::model::{JsonObject, Tool, ToolAnnotations};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use pycell_daemon::protocol::RunRequest;
+use pycell_policy::Limits;
+
+use super::output::{human_bytes, RunPythonOutput};
+use crate::info::Info;
+
+pub const RUN_PYTHON: &str = "run_python";
+pub const SANDBOX_INFO: &str = "sandbox_info";
+
+/// Largest `code` (and largest `stdin`) a call may carry. Well under the
+/// stdio transport's 16 MiB message limit, so that an oversized argument
+/// gets this explanation rather than a dropped message.
+pub const MAX_CODE_BYTES: usize = 4 << 20;
+
+/// Arguments of `run_python`. The optional ones are described as plain
+/// types, not nullable ones: leave an argument out rather than pass null
+/// (null is accepted too). Single-type schemas are the most portable across
+/// the function-calling dialects of model providers.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunPythonArgs {
+    /// Python 3 source code, run as the main module (`__main__`). Print what you want to see.
+    pub code: String,
+    /// Wall-clock limit in seconds (fractions allowed), more than 0 and at most 86400. Default: the policy's.
+    #[serde(default)]
+    #[schemars(with = "f64", transform = no_default, extend("exclusiveMinimum" = 0, "maximum" = 86400))]
+    pub timeout_s: Option<f64>,
+    /// Policy to run under (see sandbox_info). Default: the server's default policy.
+    #[serde(default)]
+    #[schemars(with = "String", transform = no_default)]
+    pub policy: Option<String>,
+    /// Text given to the program on standard input. Default: empty.
+    #[serde(default)]
+    #[schemars(with = "String", transform = no_default)]
+    pub stdin: Option<String>,
+}
+
+/// An absent optional argument means "the policy's (or server's) default",
+/// which no JSON value spells; `"default": null` would contradict the type.
+fn no_default(schema: &mut schemars::Schema) {
+    schema.remove("default");
+}
+
+/// A tool call's arguments are wrong; the message says what to fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgumentError(pub String);
+
+const RUN_PYTHON_EXAMPLE: &str = r#"{"code": "import math\nprint(math.factorial(20))"}"#;
+
+/// Parse `run_python`'s arguments into the request the backend runs.
+pub fn run_python_request(
+    args: Option<JsonObject>,
+    default_policy: &str,
+) -> Result<RunRequest, ArgumentError> {
+    let value = serde_json::Value::Object(args.unwrap_or_default());
+    let a: RunPythonArgs = serde_json::from_value(value).map_err(|e| {
+        let msg = e.to_string();
+        ArgumentError(if msg.starts_with("missing field `code`") {
+            format!(
+                "missing required argument `code`: the Python source to run, e.g. {RUN_PYTHON_EXAMPLE}"
+            )
+        } else if msg.starts_with("unknown field") {
+            format!("{msg}; run_python takes code (required), timeout_s, policy and stdin")
+        } else {
+            format!(
+                "invalid arguments: {msg}; expected code (string, required), timeout_s (number of seconds), policy (string), stdin (string), e.g. {RUN_PYTHON_EXAMPLE}"
+            )
+        })
+    })?;
+    if a.code.len() > MAX_CODE_BYTES {
+        return Err(ArgumentError(format!(
+            "`code` is {} bytes, more than the {} allowed; generate large data inside the program instead of sending it",
+            a.code.len(),
+            human_bytes(MAX_CODE_BYTES as u64)
+        )));
+    }
+    if let Some(s) = &a.stdin {
+        if s.len() > MAX_CODE_BYTES {
+            return Err(ArgumentError(format!(
+                "`stdin` is {} bytes, more than the {} allowed",
+                s.len(),
+                human_bytes(MAX_CODE_BYTES as u64)
+            )));
+        }
+    }
+    if let Some(t) = a.timeout_s {
+        let max = pycell_policy::MAX_WALL_TIMEOUT.as_secs_f64();
+        if !(t.is_finite() && t > 0.0 && t <= max) {
+            return Err(ArgumentError(format!(
+                "`timeout_s` must be more than 0 and at most {max} seconds (got {t}); leave it out to use the policy's limit"
+            )));
+        }
+    }
+    let mut req = RunRequest {
+        code: a.code,
+        policy: Some(a.policy.unwrap_or_else(|| default_policy.to_string())),
+        ..Default::default()
+    };
+    req.limits.timeout_s = a.timeout_s;
+    if let Some(s) = a.stdin {
+        req.set_stdin(s.as_bytes());
+    }
+    Ok(req)
+}
+
+/// The backend's complaint about a request, in the tool's own terms.
+pub fn request_error_message(e: &crate::backend::RequestError) -> String {
+    let field = match e.field {
+        "timeout" => "timeout_s",
+        other => other,
+    };
+    // The backend's messages name the field themselves for some problems
+    // ("timeout: must be..."); say it once.
+    let problem = e
+        .problem
+        .strip_prefix(&format!("{}: ", e.field))
+        .unwrap_or(&e.problem);
+    format!("`{field}`: {problem}")
+}
+
+fn secs(s: f64) -> String {
+    if s.fract() == 0.0 {
+        format!("{s:.0} s")
+    } else {
+        format!("{s} s")
+    }
+}
+
+/// `run_python`'s description, with the default policy's real limits.
+fn run_python_description(default_policy: &str, limits: Option<&Limits>) -> String {
+    let limits_text = match limits {
+        Some(l) => format!(
+            "Limits under the default policy ({default_policy}): {} wall-clock (change it with timeout_s, up to {}), {} of CPU time, {} of memory, {} processes/threads, {} each of stdout and stderr (the rest is dropped and stdout_truncated/stderr_truncated say so), a {} writable /workspace and /tmp.",
+            secs(l.wall_timeout.as_secs_f64()),
+            secs(pycell_policy::MAX_WALL_TIMEOUT.as_secs_f64()),
+            secs(l.cpu_time.as_secs_f64()),
+            human_bytes(l.memory),
+            l.pids,
+            human_bytes(l.max_output),
+            human_bytes(l.workspace_size),
+        ),
+        None => format!("Limits are those of the policy ({default_policy}); see sandbox_info."),
+    };
+    format!(
+        r#"Run Python 3 code in a fresh, isolated Linux sandbox and return what it printed.
+
+Every call starts a new, empty sandbox: nothing (variables, files, installed packages) carries over between calls, so put everything a task needs into one `code` string. The code runs as __main__ from /workspace/main.py with /workspace as its working directory. It has the standard library and the packages of the policy's interpreter, no network at all (not even DNS), and cannot see or change the host. You get its stdout and stderr, not the value of the last expression: print what you want to see.
+
+{limits_text} Call sandbox_info for the other policies and their limits.
+
+The result has `status`: "ok" (exit code 0), "error" (non-zero exit, e.g. an uncaught exception: the traceback is in stderr), "timeout", "oom" (memory limit reached), "killed" (cancelled, or the CPU-time limit) or "refused" (the sandbox could not be built, `error` says why). All of these are normal results to read, not tool failures; only "refused" sets isError. Arguments that cannot be run as given (unknown policy, timeout_s out of range, code over {max_code}) return an error saying what to fix.
+
+Example: {{"code": "import statistics\nprint(statistics.mean([3, 5, 10]))", "timeout_s": 10}} returns status "ok" and stdout "6\n"."#,
+        max_code = human_bytes(MAX_CODE_BYTES as u64),
+    )
+}
+
+const SANDBOX_INFO_DESCRIPTION: &str = r#"Describe the sandbox that run_python uses: the policies you can pass as its `policy` argument (name, description, network mode, and limits: wall-clock and CPU time, memory, processes, output caps, workspace size) and the isolation layers this host enforces (user namespaces, Landlock, seccomp, cgroups, root), measured when called. Takes no arguments. Use it to choose a policy or a timeout_s, or to understand a "refused" result. Example: {} returns {"version": "...", "mode": "embedded", "policies": [{"name": "default", "network": "none", "limits": {"wall_timeout_s": 30.0, "memory_bytes": 536870912, ...}, ...}], "layers": [{"layer": "landlock", "available": true, "detail": "ABI 7"}, ...]}."#;
+
+/// Keywords that constrain one JSON type, moved with it into its own branch.
+const TYPE_KEYWORDS: &[&str] = &[
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "enum",
+    "items",
+];
+
+/// `{"type": ["integer", "null"], ...}` becomes
+/// `{"anyOf": [{"type": "integer", ...}, {"type": "null"}]}`: the same
+/// contract, in the form clients that map schemas onto a single-type dialect
+/// understand (the MCP inspector's portability check asks for it).
+fn split_nullable_types(v: &mut serde_json::Value) {
+    use serde_json::{json, Value};
+    match v {
+        Value::Object(m) => {
+            for child in m.values_mut() {
+                split_nullable_types(child);
+            }
+            let other = match m.get("type") {
+                Some(Value::Array(types)) if types.len() == 2 && types.contains(&json!("null")) => {
+                    types.iter().find(|t| *t != "null").cloned()
+                }
+                _ => None,
+            };
+            if let Some(other) = other {
+                m.remove("type");
+                let mut branch = JsonObject::new();
+                branch.insert("type".into(), other);
+                for k in TYPE_KEYWORDS {
+                    if let Some(x) = m.remove(*k) {
+                        branch.insert((*k).into(), x);
+                    }
+                }
+                m.insert(
+                    "anyOf".into(),
+                    json!([Value::Object(branch), {"type": "null"}]),
+                );
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(split_nullable_types),
+        _ => {}
+    }
+}
+
+/// schemars names Rust's number types in `format` (`uint64`, `double`,
+/// ...). JSON Schema defines no such formats; validators such as ajv warn
+/// about each. The range is already stated by `minimum`.
+fn drop_rust_number_formats(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let rust_format = m.get("format").and_then(Value::as_str).is_some_and(|f| {
+                matches!(f, "float" | "double")
+                    || f.strip_prefix("uint")
+                        .or_else(|| f.strip_prefix("int"))
+                        .is_some_and(|bits| bits.chars().all(|c| c.is_ascii_digit()))
+            });
+            if rust_format {
+                m.remove("format");
+            }
+            m.values_mut().for_each(drop_rust_number_formats);
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_rust_number_formats),
+        _ => {}
+    }
+}
+
+/// A generated schema in its most portable spelling (see the two passes above).
+fn portable(schema: Arc<JsonObject>) -> Arc<JsonObject> {
+    let mut v = serde_json::Value::Object(schema.as_ref().clone());
+    split_nullable_types(&mut v);
+    drop_rust_number_formats(&mut v);
+    match v {
+        serde_json::Value::Object(m) => Arc::new(m),
+        _ => schema,
+    }
+}
+
+/// The tool list, built once at startup.
+pub fn tools(default_policy: &str, default_limits: Option<&Limits>) -> Vec<Tool> {
+    let input = portable(
+        schema_for_input::<RunPythonArgs>()
+            .expect("RunPythonArgs is a struct, so its schema is an object"),
+    );
+    let run = Tool::new(
+        RUN_PYTHON,
+        run_python_description(default_policy, default_limits),
+        input,
+    )
+    .with_title("Run Python in a sandbox")
+    .with_raw_output_schema(portable(schema_for_output::<RunPythonOutput>()))
+    .with_annotations(
+        ToolAnnotations::with_title("Run Python in a sandbox")
+            .read_only(false)
+            // Each run is a throwaway sandbox: nothing outside it changes.
+            .destructive(false)
+            .idempotent(false)
+            .open_world(false),
+    );
+    let info = Tool::new(
+        SANDBOX_INFO,
+        SANDBOX_INFO_DESCRIPTION,
+        schema_for_empty_input(),
+    )
+    .with_title("Sandbox policies and isolation status")
+    .with_raw_output_schema(portable(schema_for_output::<Info>()))
+    .with_annotations(
+        ToolAnnotations::with_title("Sandbox policies and isolation status")
+            .read_only(true)
+            .idempotent(true)
+            .open_world(false),
+    );
+    vec![run, info]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn args(v: serde_json::Value) -> Option<JsonObject> {
+        match v {
+            serde_json::Value::Object(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn good_arguments_become_a_request() {
+        let r = run_python_request(
+            args(json!({"code": "print(1)", "timeout_s": 2.5, "stdin": "hi"})),
+            "default",
+        )
+        .unwrap();
+        assert_eq!(r.code, "print(1)");
+        assert_eq!(r.policy.as_deref(), Some("default"));
+        assert_eq!(r.limits.timeout_s, Some(2.5));
+        assert_eq!(r.stdin_bytes().unwrap(), b"hi");
+    }
+
+    #[test]
+    fn bad_arguments_say_what_to_fix() {
+        let e = run_python_request(args(json!({})), "default").unwrap_err();
+        assert!(e.0.starts_with("missing required argument `code`"), "{e:?}");
+        let e = run_python_request(None, "default").unwrap_err();
+        assert!(e.0.starts_with("missing required argument `code`"), "{e:?}");
+        let e =
+            run_python_request(args(json!({"code": "", "timeout_s": -1})), "default").unwrap_err();
+        assert!(e.0.starts_with("`timeout_s` must be more than 0"), "{e:?}");
+        let e = run_python_request(args(json!({"code": "", "timeout": 3})), "default").unwrap_err();
+        assert!(e.0.contains("unknown field `timeout`"), "{e:?}");
+        assert!(e.0.contains("timeout_s"), "{e:?}");
+        let e = run_python_request(args(json!({"code": 5})), "default").unwrap_err();
+        assert!(e.0.starts_with("invalid arguments: invalid type"), "{e:?}");
+        let big = "#".repeat(MAX_CODE_BYTES + 1);
+        let e = run_python_request(args(json!({ "code": big })), "default").unwrap_err();
+        assert!(e.0.starts_with("`code` is "), "{e:?}");
+    }
+
+    #[test]
+    fn schemas_are_objects_and_describe_every_field() {
+        let t = tools("default", Some(&Limits::default()));
+        let run = &t[0];
+        assert_eq!(run.input_schema["type"], "object");
+        assert_eq!(run.input_schema["required"], json!(["code"]));
+        for f in ["code", "timeout_s", "policy", "stdin"] {
+            let p = &run.input_schema["properties"][f];
+            assert!(p["description"].is_string(), "{f}");
+            assert!(p["type"].is_string(), "{f}: one type, not a list: {p}");
+            assert!(p.get("default").is_none(), "{f}: {p}");
+        }
+        let out = run.output_schema.as_ref().unwrap();
+        assert_eq!(out["type"], "object");
+        for f in [
+            "status",
+            "exit_code",
+            "stdout",
+            "stderr",
+            "duration_ms",
+            "layers",
+        ] {
+            assert!(out["properties"].get(f).is_some(), "{f}");
+        }
+        assert_eq!(
+            out["properties"]["exit_code"]["anyOf"],
+            json!([{"type": "integer"}, {"type": "null"}])
+        );
+        let text = serde_json::to_string(out.as_ref()).unwrap();
+        assert!(!text.contains(r#""type":["#), "{text}");
+        assert!(!text.contains(r#""format""#), "{text}");
+        let desc = run.description.as_deref().unwrap();
+        assert!(desc.contains("30 s wall-clock"), "{desc}");
+        assert!(desc.contains("512 MiB of memory"), "{desc}");
+    }
+}

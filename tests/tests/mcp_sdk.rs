@@ -1,0 +1,480 @@
+//! `pycell mcp` driven by the official MCP Python SDK (PyPI `mcp`, pinned in
+//! scripts/tools-requirements.txt): tests/mcp/sdk_client.py connects over
+//! stdio exactly as an agent's MCP host does, runs real sandboxes, and
+//! reports what it saw as one JSON object; the assertions are here.
+//!
+//! Needs root (embedded mode builds real jails) and the tools venv's python
+//! in PYCELL_TEST_TOOLS_PYTHON, which scripts/test exports.
+
+#![forbid(unsafe_code)]
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pycell_tests::{compact, pycell_bin, repo_root, require_root};
+use serde_json::Value;
+
+/// The whole script takes ~10 s here; a hang must fail, not stall CI.
+const GUARD: Duration = Duration::from_secs(420);
+
+fn tools_python() -> PathBuf {
+    let p = std::env::var_os("PYCELL_TEST_TOOLS_PYTHON")
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| {
+        panic!(
+            "PYCELL_TEST_TOOLS_PYTHON is not set: it names the python of the tools venv that has the MCP SDK (.cache/tools/bin/python); run the tests with scripts/test, which installs it and sets this"
+        )
+    });
+    let p = PathBuf::from(p);
+    assert!(
+        p.exists(),
+        "PYCELL_TEST_TOOLS_PYTHON={} does not exist: run scripts/setup (or scripts/test)",
+        p.display()
+    );
+    p
+}
+
+/// Run the SDK client script; its stdout is one JSON report.
+fn sdk_report() -> Value {
+    require_root();
+    let python = tools_python();
+    let script = repo_root().join("tests/mcp/sdk_client.py");
+    let mut child = Command::new(&python)
+        .arg(&script)
+        .arg("--pycell")
+        .arg(pycell_bin())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {} {}: {e}", python.display(), script.display()));
+    let mut out = child.stdout.take().expect("piped");
+    let mut err = child.stderr.take().expect("piped");
+    let out_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break Some(s);
+        }
+        if start.elapsed() > GUARD {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stdout = out_reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
+    let tail = |s: &str| s[s.len().saturating_sub(6000)..].to_string();
+    let Some(status) = status else {
+        panic!(
+            "the SDK client did not finish within {GUARD:?}\nstderr:\n{}",
+            tail(&stderr)
+        );
+    };
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "the SDK client ({status}) did not print one JSON report ({e})\nstdout:\n{}\nstderr:\n{}",
+            tail(&stdout),
+            tail(&stderr)
+        )
+    })
+}
+
+/// Collects failed checks so that one run reports all of them.
+struct Checks<'a> {
+    report: &'a Value,
+    failures: Vec<String>,
+}
+
+impl<'a> Checks<'a> {
+    /// The report's entry for a step; a step that raised is one failure.
+    fn step(&mut self, name: &str) -> Option<&'a Value> {
+        let v = self.report.get(name);
+        match v {
+            None => {
+                self.failures
+                    .push(format!("{name}: step missing from the report"));
+                None
+            }
+            Some(v) if v.get("exception").is_some() => {
+                self.failures.push(format!(
+                    "{name}: raised {}\n{}",
+                    v["exception"],
+                    v["traceback"].as_str().unwrap_or_default()
+                ));
+                None
+            }
+            Some(v) => Some(v),
+        }
+    }
+
+    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        if !ok {
+            self.failures.push(what());
+        }
+    }
+
+    fn eq(&mut self, step: &str, v: &Value, pointer: &str, want: Value) {
+        let got = v.pointer(pointer).cloned().unwrap_or(Value::Null);
+        self.check(got == want, || {
+            format!(
+                "{step}{pointer}: expected {want}, got {got}\n  in {}",
+                compact(v, 3000)
+            )
+        });
+    }
+
+    fn contains(&mut self, step: &str, v: &Value, pointer: &str, needle: &str) {
+        let got = v.pointer(pointer).and_then(Value::as_str).unwrap_or("");
+        self.check(got.contains(needle), || {
+            let shown: String = got.chars().take(600).collect();
+            format!(
+                "{step}{pointer}: expected a string containing {needle:?}, got {shown:?}\n  in {}",
+                compact(v, 3000)
+            )
+        });
+    }
+
+    /// A run_python result: not a tool error, valid against the outputSchema.
+    fn run_result(&mut self, step: &str, v: &Value, status: &str) {
+        self.eq(step, v, "/is_error", Value::Bool(false));
+        self.eq(step, v, "/schema_errors", Value::Array(vec![]));
+        self.eq(step, v, "/structured/status", status.into());
+        self.contains(step, v, "/text", &format!("status: {status}"));
+    }
+
+    /// A bad-arguments call: a tool error whose text says what to fix.
+    fn tool_error(&mut self, step: &str, v: &Value, needles: &[&str]) {
+        self.eq(step, v, "/is_error", Value::Bool(true));
+        for n in needles {
+            self.contains(step, v, "/text", n);
+        }
+    }
+
+    fn finish(self) {
+        assert!(
+            self.failures.is_empty(),
+            "{} check(s) failed:\n\n{}",
+            self.failures.len(),
+            self.failures.join("\n\n")
+        );
+    }
+}
+
+fn num(v: &Value, pointer: &str) -> f64 {
+    v.pointer(pointer)
+        .and_then(Value::as_f64)
+        .unwrap_or(f64::NAN)
+}
+
+#[test]
+fn the_official_python_sdk_drives_pycell_mcp() {
+    let report = sdk_report();
+    let mut c = Checks {
+        report: &report,
+        failures: Vec::new(),
+    };
+    let r = &report;
+
+    // The session as a whole (a failure here explains missing steps below).
+    c.step("session");
+
+    // Handshake: the newest protocol version that has `initialize`, and the
+    // 2026-07-28 discover path the SDK's Client probes first.
+    if let Some(v) = r.get("initialize") {
+        c.eq("initialize", v, "/protocol_version", "2025-11-25".into());
+        c.eq("initialize", v, "/server_name", "pycell".into());
+        c.eq("initialize", v, "/tools_capability", Value::Bool(true));
+        c.contains("initialize", v, "/instructions", "run_python");
+    } else {
+        c.failures.push("initialize: no handshake happened".into());
+    }
+    if let Some(v) = c.step("modern") {
+        c.eq("modern", v, "/protocol_version", "2026-07-28".into());
+        c.eq("modern", v, "/status", "ok".into());
+        c.eq("modern", v, "/stdout", "1\n".into());
+    }
+
+    // Tools and their schemas.
+    if let Some(v) = c.step("tools") {
+        c.eq(
+            "tools",
+            v,
+            "/names",
+            serde_json::json!(["run_python", "sandbox_info"]),
+        );
+        for tool in ["run_python", "sandbox_info"] {
+            for key in ["input_schema_problems", "output_schema_problems"] {
+                c.eq(
+                    "tools",
+                    v,
+                    &format!("/tools/{tool}/{key}"),
+                    Value::Array(vec![]),
+                );
+            }
+            c.contains("tools", v, &format!("/tools/{tool}/description"), "Example");
+        }
+        for p in ["minimal", "full"] {
+            c.eq(
+                "tools",
+                v,
+                &format!("/tools/run_python/accepts/{p}"),
+                Value::Bool(true),
+            );
+        }
+        for p in ["no_code", "negative_timeout", "unknown_argument"] {
+            c.eq(
+                "tools",
+                v,
+                &format!("/tools/run_python/rejects/{p}"),
+                Value::Bool(true),
+            );
+        }
+        for d in [
+            "Limits under the default policy",
+            "512 MiB of memory",
+            "timeout_s",
+        ] {
+            c.contains("tools", v, "/tools/run_python/description", d);
+        }
+    }
+
+    // Real runs.
+    if let Some(v) = c.step("print1") {
+        c.run_result("print1", v, "ok");
+        c.eq("print1", v, "/structured/stdout", "1\n".into());
+        c.eq("print1", v, "/structured/exit_code", 0.into());
+        c.eq("print1", v, "/structured/policy", "default".into());
+        c.eq(
+            "print1",
+            v,
+            "/structured/layers/no_new_privs",
+            Value::Bool(true),
+        );
+        c.eq(
+            "print1",
+            v,
+            "/structured/layers/capabilities",
+            "none".into(),
+        );
+        c.check(num(v, "/structured/layers/sandbox_uid") >= 1000.0, || {
+            format!("print1: no plausible sandbox uid: {}", compact(v, 2000))
+        });
+    }
+    if let Some(v) = c.step("stdin") {
+        c.run_result("stdin", v, "ok");
+        c.eq("stdin", v, "/structured/stdout", "HELLO\n".into());
+    }
+    if let Some(v) = c.step("exception") {
+        c.run_result("exception", v, "error");
+        c.eq("exception", v, "/structured/exit_code", 1.into());
+        c.contains("exception", v, "/structured/stderr", "ValueError: boom");
+    }
+    if let Some(v) = c.step("timeout") {
+        c.run_result("timeout", v, "timeout");
+        c.eq("timeout", v, "/structured/error/code", "timeout".into());
+        c.contains("timeout", v, "/structured/error/hint", "timeout_s");
+        c.check(num(v, "/elapsed_s") < 10.0, || {
+            format!("timeout: a 1 s timeout took {} s", num(v, "/elapsed_s"))
+        });
+    }
+    if let Some(v) = c.step("oom") {
+        c.run_result("oom", v, "oom");
+        c.eq("oom", v, "/structured/error/code", "oom".into());
+        c.eq(
+            "oom",
+            v,
+            "/structured/limits/memory_bytes",
+            (512u64 << 20).into(),
+        );
+    }
+    if let Some(v) = c.step("truncation") {
+        c.run_result("truncation", v, "ok");
+        c.eq(
+            "truncation",
+            v,
+            "/structured/stdout_truncated",
+            Value::Bool(true),
+        );
+        c.eq(
+            "truncation",
+            v,
+            "/structured/stdout_len",
+            (1u64 << 20).into(),
+        );
+        c.contains("truncation", v, "/text_tail", "[stdout truncated");
+    }
+    if let Some(v) = c.step("sandbox_info") {
+        c.eq("sandbox_info", v, "/is_error", Value::Bool(false));
+        c.eq("sandbox_info", v, "/schema_errors", Value::Array(vec![]));
+        c.eq(
+            "sandbox_info",
+            v,
+            "/structured/policies/0/name",
+            "default".into(),
+        );
+        c.eq(
+            "sandbox_info",
+            v,
+            "/structured/policies/0/network",
+            "none".into(),
+        );
+        c.eq(
+            "sandbox_info",
+            v,
+            "/structured/policies/0/limits/memory_bytes",
+            (512u64 << 20).into(),
+        );
+        let layers: Vec<&str> = v
+            .pointer("/structured/layers")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(|l| l["layer"].as_str()).collect())
+            .unwrap_or_default();
+        for l in ["user_namespaces", "landlock", "seccomp", "cgroups", "root"] {
+            c.check(layers.contains(&l), || {
+                format!("sandbox_info: layer {l} missing from {layers:?}")
+            });
+        }
+    }
+
+    // Cancellation through the SDK: the sandbox must be gone.
+    if let Some(v) = c.step("cancellation") {
+        c.eq(
+            "cancellation",
+            v,
+            "/progress_wait_timed_out",
+            Value::Bool(false),
+        );
+        c.eq(
+            "cancellation",
+            v,
+            "/call_outcome",
+            "still running when cancelled".into(),
+        );
+        c.check(num(v, "/uid") >= 1000.0, || {
+            format!(
+                "cancellation: no progress note named the sandbox uid: {}",
+                compact(v, 3000)
+            )
+        });
+        // Proof that the scans can see this sandbox at all.
+        c.check(num(v, "/procs_before_cancel") >= 1.0, || {
+            format!(
+                "cancellation: no host process ran as the sandbox uid before the cancel, so the scan proves nothing: {}",
+                compact(v, 3000)
+            )
+        });
+        c.check(
+            v["cgroups_before_cancel"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty()),
+            || {
+                format!(
+                    "cancellation: the run's cgroup was not found before the cancel: {}",
+                    compact(v, 3000)
+                )
+            },
+        );
+        c.eq("cancellation", v, "/procs_after", Value::Array(vec![]));
+        c.eq("cancellation", v, "/cgroups_after", Value::Array(vec![]));
+        c.check(num(v, "/cleanup_s") < 10.0, || {
+            format!("cancellation: cleanup took {} s", num(v, "/cleanup_s"))
+        });
+        let notes = v["progress"].as_array().cloned().unwrap_or_default();
+        c.check(notes.len() >= 2, || {
+            format!("cancellation: expected >= 2 progress notes, got {notes:?}")
+        });
+        let increasing = notes
+            .windows(2)
+            .all(|w| w[1]["progress"].as_f64() > w[0]["progress"].as_f64());
+        c.check(increasing, || {
+            format!("cancellation: progress must increase: {notes:?}")
+        });
+        c.contains("cancellation", v, "/progress/1/message", "9 B stdout");
+        if let Some(next) = v.get("next_call") {
+            c.run_result("cancellation/next_call", next, "ok");
+            c.eq(
+                "cancellation/next_call",
+                next,
+                "/structured/stdout",
+                "2\n".into(),
+            );
+        }
+    }
+
+    // Bad arguments: errors that say what to fix.
+    if let Some(v) = c.step("bad_arguments") {
+        let case = |name: &str| v.get(name).cloned().unwrap_or(Value::Null);
+        c.tool_error(
+            "bad_arguments/unknown_policy",
+            &case("unknown_policy"),
+            &["no policy named \"no-such-policy\"", "available: default"],
+        );
+        c.tool_error(
+            "bad_arguments/negative_timeout",
+            &case("negative_timeout"),
+            &["`timeout_s` must be more than 0", "got -1"],
+        );
+        c.tool_error(
+            "bad_arguments/missing_code",
+            &case("missing_code"),
+            &["missing required argument `code`", "{\"code\": "],
+        );
+        c.tool_error(
+            "bad_arguments/code_too_large",
+            &case("code_too_large"),
+            &["`code` is 5242880 bytes", "4 MiB"],
+        );
+        c.tool_error(
+            "bad_arguments/unknown_argument",
+            &case("unknown_argument"),
+            &["unknown field `timeout`", "timeout_s"],
+        );
+        let unknown_tool = case("unknown_tool");
+        c.eq(
+            "bad_arguments/unknown_tool",
+            &unknown_tool,
+            "/protocol_error/code",
+            (-32602).into(),
+        );
+        c.contains(
+            "bad_arguments/unknown_tool",
+            &unknown_tool,
+            "/protocol_error/message",
+            "no tool named \"no_such_tool\"",
+        );
+    }
+
+    // stdin closed mid-run: the sandbox is killed and pycell mcp exits 0, fast.
+    if let Some(v) = c.step("eof") {
+        c.check(num(v, "/procs_before_eof") >= 1.0, || {
+            format!(
+                "eof: no process ran as the sandbox uid before stdin closed, so the scan proves nothing: {}",
+                compact(v, 3000)
+            )
+        });
+        c.eq("eof", v, "/exit_code", 0.into());
+        c.check(num(v, "/exit_s") < 5.0, || {
+            format!(
+                "eof: pycell mcp took {} s to exit after stdin closed",
+                num(v, "/exit_s")
+            )
+        });
+        c.eq("eof", v, "/procs_after_exit", Value::Array(vec![]));
+        c.eq("eof", v, "/cgroups_after_exit", Value::Array(vec![]));
+    }
+
+    c.finish();
+}
