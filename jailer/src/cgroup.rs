@@ -468,6 +468,14 @@ impl SandboxCgroup {
         }
     }
 
+    /// The run's cgroup directory on v2, opened for `clone3(CLONE_INTO_CGROUP)`.
+    pub fn open_v2_dir(&self) -> Option<std::fs::File> {
+        if self.version != CgroupVersion::V2 {
+            return None;
+        }
+        std::fs::File::open(self.memory.path()).ok()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.memory.procs().is_empty()
     }

@@ -280,12 +280,20 @@ pub fn interface_up(ifname: &str) -> io::Result<()> {
 
 /// Receive into `buf` from a unix stream socket, taking any file descriptors
 /// passed with SCM_RIGHTS. Returns the byte count and the descriptors.
-pub fn recv_with_fds(sock: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+pub fn recv_with_fds(
+    sock: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<(usize, Vec<OwnedFd>)> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut iov = [io::IoSliceMut::new(buf)];
     let mut space = nix::cmsg_space!([RawFd; 4]);
-    let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
-        .map_err(io::Error::from)?;
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(io::Error::from)?;
     let mut fds = Vec::new();
     for c in msg.cmsgs().map_err(io::Error::from)? {
         if let ControlMessageOwned::ScmRights(raw) = c {
@@ -301,12 +309,17 @@ pub fn recv_with_fds(sock: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::R
 
 /// Send all of `data` on a unix stream socket with `fd` attached (SCM_RIGHTS)
 /// to its first byte.
-pub fn send_with_fd(sock: std::os::fd::BorrowedFd<'_>, data: &[u8], fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+pub fn send_with_fd(
+    sock: std::os::fd::BorrowedFd<'_>,
+    data: &[u8],
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<()> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let fds = [fd.as_raw_fd()];
     let cmsg = [ControlMessage::ScmRights(&fds)];
     let iov = [io::IoSlice::new(data)];
-    let sent = sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None).map_err(io::Error::from)?;
+    let sent = sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
+        .map_err(io::Error::from)?;
     if sent < data.len() {
         // The descriptor went with the first part; the rest is plain data.
         let mut rest = &data[sent..];
@@ -336,5 +349,55 @@ pub fn adopt_inherited_fd(fd: RawFd) -> Option<OwnedFd> {
     unsafe {
         libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
         Some(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+/// `struct clone_args` (CLONE_ARGS_SIZE_VER2, 88 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// `clone3` with fork semantics that starts the child directly inside the
+/// cgroup v2 directory `cgroup_dir` (CLONE_INTO_CGROUP): no later write to
+/// cgroup.procs, so no wait for the cgroup attach lock.
+pub fn clone_into_cgroup(
+    namespace_flags: libc::c_int,
+    cgroup_dir: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<CloneResult> {
+    let args = CloneArgs {
+        flags: namespace_flags as u32 as u64 | CLONE_INTO_CGROUP,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: cgroup_dir.as_raw_fd() as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: `args` is a valid, fully initialised `struct clone_args` whose
+    // size is passed; no stack is given, so the child runs on a copy of ours
+    // as with fork, which is sound because the caller is single-threaded (see
+    // `clone_fork`). The cgroup fd is borrowed for the duration of the call.
+    let ret = check(unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    })?;
+    if ret == 0 {
+        Ok(CloneResult::Child)
+    } else {
+        Ok(CloneResult::Parent(Pid::from_raw(ret as libc::pid_t)))
     }
 }
