@@ -26,7 +26,7 @@ use rmcp::model::{
     ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
     ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::service::{Peer, RequestContext};
+use rmcp::service::{Peer, RequestContext, ServerInitializeError};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
 use tokio_util::sync::CancellationToken;
 
@@ -322,13 +322,22 @@ async fn serve(args: &McpArgs) -> i32 {
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
     let transport = (eof::EofSignal::new(stdin, eof), stdout);
     let quit = match server.serve_with_ct(transport, stop).await {
-        Ok(service) => service.waiting().await.map_err(|e| e.to_string()),
+        Ok(service) => service
+            .waiting()
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        // The client left (or we were told to stop) before a lifecycle was
+        // chosen, e.g. after a lone server/discover probe: a normal end.
+        Err(ServerInitializeError::ConnectionClosed(_) | ServerInitializeError::Cancelled) => {
+            Ok(())
+        }
         Err(e) => Err(format!("the MCP session did not start: {e}")),
     };
     watcher.abort();
     backend.shutdown(SHUTDOWN_GRACE).await;
     match quit {
-        Ok(_) => 0,
+        Ok(()) => 0,
         Err(e) => {
             eprintln!("pycell mcp: {e}");
             1
