@@ -29,7 +29,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -45,6 +45,10 @@ use pycell_jailer::uidalloc::{self, UidLease};
 pub const UID_LOCK_DIR: &str = "/run/pycell/uids";
 /// How much of the jailer's own stderr is kept for an error message.
 const JAILER_STDERR_CAP: usize = 16 * 1024;
+/// Sandboxes one server runs at once; further calls wait for a slot. Each
+/// sandbox is bounded by its policy, but a client firing calls in parallel
+/// must not multiply that without limit (the daemon has its own quotas).
+pub const MAX_CONCURRENT_RUNS: usize = 8;
 
 /// Something the caller asked for that cannot be run as asked: the caller
 /// can fix it (as opposed to a refusal, which is the host's problem).
@@ -83,6 +87,7 @@ struct Inner {
     policy_dir: PathBuf,
     tracker: TaskTracker,
     shutdown: CancellationToken,
+    slots: Semaphore,
 }
 
 /// `$PYCELL_JAILER`, else `pycell-jailer` next to this executable.
@@ -163,6 +168,7 @@ impl Backend {
                 policy_dir: PathBuf::from(POLICY_DIR),
                 tracker: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
+                slots: Semaphore::new(MAX_CONCURRENT_RUNS),
             }),
         }
     }
@@ -260,14 +266,31 @@ impl Backend {
     ) -> Result<RunResult, RequestError> {
         let policy_name = req.policy_name().to_string();
         let refused = |f: JailFailure| Ok(RunResult::refused("", &policy_name, f));
-        if self.inner.shutdown.is_cancelled() {
-            return refused(failure(
+        let shutting_down = || {
+            failure(
                 "shutting_down",
                 "jailer",
                 "pycell mcp is shutting down",
                 None,
-            ));
-        }
+            )
+        };
+        // Wait for a slot; a run cancelled while it waits never starts.
+        let _slot = tokio::select! {
+            biased;
+            _ = self.inner.shutdown.cancelled() => return refused(shutting_down()),
+            _ = cancel.cancelled() => {
+                return refused(failure(
+                    "cancelled",
+                    "jailer",
+                    "the call was cancelled before its sandbox started",
+                    None,
+                ))
+            }
+            slot = self.inner.slots.acquire() => match slot {
+                Ok(s) => s,
+                Err(_) => return refused(shutting_down()),
+            },
+        };
         // Policy files, interpreter paths, the uid database and lock files:
         // blocking work, off the async workers.
         let this = self.clone();

@@ -10,8 +10,8 @@ step's details, never as a hang.
 
 Steps: the initialize handshake (2025-11-25, what MCP hosts use today) and the
 2026-07-28 discover path; tools/list with every schema checked by jsonschema;
-real runs (print(1), stdin, an exception, a timeout, OOM, truncation),
-each result validated against the tool's outputSchema; cancellation through
+real runs (print(1), stdin, an exception, a timeout, OOM, truncation, ten
+at once), each result validated against the tool's outputSchema; cancellation through
 the SDK (the sandbox's processes and cgroup must be gone afterwards, scanned
 in /proc and /sys/fs/cgroup); bad arguments; sandbox_info; and, with raw
 JSON-RPC, a clean exit when stdin closes in the middle of a run.
@@ -228,6 +228,28 @@ async def cancellation(session, schemas):
     return state
 
 
+async def parallel(session, schemas, n=10):
+    """n calls at once: all must succeed; pycell mcp runs at most 8 sandboxes
+    at a time, so 10 one-second sleeps take two rounds, not one or ten."""
+    statuses = [None] * n
+
+    async def one(i):
+        r = await session.call_tool("run_python", {"code": f"import time\ntime.sleep(1)\nprint({i})"})
+        sc = r.structured_content or {}
+        statuses[i] = (sc.get("status"), sc.get("stdout"))
+
+    t0 = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(one, i)
+    return {
+        "calls": n,
+        "ok": sum(1 for i, s in enumerate(statuses) if s == ("ok", f"{i}\n")),
+        "statuses": statuses,
+        "elapsed_s": time.monotonic() - t0,
+    }
+
+
 async def bad_arguments(session, schemas):
     cases = {
         "unknown_policy": {"code": "print(1)", "policy": "no-such-policy"},
@@ -282,6 +304,7 @@ async def main_session(pycell):
                 lambda: call(session, schemas, {"code": "print('x' * 2_000_000)"}),
             )
             await step("sandbox_info", lambda: call(session, schemas, {}, name="sandbox_info"))
+            await step("parallel", lambda: parallel(session, schemas))
             await step("cancellation", lambda: cancellation(session, schemas))
             await step("bad_arguments", lambda: bad_arguments(session, schemas))
     return {"completed": True}

@@ -349,6 +349,18 @@ fn the_official_python_sdk_drives_pycell_mcp() {
         }
     }
 
+    // Ten calls at once: all succeed, at most 8 sandboxes at a time.
+    if let Some(v) = c.step("parallel") {
+        c.eq("parallel", v, "/ok", 10.into());
+        let t = num(v, "/elapsed_s");
+        c.check((2.0..8.0).contains(&t), || {
+            format!(
+                "parallel: ten 1 s runs took {t} s; expected two rounds of at most 8 (2 s to 8 s): {}",
+                compact(v, 2000)
+            )
+        });
+    }
+
     // Cancellation through the SDK: the sandbox must be gone.
     if let Some(v) = c.step("cancellation") {
         c.eq(

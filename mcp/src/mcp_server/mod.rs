@@ -98,7 +98,7 @@ impl PycellServer {
                 let is_error = out.status == Status::Refused;
                 let value = match serde_json::to_value(&out) {
                     Ok(v) => v,
-                    Err(e) => return argument_error(&format!("cannot encode the result: {e}")),
+                    Err(e) => return internal_error(&format!("cannot encode the result: {e}")),
                 };
                 let mut result = CallToolResult::structured(value);
                 result.content = vec![ContentBlock::text(text)];
@@ -119,10 +119,10 @@ impl PycellServer {
                         r.content = vec![ContentBlock::text(text)];
                         r
                     }
-                    Err(e) => argument_error(&format!("cannot encode the report: {e}")),
+                    Err(e) => internal_error(&format!("cannot encode the report: {e}")),
                 }
             }
-            Err(e) => argument_error(&format!("measuring the host failed: {e}")),
+            Err(e) => internal_error(&format!("measuring the host failed: {e}")),
         }
     }
 }
@@ -132,6 +132,13 @@ impl PycellServer {
 fn argument_error(message: &str) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(format!(
         "run_python was not run: {message}"
+    ))])
+}
+
+/// pycell's own failure (not the caller's, not the code's).
+fn internal_error(message: &str) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(format!(
+        "pycell mcp failed: {message}"
     ))])
 }
 
