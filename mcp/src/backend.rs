@@ -30,6 +30,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, Semaphore};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -49,6 +50,11 @@ const JAILER_STDERR_CAP: usize = 16 * 1024;
 /// sandbox is bounded by its policy, but a client firing calls in parallel
 /// must not multiply that without limit (the daemon has its own quotas).
 pub const MAX_CONCURRENT_RUNS: usize = 8;
+/// How long past a run's wall timeout a silent jailer is given before it is
+/// told to stop.
+const JAILER_MARGIN: Duration = Duration::from_secs(30);
+/// How long a jailer told to stop (SIGTERM) has before it is killed.
+const KILL_AFTER: Duration = Duration::from_secs(10);
 
 /// Something the caller asked for that cannot be run as asked: the caller
 /// can fix it (as opposed to a refusal, which is the host's problem).
@@ -88,6 +94,9 @@ struct Inner {
     tracker: TaskTracker,
     shutdown: CancellationToken,
     slots: Semaphore,
+    /// JAILER_MARGIN and KILL_AFTER (shorter in tests).
+    margin: Duration,
+    kill_after: Duration,
 }
 
 /// `$PYCELL_JAILER`, else `pycell-jailer` next to this executable.
@@ -161,14 +170,20 @@ impl Backend {
     /// `PYCELL_UID_RANGE`). Problems are reported by each run, as a refusal,
     /// so that the MCP server still starts and `sandbox_info` can explain.
     pub fn from_env() -> Backend {
+        Backend::new(find_jailer(), JAILER_MARGIN, KILL_AFTER)
+    }
+
+    fn new(jailer: Result<PathBuf, String>, margin: Duration, kill_after: Duration) -> Backend {
         Backend {
             inner: Arc::new(Inner {
-                jailer: find_jailer(),
+                jailer,
                 uid_range: uid_range_from_env(),
                 policy_dir: PathBuf::from(POLICY_DIR),
                 tracker: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
                 slots: Semaphore::new(MAX_CONCURRENT_RUNS),
+                margin,
+                kill_after,
             }),
         }
     }
@@ -411,18 +426,34 @@ impl Backend {
         let mut err = Vec::new();
         let mut report = None;
         let mut stream_error = None;
-        let mut stopping = false;
+        // The jailer enforces the run's limits itself. These deadlines only
+        // catch a jailer that stops responding (a bug): past the wall timeout
+        // and a margin it is told to stop, and a little later it is killed.
+        let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
+        let watchdog = Instant::now() + limits.wall_timeout + self.inner.margin;
+        let mut kill_at: Option<Instant> = None;
         loop {
+            let stopping = kill_at.is_some();
             let next = tokio::select! {
                 biased;
                 _ = cancel.cancelled(), if !stopping => {
-                    stopping = true;
                     guard.terminate();
+                    kill_at = Some(Instant::now() + self.inner.kill_after);
                     continue;
                 }
                 _ = self.inner.shutdown.cancelled(), if !stopping => {
-                    stopping = true;
                     guard.terminate();
+                    kill_at = Some(Instant::now() + self.inner.kill_after);
+                    continue;
+                }
+                _ = tokio::time::sleep_until(watchdog), if !stopping => {
+                    guard.terminate();
+                    kill_at = Some(Instant::now() + self.inner.kill_after);
+                    continue;
+                }
+                _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if stopping => {
+                    guard.kill();
+                    kill_at = Some(far);
                     continue;
                 }
                 next = rx.recv() => next,
@@ -447,10 +478,11 @@ impl Backend {
                 Some(Err(e)) => {
                     stream_error = Some(e);
                     guard.terminate();
+                    kill_at.get_or_insert(Instant::now() + self.inner.kill_after);
                 }
             }
         }
-        let status = guard.wait().await;
+        let status = guard.wait(self.inner.kill_after).await;
         let jailer_stderr = match stderr_task {
             Some(t) => t.await.unwrap_or_default(),
             None => Vec::new(),
@@ -513,11 +545,27 @@ impl JailerGuard {
         }
     }
 
-    async fn wait(&mut self) -> io::Result<std::process::ExitStatus> {
+    /// Kill the jailer outright (its sandbox dies with it: the jail's init
+    /// has a parent-death signal).
+    fn kill(&mut self) {
+        if let Some((child, _)) = self.running.as_mut() {
+            let _ = child.start_kill();
+        }
+    }
+
+    /// Wait for the jailer to exit (killing it if it takes longer than
+    /// `patience`), then release the uid.
+    async fn wait(&mut self, patience: Duration) -> io::Result<std::process::ExitStatus> {
         let Some((mut child, lease)) = self.running.take() else {
             return Err(io::Error::other("no jailer"));
         };
-        let status = child.wait().await;
+        let status = match tokio::time::timeout(patience, child.wait()).await {
+            Ok(status) => status,
+            Err(_) => {
+                let _ = child.start_kill();
+                child.wait().await
+            }
+        };
         drop(lease);
         status
     }
@@ -633,6 +681,106 @@ mod tests {
         assert!(read_frame(&mut huge).await.is_err());
         let mut cut: &[u8] = &[1, 9, 0, 0, 0, b'a'];
         assert!(read_frame(&mut cut).await.is_err());
+    }
+
+    /// A stand-in for pycell-jailer: a shell script.
+    fn fake_jailer(dir: &Path, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join("fake-jailer");
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    fn print1() -> RunRequest {
+        RunRequest {
+            code: "print(1)".into(),
+            ..Default::default()
+        }
+    }
+
+    /// These tests lease a real sandbox uid, which needs root (as CI has).
+    fn require_root() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test needs root (it leases a sandbox uid): run it as root, e.g. with scripts/test"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_jailer_that_dies_without_a_result_is_a_refusal_that_says_why() {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        let jailer = fake_jailer(
+            dir.path(),
+            "cat >/dev/null; echo 'no cgroup here' >&2; exit 3",
+        );
+        let b = Backend::new(Ok(jailer), JAILER_MARGIN, KILL_AFTER);
+        let r = b
+            .run(print1(), |_| {}, CancellationToken::new())
+            .await
+            .unwrap();
+        let e = r.error.expect("an error");
+        assert_eq!(e.code, "jailer_failed", "{e:?}");
+        assert!(e.message.contains("exit status: 3"), "{e:?}");
+        assert!(e.message.contains("no cgroup here"), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_event_stream_is_a_refusal() {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        let jailer = fake_jailer(dir.path(), "cat >/dev/null; printf 'garbage'");
+        let b = Backend::new(Ok(jailer), JAILER_MARGIN, KILL_AFTER);
+        let r = b
+            .run(print1(), |_| {}, CancellationToken::new())
+            .await
+            .unwrap();
+        let e = r.error.expect("an error");
+        assert_eq!(e.code, "jailer_failed", "{e:?}");
+        assert!(e.message.contains("event stream is corrupt"), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_jailer_that_hangs_is_stopped_then_killed() {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        // Ignores SIGTERM and never answers: only SIGKILL ends it.
+        let jailer = fake_jailer(dir.path(), "trap '' TERM; cat >/dev/null; exec sleep 600");
+        let margin = Duration::from_millis(300);
+        let b = Backend::new(Ok(jailer), margin, Duration::from_millis(300));
+        let mut req = print1();
+        req.limits.timeout_s = Some(0.2);
+        let start = std::time::Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_secs(20),
+            b.run(req, |_| {}, CancellationToken::new()),
+        )
+        .await
+        .expect("the backend gave up on the jailer")
+        .unwrap();
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(700), "{took:?}");
+        let e = r.error.expect("an error");
+        assert_eq!(e.code, "jailer_failed", "{e:?}");
+        assert!(e.message.contains("signal: 9"), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_jailer_is_a_refusal() {
+        require_root();
+        let b = Backend::new(
+            Ok(PathBuf::from("/nonexistent/pycell-jailer")),
+            JAILER_MARGIN,
+            KILL_AFTER,
+        );
+        let r = b
+            .run(print1(), |_| {}, CancellationToken::new())
+            .await
+            .unwrap();
+        let e = r.error.expect("an error");
+        assert_eq!(e.code, "jailer_unavailable", "{e:?}");
+        assert!(e.message.contains("/nonexistent/pycell-jailer"), "{e:?}");
     }
 
     #[tokio::test]

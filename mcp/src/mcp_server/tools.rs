@@ -155,7 +155,7 @@ fn run_python_description(default_policy: &str, limits: Option<&Limits>) -> Stri
     format!(
         r#"Run Python 3 code in a fresh, isolated Linux sandbox and return what it printed.
 
-Every call starts a new, empty sandbox: nothing (variables, files, installed packages) carries over between calls, so put everything a task needs into one `code` string. The code runs as __main__ from /workspace/main.py with /workspace as its working directory. It has the standard library and the packages of the policy's interpreter, no network at all (not even DNS), and cannot see or change the host. You get its stdout and stderr, not the value of the last expression: print what you want to see.
+Every call starts a new, empty sandbox: nothing (variables, files, installed packages) carries over between calls, so put everything a task needs into one `code` string. The code runs as __main__ from /workspace/main.py with /workspace as its working directory. It has the standard library and the packages of the policy's interpreter, no network unless its policy grants some (the default policy has none, not even DNS), and it cannot see or change the host. You get its stdout and stderr, not the value of the last expression: print what you want to see.
 
 {limits_text} Call sandbox_info for the other policies and their limits.
 
