@@ -243,7 +243,7 @@ fn the_official_python_sdk_drives_pycell_mcp() {
             );
         }
         for d in [
-            "Limits under the default policy",
+            "Limits when no policy is given (policy default)",
             "512 MiB of memory",
             "timeout_s",
         ] {

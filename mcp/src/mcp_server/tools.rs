@@ -141,7 +141,7 @@ fn secs(s: f64) -> String {
 fn run_python_description(default_policy: &str, limits: Option<&Limits>) -> String {
     let limits_text = match limits {
         Some(l) => format!(
-            "Limits under the default policy ({default_policy}): {} wall-clock (change it with timeout_s, up to {}), {} of CPU time, {} of memory, {} processes/threads, {} each of stdout and stderr (the rest is dropped and stdout_truncated/stderr_truncated say so), a {} writable /workspace and /tmp.",
+            "Limits when no policy is given (policy {default_policy}): {} wall-clock (change it with timeout_s, up to {}), {} of CPU time, {} of memory, {} processes/threads, {} each of stdout and stderr (the rest is dropped and stdout_truncated/stderr_truncated say so), {} of writable /workspace and {} of /tmp.",
             secs(l.wall_timeout.as_secs_f64()),
             secs(pycell_policy::MAX_WALL_TIMEOUT.as_secs_f64()),
             secs(l.cpu_time.as_secs_f64()),
@@ -149,6 +149,7 @@ fn run_python_description(default_policy: &str, limits: Option<&Limits>) -> Stri
             l.pids,
             human_bytes(l.max_output),
             human_bytes(l.workspace_size),
+            human_bytes(l.tmp_size),
         ),
         None => format!("Limits are those of the policy ({default_policy}); see sandbox_info."),
     };
