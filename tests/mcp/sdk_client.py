@@ -14,13 +14,15 @@ real runs (print(1), stdin, an exception, a timeout, OOM, truncation, ten
 at once), each result validated against the tool's outputSchema; cancellation through
 the SDK (the sandbox's processes and cgroup must be gone afterwards, scanned
 in /proc and /sys/fs/cgroup); bad arguments; sandbox_info; and, with raw
-JSON-RPC, a clean exit when stdin closes in the middle of a run.
+JSON-RPC, a clean exit when stdin closes, or SIGTERM comes, in the middle of a
+run.
 """
 
 import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -323,9 +325,10 @@ async def modern_session(pycell):
         }
 
 
-def eof_during_run(pycell):
-    """Raw JSON-RPC: start a long run with a progress token, close stdin once
-    the sandbox is up, and watch pycell mcp exit and the sandbox disappear."""
+def end_during_run(pycell, how):
+    """Raw JSON-RPC: start a long run with a progress token, end the session
+    once the sandbox is up (`how`: "eof" closes stdin, "sigterm" signals the
+    server), and watch pycell mcp exit and the sandbox disappear."""
     p = subprocess.Popen([pycell, "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out = {"uid": None}
     try:
@@ -358,12 +361,20 @@ def eof_during_run(pycell):
         if out["uid"] is not None:
             out["procs_before_eof"] = len(processes_with_uid(out["uid"]))
         t0 = time.monotonic()
-        p.stdin.close()
+        if how == "eof":
+            p.stdin.close()
+        else:
+            p.send_signal(signal.SIGTERM)
         try:
             out["exit_code"] = p.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            out["exit_code"] = "still running 20 s after stdin closed"
+            out["exit_code"] = f"still running 20 s after {how}"
         out["exit_s"] = time.monotonic() - t0
+        # Whatever the server still wrote: after SIGTERM, the killed run's result.
+        for line in p.stdout.read().decode(errors="replace").splitlines():
+            msg = json.loads(line)
+            if msg.get("id") == 2:
+                out["result_status"] = ((msg.get("result") or {}).get("structuredContent") or {}).get("status")
         if out["uid"] is not None:
             out["procs_after_exit"] = processes_with_uid(out["uid"])
             out["cgroups_after_exit"] = cgroups_of_uid(out["uid"])
@@ -381,7 +392,8 @@ async def main():
     args = ap.parse_args()
     await step("session", lambda: main_session(args.pycell), timeout=240)
     await step("modern", lambda: modern_session(args.pycell), timeout=60)
-    await step("eof", lambda: anyio.to_thread.run_sync(eof_during_run, args.pycell), timeout=90)
+    await step("eof", lambda: anyio.to_thread.run_sync(end_during_run, args.pycell, "eof"), timeout=90)
+    await step("sigterm", lambda: anyio.to_thread.run_sync(end_during_run, args.pycell, "sigterm"), timeout=90)
     print(json.dumps(REPORT))
 
 

@@ -57,7 +57,7 @@ impl Status {
 /// Why a run did not end normally.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct ErrorInfo {
-    /// Stable code, e.g. `timeout`, `oom`, `cpu_time_limit`, `not_root`, `landlock_unavailable`.
+    /// Stable code, e.g. `timeout`, `oom`, `cpu_time_limit`, `cancelled`, `not_root`, `landlock_unavailable`.
     pub code: String,
     /// The layer or step concerned, e.g. `limits`, `landlock`, `cgroup`, `jailer`.
     pub layer: String,
@@ -135,7 +135,7 @@ pub struct RunPythonOutput {
     pub limits: Option<LimitsInfo>,
     /// The isolation layers enforced (null if the run was refused).
     pub layers: Option<LayersInfo>,
-    /// Why the run did not end normally (timeout, oom, CPU limit, refusal); null otherwise.
+    /// Why the run did not end normally (timeout, oom, CPU limit, cancelled, refused); null otherwise.
     pub error: Option<ErrorInfo>,
 }
 
@@ -196,12 +196,22 @@ impl From<RunResult> for RunPythonOutput {
                 no_new_privs: l.no_new_privs,
                 capabilities: l.capabilities,
             }),
-            error: r.error.map(|e| ErrorInfo {
-                hint: mcp_hint(&e.code, e.hint),
-                code: e.code,
-                layer: e.layer,
-                message: e.message,
-            }),
+            error: match (r.error, r.status) {
+                (Some(e), _) => Some(ErrorInfo {
+                    hint: mcp_hint(&e.code, e.hint),
+                    code: e.code,
+                    layer: e.layer,
+                    message: e.message,
+                }),
+                // The jailer reports a kill on request without an error.
+                (None, RunStatus::Killed) => Some(ErrorInfo {
+                    code: "cancelled".into(),
+                    layer: "jailer".into(),
+                    message: "the run was cancelled; its sandbox was killed".into(),
+                    hint: None,
+                }),
+                (None, _) => None,
+            },
         }
     }
 }
@@ -286,8 +296,14 @@ impl RunPythonOutput {
             self.stderr_truncated,
             cap,
         );
-        if self.stdout.is_empty() && self.stderr.is_empty() && self.status != Status::Refused {
-            text.push_str("(no output: print what you want to see)\n");
+        if self.stdout.is_empty() && self.stderr.is_empty() {
+            match self.status {
+                Status::Ok | Status::Error => {
+                    text.push_str("(no output: print what you want to see)\n")
+                }
+                Status::Refused => {}
+                _ => text.push_str("(no output)\n"),
+            }
         }
         if let Some(e) = &self.error {
             text.push_str(&format!(
