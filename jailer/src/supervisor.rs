@@ -132,6 +132,44 @@ struct Pipes {
     stderr: (OwnedFd, OwnedFd),
 }
 
+/// Our ends of the jail's pipes.
+struct ParentEnds {
+    go_write: OwnedFd,
+    status_read: OwnedFd,
+    stdin_write: OwnedFd,
+    stdout_read: OwnedFd,
+    stderr_read: OwnedFd,
+}
+
+impl Pipes {
+    /// The child's ends and ours; each side drops the other's after clone.
+    fn split(self) -> (ChildFds, ParentEnds) {
+        let Pipes {
+            go,
+            status,
+            stdin,
+            stdout,
+            stderr,
+        } = self;
+        (
+            ChildFds {
+                go_read: go.0,
+                status_write: status.1,
+                stdin_read: stdin.0,
+                stdout_write: stdout.1,
+                stderr_write: stderr.1,
+            },
+            ParentEnds {
+                go_write: go.1,
+                status_read: status.0,
+                stdin_write: stdin.1,
+                stdout_read: stdout.0,
+                stderr_read: stderr.0,
+            },
+        )
+    }
+}
+
 fn pipes() -> io::Result<Pipes> {
     let p = || pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from);
     Ok(Pipes {
@@ -179,7 +217,7 @@ fn supervise(
             None,
         )
     })?;
-    let p = pipes().map_err(io_fail("creating pipes"))?;
+    let (child_fds, ends) = pipes().map_err(io_fail("creating pipes"))?.split();
     // Signals for the jailer itself go through a signalfd in the loop below.
     let mut sigs = SigSet::empty();
     for s in [
@@ -221,27 +259,9 @@ fn supervise(
     };
     let pid = match cloned {
         Ok(CloneResult::Child) => {
-            drop(sfd);
+            drop((sfd, ends));
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old_mask), None);
-            let Pipes {
-                go,
-                status,
-                stdin,
-                stdout,
-                stderr,
-            } = p;
-            drop((go.1, status.0, stdin.1, stdout.0, stderr.0));
-            child_main(
-                spec,
-                filter,
-                ChildFds {
-                    go_read: go.0,
-                    status_write: status.1,
-                    stdin_read: stdin.0,
-                    stdout_write: stdout.1,
-                    stderr_write: stderr.1,
-                },
-            )
+            child_main(spec, filter, child_fds)
         }
         Ok(CloneResult::Parent(pid)) => pid,
         Err(e) => {
@@ -253,16 +273,8 @@ fn supervise(
             ))
         }
     };
-    let Pipes {
-        go,
-        status,
-        stdin,
-        stdout,
-        stderr,
-    } = p;
-    drop((go.0, status.1, stdin.0, stdout.1, stderr.1));
-
-    let mut go = File::from(go.1);
+    drop(child_fds);
+    let mut go = File::from(ends.go_write);
     // Maps first; the child builds its root while we build its cgroup.
     let setup = write_id_maps(pid, spec)
         .map_err(|e| {
@@ -300,7 +312,13 @@ fn supervise(
     }
     let cgroup = cgroup_slot.as_ref().expect("cgroup attached above");
 
-    let mut relay = Relay::new(spec, stdin.1, stdout.0, stderr.0, status.0);
+    let mut relay = Relay::new(
+        spec,
+        ends.stdin_write,
+        ends.stdout_read,
+        ends.stderr_read,
+        ends.status_read,
+    );
     let deadline = start + Duration::from_millis(spec.limits.wall_timeout_ms);
     let mut timed_out = false;
     let mut cancelled = false;
