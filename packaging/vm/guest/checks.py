@@ -1,0 +1,502 @@
+#!/usr/bin/python3
+"""pycell's checks inside the Debian test VM (run by scripts/vm-test).
+
+Runs as root in a fresh Debian 12 with systemd and pure cgroup v2, with no
+network. Installs the .deb from the payload disk, then checks the package,
+the service and the sandbox limits as an operator and users would meet them.
+Prints exactly one line per check on stdout (the serial console):
+
+    RESULT PASS <name>[: note]
+    RESULT FAIL <name>: <detail>
+
+followed by indented diagnostics for failures, and `RESULT-END` last. The
+host (scripts/vm-test) decides which checks it expects; this script runs the
+groups named in payload/groups (base, daemon, mcp).
+"""
+
+import json
+import os
+import pwd
+import grp
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+PAYLOAD = "/mnt/payload"
+# Sandbox uids: pycell's default range (jailer/src/uidalloc.rs DEFAULT_RANGE).
+SANDBOX_UIDS = range(1_800_000_000, 1_800_065_536)
+MEMBER = "alice"  # in the socket group
+OUTSIDER = "mallory"  # not in it
+GUARD = 120  # seconds: host-side bound on any single command
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def log(msg):
+    print(f"  | {msg}", flush=True)
+
+
+def sh(args, *, input=None, user=None, env=None, timeout=GUARD, check=False):
+    """Run a command (optionally as `user`), capture its output."""
+    if user is not None:
+        args = ["runuser", "-u", user, "--"] + list(args)
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    try:
+        p = subprocess.run(
+            args,
+            input=input.encode() if isinstance(input, str) else input,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=full_env,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise CheckFailed(f"{' '.join(args)} did not finish within {timeout} s") from e
+    out = p.stdout.decode(errors="replace")
+    err = p.stderr.decode(errors="replace")
+    if check and p.returncode != 0:
+        raise CheckFailed(f"{' '.join(args)} exited {p.returncode}: {err.strip()[-800:]}")
+    return p.returncode, out, err
+
+
+def pycell_json(code, opts=(), user=None, timeout=GUARD):
+    """`pycell run --json OPTS -` with `code` on stdin -> (exit, result, stderr)."""
+    rc, out, err = sh(["pycell", "run", "--json", *opts, "-"], input=code, user=user, timeout=timeout)
+    try:
+        result = json.loads(out)
+    except ValueError:
+        raise CheckFailed(f"pycell run printed no JSON result (exit {rc}); stdout {out[-400:]!r}; stderr {err[-800:]!r}")
+    return rc, result, err
+
+
+def expect(cond, msg):
+    if not cond:
+        raise CheckFailed(msg)
+
+
+def brief(result):
+    keep = {k: result.get(k) for k in ("status", "exit_code", "signal", "wall_ms", "peak_memory_bytes", "error")}
+    keep["stdout"] = (result.get("stdout") or "")[-300:]
+    keep["stderr"] = (result.get("stderr") or "")[-300:]
+    return json.dumps(keep)
+
+
+# ------------------------------------------------------------ host inspection
+
+def sandbox_processes():
+    """Host processes running under a sandbox uid."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = f.read()
+        except OSError:
+            continue
+        m = re.search(r"^Uid:\s+(\d+)\s+(\d+)\s+(\d+)", status, re.M)
+        if m and any(int(u) in SANDBOX_UIDS for u in m.groups()):
+            name = re.search(r"^Name:\s+(.*)$", status, re.M)
+            found.append(f"{pid}({name.group(1) if name else '?'}, uid {m.group(1)})")
+    return found
+
+
+def ours(text):
+    """Does `text` (a process line, unit or cgroup name) belong to pycell, not
+    to this test harness (pycell-vm-payload.service, /mnt/payload)?"""
+    return "pycell" in text.replace("pycell-vm-payload", "")
+
+
+def run_cgroups():
+    """Per-run cgroup directories anywhere in the v2 hierarchy (pycell-<uid>-<run>)."""
+    found = []
+    for dirpath, dirnames, _ in os.walk("/sys/fs/cgroup"):
+        for d in dirnames:
+            if re.match(r"pycell-\d+-", d):
+                found.append(os.path.join(dirpath, d))
+    return found
+
+
+def pycell_cgroups():
+    """Every cgroup directory whose name mentions pycell (runs, parents, the service)."""
+    found = []
+    for dirpath, dirnames, _ in os.walk("/sys/fs/cgroup"):
+        for d in dirnames:
+            if ours(d):
+                found.append(os.path.join(dirpath, d))
+    return found
+
+
+def wait_until(pred, seconds, step=0.2):
+    deadline = time.monotonic() + seconds
+    while True:
+        v = pred()
+        if v or time.monotonic() >= deadline:
+            return v
+        time.sleep(step)
+
+
+def expect_no_leftovers(what):
+    procs = wait_until(lambda: not sandbox_processes(), 10) or sandbox_processes()
+    expect(procs is True or not procs, f"{what}: sandbox processes left: {procs}")
+    cgs = wait_until(lambda: not run_cgroups(), 10) or run_cgroups()
+    expect(cgs is True or not cgs, f"{what}: run cgroups left: {cgs}")
+
+
+# ------------------------------------------------------------------ the code
+
+PRINT_1 = "print(1)\n"
+# Writes every page: a calloc'ed bytearray would never be touched.
+HOG = "x = 'x' * (512 << 20)\nprint(len(x))\n"
+# Forks until the pids limit says no; children wait to be killed.
+FORK_UNTIL_REFUSED = """
+import errno, os, signal, time
+children, err = [], None
+try:
+    while len(children) < 10000:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        children.append(pid)
+except OSError as e:
+    err = errno.errorcode.get(e.errno, e.errno)
+for pid in children:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+print(len(children), err)
+"""
+# The classic: fork forever, ignore failures.
+FORK_BOMB = """
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""
+# A tree that tries to outlive its run: a subprocess, a double-forked
+# setsid() grandchild, and the main process, all sleeping.
+TREE = """
+import os, subprocess, sys, time
+subprocess.Popen(["sleep", "1000"])
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(1000)
+    os._exit(0)
+print("tree started", flush=True)
+time.sleep(1000)
+"""
+
+
+# ------------------------------------------------------------ check groups
+
+def check_install():
+    shutil.copy(f"{PAYLOAD}/pycell.deb", "/tmp/pycell.deb")
+    rc, out, err = sh(
+        ["apt-get", "install", "-y", "--no-install-recommends", "/tmp/pycell.deb"],
+        env={"DEBIAN_FRONTEND": "noninteractive"},
+        timeout=300,
+    )
+    expect(rc == 0, f"apt-get install exited {rc}: {(out + err)[-1500:]}")
+    for path in ["/usr/bin/pycell", "/usr/libexec/pycell/pycell-jailer", "/etc/pycell/policies/default.toml",
+                 "/etc/pycell/pycelld.toml"]:
+        expect(os.path.exists(path), f"{path} is missing after install")
+    rc, out, _ = sh(["pycell", "--version"], check=True)
+    return out.strip()
+
+
+def check_accounts():
+    try:
+        u = pwd.getpwnam("pycell")
+        g = grp.getgrnam("pycell")
+    except KeyError as e:
+        raise CheckFailed(f"no pycell account after install: {e}")
+    expect(u.pw_uid < 1000, f"pycell is not a system user (uid {u.pw_uid})")
+    expect(u.pw_shell.endswith("nologin"), f"pycell has a login shell: {u.pw_shell}")
+    return f"uid {u.pw_uid}, gid {g.gr_gid}"
+
+
+def check_cgroup_v2():
+    expect(os.path.exists("/sys/fs/cgroup/cgroup.controllers"), "/sys/fs/cgroup is not cgroup v2")
+    with open("/sys/fs/cgroup/cgroup.controllers") as f:
+        ctrls = f.read().split()
+    for c in ("memory", "pids", "cpu"):
+        expect(c in ctrls, f"cgroup v2 lacks {c}: {ctrls}")
+    return " ".join(ctrls)
+
+
+def landlock_abi():
+    """The kernel's Landlock ABI (landlock_create_ruleset(NULL, 0, VERSION))."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    abi = libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    return max(abi, 0)
+
+
+DEFAULT_POLICY = "/etc/pycell/policies/default.toml"
+
+
+def check_landlock_policy():
+    """Debian 12's kernel (6.1) has Landlock ABI 2. If the shipped default
+    policy asks for more, a run must be refused with the stable code (fail
+    closed); then take docs/install.md's step for such kernels: lower
+    min_abi in the conffile to what the kernel has."""
+    abi = landlock_abi()
+    with open(DEFAULT_POLICY) as f:
+        text = f.read()
+    m = re.search(r"^min_abi\s*=\s*(\d+)", text, re.M)
+    expect(m is not None, f"no min_abi in {DEFAULT_POLICY}")
+    want = int(m.group(1))
+    if want <= abi:
+        return f"kernel ABI {abi} >= the shipped min_abi {want}: nothing to do"
+    rc, r, err = pycell_json(PRINT_1, ["--embedded"])
+    code = (r.get("error") or {}).get("code")
+    expect(rc == 125 and r.get("status") == "refused" and code == "landlock_abi_too_old",
+           f"kernel ABI {abi} < min_abi {want}, yet: exit {rc}, {brief(r)}")
+    with open(DEFAULT_POLICY, "w") as f:
+        f.write(text[:m.start(1)] + str(abi) + text[m.end(1):])
+    sh(["systemctl", "try-restart", "pycelld.service"], check=True)
+    return f"kernel ABI {abi} < shipped min_abi {want}: refused (landlock_abi_too_old); conffile set to min_abi = {abi}"
+
+
+def make_users():
+    if subprocess.run(["getent", "passwd", MEMBER], stdout=subprocess.DEVNULL).returncode != 0:
+        sh(["useradd", "--create-home", "--groups", "pycell", MEMBER], check=True)
+    if subprocess.run(["getent", "passwd", OUTSIDER], stdout=subprocess.DEVNULL).returncode != 0:
+        sh(["useradd", "--create-home", OUTSIDER], check=True)
+
+
+def limit_checks(prefix, opts, user):
+    """ok / oom / fork bomb / timeout, through whichever path `opts` selects."""
+
+    def ok():
+        rc, r, err = pycell_json(PRINT_1, opts, user)
+        expect(rc == 0 and r.get("status") == "ok" and r.get("stdout") == "1\n",
+               f"print(1): exit {rc}, {brief(r)}, stderr {err[-500:]!r}")
+        version = ((r.get("layers") or {}).get("cgroup") or {}).get("version")
+        expect(version == "v2", f"layers.cgroup.version is {version!r}, want \"v2\": {json.dumps(r.get('layers'))}")
+        expect_no_leftovers("after print(1)")
+        return f"{r.get('wall_ms')} ms, cgroup {r['layers']['cgroup'].get('name')}"
+
+    def oom():
+        rc, r, err = pycell_json(HOG, [*opts, "--memory", "64M", "--timeout", "60"], user)
+        expect(r.get("status") == "oom" and rc == 137,
+               f"512 MiB under --memory 64M: exit {rc}, {brief(r)}, stderr {err[-500:]!r}")
+        peak = r.get("peak_memory_bytes") or 0
+        expect(peak <= 64 << 20, f"peak memory {peak} is above the 64 MiB limit")
+        expect_no_leftovers("after the oom run")
+        return f"peak {peak >> 20} MiB"
+
+    def forkbomb():
+        rc, r, err = pycell_json(FORK_UNTIL_REFUSED, [*opts, "--pids", "16", "--timeout", "60"], user)
+        expect(rc == 0 and r.get("status") == "ok", f"fork until refused: exit {rc}, {brief(r)}, stderr {err[-500:]!r}")
+        n, errname = (r.get("stdout") or "").split()[:2]
+        expect(errname == "EAGAIN" and int(n) < 16, f"forks before refusal: {n}, error {errname} (want < 16, EAGAIN)")
+        t0 = time.monotonic()
+        rc, r, err = pycell_json(FORK_BOMB, [*opts, "--pids", "32", "--timeout", "5"], user)
+        took = time.monotonic() - t0
+        expect(r.get("status") == "timeout" and rc == 124,
+               f"fork bomb under --pids 32 --timeout 5: exit {rc}, {brief(r)}, stderr {err[-500:]!r}")
+        expect(took < 60, f"the fork bomb run took {took:.0f} s")
+        expect_no_leftovers("after the fork bomb")
+        return f"{n} forks then EAGAIN; bomb stopped by its 5 s timeout after {took:.1f} s"
+
+    def timeout():
+        t0 = time.monotonic()
+        rc, r, err = pycell_json(TREE, [*opts, "--timeout", "3"], user)
+        took = time.monotonic() - t0
+        expect(r.get("status") == "timeout" and rc == 124,
+               f"tree under --timeout 3: exit {rc}, {brief(r)}, stderr {err[-500:]!r}")
+        expect("tree started" in (r.get("stdout") or ""), f"the tree never started: {brief(r)}")
+        expect_no_leftovers("after the timeout")
+        return f"killed the tree after {took:.1f} s"
+
+    return [(f"{prefix}-ok", ok), (f"{prefix}-oom", oom), (f"{prefix}-forkbomb", forkbomb),
+            (f"{prefix}-timeout", timeout)]
+
+
+def check_security_score():
+    rc, out, err = sh(["systemd-analyze", "security", "--no-pager", "pycelld.service"])
+    m = re.search(r"Overall exposure level for pycelld\.service:\s*([0-9.]+)\s*(\w+)", out)
+    expect(m is not None, f"no exposure level in systemd-analyze output (exit {rc}): {(out + err)[-800:]}")
+    for line in out.splitlines():
+        if line.startswith("✗"):
+            log(line)
+    score = float(m.group(1))
+    expect(score <= MAX_EXPOSURE, f"exposure {score} {m.group(2)} is above {MAX_EXPOSURE}")
+    return f"{score} {m.group(2)}"
+
+
+# Raise only with a reason in docs/install.md.
+MAX_EXPOSURE = 5.0
+
+
+def check_service_active():
+    ok = wait_until(lambda: sh(["systemctl", "is-active", "pycelld.service"])[1].strip() == "active", 30)
+    if not ok:
+        _, status, _ = sh(["systemctl", "status", "--no-pager", "-l", "pycelld.service"])
+        _, journal, _ = sh(["journalctl", "-b", "-u", "pycelld.service", "--no-pager", "-n", "40"])
+        raise CheckFailed(f"pycelld.service is not active:\n{status}\n{journal}")
+    # Type=notify: "active" means pycelld said READY=1.
+    _, typ, _ = sh(["systemctl", "show", "-P", "Type", "pycelld.service"])
+    expect(typ.strip() == "notify", f"pycelld.service Type is {typ.strip()}")
+    _, enabled, _ = sh(["systemctl", "is-enabled", "pycelld.service"])
+    expect(enabled.strip() == "enabled", f"pycelld.service is {enabled.strip()}, not enabled")
+    sock = "/run/pycell/pycell.sock"
+    expect(os.path.exists(sock), f"{sock} does not exist")
+    st = os.stat(sock)
+    expect(grp.getgrgid(st.st_gid).gr_name == "pycell" and st.st_mode & 0o777 == 0o660,
+           f"{sock} is group {grp.getgrgid(st.st_gid).gr_name}, mode {oct(st.st_mode & 0o777)}")
+    _, main_pid, _ = sh(["systemctl", "show", "-P", "MainPID", "pycelld.service"])
+    return f"ready, main pid {main_pid.strip()}"
+
+
+def check_outsider_refused():
+    rc, out, err = sh(["pycell", "run", "--json", "-"], input=PRINT_1, user=OUTSIDER)
+    expect(rc != 0, f"{OUTSIDER} (not in group pycell) ran code: exit {rc}, {out[-300:]!r}")
+    ran = '"stdout": "1\\n"' in out or '"stdout":"1\\n"' in out
+    expect(not ran, f"{OUTSIDER}'s code ran: {out[-300:]!r}")
+    return f"exit {rc}: {(err.strip() or out.strip())[-160:]}"
+
+
+def start_in_flight():
+    """A long run as MEMBER, through the daemon, left running."""
+    path = "/tmp/tree.py"
+    with open(path, "w") as f:
+        f.write(TREE)
+    os.chmod(path, 0o644)
+    return subprocess.Popen(["runuser", "-u", MEMBER, "--", "pycell", "run", "--json", "--timeout", "120", path],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def check_restart_clean():
+    # A run in flight when the service restarts must not survive it.
+    p = start_in_flight()
+    started = wait_until(lambda: sandbox_processes(), 30)
+    expect(started, "the long run never started")
+    rc, out, err = sh(["systemctl", "restart", "pycelld.service"], timeout=90)
+    expect(rc == 0, f"systemctl restart exited {rc}: {err}")
+    try:
+        out, _ = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise CheckFailed("the client of the interrupted run did not finish")
+    try:
+        status = json.loads(out).get("status")
+    except ValueError:
+        status = f"no JSON result ({out[-200:]!r})"
+    expect_no_leftovers("after systemctl restart")
+    expect(sh(["systemctl", "is-active", "pycelld.service"])[1].strip() == "active", "pycelld is not active after restart")
+    rc, r, err = pycell_json(PRINT_1, user=MEMBER)
+    expect(rc == 0 and r.get("status") == "ok", f"print(1) after restart: exit {rc}, {brief(r)}, {err[-300:]!r}")
+    return f"the run in flight ended with exit {p.returncode}, status {status}"
+
+
+def check_mcp():
+    client = f"{PAYLOAD}/mcp_client.py"
+    env = {"PYTHONPATH": f"{PAYLOAD}/mcp-sdk", "PYTHONDONTWRITEBYTECODE": "1"}
+    rc, out, err = sh(["python3", client], user=MEMBER, env=env, timeout=180)
+    expect(rc == 0, f"MCP client exited {rc}: {out[-800:]} {err[-1500:]}")
+    return out.strip().splitlines()[-1] if out.strip() else ""
+
+
+def check_purge_clean():
+    # A run in flight when the package is purged.
+    p = start_in_flight()
+    started = wait_until(lambda: sandbox_processes(), 30)
+    note = purge(p)
+    expect(started, "the purge left nothing behind, but the run meant to be in flight never started")
+    return f"{note}, with a run in flight"
+
+
+def check_purge_clean_embedded():
+    return purge(None)
+
+
+def purge(inflight):
+    rc, out, err = sh(["apt-get", "purge", "-y", "pycell"], env={"DEBIAN_FRONTEND": "noninteractive"}, timeout=300)
+    expect(rc == 0, f"apt-get purge exited {rc}: {(out + err)[-1500:]}")
+    if inflight is not None:
+        try:
+            inflight.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            inflight.kill()
+            raise CheckFailed("the client of the run in flight did not finish after the purge")
+    problems = []
+    procs = wait_until(lambda: not sandbox_processes(), 10) or sandbox_processes()
+    if procs is not True and procs:
+        problems.append(f"sandbox processes: {procs}")
+    pyc = [l for l in sh(["ps", "-eo", "pid,user,args"])[1].splitlines()[1:] if ours(l) and "ps -eo" not in l]
+    if pyc:
+        problems.append(f"processes: {pyc}")
+    cgs = pycell_cgroups()
+    if cgs:
+        problems.append(f"cgroups: {cgs}")
+    for name, db in (("user", "passwd"), ("group", "group")):
+        if subprocess.run(["getent", db, "pycell"], stdout=subprocess.DEVNULL).returncode == 0:
+            problems.append(f"{name} pycell still exists")
+    for path in ["/etc/pycell", "/run/pycell", "/var/lib/pycell", "/var/log/pycell", "/usr/bin/pycell",
+                 "/lib/systemd/system/pycelld.service", "/etc/systemd/system/multi-user.target.wants/pycelld.service"]:
+        if os.path.lexists(path):
+            problems.append(f"{path} still exists")
+    _, units, _ = sh(["systemctl", "list-units", "--all", "--no-legend", "--plain", "pycell*"])
+    units = [u.split()[0] for u in units.splitlines() if u.split() and ours(u.split()[0])]
+    if units:
+        problems.append(f"units: {units}")
+    expect(not problems, "; ".join(problems))
+    return "nothing left"
+
+
+# ------------------------------------------------------------------- runner
+
+def main():
+    with open(f"{PAYLOAD}/groups") as f:
+        groups = set(f.read().split())
+    print(f"RESULT-BEGIN groups={' '.join(sorted(groups))}", flush=True)
+    checks = [("install", check_install), ("accounts", check_accounts), ("cgroup-v2", check_cgroup_v2)]
+    checks += [("landlock-policy", check_landlock_policy)]
+    checks += limit_checks("embedded", ["--embedded"], None)
+    checks += [("security-score", check_security_score)]
+    if "daemon" in groups:
+        checks += [("service-active", lambda: (make_users(), check_service_active())[1])]
+        checks += limit_checks("daemon", [], MEMBER)
+        checks += [("daemon-outsider-refused", check_outsider_refused)]
+        if "mcp" in groups:
+            checks += [("mcp-run-python", check_mcp)]
+        checks += [("restart-clean", check_restart_clean), ("purge-clean", check_purge_clean)]
+    else:
+        checks += [("purge-clean", check_purge_clean_embedded)]
+    # Once the package is missing, nothing after it can pass: stop there.
+    fatal = {"install"}
+    for name, fn in checks:
+        t0 = time.monotonic()
+        try:
+            note = fn()
+            took = time.monotonic() - t0
+            print(f"RESULT PASS {name}: {note} [{took:.1f} s]" if note else f"RESULT PASS {name} [{took:.1f} s]",
+                  flush=True)
+        except Exception as e:  # noqa: BLE001 - every failure becomes a FAIL line
+            detail = str(e) if isinstance(e, CheckFailed) else f"{type(e).__name__}: {e}"
+            first, _, rest = detail.partition("\n")
+            print(f"RESULT FAIL {name}: {first}", flush=True)
+            for line in rest.splitlines()[-40:]:
+                log(line)
+            if not isinstance(e, CheckFailed):
+                for line in traceback.format_exc().splitlines()[-12:]:
+                    log(line)
+            if name in fatal:
+                break
+    print("RESULT-END", flush=True)
+
+
+if __name__ == "__main__":
+    main()

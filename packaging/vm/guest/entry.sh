@@ -1,0 +1,8 @@
+#!/bin/bash
+# Payload entry point, run by pycell-vm-payload in the guest (see
+# scripts/vm-image): the checks, with Python unbuffered so that each RESULT
+# line reaches the serial console as it happens.
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 LANG=C.UTF-8
+# multi-user.target is reached before this runs; boot "finishes" after it.
+echo "PYCELL-VM-SYSTEMD multi-user.target reached after $(systemctl show -P ActiveEnterTimestampMonotonic multi-user.target | awk '{printf "%.1f s", $1 / 1e6}')"
+exec /usr/bin/python3 /mnt/payload/checks.py
