@@ -4,7 +4,8 @@ same run:
 - per call: `run_python` with `print(1)`, many calls in one session (after a
   warmup), each timed from the SDK's call_tool to its result; interleaved
   with bare `python3 -c 'print(1)'` spawns (subprocess.run, output
-  discarded), so that both see the same machine load;
+  discarded), so that both see the same machine load, and with
+  `pycell run bench/print1.py` (embedded) for reference;
 - session start: spawning `pycell mcp` and completing `initialize` (the
   2025-11-25 handshake hosts use today), a new process each time; and, for
   information, the same with the 2026-07-28 `server/discover` path.
@@ -33,15 +34,15 @@ BARE = ["/usr/bin/python3", "-c", "print(1)"]
 WARMUP = 5
 
 
-def bare_once():
+def spawn_once(cmd):
     t0 = time.perf_counter()
-    subprocess.run(BARE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     return time.perf_counter() - t0
 
 
-async def per_call(params, runs):
-    """(call latencies, bare latencies), interleaved, in seconds."""
-    calls, bares = [], []
+async def per_call(params, runs, pycell_run):
+    """(call, bare, pycell run latencies), interleaved, in seconds."""
+    calls, bares, cli = [], [], []
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
             await session.initialize()
@@ -52,11 +53,13 @@ async def per_call(params, runs):
                 sc = r.structured_content or {}
                 if r.is_error or sc.get("status") != "ok" or sc.get("stdout") != "1\n":
                     raise SystemExit(f"bench/mcp_bench.py: run_python(print(1)) did not work: {r}")
-                b = bare_once()
+                b = spawn_once(BARE)
+                c = spawn_once(pycell_run)
                 if i >= WARMUP:
                     calls.append(dt)
                     bares.append(b)
-    return calls, bares
+                    cli.append(c)
+    return calls, bares, cli
 
 
 async def session_starts(params, runs):
@@ -106,12 +109,14 @@ async def main():
     a = ap.parse_args()
     params = StdioServerParameters(command=a.pycell, args=["mcp"])
 
-    calls, bares = await per_call(params, a.runs)
+    print1 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "print1.py")
+    calls, bares, cli = await per_call(params, a.runs, [a.pycell, "run", print1])
     starts = await session_starts(params, a.runs)
     discovers = await discover_starts(params, a.runs)
     rows = {
         "bare python3 -c 'print(1)'": stats(bares),
         "run_python print(1), per call": stats(calls),
+        "pycell run print1.py (reference)": stats(cli),
         "session start (spawn + initialize)": stats(starts),
         "session start (spawn + discover)": stats(discovers),
     }
@@ -130,6 +135,9 @@ async def main():
          call / base <= 1.5),
         (f"session start (spawn + initialize) < 50 ms: {start:.2f} ms", start < 50.0),
     ]
+    cli_ms = rows["pycell run print1.py (reference)"]["median"]
+    print(f"\nrun_python over pycell run (same sandbox, no CLI process; MCP round trip): {call - cli_ms:+.2f} ms")
+    print(f"load average at the end: {open('/proc/loadavg').read().split()[0]} on {os.cpu_count()} cpus")
     print("\ntargets:")
     for text, ok in verdicts:
         print(f"  {'PASS' if ok else 'MISS'}  {text}")
