@@ -182,9 +182,9 @@ async def cancellation(session, schemas):
         m = re.search(r"sandbox uid (\d+)", message or "")
         if m:
             state["uid"] = int(m.group(1))
-        # The first note comes at sandbox start; wait for one more so the
-        # program is surely running (it prints, then sleeps).
-        if state["uid"] is not None and len(notes) >= 2:
+        # The first note comes at sandbox start; wait for one that shows the
+        # program's output, so that it surely runs (it prints, then sleeps).
+        if state["uid"] is not None and "9 B stdout" in (message or ""):
             enough.set()
 
     async def long_call():
