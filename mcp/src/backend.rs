@@ -34,7 +34,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use pycell_daemon::protocol::RunRequest;
+use pycell_daemon::client::{ClientError, DaemonClient, DEFAULT_SOCKET};
+use pycell_daemon::protocol::{ErrorCode, RunRequest, Stream};
 use pycell_daemon::resolve::{self, ResolveError, POLICY_DIR};
 use pycell_daemon::result::RunResult;
 use pycell_jailer::events::{self, Event as Frame, MAX_FRAME};
@@ -113,6 +114,18 @@ fn find_jailer() -> Result<PathBuf, String> {
             "pycell-jailer not found at {} (it is installed next to pycell; or set PYCELL_JAILER)",
             path.display()
         ))
+    }
+}
+
+/// The pycelld socket to use: `PYCELL_SOCKET` if set (and not empty), else
+/// the default path if a daemon is listening there.
+fn daemon_socket() -> Option<PathBuf> {
+    match std::env::var_os("PYCELL_SOCKET") {
+        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
+        _ => {
+            let d = Path::new(DEFAULT_SOCKET);
+            d.exists().then(|| d.to_path_buf())
+        }
     }
 }
 
@@ -198,14 +211,92 @@ impl Backend {
         on_event: impl FnMut(RunEvent<'_>) + Send,
         cancel: CancellationToken,
     ) -> Result<RunResult, RequestError> {
-        // ---- SEAM (daemon client): if the pycelld socket exists, send `req`
-        // to the daemon instead and map its events and result onto `on_event`
-        // and the return value (cancel => the protocol's `cancel` request).
-        // Everything below is embedded mode. ----
+        // With a pycelld socket the daemon runs it (no root needed here);
+        // otherwise this process is the embedded daemon.
+        if let Some(socket) = daemon_socket() {
+            return self
+                .inner
+                .tracker
+                .track_future(self.run_via_daemon(socket, req, on_event, cancel))
+                .await;
+        }
         self.inner
             .tracker
             .track_future(self.run_embedded(req, on_event, cancel))
             .await
+    }
+
+    /// A run through pycelld: the blocking client on a worker thread, its
+    /// output relayed to `on_event`, cancellation sent as the protocol's
+    /// `cancel` (the daemon kills the sandbox; the result says `killed`).
+    async fn run_via_daemon(
+        &self,
+        socket: PathBuf,
+        req: RunRequest,
+        mut on_event: impl FnMut(RunEvent<'_>) + Send,
+        cancel: CancellationToken,
+    ) -> Result<RunResult, RequestError> {
+        let policy = req.policy_name().to_string();
+        let refused = |code: &str, message: String| {
+            Ok(RunResult::refused(
+                "",
+                &policy,
+                failure(code, "daemon", message, None),
+            ))
+        };
+        let connected = tokio::task::spawn_blocking(move || DaemonClient::connect(&socket)).await;
+        let mut client = match connected {
+            Ok(Ok(c)) => c,
+            Ok(Err(ClientError::Refused { code, message })) => {
+                return refused(code.as_str(), message)
+            }
+            Ok(Err(e)) => return refused("daemon_unavailable", e.to_string()),
+            Err(e) => return refused("internal", e.to_string()),
+        };
+        let mut canceller = match client.canceller() {
+            Ok(c) => c,
+            Err(e) => return refused("daemon_unavailable", e.to_string()),
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Stream, Vec<u8>)>();
+        let mut handle = tokio::task::spawn_blocking(move || {
+            client.run(req, |stream, bytes| {
+                let _ = tx.send((stream, bytes.to_vec()));
+            })
+        });
+        let mut cancel_sent = false;
+        let outcome = loop {
+            tokio::select! {
+                Some((stream, bytes)) = rx.recv() => {
+                    let stream = match stream {
+                        Stream::Stdout => OutputStream::Stdout,
+                        Stream::Stderr => OutputStream::Stderr,
+                    };
+                    on_event(RunEvent::Output { stream, bytes: &bytes });
+                }
+                _ = cancel.cancelled(), if !cancel_sent => {
+                    cancel_sent = true;
+                    let _ = canceller.cancel();
+                }
+                _ = self.inner.shutdown.cancelled(), if !cancel_sent => {
+                    cancel_sent = true;
+                    let _ = canceller.cancel();
+                }
+                done = &mut handle => break done,
+            }
+        };
+        match outcome {
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(ClientError::Refused {
+                code: ErrorCode::InvalidRequest,
+                message,
+            })) => Err(RequestError {
+                field: "request",
+                problem: message,
+            }),
+            Ok(Err(ClientError::Refused { code, message })) => refused(code.as_str(), message),
+            Ok(Err(e)) => refused("daemon_failed", e.to_string()),
+            Err(e) => refused("internal", e.to_string()),
+        }
     }
 
     /// Cancel every run in flight (their results say `killed`) and refuse
