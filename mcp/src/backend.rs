@@ -119,7 +119,7 @@ fn find_jailer() -> Result<PathBuf, String> {
 
 /// The pycelld socket to use: `PYCELL_SOCKET` if set (and not empty), else
 /// the default path if a daemon is listening there.
-fn daemon_socket() -> Option<PathBuf> {
+pub fn daemon_socket() -> Option<PathBuf> {
     match std::env::var_os("PYCELL_SOCKET") {
         Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
         _ => {

@@ -91,7 +91,8 @@ pub struct PolicyProblem {
 pub struct Info {
     /// pycell's version.
     pub version: String,
-    /// `embedded`: sandboxes are built by this process's own jailer (needs root).
+    /// `daemon (SOCKET)`: runs go to pycelld at SOCKET; `embedded`: this
+    /// process builds the sandboxes through pycell-jailer (needs root).
     pub mode: String,
     /// The policies a run may name.
     pub policies: Vec<PolicySummary>,
@@ -229,7 +230,10 @@ pub fn collect() -> Info {
     let (policies, policy_problems) = policies(Path::new(POLICY_DIR));
     Info {
         version: env!("CARGO_PKG_VERSION").to_string(),
-        mode: "embedded".to_string(),
+        mode: match crate::backend::daemon_socket() {
+            Some(socket) => format!("daemon ({})", socket.display()),
+            None => "embedded".to_string(),
+        },
         policies,
         policy_problems,
         layers: layers(),

@@ -222,7 +222,8 @@ impl Progress {
     }
 }
 
-/// Sends a progress notification when the sandbox starts and then every
+/// Sends a progress notification when the sandbox starts (or after
+/// [`PROGRESS_EVERY`] if the backend does not say) and then every
 /// [`PROGRESS_EVERY`]; `progress` is the elapsed time in seconds (it only
 /// grows, as MCP requires). Never returns: dropped when the run ends.
 async fn report_progress(
@@ -231,7 +232,8 @@ async fn report_progress(
     progress: Arc<Progress>,
 ) -> std::convert::Infallible {
     let start = Instant::now();
-    progress.started.notified().await;
+    // The daemon path does not announce the sandbox; tick anyway.
+    let _ = tokio::time::timeout(PROGRESS_EVERY, progress.started.notified()).await;
     let mut tick = tokio::time::interval(PROGRESS_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
