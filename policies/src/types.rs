@@ -125,7 +125,7 @@ pub struct LandlockRules {
 impl Default for LandlockRules {
     fn default() -> Self {
         LandlockRules {
-            min_abi: 3,
+            min_abi: 2,
             read_exec: Vec::new(),
             read_only: Vec::new(),
             read_write: Vec::new(),
