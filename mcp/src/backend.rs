@@ -95,6 +95,8 @@ struct Inner {
     tracker: TaskTracker,
     shutdown: CancellationToken,
     slots: Semaphore,
+    /// Never use a daemon (`pycell mcp --embedded`).
+    embedded_only: bool,
     /// JAILER_MARGIN and KILL_AFTER (shorter in tests).
     margin: Duration,
     kill_after: Duration,
@@ -182,13 +184,35 @@ impl Backend {
     /// Configuration from the environment (`PYCELL_JAILER`,
     /// `PYCELL_UID_RANGE`). Problems are reported by each run, as a refusal,
     /// so that the MCP server still starts and `sandbox_info` can explain.
-    pub fn from_env() -> Backend {
-        Backend::new(find_jailer(), JAILER_MARGIN, KILL_AFTER)
+    /// With `embedded_only`, runs never go to a daemon, even if one is
+    /// listening.
+    pub fn from_env(embedded_only: bool) -> Backend {
+        Backend::new(find_jailer(), embedded_only, JAILER_MARGIN, KILL_AFTER)
     }
 
-    fn new(jailer: Result<PathBuf, String>, margin: Duration, kill_after: Duration) -> Backend {
+    /// Where runs go: the daemon's socket, if they go to one.
+    pub fn daemon(&self) -> Option<PathBuf> {
+        if self.inner.embedded_only {
+            None
+        } else {
+            daemon_socket()
+        }
+    }
+
+    /// `daemon (SOCKET)` or `embedded`, as `sandbox_info` reports it.
+    pub fn mode(&self) -> String {
+        crate::info::mode_name(self.daemon().as_deref())
+    }
+
+    fn new(
+        jailer: Result<PathBuf, String>,
+        embedded_only: bool,
+        margin: Duration,
+        kill_after: Duration,
+    ) -> Backend {
         Backend {
             inner: Arc::new(Inner {
+                embedded_only,
                 jailer,
                 uid_range: uid_range_from_env(),
                 policy_dir: PathBuf::from(POLICY_DIR),
@@ -213,7 +237,7 @@ impl Backend {
     ) -> Result<RunResult, RequestError> {
         // With a pycelld socket the daemon runs it (no root needed here);
         // otherwise this process is the embedded daemon.
-        if let Some(socket) = daemon_socket() {
+        if let Some(socket) = self.daemon() {
             return self
                 .inner
                 .tracker
@@ -806,7 +830,7 @@ mod tests {
             dir.path(),
             "cat >/dev/null; echo 'no cgroup here' >&2; exit 3",
         );
-        let b = Backend::new(Ok(jailer), JAILER_MARGIN, KILL_AFTER);
+        let b = Backend::new(Ok(jailer), true, JAILER_MARGIN, KILL_AFTER);
         let r = b
             .run(print1(), |_| {}, CancellationToken::new())
             .await
@@ -822,7 +846,7 @@ mod tests {
         require_root();
         let dir = tempfile::tempdir().unwrap();
         let jailer = fake_jailer(dir.path(), "cat >/dev/null; printf 'garbage'");
-        let b = Backend::new(Ok(jailer), JAILER_MARGIN, KILL_AFTER);
+        let b = Backend::new(Ok(jailer), true, JAILER_MARGIN, KILL_AFTER);
         let r = b
             .run(print1(), |_| {}, CancellationToken::new())
             .await
@@ -839,7 +863,7 @@ mod tests {
         // Ignores SIGTERM and never answers: only SIGKILL ends it.
         let jailer = fake_jailer(dir.path(), "trap '' TERM; cat >/dev/null; exec sleep 600");
         let margin = Duration::from_millis(300);
-        let b = Backend::new(Ok(jailer), margin, Duration::from_millis(300));
+        let b = Backend::new(Ok(jailer), true, margin, Duration::from_millis(300));
         let mut req = print1();
         req.limits.timeout_s = Some(0.2);
         let start = std::time::Instant::now();
@@ -862,6 +886,7 @@ mod tests {
         require_root();
         let b = Backend::new(
             Ok(PathBuf::from("/nonexistent/pycell-jailer")),
+            true,
             JAILER_MARGIN,
             KILL_AFTER,
         );
@@ -876,7 +901,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unknown_policy_is_the_callers_mistake() {
-        let b = Backend::from_env();
+        let b = Backend::from_env(true);
         let req = RunRequest {
             code: "print(1)".into(),
             policy: Some("no-such-policy".into()),

@@ -105,4 +105,7 @@ pub struct McpArgs {
     /// Policy for run_python calls that do not name one (an installed or built-in policy name).
     #[arg(long, default_value = "default", value_name = "NAME")]
     pub policy: String,
+    /// Build sandboxes in this process (needs root) even if pycelld is running.
+    #[arg(long)]
+    pub embedded: bool,
 }

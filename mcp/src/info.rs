@@ -225,15 +225,26 @@ fn policies(dir: &Path) -> (Vec<PolicySummary>, Vec<PolicyProblem>) {
     (ok, problems)
 }
 
-/// Measure everything `pycell info` and `sandbox_info` report.
+/// How runs are executed, as `mode` reports it.
+pub fn mode_name(daemon_socket: Option<&Path>) -> String {
+    match daemon_socket {
+        Some(socket) => format!("daemon ({})", socket.display()),
+        None => "embedded".to_string(),
+    }
+}
+
+/// Measure everything `pycell info` reports (`mode`: the daemon if its
+/// socket exists, as `pycell run` decides).
 pub fn collect() -> Info {
+    collect_with_mode(mode_name(crate::backend::daemon_socket().as_deref()))
+}
+
+/// Measure everything, for a caller that knows where its runs go.
+pub fn collect_with_mode(mode: String) -> Info {
     let (policies, policy_problems) = policies(Path::new(POLICY_DIR));
     Info {
         version: env!("CARGO_PKG_VERSION").to_string(),
-        mode: match crate::backend::daemon_socket() {
-            Some(socket) => format!("daemon ({})", socket.display()),
-            None => "embedded".to_string(),
-        },
+        mode,
         policies,
         policy_problems,
         layers: layers(),

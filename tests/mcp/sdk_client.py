@@ -36,6 +36,10 @@ from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 
 REPORT = {}
+# Embedded mode even if a pycelld happens to listen on this host: the checks
+# below (the sandbox uid in progress notes, /proc and cgroup scans) are about
+# the sandboxes this server builds itself.
+SERVER_ARGS = ["mcp", "--embedded"]
 
 
 # ------------------------------------------------------------------ host scans
@@ -269,7 +273,7 @@ async def bad_arguments(session, schemas):
 
 async def main_session(pycell):
     schemas = {}
-    params = StdioServerParameters(command=pycell, args=["mcp"])
+    params = StdioServerParameters(command=pycell, args=SERVER_ARGS)
     t0 = time.monotonic()
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
@@ -315,7 +319,7 @@ async def main_session(pycell):
 async def modern_session(pycell):
     """The 2026-07-28 path: the SDK's Client probes server/discover."""
     t0 = time.monotonic()
-    async with Client(StdioServerParameters(command=pycell, args=["mcp"]), mode="auto") as client:
+    async with Client(StdioServerParameters(command=pycell, args=SERVER_ARGS), mode="auto") as client:
         r = await client.call_tool("run_python", {"code": "print(1)"})
         return {
             "protocol_version": client.session.protocol_version,
@@ -329,7 +333,7 @@ def end_during_run(pycell, how):
     """Raw JSON-RPC: start a long run with a progress token, end the session
     once the sandbox is up (`how`: "eof" closes stdin, "sigterm" signals the
     server), and watch pycell mcp exit and the sandbox disappear."""
-    p = subprocess.Popen([pycell, "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen([pycell, *SERVER_ARGS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out = {"uid": None}
     try:
 

@@ -319,6 +319,7 @@ fn the_official_python_sdk_drives_pycell_mcp() {
     if let Some(v) = c.step("sandbox_info") {
         c.eq("sandbox_info", v, "/is_error", Value::Bool(false));
         c.eq("sandbox_info", v, "/schema_errors", Value::Array(vec![]));
+        c.eq("sandbox_info", v, "/structured/mode", "embedded".into());
         c.eq(
             "sandbox_info",
             v,

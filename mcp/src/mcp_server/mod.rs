@@ -110,7 +110,8 @@ impl PycellServer {
     }
 
     async fn sandbox_info(&self) -> CallToolResult {
-        match tokio::task::spawn_blocking(crate::info::collect).await {
+        let mode = self.backend.mode();
+        match tokio::task::spawn_blocking(move || crate::info::collect_with_mode(mode)).await {
             Ok(info) => {
                 let text = render_info(&info);
                 match serde_json::to_value(&info) {
@@ -315,7 +316,7 @@ async fn serve(args: &McpArgs) -> i32 {
         eprintln!("pycell mcp: --policy {}: {e}", args.policy);
         return 2;
     }
-    let backend = Backend::from_env();
+    let backend = Backend::from_env(args.embedded);
     let server = PycellServer::new(backend.clone(), args.policy.clone());
     // The end of stdin means the client is gone: nobody can read the results
     // of runs still going, so stop them at once rather than after rmcp's
