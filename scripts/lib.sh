@@ -11,7 +11,7 @@ PYCELL_TARGET_DIR="${CARGO_TARGET_DIR:-$PYCELL_ROOT/target}"
 # Debian's interpreter: the one the default policy runs, and the one the
 # scripts use (never whatever python3 comes first on PATH, e.g. pyenv's).
 HOST_PYTHON=/usr/bin/python3
-MIN_RUST=1.85
+MIN_RUST=1.88
 
 # The sandbox uid must be able to read what we build for it (venvs).
 umask 022

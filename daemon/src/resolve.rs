@@ -25,7 +25,7 @@ pub const CGROUP_PARENT: &str = "pycell";
 pub enum ResolveError {
     #[error("{0}")]
     Policy(#[from] pycell_policy::PolicyError),
-    #[error("no policy named {name:?}: not in {dir} and not built in (built-in: {builtin}); pass a path to a .toml file to use your own")]
+    #[error("no policy named {name:?}: not in {dir} and not built in (built-in: {builtin})")]
     UnknownPolicy {
         name: String,
         dir: &'static str,

@@ -308,6 +308,17 @@ impl Backend {
                 done = &mut handle => break done,
             }
         };
+        // Chunks still queued when the run ended.
+        while let Ok((stream, bytes)) = rx.try_recv() {
+            let stream = match stream {
+                Stream::Stdout => OutputStream::Stdout,
+                Stream::Stderr => OutputStream::Stderr,
+            };
+            on_event(RunEvent::Output {
+                stream,
+                bytes: &bytes,
+            });
+        }
         match outcome {
             Ok(Ok(result)) => Ok(result),
             Ok(Err(ClientError::Refused {

@@ -59,7 +59,12 @@ pub fn load_policy(arg: &str) -> Result<Policy, String> {
     if arg.contains('/') || arg.ends_with(".toml") {
         return Policy::load(Path::new(arg)).map_err(|e| e.to_string());
     }
-    resolve::load_policy_by_name(arg, Path::new(POLICY_DIR)).map_err(|e| e.to_string())
+    resolve::load_policy_by_name(arg, Path::new(POLICY_DIR)).map_err(|e| match e {
+        resolve::ResolveError::UnknownPolicy { .. } => {
+            format!("{e}; in embedded mode you can also pass a path to a .toml file")
+        }
+        e => e.to_string(),
+    })
 }
 
 fn size_flag(flag: &str, v: &Option<String>) -> Result<Option<u64>, String> {

@@ -92,7 +92,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// unit that divides it exactly ("16MiB"), else in bytes ("1000 bytes").
 pub(crate) fn format_size(bytes: u64) -> String {
     for (unit, name) in [(GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")] {
-        if bytes >= unit && bytes % unit == 0 {
+        if bytes >= unit && bytes.is_multiple_of(unit) {
             return format!("{}{name}", bytes / unit);
         }
     }
@@ -106,16 +106,16 @@ pub(crate) fn format_size(bytes: u64) -> String {
 /// Formats a duration the way an operator would write it ("30s", "2m", "1.5s").
 pub(crate) fn format_duration(d: Duration) -> String {
     let millis = d.as_millis();
-    if d.subsec_nanos() % 1_000_000 != 0 {
+    if !d.subsec_nanos().is_multiple_of(1_000_000) {
         return format!("{}s", d.as_secs_f64());
     }
     if millis == 0 {
         "0s".to_owned()
-    } else if millis % 3_600_000 == 0 {
+    } else if millis.is_multiple_of(3_600_000) {
         format!("{}h", millis / 3_600_000)
-    } else if millis % 60_000 == 0 {
+    } else if millis.is_multiple_of(60_000) {
         format!("{}m", millis / 60_000)
-    } else if millis % 1000 == 0 {
+    } else if millis.is_multiple_of(1000) {
         format!("{}s", millis / 1000)
     } else {
         format!("{millis}ms")

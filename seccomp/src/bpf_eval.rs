@@ -39,7 +39,7 @@ impl SeccompData {
             0 => self.nr,
             4 => self.arch,
             8 | 12 => half(self.instruction_pointer, offset == 12),
-            16..=60 if offset % 4 == 0 => {
+            16..=60 if offset.is_multiple_of(4) => {
                 let index = ((offset - 16) / 8) as usize;
                 half(self.args[index], (offset - 16) % 8 == 4)
             }

@@ -193,7 +193,7 @@ impl Subject {
             for _ in 0..per_syscall {
                 let mut args = random.args();
                 for (&index, values) in &boundaries.values {
-                    if random.next() % 4 != 0 {
+                    if !random.next().is_multiple_of(4) {
                         let pick = random.next() as usize % values.len();
                         args[usize::from(index)] = *values.iter().nth(pick).unwrap();
                     }

@@ -348,7 +348,7 @@ impl Emitter {
 /// [`MAX_LEAF_EXCEPTIONS`] single numbers, returns that outcome and the
 /// exceptions; a short chain of JEQs then beats further JGE splits.
 fn exceptions(ranges: &[Range]) -> Option<(Outcome, Vec<Range>)> {
-    if ranges.len() % 2 == 0 || ranges.len() > 2 * MAX_LEAF_EXCEPTIONS + 1 {
+    if ranges.len().is_multiple_of(2) || ranges.len() > 2 * MAX_LEAF_EXCEPTIONS + 1 {
         return None;
     }
     let base = ranges[0].outcome;
