@@ -568,6 +568,8 @@ pub fn main(
 ) -> i32 {
     // If the monitor dies, so do we.
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
+    // Started through /proc/self/fd/N, whose number would be our name.
+    let _ = nix::sys::prctl::set_name(c"pycelld");
     if nix::unistd::geteuid().is_root() {
         eprintln!("pycelld broker: refusing to run as root");
         return 1;

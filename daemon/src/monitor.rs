@@ -252,9 +252,16 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
         }
         _ => None,
     };
-    let exe = std::env::current_exe().map_err(MonitorError::Broker)?;
-    let mut cmd = Command::new(exe);
-    cmd.arg("--broker")
+    // The broker execs this binary through a descriptor opened here as root:
+    // as the broker user it may not be able to reach the file by its path
+    // (say, a build under /root), and /proc/self/fd needs no search right.
+    let exe = std::env::current_exe()
+        .and_then(fs::File::open)
+        .map_err(MonitorError::Broker)?;
+    clear_cloexec(&exe)?;
+    let mut cmd = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()));
+    cmd.arg0("pycelld")
+        .arg("--broker")
         .arg("--config")
         .arg(config_path)
         .arg("--listen-fd")
@@ -284,6 +291,7 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
     drop(theirs);
     drop(listener);
     drop(audit);
+    drop(exe);
 
     let mut m = Monitor {
         config,
