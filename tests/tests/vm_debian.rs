@@ -38,10 +38,8 @@ fn expected_checks(groups: &BTreeSet<String>) -> Vec<String> {
 #[test]
 fn debian_package_in_a_fresh_vm() {
     require_root();
-    // "mcp" joins the default once `pycell mcp` runs through pycelld (today
-    // it only runs embedded, as root).
     let groups_env =
-        std::env::var("PYCELL_VM_GROUPS").unwrap_or_else(|_| "base daemon".to_string());
+        std::env::var("PYCELL_VM_GROUPS").unwrap_or_else(|_| "base daemon mcp".to_string());
     let groups: BTreeSet<String> = groups_env.split_whitespace().map(String::from).collect();
     let script = repo_root().join("scripts/vm-test");
     let start = Instant::now();
