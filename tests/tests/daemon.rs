@@ -379,7 +379,11 @@ fn unauthorized_uids_are_refused() {
     // The socket is world-connectable here, so the broker's own check is
     // what refuses: uid 4242 is neither root nor in the pycell group.
     let d = Daemon::start("socket_mode = \"0666\"\n");
-    let out = Command::new(pycell_bin())
+    // uid 4242 may not be able to reach the build directory (a clone under
+    // /root): run a copy of the client from the daemon's 0755 temp dir.
+    let client = d.dir.path().join("pycell");
+    std::fs::copy(pycell_bin(), &client).unwrap();
+    let out = Command::new(&client)
         .args(["run", "--socket"])
         .arg(d.socket())
         .arg("-")
