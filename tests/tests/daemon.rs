@@ -572,19 +572,20 @@ fn sigkill_of_the_daemon_leaves_no_sandbox_behind_and_a_restart_serves() {
 fn sigterm_lets_running_runs_finish_then_exits() {
     let mut d = Daemon::start("");
     let socket = d.socket();
+    let (tx, rx) = std::sync::mpsc::channel();
     let run = std::thread::spawn(move || {
         let mut c = DaemonClient::connect(&socket).unwrap();
         c.run(
             request("import time; print('started', flush=True); time.sleep(2); print('finished')"),
-            |_, _| {},
+            |_, _| {
+                let _ = tx.send(());
+            },
         )
     });
-    // Let it start, then ask the daemon to stop.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while d.client().info().unwrap()["daemon"]["active_runs"] != 1 {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // Once its output shows it is running (not merely admitted), ask the
+    // daemon to stop.
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("the run started");
     d.signal(nix::sys::signal::Signal::SIGTERM);
     std::thread::sleep(Duration::from_millis(300));
     // No new runs while draining.
