@@ -253,9 +253,14 @@ fn supervise(
         None
     };
     let start = Instant::now();
-    let cloned = match &born_inside {
-        Some(dir) => syscall::clone_into_cgroup(ns, dir.as_fd()),
-        None => syscall::clone_fork(ns),
+    // clone3 may be missing (old kernels) or filtered to ENOSYS (container
+    // seccomp profiles): then attach after the clone, as on v1.
+    let (cloned, born_in_cgroup) = match &born_inside {
+        Some(dir) => match syscall::clone_into_cgroup(ns, dir.as_fd()) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => (syscall::clone_fork(ns), false),
+            other => (other, true),
+        },
+        None => (syscall::clone_fork(ns), false),
     };
     let pid = match cloned {
         Ok(CloneResult::Child) => {
@@ -290,8 +295,13 @@ fn supervise(
                 .map_err(io_fail("starting the jail"))
         })
         .and_then(|()| {
-            if born_inside.is_some() {
+            if born_in_cgroup {
                 return Ok(());
+            }
+            if let Some(cg) = cgroup_slot.as_ref() {
+                return cg
+                    .attach(pid)
+                    .map_err(|e| failure("cgroup_unavailable", "cgroup", e.to_string(), None));
             }
             let cg = create_cgroup(spec, layout)?;
             let attached = cg

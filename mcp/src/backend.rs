@@ -108,16 +108,22 @@ fn find_jailer() -> Result<PathBuf, String> {
         return Ok(PathBuf::from(p));
     }
     let exe = std::env::current_exe().map_err(|e| format!("locating pycell itself: {e}"))?;
-    let path = exe.with_file_name("pycell-jailer");
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!(
-            "pycell-jailer not found at {} (it is installed next to pycell; or set PYCELL_JAILER)",
-            path.display()
-        ))
-    }
+    let beside = exe.with_file_name("pycell-jailer");
+    // Next to pycell in a build tree; where the Debian package puts it.
+    let installed = PathBuf::from(INSTALLED_JAILER);
+    [beside.clone(), installed]
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "pycell-jailer not found at {} or {INSTALLED_JAILER} (set PYCELL_JAILER to its path)",
+                beside.display()
+            )
+        })
 }
+
+/// Where the Debian package installs the jailer.
+const INSTALLED_JAILER: &str = "/usr/libexec/pycell/pycell-jailer";
 
 /// The pycelld socket to use: `PYCELL_SOCKET` if set (and not empty), else
 /// the default path if a daemon is listening there.
