@@ -251,7 +251,63 @@ pub fn collect_with_mode(mode: String) -> Info {
     }
 }
 
+/// With a daemon running, its own view: version, policies with their limits,
+/// the layers it measured, and its quotas.
+fn print_daemon_info(socket: &Path, json: bool) -> Result<(), String> {
+    let v = pycell_daemon::client::DaemonClient::connect(socket)
+        .and_then(|mut c| c.info())
+        .map_err(|e| e.to_string())?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(());
+    }
+    let s = |x: &serde_json::Value| x.as_str().unwrap_or("?").to_string();
+    println!(
+        "pycelld {} (daemon mode, {})",
+        s(&v["version"]),
+        socket.display()
+    );
+    let d = &v["daemon"];
+    println!(
+        "  runs: {} going; at most {} at once, {} per user; sandbox uids {}",
+        d["active_runs"],
+        d["max_concurrent_runs"],
+        d["max_runs_per_uid"],
+        s(&d["uid_range"])
+    );
+    println!("\npolicies:");
+    for p in v["policies"].as_array().into_iter().flatten() {
+        let l = &p["limits"];
+        println!(
+            "  {:<14} {} [network: {}; timeout {}s, memory {} MiB, pids {}]",
+            s(&p["name"]),
+            s(&p["description"]),
+            s(&p["network"]),
+            l["wall_timeout_s"],
+            l["memory_bytes"].as_u64().unwrap_or(0) >> 20,
+            l["pids"]
+        );
+    }
+    println!("\nisolation layers on this host:");
+    for l in v["layers"].as_array().into_iter().flatten() {
+        let ok = l["available"].as_bool().unwrap_or(false);
+        println!(
+            "  {:<16} {:<4} {}",
+            s(&l["layer"]),
+            if ok { "yes" } else { "NO" },
+            s(&l["detail"])
+        );
+    }
+    Ok(())
+}
+
 pub fn main(json: bool) -> i32 {
+    if let Some(socket) = crate::backend::daemon_socket() {
+        match print_daemon_info(&socket, json) {
+            Ok(()) => return 0,
+            Err(e) => eprintln!("pycell: cannot ask pycelld ({e}); showing what this process sees"),
+        }
+    }
     let info = collect();
     if json {
         println!(

@@ -267,6 +267,24 @@ fn runs_through_the_daemon_and_audits_them() {
     assert_eq!(lines[0]["status"], "ok");
     assert_eq!(lines[0]["code_sha256"].as_str().unwrap().len(), 64);
     assert_eq!(lines[1]["exit_code"], 4);
+    // `pycell info` asks the daemon.
+    let info = Command::new(pycell_bin())
+        .args(["info", "--json"])
+        .env("PYCELL_SOCKET", d.socket())
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert_eq!(v["mode"], "daemon", "{v}");
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert!(
+        v["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "default"),
+        "{v}"
+    );
+    assert_eq!(v["daemon"]["max_concurrent_runs"], 16);
     // The broker runs unprivileged.
     let broker = processes_with_uid(
         nix::unistd::User::from_name("pycell")
