@@ -1,7 +1,7 @@
 //! The structured result of a run, as `pycell run --json` prints it, the
 //! daemon sends it, and the MCP `run_python` tool returns it.
 
-use pycell_jailer::report::{JailFailure, JailReport, Layers, RunStatus};
+use pycell_jailer::report::{exit_code_for, JailFailure, JailReport, Layers, RunStatus};
 use pycell_policy::Limits;
 use serde::{Deserialize, Serialize};
 
@@ -59,20 +59,8 @@ impl RunResult {
         RunResult::new(run_id, policy, None, JailReport::refused(failure), b"", b"")
     }
 
-    /// Process exit code for this outcome (see [`JailReport::process_exit_code`]).
+    /// Process exit code for this outcome (see [`exit_code_for`]).
     pub fn process_exit_code(&self) -> i32 {
-        let r = JailReport {
-            status: self.status,
-            exit_code: self.exit_code,
-            signal: self.signal,
-            stdout_truncated: false,
-            stderr_truncated: false,
-            wall_ms: 0.0,
-            cpu_ms: 0.0,
-            peak_memory_bytes: 0,
-            layers: None,
-            error: None,
-        };
-        r.process_exit_code()
+        exit_code_for(self.status, self.exit_code, self.signal)
     }
 }

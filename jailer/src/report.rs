@@ -95,18 +95,23 @@ impl JailReport {
         }
     }
 
-    /// The conventional process exit code for this outcome: the script's own
-    /// code, 128+signal, 124 for a timeout, 137 for OOM, 125 when refused.
+    /// The conventional process exit code for this outcome (see [`exit_code_for`]).
     pub fn process_exit_code(&self) -> i32 {
-        match self.status {
-            RunStatus::Timeout => 124,
-            RunStatus::Oom => 137,
-            RunStatus::Refused => 125,
-            _ => match (self.exit_code, self.signal) {
-                (Some(c), _) => c,
-                (None, Some(s)) => 128 + s,
-                (None, None) => 125,
-            },
-        }
+        exit_code_for(self.status, self.exit_code, self.signal)
+    }
+}
+
+/// The process exit code that stands for a run's outcome: the script's own
+/// code, 128+signal, 124 for a timeout, 137 for OOM, 125 when refused.
+pub fn exit_code_for(status: RunStatus, exit_code: Option<i32>, signal: Option<i32>) -> i32 {
+    match status {
+        RunStatus::Timeout => 124,
+        RunStatus::Oom => 137,
+        RunStatus::Refused => 125,
+        _ => match (exit_code, signal) {
+            (Some(c), _) => c,
+            (None, Some(s)) => 128 + s,
+            (None, None) => 125,
+        },
     }
 }
