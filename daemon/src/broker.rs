@@ -119,7 +119,8 @@ struct Broker {
     audit: Mutex<Option<std::fs::File>>,
 }
 
-/// Credentials of a connected peer.
+/// Credentials of a connected peer, as the kernel recorded them when it
+/// connected (SO_PEERCRED).
 #[derive(Debug, Clone, Copy)]
 struct Peer {
     uid: u32,
@@ -127,32 +128,16 @@ struct Peer {
     pid: i32,
 }
 
-fn supplementary_groups(pid: i32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("Groups:").map(|g| {
-                    g.split_whitespace()
-                        .filter_map(|x| x.parse().ok())
-                        .collect()
-                })
-            })
-        })
-        .unwrap_or_default()
-}
-
 impl Broker {
-    fn authorized(&self, p: &Peer) -> bool {
+    /// `groups`: the peer's supplementary groups (SO_PEERGROUPS).
+    fn authorized(&self, p: &Peer, groups: &[u32]) -> bool {
         if p.uid == 0
             || self.config.allowed_uids.contains(&p.uid)
             || self.allowed_gids.contains(&p.gid)
         {
             return true;
         }
-        supplementary_groups(p.pid)
-            .iter()
-            .any(|g| self.allowed_gids.contains(g))
+        groups.iter().any(|g| self.allowed_gids.contains(g))
     }
 
     /// Take a slot for a run of `uid`, or say why not.
@@ -245,15 +230,22 @@ fn error(id: Option<&str>, code: ErrorCode, message: impl Into<String>) -> Serve
 }
 
 async fn serve_connection(broker: Arc<Broker>, mut stream: UnixStream) {
-    let peer = match stream.peer_cred() {
-        Ok(c) => Peer {
-            uid: c.uid(),
-            gid: c.gid(),
-            pid: c.pid().unwrap_or(0),
-        },
-        Err(_) => return,
+    use std::os::fd::AsFd;
+    let (peer, groups) = match (
+        stream.peer_cred(),
+        pycell_jailer::syscall::peer_groups(stream.as_fd()),
+    ) {
+        (Ok(c), Ok(groups)) => (
+            Peer {
+                uid: c.uid(),
+                gid: c.gid(),
+                pid: c.pid().unwrap_or(0),
+            },
+            groups,
+        ),
+        _ => return,
     };
-    if !broker.authorized(&peer) {
+    if !broker.authorized(&peer, &groups) {
         send(
             &mut stream,
             &error(

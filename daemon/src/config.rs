@@ -9,6 +9,11 @@ use serde::Deserialize;
 
 pub const DEFAULT_CONFIG: &str = "/etc/pycell/pycelld.toml";
 
+/// The leaf of pycelld's own v2 cgroup that the monitor and broker live in;
+/// runs live in its sibling `cgroup_parent` (see
+/// `CgroupLayout::adopt_own_subtree`).
+pub const SUPERVISOR_CGROUP: &str = "supervisor";
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -56,8 +61,9 @@ pub struct Config {
     pub shutdown_grace: Duration,
     pub audit: AuditSink,
     pub policy_dir: PathBuf,
-    /// Parent of the daemon's run cgroups; distinct from embedded mode's, so
-    /// that a daemon restart can sweep it.
+    /// Parent of the daemon's run cgroups, relative to the daemon's own
+    /// cgroup (the service's delegated subtree); distinct from embedded
+    /// mode's, so that a daemon restart can sweep it.
     pub cgroup_parent: String,
 }
 
@@ -100,7 +106,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(10),
             audit: AuditSink::Stderr,
             policy_dir: PathBuf::from(crate::resolve::POLICY_DIR),
-            cgroup_parent: "pycelld".into(),
+            cgroup_parent: "runs".into(),
         }
     }
 }
@@ -238,19 +244,18 @@ impl Config {
             c.policy_dir = d;
         }
         if let Some(p) = raw.cgroup_parent {
-            let ok = !p.is_empty()
-                && p.split('/').all(|s| {
-                    !s.is_empty()
-                        && s != "."
-                        && s != ".."
-                        && s.bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-                });
-            if !ok {
+            if !pycell_jailer::spec::is_plain_relative_path(&p) {
                 return Err(invalid(
                     find("cgroup_parent"),
                     "cgroup_parent",
                     "must be a relative path of plain names".into(),
+                ));
+            }
+            if p.split('/').next() == Some(SUPERVISOR_CGROUP) {
+                return Err(invalid(
+                    find("cgroup_parent"),
+                    "cgroup_parent",
+                    format!("{SUPERVISOR_CGROUP:?} is the cgroup pycelld itself lives in; pick another name"),
                 ));
             }
             c.cgroup_parent = p;
@@ -295,5 +300,16 @@ mod tests {
         assert_eq!(c.allowed_groups, vec!["staff".to_string()]);
         assert_eq!(c.audit, AuditSink::File("/var/log/pycell.jsonl".into()));
         assert!(Config::parse("uid_range = \"0-10\"\n", Path::new("c.toml")).is_err());
+        assert_eq!(Config::default().cgroup_parent, "runs");
+        let e = Config::parse("cgroup_parent = \"supervisor/x\"\n", Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "c.toml:1:1: cgroup_parent: \"supervisor\" is the cgroup pycelld itself lives in"
+            ),
+            "{e}"
+        );
+        assert!(Config::parse("cgroup_parent = \"../x\"\n", Path::new("c.toml")).is_err());
     }
 }

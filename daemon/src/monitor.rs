@@ -91,6 +91,8 @@ pub enum MonitorError {
     #[error("starting the broker: {0}")]
     Broker(io::Error),
     #[error("{0}")]
+    Cgroup(#[from] pycell_jailer::cgroup::CgroupError),
+    #[error("{0}")]
     Sys(String),
 }
 
@@ -208,10 +210,13 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
         return Err(MonitorError::NotRoot);
     }
     let ids = resolve_ids(&config)?;
+    // Runs live below this service's own (systemd-delegated) cgroup; on v2
+    // the monitor first moves into a leaf of it, before any child exists.
+    let layout = CgroupLayout::detect()?;
+    let cgroup_parent =
+        layout.adopt_own_subtree(crate::config::SUPERVISOR_CGROUP, &config.cgroup_parent)?;
     // Leftovers of an earlier instance that was killed: nothing of ours runs yet.
-    if let Ok(layout) = CgroupLayout::detect() {
-        layout.remove_stale(&config.cgroup_parent, "pycell-");
-    }
+    layout.remove_stale(&cgroup_parent, "pycell-");
     let listener = bind_socket(&config, ids.socket_gid)?;
     let (mine, theirs) = UnixStream::pair().map_err(MonitorError::Broker)?;
 
@@ -295,6 +300,8 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
 
     let mut m = Monitor {
         config,
+        layout,
+        cgroup_parent,
         link: mine,
         runs: HashMap::new(),
         broker_pid,
@@ -308,6 +315,9 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
 
 struct Monitor {
     config: Config,
+    layout: CgroupLayout,
+    /// Parent of the run cgroups, as the jailer's spec takes it.
+    cgroup_parent: String,
     link: UnixStream,
     runs: HashMap<i32, Run>,
     broker_pid: Pid,
@@ -463,7 +473,7 @@ impl Monitor {
         resolved.spec.run_id = run_id.clone();
         resolved.spec.sandbox_uid = lease.uid;
         resolved.spec.sandbox_gid = lease.gid;
-        resolved.spec.cgroup.parent = self.config.cgroup_parent.clone();
+        resolved.spec.cgroup.parent = self.cgroup_parent.clone();
         resolved
             .spec
             .validate()
@@ -565,9 +575,7 @@ impl Monitor {
             let _ = kill(Pid::from_raw(run.child.id() as i32), Signal::SIGKILL);
         }
         let _ = waitpid(self.broker_pid, Some(WaitPidFlag::WNOHANG));
-        if let Ok(layout) = CgroupLayout::detect() {
-            layout.remove_stale(&self.config.cgroup_parent, "pycell-");
-        }
+        self.layout.remove_stale(&self.cgroup_parent, "pycell-");
         let _ = fs::remove_file(&self.config.socket);
     }
 }

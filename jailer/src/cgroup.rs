@@ -58,6 +58,8 @@ pub enum CgroupError {
     },
     #[error("cgroup: cannot read {what}: {detail}")]
     Read { what: &'static str, detail: String },
+    #[error("cgroup: {path} is not a subtree pycelld may manage: {detail}. On cgroup v2, run pycelld as its systemd service (Delegate=yes gives it a cgroup of its own)")]
+    NotDelegated { path: PathBuf, detail: String },
 }
 
 /// Where cgroup hierarchies live; from /proc/self/cgroup and mountinfo.
@@ -114,6 +116,13 @@ fn own_path(proc_self_cgroup: &str, controller: &str) -> Option<String> {
     })
 }
 
+fn read_self_cgroup() -> Result<String, CgroupError> {
+    fs::read_to_string("/proc/self/cgroup").map_err(|e| CgroupError::Read {
+        what: "/proc/self/cgroup",
+        detail: e.to_string(),
+    })
+}
+
 fn join_rel(base: &Path, rel: &str) -> PathBuf {
     let mut p = base.to_path_buf();
     for seg in rel.split('/').filter(|s| !s.is_empty()) {
@@ -125,11 +134,7 @@ fn join_rel(base: &Path, rel: &str) -> PathBuf {
 impl CgroupLayout {
     /// Detect the layout of this host, as seen by this process.
     pub fn detect() -> Result<CgroupLayout, CgroupError> {
-        let self_cgroup =
-            fs::read_to_string("/proc/self/cgroup").map_err(|e| CgroupError::Read {
-                what: "/proc/self/cgroup",
-                detail: e.to_string(),
-            })?;
+        let self_cgroup = read_self_cgroup()?;
         if hierarchies::is_cgroup2_unified_mode() {
             return Ok(CgroupLayout::V2 {
                 root: PathBuf::from(UNIFIED_ROOT),
@@ -184,6 +189,67 @@ impl CgroupLayout {
                 ]
             }
         }
+    }
+
+    /// Make this process's own cgroup the home of its runs, and return the
+    /// `parent` to give [`SandboxCgroup::create`] for runs in `<own>/<runs>`.
+    ///
+    /// v1 already creates runs relative to the caller's cgroup in each
+    /// hierarchy, so `runs` comes back as it is. On v2 the own cgroup is the
+    /// subtree systemd delegates to a service with `Delegate=yes`; a v2
+    /// cgroup that hands controllers to children may hold no processes
+    /// itself, so this process moves into the leaf `<own>/<supervisor>` and
+    /// the memory, pids and cpu controllers are enabled for the children.
+    /// Refused when the own cgroup holds other processes (a login session,
+    /// say): that cgroup is not ours to split. Call it while single-threaded,
+    /// before starting any child.
+    pub fn adopt_own_subtree(&self, supervisor: &str, runs: &str) -> Result<String, CgroupError> {
+        let CgroupLayout::V2 { root } = self else {
+            return Ok(runs.to_string());
+        };
+        let self_cgroup = read_self_cgroup()?;
+        let own = own_path(&self_cgroup, "").ok_or(CgroupError::Read {
+            what: "/proc/self/cgroup",
+            detail: "no cgroup v2 (0::) line".into(),
+        })?;
+        let own_rel = own.trim_matches('/');
+        let parent = if own_rel.is_empty() {
+            runs.to_string()
+        } else {
+            format!("{own_rel}/{runs}")
+        };
+        // The root cgroup may hold processes and children at once.
+        if own_rel.is_empty() {
+            return Ok(parent);
+        }
+        let own_dir = join_rel(root, own_rel);
+        let procs = fs::read_to_string(own_dir.join("cgroup.procs")).map_err(|e| {
+            CgroupError::NotDelegated {
+                path: own_dir.clone(),
+                detail: format!("cannot read cgroup.procs: {e}"),
+            }
+        })?;
+        let me = std::process::id().to_string();
+        let others: Vec<&str> = procs
+            .lines()
+            .map(str::trim)
+            .filter(|p| !p.is_empty() && *p != me)
+            .collect();
+        if !others.is_empty() {
+            return Err(CgroupError::NotDelegated {
+                path: own_dir,
+                detail: format!("it holds other processes too (pids {})", others.join(", ")),
+            });
+        }
+        let leaf = own_dir.join(supervisor);
+        mkdir(&leaf)?;
+        write_file(&leaf.join("cgroup.procs"), &me).map_err(|e| CgroupError::Attach {
+            pid: std::process::id() as i32,
+            path: leaf.clone(),
+            detail: e.to_string(),
+        })?;
+        enable_v2_controllers(&own_dir)?;
+        Ok(parent)
     }
 
     /// Remove cgroups under `parent` whose names start with `prefix`, killing

@@ -119,6 +119,20 @@ pub fn is_clean_absolute(p: &Path) -> bool {
 /// In-jail paths the jailer builds itself; binds may not cover them.
 const RESERVED_TARGETS: &[&str] = &["/proc", "/dev", "/tmp", WORKSPACE, "/etc"];
 
+/// A cgroup path below some base: plain names (ASCII letters, digits, `-`,
+/// `_`, `.`) separated by single `/`, none of them `.` or `..`.
+pub fn is_plain_relative_path(p: &str) -> bool {
+    !p.is_empty()
+        && p.split('/').all(|seg| {
+            !seg.is_empty()
+                && seg != "."
+                && seg != ".."
+                && seg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        })
+}
+
 impl JailSpec {
     pub fn validate(&self) -> Result<(), SpecError> {
         let id_ok = self.run_id.len() <= 40
@@ -227,18 +241,29 @@ impl JailSpec {
                 ));
             }
         }
-        if self.cgroup.parent.is_empty()
-            || !self
-                .cgroup
-                .parent
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-        {
+        if !is_plain_relative_path(&self.cgroup.parent) {
             return Err(bad(
                 "cgroup.parent",
-                "must be a single plain directory name",
+                "must be a relative path of plain names (letters, digits, - _ .) separated by /",
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_plain_relative_path;
+
+    #[test]
+    fn cgroup_parents_are_plain_relative_paths() {
+        for ok in ["pycell", "runs", "system.slice/pycelld.service/runs"] {
+            assert!(is_plain_relative_path(ok), "{ok}");
+        }
+        for bad in [
+            "", "/runs", "runs/", "a//b", "..", "a/../b", "./a", "a b", "a/b\n",
+        ] {
+            assert!(!is_plain_relative_path(bad), "{bad:?}");
+        }
     }
 }

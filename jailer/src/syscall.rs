@@ -331,6 +331,44 @@ pub fn send_with_fd(
     Ok(())
 }
 
+/// SO_PEERGROUPS (asm-generic; the same number on x86_64 and aarch64).
+const SO_PEERGROUPS: libc::c_int = 59;
+
+/// The supplementary groups of a connected unix socket's peer, as they were
+/// when it connected (`SO_PEERGROUPS`, Linux 4.13): unlike reading
+/// `/proc/<pid>/status`, no race with the peer exiting and its pid being
+/// reused, and no need to see other users' processes.
+pub fn peer_groups(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<u32>> {
+    let mut groups: Vec<libc::gid_t> = vec![0; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: `groups` is a live, writable buffer of `len` bytes; the
+        // kernel writes at most `len` bytes into it and the new length into
+        // `len`, a valid socklen_t.
+        let rc = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let count = len as usize / std::mem::size_of::<libc::gid_t>();
+        if rc == 0 {
+            groups.truncate(count);
+            return Ok(groups);
+        }
+        let err = io::Error::last_os_error();
+        // Too small: the kernel said how much it needs (NGROUPS_MAX caps it).
+        if err.raw_os_error() == Some(libc::ERANGE) && count > groups.len() {
+            groups.resize(count, 0);
+            continue;
+        }
+        return Err(err);
+    }
+}
+
 /// Take ownership of a descriptor inherited across exec at a number passed
 /// on the command line (pycelld's broker gets its sockets this way). Returns
 /// None if `fd` is not open or is one of 0/1/2. Call once per descriptor.

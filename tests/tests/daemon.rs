@@ -428,6 +428,45 @@ fn unauthorized_uids_are_refused() {
 }
 
 #[test]
+fn supplementary_group_members_are_let_in() {
+    // uid 4243 is only a supplementary member of the pycell group (primary
+    // gid 4243): the broker sees that group through SO_PEERGROUPS.
+    let d = Daemon::start("socket_mode = \"0666\"\n");
+    let client = d.dir.path().join("pycell");
+    std::fs::copy(pycell_bin(), &client).unwrap();
+    let pycell_gid = nix::unistd::Group::from_name("pycell")
+        .unwrap()
+        .expect("the pycell group (scripts/setup creates it)")
+        .gid;
+    let script = d.dir.path().join("uid.py");
+    std::fs::write(&script, "import os; print(os.getuid())\n").unwrap();
+    let run_as = |groups: &str| {
+        let out = Command::new("setpriv")
+            .args(["--reuid=4243", "--regid=4243"])
+            .arg(groups)
+            .arg(&client)
+            .args(["run", "--socket"])
+            .arg(d.socket())
+            .arg(&script)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = run_as(&format!("--groups={pycell_gid}"));
+    assert_eq!(code, Some(0), "stderr: {stderr}\n{}", d.log());
+    assert_eq!(stdout, "1000\n");
+    // The same uid without the group is refused.
+    let (code, _, stderr) = run_as("--clear-groups");
+    assert_eq!(code, Some(125), "stderr: {stderr}");
+    assert!(stderr.contains("unauthorized"), "stderr: {stderr}");
+}
+
+#[test]
 fn concurrency_limits_answer_busy() {
     let d = Daemon::start("max_concurrent_runs = 1\n");
     let socket = d.socket();

@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -42,12 +43,47 @@ def log(msg):
     print(f"  | {msg}", flush=True)
 
 
+# What the runner is doing, for the heartbeat: (check name, its start, the
+# command being waited for or None).
+CURRENT = {"check": None, "since": 0.0, "command": None}
+HEARTBEAT = 30  # seconds between "still running" lines for a slow check
+
+
+def process_table():
+    """Every process with its state and kernel wait channel (for stalls)."""
+    rc, out, _ = sh_raw(["ps", "-eo", "pid,ppid,user:12,stat,wchan:24,etimes,args", "--sort", "pid"], 20)
+    return [line[:200] for line in out.splitlines() if line.strip()]
+
+
+def heartbeat():
+    """A thread: while a check runs longer than HEARTBEAT, say so, with the
+    command and the pycell processes, so a stall shows where it is."""
+    while True:
+        time.sleep(HEARTBEAT)
+        check, since, command = CURRENT["check"], CURRENT["since"], CURRENT["command"]
+        if check is None or time.monotonic() - since < HEARTBEAT:
+            continue
+        log(f"heartbeat: {check} running for {time.monotonic() - since:.0f} s; waiting for {command}")
+        try:
+            for line in process_table():
+                if "pycell" in line or "python" in line or "runuser" in line:
+                    log(f"heartbeat:   {line}")
+        except Exception as e:  # noqa: BLE001 - diagnostics only
+            log(f"heartbeat: ps failed: {e}")
+
+
+def sh_raw(args, timeout):
+    p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    return p.returncode, p.stdout.decode(errors="replace"), ""
+
+
 def sh(args, *, input=None, user=None, env=None, timeout=GUARD, check=False):
     """Run a command (optionally as `user`), capture its output."""
     if user is not None:
         args = ["runuser", "-u", user, "--"] + list(args)
     full_env = dict(os.environ)
     full_env.update(env or {})
+    CURRENT["command"] = " ".join(args)[:160]
     try:
         p = subprocess.run(
             args,
@@ -58,7 +94,16 @@ def sh(args, *, input=None, user=None, env=None, timeout=GUARD, check=False):
             timeout=timeout,
         )
     except subprocess.TimeoutExpired as e:
-        raise CheckFailed(f"{' '.join(args)} did not finish within {timeout} s") from e
+        # Where it stuck: the processes and the kernel's last words.
+        lines = []
+        try:
+            lines += [f"ps: {line}" for line in process_table()]
+            lines += [f"dmesg: {line}" for line in sh_raw(["dmesg"], 20)[1].splitlines()[-30:]]
+        except Exception as diag:  # noqa: BLE001 - diagnostics only
+            lines.append(f"diagnostics failed: {diag}")
+        raise CheckFailed(f"{' '.join(args)} did not finish within {timeout} s\n" + "\n".join(lines)) from e
+    finally:
+        CURRENT["command"] = None
     out = p.stdout.decode(errors="replace")
     err = p.stderr.decode(errors="replace")
     if check and p.returncode != 0:
@@ -384,7 +429,45 @@ def start_in_flight():
         f.write(TREE)
     os.chmod(path, 0o644)
     return subprocess.Popen(["runuser", "-u", MEMBER, "--", "pycell", "run", "--json", "--timeout", "120", path],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+SERVICE_CGROUP = "/sys/fs/cgroup/system.slice/pycelld.service"
+CAP_DAC_OVERRIDE = 1
+
+
+def check_cgroups_delegated():
+    """Runs live in the service's delegated subtree (Delegate=yes), pycelld
+    itself in its `supervisor` leaf, and the service runs without
+    CAP_DAC_OVERRIDE. Then the client goes away and its run goes too."""
+    p = start_in_flight()
+    try:
+        cgs = wait_until(run_cgroups, 60)
+        expect(cgs, "no run cgroup appeared for a run in flight")
+        outside = [c for c in cgs if not c.startswith(f"{SERVICE_CGROUP}/runs/pycell-")]
+        expect(not outside, f"run cgroups outside {SERVICE_CGROUP}/runs: {outside}")
+        with open(f"{SERVICE_CGROUP}/cgroup.procs") as f:
+            inner = f.read().split()
+        expect(not inner, f"processes directly in {SERVICE_CGROUP} (not in a leaf): {inner}")
+        with open(f"{SERVICE_CGROUP}/cgroup.subtree_control") as f:
+            delegated = f.read().split()
+        expect({"memory", "pids", "cpu"} <= set(delegated), f"{SERVICE_CGROUP} hands out only {delegated}")
+        main_pid = sh(["systemctl", "show", "-P", "MainPID", "pycelld.service"])[1].strip()
+        with open(f"/proc/{main_pid}/cgroup") as f:
+            main_cg = f.read().strip()
+        expect(main_cg == "0::/system.slice/pycelld.service/supervisor", f"pycelld's monitor is in {main_cg!r}")
+        with open(f"/proc/{main_pid}/status") as f:
+            bnd = int(re.search(r"^CapBnd:\s*([0-9a-f]+)", f.read(), re.M).group(1), 16)
+        expect(not bnd & (1 << CAP_DAC_OVERRIDE), f"pycelld's bounding set has CAP_DAC_OVERRIDE ({bnd:#x})")
+        expect(not os.path.exists("/sys/fs/cgroup/pycelld"), "a top-level /sys/fs/cgroup/pycelld exists")
+        where = cgs[0]
+    finally:
+        # The client (runuser and pycell, its own session) goes away.
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+    expect_no_leftovers("after the client was killed")
+    return f"run in {where}; monitor in supervisor; CapBnd {bnd:#x}; the run ended with its client"
 
 
 def check_restart_clean():
@@ -479,6 +562,7 @@ def main():
         checks += [("service-active", lambda: (make_users(), check_service_active())[1])]
         checks += limit_checks("daemon", [], MEMBER)
         checks += [("daemon-outsider-refused", check_outsider_refused)]
+        checks += [("daemon-cgroups-delegated", check_cgroups_delegated)]
         if "mcp" in groups:
             checks += [("mcp-run-python", check_mcp)]
         checks += [("restart-clean", check_restart_clean), ("purge-clean", check_purge_clean)]
@@ -486,8 +570,10 @@ def main():
         checks += [("purge-clean", check_purge_clean_embedded)]
     # Once the package is missing, nothing after it can pass: stop there.
     fatal = {"install"}
+    threading.Thread(target=heartbeat, daemon=True).start()
     for name, fn in checks:
         t0 = time.monotonic()
+        CURRENT["check"], CURRENT["since"] = name, t0
         try:
             note = fn()
             took = time.monotonic() - t0
@@ -497,7 +583,7 @@ def main():
             detail = str(e) if isinstance(e, CheckFailed) else f"{type(e).__name__}: {e}"
             first, _, rest = detail.partition("\n")
             print(f"RESULT FAIL {name}: {first}", flush=True)
-            for line in rest.splitlines()[-40:]:
+            for line in rest.splitlines()[-150:]:
                 log(line)
             if not isinstance(e, CheckFailed):
                 for line in traceback.format_exc().splitlines()[-12:]:
