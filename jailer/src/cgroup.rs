@@ -58,7 +58,7 @@ pub enum CgroupError {
     },
     #[error("cgroup: cannot read {what}: {detail}")]
     Read { what: &'static str, detail: String },
-    #[error("cgroup: {path} is not a subtree pycelld may manage: {detail}. On cgroup v2, run pycelld as its systemd service (Delegate=yes gives it a cgroup of its own)")]
+    #[error("cgroup: {path} is not a subtree pycelld may manage: {detail}. On cgroup v2 pycelld needs a cgroup of its own: run it as its systemd service (Delegate=yes), or by hand with `systemd-run --scope -p Delegate=yes pycelld ...`")]
     NotDelegated { path: PathBuf, detail: String },
 }
 
