@@ -63,12 +63,20 @@ pub fn layers() -> Vec<LayerStatus> {
         }),
     }
     let seccomp = read_trim("/proc/sys/kernel/seccomp/actions_avail");
+    let profiles: Vec<String> = pycell_seccomp::profile_names()
+        .iter()
+        .map(|p| match pycell_seccomp::compile(p) {
+            Ok(f) => format!("{p} ({} instructions)", f.instruction_count()),
+            Err(e) => format!("{p} (does not compile: {e})"),
+        })
+        .collect();
     v.push(LayerStatus {
         layer: "seccomp",
         available: seccomp.is_some(),
         detail: format!(
-            "kernel actions: {}",
-            seccomp.unwrap_or_else(|| "none".into())
+            "kernel actions: {}; profiles: {}",
+            seccomp.unwrap_or_else(|| "none".into()),
+            profiles.join(", ")
         ),
     });
     match CgroupLayout::detect() {

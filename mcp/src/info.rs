@@ -9,7 +9,6 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use pycell_daemon::resolve::{self, POLICY_DIR};
-use pycell_jailer::cgroup::CgroupLayout;
 use pycell_policy::{Limits, Policy};
 
 /// One isolation layer and whether this host can enforce it.
@@ -102,12 +101,6 @@ pub struct Info {
     pub layers: Vec<LayerStatus>,
 }
 
-fn read_trim(path: &str) -> Option<String> {
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim().to_string())
-}
-
 fn layer(name: &str, available: bool, detail: impl Into<String>) -> LayerStatus {
     LayerStatus {
         layer: name.to_string(),
@@ -116,47 +109,12 @@ fn layer(name: &str, available: bool, detail: impl Into<String>) -> LayerStatus 
     }
 }
 
+/// The host's layers as pycelld measures them, plus what embedded mode needs.
 fn layers() -> Vec<LayerStatus> {
-    let mut v = Vec::new();
-    let userns =
-        read_trim("/proc/sys/user/max_user_namespaces").and_then(|s| s.parse::<u64>().ok());
-    v.push(layer(
-        "user_namespaces",
-        userns.unwrap_or(0) > 0,
-        format!(
-            "user.max_user_namespaces = {}",
-            userns.map_or("unknown".into(), |n| n.to_string())
-        ),
-    ));
-    match pycell_jailer::syscall::landlock_abi() {
-        Ok(abi) => v.push(layer("landlock", true, format!("ABI {abi}"))),
-        Err(e) => v.push(layer("landlock", false, e.to_string())),
-    }
-    let seccomp = read_trim("/proc/sys/kernel/seccomp/actions_avail");
-    let profiles: Vec<String> = pycell_seccomp::profile_names()
-        .iter()
-        .map(|p| match pycell_seccomp::compile(p) {
-            Ok(f) => format!("{p} ({} instructions)", f.instruction_count()),
-            Err(e) => format!("{p} (does not compile: {e})"),
-        })
+    let mut v: Vec<LayerStatus> = pycell_daemon::hostinfo::layers()
+        .into_iter()
+        .map(|l| layer(l.layer, l.available, l.detail))
         .collect();
-    v.push(layer(
-        "seccomp",
-        seccomp.is_some(),
-        format!(
-            "kernel actions: {}; profiles: {}",
-            seccomp.unwrap_or_else(|| "none".into()),
-            profiles.join(", ")
-        ),
-    ));
-    match CgroupLayout::detect() {
-        Ok(layout) => v.push(layer(
-            "cgroups",
-            true,
-            format!("{:?}: {layout:?}", layout.version()),
-        )),
-        Err(e) => v.push(layer("cgroups", false, e.to_string())),
-    }
     v.push(layer(
         "root",
         nix::unistd::geteuid().is_root(),
