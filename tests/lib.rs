@@ -279,6 +279,37 @@ fn wait_guarded(
     }
 }
 
+/// How a guarded child ended and what it printed.
+#[derive(Debug)]
+pub struct GuardedOutput {
+    /// None: still running at the guard, so it was killed.
+    pub status: Option<std::process::ExitStatus>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Wait at most `guard` for `child` (stdout and stderr piped), killing it
+/// then, and collect everything it printed.
+pub fn output_guarded(mut child: Child, guard: Duration) -> GuardedOutput {
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let err = Arc::new(Mutex::new(Vec::new()));
+    let readers = [
+        drain(child.stdout.take().expect("piped stdout"), &out),
+        drain(child.stderr.take().expect("piped stderr"), &err),
+    ];
+    let status = wait_guarded(&mut child, guard, &mut || {});
+    for r in readers {
+        let _ = r.join();
+    }
+    let text =
+        |b: &Arc<Mutex<Vec<u8>>>| String::from_utf8_lossy(&b.lock().expect("lock")).into_owned();
+    GuardedOutput {
+        status,
+        stdout: text(&out),
+        stderr: text(&err),
+    }
+}
+
 /// A Python script written to a fresh temp dir (the dir lives as long as
 /// this value).
 #[derive(Debug)]

@@ -8,12 +8,11 @@
 
 #![forbid(unsafe_code)]
 
-use std::io::Read;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use pycell_tests::{pycell_bin, require_root};
+use pycell_tests::{output_guarded, pycell_bin, require_root};
 use serde_json::Value;
 
 const INSPECTOR: &str = "@modelcontextprotocol/inspector@2.12.0";
@@ -35,7 +34,7 @@ fn inspector(args: &[&str]) -> Output {
     require_root();
     let _one_at_a_time = NPX.lock().unwrap_or_else(|p| p.into_inner());
     let pycell = pycell_bin();
-    let mut child = Command::new("npx")
+    let child = Command::new("npx")
         .arg("--yes")
         .arg(INSPECTOR)
         .arg("--cli")
@@ -53,34 +52,12 @@ fn inspector(args: &[&str]) -> Output {
                 "cannot run npx ({e}): this test needs Node.js (>= 20) with npm/npx on PATH to fetch {INSPECTOR} from the npm registry"
             )
         });
-    let mut out = child.stdout.take().expect("piped");
-    let mut err = child.stderr.take().expect("piped");
-    let r1 = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let r2 = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            break Some(s);
-        }
-        if start.elapsed() > GUARD {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let g = output_guarded(child, GUARD);
+    let status = g.status;
     let o = Output {
         code: status.and_then(|s| s.code()),
-        stdout: r1.join().unwrap_or_default(),
-        stderr: r2.join().unwrap_or_default(),
+        stdout: g.stdout,
+        stderr: g.stderr,
     };
     assert!(
         status.is_some(),

@@ -8,12 +8,11 @@
 
 #![forbid(unsafe_code)]
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use pycell_tests::{compact, pycell_bin, repo_root, require_root};
+use pycell_tests::{compact, output_guarded, pycell_bin, repo_root, require_root};
 use serde_json::Value;
 
 /// The whole script takes ~10 s here; a hang must fail, not stall CI.
@@ -41,7 +40,7 @@ fn sdk_report() -> Value {
     require_root();
     let python = tools_python();
     let script = repo_root().join("tests/mcp/sdk_client.py");
-    let mut child = Command::new(&python)
+    let child = Command::new(&python)
         .arg(&script)
         .arg("--pycell")
         .arg(pycell_bin())
@@ -50,32 +49,8 @@ fn sdk_report() -> Value {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("starting {} {}: {e}", python.display(), script.display()));
-    let mut out = child.stdout.take().expect("piped");
-    let mut err = child.stderr.take().expect("piped");
-    let out_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            break Some(s);
-        }
-        if start.elapsed() > GUARD {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let stdout = out_reader.join().unwrap_or_default();
-    let stderr = err_reader.join().unwrap_or_default();
+    let g = output_guarded(child, GUARD);
+    let (status, stdout, stderr) = (g.status, g.stdout, g.stderr);
     let tail = |s: &str| s[s.len().saturating_sub(6000)..].to_string();
     let Some(status) = status else {
         panic!(
