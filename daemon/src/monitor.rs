@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -114,24 +114,6 @@ pub fn jailer_path() -> PathBuf {
         Some(p) if p.exists() => p,
         _ => PathBuf::from("/usr/libexec/pycell/pycell-jailer"),
     }
-}
-
-fn new_run_id() -> String {
-    let mut b = [0u8; 8];
-    let ok = fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .is_ok();
-    if !ok {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        b = t.to_le_bytes();
-    }
-    format!(
-        "r-{}",
-        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
-    )
 }
 
 /// The ids the broker needs to check peers.
@@ -469,7 +451,7 @@ impl Monitor {
         let mut resolved = resolve::resolve(&policy, request).map_err(invalid)?;
         let lease = uidalloc::allocate(&self.config.uid_range, Path::new(UID_LOCK_DIR))
             .map_err(|e| (ErrorCode::Busy, e.to_string()))?;
-        let run_id = new_run_id();
+        let run_id = pycell_jailer::spec::new_run_id();
         resolved.spec.run_id = run_id.clone();
         resolved.spec.sandbox_uid = lease.uid;
         resolved.spec.sandbox_gid = lease.gid;

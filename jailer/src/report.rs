@@ -33,6 +33,17 @@ pub struct JailFailure {
     pub hint: Option<String>,
 }
 
+impl JailFailure {
+    pub fn new(code: &str, layer: &str, message: impl Into<String>, hint: Option<&str>) -> Self {
+        JailFailure {
+            code: code.to_string(),
+            layer: layer.to_string(),
+            message: message.into(),
+            hint: hint.map(str::to_string),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LandlockReport {
     pub abi: u8,

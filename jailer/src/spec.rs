@@ -119,6 +119,21 @@ pub fn is_clean_absolute(p: &Path) -> bool {
 /// In-jail paths the jailer builds itself; binds may not cover them.
 const RESERVED_TARGETS: &[&str] = &["/proc", "/dev", "/tmp", WORKSPACE, "/etc"];
 
+/// A fresh run id: `r-` and 16 lowercase hex digits (what
+/// [`JailSpec::validate`] accepts), unique within this process and very
+/// likely across processes (time, pid and a counter mixed).
+pub fn new_run_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mixed = t ^ (u64::from(std::process::id()) << 40) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    format!("r-{mixed:016x}")
+}
+
 /// A cgroup path below some base: plain names (ASCII letters, digits, `-`,
 /// `_`, `.`) separated by single `/`, none of them `.` or `..`.
 pub fn is_plain_relative_path(p: &str) -> bool {

@@ -29,15 +29,6 @@ pub const NAMESPACES: &[&str] = &["user", "pid", "mount", "net", "ipc", "uts", "
 
 const CHUNK: usize = 64 * 1024;
 
-fn failure(code: &str, layer: &str, message: impl Into<String>, hint: Option<&str>) -> JailFailure {
-    JailFailure {
-        code: code.to_string(),
-        layer: layer.to_string(),
-        message: message.into(),
-        hint: hint.map(str::to_string),
-    }
-}
-
 /// Which of the program's output streams a chunk came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputStream {
@@ -87,9 +78,9 @@ fn cgroup_prefix(uid: u32) -> String {
 
 fn run_inner(spec: &JailSpec, sink: &mut dyn OutputSink) -> Result<JailReport, JailFailure> {
     spec.validate()
-        .map_err(|e| failure("invalid_spec", "jailer", e.to_string(), None))?;
+        .map_err(|e| JailFailure::new("invalid_spec", "jailer", e.to_string(), None))?;
     if !nix::unistd::geteuid().is_root() {
-        return Err(failure(
+        return Err(JailFailure::new(
             "not_root",
             "jailer",
             "pycell-jailer must run as root (it creates cgroups and maps a sandbox uid)",
@@ -97,9 +88,9 @@ fn run_inner(spec: &JailSpec, sink: &mut dyn OutputSink) -> Result<JailReport, J
         ));
     }
     let filter = pycell_seccomp::compile(&spec.seccomp_profile)
-        .map_err(|e| failure("seccomp_unavailable", "seccomp", e.to_string(), None))?;
+        .map_err(|e| JailFailure::new("seccomp_unavailable", "seccomp", e.to_string(), None))?;
     let layout = CgroupLayout::detect()
-        .map_err(|e| failure("cgroup_unavailable", "cgroup", e.to_string(), None))?;
+        .map_err(|e| JailFailure::new("cgroup_unavailable", "cgroup", e.to_string(), None))?;
     let mut cgroup = None;
     let result = supervise(spec, &filter, &layout, &mut cgroup, sink);
     if let Some(cg) = cgroup {
@@ -121,7 +112,7 @@ fn create_cgroup(spec: &JailSpec, layout: &CgroupLayout) -> Result<SandboxCgroup
             cpu_millicores: spec.limits.cpu_millicores,
         },
     )
-    .map_err(|e| failure("cgroup_unavailable", "cgroup", e.to_string(), None))
+    .map_err(|e| JailFailure::new("cgroup_unavailable", "cgroup", e.to_string(), None))
 }
 
 struct Pipes {
@@ -205,12 +196,12 @@ fn supervise(
 ) -> Result<JailReport, JailFailure> {
     let io_fail = |what: &str| {
         let what = what.to_string();
-        move |e: io::Error| failure("jailer_io", "jailer", format!("{what}: {e}"), None)
+        move |e: io::Error| JailFailure::new("jailer_io", "jailer", format!("{what}: {e}"), None)
     };
     // The jail inherits our supplementary groups and could never drop them
     // (setgroups is denied inside); clear them here.
     setgroups(&[]).map_err(|e| {
-        failure(
+        JailFailure::new(
             "setgroups_failed",
             "user_namespace",
             format!("setgroups([]): {e}"),
@@ -230,9 +221,9 @@ fn supervise(
     }
     let mut old_mask = SigSet::empty();
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&sigs), Some(&mut old_mask))
-        .map_err(|e| failure("jailer_io", "jailer", format!("sigprocmask: {e}"), None))?;
+        .map_err(|e| JailFailure::new("jailer_io", "jailer", format!("sigprocmask: {e}"), None))?;
     let sfd = SignalFd::with_flags(&sigs, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-        .map_err(|e| failure("jailer_io", "jailer", format!("signalfd: {e}"), None))?;
+        .map_err(|e| JailFailure::new("jailer_io", "jailer", format!("signalfd: {e}"), None))?;
 
     let ns = libc::CLONE_NEWUSER
         | libc::CLONE_NEWPID
@@ -270,7 +261,7 @@ fn supervise(
         }
         Ok(CloneResult::Parent(pid)) => pid,
         Err(e) => {
-            return Err(failure(
+            return Err(JailFailure::new(
                 "namespaces_unavailable",
                 "namespaces",
                 format!("clone(CLONE_NEWUSER|NEWPID|NEWNS|NEWNET|NEWIPC|NEWUTS): {e}"),
@@ -283,7 +274,7 @@ fn supervise(
     // Maps first; the child builds its root while we build its cgroup.
     let setup = write_id_maps(pid, spec)
         .map_err(|e| {
-            failure(
+            JailFailure::new(
                 "user_namespace_failed",
                 "user_namespace",
                 format!("writing uid/gid maps: {e}"),
@@ -299,14 +290,14 @@ fn supervise(
                 return Ok(());
             }
             if let Some(cg) = cgroup_slot.as_ref() {
-                return cg
-                    .attach(pid)
-                    .map_err(|e| failure("cgroup_unavailable", "cgroup", e.to_string(), None));
+                return cg.attach(pid).map_err(|e| {
+                    JailFailure::new("cgroup_unavailable", "cgroup", e.to_string(), None)
+                });
             }
             let cg = create_cgroup(spec, layout)?;
             let attached = cg
                 .attach(pid)
-                .map_err(|e| failure("cgroup_unavailable", "cgroup", e.to_string(), None));
+                .map_err(|e| JailFailure::new("cgroup_unavailable", "cgroup", e.to_string(), None));
             *cgroup_slot = Some(cg);
             attached
         })
@@ -384,7 +375,7 @@ fn supervise(
         match m {
             ChildMessage::Ready { landlock: l } => landlock = Some(l.clone()),
             ChildMessage::SetupFailed(e) => {
-                let mut f = failure(&e.code, e.step.layer(), e.message.clone(), None);
+                let mut f = JailFailure::new(&e.code, e.step.layer(), e.message.clone(), None);
                 f.hint = e.hint.clone();
                 return Err(f);
             }
@@ -392,7 +383,7 @@ fn supervise(
         }
     }
     let Some(landlock) = landlock else {
-        return Err(failure(
+        return Err(JailFailure::new(
             "jail_setup_failed",
             "jailer",
             format!("the jail ended before reporting ready (init: {init_status:?})"),
@@ -406,7 +397,7 @@ fn supervise(
     };
     let mut error = None;
     let status = if timed_out {
-        error = Some(failure(
+        error = Some(JailFailure::new(
             "timeout",
             "limits",
             format!(
@@ -419,7 +410,7 @@ fn supervise(
     } else if cancelled {
         RunStatus::Killed
     } else if usage.oom_kills > 0 && signal == Some(Signal::SIGKILL as i32) {
-        error = Some(failure(
+        error = Some(JailFailure::new(
             "oom",
             "limits",
             format!(
@@ -430,14 +421,14 @@ fn supervise(
         ));
         RunStatus::Oom
     } else if let Some(ChildMessage::ExecFailed { message }) = ended {
-        return Err(failure(
+        return Err(JailFailure::new(
             "exec_failed",
             "exec",
             message.clone(),
             Some("check the policy's interpreter path"),
         ));
     } else if signal == Some(Signal::SIGXCPU as i32) {
-        error = Some(failure(
+        error = Some(JailFailure::new(
             "cpu_time_limit",
             "limits",
             format!(

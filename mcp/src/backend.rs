@@ -21,7 +21,6 @@ use std::io;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -145,28 +144,6 @@ fn uid_range_from_env() -> Result<RangeInclusive<u32>, String> {
     }
 }
 
-/// `r-` and 16 lowercase hex digits, unique within this process and very
-/// likely across processes (time, pid and a counter mixed).
-fn new_run_id() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let mixed = t ^ (u64::from(std::process::id()) << 40) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    format!("r-{mixed:016x}")
-}
-
-fn failure(code: &str, layer: &str, message: impl Into<String>, hint: Option<&str>) -> JailFailure {
-    JailFailure {
-        code: code.to_string(),
-        layer: layer.to_string(),
-        message: message.into(),
-        hint: hint.map(str::to_string),
-    }
-}
-
 /// Why a run cannot start: the caller's mistake, or the host's refusal.
 enum Early {
     Request(RequestError),
@@ -271,7 +248,7 @@ impl Backend {
             Ok(RunResult::refused(
                 "",
                 &policy,
-                failure(code, "daemon", message, None),
+                JailFailure::new(code, "daemon", message, None),
             ))
         };
         let connected = tokio::task::spawn_blocking(move || DaemonClient::connect(&socket)).await;
@@ -369,7 +346,7 @@ impl Backend {
                     Early::Request(RequestError { field, problem })
                 }
                 // An installed file that does not load is the operator's problem.
-                other => Early::Refused(failure(
+                other => Early::Refused(JailFailure::new(
                     "invalid_policy",
                     "policy",
                     other.to_string(),
@@ -381,10 +358,15 @@ impl Backend {
             ResolveError::BadRequest { field, problem } => {
                 Early::Request(RequestError { field, problem })
             }
-            other => Early::Refused(failure("invalid_policy", "policy", other.to_string(), None)),
+            other => Early::Refused(JailFailure::new(
+                "invalid_policy",
+                "policy",
+                other.to_string(),
+                None,
+            )),
         })?;
         if !nix::unistd::geteuid().is_root() {
-            return Err(Early::Refused(failure(
+            return Err(Early::Refused(JailFailure::new(
                 "not_root",
                 "jailer",
                 "embedded mode needs root (it creates cgroups and maps a sandbox uid), and no pycelld daemon is running",
@@ -395,9 +377,15 @@ impl Backend {
             .inner
             .uid_range
             .clone()
-            .map_err(|m| Early::Refused(failure("invalid_config", "uid", m, None)))?;
-        let lease = uidalloc::allocate(&range, Path::new(UID_LOCK_DIR))
-            .map_err(|e| Early::Refused(failure("uid_unavailable", "uid", e.to_string(), None)))?;
+            .map_err(|m| Early::Refused(JailFailure::new("invalid_config", "uid", m, None)))?;
+        let lease = uidalloc::allocate(&range, Path::new(UID_LOCK_DIR)).map_err(|e| {
+            Early::Refused(JailFailure::new(
+                "uid_unavailable",
+                "uid",
+                e.to_string(),
+                None,
+            ))
+        })?;
         Ok(Prepared {
             policy: policy.name,
             resolved,
@@ -414,7 +402,7 @@ impl Backend {
         let policy_name = req.policy_name().to_string();
         let refused = |f: JailFailure| Ok(RunResult::refused("", &policy_name, f));
         let shutting_down = || {
-            failure(
+            JailFailure::new(
                 "shutting_down",
                 "jailer",
                 "pycell mcp is shutting down",
@@ -426,7 +414,7 @@ impl Backend {
             biased;
             _ = self.inner.shutdown.cancelled() => return refused(shutting_down()),
             _ = cancel.cancelled() => {
-                return refused(failure(
+                return refused(JailFailure::new(
                     "cancelled",
                     "jailer",
                     "the call was cancelled before its sandbox started",
@@ -451,7 +439,7 @@ impl Backend {
             Ok(Err(Early::Request(e))) => return Err(e),
             Ok(Err(Early::Refused(f))) => return refused(f),
             Err(e) => {
-                return refused(failure(
+                return refused(JailFailure::new(
                     "internal",
                     "jailer",
                     format!("preparing the run: {e}"),
@@ -461,10 +449,17 @@ impl Backend {
         };
         let jailer = match &self.inner.jailer {
             Ok(p) => p.clone(),
-            Err(m) => return refused(failure("jailer_unavailable", "jailer", m.clone(), None)),
+            Err(m) => {
+                return refused(JailFailure::new(
+                    "jailer_unavailable",
+                    "jailer",
+                    m.clone(),
+                    None,
+                ))
+            }
         };
         let resolve::Resolved { mut spec, limits } = resolved;
-        let run_id = new_run_id();
+        let run_id = pycell_jailer::spec::new_run_id();
         spec.run_id = run_id.clone();
         spec.sandbox_uid = lease.uid;
         spec.sandbox_gid = lease.gid;
@@ -474,7 +469,7 @@ impl Backend {
                 return Ok(RunResult::refused(
                     &run_id,
                     &policy,
-                    failure(
+                    JailFailure::new(
                         "internal",
                         "jailer",
                         format!("encoding the spec: {e}"),
@@ -499,7 +494,7 @@ impl Backend {
                 return Ok(RunResult::refused(
                     &run_id,
                     &policy,
-                    failure(
+                    JailFailure::new(
                         "jailer_unavailable",
                         "jailer",
                         format!("cannot start {}: {e}", jailer.display()),
@@ -639,7 +634,7 @@ impl Backend {
                 Ok(RunResult::refused(
                     &run_id,
                     &policy,
-                    failure(
+                    JailFailure::new(
                         "jailer_failed",
                         "jailer",
                         if tail.is_empty() {
@@ -775,8 +770,8 @@ mod tests {
 
     #[test]
     fn run_ids_are_what_the_jailer_accepts_and_distinct() {
-        let a = new_run_id();
-        let b = new_run_id();
+        let a = pycell_jailer::spec::new_run_id();
+        let b = pycell_jailer::spec::new_run_id();
         assert_ne!(a, b);
         for id in [a, b] {
             assert_eq!(id.len(), 18, "{id}");
@@ -800,7 +795,11 @@ mod tests {
         let mut buf = Vec::new();
         write_frame(&mut buf, KIND_STDOUT, b"out").unwrap();
         write_frame(&mut buf, KIND_STDERR, b"err").unwrap();
-        write_result(&mut buf, &JailReport::refused(failure("x", "y", "z", None))).unwrap();
+        write_result(
+            &mut buf,
+            &JailReport::refused(JailFailure::new("x", "y", "z", None)),
+        )
+        .unwrap();
         let mut r = buf.as_slice();
         assert!(matches!(read_frame(&mut r).await.unwrap(), Some(Frame::Stdout(v)) if v == b"out"));
         assert!(matches!(read_frame(&mut r).await.unwrap(), Some(Frame::Stderr(v)) if v == b"err"));

@@ -135,18 +135,10 @@ fn prepare(args: &RunArgs) -> Result<(Policy, Resolved), Early> {
     Ok((policy, resolved))
 }
 
-fn new_run_id() -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    format!("r-{:016x}", t ^ (u64::from(std::process::id()) << 40))
-}
-
 pub fn print_spec(args: &RunArgs) -> i32 {
     match prepare(args) {
         Ok((_, mut r)) => {
-            r.spec.run_id = new_run_id();
+            r.spec.run_id = pycell_jailer::spec::new_run_id();
             r.spec.sandbox_uid = *uidalloc::DEFAULT_RANGE.start();
             r.spec.sandbox_gid = *uidalloc::DEFAULT_RANGE.start();
             println!(
@@ -263,7 +255,7 @@ fn run(args: &RunArgs) -> Result<RunResult, Early> {
     };
     let lease = uidalloc::allocate(&range, Path::new(UID_LOCK_DIR))
         .map_err(|e| early(&policy.name, "uid_unavailable", "uid", e.to_string()))?;
-    let run_id = new_run_id();
+    let run_id = pycell_jailer::spec::new_run_id();
     resolved.spec.run_id = run_id.clone();
     resolved.spec.sandbox_uid = lease.uid;
     resolved.spec.sandbox_gid = lease.gid;
