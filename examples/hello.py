@@ -28,9 +28,11 @@ def read_shadow():
         f.read(1)
 
 
-def reach_pypi():
-    # A name lookup and a TCP connect to the package index: the usual way out.
-    socket.create_connection(("pypi.org", 443), timeout=3).close()
+def reach_internet():
+    # A name lookup and a TCP connect to a host on the internet: the usual way
+    # out. example.net is reserved for examples (RFC 2606) and resolves, so
+    # outside a sandbox this connects.
+    socket.create_connection(("example.net", 443), timeout=3).close()
 
 
 def usr_writable():
@@ -61,7 +63,7 @@ def main():
 
     checks = [
         ("read /etc/shadow", read_shadow, False),
-        ("reach pypi.org:443", reach_pypi, False),
+        ("reach example.net:443", reach_internet, False),
         ("write to /usr", usr_writable, False),
         ("write to the workspace", write_workspace, True),
     ]

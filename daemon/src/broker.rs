@@ -5,24 +5,28 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use pycell_core::events::{read_event_async, Event};
+use pycell_core::framing::{self, FrameError};
+use pycell_core::info::{DaemonInfo, DaemonStatus, HostInfo};
+use pycell_core::launch::{Collector, JailerEnd};
+use pycell_core::protocol::{
+    encode_b64, ClientMessage, ErrorCode, RunRequest, ServerMessage, PROTOCOL_VERSION,
+};
+use pycell_core::result::{LimitsReport, RunResult};
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{oneshot, Notify, Semaphore};
 
 use crate::config::{AuditSink, Config};
-use crate::framing::{self, FrameError};
 use crate::monitor::{ToBroker, ToMonitor};
-use crate::protocol::{
-    encode_b64, ClientMessage, ErrorCode, RunRequest, ServerMessage, Stream, PROTOCOL_VERSION,
-};
-use crate::result::RunResult;
+use crate::sockets;
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<(ToBroker, Option<OwnedFd>)>>>>;
 
@@ -65,40 +69,48 @@ impl MonitorLink {
     }
 }
 
+/// One frame from the monitor and the descriptors that came with it.
+fn read_monitor_frame(stream: &mut StdUnixStream) -> std::io::Result<(ToBroker, Vec<OwnedFd>)> {
+    let mut head = [0u8; 4];
+    let mut got = 0;
+    let mut fds = Vec::new();
+    while got < 4 {
+        let (n, mut f) = sockets::recv_with_fds(stream.as_fd(), &mut head[got..])?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        got += n;
+        fds.append(&mut f);
+    }
+    let len = u32::from_be_bytes(head);
+    if len > pycell_core::protocol::MAX_FRAME {
+        return Err(std::io::Error::other("monitor frame too large"));
+    }
+    let mut body = vec![0u8; len as usize];
+    stream.read_exact(&mut body)?;
+    let msg = framing::decode(&body)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    Ok((msg, fds))
+}
+
 /// Read frames from the monitor; route replies to the waiting runs.
-fn monitor_reader(stream: StdUnixStream, pending: Pending, gone: Arc<Notify>) {
-    let mut stream = stream;
+fn monitor_reader(mut stream: StdUnixStream, pending: Pending, gone: Arc<Notify>) {
     loop {
-        let mut head = [0u8; 4];
-        let mut got = 0;
-        let mut fds = Vec::new();
-        while got < 4 {
-            match pycell_jailer::syscall::recv_with_fds(stream.as_fd(), &mut head[got..]) {
-                Ok((0, _)) | Err(_) => {
-                    gone.notify_waiters();
-                    if let Ok(mut p) = pending.lock() {
-                        p.clear();
-                    }
-                    // Without the monitor nothing can run: leave.
-                    std::process::exit(0);
+        let (msg, mut fds) = match read_monitor_frame(&mut stream) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => continue,
+            Err(_) => {
+                gone.notify_waiters();
+                if let Ok(mut p) = pending.lock() {
+                    p.clear();
                 }
-                Ok((n, mut f)) => {
-                    got += n;
-                    fds.append(&mut f);
-                }
+                // Without the monitor nothing can run: leave.
+                std::process::exit(0);
             }
-        }
-        let len = u32::from_be_bytes(head) as usize;
-        let mut body = vec![0u8; len.min(crate::protocol::MAX_FRAME as usize)];
-        if stream.read_exact(&mut body).is_err() {
-            std::process::exit(0);
-        }
-        let Ok(msg) = framing::decode::<ToBroker>(&body) else {
-            continue;
         };
         let req = match &msg {
             ToBroker::Spawned { req, .. } | ToBroker::Refused { req, .. } => *req,
-            ToBroker::Exited { .. } => continue,
+            ToBroker::Exited { .. } | ToBroker::Handoff { .. } => continue,
         };
         let fd = fds.pop();
         if let Some(tx) = pending.lock().ok().and_then(|mut p| p.remove(&req)) {
@@ -184,6 +196,25 @@ impl Broker {
         }
     }
 
+    /// What `info` answers: the host as measured now, and our own state.
+    fn info(&self) -> DaemonInfo {
+        let c = &self.config;
+        DaemonInfo {
+            host: HostInfo::collect(
+                "daemon".into(),
+                &c.policy_dir,
+                pycell_jailer::host::layers(),
+            ),
+            daemon: DaemonStatus {
+                socket: c.socket.clone(),
+                max_concurrent_runs: c.max_concurrent_runs,
+                max_runs_per_uid: c.max_runs_per_uid,
+                active_runs: self.active.load(Ordering::SeqCst),
+                uid_range: format!("{}-{}", c.uid_range.start(), c.uid_range.end()),
+            },
+        }
+    }
+
     fn audit(&self, peer: &Peer, request: &RunRequest, result: &RunResult) {
         let line = serde_json::json!({
             "ts": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
@@ -229,153 +260,109 @@ fn error(id: Option<&str>, code: ErrorCode, message: impl Into<String>) -> Serve
     }
 }
 
+/// The peer's credentials and groups as the kernel recorded them.
+fn peer_of(stream: &UnixStream) -> Option<(Peer, Vec<u32>)> {
+    let c = stream.peer_cred().ok()?;
+    let groups = pycell_jailer::peer_groups(stream.as_fd()).ok()?;
+    let peer = Peer {
+        uid: c.uid(),
+        gid: c.gid(),
+        pid: c.pid().unwrap_or(0),
+    };
+    Some((peer, groups))
+}
+
 async fn serve_connection(broker: Arc<Broker>, mut stream: UnixStream) {
-    use std::os::fd::AsFd;
-    let (peer, groups) = match (
-        stream.peer_cred(),
-        pycell_jailer::syscall::peer_groups(stream.as_fd()),
-    ) {
-        (Ok(c), Ok(groups)) => (
-            Peer {
-                uid: c.uid(),
-                gid: c.gid(),
-                pid: c.pid().unwrap_or(0),
-            },
-            groups,
-        ),
-        _ => return,
+    let Some((peer, groups)) = peer_of(&stream) else {
+        return;
     };
     if !broker.authorized(&peer, &groups) {
-        send(
-            &mut stream,
-            &error(
-                None,
-                ErrorCode::Unauthorized,
-                format!("uid {} is not allowed to use pycell: ask the administrator to add you to the {:?} group", peer.uid, broker.config.socket_group),
-            ),
-        )
-        .await;
+        let msg = format!("uid {} is not allowed to use pycell: ask the administrator to add you to the {:?} group", peer.uid, broker.config.socket_group);
+        send(&mut stream, &error(None, ErrorCode::Unauthorized, msg)).await;
         return;
     }
-    // Handshake.
-    match framing::read_async_raw(&mut stream).await {
-        Ok(body) => match framing::decode::<ClientMessage>(&body) {
-            Ok(ClientMessage::Hello { version, .. }) if version == PROTOCOL_VERSION => {
-                let welcome = ServerMessage::Welcome {
-                    version: PROTOCOL_VERSION,
-                    server: format!("pycelld {}", env!("CARGO_PKG_VERSION")),
-                };
-                if !send(&mut stream, &welcome).await {
-                    return;
-                }
-            }
-            Ok(ClientMessage::Hello { version, .. }) => {
-                let msg = format!("this pycelld speaks protocol version {PROTOCOL_VERSION}, the client {version}; upgrade the older one");
-                send(&mut stream, &error(None, ErrorCode::VersionMismatch, msg)).await;
-                return;
-            }
-            Ok(_) => {
-                send(
-                    &mut stream,
-                    &error(
-                        None,
-                        ErrorCode::HandshakeRequired,
-                        "the first message must be hello",
-                    ),
-                )
-                .await;
-                return;
-            }
-            Err(e) => {
-                send(
-                    &mut stream,
-                    &error(None, ErrorCode::BadMessage, e.to_string()),
-                )
-                .await;
-                return;
-            }
-        },
-        Err(FrameError::TooLarge(n)) => {
-            send(
-                &mut stream,
-                &error(
-                    None,
-                    ErrorCode::FrameTooLarge,
-                    format!("frame of {n} bytes is too large"),
-                ),
-            )
-            .await;
-            return;
-        }
-        Err(_) => return,
+    if !handshake(&mut stream).await {
+        return;
     }
     loop {
-        let body = match framing::read_async_raw(&mut stream).await {
-            Ok(b) => b,
-            Err(FrameError::TooLarge(n)) => {
-                let msg = format!(
-                    "frame of {n} bytes exceeds the maximum of {}",
-                    crate::protocol::MAX_FRAME
-                );
-                send(&mut stream, &error(None, ErrorCode::FrameTooLarge, msg)).await;
-                return;
-            }
-            Err(_) => return,
+        let msg = match next_message(&mut stream).await {
+            Some(Ok(m)) => m,
+            Some(Err(reply)) if send(&mut stream, &reply).await => continue,
+            _ => return,
         };
-        let msg = match framing::decode::<ClientMessage>(&body) {
-            Ok(m) => m,
-            Err(e) => {
-                if !send(
-                    &mut stream,
-                    &error(None, ErrorCode::BadMessage, e.to_string()),
-                )
-                .await
-                {
-                    return;
-                }
-                continue;
-            }
-        };
-        match msg {
+        let going = match msg {
             ClientMessage::Hello { .. } => {
-                send(
-                    &mut stream,
-                    &error(None, ErrorCode::BadMessage, "hello was already received"),
-                )
-                .await;
+                let e = error(None, ErrorCode::BadMessage, "hello was already received");
+                send(&mut stream, &e).await
             }
             ClientMessage::Info => {
-                let info = crate::hostinfo::collect("daemon", &broker.config.policy_dir);
-                let mut v = serde_json::to_value(&info).unwrap_or_default();
-                v["daemon"] = serde_json::json!({
-                    "socket": broker.config.socket,
-                    "max_concurrent_runs": broker.config.max_concurrent_runs,
-                    "max_runs_per_uid": broker.config.max_runs_per_uid,
-                    "active_runs": broker.active.load(Ordering::SeqCst),
-                    "uid_range": format!("{}-{}", broker.config.uid_range.start(), broker.config.uid_range.end()),
-                });
-                if !send(&mut stream, &ServerMessage::Info { info: v }).await {
-                    return;
-                }
+                let info = ServerMessage::Info {
+                    info: Box::new(broker.info()),
+                };
+                send(&mut stream, &info).await
             }
             ClientMessage::Cancel { id } => {
-                send(
-                    &mut stream,
-                    &error(
-                        Some(&id),
-                        ErrorCode::NoSuchRun,
-                        "no run with that id is going on this connection",
-                    ),
-                )
-                .await;
+                let e = error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN);
+                send(&mut stream, &e).await
             }
             ClientMessage::Run { id, request } => {
-                if !run(&broker, &mut stream, peer, id, request).await {
-                    return;
-                }
+                run(&broker, &mut stream, peer, id, request).await
             }
+        };
+        if !going {
+            return;
         }
     }
+}
+
+const NO_SUCH_RUN: &str = "no run with that id is going on this connection";
+
+/// The next client message: `Err` holds the reply to a bad one (the
+/// connection goes on); `None` means the connection is finished (closed, or
+/// a frame too large, which has been answered).
+async fn next_message(stream: &mut UnixStream) -> Option<Result<ClientMessage, ServerMessage>> {
+    let body = match framing::read_async_raw(stream).await {
+        Ok(b) => b,
+        Err(FrameError::TooLarge(n)) => {
+            let msg = format!(
+                "frame of {n} bytes exceeds the maximum of {}",
+                pycell_core::protocol::MAX_FRAME
+            );
+            let _ = framing::write_async(stream, &error(None, ErrorCode::FrameTooLarge, msg)).await;
+            return None;
+        }
+        Err(_) => return None,
+    };
+    Some(
+        framing::decode::<ClientMessage>(&body)
+            .map_err(|e| error(None, ErrorCode::BadMessage, e.to_string())),
+    )
+}
+
+/// The version handshake: `hello` first, in our protocol version.
+async fn handshake(stream: &mut UnixStream) -> bool {
+    let reply = match next_message(stream).await {
+        None => return false,
+        Some(Err(reply)) => reply,
+        Some(Ok(ClientMessage::Hello { version, .. })) if version == PROTOCOL_VERSION => {
+            let welcome = ServerMessage::Welcome {
+                version: PROTOCOL_VERSION,
+                server: format!("pycelld {}", env!("CARGO_PKG_VERSION")),
+            };
+            return send(stream, &welcome).await;
+        }
+        Some(Ok(ClientMessage::Hello { version, .. })) => {
+            let msg = format!("this pycelld speaks protocol version {PROTOCOL_VERSION}, the client {version}; upgrade the older one");
+            error(None, ErrorCode::VersionMismatch, msg)
+        }
+        Some(Ok(_)) => error(
+            None,
+            ErrorCode::HandshakeRequired,
+            "the first message must be hello",
+        ),
+    };
+    send(stream, &reply).await;
+    false
 }
 
 /// One run on a connection. Returns false if the connection is finished.
@@ -401,17 +388,27 @@ async fn run(
     }
 }
 
-async fn run_admitted(
+/// A run the monitor started: its id, policy and limits, and its events.
+struct Started {
+    run_id: String,
+    policy: String,
+    limits: LimitsReport,
+    events: pipe::Receiver,
+}
+
+/// Ask the monitor to start the run; `Err` is the reply to the client.
+async fn start(
     broker: &Arc<Broker>,
-    stream: &mut UnixStream,
     peer: Peer,
     id: &str,
     request: &RunRequest,
-) -> Option<ServerMessage> {
-    let (reply, fd) = match broker.link.spawn(peer.uid, request.clone()).await {
-        Ok(r) => r,
-        Err(e) => return Some(error(Some(id), ErrorCode::Internal, e)),
-    };
+) -> Result<Started, ServerMessage> {
+    let internal = |m: String| error(Some(id), ErrorCode::Internal, m);
+    let (reply, fd) = broker
+        .link
+        .spawn(peer.uid, request.clone())
+        .await
+        .map_err(internal)?;
     let (run_id, policy, limits) = match reply {
         ToBroker::Spawned {
             run_id,
@@ -419,145 +416,142 @@ async fn run_admitted(
             limits,
             ..
         } => (run_id, policy, limits),
-        ToBroker::Refused { code, message, .. } => return Some(error(Some(id), code, message)),
-        ToBroker::Exited { .. } => {
-            return Some(error(Some(id), ErrorCode::Internal, "unexpected reply"))
-        }
+        ToBroker::Refused { code, message, .. } => return Err(error(Some(id), code, message)),
+        _ => return Err(internal("unexpected reply from the monitor".into())),
     };
-    let Some(fd) = fd else {
-        let _ = broker.link.send(&ToMonitor::Kill { run_id });
-        return Some(error(
-            Some(id),
-            ErrorCode::Internal,
-            "the monitor sent no event pipe",
-        ));
-    };
-    if !send(
-        stream,
-        &ServerMessage::Started {
-            id: id.to_string(),
-            run_id: run_id.clone(),
-        },
-    )
-    .await
-    {
-        let _ = broker.link.send(&ToMonitor::Kill { run_id });
-        return None;
-    }
-    let mut events = match tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
-        Ok(r) => r,
-        Err(e) => {
+    let events = fd
+        .ok_or_else(|| "the monitor sent no event pipe".to_string())
+        .and_then(|fd| pipe::Receiver::from_owned_fd(fd).map_err(|e| e.to_string()));
+    match events {
+        Ok(events) => Ok(Started {
+            run_id,
+            policy,
+            limits,
+            events,
+        }),
+        Err(m) => {
             let _ = broker.link.send(&ToMonitor::Kill { run_id });
-            return Some(error(Some(id), ErrorCode::Internal, e.to_string()));
+            Err(internal(m))
         }
+    }
+}
+
+async fn run_admitted(
+    broker: &Arc<Broker>,
+    stream: &mut UnixStream,
+    peer: Peer,
+    id: &str,
+    request: &RunRequest,
+) -> Option<ServerMessage> {
+    let started = match start(broker, peer, id, request).await {
+        Ok(s) => s,
+        Err(reply) => return Some(reply),
     };
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let mut connection_alive = true;
-    let mut cancelled = false;
-    let (mut rd, mut wr) = stream.split();
-    let report = loop {
-        tokio::select! {
-            ev = read_event(&mut events) => match ev {
-                Some(JailerEvent::Output(s, bytes)) => {
-                    let msg = ServerMessage::Output { id: id.to_string(), stream: s, data_base64: encode_b64(&bytes) };
-                    match s { Stream::Stdout => out.extend_from_slice(&bytes), Stream::Stderr => err.extend_from_slice(&bytes) }
-                    if connection_alive && framing::write_async(&mut wr, &msg).await.is_err() {
-                        connection_alive = false;
-                        let _ = broker.link.send(&ToMonitor::Kill { run_id: run_id.clone() });
-                    }
-                }
-                Some(JailerEvent::Result(r)) => break Some(r),
-                None => break None,
-            },
-            frame = framing::read_async_raw(&mut rd), if connection_alive => match frame {
-                Ok(body) => match framing::decode::<ClientMessage>(&body) {
-                    Ok(ClientMessage::Cancel { id: cid }) if cid == id => {
-                        if !cancelled {
-                            cancelled = true;
-                            let _ = broker.link.send(&ToMonitor::Kill { run_id: run_id.clone() });
-                        }
-                    }
-                    Ok(ClientMessage::Cancel { id: cid }) => {
-                        let _ = framing::write_async(&mut wr, &error(Some(&cid), ErrorCode::NoSuchRun, "no run with that id is going on this connection")).await;
-                    }
-                    Ok(ClientMessage::Run { id: rid, .. }) => {
-                        let _ = framing::write_async(&mut wr, &error(Some(&rid), ErrorCode::RunInProgress, "this connection already has a run going; open another connection or wait")).await;
-                    }
-                    Ok(_) => {
-                        let _ = framing::write_async(&mut wr, &error(None, ErrorCode::BadMessage, "only cancel is accepted while a run is going")).await;
-                    }
-                    Err(e) => {
-                        let _ = framing::write_async(&mut wr, &error(None, ErrorCode::BadMessage, e.to_string())).await;
-                    }
-                },
-                Err(_) => {
-                    // The client went away: its run goes too.
-                    connection_alive = false;
-                    let _ = broker.link.send(&ToMonitor::Kill { run_id: run_id.clone() });
-                }
-            },
-        }
+    let run_id = started.run_id.clone();
+    let kill = || {
+        let _ = broker.link.send(&ToMonitor::Kill {
+            run_id: run_id.clone(),
+        });
     };
-    let result = match report {
-        Some(r) => RunResult::new(&run_id, &policy, None, *r, &out, &err),
-        None => RunResult::refused(
-            &run_id,
-            &policy,
-            pycell_jailer::report::JailFailure {
-                code: "jailer_failed".into(),
-                layer: "jailer".into(),
-                message: "the jailer ended without a result".into(),
-                hint: None,
-            },
-        ),
+    let hello = ServerMessage::Started {
+        id: id.to_string(),
+        run_id: run_id.clone(),
     };
-    let mut result = result;
-    result.limits = Some(limits);
-    broker.audit(&peer, request, &result);
-    if !connection_alive {
+    if !send(stream, &hello).await {
+        kill();
         return None;
     }
-    Some(ServerMessage::Result {
+    let (result, connection_alive) = relay(stream, id, started, &kill).await;
+    broker.audit(&peer, request, &result);
+    connection_alive.then(|| ServerMessage::Result {
         id: id.to_string(),
         result: Box::new(result),
     })
 }
 
-enum JailerEvent {
-    Output(Stream, Vec<u8>),
-    Result(Box<pycell_jailer::report::JailReport>),
+/// Forward the run's output to the client while answering its messages
+/// (cancel); build the result. Returns it and whether the client is still
+/// there.
+async fn relay(
+    stream: &mut UnixStream,
+    id: &str,
+    mut started: Started,
+    kill: &(dyn Fn() + Sync),
+) -> (RunResult, bool) {
+    let mut collector = Collector::new(&started.run_id, &started.policy, Some(started.limits));
+    let (mut connection_alive, mut cancelled) = (true, false);
+    let (mut rd, mut wr) = stream.split();
+    loop {
+        tokio::select! {
+            ev = read_event_async(&mut started.events) => match ev {
+                Ok(Some(ev)) => {
+                    let is_output = matches!(ev, Event::Output(..));
+                    let Some((s, bytes)) = collector.record(ev) else {
+                        if is_output { continue } else { break }
+                    };
+                    let msg = ServerMessage::Output { id: id.to_string(), stream: s, data_base64: encode_b64(bytes) };
+                    if connection_alive && framing::write_async(&mut wr, &msg).await.is_err() {
+                        connection_alive = false;
+                        kill();
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    collector.broken(e);
+                    kill();
+                    break;
+                }
+            },
+            frame = framing::read_async_raw(&mut rd), if connection_alive => {
+                let msg = match frame {
+                    Ok(body) => framing::decode::<ClientMessage>(&body)
+                        .map_err(|e| error(None, ErrorCode::BadMessage, e.to_string())),
+                    Err(_) => {
+                        // The client went away: its run goes too.
+                        connection_alive = false;
+                        kill();
+                        continue;
+                    }
+                };
+                match msg {
+                    Ok(ClientMessage::Cancel { id: cid }) if cid == id => {
+                        if !cancelled {
+                            cancelled = true;
+                            kill();
+                        }
+                    }
+                    other => {
+                        let _ = framing::write_async(&mut wr, &reply_during_run(other)).await;
+                    }
+                }
+            }
+        }
+    }
+    (collector.finish(JailerEnd::Elsewhere), connection_alive)
 }
 
-/// Next event frame from the jailer (its binary format, see
-/// `pycell_jailer::events`); None at the end or on a malformed stream.
-async fn read_event(r: &mut tokio::net::unix::pipe::Receiver) -> Option<JailerEvent> {
-    use pycell_jailer::events::{KIND_RESULT, KIND_STDERR, KIND_STDOUT, MAX_FRAME};
-    let mut head = [0u8; 5];
-    r.read_exact(&mut head).await.ok()?;
-    let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
-    if len > MAX_FRAME {
-        return None;
-    }
-    let mut payload = vec![0u8; len as usize];
-    r.read_exact(&mut payload).await.ok()?;
-    match head[0] {
-        KIND_STDOUT => Some(JailerEvent::Output(Stream::Stdout, payload)),
-        KIND_STDERR => Some(JailerEvent::Output(Stream::Stderr, payload)),
-        KIND_RESULT => serde_json::from_slice(&payload)
-            .ok()
-            .map(|r| JailerEvent::Result(Box::new(r))),
-        _ => None,
+/// The answer to a client message other than this run's cancel while the
+/// run goes (the connection holds one run at a time).
+fn reply_during_run(msg: Result<ClientMessage, ServerMessage>) -> ServerMessage {
+    match msg {
+        Ok(ClientMessage::Cancel { id }) => error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN),
+        Ok(ClientMessage::Run { id, .. }) => error(
+            Some(&id),
+            ErrorCode::RunInProgress,
+            "this connection already has a run going; open another connection or wait",
+        ),
+        Ok(_) => error(
+            None,
+            ErrorCode::BadMessage,
+            "only cancel is accepted while a run is going",
+        ),
+        Err(reply) => reply,
     }
 }
 
-/// Entry point of `pycelld --broker` (already running as the broker user).
-pub fn main(
-    config: Config,
-    listen_fd: RawFd,
-    monitor_fd: RawFd,
-    audit_fd: Option<RawFd>,
-    allowed_gids: Vec<u32>,
-) -> i32 {
+/// Entry point of `pycelld --broker` (already running as the broker user,
+/// its monitor link as stdin).
+pub fn main(config: Config, allowed_gids: Vec<u32>) -> i32 {
     // If the monitor dies, so do we.
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
     // Started through /proc/self/fd/N, whose number would be our name.
@@ -566,12 +560,10 @@ pub fn main(
         eprintln!("pycelld broker: refusing to run as root");
         return 1;
     }
-    // The descriptors were inherited from the monitor at these numbers
-    // (documented in `monitor::run`); take ownership exactly once.
-    let (listener, monitor) = match (take_fd(listen_fd), take_fd(monitor_fd)) {
-        (Some(l), Some(m)) => (l, m),
-        _ => {
-            eprintln!("pycelld broker: --listen-fd/--monitor-fd are not open descriptors");
+    let (listener, monitor, audit) = match take_handoff() {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("pycelld broker: {e} (--broker is internal: the monitor starts it)");
             return 1;
         }
     };
@@ -587,18 +579,36 @@ pub fn main(
             return 1;
         }
     };
-    let audit = audit_fd.and_then(take_fd).map(std::fs::File::from);
     rt.block_on(serve(config, listener, monitor, audit, allowed_gids))
 }
 
-fn take_fd(fd: RawFd) -> Option<OwnedFd> {
-    pycell_jailer::syscall::adopt_inherited_fd(fd)
+/// The monitor link (our stdin) and what the monitor sends first over it:
+/// the listening socket and, if auditing to a file, the audit log.
+fn take_handoff() -> std::io::Result<(OwnedFd, StdUnixStream, Option<std::fs::File>)> {
+    let mut link = StdUnixStream::from(sockets::take_stdin_link()?);
+    let (msg, fds) = read_monitor_frame(&mut link)?;
+    let ToBroker::Handoff { audit } = msg else {
+        return Err(std::io::Error::other(
+            "the monitor's first message was not the handoff",
+        ));
+    };
+    let mut fds = fds.into_iter();
+    let listener = fds
+        .next()
+        .ok_or_else(|| std::io::Error::other("the handoff carried no listening socket"))?;
+    let audit = match audit {
+        true => Some(std::fs::File::from(fds.next().ok_or_else(|| {
+            std::io::Error::other("the handoff carried no audit log")
+        })?)),
+        false => None,
+    };
+    Ok((listener, link, audit))
 }
 
 async fn serve(
     config: Config,
     listener: OwnedFd,
-    monitor: OwnedFd,
+    monitor: StdUnixStream,
     audit: Option<std::fs::File>,
     allowed_gids: Vec<u32>,
 ) -> i32 {
@@ -613,7 +623,6 @@ async fn serve(
             return 1;
         }
     };
-    let monitor = StdUnixStream::from(monitor);
     let reader = match monitor.try_clone() {
         Ok(r) => r,
         Err(_) => return 1,

@@ -100,12 +100,12 @@ impl Default for Config {
             broker_user: "pycell".into(),
             allowed_uids: Vec::new(),
             allowed_groups: vec!["pycell".into()],
-            uid_range: pycell_jailer::uidalloc::DEFAULT_RANGE,
+            uid_range: pycell_core::uidalloc::DEFAULT_RANGE,
             max_concurrent_runs: 16,
             max_runs_per_uid: 8,
             shutdown_grace: Duration::from_secs(10),
             audit: AuditSink::Stderr,
-            policy_dir: PathBuf::from(crate::resolve::POLICY_DIR),
+            policy_dir: PathBuf::from(pycell_core::resolve::POLICY_DIR),
             cgroup_parent: "runs".into(),
         }
     }
@@ -130,73 +130,67 @@ impl Config {
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let invalid = |offset: Option<usize>, field: &str, message: String| {
-            let (line, column) = offset.map_or((1, 1), |o| line_col(text, o));
-            ConfigError::Invalid {
-                path: path.to_path_buf(),
-                line,
-                column,
-                field: field.to_string(),
-                message,
-            }
-        };
+        let at = Locator { text, path };
         let de = toml::de::Deserializer::parse(text)
-            .map_err(|e| invalid(e.span().map(|s| s.start), "", e.message().to_string()))?;
+            .map_err(|e| at.invalid(e.span().map(|s| s.start), "", e.message().to_string()))?;
         let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let field = e.path().to_string();
             let inner = e.into_inner();
-            invalid(
+            at.invalid(
                 inner.span().map(|s| s.start),
                 &field,
                 inner.message().to_string(),
             )
         })?;
-        let find = |key: &str| {
-            text.find(&format!("{key} "))
-                .or_else(|| text.find(&format!("{key}=")))
-        };
         let mut c = Config::default();
-        if let Some(s) = raw.socket {
+        c.apply_access(&raw, &at)?;
+        c.apply_runs(&raw, &at)?;
+        c.apply_paths(raw, &at)?;
+        Ok(c)
+    }
+
+    /// Who may connect, and as whom the broker runs.
+    fn apply_access(&mut self, raw: &RawConfig, at: &Locator<'_>) -> Result<(), ConfigError> {
+        if let Some(s) = &raw.socket {
             if !s.is_absolute() {
-                return Err(invalid(
-                    find("socket"),
-                    "socket",
-                    "must be an absolute path".into(),
-                ));
+                return Err(at.field("socket", "must be an absolute path".into()));
             }
-            c.socket = s;
+            self.socket = s.clone();
         }
-        if let Some(g) = raw.socket_group {
-            c.allowed_groups = vec![g.clone()];
-            c.socket_group = g;
+        if let Some(g) = &raw.socket_group {
+            self.allowed_groups = vec![g.clone()];
+            self.socket_group = g.clone();
         }
-        if let Some(m) = raw.socket_mode {
-            c.socket_mode = u32::from_str_radix(m.trim_start_matches("0o"), 8)
+        if let Some(m) = &raw.socket_mode {
+            self.socket_mode = u32::from_str_radix(m.trim_start_matches("0o"), 8)
                 .ok()
                 .filter(|m| *m <= 0o777)
                 .ok_or_else(|| {
-                    invalid(
-                        find("socket_mode"),
+                    at.field(
                         "socket_mode",
                         format!("{m:?} is not an octal mode like \"0660\""),
                     )
                 })?;
         }
-        if let Some(u) = raw.broker_user {
-            c.broker_user = u;
+        if let Some(u) = &raw.broker_user {
+            self.broker_user = u.clone();
         }
-        if let Some(u) = raw.allowed_uids {
-            c.allowed_uids = u;
+        if let Some(u) = &raw.allowed_uids {
+            self.allowed_uids = u.clone();
         }
-        if let Some(g) = raw.allowed_groups {
-            c.allowed_groups = g;
+        if let Some(g) = &raw.allowed_groups {
+            self.allowed_groups = g.clone();
         }
-        if let Some(r) = raw.uid_range {
-            c.uid_range = pycell_jailer::uidalloc::parse_range(&r)
+        Ok(())
+    }
+
+    /// Sandbox uids, quotas and the shutdown grace.
+    fn apply_runs(&mut self, raw: &RawConfig, at: &Locator<'_>) -> Result<(), ConfigError> {
+        if let Some(r) = &raw.uid_range {
+            self.uid_range = pycell_core::uidalloc::parse_range(r)
                 .filter(|r| *r.start() > 0 && *r.end() < u32::MAX)
                 .ok_or_else(|| {
-                    invalid(
-                        find("uid_range"),
+                    at.field(
                         "uid_range",
                         format!("{r:?}: expected \"START-END\" with 0 < START <= END < 4294967295"),
                     )
@@ -204,36 +198,32 @@ impl Config {
         }
         if let Some(n) = raw.max_concurrent_runs {
             if n == 0 || n > 4096 {
-                return Err(invalid(
-                    find("max_concurrent_runs"),
-                    "max_concurrent_runs",
-                    "must be 1..=4096".into(),
-                ));
+                return Err(at.field("max_concurrent_runs", "must be 1..=4096".into()));
             }
-            c.max_concurrent_runs = n;
+            self.max_concurrent_runs = n;
         }
         if let Some(n) = raw.max_runs_per_uid {
             if n == 0 {
-                return Err(invalid(
-                    find("max_runs_per_uid"),
-                    "max_runs_per_uid",
-                    "must be at least 1".into(),
-                ));
+                return Err(at.field("max_runs_per_uid", "must be at least 1".into()));
             }
-            c.max_runs_per_uid = n;
+            self.max_runs_per_uid = n;
         }
-        if let Some(g) = raw.shutdown_grace {
-            c.shutdown_grace = pycell_policy::parse_duration(&g)
-                .map_err(|e| invalid(find("shutdown_grace"), "shutdown_grace", e))?;
+        if let Some(g) = &raw.shutdown_grace {
+            self.shutdown_grace =
+                pycell_policy::parse_duration(g).map_err(|e| at.field("shutdown_grace", e))?;
         }
+        Ok(())
+    }
+
+    /// The audit log, the policies and the runs' cgroups.
+    fn apply_paths(&mut self, raw: RawConfig, at: &Locator<'_>) -> Result<(), ConfigError> {
         if let Some(a) = raw.audit_log {
-            c.audit = match a.as_str() {
+            self.audit = match a.as_str() {
                 "stderr" => AuditSink::Stderr,
                 "off" => AuditSink::Off,
                 p if p.starts_with('/') => AuditSink::File(PathBuf::from(p)),
                 _ => {
-                    return Err(invalid(
-                        find("audit_log"),
+                    return Err(at.field(
                         "audit_log",
                         "use \"stderr\", \"off\" or an absolute file path".into(),
                     ))
@@ -241,26 +231,52 @@ impl Config {
             };
         }
         if let Some(d) = raw.policy_dir {
-            c.policy_dir = d;
+            self.policy_dir = d;
         }
         if let Some(p) = raw.cgroup_parent {
-            if !pycell_jailer::spec::is_plain_relative_path(&p) {
-                return Err(invalid(
-                    find("cgroup_parent"),
+            if !pycell_core::spec::is_plain_relative_path(&p) {
+                return Err(at.field(
                     "cgroup_parent",
                     "must be a relative path of plain names".into(),
                 ));
             }
             if p.split('/').next() == Some(SUPERVISOR_CGROUP) {
-                return Err(invalid(
-                    find("cgroup_parent"),
+                return Err(at.field(
                     "cgroup_parent",
                     format!("{SUPERVISOR_CGROUP:?} is the cgroup pycelld itself lives in; pick another name"),
                 ));
             }
-            c.cgroup_parent = p;
+            self.cgroup_parent = p;
         }
-        Ok(c)
+        Ok(())
+    }
+}
+
+/// Turns a problem with a field into an error at its place in the file.
+struct Locator<'a> {
+    text: &'a str,
+    path: &'a Path,
+}
+
+impl Locator<'_> {
+    fn invalid(&self, offset: Option<usize>, field: &str, message: String) -> ConfigError {
+        let (line, column) = offset.map_or((1, 1), |o| line_col(self.text, o));
+        ConfigError::Invalid {
+            path: self.path.to_path_buf(),
+            line,
+            column,
+            field: field.to_string(),
+            message,
+        }
+    }
+
+    /// An error at the first `key = ...` in the file.
+    fn field(&self, key: &str, message: String) -> ConfigError {
+        let offset = self
+            .text
+            .find(&format!("{key} "))
+            .or_else(|| self.text.find(&format!("{key}=")));
+        self.invalid(offset, key, message)
     }
 }
 

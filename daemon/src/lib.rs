@@ -1,8 +1,10 @@
-//! pycelld and what its clients share with it: the wire protocol
-//! ([`protocol`], [`framing`]), the resolution of a run request under a
-//! policy into a jail spec ([`resolve`]), the structured run result
-//! ([`result`]), host information ([`hostinfo`]), the daemon's two halves
-//! ([`monitor`], root and tiny; [`broker`], unprivileged) and a client.
+//! pycelld: the daemon that serves sandbox runs on a Unix socket. Two
+//! processes: the root [`monitor`] (single-threaded, tiny: it loads the
+//! policy, prepares and starts `pycell-jailer` through the one launch path
+//! of `pycell_core::launch`, and kills runs) and the unprivileged
+//! [`broker`] (the socket, the protocol, peer checks, quotas, the audit log;
+//! it decodes each run's events and builds its result). [`config`] is
+//! `/etc/pycell/pycelld.toml`; [`sockets`] passes descriptors between them.
 //!
 //! Threat model: requests come from local users allowed on the socket and are
 //! untrusted input: sizes are bounded, unknown fields rejected, policies are
@@ -13,11 +15,6 @@
 #![forbid(unsafe_code)]
 
 pub mod broker;
-pub mod client;
 pub mod config;
-pub mod framing;
-pub mod hostinfo;
 pub mod monitor;
-pub mod protocol;
-pub mod resolve;
-pub mod result;
+pub mod sockets;

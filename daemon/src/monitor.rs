@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -25,18 +25,16 @@ use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{Gid, Group, Pid, Uid, User};
-use pycell_jailer::cgroup::CgroupLayout;
-use pycell_jailer::uidalloc::{self, UidLease};
+use pycell_core::codes::FailureCode;
+use pycell_core::framing;
+use pycell_core::launch::{self, JailerStderr, LaunchError, Launcher, PolicyChoice};
+use pycell_core::protocol::{ErrorCode, RunRequest};
+use pycell_core::result::LimitsReport;
+use pycell_core::uidalloc::UidLease;
+use pycell_jailer::CgroupLayout;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
-use crate::framing;
-use crate::protocol::{ErrorCode, RunRequest};
-use crate::resolve;
-
-/// Uid leases of daemon runs (distinct from embedded mode's directory only
-/// in name; both use flock, so they never collide).
-const UID_LOCK_DIR: &str = "/run/pycell/uids";
 
 /// Broker → monitor: the only things the broker can ask for.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -64,7 +62,7 @@ pub enum ToBroker {
         run_id: String,
         sandbox_uid: u32,
         policy: String,
-        limits: serde_json::Value,
+        limits: LimitsReport,
     },
     Refused {
         req: u64,
@@ -73,6 +71,11 @@ pub enum ToBroker {
     },
     Exited {
         run_id: String,
+    },
+    /// The first message, with the listening socket (and the audit log,
+    /// if `audit`) attached.
+    Handoff {
+        audit: bool,
     },
 }
 
@@ -91,7 +94,9 @@ pub enum MonitorError {
     #[error("starting the broker: {0}")]
     Broker(io::Error),
     #[error("{0}")]
-    Cgroup(#[from] pycell_jailer::cgroup::CgroupError),
+    Cgroup(#[from] pycell_jailer::CgroupError),
+    #[error("{0}")]
+    Jailer(String),
     #[error("{0}")]
     Sys(String),
 }
@@ -101,19 +106,6 @@ struct Run {
     child: Child,
     _lease: UidLease,
     killed_at: Option<Instant>,
-}
-
-pub fn jailer_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("PYCELL_JAILER") {
-        return PathBuf::from(p);
-    }
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|e| e.parent().map(|d| d.join("pycell-jailer")));
-    match beside {
-        Some(p) if p.exists() => p,
-        _ => PathBuf::from("/usr/libexec/pycell/pycell-jailer"),
-    }
 }
 
 /// The ids the broker needs to check peers.
@@ -199,10 +191,32 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
         layout.adopt_own_subtree(crate::config::SUPERVISOR_CGROUP, &config.cgroup_parent)?;
     // Leftovers of an earlier instance that was killed: nothing of ours runs yet.
     layout.remove_stale(&cgroup_parent, "pycell-");
-    let listener = bind_socket(&config, ids.socket_gid)?;
-    let (mine, theirs) = UnixStream::pair().map_err(MonitorError::Broker)?;
+    let launcher = Launcher {
+        policy_dir: config.policy_dir.clone(),
+        uid_range: config.uid_range.clone(),
+        uid_lock_dir: PathBuf::from(launch::UID_LOCK_DIR),
+        cgroup_parent: cgroup_parent.clone(),
+        jailer: Ok(launch::find_jailer().map_err(|f| MonitorError::Jailer(f.message))?),
+    };
+    let sfd = block_signals()?;
+    let (link, broker_pid) = start_broker(&config, config_path, &ids)?;
+    let mut m = Monitor {
+        config,
+        layout,
+        launcher,
+        link,
+        runs: HashMap::new(),
+        broker_pid,
+        broker_alive: true,
+        stopping_since: None,
+    };
+    let result = m.serve(&sfd);
+    m.kill_everything();
+    result
+}
 
-    // Signals are handled in the loop below through a signalfd.
+/// Signals are handled in the serve loop through a signalfd.
+fn block_signals() -> Result<SignalFd, MonitorError> {
     let mut mask = SigSet::empty();
     for s in [
         Signal::SIGCHLD,
@@ -214,92 +228,75 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
     }
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None)
         .map_err(|e| MonitorError::Sys(format!("sigprocmask: {e}")))?;
-    let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-        .map_err(|e| MonitorError::Sys(format!("signalfd: {e}")))?;
+    SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(|e| MonitorError::Sys(format!("signalfd: {e}")))
+}
 
-    // The broker: this same executable, as the unprivileged user, with the
-    // listening socket and its end of the socketpair inherited (this process
-    // is single-threaded, so clearing close-on-exec here cannot leak them
-    // into any other child).
-    clear_cloexec(&listener)?;
-    clear_cloexec(&theirs)?;
-    // The audit log is opened here, as root, so the broker can append to it
-    // without being able to open (or create) anything else.
-    let audit = match &config.audit {
-        crate::config::AuditSink::File(p) => {
-            use std::os::unix::fs::OpenOptionsExt;
-            let f = fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o640)
-                .open(p)
-                .map_err(|e| MonitorError::Sys(format!("audit log {}: {e}", p.display())))?;
-            clear_cloexec(&f)?;
-            Some(f)
-        }
-        _ => None,
+/// The audit log, opened here as root, so the broker can append to it
+/// without being able to open (or create) anything else.
+fn open_audit(config: &Config) -> Result<Option<fs::File>, MonitorError> {
+    let crate::config::AuditSink::File(p) = &config.audit else {
+        return Ok(None);
     };
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .open(p)
+        .map(Some)
+        .map_err(|e| MonitorError::Sys(format!("audit log {}: {e}", p.display())))
+}
+
+/// Start the broker: this same executable with `--broker`, as the broker
+/// user, its end of the monitor link as its stdin; then hand it the
+/// listening socket and the audit log over that link. Returns our end of
+/// the link and the broker's pid.
+fn start_broker(
+    config: &Config,
+    config_path: &Path,
+    ids: &ResolvedIds,
+) -> Result<(UnixStream, Pid), MonitorError> {
+    let listener = bind_socket(config, ids.socket_gid)?;
+    let audit = open_audit(config)?;
+    let (mine, theirs) = UnixStream::pair().map_err(MonitorError::Broker)?;
     // The broker execs this binary through a descriptor opened here as root:
     // as the broker user it may not be able to reach the file by its path
     // (say, a build under /root), and /proc/self/fd needs no search right.
+    // This process is single-threaded, so clearing close-on-exec here
+    // cannot leak it into any other child.
     let exe = std::env::current_exe()
         .and_then(fs::File::open)
         .map_err(MonitorError::Broker)?;
     clear_cloexec(&exe)?;
-    let mut cmd = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()));
-    cmd.arg0("pycelld")
-        .arg("--broker")
-        .arg("--config")
+    let gids: Vec<String> = ids.allowed_gids.iter().map(|g| g.to_string()).collect();
+    let broker = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()))
+        .arg0("pycelld")
+        .args(["--broker", "--config"])
         .arg(config_path)
-        .arg("--listen-fd")
-        .arg(listener.as_raw_fd().to_string())
-        .arg("--monitor-fd")
-        .arg(theirs.as_raw_fd().to_string())
-        .args(
-            audit
-                .iter()
-                .flat_map(|f| ["--audit-fd".to_string(), f.as_raw_fd().to_string()]),
-        )
-        .arg("--allowed-gids")
-        .arg(
-            ids.allowed_gids
-                .iter()
-                .map(|g| g.to_string())
-                .collect::<Vec<_>>()
-                .join(","),
-        )
+        .args(["--allowed-gids", &gids.join(",")])
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .uid(ids.broker_uid.as_raw())
         .gid(ids.broker_gid.as_raw())
-        .stdin(Stdio::null());
-    let broker = cmd.spawn().map_err(MonitorError::Broker)?;
-    let broker_pid = Pid::from_raw(broker.id() as i32);
-    drop(theirs);
-    drop(listener);
-    drop(audit);
-    drop(exe);
-
-    let mut m = Monitor {
-        config,
-        layout,
-        cgroup_parent,
-        link: mine,
-        runs: HashMap::new(),
-        broker_pid,
-        broker_alive: true,
-        stopping_since: None,
-    };
-    let result = m.serve(&sfd);
-    m.kill_everything();
-    result
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
+        .spawn()
+        .map_err(MonitorError::Broker)?;
+    let frame = framing::encode(&ToBroker::Handoff {
+        audit: audit.is_some(),
+    })
+    .map_err(|e| MonitorError::Sys(e.to_string()))?;
+    let mut fds = vec![listener.as_fd()];
+    fds.extend(audit.as_ref().map(|f| f.as_fd()));
+    crate::sockets::send_with_fds(mine.as_fd(), &frame, &fds).map_err(MonitorError::Broker)?;
+    Ok((mine, Pid::from_raw(broker.id() as i32)))
 }
 
 struct Monitor {
     config: Config,
     layout: CgroupLayout,
-    /// Parent of the run cgroups, as the jailer's spec takes it.
-    cgroup_parent: String,
+    /// Prepares and starts runs (the launch path every mode shares).
+    launcher: Launcher,
     link: UnixStream,
     runs: HashMap<i32, Run>,
     broker_pid: Pid,
@@ -423,10 +420,10 @@ impl Monitor {
                             framing::encode(&msg)
                                 .map_err(|e| e.to_string())
                                 .and_then(|frame| {
-                                    pycell_jailer::syscall::send_with_fd(
+                                    crate::sockets::send_with_fds(
                                         self.link.as_fd(),
                                         &frame,
-                                        fd.as_fd(),
+                                        &[fd.as_fd()],
                                     )
                                     .map_err(|e| e.to_string())
                                 });
@@ -445,63 +442,31 @@ impl Monitor {
         req: u64,
         request: &RunRequest,
     ) -> Result<(ToBroker, OwnedFd), (ErrorCode, String)> {
-        let invalid = |e: resolve::ResolveError| (ErrorCode::InvalidRequest, e.to_string());
-        let policy = resolve::load_policy_by_name(request.policy_name(), &self.config.policy_dir)
-            .map_err(invalid)?;
-        let mut resolved = resolve::resolve(&policy, request).map_err(invalid)?;
-        let lease = uidalloc::allocate(&self.config.uid_range, Path::new(UID_LOCK_DIR))
-            .map_err(|e| (ErrorCode::Busy, e.to_string()))?;
-        let run_id = pycell_jailer::spec::new_run_id();
-        resolved.spec.run_id = run_id.clone();
-        resolved.spec.sandbox_uid = lease.uid;
-        resolved.spec.sandbox_gid = lease.gid;
-        resolved.spec.cgroup.parent = self.cgroup_parent.clone();
-        resolved
-            .spec
-            .validate()
-            .map_err(|e| (ErrorCode::InvalidRequest, e.to_string()))?;
-        let spec =
-            serde_json::to_vec(&resolved.spec).map_err(|e| (ErrorCode::Internal, e.to_string()))?;
-        let internal = |e: io::Error| (ErrorCode::Internal, format!("starting pycell-jailer: {e}"));
-        let mut child = Command::new(jailer_path())
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(internal)?;
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take();
-        let (Some(mut stdin), Some(stdout)) = (stdin, stdout) else {
-            let _ = child.kill();
-            return Err((ErrorCode::Internal, "jailer pipes missing".into()));
+        let policy = self
+            .launcher
+            .load_policy(PolicyChoice::Name(request.policy_name()))
+            .map_err(refusal)?;
+        let prepared = self.launcher.prepare(&policy, request).map_err(refusal)?;
+        let launched = prepared
+            .spawn(JailerStderr::Inherit)
+            .map_err(|r| refusal(LaunchError::Refused(r.error.unwrap_or_else(unknown))))?;
+        let msg = ToBroker::Spawned {
+            req,
+            run_id: launched.run_id.clone(),
+            sandbox_uid: launched.lease.uid,
+            policy: launched.policy,
+            limits: launched.limits,
         };
-        if let Err(e) = stdin.write_all(&spec) {
-            let _ = child.kill();
-            return Err(internal(e));
-        }
-        drop(stdin);
-        let pid = child.id() as i32;
         self.runs.insert(
-            pid,
+            launched.child.id() as i32,
             Run {
-                run_id: run_id.clone(),
-                child,
-                _lease: lease,
+                run_id: launched.run_id,
+                child: launched.child,
+                _lease: launched.lease,
                 killed_at: None,
             },
         );
-        let limits = serde_json::to_value(&resolved.limits).unwrap_or(serde_json::Value::Null);
-        Ok((
-            ToBroker::Spawned {
-                req,
-                run_id,
-                sandbox_uid: resolved.spec.sandbox_uid,
-                policy: policy.name.clone(),
-                limits,
-            },
-            OwnedFd::from(stdout),
-        ))
+        Ok((msg, OwnedFd::from(launched.events)))
     }
 
     fn reap(&mut self) {
@@ -557,7 +522,29 @@ impl Monitor {
             let _ = kill(Pid::from_raw(run.child.id() as i32), Signal::SIGKILL);
         }
         let _ = waitpid(self.broker_pid, Some(WaitPidFlag::WNOHANG));
-        self.layout.remove_stale(&self.cgroup_parent, "pycell-");
+        self.layout
+            .remove_stale(&self.launcher.cgroup_parent, "pycell-");
         let _ = fs::remove_file(&self.config.socket);
     }
+}
+
+/// How a run that did not start is refused on the wire.
+fn refusal(e: LaunchError) -> (ErrorCode, String) {
+    let code = match &e {
+        LaunchError::Request(_) => ErrorCode::InvalidRequest,
+        LaunchError::Refused(f) => match f.code {
+            FailureCode::UidUnavailable => ErrorCode::Busy,
+            FailureCode::InvalidPolicy => ErrorCode::InvalidRequest,
+            _ => ErrorCode::Internal,
+        },
+    };
+    (code, e.failure().message)
+}
+
+fn unknown() -> pycell_core::report::JailFailure {
+    pycell_core::report::JailFailure::new(
+        FailureCode::Internal,
+        pycell_core::codes::Layer::Jailer,
+        "the jailer did not start",
+    )
 }

@@ -23,21 +23,22 @@ use serde::{Deserialize, Serialize};
 use crate::landlock_rules::{self, Grants};
 use crate::mounts::{self, PreparedSources, RootfsLayout};
 use crate::pipeline::{run_steps, JailSteps, Step, StepError};
-use crate::report::LandlockReport;
 use crate::rlimits;
-use crate::spec::{JailSpec, JAIL_GID, JAIL_UID};
 use crate::syscall::{self, CloneResult};
+use pycell_core::codes::FailureCode;
+use pycell_core::report::LandlockReport;
+use pycell_core::spec::{JailSpec, JAIL_GID, JAIL_UID};
 
-pub const HOSTNAME: &str = "pycell";
+pub(crate) const HOSTNAME: &str = "pycell";
 /// Go-pipe bytes from the jailer: uid/gid maps written; cgroup attached.
-pub const GO_MAPS: u8 = b'M';
-pub const GO_CGROUP: u8 = b'C';
+pub(crate) const GO_MAPS: u8 = b'M';
+pub(crate) const GO_CGROUP: u8 = b'C';
 
 /// Messages from the jail to the jailer, one JSON object per line on the
 /// status pipe (each well under PIPE_BUF, so lines never interleave).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ChildMessage {
+pub(crate) enum ChildMessage {
     Ready { landlock: LandlockReport },
     SetupFailed(StepError),
     ExecFailed { message: String },
@@ -57,7 +58,7 @@ const FORWARDED: &[Signal] = &[
 
 /// The descriptors the child starts with (all from the jailer's pipes).
 #[derive(Debug)]
-pub struct ChildFds {
+pub(crate) struct ChildFds {
     pub go_read: OwnedFd,
     pub status_write: OwnedFd,
     pub stdin_read: OwnedFd,
@@ -190,9 +191,13 @@ impl JailSteps for RealSteps<'_> {
         let report =
             landlock_rules::restrict(self.spec.landlock.min_abi, &grants).map_err(|e| {
                 let code = match e {
-                    landlock_rules::LandlockError::Unavailable(_) => "landlock_unavailable",
-                    landlock_rules::LandlockError::AbiTooOld { .. } => "landlock_abi_too_old",
-                    _ => "landlock_failed",
+                    landlock_rules::LandlockError::Unavailable(_) => {
+                        FailureCode::LandlockUnavailable
+                    }
+                    landlock_rules::LandlockError::AbiTooOld { .. } => {
+                        FailureCode::LandlockAbiTooOld
+                    }
+                    _ => FailureCode::LandlockFailed,
                 };
                 StepError::new(Step::Landlock, e.to_string()).with_code(code)
             })?;
@@ -235,7 +240,7 @@ fn forwarded_and_child_mask() -> SigSet {
 }
 
 /// Entry point of the cloned child. Never returns.
-pub fn child_main(spec: &JailSpec, filter: &CompiledFilter, fds: ChildFds) -> ! {
+pub(crate) fn child_main(spec: &JailSpec, filter: &CompiledFilter, fds: ChildFds) -> ! {
     let status = File::from(fds.status_write);
     // If the jailer dies, so does the jail (pid 1 dying kills the namespace).
     // Set before waiting for the go byte, so there is no window: a jailer that
@@ -275,7 +280,7 @@ pub fn child_main(spec: &JailSpec, filter: &CompiledFilter, fds: ChildFds) -> ! 
     init(spec, &status, signal_fd)
 }
 
-/// This process is a fork of the jailer (or of `pycell run`), so its
+/// This process is a fork of the jailer, so its
 /// /proc/<pid>/cmdline would show the host command line, paths included, to
 /// the code in the jail (cmdline is world-readable). Overwrite our own argv
 /// area with "pycell-init" and NULs, and rename the thread likewise.

@@ -15,9 +15,9 @@ use landlock::{
     RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 
-use crate::report::LandlockReport;
-use crate::spec::LandlockSpec;
 use crate::syscall;
+use pycell_core::report::{LandlockReport, LandlockStatus};
+use pycell_core::spec::LandlockSpec;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LandlockError {
@@ -50,7 +50,7 @@ impl Grants {
             .collect();
         read_only.extend(spec.read_only.iter().cloned());
         let mut read_write: Vec<PathBuf> = [
-            crate::spec::WORKSPACE,
+            pycell_core::spec::WORKSPACE,
             "/tmp",
             "/dev/shm",
             "/dev/null",
@@ -112,7 +112,7 @@ pub fn restrict(min_abi: u8, grants: &Grants) -> Result<LandlockReport, Landlock
     match status.ruleset {
         RulesetStatus::FullyEnforced => Ok(LandlockReport {
             abi: abi as u8,
-            status: "fully_enforced".to_string(),
+            status: LandlockStatus::FullyEnforced,
         }),
         other => Err(LandlockError::NotFullyEnforced(other)),
     }

@@ -1,5 +1,7 @@
-//! The pycell jail: everything between a resolved [`spec::JailSpec`] and the
-//! sandboxed program's `exec`.
+//! The pycell jail: everything between a resolved
+//! [`JailSpec`](pycell_core::spec::JailSpec) and the sandboxed program's
+//! `exec`, run by the single-threaded `pycell-jailer` executable
+//! ([`jailer_main`]); and what this host can enforce ([`host`]).
 //!
 //! Threat model: the code that runs in the jail is hostile. It gets a new
 //! user, pid, mount, network, IPC, UTS and cgroup namespace; runs as a host
@@ -7,20 +9,79 @@
 //! has no capabilities, `no_new_privs`, Landlock and a seccomp allowlist; and
 //! is held by cgroup limits. The jailer itself runs as root and trusts only
 //! its spec (which it re-validates) and the host's kernel. It is
-//! single-threaded so that `clone` without a new stack is sound; `unsafe` is
-//! confined to [`syscall`]. Any layer that cannot be applied refuses the run.
+//! single-threaded so that `clone` without a new stack is sound (the clone
+//! functions check it); `unsafe` is confined to the `syscall` module. Any
+//! layer that cannot be applied refuses the run.
 #![deny(unsafe_code)]
 
-pub mod capabilities;
-pub mod cgroup;
-pub mod child;
-pub mod events;
-pub mod landlock_rules;
-pub mod mounts;
-pub mod pipeline;
-pub mod report;
-pub mod rlimits;
-pub mod spec;
-pub mod supervisor;
-pub mod syscall;
-pub mod uidalloc;
+mod capabilities;
+mod cgroup;
+mod child;
+pub mod host;
+mod landlock_rules;
+mod mounts;
+mod outcome;
+mod pipeline;
+mod relay;
+mod rlimits;
+mod supervisor;
+mod syscall;
+
+use std::io::{self, Read, Write};
+
+use pycell_core::codes::{FailureCode, Layer};
+use pycell_core::events;
+use pycell_core::report::{JailFailure, JailReport};
+use pycell_core::spec::JailSpec;
+
+pub use cgroup::{CgroupError, CgroupLayout, HostPaths};
+pub use syscall::peer_groups;
+
+/// Specs carry the code; 64 MiB is far beyond any real one.
+const MAX_SPEC: u64 = 64 << 20;
+
+fn read_spec() -> Result<JailSpec, String> {
+    let mut raw = Vec::new();
+    let n = io::stdin()
+        .take(MAX_SPEC + 1)
+        .read_to_end(&mut raw)
+        .map_err(|e| format!("reading the spec from stdin: {e}"))?;
+    if n as u64 > MAX_SPEC {
+        return Err(format!("the spec is larger than {MAX_SPEC} bytes"));
+    }
+    serde_json::from_slice(&raw).map_err(|e| format!("parsing the spec: {e}"))
+}
+
+/// `pycell-jailer`: read one JSON spec on stdin, run it, write event frames
+/// (output chunks, then the result) on stdout. Returns the exit code: 0
+/// whenever a result frame was written for a spec that parsed, 2 for a
+/// spec that did not.
+pub fn jailer_main() -> i32 {
+    // Whatever mask our starter had (pycell run blocks SIGINT so that ^C
+    // reaches the program only through us), ours is exactly the signals the
+    // supervisor takes through its signalfd, from the start: none of them
+    // may end the jailer before it can clean up.
+    let _ = nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&supervisor::jailer_signals()),
+        None,
+    );
+    // If whoever started us goes away, stop the sandbox and clean up: SIGTERM
+    // is handled by the supervisor as "kill the sandbox".
+    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
+    let mut out = io::BufWriter::with_capacity(128 * 1024, io::stdout().lock());
+    let (report, code) = match read_spec() {
+        Ok(spec) => (supervisor::run(&spec, &mut out), 0),
+        Err(message) => (
+            JailReport::refused(JailFailure::new(
+                FailureCode::InvalidSpec,
+                Layer::Jailer,
+                message,
+            )),
+            2,
+        ),
+    };
+    let _ = events::write_result(&mut out, &report);
+    let _ = out.flush();
+    code
+}

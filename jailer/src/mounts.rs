@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::unistd::{chdir, pivot_root};
 
-use crate::spec::{BindMount, WorkspaceFile, JAIL_GID, JAIL_UID, WORKSPACE};
 use crate::syscall::{
     self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
 };
+use pycell_core::spec::{BindMount, WorkspaceFile, JAIL_GID, JAIL_UID, WORKSPACE};
 
 /// Staging directory for the new root inside our private mount namespace.
 /// Anything mounted here is invisible outside the namespace.
@@ -312,8 +312,9 @@ pub fn pivot() -> Result<(), MountError> {
     Ok(())
 }
 
-/// In-jail targets of the binds that are real trees (not symlinks); Landlock
-/// grants read+execute on these.
+/// In-jail targets of every bind; Landlock grants read+execute on these (a
+/// bind whose source is a symlink becomes a symlink, and the grant then
+/// covers what it points to, itself a bind).
 pub fn tree_targets(binds: &[BindMount]) -> Vec<PathBuf> {
     binds.iter().map(|b| b.target.clone()).collect()
 }

@@ -25,12 +25,14 @@
 //!
 //! then the init process forks the program, which execs it.
 
+use pycell_core::codes::{FailureCode, Layer};
+use pycell_core::report::JailFailure;
 use serde::{Deserialize, Serialize};
 
 /// Steps of the pipeline, named for error reports and order tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Step {
+pub(crate) enum Step {
     WaitForParent,
     MountSources,
     Credentials,
@@ -51,23 +53,22 @@ pub enum Step {
 
 impl Step {
     /// The layer a failure of this step is reported against.
-    pub fn layer(self) -> &'static str {
+    pub fn layer(self) -> Layer {
         match self {
-            Step::WaitForParent => "jailer",
-            Step::CgroupAttach => "cgroup",
-            Step::CgroupNamespace => "namespaces",
-            Step::MountSources | Step::Rootfs => "mounts",
-            Step::Credentials => "user_namespace",
-            Step::Hostname => "namespaces",
-            Step::Loopback => "network",
-            Step::Rlimits => "rlimits",
-            Step::Setsid => "session",
-            Step::Capabilities => "capabilities",
-            Step::NoNewPrivs => "no_new_privs",
-            Step::CloseFds => "file_descriptors",
-            Step::Landlock => "landlock",
-            Step::Seccomp => "seccomp",
-            Step::Exec => "exec",
+            Step::WaitForParent => Layer::Jailer,
+            Step::CgroupAttach => Layer::Cgroup,
+            Step::CgroupNamespace | Step::Hostname => Layer::Namespaces,
+            Step::MountSources | Step::Rootfs => Layer::Mounts,
+            Step::Credentials => Layer::UserNamespace,
+            Step::Loopback => Layer::Network,
+            Step::Rlimits => Layer::Rlimits,
+            Step::Setsid => Layer::Session,
+            Step::Capabilities => Layer::Capabilities,
+            Step::NoNewPrivs => Layer::NoNewPrivs,
+            Step::CloseFds => Layer::FileDescriptors,
+            Step::Landlock => Layer::Landlock,
+            Step::Seccomp => Layer::Seccomp,
+            Step::Exec => Layer::Exec,
         }
     }
 }
@@ -75,36 +76,42 @@ impl Step {
 /// A failed step: what failed, why, and what the operator can do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{step:?}: {message}")]
-pub struct StepError {
+pub(crate) struct StepError {
     pub step: Step,
-    pub code: String,
+    pub code: FailureCode,
     pub message: String,
     pub hint: Option<String>,
 }
 
 impl StepError {
+    /// A step that failed: `<layer>_failed` unless [`StepError::with_code`] says more.
     pub fn new(step: Step, message: impl Into<String>) -> StepError {
         StepError {
             step,
-            code: format!("{}_failed", step.layer()),
+            code: step.layer().step_failed(),
             message: message.into(),
             hint: None,
         }
     }
 
-    pub fn with_code(mut self, code: &str) -> StepError {
-        self.code = code.to_string();
+    pub fn with_code(mut self, code: FailureCode) -> StepError {
+        self.code = code;
         self
     }
 
-    pub fn with_hint(mut self, hint: impl Into<String>) -> StepError {
-        self.hint = Some(hint.into());
-        self
+    /// The failure a run reports for it.
+    pub fn failure(&self) -> JailFailure {
+        JailFailure {
+            code: self.code,
+            layer: self.step.layer(),
+            message: self.message.clone(),
+            hint: self.hint.clone(),
+        }
     }
 }
 
 /// One method per step; the real implementation lives in `child.rs`.
-pub trait JailSteps {
+pub(crate) trait JailSteps {
     fn wait_for_id_maps(&mut self) -> Result<(), StepError>;
     fn prepare_mount_sources(&mut self) -> Result<(), StepError>;
     fn become_jail_user(&mut self) -> Result<(), StepError>;
@@ -123,7 +130,7 @@ pub trait JailSteps {
 }
 
 /// Run every step in the one fixed order; stop at the first failure.
-pub fn run_steps(s: &mut impl JailSteps) -> Result<(), StepError> {
+pub(crate) fn run_steps(s: &mut impl JailSteps) -> Result<(), StepError> {
     s.wait_for_id_maps()?;
     s.prepare_mount_sources()?;
     s.become_jail_user()?;
@@ -260,7 +267,7 @@ mod tests {
         };
         let e = run_steps(&mut r).unwrap_err();
         assert_eq!(e.step, Step::Capabilities);
-        assert_eq!(e.code, "capabilities_failed");
+        assert_eq!(e.code, FailureCode::CapabilitiesFailed);
         assert_eq!(*r.calls.last().unwrap(), Step::Capabilities);
         assert!(!r.calls.contains(&Step::Landlock));
     }

@@ -3,7 +3,7 @@
 
 use nix::sys::resource::{setrlimit, Resource};
 
-use crate::spec::JailLimits;
+use pycell_core::spec::JailLimits;
 
 pub fn apply(limits: &JailLimits) -> Result<(), String> {
     let set = |res: Resource, name: &str, soft: u64, hard: u64| {

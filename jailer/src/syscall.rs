@@ -1,8 +1,12 @@
 //! Raw system calls that `nix` does not wrap. This is the only module in the
 //! workspace allowed to use `unsafe`; every block states what it relies on.
 //!
-//! The jailer is single-threaded (see `lib.rs`), which is what makes a raw
-//! `clone` without a new stack sound: the child gets a copy of the only thread.
+//! A raw `clone` without a new stack is sound only in a single-threaded
+//! process (the child gets a copy of the only thread), so the two clone
+//! functions check the thread count first and refuse otherwise.
+//! [`peer_groups`] is here, not in the daemon that uses it, because it is the
+//! one call of the daemon's that needs `unsafe`, and this stays the one
+//! module that has any.
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
@@ -15,7 +19,7 @@ use nix::unistd::Pid;
 
 /// Which side of a `clone` we are on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CloneResult {
+pub(crate) enum CloneResult {
     Parent(Pid),
     Child,
 }
@@ -33,13 +37,33 @@ fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
     }
 }
 
+/// The `num_threads` field of `/proc/self/stat` (the 20th; the command name
+/// in parentheses before it may hold spaces).
+fn thread_count(stat: &str) -> Option<u64> {
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(17)?.parse().ok()
+}
+
+/// Refuse to clone unless this process has exactly one thread.
+fn ensure_single_threaded() -> io::Result<()> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    match thread_count(&stat) {
+        Some(1) => Ok(()),
+        n => Err(io::Error::other(format!(
+            "clone without a new stack needs a single-threaded process (threads: {n:?})"
+        ))),
+    }
+}
+
 /// `clone(flags | SIGCHLD)` with fork semantics (child continues on a copy of
 /// the stack). `flags` are `CLONE_NEW*` namespace flags, or 0 for a plain fork.
-pub fn clone_fork(namespace_flags: libc::c_int) -> io::Result<CloneResult> {
+/// Refused in a multi-threaded process.
+pub(crate) fn clone_fork(namespace_flags: libc::c_int) -> io::Result<CloneResult> {
+    ensure_single_threaded()?;
     let flags = (namespace_flags | libc::SIGCHLD) as libc::c_ulong;
     // SAFETY: with a NULL stack pointer clone behaves like fork: the child runs
     // on a copy-on-write copy of the caller's stack and memory. The caller is
-    // single-threaded (the jailer never starts threads), so no lock or
+    // single-threaded (checked just above), so no lock or
     // allocator state can be held by a thread that does not exist in the
     // child. No pointers are passed (parent_tid/child_tid/tls are 0).
     let ret = check(unsafe {
@@ -63,10 +87,10 @@ const OPEN_TREE_CLONE: libc::c_uint = 1;
 const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
-pub const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
-pub const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
-pub const MOUNT_ATTR_NODEV: u64 = 0x0000_0004;
-pub const MOUNT_ATTR_NOEXEC: u64 = 0x0000_0008;
+pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
+pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
+pub(crate) const MOUNT_ATTR_NODEV: u64 = 0x0000_0004;
+pub(crate) const MOUNT_ATTR_NOEXEC: u64 = 0x0000_0008;
 
 /// `struct mount_attr` from <linux/mount.h> (MOUNT_ATTR_SIZE_VER0).
 #[repr(C)]
@@ -79,7 +103,7 @@ struct MountAttr {
 
 /// `open_tree(path, OPEN_TREE_CLONE [| AT_RECURSIVE])`: a detached copy of the
 /// mount at `path` (a bind mount not yet attached anywhere).
-pub fn open_tree_clone(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
+pub(crate) fn open_tree_clone(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
     let c = cstring(path)?;
     let mut flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC;
     if recursive {
@@ -102,7 +126,7 @@ pub fn open_tree_clone(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
 
 /// `mount_setattr(fd, "", AT_EMPTY_PATH [| AT_RECURSIVE], {attr_set})`.
 /// Only adds flags, so it never trips over flags locked by the kernel.
-pub fn mount_setattr_fd(fd: &OwnedFd, attr_set: u64, recursive: bool) -> io::Result<()> {
+pub(crate) fn mount_setattr_fd(fd: &OwnedFd, attr_set: u64, recursive: bool) -> io::Result<()> {
     let mut flags = libc::AT_EMPTY_PATH as libc::c_uint;
     if recursive {
         flags |= AT_RECURSIVE;
@@ -111,7 +135,7 @@ pub fn mount_setattr_fd(fd: &OwnedFd, attr_set: u64, recursive: bool) -> io::Res
 }
 
 /// `mount_setattr(AT_FDCWD, path, flags, {attr_set})`.
-pub fn mount_setattr_path(path: &Path, attr_set: u64, recursive: bool) -> io::Result<()> {
+pub(crate) fn mount_setattr_path(path: &Path, attr_set: u64, recursive: bool) -> io::Result<()> {
     let c = cstring(path)?;
     let flags = if recursive { AT_RECURSIVE } else { 0 };
     mount_setattr_raw(libc::AT_FDCWD, &c, flags, attr_set)
@@ -147,7 +171,7 @@ fn mount_setattr_raw(
 
 /// `move_mount(fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)`: attach a
 /// detached mount (from `open_tree_clone`) at `target`.
-pub fn move_mount_to(fd: &OwnedFd, target: &Path) -> io::Result<()> {
+pub(crate) fn move_mount_to(fd: &OwnedFd, target: &Path) -> io::Result<()> {
     let t = cstring(target)?;
     // SAFETY: both strings are NUL-terminated and outlive the call; `fd` is a
     // valid open descriptor borrowed for the duration of the call.
@@ -165,7 +189,7 @@ pub fn move_mount_to(fd: &OwnedFd, target: &Path) -> io::Result<()> {
 }
 
 /// Close every descriptor from 3 up except those in `keep`.
-pub fn close_fds_except(keep: &[RawFd]) -> io::Result<()> {
+pub(crate) fn close_fds_except(keep: &[RawFd]) -> io::Result<()> {
     let mut keep: Vec<RawFd> = keep.iter().copied().filter(|k| *k >= 3).collect();
     keep.sort_unstable();
     keep.dedup();
@@ -197,7 +221,7 @@ fn close_range(lo: u32, hi: u32) -> io::Result<()> {
 
 /// `_exit(2)`: end the process now, without running exit handlers or
 /// unwinding (the right way out of a forked child).
-pub fn exit_now(code: i32) -> ! {
+pub(crate) fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and touches no memory of ours; it is
     // async-signal-safe and valid in a forked child.
     unsafe { libc::_exit(code) }
@@ -207,7 +231,7 @@ const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
 
 /// The kernel's Landlock ABI version, or the errno explaining its absence
 /// (ENOSYS: not built in; EOPNOTSUPP: built in but disabled at boot).
-pub fn landlock_abi() -> io::Result<u32> {
+pub(crate) fn landlock_abi() -> io::Result<u32> {
     // SAFETY: with a NULL attr pointer, size 0 and the VERSION flag the call
     // only returns the ABI number; no memory is read or written.
     let v = check(unsafe {
@@ -234,7 +258,7 @@ struct IfreqFlags {
 
 /// Set IFF_UP on the interface named `ifname` of the current network
 /// namespace (used for `lo` in a fresh namespace, where it starts down).
-pub fn interface_up(ifname: &str) -> io::Result<()> {
+pub(crate) fn interface_up(ifname: &str) -> io::Result<()> {
     use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
     let sock = socket(
         AddressFamily::Inet,
@@ -278,59 +302,6 @@ pub fn interface_up(ifname: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// Receive into `buf` from a unix stream socket, taking any file descriptors
-/// passed with SCM_RIGHTS. Returns the byte count and the descriptors.
-pub fn recv_with_fds(
-    sock: std::os::fd::BorrowedFd<'_>,
-    buf: &mut [u8],
-) -> io::Result<(usize, Vec<OwnedFd>)> {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-    let mut iov = [io::IoSliceMut::new(buf)];
-    let mut space = nix::cmsg_space!([RawFd; 4]);
-    let msg = recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(io::Error::from)?;
-    let mut fds = Vec::new();
-    for c in msg.cmsgs().map_err(io::Error::from)? {
-        if let ControlMessageOwned::ScmRights(raw) = c {
-            for fd in raw {
-                // SAFETY: the kernel just installed this descriptor in our
-                // table for this message (SCM_RIGHTS); nothing else owns it.
-                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-            }
-        }
-    }
-    Ok((msg.bytes, fds))
-}
-
-/// Send all of `data` on a unix stream socket with `fd` attached (SCM_RIGHTS)
-/// to its first byte.
-pub fn send_with_fd(
-    sock: std::os::fd::BorrowedFd<'_>,
-    data: &[u8],
-    fd: std::os::fd::BorrowedFd<'_>,
-) -> io::Result<()> {
-    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-    let fds = [fd.as_raw_fd()];
-    let cmsg = [ControlMessage::ScmRights(&fds)];
-    let iov = [io::IoSlice::new(data)];
-    let sent = sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
-        .map_err(io::Error::from)?;
-    if sent < data.len() {
-        // The descriptor went with the first part; the rest is plain data.
-        let mut rest = &data[sent..];
-        while !rest.is_empty() {
-            let n = nix::unistd::write(sock, rest).map_err(io::Error::from)?;
-            rest = &rest[n..];
-        }
-    }
-    Ok(())
-}
-
 /// SO_PEERGROUPS (asm-generic; the same number on x86_64 and aarch64).
 const SO_PEERGROUPS: libc::c_int = 59;
 
@@ -369,27 +340,6 @@ pub fn peer_groups(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<u32>> {
     }
 }
 
-/// Take ownership of a descriptor inherited across exec at a number passed
-/// on the command line (pycelld's broker gets its sockets this way). Returns
-/// None if `fd` is not open or is one of 0/1/2. Call once per descriptor.
-pub fn adopt_inherited_fd(fd: RawFd) -> Option<OwnedFd> {
-    if fd < 3 {
-        return None;
-    }
-    // SAFETY: F_GETFD only reads the descriptor's flags; it tells us whether
-    // `fd` is open without touching anything.
-    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        return None;
-    }
-    // SAFETY: `fd` is open (checked above), was inherited from our parent for
-    // us alone, and the caller adopts each number once, so nothing else owns
-    // it. Marking it close-on-exec keeps it out of anything we start later.
-    unsafe {
-        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-        Some(OwnedFd::from_raw_fd(fd))
-    }
-}
-
 /// `struct clone_args` (CLONE_ARGS_SIZE_VER2, 88 bytes).
 #[repr(C)]
 #[derive(Default)]
@@ -412,10 +362,11 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 /// `clone3` with fork semantics that starts the child directly inside the
 /// cgroup v2 directory `cgroup_dir` (CLONE_INTO_CGROUP): no later write to
 /// cgroup.procs, so no wait for the cgroup attach lock.
-pub fn clone_into_cgroup(
+pub(crate) fn clone_into_cgroup(
     namespace_flags: libc::c_int,
     cgroup_dir: std::os::fd::BorrowedFd<'_>,
 ) -> io::Result<CloneResult> {
+    ensure_single_threaded()?;
     let args = CloneArgs {
         flags: namespace_flags as u32 as u64 | CLONE_INTO_CGROUP,
         exit_signal: libc::SIGCHLD as u64,
@@ -424,8 +375,8 @@ pub fn clone_into_cgroup(
     };
     // SAFETY: `args` is a valid, fully initialised `struct clone_args` whose
     // size is passed; no stack is given, so the child runs on a copy of ours
-    // as with fork, which is sound because the caller is single-threaded (see
-    // `clone_fork`). The cgroup fd is borrowed for the duration of the call.
+    // as with fork, which is sound because the caller is single-threaded
+    // (checked just above). The cgroup fd is borrowed for the duration of the call.
     let ret = check(unsafe {
         libc::syscall(
             libc::SYS_clone3,
@@ -437,5 +388,24 @@ pub fn clone_into_cgroup(
         Ok(CloneResult::Child)
     } else {
         Ok(CloneResult::Parent(Pid::from_raw(ret as libc::pid_t)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_counts_are_read_past_the_command_name() {
+        let stat = "42 (a) b (c) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 3 0 99 0 0";
+        assert_eq!(thread_count(stat), Some(3));
+        assert_eq!(thread_count("garbage"), None);
+    }
+
+    #[test]
+    fn a_multi_threaded_process_may_not_clone() {
+        // The test harness runs tests on threads of its own.
+        let e = clone_fork(0).unwrap_err();
+        assert!(e.to_string().contains("single-threaded"), "{e}");
     }
 }

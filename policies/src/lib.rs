@@ -31,7 +31,7 @@ mod validate;
 
 pub use error::PolicyError;
 pub use limits::{
-    Limits, CPUS_RANGE, MAX_WALL_TIMEOUT, MIN_MAX_OUTPUT, MIN_MEMORY, MIN_TMPFS_SIZE,
+    Limits, LimitsReport, CPUS_RANGE, MAX_WALL_TIMEOUT, MIN_MAX_OUTPUT, MIN_MEMORY, MIN_TMPFS_SIZE,
     OPEN_FILES_RANGE, PIDS_RANGE,
 };
 pub use types::{namespaces, Interpreter, LandlockRules, Namespace, NetworkMode, ReadOnlyMount};

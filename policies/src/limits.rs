@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use crate::units::{format_duration, format_size};
 
@@ -151,37 +152,54 @@ pub(crate) fn between<T: std::fmt::Display>(range: (T, T), got: impl std::fmt::D
     format!("must be between {} and {} (got {got})", range.0, range.1)
 }
 
-/// The JSON form of [`Limits`]: durations in seconds, sizes in bytes, with
-/// the unit in the field name so a reader never has to guess.
-#[derive(Serialize)]
-struct LimitsReport {
-    wall_timeout_s: f64,
-    cpu_time_s: f64,
-    memory_bytes: u64,
-    pids: u32,
-    cpus: f64,
-    open_files: u64,
-    file_size_bytes: u64,
-    workspace_size_bytes: u64,
-    tmp_size_bytes: u64,
-    max_output_bytes: u64,
+/// A run's limits as results and reports show them: durations in seconds,
+/// sizes in bytes, with the unit in the field name so a reader never has
+/// to guess.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsReport {
+    /// Wall-clock time after which the whole sandbox is killed (status `timeout`).
+    pub wall_timeout_s: f64,
+    /// CPU time after which the program is killed (status `killed`).
+    pub cpu_time_s: f64,
+    /// Memory of all processes together, no swap (status `oom` when exceeded).
+    pub memory_bytes: u64,
+    /// Processes and threads together.
+    pub pids: u32,
+    /// CPU bandwidth in cores.
+    pub cpus: f64,
+    /// Open file descriptors per process.
+    pub open_files: u64,
+    /// Largest file a process may write.
+    pub file_size_bytes: u64,
+    /// Size of the writable /workspace (the working directory).
+    pub workspace_size_bytes: u64,
+    /// Size of the writable /tmp.
+    pub tmp_size_bytes: u64,
+    /// Cap on each of stdout and stderr; the rest is dropped and the result says it was truncated.
+    pub max_output_bytes: u64,
+}
+
+impl From<&Limits> for LimitsReport {
+    fn from(l: &Limits) -> Self {
+        LimitsReport {
+            wall_timeout_s: l.wall_timeout.as_secs_f64(),
+            cpu_time_s: l.cpu_time.as_secs_f64(),
+            memory_bytes: l.memory,
+            pids: l.pids,
+            cpus: l.cpus,
+            open_files: l.open_files,
+            file_size_bytes: l.file_size,
+            workspace_size_bytes: l.workspace_size,
+            tmp_size_bytes: l.tmp_size,
+            max_output_bytes: l.max_output,
+        }
+    }
 }
 
 impl Serialize for Limits {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        LimitsReport {
-            wall_timeout_s: self.wall_timeout.as_secs_f64(),
-            cpu_time_s: self.cpu_time.as_secs_f64(),
-            memory_bytes: self.memory,
-            pids: self.pids,
-            cpus: self.cpus,
-            open_files: self.open_files,
-            file_size_bytes: self.file_size,
-            workspace_size_bytes: self.workspace_size,
-            tmp_size_bytes: self.tmp_size,
-            max_output_bytes: self.max_output,
-        }
-        .serialize(serializer)
+        LimitsReport::from(self).serialize(serializer)
     }
 }
 

@@ -633,7 +633,7 @@ def main():
         check("connect_host_loopback", lambda: tcp_connect("127.0.0.1", args.host_port))
     if args.abstract_socket:
         check("connect_host_abstract", lambda: abstract_connect(args.abstract_socket))
-    check("dns", lambda: attempt(lambda: socket.getaddrinfo("pypi.org", 443)[0][4]))
+    check("dns", lambda: attempt(lambda: socket.getaddrinfo("example.net", 443)[0][4]))
     check("interfaces", interfaces)
     check("loopback_inside", loopback_inside)
     check("signal_init", lambda: attempt(lambda: os.kill(1, 0)))

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pycell_daemon::client::{ClientError, DaemonClient};
-use pycell_daemon::protocol::{
+use pycell_core::client::{ClientError, DaemonClient};
+use pycell_core::protocol::{
     ClientMessage, ErrorCode, LimitOverrides, RunRequest, ServerMessage, MAX_FRAME,
     PROTOCOL_VERSION,
 };
@@ -482,7 +482,7 @@ fn concurrency_limits_answer_busy() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let info = d.client().info().unwrap();
-        if info["daemon"]["active_runs"] == 1 {
+        if info.daemon.active_runs == 1 {
             break;
         }
         assert!(Instant::now() < deadline, "the long run never started");
@@ -572,11 +572,11 @@ fn assert_sandbox_gone(d: &Daemon, within: Duration) {
     }
 }
 
-type RunHandle = std::thread::JoinHandle<Result<pycell_daemon::result::RunResult, ClientError>>;
+type RunHandle = std::thread::JoinHandle<Result<pycell_core::result::RunResult, ClientError>>;
 
 /// Start a long run on its own connection; return once its output arrived,
 /// with a canceller for that connection.
-fn start_long_run(d: &Daemon) -> (RunHandle, pycell_daemon::client::Canceller) {
+fn start_long_run(d: &Daemon) -> (RunHandle, pycell_core::client::Canceller) {
     let mut c = d.client();
     let canceller = c.canceller().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();

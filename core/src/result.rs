@@ -1,9 +1,11 @@
 //! The structured result of a run, as `pycell run --json` prints it, the
 //! daemon sends it, and the MCP `run_python` tool returns it.
 
-use pycell_jailer::report::{exit_code_for, JailFailure, JailReport, Layers, RunStatus};
-use pycell_policy::Limits;
 use serde::{Deserialize, Serialize};
+
+use crate::report::{exit_code_for, JailFailure, JailReport, Layers, RunStatus};
+
+pub use pycell_policy::LimitsReport;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunResult {
@@ -19,8 +21,8 @@ pub struct RunResult {
     pub cpu_ms: f64,
     pub peak_memory_bytes: u64,
     pub policy: String,
-    /// The effective limits, in the JSON form of `pycell_policy::Limits`.
-    pub limits: Option<serde_json::Value>,
+    /// The effective limits; null when the run was refused before they were known.
+    pub limits: Option<LimitsReport>,
     pub layers: Option<Layers>,
     pub error: Option<JailFailure>,
 }
@@ -30,7 +32,7 @@ impl RunResult {
     pub fn new(
         run_id: &str,
         policy: &str,
-        limits: Option<&Limits>,
+        limits: Option<LimitsReport>,
         report: JailReport,
         stdout: &[u8],
         stderr: &[u8],
@@ -48,7 +50,7 @@ impl RunResult {
             cpu_ms: report.cpu_ms,
             peak_memory_bytes: report.peak_memory_bytes,
             policy: policy.to_string(),
-            limits: limits.and_then(|l| serde_json::to_value(l).ok()),
+            limits,
             layers: report.layers,
             error: report.error,
         }
@@ -62,5 +64,20 @@ impl RunResult {
     /// Process exit code for this outcome (see [`exit_code_for`]).
     pub fn process_exit_code(&self) -> i32 {
         exit_code_for(self.status, self.exit_code, self.signal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pycell_policy::Limits;
+
+    #[test]
+    fn limits_report_in_the_documented_units() {
+        let v = serde_json::to_value(LimitsReport::from(&Limits::default())).unwrap();
+        assert_eq!(v["wall_timeout_s"], 30.0);
+        assert_eq!(v["memory_bytes"], 512u64 << 20);
+        let back: LimitsReport = serde_json::from_value(v).unwrap();
+        assert_eq!(back, LimitsReport::from(&Limits::default()));
     }
 }

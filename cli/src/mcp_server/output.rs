@@ -5,62 +5,20 @@
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use pycell_daemon::result::RunResult;
-use pycell_jailer::report::RunStatus;
-
-use crate::info::LimitsInfo;
+use pycell_core::codes::{FailureCode, Layer};
+use pycell_core::report::{CgroupVersion, LandlockStatus, RunStatus};
+use pycell_core::result::{LimitsReport, RunResult};
 
 /// How the run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    /// The program exited with code 0.
-    Ok,
-    /// The program exited non-zero (e.g. an uncaught exception: see stderr) or died of a signal.
-    Error,
-    /// The wall-clock limit expired; the whole sandbox was killed.
-    Timeout,
-    /// The memory limit was reached; the kernel killed the program.
-    Oom,
-    /// Killed on request (the call was cancelled) or by the CPU-time limit.
-    Killed,
-    /// The sandbox could not be built, so the code never ran; `error` says why.
-    Refused,
-}
-
-impl From<RunStatus> for Status {
-    fn from(s: RunStatus) -> Self {
-        match s {
-            RunStatus::Ok => Status::Ok,
-            RunStatus::Error => Status::Error,
-            RunStatus::Timeout => Status::Timeout,
-            RunStatus::Oom => Status::Oom,
-            RunStatus::Killed => Status::Killed,
-            RunStatus::Refused => Status::Refused,
-        }
-    }
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Ok => "ok",
-            Status::Error => "error",
-            Status::Timeout => "timeout",
-            Status::Oom => "oom",
-            Status::Killed => "killed",
-            Status::Refused => "refused",
-        }
-    }
-}
+pub type Status = RunStatus;
 
 /// Why a run did not end normally.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct ErrorInfo {
     /// Stable code, e.g. `timeout`, `oom`, `cpu_time_limit`, `cancelled`, `not_root`, `landlock_unavailable`.
-    pub code: String,
+    pub code: FailureCode,
     /// The layer or step concerned, e.g. `limits`, `landlock`, `cgroup`, `jailer`.
-    pub layer: String,
+    pub layer: Layer,
     pub message: String,
     /// What to do about it, when there is something to do.
     pub hint: Option<String>,
@@ -71,8 +29,7 @@ pub struct ErrorInfo {
 pub struct LandlockInfo {
     /// The kernel's Landlock ABI version.
     pub abi: u8,
-    /// `fully_enforced` or `partially_enforced`.
-    pub status: String,
+    pub status: LandlockStatus,
 }
 
 /// The seccomp filter the run had.
@@ -85,8 +42,7 @@ pub struct SeccompInfo {
 /// The run's cgroup.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct CgroupInfo {
-    /// `v1` or `v2`.
-    pub version: String,
+    pub version: CgroupVersion,
     pub name: String,
 }
 
@@ -132,7 +88,7 @@ pub struct RunPythonOutput {
     /// The policy the run used.
     pub policy: String,
     /// The limits the run had (null if it was refused before they were known).
-    pub limits: Option<LimitsInfo>,
+    pub limits: Option<LimitsReport>,
     /// The isolation layers enforced (null if the run was refused).
     pub layers: Option<LayersInfo>,
     /// Why the run did not end normally (timeout, oom, CPU limit, cancelled, refused); null otherwise.
@@ -141,17 +97,17 @@ pub struct RunPythonOutput {
 
 /// Hints written for a `pycell run` user name its flags; say what to change
 /// in a tool call instead.
-fn mcp_hint(code: &str, hint: Option<String>) -> Option<String> {
+fn mcp_hint(code: FailureCode, hint: Option<String>) -> Option<String> {
     match code {
-        "timeout" => Some(format!(
+        FailureCode::Timeout => Some(format!(
             "pass a larger timeout_s (at most {} s), or make the code faster",
             pycell_policy::MAX_WALL_TIMEOUT.as_secs()
         )),
-        "oom" => Some(
+        FailureCode::Oom => Some(
             "use less memory (process data in chunks), or use a policy with a larger memory limit (see sandbox_info)"
                 .into(),
         ),
-        "cpu_time_limit" => Some(
+        FailureCode::CpuTimeLimit => Some(
             "make the code do less work, or use a policy with a larger CPU-time limit (see sandbox_info)"
                 .into(),
         ),
@@ -163,7 +119,7 @@ impl From<RunResult> for RunPythonOutput {
     fn from(r: RunResult) -> Self {
         RunPythonOutput {
             run_id: r.run_id,
-            status: r.status.into(),
+            status: r.status,
             exit_code: r.exit_code,
             signal: r.signal,
             stdout: r.stdout,
@@ -174,7 +130,7 @@ impl From<RunResult> for RunPythonOutput {
             cpu_ms: r.cpu_ms,
             peak_memory_bytes: r.peak_memory_bytes,
             policy: r.policy,
-            limits: r.limits.and_then(|v| serde_json::from_value(v).ok()),
+            limits: r.limits,
             layers: r.layers.map(|l| LayersInfo {
                 namespaces: l.namespaces,
                 sandbox_uid: l.sandbox_uid,
@@ -187,10 +143,7 @@ impl From<RunResult> for RunPythonOutput {
                     instructions: l.seccomp.instructions,
                 },
                 cgroup: CgroupInfo {
-                    version: serde_json::to_value(l.cgroup.version)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_string))
-                        .unwrap_or_default(),
+                    version: l.cgroup.version,
                     name: l.cgroup.name,
                 },
                 no_new_privs: l.no_new_privs,
@@ -198,15 +151,15 @@ impl From<RunResult> for RunPythonOutput {
             }),
             error: match (r.error, r.status) {
                 (Some(e), _) => Some(ErrorInfo {
-                    hint: mcp_hint(&e.code, e.hint),
+                    hint: mcp_hint(e.code, e.hint),
                     code: e.code,
                     layer: e.layer,
                     message: e.message,
                 }),
                 // The jailer reports a kill on request without an error.
                 (None, RunStatus::Killed) => Some(ErrorInfo {
-                    code: "cancelled".into(),
-                    layer: "jailer".into(),
+                    code: FailureCode::Cancelled,
+                    layer: Layer::Jailer,
                     message: "the run was cancelled; its sandbox was killed".into(),
                     hint: None,
                 }),
@@ -323,7 +276,7 @@ impl RunPythonOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pycell_jailer::report::{JailFailure, JailReport};
+    use pycell_core::report::{JailFailure, JailReport};
 
     fn report(status: RunStatus, code: Option<i32>) -> JailReport {
         JailReport {
@@ -345,7 +298,7 @@ mod tests {
         let r = RunResult::new(
             "r-1",
             "default",
-            Some(&pycell_policy::Limits::default()),
+            Some(LimitsReport::from(&pycell_policy::Limits::default())),
             report(RunStatus::Ok, Some(0)),
             b"1\n",
             b"",
@@ -364,15 +317,15 @@ mod tests {
         rep.signal = Some(9);
         rep.stdout_truncated = true;
         rep.error = Some(JailFailure {
-            code: "timeout".into(),
-            layer: "limits".into(),
+            code: FailureCode::Timeout,
+            layer: Layer::Limits,
             message: "wall-clock timeout of 1.0s expired; the sandbox was killed".into(),
             hint: Some("raise --timeout, or make the code faster".into()),
         });
         let o = RunPythonOutput::from(RunResult::new(
             "r-2",
             "default",
-            Some(&pycell_policy::Limits::default()),
+            Some(LimitsReport::from(&pycell_policy::Limits::default())),
             rep,
             b"x",
             b"",

@@ -6,6 +6,9 @@
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
+use crate::codes::FailureCode;
+pub use crate::events::Stream;
+
 /// Bumped on any incompatible change; the handshake refuses a mismatch.
 pub const PROTOCOL_VERSION: u32 = 1;
 /// Largest code (and largest stdin) a request may carry.
@@ -77,57 +80,51 @@ impl RunRequest {
 /// 16 MiB of stdin in base64, with room to spare).
 pub const MAX_FRAME: u32 = 48 << 20;
 
-/// Stable error codes (part of the protocol; never renamed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorCode {
-    /// The frame was larger than [`MAX_FRAME`]; the connection is closed.
-    FrameTooLarge,
-    /// The frame was not a JSON message of this protocol (garbage, unknown
-    /// type, unknown or missing fields).
-    BadMessage,
-    /// The first message was not `hello`.
-    HandshakeRequired,
-    /// The client speaks another protocol version.
-    VersionMismatch,
-    /// The peer's uid/groups are not allowed to use pycell.
-    Unauthorized,
-    /// The per-uid or global concurrency limit is reached; try again later.
-    Busy,
-    /// The run request is invalid (unknown policy, limits out of range, ...).
-    InvalidRequest,
-    /// A `run` arrived while this connection already has one going.
-    RunInProgress,
-    /// `cancel` named no run of this connection.
-    NoSuchRun,
-    /// The daemon is shutting down and takes no new runs.
-    ShuttingDown,
-    /// Something failed inside the daemon.
-    Internal,
-}
-
-impl ErrorCode {
-    /// The code as it appears on the wire (`busy`, `unauthorized`, ...).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::FrameTooLarge => "frame_too_large",
-            ErrorCode::BadMessage => "bad_message",
-            ErrorCode::HandshakeRequired => "handshake_required",
-            ErrorCode::VersionMismatch => "version_mismatch",
-            ErrorCode::Unauthorized => "unauthorized",
-            ErrorCode::Busy => "busy",
-            ErrorCode::InvalidRequest => "invalid_request",
-            ErrorCode::RunInProgress => "run_in_progress",
-            ErrorCode::NoSuchRun => "no_such_run",
-            ErrorCode::ShuttingDown => "shutting_down",
-            ErrorCode::Internal => "internal",
-        }
+crate::codes::named_enum! {
+    /// Stable error codes (part of the protocol; never renamed).
+    pub enum ErrorCode {
+        /// The frame was larger than [`MAX_FRAME`]; the connection is closed.
+        FrameTooLarge = "frame_too_large",
+        /// The frame was not a JSON message of this protocol (garbage, unknown
+        /// type, unknown or missing fields).
+        BadMessage = "bad_message",
+        /// The first message was not `hello`.
+        HandshakeRequired = "handshake_required",
+        /// The client speaks another protocol version.
+        VersionMismatch = "version_mismatch",
+        /// The peer's uid/groups are not allowed to use pycell.
+        Unauthorized = "unauthorized",
+        /// The per-uid or global concurrency limit is reached; try again later.
+        Busy = "busy",
+        /// The run request is invalid (unknown policy, limits out of range, ...).
+        InvalidRequest = "invalid_request",
+        /// A `run` arrived while this connection already has one going.
+        RunInProgress = "run_in_progress",
+        /// `cancel` named no run of this connection.
+        NoSuchRun = "no_such_run",
+        /// The daemon is shutting down and takes no new runs.
+        ShuttingDown = "shutting_down",
+        /// Something failed inside the daemon.
+        Internal = "internal",
     }
 }
 
-impl std::fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+impl From<ErrorCode> for FailureCode {
+    /// A daemon's refusal, as a run result reports it (the same name).
+    fn from(c: ErrorCode) -> FailureCode {
+        match c {
+            ErrorCode::FrameTooLarge => FailureCode::FrameTooLarge,
+            ErrorCode::BadMessage => FailureCode::BadMessage,
+            ErrorCode::HandshakeRequired => FailureCode::HandshakeRequired,
+            ErrorCode::VersionMismatch => FailureCode::VersionMismatch,
+            ErrorCode::Unauthorized => FailureCode::Unauthorized,
+            ErrorCode::Busy => FailureCode::Busy,
+            ErrorCode::InvalidRequest => FailureCode::InvalidRequest,
+            ErrorCode::RunInProgress => FailureCode::RunInProgress,
+            ErrorCode::NoSuchRun => FailureCode::NoSuchRun,
+            ErrorCode::ShuttingDown => FailureCode::ShuttingDown,
+            ErrorCode::Internal => FailureCode::Internal,
+        }
     }
 }
 
@@ -139,14 +136,6 @@ pub enum ClientMessage {
     Run { id: String, request: RunRequest },
     Cancel { id: String },
     Info,
-}
-
-/// Which output stream a chunk belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Stream {
-    Stdout,
-    Stderr,
 }
 
 /// Daemon → client.
@@ -171,7 +160,7 @@ pub enum ServerMessage {
         result: Box<crate::result::RunResult>,
     },
     Info {
-        info: serde_json::Value,
+        info: Box<crate::info::DaemonInfo>,
     },
     Error {
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -9,11 +9,11 @@ use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use pycell_daemon::protocol::RunRequest;
+use pycell_core::protocol::RunRequest;
 use pycell_policy::Limits;
 
 use super::output::{human_bytes, RunPythonOutput};
-use crate::info::Info;
+use pycell_core::info::HostInfo;
 
 pub const RUN_PYTHON: &str = "run_python";
 pub const SANDBOX_INFO: &str = "sandbox_info";
@@ -281,7 +281,7 @@ pub fn tools(default_policy: &str, default_limits: Option<&Limits>) -> Vec<Tool>
         schema_for_empty_input(),
     )
     .with_title("Sandbox policies and isolation status")
-    .with_raw_output_schema(portable(schema_for_output::<Info>()))
+    .with_raw_output_schema(portable(schema_for_output::<HostInfo>()))
     .with_annotations(
         ToolAnnotations::with_title("Sandbox policies and isolation status")
             .read_only(true)

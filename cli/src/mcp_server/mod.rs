@@ -30,8 +30,8 @@ use rmcp::service::{Peer, RequestContext, ServerInitializeError};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
 use tokio_util::sync::CancellationToken;
 
-use pycell_daemon::resolve::POLICY_DIR;
-use pycell_jailer::supervisor::OutputStream;
+use pycell_core::events::Stream;
+use pycell_core::resolve::POLICY_DIR;
 
 use crate::backend::{Backend, RunEvent};
 use crate::cli::McpArgs;
@@ -54,7 +54,7 @@ pub struct PycellServer {
 
 impl PycellServer {
     pub fn new(backend: Backend, default_policy: String) -> Self {
-        let limits = pycell_daemon::resolve::load_policy_by_name(
+        let limits = pycell_core::resolve::load_policy_by_name(
             &default_policy,
             std::path::Path::new(POLICY_DIR),
         )
@@ -143,7 +143,7 @@ fn internal_error(message: &str) -> CallToolResult {
     ))])
 }
 
-fn render_info(info: &crate::info::Info) -> String {
+fn render_info(info: &pycell_core::info::HostInfo) -> String {
     let mut t = format!(
         "pycell {} ({} mode)\n\npolicies:\n",
         info.version, info.mode
@@ -201,8 +201,8 @@ impl Progress {
             }
             RunEvent::Output { stream, bytes } => {
                 let counter = match stream {
-                    OutputStream::Stdout => &self.stdout_bytes,
-                    OutputStream::Stderr => &self.stderr_bytes,
+                    Stream::Stdout => &self.stdout_bytes,
+                    Stream::Stderr => &self.stderr_bytes,
                 };
                 counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
             }
@@ -311,7 +311,7 @@ pub fn main(args: &McpArgs) -> i32 {
 
 async fn serve(args: &McpArgs) -> i32 {
     if let Err(e) =
-        pycell_daemon::resolve::load_policy_by_name(&args.policy, std::path::Path::new(POLICY_DIR))
+        pycell_core::resolve::load_policy_by_name(&args.policy, std::path::Path::new(POLICY_DIR))
     {
         eprintln!("pycell mcp: --policy {}: {e}", args.policy);
         return 2;

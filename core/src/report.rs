@@ -1,60 +1,107 @@
 //! The structured outcome of one sandbox run, as the jailer reports it.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::cgroup::CgroupVersion;
+use crate::codes::{FailureCode, Layer};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum RunStatus {
-    /// Exited with code 0.
+    /// The program exited with code 0.
     Ok,
-    /// Exited non-zero, or was killed by a signal it did not get from us.
+    /// The program exited non-zero (e.g. an uncaught exception: see stderr) or died of a signal it did not get from pycell.
     Error,
-    /// The wall-clock timeout expired; the whole sandbox was killed.
+    /// The wall-clock limit expired; the whole sandbox was killed.
     Timeout,
-    /// The memory limit was hit and the kernel's OOM killer ended the run.
+    /// The memory limit was reached; the kernel killed the program.
     Oom,
-    /// Killed on request (cancel, signal to the jailer), or by the CPU-time limit.
+    /// Killed on request (the run was cancelled) or by the CPU-time limit.
     Killed,
-    /// A jail layer could not be applied; the code never ran.
+    /// The sandbox could not be built, so the code never ran; `error` says why.
     Refused,
 }
 
-/// Why a run was refused or failed before the code could start.
+impl RunStatus {
+    /// The status as it appears on the wire (`ok`, `timeout`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Ok => "ok",
+            RunStatus::Error => "error",
+            RunStatus::Timeout => "timeout",
+            RunStatus::Oom => "oom",
+            RunStatus::Killed => "killed",
+            RunStatus::Refused => "refused",
+        }
+    }
+}
+
+/// Why a run was refused, or ended other than by itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JailFailure {
     /// Stable machine-readable code, e.g. `landlock_unavailable`.
-    pub code: String,
-    /// The layer or step that failed, e.g. `landlock`, `mounts`, `cgroup`.
-    pub layer: String,
+    pub code: FailureCode,
+    /// The layer or step concerned, e.g. `landlock`, `mounts`, `cgroup`.
+    pub layer: Layer,
     pub message: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hint: Option<String>,
 }
 
 impl JailFailure {
-    pub fn new(code: &str, layer: &str, message: impl Into<String>, hint: Option<&str>) -> Self {
+    pub fn new(code: FailureCode, layer: Layer, message: impl Into<String>) -> Self {
         JailFailure {
-            code: code.to_string(),
-            layer: layer.to_string(),
+            code,
+            layer,
             message: message.into(),
-            hint: hint.map(str::to_string),
+            hint: None,
         }
     }
+
+    /// The same failure with what the caller can do about it.
+    pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+}
+
+/// How completely Landlock restricted the run (a run it could not restrict
+/// at all is refused, so there is no `not_enforced`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LandlockStatus {
+    /// Every access right the policy restricts is restricted.
+    FullyEnforced,
+    /// The kernel's ABI lacks some rights (at or above the policy's `min_abi`).
+    PartiallyEnforced,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LandlockReport {
     pub abi: u8,
-    /// `fully_enforced` or `partially_enforced` (never `not_enforced`: that refuses the run).
-    pub status: String,
+    pub status: LandlockStatus,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SeccompReport {
     pub profile: String,
     pub instructions: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupVersion {
+    V1,
+    V2,
+}
+
+impl CgroupVersion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupVersion::V1 => "v1",
+            CgroupVersion::V2 => "v2",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

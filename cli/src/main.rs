@@ -1,7 +1,9 @@
 //! `pycell`: the client. `pycell run` executes Python in a pycell sandbox
-//! (embedded mode: this process allocates the sandbox uid and starts
-//! `pycell-jailer` itself, which needs root); `pycell policy check` validates
-//! policy files; `pycell info` reports what this host can enforce.
+//! (through pycelld's socket, or embedded: this process leases the sandbox
+//! uid and starts `pycell-jailer` itself, which needs root); `pycell mcp` is
+//! the stdio MCP server for agents (the same two modes); `pycell policy
+//! check` validates policy files; `pycell info` reports what this host can
+//! enforce.
 //!
 //! Threat model: this process handles the user's own input (flags, files,
 //! policies) and never runs the untrusted code itself; everything the code

@@ -1,11 +1,12 @@
-//! A blocking client of pycelld, used by `pycell run` (and available to
-//! anything that can afford a thread per run).
+//! A blocking client of pycelld, used by `pycell run`, `pycell info` and
+//! `pycell mcp` (on a worker thread), and where clients find the daemon.
 
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use crate::framing::{self, FrameError};
+use crate::info::DaemonInfo;
 use crate::protocol::{
     decode_b64, ClientMessage, ErrorCode, RunRequest, ServerMessage, Stream, PROTOCOL_VERSION,
 };
@@ -13,6 +14,22 @@ use crate::result::RunResult;
 
 /// Where clients look for the daemon unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/pycell/pycell.sock";
+
+/// The pycelld socket a client should use, if any: `explicit` (a flag), else
+/// `$PYCELL_SOCKET`, else [`DEFAULT_SOCKET`] if it exists. None means no
+/// daemon: the client builds the sandbox itself (embedded mode, as root).
+/// An explicit or configured path is returned even if nothing listens
+/// there, so that connecting to it fails loudly instead of falling back.
+pub fn daemon_socket(explicit: Option<&Path>) -> Option<PathBuf> {
+    let configured = explicit
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("PYCELL_SOCKET").map(PathBuf::from))
+        .filter(|p| !p.as_os_str().is_empty());
+    configured.or_else(|| {
+        let d = Path::new(DEFAULT_SOCKET);
+        d.exists().then(|| d.to_path_buf())
+    })
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -108,10 +125,10 @@ impl DaemonClient {
         }
     }
 
-    pub fn info(&mut self) -> Result<serde_json::Value, ClientError> {
+    pub fn info(&mut self) -> Result<DaemonInfo, ClientError> {
         framing::write_sync(&mut self.stream, &ClientMessage::Info)?;
         match framing::read_sync::<ServerMessage>(&mut self.stream)? {
-            ServerMessage::Info { info } => Ok(info),
+            ServerMessage::Info { info } => Ok(*info),
             ServerMessage::Error { code, message, .. } => {
                 Err(ClientError::Refused { code, message })
             }

@@ -1,12 +1,12 @@
 //! From a policy and a [`RunRequest`] to a fully resolved [`JailSpec`]:
 //! which host paths are mounted where, the exact argv and environment, and
-//! every limit in the jailer's units. Used by the daemon's broker and by the
-//! client's embedded mode alike.
+//! every limit in the jailer's units. The first step of every launch (see
+//! [`crate::launch`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pycell_jailer::spec::{
+use crate::spec::{
     BindMount, CgroupSpec, JailLimits, JailSpec, LandlockSpec, WorkspaceFile, WORKSPACE,
 };
 use pycell_policy::{Interpreter, Limits, Policy};
@@ -17,20 +17,16 @@ use crate::protocol::{LimitOverrides, RunRequest, MAX_CODE_BYTES};
 pub const POLICY_DIR: &str = "/etc/pycell/policies";
 /// In-jail mount point of a venv interpreter.
 pub const VENV_TARGET: &str = "/venv";
-/// Parent of the per-run cgroups (relative to the jailer's own cgroup on v1,
-/// to the root of the unified hierarchy on v2).
+/// Parent of embedded runs' cgroups, relative to the jailer's own cgroup in
+/// each hierarchy (pycelld uses its delegated subtree's `runs` instead).
 pub const CGROUP_PARENT: &str = "pycell";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
     #[error("{0}")]
     Policy(#[from] pycell_policy::PolicyError),
-    #[error("no policy named {name:?}: not in {dir} and not built in (built-in: {builtin})")]
-    UnknownPolicy {
-        name: String,
-        dir: &'static str,
-        builtin: String,
-    },
+    #[error("no policy named {name:?}; available: {available}")]
+    UnknownPolicy { name: String, available: String },
     #[error("{field}: {problem}")]
     BadRequest {
         field: &'static str,
@@ -58,8 +54,7 @@ pub fn load_policy_by_name(name: &str, dir: &Path) -> Result<Policy, ResolveErro
     }
     Err(ResolveError::UnknownPolicy {
         name: name.to_string(),
-        dir: POLICY_DIR,
-        builtin: pycell_policy::builtin::names().join(", "),
+        available: crate::info::policy_names(dir).join(", "),
     })
 }
 

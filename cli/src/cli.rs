@@ -28,7 +28,8 @@ pub enum Command {
     /// Tools: run_python (run code in a fresh sandbox) and sandbox_info
     /// (policies, limits, isolation status). Configure a client with
     /// {"command": "pycell", "args": ["mcp"]}. With no pycelld daemon the
-    /// sandboxes are built by this process (embedded mode), which needs root.
+    /// sandboxes are built through pycell-jailer by this process (embedded
+    /// mode), which needs root.
     Mcp(McpArgs),
     /// Work with policy files.
     #[command(subcommand)]
@@ -94,7 +95,8 @@ pub struct RunArgs {
     /// uses /run/pycell/pycell.sock if it exists, else runs embedded (as root).
     #[arg(long, value_name = "PATH", env = "PYCELL_SOCKET")]
     pub socket: Option<PathBuf>,
-    /// Run embedded (in this process, needs root) even if pycelld is running.
+    /// Run embedded (this process starts pycell-jailer; needs root) even if
+    /// pycelld is running.
     #[arg(long, conflicts_with = "socket")]
     pub embedded: bool,
 }
@@ -105,7 +107,8 @@ pub struct McpArgs {
     /// Policy for run_python calls that do not name one (an installed or built-in policy name).
     #[arg(long, default_value = "default", value_name = "NAME")]
     pub policy: String,
-    /// Build sandboxes in this process (needs root) even if pycelld is running.
+    /// Build sandboxes through pycell-jailer from this process (needs root)
+    /// even if pycelld is running.
     #[arg(long)]
     pub embedded: bool,
 }

@@ -1,0 +1,608 @@
+//! Where `pycell mcp`'s runs execute.
+//!
+//! With a pycelld socket the daemon runs them (no privilege needed here).
+//! Without one (embedded mode, as root) each run takes the one launch path
+//! of `pycell_core::launch`: the request is resolved under its policy, a
+//! sandbox uid leased, and the single-threaded `pycell-jailer` started with
+//! the spec on its stdin (this process is a multi-threaded tokio program and
+//! never builds a jail itself); its events are decoded and collected into
+//! the result. Cancelling a run sends the jailer SIGTERM, which its
+//! supervisor turns into "kill the sandbox, clean up, report status killed".
+//! The uid lease is held until the jailer has exited, so no later run can
+//! get the uid while a process of this one might still hold it.
+//!
+//! Threat model: the request comes from an MCP client (an LLM's choices) and
+//! is untrusted: policies are chosen by name only, sizes are bounded, and the
+//! jailer re-validates the spec. The event stream comes from our own jailer
+//! (root) but carries the sandbox's output, so frames are size-checked and
+//! output is capped again by the collector.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Child;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use pycell_core::client::{daemon_socket, ClientError, DaemonClient};
+use pycell_core::codes::{FailureCode, Layer};
+use pycell_core::events::{read_event_async, Stream};
+pub use pycell_core::launch::RequestError;
+use pycell_core::launch::{
+    Collector, JailerEnd, JailerStderr, LaunchError, LaunchedAsync, Launcher, PolicyChoice,
+    Prepared,
+};
+use pycell_core::protocol::{ErrorCode, RunRequest};
+use pycell_core::report::JailFailure;
+use pycell_core::result::RunResult;
+use pycell_core::uidalloc::UidLease;
+
+/// How much of the jailer's own stderr is kept for an error message.
+const JAILER_STDERR_CAP: usize = 16 * 1024;
+/// Sandboxes one server runs at once; further calls wait for a slot. Each
+/// sandbox is bounded by its policy, but a client firing calls in parallel
+/// must not multiply that without limit (the daemon has its own quotas).
+pub const MAX_CONCURRENT_RUNS: usize = 8;
+/// How long past a run's wall timeout a silent jailer is given before it is
+/// told to stop.
+const JAILER_MARGIN: Duration = Duration::from_secs(30);
+/// How long a jailer told to stop (SIGTERM) has before it is killed.
+const KILL_AFTER: Duration = Duration::from_secs(10);
+
+/// What happens during a run, as it happens.
+#[derive(Debug)]
+pub enum RunEvent<'a> {
+    /// The jailer was started for this run, as this sandbox uid.
+    Started { run_id: &'a str, sandbox_uid: u32 },
+    /// A chunk of the program's output (already capped).
+    Output { stream: Stream, bytes: &'a [u8] },
+}
+
+/// Runs requests in sandboxes. Cheap to clone; clones share one set of
+/// in-flight runs, which [`Backend::shutdown`] cancels and waits for.
+#[derive(Debug, Clone)]
+pub struct Backend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// Embedded mode's launcher, or why there is none (reported per run, so
+    /// that the server still starts and `sandbox_info` can explain).
+    launcher: Result<Launcher, JailFailure>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    slots: Semaphore,
+    /// Never use a daemon (`pycell mcp --embedded`).
+    embedded_only: bool,
+    /// JAILER_MARGIN and KILL_AFTER (shorter in tests).
+    margin: Duration,
+    kill_after: Duration,
+}
+
+impl Backend {
+    /// Configuration from the environment (`PYCELL_JAILER`,
+    /// `PYCELL_UID_RANGE`). Problems are reported by each run, as a refusal,
+    /// so that the MCP server still starts and `sandbox_info` can explain.
+    /// With `embedded_only`, runs never go to a daemon, even if one is
+    /// listening.
+    pub fn from_env(embedded_only: bool) -> Backend {
+        Backend::new(
+            Launcher::embedded_from_env(),
+            embedded_only,
+            JAILER_MARGIN,
+            KILL_AFTER,
+        )
+    }
+
+    /// Where runs go: the daemon's socket, if they go to one.
+    pub fn daemon(&self) -> Option<PathBuf> {
+        (!self.inner.embedded_only)
+            .then(|| daemon_socket(None))
+            .flatten()
+    }
+
+    /// `daemon (SOCKET)` or `embedded`, as `sandbox_info` reports it.
+    pub fn mode(&self) -> String {
+        crate::info::mode_name(self.daemon().as_deref())
+    }
+
+    fn new(
+        launcher: Result<Launcher, JailFailure>,
+        embedded_only: bool,
+        margin: Duration,
+        kill_after: Duration,
+    ) -> Backend {
+        Backend {
+            inner: Arc::new(Inner {
+                embedded_only,
+                launcher,
+                tracker: TaskTracker::new(),
+                shutdown: CancellationToken::new(),
+                slots: Semaphore::new(MAX_CONCURRENT_RUNS),
+                margin,
+                kill_after,
+            }),
+        }
+    }
+
+    /// Run `req` in a sandbox. `on_event` sees the run start and its output
+    /// as it arrives; cancelling `cancel` kills the sandbox (the result then
+    /// says `killed`). A refused run is an `Ok` result with status
+    /// `refused`; `Err` means the request itself is wrong.
+    pub async fn run(
+        &self,
+        req: RunRequest,
+        on_event: impl FnMut(RunEvent<'_>) + Send,
+        cancel: CancellationToken,
+    ) -> Result<RunResult, RequestError> {
+        // With a pycelld socket the daemon runs it (no root needed here);
+        // otherwise this process is the embedded daemon.
+        if let Some(socket) = self.daemon() {
+            return self
+                .inner
+                .tracker
+                .track_future(self.run_via_daemon(socket, req, on_event, cancel))
+                .await;
+        }
+        self.inner
+            .tracker
+            .track_future(self.run_embedded(req, on_event, cancel))
+            .await
+    }
+
+    /// A run through pycelld: the blocking client on a worker thread, its
+    /// output relayed to `on_event`, cancellation sent as the protocol's
+    /// `cancel` (the daemon kills the sandbox; the result says `killed`).
+    async fn run_via_daemon(
+        &self,
+        socket: PathBuf,
+        req: RunRequest,
+        mut on_event: impl FnMut(RunEvent<'_>) + Send,
+        cancel: CancellationToken,
+    ) -> Result<RunResult, RequestError> {
+        let policy = req.policy_name().to_string();
+        let refused = |code: FailureCode, message: String| {
+            RunResult::refused("", &policy, JailFailure::new(code, Layer::Daemon, message))
+        };
+        let connected = tokio::task::spawn_blocking(move || {
+            let client = DaemonClient::connect(&socket)?;
+            let canceller = client
+                .canceller()
+                .map_err(|e| ClientError::Frame(e.into()))?;
+            Ok::<_, ClientError>((client, canceller))
+        })
+        .await;
+        let (mut client, mut canceller) = match connected {
+            Ok(Ok(c)) => c,
+            Ok(Err(ClientError::Refused { code, message })) => {
+                return Ok(refused(code.into(), message))
+            }
+            Ok(Err(e)) => return Ok(refused(FailureCode::DaemonUnavailable, e.to_string())),
+            Err(e) => return Ok(refused(FailureCode::Internal, e.to_string())),
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Stream, Vec<u8>)>();
+        let mut handle = tokio::task::spawn_blocking(move || {
+            client.run(req, |stream, bytes| {
+                let _ = tx.send((stream, bytes.to_vec()));
+            })
+        });
+        let mut cancel_sent = false;
+        let outcome = loop {
+            tokio::select! {
+                Some((stream, bytes)) = rx.recv() => on_event(RunEvent::Output { stream, bytes: &bytes }),
+                _ = self.stopped(&cancel), if !cancel_sent => {
+                    cancel_sent = true;
+                    let _ = canceller.cancel();
+                }
+                done = &mut handle => break done,
+            }
+        };
+        // Chunks still queued when the run ended.
+        while let Ok((stream, bytes)) = rx.try_recv() {
+            on_event(RunEvent::Output {
+                stream,
+                bytes: &bytes,
+            });
+        }
+        match outcome {
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(ClientError::Refused {
+                code: ErrorCode::InvalidRequest,
+                message,
+            })) => Err(RequestError {
+                field: "request",
+                problem: message,
+            }),
+            Ok(Err(ClientError::Refused { code, message })) => Ok(refused(code.into(), message)),
+            Ok(Err(e)) => Ok(refused(FailureCode::DaemonFailed, e.to_string())),
+            Err(e) => Ok(refused(FailureCode::Internal, e.to_string())),
+        }
+    }
+
+    /// Resolves when the call is cancelled or the server shuts down.
+    async fn stopped(&self, cancel: &CancellationToken) {
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            _ = self.inner.shutdown.cancelled() => {}
+        }
+    }
+
+    /// Cancel every run in flight (their results say `killed`) and refuse
+    /// new ones.
+    pub fn cancel_all(&self) {
+        self.inner.shutdown.cancel();
+    }
+
+    /// Cancel every run in flight and wait (at most `grace`) for their
+    /// jailers to clean up and exit. New runs are refused afterwards.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.inner.shutdown.cancel();
+        self.inner.tracker.close();
+        let _ = tokio::time::timeout(grace, self.inner.tracker.wait()).await;
+    }
+
+    /// Load the policy and prepare the run (blocking work: policy files,
+    /// interpreter paths, the uid database and lock files).
+    fn prepare(&self, req: &RunRequest) -> Result<Prepared, LaunchError> {
+        let launcher = self
+            .inner
+            .launcher
+            .as_ref()
+            .map_err(|f| LaunchError::Refused(f.clone()))?;
+        let policy = launcher.load_policy(PolicyChoice::Name(req.policy_name()))?;
+        launcher.prepare(&policy, req)
+    }
+
+    /// Wait for a run slot; `Err` is the result of a run that never starts
+    /// (cancelled or shut down while waiting).
+    async fn slot(
+        &self,
+        cancel: &CancellationToken,
+    ) -> Result<tokio::sync::SemaphorePermit<'_>, JailFailure> {
+        let shutting_down = || {
+            JailFailure::new(
+                FailureCode::ShuttingDown,
+                Layer::Jailer,
+                "pycell mcp is shutting down",
+            )
+        };
+        tokio::select! {
+            biased;
+            _ = self.inner.shutdown.cancelled() => Err(shutting_down()),
+            _ = cancel.cancelled() => Err(JailFailure::new(
+                FailureCode::Cancelled,
+                Layer::Jailer,
+                "the call was cancelled before its sandbox started",
+            )),
+            slot = self.inner.slots.acquire() => slot.map_err(|_| shutting_down()),
+        }
+    }
+
+    async fn run_embedded(
+        &self,
+        req: RunRequest,
+        mut on_event: impl FnMut(RunEvent<'_>) + Send,
+        cancel: CancellationToken,
+    ) -> Result<RunResult, RequestError> {
+        let policy_name = req.policy_name().to_string();
+        let refused = |f: JailFailure| Ok(RunResult::refused("", &policy_name, f));
+        let _slot = match self.slot(&cancel).await {
+            Ok(s) => s,
+            Err(f) => return refused(f),
+        };
+        let this = self.clone();
+        let prepared = match tokio::task::spawn_blocking(move || this.prepare(&req)).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(LaunchError::Request(e))) => return Err(e),
+            Ok(Err(LaunchError::Refused(f))) => return refused(f),
+            Err(e) => {
+                let m = format!("preparing the run: {e}");
+                return refused(JailFailure::new(FailureCode::Internal, Layer::Jailer, m));
+            }
+        };
+        // Started from this async task, i.e. from a runtime worker thread,
+        // never from a blocking-pool thread (see `Prepared::spawn_async`).
+        let launched = match prepared.spawn_async(JailerStderr::Capture).await {
+            Ok(l) => l,
+            Err(result) => return Ok(*result),
+        };
+        on_event(RunEvent::Started {
+            run_id: &launched.run_id,
+            sandbox_uid: launched.lease.uid,
+        });
+        Ok(self.supervise(launched, on_event, cancel).await)
+    }
+
+    /// Read the jailer's events into the result, stopping it if the call is
+    /// cancelled, the server shuts down, the stream breaks, or it outlives
+    /// its run's wall timeout by [`JAILER_MARGIN`] (the jailer enforces the
+    /// limits itself; this only catches a jailer that stopped responding).
+    async fn supervise(
+        &self,
+        mut l: LaunchedAsync,
+        mut on_event: impl FnMut(RunEvent<'_>) + Send,
+        cancel: CancellationToken,
+    ) -> RunResult {
+        let mut collector = Collector::new(&l.run_id, &l.policy, Some(l.limits.clone()));
+        let stderr = l
+            .child
+            .stderr
+            .take()
+            .map(|e| tokio::spawn(read_capped(e, JAILER_STDERR_CAP)));
+        let wall = Duration::from_secs_f64(l.limits.wall_timeout_s);
+        let watchdog = tokio::time::sleep_until(Instant::now() + wall + self.inner.margin);
+        tokio::pin!(watchdog);
+        let mut guard = JailerGuard {
+            running: Some((l.child, l.lease)),
+            tracker: self.inner.tracker.clone(),
+        };
+        // Once told to stop (SIGTERM), the jailer has `kill_after` before SIGKILL.
+        let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
+        let mut kill_at: Option<Instant> = None;
+        loop {
+            let stopping = kill_at.is_some();
+            tokio::select! {
+                biased;
+                _ = self.stopped(&cancel), if !stopping => kill_at = Some(guard.terminate(self.inner.kill_after)),
+                _ = &mut watchdog, if !stopping => kill_at = Some(guard.terminate(self.inner.kill_after)),
+                _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if stopping => {
+                    guard.kill();
+                    kill_at = Some(far);
+                }
+                ev = read_event_async(&mut l.events) => match ev {
+                    Ok(Some(ev)) => {
+                        if let Some((stream, bytes)) = collector.record(ev) {
+                            on_event(RunEvent::Output { stream, bytes });
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        collector.broken(e);
+                        guard.terminate(self.inner.kill_after);
+                        break;
+                    }
+                },
+            }
+        }
+        let status = guard.wait(self.inner.kill_after).await;
+        let stderr = match stderr {
+            Some(t) => t.await.unwrap_or_default(),
+            None => Vec::new(),
+        };
+        collector.finish(JailerEnd::Exited { status, stderr })
+    }
+}
+
+/// The running jailer and the uid lease it runs under. If the run is
+/// abandoned (its future dropped), the jailer is told to stop and a detached
+/// task waits for it before releasing the lease.
+struct JailerGuard {
+    running: Option<(Child, UidLease)>,
+    tracker: TaskTracker,
+}
+
+impl JailerGuard {
+    /// Ask the jailer to kill the sandbox and clean up (SIGTERM; its
+    /// supervisor reports the run as killed). Returns when to kill it if it
+    /// has not gone by then.
+    fn terminate(&self, patience: Duration) -> Instant {
+        if let Some(pid) = self
+            .running
+            .as_ref()
+            .and_then(|(c, _)| c.id())
+            .and_then(|id| i32::try_from(id).ok())
+        {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+        Instant::now() + patience
+    }
+
+    /// Kill the jailer outright (the sandbox's init loses its parent).
+    fn kill(&mut self) {
+        if let Some((child, _)) = self.running.as_mut() {
+            let _ = child.start_kill();
+        }
+    }
+
+    /// Wait for the jailer to exit (killing it if it takes longer than
+    /// `patience`), then release the uid.
+    async fn wait(&mut self, patience: Duration) -> io::Result<std::process::ExitStatus> {
+        let Some((mut child, lease)) = self.running.take() else {
+            return Err(io::Error::other("no jailer"));
+        };
+        let status = match tokio::time::timeout(patience, child.wait()).await {
+            Ok(status) => status,
+            Err(_) => {
+                let _ = child.start_kill();
+                child.wait().await
+            }
+        };
+        drop(lease);
+        status
+    }
+}
+
+impl Drop for JailerGuard {
+    fn drop(&mut self) {
+        let Some((mut child, lease)) = self.running.take() else {
+            return;
+        };
+        if let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                let waiter = self.tracker.track_future(async move {
+                    let _ = child.wait().await;
+                    drop(lease);
+                });
+                h.spawn(waiter);
+            }
+            // No runtime left: the jailer still got SIGTERM (and gets it
+            // again from its parent-death signal when we exit).
+            Err(_) => drop(lease),
+        }
+    }
+}
+
+async fn read_capped(mut r: impl AsyncRead + Unpin, cap: usize) -> Vec<u8> {
+    let mut kept = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match r.read(&mut chunk).await {
+            Ok(0) | Err(_) => return kept,
+            Ok(n) => {
+                let room = cap.saturating_sub(kept.len());
+                kept.extend_from_slice(&chunk[..n.min(room)]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// Embedded mode's launcher with `jailer` in place of pycell-jailer.
+    fn with_jailer(jailer: PathBuf) -> Result<Launcher, JailFailure> {
+        Launcher::embedded_from_env().map(|l| Launcher {
+            jailer: Ok(jailer),
+            ..l
+        })
+    }
+
+    /// A stand-in for pycell-jailer: a shell script.
+    fn fake_jailer(dir: &Path, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join("fake-jailer");
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    fn print1() -> RunRequest {
+        RunRequest {
+            code: "print(1)".into(),
+            ..Default::default()
+        }
+    }
+
+    /// These tests lease a real sandbox uid, which needs root (as CI has).
+    fn require_root() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test needs root (it leases a sandbox uid): run it as root, e.g. with scripts/test"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_jailer_that_dies_without_a_result_is_a_refusal_that_says_why() {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        let jailer = fake_jailer(
+            dir.path(),
+            "cat >/dev/null; echo 'no cgroup here' >&2; exit 3",
+        );
+        let b = Backend::new(with_jailer(jailer), true, JAILER_MARGIN, KILL_AFTER);
+        let r = b
+            .run(print1(), |_| {}, CancellationToken::new())
+            .await
+            .unwrap();
+        let e = r.error.expect("an error");
+        assert_eq!(e.code, FailureCode::JailerFailed, "{e:?}");
+        assert!(e.message.contains("exit status: 3"), "{e:?}");
+        assert!(e.message.contains("no cgroup here"), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_event_stream_is_a_refusal() {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        let jailer = fake_jailer(dir.path(), "cat >/dev/null; printf 'garbage'");
+        let b = Backend::new(with_jailer(jailer), true, JAILER_MARGIN, KILL_AFTER);
+        let r = b
+            .run(print1(), |_| {}, CancellationToken::new())
+            .await
+            .unwrap();
+        let e = r.error.expect("an error");
+        assert_eq!(e.code, FailureCode::JailerFailed, "{e:?}");
+        assert!(e.message.contains("event stream is corrupt"), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_jailer_that_hangs_is_stopped_then_killed() {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        // Ignores SIGTERM and never answers: only SIGKILL ends it.
+        let jailer = fake_jailer(dir.path(), "trap '' TERM; cat >/dev/null; exec sleep 600");
+        let margin = Duration::from_millis(300);
+        let b = Backend::new(
+            with_jailer(jailer),
+            true,
+            margin,
+            Duration::from_millis(300),
+        );
+        let mut req = print1();
+        req.limits.timeout_s = Some(0.2);
+        let start = std::time::Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_secs(20),
+            b.run(req, |_| {}, CancellationToken::new()),
+        )
+        .await
+        .expect("the backend gave up on the jailer")
+        .unwrap();
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(700), "{took:?}");
+        let e = r.error.expect("an error");
+        assert_eq!(e.code, FailureCode::JailerFailed, "{e:?}");
+        assert!(e.message.contains("signal: 9"), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_jailer_is_a_refusal() {
+        require_root();
+        let b = Backend::new(
+            with_jailer(PathBuf::from("/nonexistent/pycell-jailer")),
+            true,
+            JAILER_MARGIN,
+            KILL_AFTER,
+        );
+        let r = b
+            .run(print1(), |_| {}, CancellationToken::new())
+            .await
+            .unwrap();
+        let e = r.error.expect("an error");
+        assert_eq!(e.code, FailureCode::JailerUnavailable, "{e:?}");
+        assert!(e.message.contains("/nonexistent/pycell-jailer"), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn an_unknown_policy_is_the_callers_mistake() {
+        let b = Backend::from_env(true);
+        let req = RunRequest {
+            code: "print(1)".into(),
+            policy: Some("no-such-policy".into()),
+            ..Default::default()
+        };
+        let e = b
+            .run(req, |_| {}, CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.field, "policy");
+        assert!(
+            e.problem.contains("no policy named \"no-such-policy\""),
+            "{e}"
+        );
+        assert!(e.problem.contains("default"), "{e}");
+    }
+}

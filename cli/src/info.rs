@@ -1,0 +1,115 @@
+//! `pycell info`: pycell's version, the policies a run may name, and the
+//! measured status of each isolation layer. With pycelld running it shows
+//! the daemon's own view; otherwise what this process sees (embedded mode).
+//! The MCP `sandbox_info` tool returns the same [`HostInfo`].
+
+use std::path::Path;
+
+use pycell_core::client::{daemon_socket, DaemonClient};
+use pycell_core::info::{DaemonInfo, HostInfo, LayerStatus, PolicySummary};
+use pycell_core::resolve::POLICY_DIR;
+
+/// The host's layers as the jailer measures them, plus what embedded mode needs.
+fn layers() -> Vec<LayerStatus> {
+    let mut v = pycell_jailer::host::layers();
+    v.push(LayerStatus::new(
+        "root",
+        nix::unistd::geteuid().is_root(),
+        "embedded mode (no pycelld) needs root",
+    ));
+    v
+}
+
+/// How runs are executed, as `mode` reports it.
+pub fn mode_name(daemon_socket: Option<&Path>) -> String {
+    match daemon_socket {
+        Some(socket) => format!("daemon ({})", socket.display()),
+        None => "embedded".to_string(),
+    }
+}
+
+/// Measure everything, for a caller that knows where its runs go.
+pub fn collect_with_mode(mode: String) -> HostInfo {
+    HostInfo::collect(mode, Path::new(POLICY_DIR), layers())
+}
+
+fn print_policies(policies: &[PolicySummary], with_limits: bool) {
+    println!("\npolicies:");
+    for p in policies {
+        let l = &p.limits;
+        let detail = match with_limits {
+            true => format!(
+                "timeout {}s, memory {} MiB, pids {}",
+                l.wall_timeout_s,
+                l.memory_bytes >> 20,
+                l.pids
+            ),
+            false => p.source.clone(),
+        };
+        println!(
+            "  {:<14} {} [network: {}; {detail}]",
+            p.name, p.description, p.network
+        );
+    }
+}
+
+fn print_layers(layers: &[LayerStatus]) {
+    println!("\nisolation layers on this host:");
+    for l in layers {
+        let ok = if l.available { "yes" } else { "NO" };
+        println!("  {:<16} {:<4} {}", l.layer, ok, l.detail);
+    }
+}
+
+/// With a daemon running, its own view: version, policies with their limits,
+/// the layers it measured, and its quotas.
+fn print_daemon_info(socket: &Path, json: bool) -> Result<(), String> {
+    let info: DaemonInfo = DaemonClient::connect(socket)
+        .and_then(|mut c| c.info())
+        .map_err(|e| e.to_string())?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&info).unwrap_or_default()
+        );
+        return Ok(());
+    }
+    let d = &info.daemon;
+    println!(
+        "pycelld {} (daemon mode, {})",
+        info.host.version,
+        socket.display()
+    );
+    println!(
+        "  runs: {} going; at most {} at once, {} per user; sandbox uids {}",
+        d.active_runs, d.max_concurrent_runs, d.max_runs_per_uid, d.uid_range
+    );
+    print_policies(&info.host.policies, true);
+    print_layers(&info.host.layers);
+    Ok(())
+}
+
+pub fn main(json: bool) -> i32 {
+    let socket = daemon_socket(None);
+    if let Some(socket) = &socket {
+        match print_daemon_info(socket, json) {
+            Ok(()) => return 0,
+            Err(e) => eprintln!("pycell: cannot ask pycelld ({e}); showing what this process sees"),
+        }
+    }
+    let info = collect_with_mode(mode_name(socket.as_deref()));
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&info).unwrap_or_default()
+        );
+        return 0;
+    }
+    println!("pycell {} ({} mode)", info.version, info.mode);
+    print_policies(&info.policies, false);
+    for p in &info.policy_problems {
+        println!("  {:<14} DOES NOT LOAD: {}", p.name, p.message);
+    }
+    print_layers(&info.layers);
+    0
+}

@@ -1,0 +1,343 @@
+//! `pycell run`: turn the flags into a [`RunRequest`], then either send it
+//! to pycelld (a socket is configured or listening) or run it embedded:
+//! through the one launch path of `pycell_core::launch`, which starts
+//! `pycell-jailer` (this needs root). The output streams through as it
+//! arrives, or is collected for `--json`; the exit status is the run's.
+
+use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::unistd::Pid;
+use pycell_core::client::{daemon_socket, ClientError, DaemonClient};
+use pycell_core::codes::{FailureCode, Layer};
+use pycell_core::events::{read_event, Stream};
+use pycell_core::launch::{
+    Collector, JailerEnd, JailerStderr, LaunchError, Launched, Launcher, PolicyChoice,
+};
+use pycell_core::protocol::{LimitOverrides, RunRequest};
+use pycell_core::report::{JailFailure, RunStatus};
+use pycell_core::result::RunResult;
+
+use crate::cli::RunArgs;
+
+/// Largest script or stdin we accept from the command line.
+const MAX_INPUT: u64 = pycell_core::protocol::MAX_CODE_BYTES as u64;
+
+fn read_bounded(what: &str, r: impl Read) -> Result<Vec<u8>, String> {
+    let mut buf = Vec::new();
+    r.take(MAX_INPUT + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("reading {what}: {e}"))?;
+    if buf.len() as u64 > MAX_INPUT {
+        return Err(format!("{what} is larger than {} MiB", MAX_INPUT >> 20));
+    }
+    Ok(buf)
+}
+
+fn read_file(what: &str, path: &Path) -> Result<Vec<u8>, String> {
+    let f = std::fs::File::open(path)
+        .map_err(|e| format!("cannot read {what}{}: {e}", path.display()))?;
+    read_bounded(&path.display().to_string(), f)
+}
+
+fn size_flag(flag: &str, v: &Option<String>) -> Result<Option<u64>, String> {
+    v.as_deref()
+        .map(|s| pycell_policy::parse_size(s).map_err(|e| format!("--{flag} {s:?}: {e}")))
+        .transpose()
+}
+
+fn limit_flags(args: &RunArgs) -> Result<LimitOverrides, String> {
+    let timeout_s = match &args.timeout {
+        None => None,
+        Some(t) => Some(
+            pycell_policy::parse_duration(t)
+                .map_err(|e| format!("--timeout {t:?}: {e}"))?
+                .as_secs_f64(),
+        ),
+    };
+    Ok(LimitOverrides {
+        timeout_s,
+        memory_bytes: size_flag("memory", &args.memory)?,
+        pids: args.pids,
+        workspace_bytes: size_flag("disk", &args.disk)?,
+        max_output_bytes: size_flag("max-output", &args.max_output)?,
+    })
+}
+
+/// The request the flags describe (the same shape a daemon client sends).
+fn request(args: &RunArgs) -> Result<RunRequest, String> {
+    let from_stdin = args.script == Path::new("-");
+    let code = match from_stdin {
+        true => read_bounded("the code from stdin", io::stdin().lock())?,
+        false => read_file("", &args.script)?,
+    };
+    let code = String::from_utf8(code)
+        .map_err(|_| "the code is not valid UTF-8 (Python source must be)".to_string())?;
+    let stdin = match &args.input {
+        None => Vec::new(),
+        Some(p) if p == Path::new("-") && from_stdin => {
+            return Err("--input - and a script on stdin cannot both use stdin".into())
+        }
+        Some(p) if p == Path::new("-") => read_bounded("stdin", io::stdin().lock())?,
+        Some(p) => read_file("--input ", p)?,
+    };
+    let mut req = RunRequest {
+        code,
+        filename: (!from_stdin).then(|| args.script.to_string_lossy().into_owned()),
+        args: args.script_args.clone(),
+        stdin_base64: None,
+        policy: Some(args.policy.clone()),
+        limits: limit_flags(args)?,
+    };
+    req.set_stdin(&stdin);
+    Ok(req)
+}
+
+fn request_failure(message: String) -> JailFailure {
+    JailFailure::new(FailureCode::InvalidRequest, Layer::Request, message)
+}
+
+/// The policy and request for an embedded run, or why there is none.
+fn load(
+    launcher: &Launcher,
+    args: &RunArgs,
+) -> Result<(pycell_policy::Policy, RunRequest), JailFailure> {
+    let policy = launcher
+        .load_policy(PolicyChoice::from_arg(&args.policy))
+        .map_err(|e| match e {
+            LaunchError::Request(r) if r.field == "policy" => {
+                let mut f = r.failure();
+                f.message += "; in embedded mode you can also pass a path to a .toml file";
+                f
+            }
+            e => e.failure(),
+        })?;
+    let req = request(args).map_err(request_failure)?;
+    Ok((policy, req))
+}
+
+/// `pycell debug spec`: the spec the jailer would get (with a uid lease
+/// taken and given back, so it needs root like a run).
+pub fn print_spec(args: &RunArgs) -> i32 {
+    let prepared = Launcher::embedded_from_env().and_then(|l| {
+        let (policy, req) = load(&l, args)?;
+        l.prepare(&policy, &req).map_err(|e| e.failure())
+    });
+    match prepared {
+        Ok(p) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(p.spec()).unwrap_or_default()
+            );
+            0
+        }
+        Err(f) => {
+            eprintln!("pycell: {}", f.message);
+            125
+        }
+    }
+}
+
+pub fn main(args: &RunArgs) -> i32 {
+    let socket = (!args.embedded)
+        .then(|| daemon_socket(args.socket.as_deref()))
+        .flatten();
+    let result = match socket {
+        Some(socket) => run_via_daemon(args, &socket),
+        None => run_embedded(args),
+    };
+    emit(args.json, &result);
+    result.process_exit_code()
+}
+
+fn refused(policy: &str, f: JailFailure) -> RunResult {
+    RunResult::refused("", policy, f)
+}
+
+/// `pycell run` through pycelld: the daemon does the rest.
+fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
+    let policy = args.policy.as_str();
+    let daemon = |code: FailureCode, message: String| {
+        refused(policy, JailFailure::new(code, Layer::Daemon, message))
+    };
+    if let PolicyChoice::File(_) = PolicyChoice::from_arg(policy) {
+        return daemon(FailureCode::InvalidPolicy, "pycelld runs only the operator's policies (by name); a policy file needs embedded mode (--embedded, as root)".into());
+    }
+    let req = match request(args) {
+        Ok(r) => r,
+        Err(m) => return refused(policy, request_failure(m)),
+    };
+    let from_daemon = |e: ClientError, otherwise: FailureCode| match e {
+        ClientError::Refused { code, message } => daemon(code.into(), message),
+        e => daemon(otherwise, e.to_string()),
+    };
+    let mut client = match DaemonClient::connect(socket) {
+        Ok(c) => c,
+        Err(e) => return from_daemon(e, FailureCode::DaemonUnavailable),
+    };
+    // The result carries the (capped) output too; without --json it is
+    // shown as it arrives instead.
+    let result = client.run(req, |stream, bytes| {
+        if !args.json {
+            show(stream, bytes);
+        }
+    });
+    result.unwrap_or_else(|e| from_daemon(e, FailureCode::DaemonFailed))
+}
+
+/// Our own output, as the program's arrives. A closed terminal or pipe on
+/// our side must not stop the run.
+fn show(stream: Stream, bytes: &[u8]) {
+    let _ = match stream {
+        Stream::Stdout => io::stdout()
+            .lock()
+            .write_all(bytes)
+            .and_then(|()| io::stdout().flush()),
+        Stream::Stderr => io::stderr().lock().write_all(bytes),
+    };
+}
+
+/// An embedded run: launched through pycell-jailer, which this process
+/// supervises until it ends.
+fn run_embedded(args: &RunArgs) -> RunResult {
+    let launched = Launcher::embedded_from_env().and_then(|l| {
+        let (policy, req) = load(&l, args)?;
+        let prepared = l.prepare(&policy, &req).map_err(|e| e.failure())?;
+        Ok(prepared)
+    });
+    let prepared = match launched {
+        Ok(p) => p,
+        Err(f) => return refused(&args.policy, f),
+    };
+    // ^C goes to the whole foreground process group: the jailer passes it to
+    // the program; we must not die of it (the jailer would then kill the
+    // run). SIGTERM/SIGHUP to us are passed to the jailer, which kills the
+    // sandbox and reports the run as killed. The jailer resets its own mask.
+    let signals = match forwarded_signals() {
+        Ok(s) => s,
+        Err(e) => {
+            return prepared.refused(JailFailure::new(
+                FailureCode::Internal,
+                Layer::Jailer,
+                format!("signalfd: {e}"),
+            ))
+        }
+    };
+    match prepared.spawn(JailerStderr::Capture) {
+        Ok(launched) => supervise(launched, &signals, !args.json),
+        Err(result) => *result,
+    }
+}
+
+fn forwarded_signals() -> nix::Result<SignalFd> {
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(s);
+    }
+    nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None)?;
+    SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+}
+
+/// Read the jailer's events until they end (showing output if `stream`),
+/// pass SIGTERM/SIGHUP on to it, then wait for it and build the result.
+fn supervise(mut l: Launched, signals: &SignalFd, stream: bool) -> RunResult {
+    let mut collector = Collector::new(&l.run_id, &l.policy, Some(l.limits.clone()));
+    let jailer = Pid::from_raw(l.child.id() as i32);
+    let stderr = l.child.stderr.take();
+    // The jailer's own stderr is small (an error message at most); a
+    // thread keeps it from ever blocking the jailer.
+    let stderr_reader = std::thread::spawn(move || stderr.map(read_capped).unwrap_or_default());
+    loop {
+        let mut fds = [
+            PollFd::new(l.events.as_fd(), PollFlags::POLLIN),
+            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+        ];
+        let _ = poll(&mut fds, PollTimeout::NONE);
+        let [events_ready, signal_ready] = fds.map(|f| f.revents().is_some_and(|r| !r.is_empty()));
+        if signal_ready && stop_requested(signals) {
+            let _ = kill(jailer, Signal::SIGTERM);
+        }
+        if !events_ready {
+            continue;
+        }
+        match read_event(&mut l.events) {
+            Ok(Some(ev)) => {
+                if let Some((s, bytes)) = collector.record(ev) {
+                    if stream {
+                        show(s, bytes);
+                    }
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                collector.broken(e);
+                let _ = l.child.kill();
+                break;
+            }
+        }
+    }
+    let status = l.child.wait();
+    let stderr = stderr_reader.join().unwrap_or_default();
+    drop(l.lease);
+    collector.finish(JailerEnd::Exited { status, stderr })
+}
+
+/// The first 16 KiB of `r`, read to its end.
+fn read_capped(mut r: impl Read) -> Vec<u8> {
+    const CAP: usize = 16 * 1024;
+    let (mut kept, mut chunk) = (Vec::new(), [0u8; 4096]);
+    while let Ok(n @ 1..) = r.read(&mut chunk) {
+        let room = CAP.saturating_sub(kept.len());
+        kept.extend_from_slice(&chunk[..n.min(room)]);
+    }
+    kept
+}
+
+/// Whether a signal that stops the run arrived (SIGINT only goes to the
+/// program, which the jailer already did for the whole process group).
+fn stop_requested(signals: &SignalFd) -> bool {
+    let mut stop = false;
+    while let Ok(Some(info)) = signals.read_signal() {
+        stop |= info.ssi_signo as i32 != Signal::SIGINT as i32;
+    }
+    stop
+}
+
+/// Print the result: one JSON object, or (streaming mode, where the output
+/// has already been shown) one `pycell: ...` line when the run did not end ok.
+pub fn emit(json: bool, r: &RunResult) {
+    if json {
+        match serde_json::to_string(r) {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("pycell: cannot encode the result: {e}"),
+        }
+        return;
+    }
+    if let Some(n) = status_note(r) {
+        eprintln!("pycell: {n}");
+    }
+    if r.stdout_truncated || r.stderr_truncated {
+        eprintln!("pycell: output truncated at the max-output limit");
+    }
+}
+
+fn status_note(r: &RunResult) -> Option<String> {
+    let word = match r.status {
+        RunStatus::Ok => return None,
+        RunStatus::Oom => "out of memory",
+        other => other.as_str(),
+    };
+    Some(match (&r.error, r.exit_code, r.signal) {
+        (Some(e), _, _) => match &e.hint {
+            Some(h) => format!("{word} ({}): {} — {h}", e.code, e.message),
+            None => format!("{word} ({}): {}", e.code, e.message),
+        },
+        (None, _, Some(sig)) => format!("{word}: killed by signal {sig}"),
+        (None, Some(code), None) => format!("{word}: exit code {code}"),
+        (None, None, None) => word.to_string(),
+    })
+}

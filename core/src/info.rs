@@ -1,0 +1,179 @@
+//! What a host offers: pycell's version, the policies a run may name (an
+//! installed file wins over the built-in copy of the same name, exactly as
+//! runs look them up), and the measured status of each isolation layer
+//! (measured by `pycell_jailer::host`, which knows the layers). `pycell
+//! info`, pycelld's `info` reply and the MCP `sandbox_info` tool all report
+//! this one shape.
+
+use std::path::Path;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::resolve;
+use crate::result::LimitsReport;
+
+/// One isolation layer and whether this host can enforce it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct LayerStatus {
+    /// `user_namespaces`, `landlock`, `seccomp`, `cgroups` or `root`.
+    pub layer: String,
+    /// Whether the layer is usable here right now.
+    pub available: bool,
+    /// What was measured (e.g. the Landlock ABI, the cgroup layout) or why it is unavailable.
+    pub detail: String,
+}
+
+impl LayerStatus {
+    pub fn new(layer: &str, available: bool, detail: impl Into<String>) -> LayerStatus {
+        LayerStatus {
+            layer: layer.to_string(),
+            available,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// A policy that runs may name.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct PolicySummary {
+    /// The name to pass as `policy`.
+    pub name: String,
+    pub description: String,
+    /// Network access: `none` means a private network namespace with loopback only.
+    pub network: String,
+    /// `installed` (a file in /etc/pycell/policies) or `built-in`.
+    pub source: String,
+    pub limits: LimitsReport,
+}
+
+/// An installed policy file that does not load (runs naming it are refused).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct PolicyProblem {
+    pub name: String,
+    pub message: String,
+}
+
+/// Everything `pycell info` reports.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct HostInfo {
+    /// pycell's version.
+    pub version: String,
+    /// `daemon (SOCKET)`: runs go to pycelld at SOCKET; `embedded`: this
+    /// process builds the sandboxes through pycell-jailer (needs root);
+    /// `daemon`: pycelld describing itself.
+    pub mode: String,
+    /// The policies a run may name.
+    pub policies: Vec<PolicySummary>,
+    /// Installed policy files that fail to load.
+    pub policy_problems: Vec<PolicyProblem>,
+    /// What this host can enforce, measured now.
+    pub layers: Vec<LayerStatus>,
+}
+
+impl HostInfo {
+    /// The report for runs in `mode`, with the policies of `policy_dir` and
+    /// the `layers` the caller measured.
+    pub fn collect(mode: String, policy_dir: &Path, layers: Vec<LayerStatus>) -> HostInfo {
+        let (policies, policy_problems) = policies(policy_dir);
+        HostInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            mode,
+            policies,
+            policy_problems,
+            layers,
+        }
+    }
+}
+
+/// pycelld's answer to `info`: the host as it sees it, and its own state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DaemonInfo {
+    #[serde(flatten)]
+    pub host: HostInfo,
+    pub daemon: DaemonStatus,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DaemonStatus {
+    pub socket: std::path::PathBuf,
+    pub max_concurrent_runs: usize,
+    pub max_runs_per_uid: usize,
+    pub active_runs: usize,
+    /// `START-END`.
+    pub uid_range: String,
+}
+
+/// Names of the policy files installed in `dir` (`NAME.toml`), sorted.
+fn installed_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.strip_suffix(".toml")?.to_string();
+            pycell_policy::is_valid_name(&name).then_some(name)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// Names of the policies a run may name (installed or built in), sorted.
+pub fn policy_names(dir: &Path) -> Vec<String> {
+    let mut names = installed_names(dir);
+    for b in pycell_policy::builtin::names() {
+        if !names.iter().any(|n| n == b) {
+            names.push((*b).to_string());
+        }
+    }
+    names.sort();
+    names
+}
+
+/// The policies a run may name, and the installed files that do not load.
+pub fn policies(dir: &Path) -> (Vec<PolicySummary>, Vec<PolicyProblem>) {
+    let mut ok = Vec::new();
+    let mut problems = Vec::new();
+    for name in policy_names(dir) {
+        let source = if dir.join(format!("{name}.toml")).exists() {
+            "installed"
+        } else {
+            "built-in"
+        };
+        match resolve::load_policy_by_name(&name, dir) {
+            Ok(p) => ok.push(PolicySummary {
+                limits: LimitsReport::from(&p.limits),
+                network: p.network.as_str().to_string(),
+                name: p.name,
+                description: p.description,
+                source: source.to_string(),
+            }),
+            Err(e) => problems.push(PolicyProblem {
+                name,
+                message: e.to_string(),
+            }),
+        }
+    }
+    (ok, problems)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn installed_policies_win_and_broken_ones_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("broken.toml"), "name = 1\n").unwrap();
+        std::fs::write(dir.path().join("not a name.toml"), "").unwrap();
+        let (ok, problems) = policies(dir.path());
+        assert_eq!(
+            ok.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+            ["default"]
+        );
+        assert_eq!(ok[0].source, "built-in");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].name, "broken");
+    }
+}

@@ -1,0 +1,658 @@
+//! The one launch path, shared by `pycell run`, `pycell mcp` and pycelld:
+//!
+//! ```text
+//! Launcher::load_policy ─> Launcher::prepare ─> Prepared::spawn[_async] ─> Collector ─> RunResult
+//!  (name or file)          (resolve, uid lease,   (pycell-jailer, spec as    (events decoded,
+//!                           run id, spec,          JSON on its stdin, events   output capped,
+//!                           validated)             on its stdout)              result built)
+//! ```
+//!
+//! Every mode builds jails the same way: by starting the single-threaded
+//! `pycell-jailer` executable, never by forking itself. The uid lease goes
+//! with the launched jailer and is released only when the caller drops it,
+//! after the jailer has exited.
+
+use std::io::{self, Write};
+use std::ops::RangeInclusive;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use pycell_policy::Policy;
+
+use crate::codes::{FailureCode, Layer};
+use crate::events::{Event, EventError, Stream};
+use crate::protocol::RunRequest;
+use crate::report::{JailFailure, JailReport};
+use crate::resolve::{self, ResolveError};
+use crate::result::{LimitsReport, RunResult};
+use crate::spec::{new_run_id, JailSpec};
+use crate::uidalloc::{self, UidLease};
+
+/// Where sandbox uid leases are kept (by embedded runs and pycelld alike:
+/// one directory, so the two can never hand out the same uid).
+pub const UID_LOCK_DIR: &str = "/run/pycell/uids";
+/// Where the Debian package installs the jailer.
+pub const INSTALLED_JAILER: &str = "/usr/libexec/pycell/pycell-jailer";
+
+/// A request that cannot be run as asked: the caller can fix it (as opposed
+/// to a refusal, which is the host's or the operator's problem).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct RequestError {
+    /// The request field at fault: `policy`, `timeout`, `code`, `stdin`, `limits`, `args`.
+    pub field: &'static str,
+    pub problem: String,
+}
+
+impl RequestError {
+    /// The failure a result reports for it (an unknown or unusable policy is
+    /// `invalid_policy`, anything else `invalid_request`).
+    pub fn failure(&self) -> JailFailure {
+        let (code, layer) = if self.field == "policy" {
+            (FailureCode::InvalidPolicy, Layer::Policy)
+        } else {
+            (FailureCode::InvalidRequest, Layer::Request)
+        };
+        JailFailure::new(code, layer, self.to_string())
+    }
+}
+
+/// Why a run did not start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaunchError {
+    /// The caller's request is wrong.
+    Request(RequestError),
+    /// The host or its configuration refuses the run.
+    Refused(JailFailure),
+}
+
+impl LaunchError {
+    pub fn failure(&self) -> JailFailure {
+        match self {
+            LaunchError::Request(e) => e.failure(),
+            LaunchError::Refused(f) => f.clone(),
+        }
+    }
+}
+
+impl From<ResolveError> for LaunchError {
+    fn from(e: ResolveError) -> Self {
+        match e {
+            ResolveError::BadRequest { field, problem } => {
+                LaunchError::Request(RequestError { field, problem })
+            }
+            ResolveError::UnknownPolicy { .. } => LaunchError::Request(RequestError {
+                field: "policy",
+                problem: e.to_string(),
+            }),
+            // An installed file that does not load, or an interpreter that is
+            // not there, is the operator's problem.
+            other => LaunchError::Refused(
+                JailFailure::new(FailureCode::InvalidPolicy, Layer::Policy, other.to_string())
+                    .with_hint("the operator must fix the policy (pycell policy check FILE)"),
+            ),
+        }
+    }
+}
+
+/// How a run names its policy.
+#[derive(Debug, Clone, Copy)]
+pub enum PolicyChoice<'a> {
+    /// An installed policy, else a built-in one (what clients may ask for).
+    Name(&'a str),
+    /// A file of the caller's own (embedded `pycell run --policy FILE` only).
+    File(&'a Path),
+}
+
+impl<'a> PolicyChoice<'a> {
+    /// `--policy NAME|PATH`: a path contains `/` or ends in `.toml`.
+    pub fn from_arg(arg: &'a str) -> PolicyChoice<'a> {
+        if arg.contains('/') || arg.ends_with(".toml") {
+            PolicyChoice::File(Path::new(arg))
+        } else {
+            PolicyChoice::Name(arg)
+        }
+    }
+}
+
+/// Where launches find policies, sandbox uids, cgroups and the jailer.
+#[derive(Debug, Clone)]
+pub struct Launcher {
+    pub policy_dir: PathBuf,
+    pub uid_range: RangeInclusive<u32>,
+    pub uid_lock_dir: PathBuf,
+    /// Parent of the runs' cgroups, relative to the jailer's own cgroup.
+    pub cgroup_parent: String,
+    /// The jailer to start, or why there is none (a run is then refused
+    /// once its request has been checked).
+    pub jailer: Result<PathBuf, JailFailure>,
+}
+
+impl Launcher {
+    /// Embedded mode's launcher: `PYCELL_UID_RANGE` and `PYCELL_JAILER` from
+    /// the environment, the installed policies, the default cgroup parent.
+    /// Fails only for a malformed `PYCELL_UID_RANGE`.
+    pub fn embedded_from_env() -> Result<Launcher, JailFailure> {
+        Ok(Launcher {
+            policy_dir: PathBuf::from(resolve::POLICY_DIR),
+            uid_range: uid_range_from_env()?,
+            uid_lock_dir: PathBuf::from(UID_LOCK_DIR),
+            cgroup_parent: resolve::CGROUP_PARENT.to_string(),
+            jailer: find_jailer(),
+        })
+    }
+
+    pub fn load_policy(&self, choice: PolicyChoice<'_>) -> Result<Policy, LaunchError> {
+        match choice {
+            PolicyChoice::Name(name) => Ok(resolve::load_policy_by_name(name, &self.policy_dir)?),
+            PolicyChoice::File(path) => Policy::load(path).map_err(|e| {
+                LaunchError::Refused(JailFailure::new(
+                    FailureCode::InvalidPolicy,
+                    Layer::Policy,
+                    e.to_string(),
+                ))
+            }),
+        }
+    }
+
+    /// Resolve `request` under `policy`, lease a sandbox uid and give the
+    /// run its id: a validated spec, ready for the jailer.
+    pub fn prepare(&self, policy: &Policy, request: &RunRequest) -> Result<Prepared, LaunchError> {
+        let resolved = resolve::resolve(policy, request)?;
+        if !nix::unistd::geteuid().is_root() {
+            return Err(LaunchError::Refused(not_root()));
+        }
+        let jailer = self.jailer.clone().map_err(LaunchError::Refused)?;
+        let lease = uidalloc::allocate(&self.uid_range, &self.uid_lock_dir).map_err(|e| {
+            LaunchError::Refused(JailFailure::new(
+                FailureCode::UidUnavailable,
+                Layer::Uid,
+                e.to_string(),
+            ))
+        })?;
+        let mut spec = resolved.spec;
+        spec.run_id = new_run_id();
+        spec.sandbox_uid = lease.uid;
+        spec.sandbox_gid = lease.gid;
+        spec.cgroup.parent = self.cgroup_parent.clone();
+        spec.validate().map_err(|e| {
+            LaunchError::Refused(JailFailure::new(
+                FailureCode::InvalidSpec,
+                Layer::Jailer,
+                e.to_string(),
+            ))
+        })?;
+        Ok(Prepared {
+            run_id: spec.run_id.clone(),
+            policy: policy.name.clone(),
+            limits: LimitsReport::from(&resolved.limits),
+            spec,
+            lease,
+            jailer,
+        })
+    }
+}
+
+fn not_root() -> JailFailure {
+    JailFailure::new(
+        FailureCode::NotRoot,
+        Layer::Jailer,
+        "building a sandbox without pycelld needs root (it creates cgroups and maps a sandbox uid)",
+    )
+    .with_hint(
+        "run pycell as root, or install and start the pycelld service (its socket needs no root)",
+    )
+}
+
+/// `PYCELL_UID_RANGE` (`START-END`), else [`uidalloc::DEFAULT_RANGE`].
+pub fn uid_range_from_env() -> Result<RangeInclusive<u32>, JailFailure> {
+    match std::env::var("PYCELL_UID_RANGE") {
+        Ok(s) => uidalloc::parse_range(&s).ok_or_else(|| {
+            JailFailure::new(
+                FailureCode::InvalidConfig,
+                Layer::Uid,
+                format!("PYCELL_UID_RANGE={s:?}: expected START-END"),
+            )
+        }),
+        Err(_) => Ok(uidalloc::DEFAULT_RANGE),
+    }
+}
+
+/// The jailer to start: `$PYCELL_JAILER`, else `pycell-jailer` next to this
+/// executable (a build tree, or pycelld's own directory), else the installed
+/// one. Whichever is chosen must exist.
+pub fn find_jailer() -> Result<PathBuf, JailFailure> {
+    let unavailable = |m: String| {
+        JailFailure::new(FailureCode::JailerUnavailable, Layer::Jailer, m)
+            .with_hint("set PYCELL_JAILER to the path of pycell-jailer")
+    };
+    if let Some(p) = std::env::var_os("PYCELL_JAILER").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(unavailable(format!(
+                "PYCELL_JAILER={} does not exist",
+                p.display()
+            )))
+        };
+    }
+    let beside = std::env::current_exe()
+        .map_err(|e| unavailable(format!("locating this executable: {e}")))?
+        .with_file_name("pycell-jailer");
+    [beside.clone(), PathBuf::from(INSTALLED_JAILER)]
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            unavailable(format!(
+                "pycell-jailer is neither at {} nor at {INSTALLED_JAILER}",
+                beside.display()
+            ))
+        })
+}
+
+/// A run resolved and holding its sandbox uid, ready to start.
+#[derive(Debug)]
+pub struct Prepared {
+    pub run_id: String,
+    pub policy: String,
+    pub limits: LimitsReport,
+    spec: JailSpec,
+    lease: UidLease,
+    jailer: PathBuf,
+}
+
+/// What becomes of the jailer's own stderr (never the sandbox's output,
+/// which comes as events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JailerStderr {
+    /// Ours (pycelld's: the journal).
+    Inherit,
+    /// A pipe, for the caller to read (into an error message).
+    Capture,
+}
+
+/// A started jailer (blocking flavour). Dropping it releases the uid: the
+/// caller does so only after the jailer has exited.
+#[derive(Debug)]
+pub struct Launched {
+    pub run_id: String,
+    pub policy: String,
+    pub limits: LimitsReport,
+    pub child: std::process::Child,
+    /// The jailer's event stream.
+    pub events: std::process::ChildStdout,
+    pub lease: UidLease,
+}
+
+/// A started jailer (tokio flavour); see [`Launched`].
+#[derive(Debug)]
+pub struct LaunchedAsync {
+    pub run_id: String,
+    pub policy: String,
+    pub limits: LimitsReport,
+    pub child: tokio::process::Child,
+    pub events: tokio::process::ChildStdout,
+    pub lease: UidLease,
+}
+
+impl Prepared {
+    pub fn spec(&self) -> &JailSpec {
+        &self.spec
+    }
+
+    /// A result for this run that never started.
+    pub fn refused(&self, f: JailFailure) -> RunResult {
+        RunResult::refused(&self.run_id, &self.policy, f)
+    }
+
+    /// The jailer command: nothing from our environment, the spec on stdin,
+    /// events on stdout.
+    fn command(&self, stderr: JailerStderr) -> Command {
+        let mut cmd = Command::new(&self.jailer);
+        cmd.env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(match stderr {
+                JailerStderr::Inherit => Stdio::inherit(),
+                JailerStderr::Capture => Stdio::piped(),
+            });
+        cmd
+    }
+
+    fn spec_json(&self) -> Result<Vec<u8>, Box<RunResult>> {
+        serde_json::to_vec(&self.spec).map_err(|e| {
+            self.refused_boxed(JailFailure::new(
+                FailureCode::Internal,
+                Layer::Jailer,
+                format!("encoding the spec: {e}"),
+            ))
+        })
+    }
+
+    fn refused_boxed(&self, f: JailFailure) -> Box<RunResult> {
+        Box::new(self.refused(f))
+    }
+
+    fn cannot_start(&self, e: io::Error) -> Box<RunResult> {
+        self.refused_boxed(
+            JailFailure::new(
+                FailureCode::JailerUnavailable,
+                Layer::Jailer,
+                format!("cannot start {}: {e}", self.jailer.display()),
+            )
+            .with_hint("set PYCELL_JAILER to the path of pycell-jailer"),
+        )
+    }
+
+    fn spec_not_taken(&self, e: io::Error) -> Box<RunResult> {
+        self.refused_boxed(JailFailure::new(
+            FailureCode::JailerFailed,
+            Layer::Jailer,
+            format!("pycell-jailer did not take its spec: {e}"),
+        ))
+    }
+
+    /// Start the jailer and hand it the spec. On failure the jailer has been
+    /// killed and reaped, and the result says why.
+    pub fn spawn(self, stderr: JailerStderr) -> Result<Launched, Box<RunResult>> {
+        let json = self.spec_json()?;
+        let mut child = self
+            .command(stderr)
+            .spawn()
+            .map_err(|e| self.cannot_start(e))?;
+        let (Some(mut stdin), Some(events)) = (child.stdin.take(), child.stdout.take()) else {
+            unreachable!("stdin and stdout were configured as pipes");
+        };
+        if let Err(e) = stdin.write_all(&json) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(self.spec_not_taken(e));
+        }
+        drop(stdin);
+        Ok(Launched {
+            run_id: self.run_id,
+            policy: self.policy,
+            limits: self.limits,
+            child,
+            events,
+            lease: self.lease,
+        })
+    }
+
+    /// [`Prepared::spawn`] for a tokio caller. Call it from a runtime worker
+    /// (an async task), not a blocking-pool thread: the jailer's parent-death
+    /// signal follows the thread that started it, and idle pool threads exit.
+    pub async fn spawn_async(self, stderr: JailerStderr) -> Result<LaunchedAsync, Box<RunResult>> {
+        use tokio::io::AsyncWriteExt;
+        let json = self.spec_json()?;
+        let mut child = tokio::process::Command::from(self.command(stderr))
+            .spawn()
+            .map_err(|e| self.cannot_start(e))?;
+        let (Some(mut stdin), Some(events)) = (child.stdin.take(), child.stdout.take()) else {
+            unreachable!("stdin and stdout were configured as pipes");
+        };
+        if let Err(e) = stdin.write_all(&json).await {
+            let _ = child.kill().await;
+            return Err(self.spec_not_taken(e));
+        }
+        drop(stdin);
+        Ok(LaunchedAsync {
+            run_id: self.run_id,
+            policy: self.policy,
+            limits: self.limits,
+            child,
+            events,
+            lease: self.lease,
+        })
+    }
+}
+
+/// How the jailer process ended, as far as the reader of its events knows.
+#[derive(Debug)]
+pub enum JailerEnd {
+    /// It exited with this status; `stderr` is what it printed (if captured).
+    Exited {
+        status: io::Result<std::process::ExitStatus>,
+        stderr: Vec<u8>,
+    },
+    /// Someone else waits for it (pycelld's monitor).
+    Elsewhere,
+}
+
+/// Builds a run's result from the jailer's events: output kept up to the
+/// run's cap (again: the jailer caps it too), the report, or why there is
+/// none.
+#[derive(Debug)]
+pub struct Collector {
+    run_id: String,
+    policy: String,
+    limits: Option<LimitsReport>,
+    cap: usize,
+    output: [Vec<u8>; 2],
+    truncated: [bool; 2],
+    report: Option<JailReport>,
+    broken: Option<EventError>,
+}
+
+impl Collector {
+    pub fn new(run_id: &str, policy: &str, limits: Option<LimitsReport>) -> Collector {
+        let cap = limits.as_ref().map_or(usize::MAX, |l| {
+            usize::try_from(l.max_output_bytes).unwrap_or(usize::MAX)
+        });
+        Collector {
+            run_id: run_id.to_string(),
+            policy: policy.to_string(),
+            limits,
+            cap,
+            output: [Vec::new(), Vec::new()],
+            truncated: [false, false],
+            report: None,
+            broken: None,
+        }
+    }
+
+    /// Take one event. For output, returns the part that was kept (to show
+    /// or forward as it arrives); past the cap that is nothing.
+    pub fn record(&mut self, event: Event) -> Option<(Stream, &[u8])> {
+        let (stream, bytes) = match event {
+            Event::Result(r) => {
+                self.report = Some(*r);
+                return None;
+            }
+            Event::Output(s, b) => (s, b),
+        };
+        let i = stream as usize;
+        let buf = &mut self.output[i];
+        let room = self.cap.saturating_sub(buf.len());
+        if bytes.len() > room {
+            self.truncated[i] = true;
+        }
+        let start = buf.len();
+        buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        (buf.len() > start).then(|| (stream, &self.output[i][start..]))
+    }
+
+    /// The stream could not be read further: the result will say so (and
+    /// the caller stops the jailer).
+    pub fn broken(&mut self, e: EventError) {
+        self.broken.get_or_insert(e);
+    }
+
+    /// Whether the result has arrived.
+    pub fn has_report(&self) -> bool {
+        self.report.is_some()
+    }
+
+    pub fn finish(self, end: JailerEnd) -> RunResult {
+        let Some(mut report) = self.report else {
+            let f = JailFailure::new(
+                FailureCode::JailerFailed,
+                Layer::Jailer,
+                no_result_message(self.broken.as_ref(), &end),
+            );
+            return RunResult::refused(&self.run_id, &self.policy, f);
+        };
+        report.stdout_truncated |= self.truncated[0];
+        report.stderr_truncated |= self.truncated[1];
+        RunResult::new(
+            &self.run_id,
+            &self.policy,
+            self.limits,
+            report,
+            &self.output[0],
+            &self.output[1],
+        )
+    }
+}
+
+/// What to tell about a jailer that gave no result.
+fn no_result_message(broken: Option<&EventError>, end: &JailerEnd) -> String {
+    let why = match (broken, end) {
+        (Some(e), _) => format!("its event stream is corrupt ({e})"),
+        (None, JailerEnd::Exited { status: Ok(s), .. }) => {
+            format!("it exited ({s}) without reporting a result")
+        }
+        (None, JailerEnd::Exited { status: Err(e), .. }) => format!("waiting for it failed ({e})"),
+        (None, JailerEnd::Elsewhere) => "it ended without reporting a result".to_string(),
+    };
+    let tail = match end {
+        JailerEnd::Exited { stderr, .. } => String::from_utf8_lossy(stderr).trim().to_string(),
+        JailerEnd::Elsewhere => String::new(),
+    };
+    if tail.is_empty() {
+        format!("pycell-jailer failed: {why}")
+    } else {
+        format!("pycell-jailer failed: {why}; its stderr: {tail}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::RunStatus;
+    use std::os::unix::process::ExitStatusExt;
+
+    fn limits(cap: u64) -> LimitsReport {
+        let mut l = LimitsReport::from(&pycell_policy::Limits::default());
+        l.max_output_bytes = cap;
+        l
+    }
+
+    fn ok_report() -> Box<JailReport> {
+        let mut r = JailReport::refused(JailFailure::new(FailureCode::Internal, Layer::Jailer, ""));
+        r.status = RunStatus::Ok;
+        r.error = None;
+        r.exit_code = Some(0);
+        Box::new(r)
+    }
+
+    #[test]
+    fn output_is_capped_per_stream_and_marked_truncated() {
+        let mut c = Collector::new("r-1", "default", Some(limits(4)));
+        let kept = c.record(Event::Output(Stream::Stdout, b"abc".to_vec()));
+        assert_eq!(kept, Some((Stream::Stdout, &b"abc"[..])));
+        let kept = c.record(Event::Output(Stream::Stdout, b"defg".to_vec()));
+        assert_eq!(kept, Some((Stream::Stdout, &b"d"[..])));
+        assert_eq!(c.record(Event::Output(Stream::Stdout, b"h".to_vec())), None);
+        c.record(Event::Output(Stream::Stderr, b"err".to_vec()));
+        c.record(Event::Result(ok_report()));
+        let r = c.finish(JailerEnd::Elsewhere);
+        assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("abcd", "err"));
+        assert!(r.stdout_truncated && !r.stderr_truncated);
+        assert_eq!(r.status, RunStatus::Ok);
+        assert_eq!(r.limits.unwrap().max_output_bytes, 4);
+    }
+
+    #[test]
+    fn a_corrupt_stream_is_reported_as_corrupt() {
+        let mut c = Collector::new("r-1", "default", None);
+        c.broken(EventError::UnknownKind(9));
+        let r = c.finish(JailerEnd::Elsewhere);
+        let e = r.error.unwrap();
+        assert_eq!(
+            (r.status, e.code),
+            (RunStatus::Refused, FailureCode::JailerFailed)
+        );
+        assert!(
+            e.message
+                .contains("event stream is corrupt (unknown event kind 9)"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_jailer_without_a_result_says_how_it_ended() {
+        let c = Collector::new("r-1", "default", None);
+        let end = JailerEnd::Exited {
+            status: Ok(std::process::ExitStatus::from_raw(3 << 8)),
+            stderr: b"no cgroup here\n".to_vec(),
+        };
+        let m = c.finish(end).error.unwrap().message;
+        assert!(
+            m.contains("exit status: 3") && m.contains("its stderr: no cgroup here"),
+            "{m}"
+        );
+        let m = Collector::new("r-1", "p", None).finish(JailerEnd::Elsewhere);
+        assert!(m
+            .error
+            .unwrap()
+            .message
+            .contains("ended without reporting a result"));
+    }
+
+    #[test]
+    fn request_errors_name_their_failure() {
+        let e = RequestError {
+            field: "policy",
+            problem: "no policy named \"x\"".into(),
+        };
+        assert_eq!(e.failure().code, FailureCode::InvalidPolicy);
+        let e = RequestError {
+            field: "timeout",
+            problem: "too long".into(),
+        };
+        assert_eq!(
+            (e.failure().code, e.failure().layer),
+            (FailureCode::InvalidRequest, Layer::Request)
+        );
+        assert_eq!(e.failure().message, "timeout: too long");
+    }
+
+    #[test]
+    fn policy_arguments_with_a_slash_or_toml_suffix_are_files() {
+        assert!(matches!(
+            PolicyChoice::from_arg("default"),
+            PolicyChoice::Name("default")
+        ));
+        assert!(matches!(
+            PolicyChoice::from_arg("./p.toml"),
+            PolicyChoice::File(_)
+        ));
+        assert!(matches!(
+            PolicyChoice::from_arg("p.toml"),
+            PolicyChoice::File(_)
+        ));
+    }
+
+    #[test]
+    fn unknown_policies_are_the_callers_mistake_broken_ones_the_operators() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("broken.toml"), "name = 1\n").unwrap();
+        let l = Launcher {
+            policy_dir: dir.path().to_path_buf(),
+            uid_range: uidalloc::DEFAULT_RANGE,
+            uid_lock_dir: dir.path().join("uids"),
+            cgroup_parent: "pycell".into(),
+            jailer: Ok(PathBuf::from("/nonexistent")),
+        };
+        match l.load_policy(PolicyChoice::Name("nope")) {
+            Err(LaunchError::Request(e)) => assert_eq!(e.field, "policy"),
+            other => panic!("{other:?}"),
+        }
+        match l.load_policy(PolicyChoice::Name("broken")) {
+            Err(LaunchError::Refused(f)) => assert_eq!(f.code, FailureCode::InvalidPolicy),
+            other => panic!("{other:?}"),
+        }
+    }
+}

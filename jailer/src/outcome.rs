@@ -1,0 +1,261 @@
+//! How a run ended, decided from what was observed: the pure rule
+//! ([`classify`]) the supervisor applies once the jail is gone.
+
+use nix::sys::signal::Signal;
+use pycell_core::codes::{FailureCode, Layer};
+use pycell_core::report::{JailFailure, LandlockReport, RunStatus};
+use pycell_core::spec::JailLimits;
+
+use crate::child::ChildMessage;
+
+/// Everything the supervisor saw of a finished run.
+#[derive(Debug, Clone)]
+pub(crate) struct Observed {
+    /// The wall-clock timeout expired and the supervisor killed the jail.
+    pub timed_out: bool,
+    /// The supervisor was told to stop the run (SIGTERM/SIGHUP).
+    pub cancelled: bool,
+    /// OOM kills the cgroup counted.
+    pub oom_kills: u64,
+    /// The jail's status messages, in order.
+    pub messages: Vec<ChildMessage>,
+    /// A description of how the jail's init ended, for an error message.
+    pub init_status: String,
+}
+
+/// How the run ended, when the code ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Outcome {
+    pub status: RunStatus,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub landlock: LandlockReport,
+    pub error: Option<JailFailure>,
+}
+
+fn limit(code: FailureCode, message: String, hint: Option<&str>) -> Option<JailFailure> {
+    let f = JailFailure::new(code, Layer::Limits, message);
+    Some(match hint {
+        Some(h) => f.with_hint(h),
+        None => f,
+    })
+}
+
+/// Decide the run's outcome. `Err` means the code never ran (the jail
+/// failed to set up, or the program could not be executed).
+pub(crate) fn classify(seen: &Observed, limits: &JailLimits) -> Result<Outcome, JailFailure> {
+    let mut landlock = None;
+    let mut ended = None;
+    for m in &seen.messages {
+        match m {
+            ChildMessage::Ready { landlock: l } => landlock = Some(l.clone()),
+            ChildMessage::SetupFailed(e) => return Err(e.failure()),
+            _ => ended = Some(m),
+        }
+    }
+    let Some(landlock) = landlock else {
+        return Err(JailFailure::new(
+            FailureCode::JailSetupFailed,
+            Layer::Jailer,
+            format!(
+                "the jail ended before reporting ready (init: {})",
+                seen.init_status
+            ),
+        ));
+    };
+    let (exit_code, signal) = match ended {
+        Some(ChildMessage::Exited { code }) => (Some(*code), None),
+        Some(ChildMessage::Signaled { signal }) => (None, Some(*signal)),
+        // init was killed before it could say (timeout, cancel, OOM of init).
+        _ => (None, Some(Signal::SIGKILL as i32)),
+    };
+    let killed = signal == Some(Signal::SIGKILL as i32);
+    let (status, error) = if seen.timed_out {
+        let secs = limits.wall_timeout_ms as f64 / 1000.0;
+        let m = format!("wall-clock timeout of {secs:.1}s expired; the sandbox was killed");
+        (
+            RunStatus::Timeout,
+            limit(
+                FailureCode::Timeout,
+                m,
+                Some("raise --timeout, or make the code faster"),
+            ),
+        )
+    } else if seen.cancelled {
+        (RunStatus::Killed, None)
+    } else if seen.oom_kills > 0 && killed {
+        let m = format!(
+            "the memory limit of {} bytes was reached; the kernel killed the program",
+            limits.memory_bytes
+        );
+        (
+            RunStatus::Oom,
+            limit(
+                FailureCode::Oom,
+                m,
+                Some("raise --memory, or use less memory"),
+            ),
+        )
+    } else if let Some(ChildMessage::ExecFailed { message }) = ended {
+        return Err(
+            JailFailure::new(FailureCode::ExecFailed, Layer::Exec, message.clone())
+                .with_hint("check the policy's interpreter path"),
+        );
+    } else if signal == Some(Signal::SIGXCPU as i32) {
+        let m = format!("the CPU time limit of {}s was reached", limits.cpu_time_s);
+        (RunStatus::Killed, limit(FailureCode::CpuTimeLimit, m, None))
+    } else if exit_code == Some(0) {
+        (RunStatus::Ok, None)
+    } else {
+        (RunStatus::Error, None)
+    };
+    Ok(Outcome {
+        status,
+        exit_code,
+        signal,
+        landlock,
+        error,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::{Step, StepError};
+    use pycell_core::report::LandlockStatus;
+
+    fn limits() -> JailLimits {
+        JailLimits {
+            wall_timeout_ms: 5000,
+            cpu_time_s: 3,
+            memory_bytes: 64 << 20,
+            pids: 16,
+            cpu_millicores: 1000,
+            open_files: 64,
+            file_size_bytes: 1 << 20,
+            workspace_size_bytes: 1 << 20,
+            tmp_size_bytes: 1 << 20,
+            max_output_bytes: 1 << 20,
+        }
+    }
+
+    fn ready() -> ChildMessage {
+        ChildMessage::Ready {
+            landlock: LandlockReport {
+                abi: 7,
+                status: LandlockStatus::FullyEnforced,
+            },
+        }
+    }
+
+    fn seen(end: Option<ChildMessage>) -> Observed {
+        Observed {
+            timed_out: false,
+            cancelled: false,
+            oom_kills: 0,
+            messages: [Some(ready()), end].into_iter().flatten().collect(),
+            init_status: "Exited(1, 0)".into(),
+        }
+    }
+
+    fn outcome(o: &Observed) -> Outcome {
+        classify(o, &limits()).unwrap()
+    }
+
+    #[test]
+    fn a_clean_exit_is_ok_and_a_nonzero_one_an_error() {
+        let o = outcome(&seen(Some(ChildMessage::Exited { code: 0 })));
+        assert_eq!(
+            (o.status, o.exit_code, o.signal, o.error),
+            (RunStatus::Ok, Some(0), None, None)
+        );
+        let o = outcome(&seen(Some(ChildMessage::Exited { code: 3 })));
+        assert_eq!((o.status, o.exit_code), (RunStatus::Error, Some(3)));
+        assert_eq!(o.landlock.abi, 7);
+    }
+
+    #[test]
+    fn a_signal_the_program_got_from_itself_is_an_error() {
+        let o = outcome(&seen(Some(ChildMessage::Signaled { signal: 11 })));
+        assert_eq!(
+            (o.status, o.exit_code, o.signal),
+            (RunStatus::Error, None, Some(11))
+        );
+    }
+
+    #[test]
+    fn a_timeout_wins_over_everything_else() {
+        let mut s = seen(None);
+        s.timed_out = true;
+        s.cancelled = true;
+        s.oom_kills = 1;
+        let o = outcome(&s);
+        assert_eq!((o.status, o.signal), (RunStatus::Timeout, Some(9)));
+        let e = o.error.unwrap();
+        assert_eq!((e.code, e.layer), (FailureCode::Timeout, Layer::Limits));
+        assert!(e.message.contains("timeout of 5.0s"), "{e:?}");
+    }
+
+    #[test]
+    fn a_cancelled_run_is_killed_without_an_error() {
+        let mut s = seen(None);
+        s.cancelled = true;
+        let o = outcome(&s);
+        assert_eq!((o.status, o.error), (RunStatus::Killed, None));
+    }
+
+    #[test]
+    fn an_oom_kill_is_oom_only_when_the_program_died_of_sigkill() {
+        let mut s = seen(Some(ChildMessage::Signaled { signal: 9 }));
+        s.oom_kills = 1;
+        let o = outcome(&s);
+        assert_eq!(o.status, RunStatus::Oom);
+        assert_eq!(o.error.unwrap().code, FailureCode::Oom);
+        // A child process was OOM-killed but the program went on and exited.
+        let mut s = seen(Some(ChildMessage::Exited { code: 0 }));
+        s.oom_kills = 1;
+        assert_eq!(outcome(&s).status, RunStatus::Ok);
+    }
+
+    #[test]
+    fn sigxcpu_is_the_cpu_time_limit() {
+        let o = outcome(&seen(Some(ChildMessage::Signaled { signal: 24 })));
+        assert_eq!(o.status, RunStatus::Killed);
+        let e = o.error.unwrap();
+        assert_eq!(e.code, FailureCode::CpuTimeLimit);
+        assert!(e.message.contains("3s"), "{e:?}");
+    }
+
+    #[test]
+    fn an_exec_failure_refuses_the_run() {
+        let s = seen(Some(ChildMessage::ExecFailed {
+            message: "execve /x: ENOENT".into(),
+        }));
+        let f = classify(&s, &limits()).unwrap_err();
+        assert_eq!((f.code, f.layer), (FailureCode::ExecFailed, Layer::Exec));
+        assert!(f.hint.is_some());
+    }
+
+    #[test]
+    fn a_setup_failure_refuses_the_run_with_the_steps_code() {
+        let mut s = seen(None);
+        s.messages = vec![ChildMessage::SetupFailed(StepError::new(
+            Step::Rootfs,
+            "no /usr",
+        ))];
+        let f = classify(&s, &limits()).unwrap_err();
+        assert_eq!(
+            (f.code, f.layer),
+            (FailureCode::MountsFailed, Layer::Mounts)
+        );
+    }
+
+    #[test]
+    fn a_jail_that_never_got_ready_says_how_init_ended() {
+        let mut s = seen(None);
+        s.messages.clear();
+        let f = classify(&s, &limits()).unwrap_err();
+        assert_eq!(f.code, FailureCode::JailSetupFailed);
+        assert!(f.message.contains("Exited(1, 0)"), "{f:?}");
+    }
+}

@@ -1,0 +1,303 @@
+//! The supervisor's loop while the jail runs: moves bytes between the jail's
+//! pipes and the event stream (output capped), feeds its stdin, reads its
+//! status messages, enforces the wall-clock deadline and acts on signals
+//! sent to the jailer.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::OFlag;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::signalfd::SignalFd;
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::Pid;
+use pycell_core::events::{self, Stream};
+use pycell_core::spec::JailSpec;
+
+use crate::cgroup::SandboxCgroup;
+use crate::child::ChildMessage;
+
+const CHUNK: usize = 64 * 1024;
+/// How long output may still drain once the jail's init is gone.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// Our ends of the jail's pipes.
+#[derive(Debug)]
+pub(crate) struct ParentEnds {
+    pub status_read: OwnedFd,
+    pub stdin_write: OwnedFd,
+    pub stdout_read: OwnedFd,
+    pub stderr_read: OwnedFd,
+}
+
+/// What the relay saw, for [`crate::outcome::classify`].
+#[derive(Debug)]
+pub(crate) struct Relayed {
+    pub timed_out: bool,
+    pub cancelled: bool,
+    pub init_status: Option<WaitStatus>,
+    pub messages: Vec<ChildMessage>,
+    pub truncated: [bool; 2],
+}
+
+/// Relay until the jail is gone and its output drained.
+pub(crate) fn run(
+    spec: &JailSpec,
+    pid: Pid,
+    cgroup: &SandboxCgroup,
+    ends: ParentEnds,
+    signals: &SignalFd,
+    deadline: Instant,
+    events: &mut dyn Write,
+) -> io::Result<Relayed> {
+    let mut relay = Relay::new(spec, ends);
+    let (mut timed_out, mut cancelled) = (false, false);
+    let mut init_status = None;
+    let kill_jail = || {
+        let _ = kill(pid, Signal::SIGKILL);
+        cgroup.kill_all();
+    };
+    while relay.open() {
+        let now = Instant::now();
+        if !timed_out && now >= deadline {
+            timed_out = true;
+            kill_jail();
+        }
+        let wait = match timed_out {
+            true => PollTimeout::from(100u16),
+            false => PollTimeout::try_from(deadline - now).unwrap_or(PollTimeout::MAX),
+        };
+        if relay.poll_once(events, signals.as_fd(), wait)? {
+            match take_signals(signals) {
+                SignalAction::None => {}
+                // Interactive ^C: let the program see it.
+                SignalAction::Interrupt => {
+                    let _ = kill(pid, Signal::SIGINT);
+                }
+                SignalAction::Stop => {
+                    cancelled = true;
+                    kill_jail();
+                }
+            }
+        }
+        if init_status.is_none() && relay.status.is_none() {
+            // init closed its status pipe: it has exited (or is exiting).
+            init_status = waitpid(pid, None).ok();
+            relay.start_drain();
+        }
+    }
+    if init_status.is_none() {
+        init_status = waitpid(pid, None).ok();
+    }
+    Ok(Relayed {
+        timed_out,
+        cancelled,
+        init_status,
+        messages: relay.messages(),
+        truncated: relay.truncated,
+    })
+}
+
+enum SignalAction {
+    None,
+    Interrupt,
+    Stop,
+}
+
+/// Read every pending signal: SIGINT is passed on, SIGTERM/SIGHUP stop the
+/// run (the strongest one seen wins); SIGCHLD only wakes us.
+fn take_signals(signals: &SignalFd) -> SignalAction {
+    let mut action = SignalAction::None;
+    while let Ok(Some(info)) = signals.read_signal() {
+        let sig = info.ssi_signo as i32;
+        if sig == Signal::SIGINT as i32 {
+            if matches!(action, SignalAction::None) {
+                action = SignalAction::Interrupt;
+            }
+        } else if sig != Signal::SIGCHLD as i32 {
+            action = SignalAction::Stop;
+        }
+    }
+    action
+}
+
+/// Moves bytes between the jail's pipes and the event stream.
+struct Relay {
+    stdin: Option<File>,
+    stdin_data: Vec<u8>,
+    stdin_pos: usize,
+    outs: [Option<File>; 2],
+    status: Option<File>,
+    status_buf: Vec<u8>,
+    sent: [u64; 2],
+    cap: u64,
+    truncated: [bool; 2],
+    drain_deadline: Option<Instant>,
+}
+
+/// Which descriptor a poll slot stands for.
+#[derive(Clone, Copy)]
+enum Slot {
+    Signals,
+    Status,
+    Output(usize),
+    Stdin,
+}
+
+impl Relay {
+    fn new(spec: &JailSpec, ends: ParentEnds) -> Relay {
+        let stdin = (!spec.stdin.is_empty()).then(|| {
+            let _ = nix::fcntl::fcntl(
+                &ends.stdin_write,
+                nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK),
+            );
+            File::from(ends.stdin_write)
+        });
+        Relay {
+            stdin,
+            stdin_data: spec.stdin.clone(),
+            stdin_pos: 0,
+            outs: [
+                Some(File::from(ends.stdout_read)),
+                Some(File::from(ends.stderr_read)),
+            ],
+            status: Some(File::from(ends.status_read)),
+            status_buf: Vec::new(),
+            sent: [0, 0],
+            cap: spec.limits.max_output_bytes,
+            truncated: [false, false],
+            drain_deadline: None,
+        }
+    }
+
+    fn open(&self) -> bool {
+        if self.drain_deadline.is_some_and(|d| Instant::now() >= d) {
+            return false;
+        }
+        self.outs.iter().any(Option::is_some) || self.status.is_some()
+    }
+
+    /// After init is gone the namespace is being torn down; whatever still
+    /// holds the output pipes dies with it, so EOF comes soon. Bound it anyway.
+    fn start_drain(&mut self) {
+        self.drain_deadline = Some(Instant::now() + DRAIN);
+        self.stdin = None;
+    }
+
+    /// One poll round. Returns true if the signalfd is readable.
+    fn poll_once(
+        &mut self,
+        events: &mut dyn Write,
+        signals: BorrowedFd<'_>,
+        wait: PollTimeout,
+    ) -> io::Result<bool> {
+        let ready = self.poll_ready(signals, wait)?;
+        let mut signal = false;
+        for slot in ready {
+            match slot {
+                Slot::Signals => signal = true,
+                Slot::Status => self.read_status(),
+                Slot::Output(i) => self.read_output(i, events)?,
+                Slot::Stdin => self.write_stdin(),
+            }
+        }
+        Ok(signal)
+    }
+
+    /// The slots with something to do after waiting at most `wait`.
+    fn poll_ready(&self, signals: BorrowedFd<'_>, wait: PollTimeout) -> io::Result<Vec<Slot>> {
+        let mut fds = vec![PollFd::new(signals, PollFlags::POLLIN)];
+        let mut slots = vec![Slot::Signals];
+        if let Some(f) = &self.status {
+            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
+            slots.push(Slot::Status);
+        }
+        for (i, o) in self.outs.iter().enumerate() {
+            if let Some(f) = o {
+                fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
+                slots.push(Slot::Output(i));
+            }
+        }
+        if let Some(f) = &self.stdin {
+            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLOUT));
+            slots.push(Slot::Stdin);
+        }
+        let wait = match self.drain_deadline {
+            Some(_) => PollTimeout::from(50u16),
+            None => wait,
+        };
+        match poll(&mut fds, wait) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(fds
+            .iter()
+            .zip(slots)
+            .filter(|(f, _)| f.revents().is_some_and(|r| !r.is_empty()))
+            .map(|(_, s)| s)
+            .collect())
+    }
+
+    fn read_status(&mut self) {
+        let mut buf = [0u8; 4096];
+        let Some(f) = self.status.as_mut() else {
+            return;
+        };
+        match f.read(&mut buf) {
+            Ok(0) | Err(_) => self.status = None,
+            Ok(n) => self.status_buf.extend_from_slice(&buf[..n]),
+        }
+    }
+
+    fn read_output(&mut self, i: usize, events: &mut dyn Write) -> io::Result<()> {
+        let mut buf = vec![0u8; CHUNK];
+        let Some(f) = self.outs[i].as_mut() else {
+            return Ok(());
+        };
+        let n = match f.read(&mut buf) {
+            Ok(0) | Err(_) => {
+                self.outs[i] = None;
+                return Ok(());
+            }
+            Ok(n) => n,
+        };
+        let room = self.cap.saturating_sub(self.sent[i]) as usize;
+        if n > room {
+            self.truncated[i] = true;
+        }
+        let take = n.min(room);
+        if take > 0 {
+            self.sent[i] += take as u64;
+            let stream = [Stream::Stdout, Stream::Stderr][i];
+            events::write_output(events, stream, &buf[..take])?;
+        }
+        // Past the cap we keep reading and discarding, so the program is not
+        // blocked on a full pipe; the timeout bounds how long that goes on.
+        Ok(())
+    }
+
+    fn write_stdin(&mut self) {
+        let Some(f) = self.stdin.as_mut() else { return };
+        match f.write(&self.stdin_data[self.stdin_pos..]) {
+            Ok(n) => {
+                self.stdin_pos += n;
+                if self.stdin_pos >= self.stdin_data.len() {
+                    self.stdin = None;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => self.stdin = None,
+        }
+    }
+
+    fn messages(&self) -> Vec<ChildMessage> {
+        self.status_buf
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .filter_map(|l| serde_json::from_slice(l).ok())
+            .collect()
+    }
+}
