@@ -504,20 +504,19 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_jailer_that_dies_without_a_result_is_a_refusal_that_says_why() {
+    /// Run print(1) with a fake jailer whose script is `body`; its failure.
+    async fn failure_with_fake_jailer(body: &str) -> JailFailure {
         require_root();
         let dir = tempfile::tempdir().unwrap();
-        let jailer = fake_jailer(
-            dir.path(),
-            "cat >/dev/null; echo 'no cgroup here' >&2; exit 3",
-        );
+        let jailer = fake_jailer(dir.path(), body);
         let b = Backend::new(with_jailer(jailer), true, JAILER_MARGIN, KILL_AFTER);
-        let r = b
-            .run(print1(), |_| {}, CancellationToken::new())
-            .await
-            .unwrap();
-        let e = r.error.expect("an error");
+        let r = b.run(print1(), |_| {}, CancellationToken::new()).await;
+        r.unwrap().error.expect("an error")
+    }
+
+    #[tokio::test]
+    async fn a_jailer_that_dies_without_a_result_is_a_refusal_that_says_why() {
+        let e = failure_with_fake_jailer("cat >/dev/null; echo 'no cgroup here' >&2; exit 3").await;
         assert_eq!(e.code, FailureCode::JailerFailed, "{e:?}");
         assert!(e.message.contains("exit status: 3"), "{e:?}");
         assert!(e.message.contains("no cgroup here"), "{e:?}");
@@ -525,15 +524,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_corrupt_event_stream_is_a_refusal() {
-        require_root();
-        let dir = tempfile::tempdir().unwrap();
-        let jailer = fake_jailer(dir.path(), "cat >/dev/null; printf 'garbage'");
-        let b = Backend::new(with_jailer(jailer), true, JAILER_MARGIN, KILL_AFTER);
-        let r = b
-            .run(print1(), |_| {}, CancellationToken::new())
-            .await
-            .unwrap();
-        let e = r.error.expect("an error");
+        let e = failure_with_fake_jailer("cat >/dev/null; printf 'garbage'").await;
         assert_eq!(e.code, FailureCode::JailerFailed, "{e:?}");
         assert!(e.message.contains("event stream is corrupt"), "{e:?}");
     }

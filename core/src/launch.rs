@@ -272,29 +272,23 @@ pub enum JailerStderr {
     Capture,
 }
 
-/// A started jailer (blocking flavour). Dropping it releases the uid: the
-/// caller does so only after the jailer has exited.
+/// A started jailer. Dropping it releases the uid: the caller does so only
+/// after the jailer has exited.
 #[derive(Debug)]
-pub struct Launched {
+pub struct Started<Child, Events> {
     pub run_id: String,
     pub policy: String,
     pub limits: LimitsReport,
-    pub child: std::process::Child,
+    pub child: Child,
     /// The jailer's event stream.
-    pub events: std::process::ChildStdout,
+    pub events: Events,
     pub lease: UidLease,
 }
 
-/// A started jailer (tokio flavour); see [`Launched`].
-#[derive(Debug)]
-pub struct LaunchedAsync {
-    pub run_id: String,
-    pub policy: String,
-    pub limits: LimitsReport,
-    pub child: tokio::process::Child,
-    pub events: tokio::process::ChildStdout,
-    pub lease: UidLease,
-}
+/// A started jailer, for a blocking caller.
+pub type Launched = Started<std::process::Child, std::process::ChildStdout>;
+/// A started jailer, for a tokio caller.
+pub type LaunchedAsync = Started<tokio::process::Child, tokio::process::ChildStdout>;
 
 impl Prepared {
     pub fn spec(&self) -> &JailSpec {
@@ -370,14 +364,18 @@ impl Prepared {
             return Err(self.spec_not_taken(e));
         }
         drop(stdin);
-        Ok(Launched {
+        Ok(self.started(child, events))
+    }
+
+    fn started<C, E>(self, child: C, events: E) -> Started<C, E> {
+        Started {
             run_id: self.run_id,
             policy: self.policy,
             limits: self.limits,
             child,
             events,
             lease: self.lease,
-        })
+        }
     }
 
     /// [`Prepared::spawn`] for a tokio caller. Call it from a runtime worker
@@ -397,14 +395,7 @@ impl Prepared {
             return Err(self.spec_not_taken(e));
         }
         drop(stdin);
-        Ok(LaunchedAsync {
-            run_id: self.run_id,
-            policy: self.policy,
-            limits: self.limits,
-            child,
-            events,
-            lease: self.lease,
-        })
+        Ok(self.started(child, events))
     }
 }
 

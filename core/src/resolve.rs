@@ -198,35 +198,54 @@ pub struct Resolved {
     pub limits: Limits,
 }
 
-pub fn resolve(policy: &Policy, req: &RunRequest) -> Result<Resolved, ResolveError> {
-    if req.code.len() > MAX_CODE_BYTES {
-        return Err(ResolveError::BadRequest {
-            field: "code",
-            problem: format!(
-                "{} bytes is more than the {} MiB allowed",
-                req.code.len(),
-                MAX_CODE_BYTES >> 20
-            ),
-        });
+fn bad_request(field: &'static str, problem: impl Into<String>) -> ResolveError {
+    ResolveError::BadRequest {
+        field,
+        problem: problem.into(),
     }
-    let stdin = req
-        .stdin_bytes()
-        .map_err(|problem| ResolveError::BadRequest {
-            field: "stdin",
-            problem,
-        })?;
+}
+
+/// The request's stdin, after checking the sizes and arguments it carries.
+fn checked_input(req: &RunRequest) -> Result<Vec<u8>, ResolveError> {
+    let max_mib = MAX_CODE_BYTES >> 20;
+    if req.code.len() > MAX_CODE_BYTES {
+        let n = req.code.len();
+        return Err(bad_request(
+            "code",
+            format!("{n} bytes is more than the {max_mib} MiB allowed"),
+        ));
+    }
+    let stdin = req.stdin_bytes().map_err(|p| bad_request("stdin", p))?;
     if stdin.len() > MAX_CODE_BYTES {
-        return Err(ResolveError::BadRequest {
-            field: "stdin",
-            problem: format!("more than the {} MiB allowed", MAX_CODE_BYTES >> 20),
-        });
+        return Err(bad_request(
+            "stdin",
+            format!("more than the {max_mib} MiB allowed"),
+        ));
     }
     if req.args.iter().any(|a| a.contains('\0')) {
-        return Err(ResolveError::BadRequest {
-            field: "args",
-            problem: "an argument contains a NUL byte".into(),
-        });
+        return Err(bad_request("args", "an argument contains a NUL byte"));
     }
+    Ok(stdin)
+}
+
+/// The limits in the jailer's units.
+fn jail_limits(l: &Limits) -> JailLimits {
+    JailLimits {
+        wall_timeout_ms: l.wall_timeout.as_millis().max(1) as u64,
+        cpu_time_s: l.cpu_time.as_secs_f64().ceil().max(1.0) as u64,
+        memory_bytes: l.memory,
+        pids: l.pids,
+        cpu_millicores: (l.cpus * 1000.0).round().max(1.0) as u32,
+        open_files: l.open_files,
+        file_size_bytes: l.file_size,
+        workspace_size_bytes: l.workspace_size,
+        tmp_size_bytes: l.tmp_size,
+        max_output_bytes: l.max_output,
+    }
+}
+
+pub fn resolve(policy: &Policy, req: &RunRequest) -> Result<Resolved, ResolveError> {
+    let stdin = checked_input(req)?;
     let limits = effective_limits(policy, &req.limits)?;
     let mut mounts: Vec<BindMount> = policy
         .mounts
@@ -241,6 +260,7 @@ pub fn resolve(policy: &Policy, req: &RunRequest) -> Result<Resolved, ResolveErr
     // -s: no user site-packages (HOME is the workspace; nothing to find there).
     let mut argv = vec![python, "-s".to_string(), format!("{WORKSPACE}/{name}")];
     argv.extend(req.args.iter().cloned());
+    let l = &policy.landlock;
     let spec = JailSpec {
         run_id: String::new(),
         sandbox_uid: 0,
@@ -257,23 +277,12 @@ pub fn resolve(policy: &Policy, req: &RunRequest) -> Result<Resolved, ResolveErr
         }],
         stdin,
         mounts,
-        limits: JailLimits {
-            wall_timeout_ms: limits.wall_timeout.as_millis().max(1) as u64,
-            cpu_time_s: limits.cpu_time.as_secs_f64().ceil().max(1.0) as u64,
-            memory_bytes: limits.memory,
-            pids: limits.pids,
-            cpu_millicores: (limits.cpus * 1000.0).round().max(1.0) as u32,
-            open_files: limits.open_files,
-            file_size_bytes: limits.file_size,
-            workspace_size_bytes: limits.workspace_size,
-            tmp_size_bytes: limits.tmp_size,
-            max_output_bytes: limits.max_output,
-        },
+        limits: jail_limits(&limits),
         landlock: LandlockSpec {
-            min_abi: policy.landlock.min_abi,
-            read_exec: policy.landlock.read_exec.clone(),
-            read_only: policy.landlock.read_only.clone(),
-            read_write: policy.landlock.read_write.clone(),
+            min_abi: l.min_abi,
+            read_exec: l.read_exec.clone(),
+            read_only: l.read_only.clone(),
+            read_write: l.read_write.clone(),
         },
         seccomp_profile: policy.seccomp_profile.clone(),
         cgroup: CgroupSpec {

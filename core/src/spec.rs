@@ -149,7 +149,23 @@ pub fn is_plain_relative_path(p: &str) -> bool {
 }
 
 impl JailSpec {
+    /// Check every field a jailer relies on; the first problem is the error.
     pub fn validate(&self) -> Result<(), SpecError> {
+        self.validate_identity()?;
+        self.validate_program()?;
+        self.validate_mounts()?;
+        self.limits.validate()?;
+        self.landlock.validate()?;
+        if !is_plain_relative_path(&self.cgroup.parent) {
+            return Err(bad(
+                "cgroup.parent",
+                "must be a relative path of plain names (letters, digits, - _ .) separated by /",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_identity(&self) -> Result<(), SpecError> {
         let id_ok = self.run_id.len() <= 40
             && self.run_id.starts_with("r-")
             && self.run_id.len() > 2
@@ -165,6 +181,11 @@ impl JailSpec {
         if self.sandbox_uid == u32::MAX || self.sandbox_gid == u32::MAX {
             return Err(bad("sandbox_uid", "(uid_t)-1 is not a valid id"));
         }
+        Ok(())
+    }
+
+    /// argv, environment and workspace files.
+    fn validate_program(&self) -> Result<(), SpecError> {
         match self.argv.first() {
             Some(a0) if is_clean_absolute(Path::new(a0)) => {}
             _ => return Err(bad("argv", "argv[0] must be an absolute in-jail path")),
@@ -185,18 +206,15 @@ impl JailSpec {
             }
         }
         for f in &self.files {
-            if f.name.is_empty()
-                || f.name.contains('/')
-                || f.name.contains('\0')
-                || f.name == "."
-                || f.name == ".."
-            {
-                return Err(bad(
-                    "files",
-                    format!("{:?} is not a plain file name", f.name),
-                ));
+            let n = f.name.as_str();
+            if n.is_empty() || n.contains('/') || n.contains('\0') || n == "." || n == ".." {
+                return Err(bad("files", format!("{n:?} is not a plain file name")));
             }
         }
+        Ok(())
+    }
+
+    fn validate_mounts(&self) -> Result<(), SpecError> {
         for m in &self.mounts {
             if !is_clean_absolute(&m.source) || !is_clean_absolute(&m.target) {
                 return Err(bad(
@@ -217,30 +235,40 @@ impl JailSpec {
                 ));
             }
         }
-        let l = &self.limits;
-        if l.wall_timeout_ms == 0
-            || l.memory_bytes < (16 << 20)
-            || l.pids == 0
-            || l.cpu_millicores == 0
+        Ok(())
+    }
+}
+
+impl JailLimits {
+    fn validate(&self) -> Result<(), SpecError> {
+        if self.wall_timeout_ms == 0
+            || self.memory_bytes < (16 << 20)
+            || self.pids == 0
+            || self.cpu_millicores == 0
         {
             return Err(bad(
                 "limits",
                 "timeout, memory (>= 16MiB), pids and cpus must be positive",
             ));
         }
-        if l.workspace_size_bytes < 4096 || l.tmp_size_bytes < 4096 || l.open_files < 16 {
+        if self.workspace_size_bytes < 4096 || self.tmp_size_bytes < 4096 || self.open_files < 16 {
             return Err(bad(
                 "limits",
                 "workspace/tmp sizes and open_files are too small",
             ));
         }
-        for p in self
-            .landlock
+        Ok(())
+    }
+}
+
+impl LandlockSpec {
+    fn validate(&self) -> Result<(), SpecError> {
+        let all = self
             .read_exec
             .iter()
-            .chain(&self.landlock.read_only)
-            .chain(&self.landlock.read_write)
-        {
+            .chain(&self.read_only)
+            .chain(&self.read_write);
+        for p in all {
             if !is_clean_absolute(p) {
                 return Err(bad(
                     "landlock",
@@ -248,7 +276,7 @@ impl JailSpec {
                 ));
             }
         }
-        for p in &self.landlock.read_write {
+        for p in &self.read_write {
             if !(p.starts_with(WORKSPACE) || p.starts_with("/tmp")) {
                 return Err(bad(
                     "landlock.read_write",
@@ -256,19 +284,26 @@ impl JailSpec {
                 ));
             }
         }
-        if !is_plain_relative_path(&self.cgroup.parent) {
-            return Err(bad(
-                "cgroup.parent",
-                "must be a relative path of plain names (letters, digits, - _ .) separated by /",
-            ));
-        }
         Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::is_plain_relative_path;
+    use super::{is_plain_relative_path, new_run_id};
+
+    #[test]
+    fn run_ids_are_what_the_jailer_accepts_and_distinct() {
+        let (a, b) = (new_run_id(), new_run_id());
+        assert_ne!(a, b);
+        for id in [a, b] {
+            assert_eq!(id.len(), 18, "{id}");
+            assert!(id.starts_with("r-"));
+            assert!(id[2..]
+                .bytes()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
+        }
+    }
 
     #[test]
     fn cgroup_parents_are_plain_relative_paths() {

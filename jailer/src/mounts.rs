@@ -166,42 +166,53 @@ fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), MountError>
 /// Step 2 (as the jail uid, which owns everything created here): build the
 /// root under the staging directory.
 pub fn build_root(sources: PreparedSources, layout: &RootfsLayout<'_>) -> Result<(), MountError> {
-    let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     tmpfs(
         Path::new(STAGING),
-        nosuid_nodev,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         "size=1m,nr_inodes=1024,mode=0755",
     )?;
-
     for p in sources.binds {
-        match p {
-            Prepared::Symlink { target, link } => {
-                let at = staged(&target);
+        attach_bind(p)?;
+    }
+    mount_proc()?;
+    let dev = build_dev(sources.devices)?;
+    mount_tmp(&dev, layout.tmp_size)?;
+    mount_workspace(layout)?;
+    write_etc(layout.hostname)
+}
+
+/// A prepared bind at its target: a symlink recreated, or a tree attached.
+fn attach_bind(p: Prepared) -> Result<(), MountError> {
+    match p {
+        Prepared::Symlink { target, link } => {
+            let at = staged(&target);
+            if let Some(parent) = at.parent() {
+                mkdir_p(parent)?;
+            }
+            std::os::unix::fs::symlink(&link, &at).map_err(err(format!(
+                "symlink {} -> {}",
+                at.display(),
+                link.display()
+            )))
+        }
+        Prepared::Tree { fd, target, is_dir } => {
+            let at = staged(&target);
+            if is_dir {
+                mkdir_p(&at)?;
+            } else {
                 if let Some(parent) = at.parent() {
                     mkdir_p(parent)?;
                 }
-                std::os::unix::fs::symlink(&link, &at).map_err(err(format!(
-                    "symlink {} -> {}",
-                    at.display(),
-                    link.display()
-                )))?;
+                write_file(&at, b"", 0o644)?;
             }
-            Prepared::Tree { fd, target, is_dir } => {
-                let at = staged(&target);
-                if is_dir {
-                    mkdir_p(&at)?;
-                } else {
-                    if let Some(parent) = at.parent() {
-                        mkdir_p(parent)?;
-                    }
-                    write_file(&at, b"", 0o644)?;
-                }
-                syscall::move_mount_to(&fd, &at)
-                    .map_err(err(format!("attaching bind at {}", target.display())))?;
-            }
+            syscall::move_mount_to(&fd, &at)
+                .map_err(err(format!("attaching bind at {}", target.display())))
         }
     }
+}
 
+/// A fresh /proc of the jail's own pid namespace.
+fn mount_proc() -> Result<(), MountError> {
     let proc_dir = staged(Path::new("/proc"));
     mkdir_p(&proc_dir)?;
     mount(
@@ -211,8 +222,12 @@ pub fn build_root(sources: PreparedSources, layout: &RootfsLayout<'_>) -> Result
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None::<&str>,
     )
-    .map_err(nix_err("mounting a fresh /proc"))?;
+    .map_err(nix_err("mounting a fresh /proc"))
+}
 
+/// A minimal /dev: the cloned device nodes, the fd links, a /dev/shm mount
+/// point. Returns its staged path.
+fn build_dev(devices: Vec<(String, OwnedFd)>) -> Result<PathBuf, MountError> {
     let dev = staged(Path::new("/dev"));
     mkdir_p(&dev)?;
     tmpfs(
@@ -220,7 +235,7 @@ pub fn build_root(sources: PreparedSources, layout: &RootfsLayout<'_>) -> Result
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
         "size=64k,nr_inodes=64,mode=0755",
     )?;
-    for (name, fd) in sources.devices {
+    for (name, fd) in devices {
         let at = dev.join(&name);
         write_file(&at, b"", 0o666)?;
         syscall::move_mount_to(&fd, &at).map_err(err(format!("attaching /dev/{name}")))?;
@@ -235,16 +250,19 @@ pub fn build_root(sources: PreparedSources, layout: &RootfsLayout<'_>) -> Result
             .map_err(err(format!("symlink /dev/{link}")))?;
     }
     mkdir_p(&dev.join("shm"))?;
+    Ok(dev)
+}
 
+/// The size-limited /tmp, also bound at /dev/shm (POSIX semaphores for
+/// multiprocessing), so the two share /tmp's size limit.
+fn mount_tmp(dev: &Path, size: u64) -> Result<(), MountError> {
     let tmp = staged(Path::new("/tmp"));
     mkdir_p(&tmp)?;
     tmpfs(
         &tmp,
-        nosuid_nodev,
-        &format!("size={},mode=1777", layout.tmp_size),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        &format!("size={size},mode=1777"),
     )?;
-    // /dev/shm is the same tmpfs (POSIX semaphores for multiprocessing), so it
-    // shares /tmp's size limit.
     mount(
         Some(&tmp),
         &dev.join("shm"),
@@ -252,43 +270,47 @@ pub fn build_root(sources: PreparedSources, layout: &RootfsLayout<'_>) -> Result
         MsFlags::MS_BIND,
         None::<&str>,
     )
-    .map_err(nix_err("binding /tmp at /dev/shm"))?;
+    .map_err(nix_err("binding /tmp at /dev/shm"))
+}
 
+/// The size-limited /workspace with the code's files in it.
+fn mount_workspace(layout: &RootfsLayout<'_>) -> Result<(), MountError> {
     let ws = staged(Path::new(WORKSPACE));
     mkdir_p(&ws)?;
     tmpfs(
         &ws,
-        nosuid_nodev,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         &format!("size={},mode=0755", layout.workspace_size),
     )?;
     for f in layout.files {
         write_file(&ws.join(&f.name), f.contents.as_bytes(), 0o644)?;
     }
+    Ok(())
+}
 
+/// A synthetic /etc: the jail's own users, groups, hosts and hostname.
+fn write_etc(hostname: &str) -> Result<(), MountError> {
     let etc = staged(Path::new("/etc"));
     mkdir_p(&etc)?;
     let passwd = format!("root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{JAIL_UID}:{JAIL_GID}:pycell sandbox:{WORKSPACE}:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
     let group = format!("root:x:0:\nsandbox:x:{JAIL_GID}:\nnogroup:x:65534:\n");
-    let hosts = format!(
-        "127.0.0.1\tlocalhost {h}\n::1\tlocalhost ip6-localhost {h}\n",
-        h = layout.hostname
-    );
-    write_file(&etc.join("passwd"), passwd.as_bytes(), 0o644)?;
-    write_file(&etc.join("group"), group.as_bytes(), 0o644)?;
-    write_file(&etc.join("hosts"), hosts.as_bytes(), 0o644)?;
-    write_file(
-        &etc.join("hostname"),
-        format!("{}\n", layout.hostname).as_bytes(),
-        0o644,
-    )?;
-    write_file(
-        &etc.join("nsswitch.conf"),
-        b"passwd: files\ngroup: files\nhosts: files\n",
-        0o644,
-    )?;
+    let hosts =
+        format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost {hostname}\n");
+    let files: [(&str, &[u8]); 5] = [
+        ("passwd", passwd.as_bytes()),
+        ("group", group.as_bytes()),
+        ("hosts", hosts.as_bytes()),
+        ("hostname", &format!("{hostname}\n").into_bytes()),
+        (
+            "nsswitch.conf",
+            b"passwd: files\ngroup: files\nhosts: files\n",
+        ),
+    ];
+    for (name, contents) in files {
+        write_file(&etc.join(name), contents, 0o644)?;
+    }
     std::os::unix::fs::symlink("/usr/share/zoneinfo/UTC", etc.join("localtime"))
-        .map_err(err("symlink /etc/localtime"))?;
-    Ok(())
+        .map_err(err("symlink /etc/localtime"))
 }
 
 /// Step 3: make the staging directory the root, detach the old root, and make
