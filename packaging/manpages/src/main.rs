@@ -158,8 +158,8 @@ fn daemon_sections() -> Roff {
         &mut r,
         "/usr/libexec/pycell/pycell-jailer",
         vec![roman(
-            "The helper that builds each jail; only the monitor starts it \
-             (the environment variable PYCELL_JAILER overrides the path).",
+            "The helper that builds each jail; pycelld's monitor starts one \
+             per run (the environment variable PYCELL_JAILER overrides the path).",
         )],
     );
 
