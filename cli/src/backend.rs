@@ -36,16 +36,14 @@ use pycell_core::codes::{FailureCode, Layer};
 use pycell_core::events::{read_event_async, Stream};
 pub use pycell_core::launch::RequestError;
 use pycell_core::launch::{
-    Collector, JailerEnd, JailerStderr, LaunchError, LaunchedAsync, Launcher, PolicyChoice,
-    Prepared,
+    append_capped, Collector, JailerEnd, JailerStderr, LaunchError, LaunchedAsync, Launcher,
+    PolicyChoice, Prepared, JAILER_STDERR_CAP,
 };
 use pycell_core::protocol::{ErrorCode, RunRequest};
 use pycell_core::report::JailFailure;
 use pycell_core::result::RunResult;
 use pycell_core::uidalloc::UidLease;
 
-/// How much of the jailer's own stderr is kept for an error message.
-const JAILER_STDERR_CAP: usize = 16 * 1024;
 /// Sandboxes one server runs at once; further calls wait for a slot. Each
 /// sandbox is bounded by its policy, but a client firing calls in parallel
 /// must not multiply that without limit (the daemon has its own quotas).
@@ -460,8 +458,7 @@ async fn read_capped(mut r: impl AsyncRead + Unpin, cap: usize) -> Vec<u8> {
         match r.read(&mut chunk).await {
             Ok(0) | Err(_) => return kept,
             Ok(n) => {
-                let room = cap.saturating_sub(kept.len());
-                kept.extend_from_slice(&chunk[..n.min(room)]);
+                append_capped(&mut kept, &chunk[..n], cap);
             }
         }
     }

@@ -16,7 +16,8 @@ use pycell_core::client::{daemon_socket, ClientError, DaemonClient};
 use pycell_core::codes::{FailureCode, Layer};
 use pycell_core::events::{read_event, Stream};
 use pycell_core::launch::{
-    Collector, JailerEnd, JailerStderr, LaunchError, Launched, Launcher, PolicyChoice,
+    append_capped, Collector, JailerEnd, JailerStderr, LaunchError, Launched, Launcher,
+    PolicyChoice, Prepared, JAILER_STDERR_CAP,
 };
 use pycell_core::protocol::{LimitOverrides, RunRequest};
 use pycell_core::report::{JailFailure, RunStatus};
@@ -101,11 +102,9 @@ fn request_failure(message: String) -> JailFailure {
     JailFailure::new(FailureCode::InvalidRequest, Layer::Request, message)
 }
 
-/// The policy and request for an embedded run, or why there is none.
-fn load(
-    launcher: &Launcher,
-    args: &RunArgs,
-) -> Result<(pycell_policy::Policy, RunRequest), JailFailure> {
+/// An embedded run, prepared (policy, request, uid lease, spec), or why not.
+fn prepare_embedded(args: &RunArgs) -> Result<Prepared, JailFailure> {
+    let launcher = Launcher::embedded_from_env()?;
     let policy = launcher
         .load_policy(PolicyChoice::from_arg(&args.policy))
         .map_err(|e| match e {
@@ -117,17 +116,13 @@ fn load(
             e => e.failure(),
         })?;
     let req = request(args).map_err(request_failure)?;
-    Ok((policy, req))
+    launcher.prepare(&policy, &req).map_err(|e| e.failure())
 }
 
 /// `pycell debug spec`: the spec the jailer would get (with a uid lease
 /// taken and given back, so it needs root like a run).
 pub fn print_spec(args: &RunArgs) -> i32 {
-    let prepared = Launcher::embedded_from_env().and_then(|l| {
-        let (policy, req) = load(&l, args)?;
-        l.prepare(&policy, &req).map_err(|e| e.failure())
-    });
-    match prepared {
+    match prepare_embedded(args) {
         Ok(p) => {
             println!(
                 "{}",
@@ -204,12 +199,7 @@ fn show(stream: Stream, bytes: &[u8]) {
 /// An embedded run: launched through pycell-jailer, which this process
 /// supervises until it ends.
 fn run_embedded(args: &RunArgs) -> RunResult {
-    let launched = Launcher::embedded_from_env().and_then(|l| {
-        let (policy, req) = load(&l, args)?;
-        let prepared = l.prepare(&policy, &req).map_err(|e| e.failure())?;
-        Ok(prepared)
-    });
-    let prepared = match launched {
+    let prepared = match prepare_embedded(args) {
         Ok(p) => p,
         Err(f) => return refused(&args.policy, f),
     };
@@ -286,13 +276,11 @@ fn supervise(mut l: Launched, signals: &SignalFd, stream: bool) -> RunResult {
     collector.finish(JailerEnd::Exited { status, stderr })
 }
 
-/// The first 16 KiB of `r`, read to its end.
+/// The first [`JAILER_STDERR_CAP`] bytes of `r`, read to its end.
 fn read_capped(mut r: impl Read) -> Vec<u8> {
-    const CAP: usize = 16 * 1024;
     let (mut kept, mut chunk) = (Vec::new(), [0u8; 4096]);
     while let Ok(n @ 1..) = r.read(&mut chunk) {
-        let room = CAP.saturating_sub(kept.len());
-        kept.extend_from_slice(&chunk[..n.min(room)]);
+        append_capped(&mut kept, &chunk[..n], JAILER_STDERR_CAP);
     }
     kept
 }

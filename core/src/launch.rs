@@ -33,6 +33,17 @@ use crate::uidalloc::{self, UidLease};
 pub const UID_LOCK_DIR: &str = "/run/pycell/uids";
 /// Where the Debian package installs the jailer.
 pub const INSTALLED_JAILER: &str = "/usr/libexec/pycell/pycell-jailer";
+/// How much of the jailer's own stderr (with [`JailerStderr::Capture`]) is
+/// kept for an error message.
+pub const JAILER_STDERR_CAP: usize = 16 * 1024;
+
+/// Append as much of `bytes` to `buf` as fits under `cap`; true if some of
+/// it did not fit.
+pub fn append_capped(buf: &mut Vec<u8>, bytes: &[u8], cap: usize) -> bool {
+    let room = cap.saturating_sub(buf.len());
+    buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    bytes.len() > room
+}
 
 /// A request that cannot be run as asked: the caller can fix it (as opposed
 /// to a refusal, which is the host's or the operator's problem).
@@ -454,14 +465,9 @@ impl Collector {
             Event::Output(s, b) => (s, b),
         };
         let i = stream as usize;
-        let buf = &mut self.output[i];
-        let room = self.cap.saturating_sub(buf.len());
-        if bytes.len() > room {
-            self.truncated[i] = true;
-        }
-        let start = buf.len();
-        buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
-        (buf.len() > start).then(|| (stream, &self.output[i][start..]))
+        let start = self.output[i].len();
+        self.truncated[i] |= append_capped(&mut self.output[i], &bytes, self.cap);
+        (self.output[i].len() > start).then(|| (stream, &self.output[i][start..]))
     }
 
     /// The stream could not be read further: the result will say so (and

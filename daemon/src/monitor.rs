@@ -447,9 +447,10 @@ impl Monitor {
             .load_policy(PolicyChoice::Name(request.policy_name()))
             .map_err(refusal)?;
         let prepared = self.launcher.prepare(&policy, request).map_err(refusal)?;
-        let launched = prepared
-            .spawn(JailerStderr::Inherit)
-            .map_err(|r| refusal(LaunchError::Refused(r.error.unwrap_or_else(unknown))))?;
+        let launched = prepared.spawn(JailerStderr::Inherit).map_err(|r| {
+            let message = r.error.map_or_else(String::new, |e| e.message);
+            (ErrorCode::Internal, message)
+        })?;
         let msg = ToBroker::Spawned {
             req,
             run_id: launched.run_id.clone(),
@@ -539,12 +540,4 @@ fn refusal(e: LaunchError) -> (ErrorCode, String) {
         },
     };
     (code, e.failure().message)
-}
-
-fn unknown() -> pycell_core::report::JailFailure {
-    pycell_core::report::JailFailure::new(
-        FailureCode::Internal,
-        pycell_core::codes::Layer::Jailer,
-        "the jailer did not start",
-    )
 }

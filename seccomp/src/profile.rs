@@ -117,95 +117,15 @@ impl<'a> Profile<'a> {
                 profile: name.to_owned(),
                 source,
             })?;
-        let invalid = |reason: String| SeccompError::InvalidProfile {
+        let checked = check_main(&filters).and_then(|()| {
+            filters
+                .iter()
+                .try_for_each(|(filter_name, filter)| check_filter(filter_name, filter))
+        });
+        checked.map_err(|reason| SeccompError::InvalidProfile {
             profile: name.to_owned(),
             reason,
-        };
-
-        let main = filters.get(MAIN_FILTER).ok_or_else(|| {
-            invalid(format!(
-                "it has no \"{MAIN_FILTER}\" filter (the allowlist)"
-            ))
         })?;
-        if main.match_action != SeccompAction::Allow {
-            return Err(invalid(format!(
-                "filter \"{MAIN_FILTER}\" must have match_action \"allow\" (it is the allowlist)"
-            )));
-        }
-        if !matches!(main.mismatch_action, SeccompAction::Errno(_)) {
-            return Err(invalid(format!(
-                "filter \"{MAIN_FILTER}\" must have an errno as mismatch_action; \
-                 unlisted syscalls are never allowed"
-            )));
-        }
-
-        for (filter_name, filter) in &filters {
-            let is_deny_layer = *filter_name != MAIN_FILTER;
-            if is_deny_layer
-                && (filter.mismatch_action != SeccompAction::Allow
-                    || !matches!(filter.match_action, SeccompAction::Errno(_)))
-            {
-                return Err(invalid(format!(
-                    "deny filter \"{filter_name}\" must have mismatch_action \"allow\" \
-                     and an errno as match_action"
-                )));
-            }
-            let mut unconditional = BTreeMap::new();
-            for (position, rule) in filter.rules.iter().enumerate() {
-                let at = || {
-                    format!(
-                        "filter \"{filter_name}\", rule {position} ({})",
-                        rule.syscall
-                    )
-                };
-                if rule.comment.as_deref().is_none_or(|c| c.trim().is_empty()) {
-                    return Err(invalid(format!(
-                        "{} has no comment; every rule says why it is there",
-                        at()
-                    )));
-                }
-                match &rule.args {
-                    Some(args) if args.is_empty() => {
-                        return Err(invalid(format!(
-                            "{} has an empty \"args\" list; omit \"args\" to match every call",
-                            at()
-                        )));
-                    }
-                    Some(args) => {
-                        if let Some(cond) = args
-                            .iter()
-                            .find(|c| c.comment.as_deref().is_none_or(|c| c.trim().is_empty()))
-                        {
-                            return Err(invalid(format!(
-                                "{} has a condition on argument {} without a comment; \
-                                 name the constant it compares with",
-                                at(),
-                                cond.index
-                            )));
-                        }
-                        if let Some(cond) = args.iter().find(|c| c.dword_overflows()) {
-                            return Err(invalid(format!(
-                                "{} compares argument {} as a dword with a value or mask \
-                                 wider than 32 bits, which seccompiler would truncate",
-                                at(),
-                                cond.index
-                            )));
-                        }
-                    }
-                    None => {}
-                }
-                let seen = unconditional
-                    .entry(rule.syscall)
-                    .or_insert(rule.args.is_none());
-                if *seen != rule.args.is_none() {
-                    return Err(invalid(format!(
-                        "{} mixes rules with and without \"args\" for the same syscall; \
-                         seccompiler would drop the unconditional one",
-                        at()
-                    )));
-                }
-            }
-        }
         Ok(Profile { filters })
     }
 
@@ -236,4 +156,86 @@ impl<'a> Profile<'a> {
         names.push(MAIN_FILTER);
         names
     }
+}
+
+/// `main` exists and is an allowlist: matches allow, the rest gets an errno.
+fn check_main(filters: &BTreeMap<&str, Filter<'_>>) -> Result<(), String> {
+    let main = filters
+        .get(MAIN_FILTER)
+        .ok_or_else(|| format!("it has no \"{MAIN_FILTER}\" filter (the allowlist)"))?;
+    if main.match_action != SeccompAction::Allow {
+        return Err(format!(
+            "filter \"{MAIN_FILTER}\" must have match_action \"allow\" (it is the allowlist)"
+        ));
+    }
+    if !matches!(main.mismatch_action, SeccompAction::Errno(_)) {
+        return Err(format!(
+            "filter \"{MAIN_FILTER}\" must have an errno as mismatch_action; \
+             unlisted syscalls are never allowed"
+        ));
+    }
+    Ok(())
+}
+
+/// A deny layer's actions, and every rule of any filter.
+fn check_filter(filter_name: &str, filter: &Filter<'_>) -> Result<(), String> {
+    let is_deny_layer = filter_name != MAIN_FILTER;
+    if is_deny_layer
+        && (filter.mismatch_action != SeccompAction::Allow
+            || !matches!(filter.match_action, SeccompAction::Errno(_)))
+    {
+        return Err(format!(
+            "deny filter \"{filter_name}\" must have mismatch_action \"allow\" \
+             and an errno as match_action"
+        ));
+    }
+    let mut unconditional = BTreeMap::new();
+    for (position, rule) in filter.rules.iter().enumerate() {
+        let at = format!(
+            "filter \"{filter_name}\", rule {position} ({})",
+            rule.syscall
+        );
+        check_rule(rule).map_err(|problem| format!("{at} {problem}"))?;
+        let seen = unconditional
+            .entry(rule.syscall)
+            .or_insert(rule.args.is_none());
+        if *seen != rule.args.is_none() {
+            return Err(format!(
+                "{at} mixes rules with and without \"args\" for the same syscall; \
+                 seccompiler would drop the unconditional one"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One rule: a comment, and commented conditions seccompiler can express.
+fn check_rule(rule: &Rule<'_>) -> Result<(), String> {
+    if rule.comment.as_deref().is_none_or(|c| c.trim().is_empty()) {
+        return Err("has no comment; every rule says why it is there".into());
+    }
+    let Some(args) = &rule.args else {
+        return Ok(());
+    };
+    if args.is_empty() {
+        return Err("has an empty \"args\" list; omit \"args\" to match every call".into());
+    }
+    if let Some(cond) = args
+        .iter()
+        .find(|c| c.comment.as_deref().is_none_or(|c| c.trim().is_empty()))
+    {
+        return Err(format!(
+            "has a condition on argument {} without a comment; \
+             name the constant it compares with",
+            cond.index
+        ));
+    }
+    if let Some(cond) = args.iter().find(|c| c.dword_overflows()) {
+        return Err(format!(
+            "compares argument {} as a dword with a value or mask \
+             wider than 32 bits, which seccompiler would truncate",
+            cond.index
+        ));
+    }
+    Ok(())
 }
