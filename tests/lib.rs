@@ -396,6 +396,7 @@ pub fn compact(v: &Value, max: usize) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostProc {
     pub pid: u32,
+    pub ppid: u32,
     pub name: String,
     pub uids: Vec<u32>,
 }
@@ -416,9 +417,12 @@ pub fn host_processes() -> Vec<HostProc> {
         };
         let mut name = String::new();
         let mut uids = Vec::new();
+        let mut ppid = 0;
         for line in status.lines() {
             if let Some(v) = line.strip_prefix("Name:") {
                 name = v.trim().to_string();
+            } else if let Some(v) = line.strip_prefix("PPid:") {
+                ppid = v.trim().parse().unwrap_or(0);
             } else if let Some(v) = line.strip_prefix("Uid:") {
                 uids = v
                     .split_whitespace()
@@ -426,9 +430,22 @@ pub fn host_processes() -> Vec<HostProc> {
                     .collect();
             }
         }
-        out.push(HostProc { pid, name, uids });
+        out.push(HostProc {
+            pid,
+            ppid,
+            name,
+            uids,
+        });
     }
     out
+}
+
+/// The host processes whose parent is `pid`.
+pub fn children_of(pid: u32) -> Vec<HostProc> {
+    host_processes()
+        .into_iter()
+        .filter(|p| p.ppid == pid)
+        .collect()
 }
 
 /// Host processes any of whose uids is `uid`.

@@ -174,13 +174,14 @@ impl Launcher {
             return Err(LaunchError::Refused(not_root()));
         }
         let jailer = self.jailer.clone().map_err(LaunchError::Refused)?;
-        let lease = uidalloc::allocate(&self.uid_range, &self.uid_lock_dir).map_err(|e| {
+        let mut lease = uidalloc::allocate(&self.uid_range, &self.uid_lock_dir).map_err(|e| {
             LaunchError::Refused(JailFailure::new(
                 FailureCode::UidUnavailable,
                 Layer::Uid,
                 e.to_string(),
             ))
         })?;
+        lease.release_after_cgroups(&self.cgroup_parent);
         let mut spec = resolved.spec;
         spec.run_id = new_run_id();
         spec.sandbox_uid = lease.uid;

@@ -3,7 +3,7 @@
 //! event stream ([`events`]), the client/daemon protocol ([`protocol`],
 //! [`framing`], [`client`]), the structured result ([`result`]), the
 //! resolution of a request under a policy ([`resolve`]), sandbox uid leases
-//! ([`uidalloc`]), what a host offers ([`info`]), and the one launch path
+//! ([`uidalloc`]), run cgroups ([`cgroup`]), what a host offers ([`info`]), and the one launch path
 //! every mode takes ([`launch`]): prepare → spawn `pycell-jailer` → decode
 //! its events → build the result.
 //!
@@ -14,8 +14,11 @@
 //! a jailer sees it (which validates it again). The jailer's event stream is
 //! length-checked before anything is allocated for it and output is capped
 //! again here. No `unsafe`: the one module with raw syscalls is the jailer's.
+//! The run cgroups live here, not in the jailer, so that whoever holds a
+//! sandbox uid's lease can kill and remove what a dead jailer left behind.
 #![forbid(unsafe_code)]
 
+pub mod cgroup;
 pub mod client;
 pub mod codes;
 pub mod events;

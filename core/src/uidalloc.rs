@@ -32,7 +32,28 @@ pub enum UidError {
 pub struct UidLease {
     pub uid: u32,
     pub gid: u32,
+    /// Where this uid's run cgroups live, if its release must wait for them.
+    cgroup_parent: Option<String>,
     _lock: Flock<File>,
+}
+
+impl UidLease {
+    /// Hold the uid, when this lease is dropped, until every cgroup of it
+    /// under `parent` is killed and removed: a jailer that died (SIGKILL, the
+    /// OOM killer) cannot clean up, and the uid must not pass to another run
+    /// while processes of this one may still live.
+    pub fn release_after_cgroups(&mut self, parent: &str) {
+        self.cgroup_parent = Some(parent.to_string());
+    }
+}
+
+impl Drop for UidLease {
+    fn drop(&mut self) {
+        if let Some(parent) = &self.cgroup_parent {
+            crate::cgroup::reclaim_uid(parent, self.uid);
+        }
+        // The lock is released after this, when the fields are dropped.
+    }
 }
 
 fn id_is_taken(id: u32) -> bool {
@@ -90,6 +111,7 @@ pub fn allocate(range: &RangeInclusive<u32>, lock_dir: &Path) -> Result<UidLease
         return Ok(UidLease {
             uid,
             gid: uid,
+            cgroup_parent: None,
             _lock: lock,
         });
     }

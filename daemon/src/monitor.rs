@@ -25,13 +25,13 @@ use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{Gid, Group, Pid, Uid, User};
+use pycell_core::cgroup::CgroupLayout;
 use pycell_core::codes::FailureCode;
 use pycell_core::framing;
 use pycell_core::launch::{self, JailerStderr, LaunchError, Launcher, PolicyChoice};
 use pycell_core::protocol::{ErrorCode, RunRequest};
 use pycell_core::result::LimitsReport;
 use pycell_core::uidalloc::UidLease;
-use pycell_jailer::CgroupLayout;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
@@ -94,7 +94,7 @@ pub enum MonitorError {
     #[error("starting the broker: {0}")]
     Broker(io::Error),
     #[error("{0}")]
-    Cgroup(#[from] pycell_jailer::CgroupError),
+    Cgroup(#[from] pycell_core::cgroup::CgroupError),
     #[error("{0}")]
     Jailer(String),
     #[error("{0}")]

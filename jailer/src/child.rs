@@ -124,7 +124,11 @@ impl JailSteps for RealSteps<'_> {
         let u = Uid::from_raw(JAIL_UID);
         setresgid(g, g, g).map_err(nix_step(Step::Credentials, "setresgid"))?;
         setresuid(u, u, u).map_err(nix_step(Step::Credentials, "setresuid"))?;
-        Ok(())
+        // The kernel clears the parent-death signal on a credential change:
+        // arm it again. Had the jailer died in between, the go pipe is at EOF
+        // and the wait for the cgroup, next, ends this process.
+        nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+            .map_err(nix_step(Step::Credentials, "prctl(PR_SET_PDEATHSIG)"))
     }
 
     fn build_root_and_pivot(&mut self) -> Result<(), StepError> {

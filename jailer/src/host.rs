@@ -6,7 +6,7 @@
 use pycell_core::info::LayerStatus;
 use pycell_core::report::CgroupVersion;
 
-use crate::cgroup::CgroupLayout;
+use pycell_core::cgroup::CgroupLayout;
 
 fn read_trim(path: &str) -> Option<String> {
     std::fs::read_to_string(path)

@@ -15,7 +15,6 @@
 #![deny(unsafe_code)]
 
 mod capabilities;
-mod cgroup;
 mod child;
 pub mod host;
 mod landlock_rules;
@@ -34,7 +33,6 @@ use pycell_core::events;
 use pycell_core::report::{JailFailure, JailReport};
 use pycell_core::spec::JailSpec;
 
-pub use cgroup::{CgroupError, CgroupLayout, HostPaths};
 pub use syscall::peer_groups;
 
 /// Specs carry the code; 64 MiB is far beyond any real one.

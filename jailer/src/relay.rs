@@ -17,8 +17,8 @@ use nix::unistd::Pid;
 use pycell_core::events::{self, Stream};
 use pycell_core::spec::JailSpec;
 
-use crate::cgroup::SandboxCgroup;
 use crate::child::ChildMessage;
+use pycell_core::cgroup::SandboxCgroup;
 
 const CHUNK: usize = 64 * 1024;
 /// How long output may still drain once the jail's init is gone.

@@ -20,11 +20,11 @@ use pycell_core::report::{CgroupReport, JailFailure, JailReport, Layers, Seccomp
 use pycell_core::spec::{JailSpec, JAIL_GID, JAIL_UID};
 use pycell_seccomp::CompiledFilter;
 
-use crate::cgroup::{CgroupLayout, CgroupLimits, SandboxCgroup};
 use crate::child::{child_main, ChildFds, GO_CGROUP, GO_MAPS};
 use crate::outcome::{classify, Observed};
 use crate::relay::{self, ParentEnds};
 use crate::syscall::{self, CloneResult};
+use pycell_core::cgroup::{self, CgroupLayout, CgroupLimits, SandboxCgroup};
 
 /// The namespaces every jail gets (the cgroup one is entered by the child
 /// once it has been moved into its cgroup).
@@ -111,7 +111,7 @@ fn io_failure(what: &'static str) -> impl Fn(io::Error) -> JailFailure {
     move |e| JailFailure::new(FailureCode::JailerIo, Layer::Jailer, format!("{what}: {e}"))
 }
 
-fn cgroup_failure(e: crate::cgroup::CgroupError) -> JailFailure {
+fn cgroup_failure(e: pycell_core::cgroup::CgroupError) -> JailFailure {
     JailFailure::new(FailureCode::CgroupUnavailable, Layer::Cgroup, e.to_string())
 }
 
@@ -163,25 +163,20 @@ fn block_signals() -> Result<SignalFd, JailFailure> {
         .map_err(|e| fail("signalfd", e))
 }
 
-/// The cgroup name of a run; starts with the sandbox uid so that the holder
-/// of that uid's lease can recognise leftovers of an earlier holder.
-fn cgroup_name(spec: &JailSpec) -> String {
-    format!("{}{}", cgroup_prefix(spec.sandbox_uid), spec.run_id)
-}
-
-fn cgroup_prefix(uid: u32) -> String {
-    format!("pycell-{uid}-")
-}
-
 fn create_cgroup(spec: &JailSpec, layout: &CgroupLayout) -> Result<SandboxCgroup, JailFailure> {
-    layout.remove_stale(&spec.cgroup.parent, &cgroup_prefix(spec.sandbox_uid));
+    layout.remove_stale(&spec.cgroup.parent, &cgroup::run_prefix(spec.sandbox_uid));
     let limits = CgroupLimits {
         memory_bytes: spec.limits.memory_bytes,
         pids: spec.limits.pids,
         cpu_millicores: spec.limits.cpu_millicores,
     };
-    SandboxCgroup::create(layout, &spec.cgroup.parent, &cgroup_name(spec), limits)
-        .map_err(cgroup_failure)
+    SandboxCgroup::create(
+        layout,
+        &spec.cgroup.parent,
+        &cgroup::run_name(spec.sandbox_uid, &spec.run_id),
+        limits,
+    )
+    .map_err(cgroup_failure)
 }
 
 /// A jail that has started: its init, its cgroup, our ends of its pipes.

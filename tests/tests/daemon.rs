@@ -689,3 +689,28 @@ fn cancel_kills_the_run_and_a_vanished_client_takes_its_run_along() {
         "{audit}"
     );
 }
+
+#[test]
+fn a_sigkilled_jailer_takes_its_sandbox_along_and_the_client_hears_of_it() {
+    let d = Daemon::start("");
+    let (handle, _c) = start_long_run(&d);
+    let jailers: Vec<u32> = pycell_tests::children_of(d.pid() as u32)
+        .into_iter()
+        .filter(|p| p.name == "pycell-jailer")
+        .map(|p| p.pid)
+        .collect();
+    assert_eq!(jailers.len(), 1, "one jailer under the monitor");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(jailers[0] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // The run sleeps for 60 s: gone within 5 s means the jailer's death
+    // ended it, not its timeout.
+    assert_sandbox_gone(&d, Duration::from_secs(5));
+    let r = handle.join().unwrap().unwrap();
+    let error = r.error.as_ref().map(|e| e.code.as_str()).unwrap_or("");
+    assert_eq!(error, "jailer_failed", "{r:?}");
+    // The daemon goes on serving.
+    assert!(d.client().run(request("print(1)"), |_, _| {}).is_ok());
+}

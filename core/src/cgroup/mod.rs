@@ -14,14 +14,14 @@
 //! tested on a temporary directory without root.
 
 mod files;
-pub(crate) mod layout;
-pub(crate) mod sandbox;
+pub mod layout;
+pub mod sandbox;
 
 use std::io;
 use std::path::PathBuf;
 
 pub use layout::{CgroupLayout, HostPaths};
-pub(crate) use sandbox::{CgroupLimits, SandboxCgroup};
+pub use sandbox::{CgroupLimits, SandboxCgroup};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -50,4 +50,25 @@ pub enum CgroupError {
     Read { what: String, detail: String },
     #[error("cgroup: {path} is not a subtree pycelld may manage: {detail}. On cgroup v2 pycelld needs a cgroup of its own: run it as its systemd service (Delegate=yes), or by hand with `systemd-run --scope -p Delegate=yes pycelld ...`")]
     NotDelegated { path: PathBuf, detail: String },
+}
+
+/// The prefix of every cgroup name of runs under sandbox uid `uid`: the
+/// holder of that uid's lease owns every cgroup that starts with it.
+pub fn run_prefix(uid: u32) -> String {
+    format!("pycell-{uid}-")
+}
+
+/// The cgroup name of run `run_id` under sandbox uid `uid`.
+pub fn run_name(uid: u32, run_id: &str) -> String {
+    format!("{}{run_id}", run_prefix(uid))
+}
+
+/// Kill and remove every cgroup of sandbox uid `uid` under `parent`: what a
+/// jailer that died before cleaning up left behind. Called by whoever holds
+/// the uid's lease, when a jailer starts and when its lease is released.
+/// Without a usable cgroup layout there is nothing of ours to reclaim.
+pub fn reclaim_uid(parent: &str, uid: u32) {
+    if let Ok(layout) = CgroupLayout::detect() {
+        layout.remove_stale(parent, &run_prefix(uid));
+    }
 }

@@ -4,9 +4,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::report::CgroupVersion;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use pycell_core::report::CgroupVersion;
 
 use super::files::{self, join_rel};
 use super::layout::CgroupLayout;
@@ -18,7 +18,7 @@ const V2_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 
 /// Limits applied to one sandbox cgroup.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct CgroupLimits {
+pub struct CgroupLimits {
     pub memory_bytes: u64,
     pub pids: u32,
     pub cpu_millicores: u32,
@@ -26,7 +26,7 @@ pub(crate) struct CgroupLimits {
 
 /// What the cgroup measured over a run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct CgroupUsage {
+pub struct CgroupUsage {
     pub cpu_ns: u64,
     pub peak_memory_bytes: u64,
     pub oom_kills: u64,
@@ -137,7 +137,7 @@ pub(super) fn kill_all_in(version: CgroupVersion, dir: &Path) {
 /// The cgroup(s) of one run. Dropping it kills what is left in it and
 /// removes its directories.
 #[derive(Debug)]
-pub(crate) struct SandboxCgroup {
+pub struct SandboxCgroup {
     version: CgroupVersion,
     name: String,
     memory: PathBuf,

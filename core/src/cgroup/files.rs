@@ -72,7 +72,7 @@ pub(super) fn remove_dirs(dirs: &[PathBuf]) {
         let mut delay = Duration::from_micros(200);
         for _ in 0..12 {
             match fs::remove_dir(d) {
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) => {
                     std::thread::sleep(delay);
                     delay = (delay * 2).min(Duration::from_millis(100));
                 }

@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use pycell_core::report::CgroupVersion;
+use crate::report::CgroupVersion;
 
 use super::files::{self, join_rel};
 use super::CgroupError;
