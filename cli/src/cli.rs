@@ -82,7 +82,7 @@ pub struct RunArgs {
     /// Maximum number of processes and threads.
     #[arg(long, value_name = "N")]
     pub pids: Option<u32>,
-    /// Size of the /workspace tmpfs.
+    /// Bytes the run may store in /workspace, /tmp and /dev/shm together.
     #[arg(long, value_name = "SIZE")]
     pub disk: Option<String>,
     /// Cap for each of stdout and stderr.

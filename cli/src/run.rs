@@ -64,7 +64,7 @@ fn limit_flags(args: &RunArgs) -> Result<LimitOverrides, String> {
         timeout_s,
         memory_bytes: size_flag("memory", &args.memory)?,
         pids: args.pids,
-        workspace_bytes: size_flag("disk", &args.disk)?,
+        disk_bytes: size_flag("disk", &args.disk)?,
         max_output_bytes: size_flag("max-output", &args.max_output)?,
     })
 }

@@ -26,7 +26,10 @@ pub struct LimitOverrides {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workspace_bytes: Option<u64>,
+    /// Bytes the run may store in /workspace, /tmp and /dev/shm together
+    /// (`workspace_bytes` is its old name, still accepted).
+    #[serde(alias = "workspace_bytes")]
+    pub disk_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_bytes: Option<u64>,
 }

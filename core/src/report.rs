@@ -132,6 +132,9 @@ pub struct JailReport {
     pub wall_ms: f64,
     pub cpu_ms: f64,
     pub peak_memory_bytes: u64,
+    /// Bytes stored in /workspace, /tmp and /dev/shm together at the end.
+    #[serde(default)]
+    pub disk_used_bytes: u64,
     pub layers: Option<Layers>,
     pub error: Option<JailFailure>,
 }
@@ -148,6 +151,7 @@ impl JailReport {
             wall_ms: 0.0,
             cpu_ms: 0.0,
             peak_memory_bytes: 0,
+            disk_used_bytes: 0,
             layers: None,
             error: Some(failure),
         }

@@ -82,8 +82,8 @@ pub fn effective_limits(policy: &Policy, o: &LimitOverrides) -> Result<Limits, R
     if let Some(p) = o.pids {
         l.pids = p;
     }
-    if let Some(d) = o.workspace_bytes {
-        l.workspace_size = d;
+    if let Some(d) = o.disk_bytes {
+        l.disk = d;
     }
     if let Some(m) = o.max_output_bytes {
         l.max_output = m;
@@ -159,6 +159,7 @@ fn interpreter(policy: &Policy, mounts: &mut Vec<BindMount>) -> Result<String, R
                         cfg_path.display()
                     ))
                 })?;
+            check_venv_home(&cfg_path, &home).map_err(ResolveError::Interpreter)?;
             let real = std::fs::canonicalize(dir.join("bin/python")).map_err(|e| {
                 ResolveError::Interpreter(format!("venv {}: bin/python: {e}", dir.display()))
             })?;
@@ -169,6 +170,7 @@ fn interpreter(policy: &Policy, mounts: &mut Vec<BindMount>) -> Result<String, R
                     let prefix = needed
                         .ancestors()
                         .find(|a| a.join("lib").is_dir() && a.join("bin").is_dir())
+                        .filter(|prefix| *prefix != Path::new("/"))
                         .ok_or_else(|| {
                             ResolveError::Interpreter(format!(
                                 "venv {}: cannot find the prefix of its base interpreter {}",
@@ -189,6 +191,25 @@ fn interpreter(policy: &Policy, mounts: &mut Vec<BindMount>) -> Result<String, R
             Ok(format!("{VENV_TARGET}/bin/python"))
         }
     }
+}
+
+/// A venv's `home` decides what host directory the jail gets mounted, so it
+/// must be a plain absolute path below `/` (the jailer then insists that it
+/// and every directory above it are root's and writable by no one else).
+pub(crate) fn check_venv_home(cfg: &Path, home: &Path) -> Result<(), String> {
+    let text = home.to_string_lossy();
+    let plain = text.starts_with('/')
+        && text[1..]
+            .split('/')
+            .all(|seg| !seg.is_empty() && seg != "." && seg != "..");
+    if !plain || home == Path::new("/") || home.as_os_str().len() > 4096 {
+        return Err(format!(
+            "{}: home = {} must be the absolute path of the base interpreter's bin directory (no `.`, `..`, not /); recreate the venv with `uv venv --python /usr/bin/python3 DIR`",
+            cfg.display(),
+            home.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Everything but the sandbox uid/gid and run id, which the caller allocates.
@@ -238,8 +259,7 @@ fn jail_limits(l: &Limits) -> JailLimits {
         cpu_millicores: (l.cpus * 1000.0).round().max(1.0) as u32,
         open_files: l.open_files,
         file_size_bytes: l.file_size,
-        workspace_size_bytes: l.workspace_size,
-        tmp_size_bytes: l.tmp_size,
+        disk_bytes: l.disk,
         max_output_bytes: l.max_output,
     }
 }
@@ -351,5 +371,19 @@ mod tests {
         assert!(covered(Path::new("/usr/bin/python3.11"), &m));
         assert!(!covered(Path::new("/usrx/bin/python"), &m));
         assert!(!covered(Path::new("/opt/py/bin/python"), &m));
+    }
+}
+
+#[cfg(test)]
+mod venv_home_tests {
+    use super::*;
+
+    #[test]
+    fn a_venv_home_is_a_plain_absolute_path_below_the_root() {
+        let cfg = Path::new("/v/pyvenv.cfg");
+        assert!(check_venv_home(cfg, Path::new("/usr/bin")).is_ok());
+        for bad in ["/", "usr/bin", "/usr/../etc", "/usr/./bin", ""] {
+            assert!(check_venv_home(cfg, Path::new(bad)).is_err(), "{bad}");
+        }
     }
 }

@@ -20,6 +20,10 @@ pub struct RunResult {
     pub wall_ms: f64,
     pub cpu_ms: f64,
     pub peak_memory_bytes: u64,
+    /// Bytes the run stored in /workspace, /tmp and /dev/shm together, as
+    /// counted against its `disk` limit when it ended.
+    #[serde(default)]
+    pub disk_used_bytes: u64,
     pub policy: String,
     /// The effective limits; null when the run was refused before they were known.
     pub limits: Option<LimitsReport>,
@@ -49,6 +53,7 @@ impl RunResult {
             wall_ms: report.wall_ms,
             cpu_ms: report.cpu_ms,
             peak_memory_bytes: report.peak_memory_bytes,
+            disk_used_bytes: report.disk_used_bytes,
             policy: policy.to_string(),
             limits,
             layers: report.layers,

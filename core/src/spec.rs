@@ -69,8 +69,8 @@ pub struct JailLimits {
     pub cpu_millicores: u32,
     pub open_files: u64,
     pub file_size_bytes: u64,
-    pub workspace_size_bytes: u64,
-    pub tmp_size_bytes: u64,
+    /// One tmpfs holds /workspace, /tmp and /dev/shm: their total size.
+    pub disk_bytes: u64,
     /// Cap for each of stdout and stderr.
     pub max_output_bytes: u64,
 }
@@ -251,7 +251,7 @@ impl JailLimits {
                 "timeout, memory (>= 16MiB), pids and cpus must be positive",
             ));
         }
-        if self.workspace_size_bytes < 4096 || self.tmp_size_bytes < 4096 || self.open_files < 16 {
+        if self.disk_bytes < 4096 || self.open_files < 16 {
             return Err(bad(
                 "limits",
                 "workspace/tmp sizes and open_files are too small",

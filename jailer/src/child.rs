@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 use crate::landlock_rules::{self, Grants};
 use crate::mounts::{self, PreparedSources, RootfsLayout};
 use crate::pipeline::{run_steps, JailSteps, Step, StepError};
-use crate::rlimits;
+use crate::sources::SourceId;
+use crate::supervisor::Checked;
 use crate::syscall::{self, CloneResult};
 use pycell_core::codes::FailureCode;
 use pycell_core::report::LandlockReport;
@@ -69,6 +70,7 @@ pub(crate) struct ChildFds {
 struct RealSteps<'a> {
     spec: &'a JailSpec,
     filter: &'a CompiledFilter,
+    source_ids: &'a [SourceId],
     go_read: Option<OwnedFd>,
     status: &'a File,
     signal_fd: Option<SignalFd>,
@@ -96,6 +98,16 @@ impl JailSteps for RealSteps<'_> {
         self.wait_for(GO_MAPS, Step::WaitForParent)
     }
 
+    fn configure_namespaces(&mut self) -> Result<(), StepError> {
+        let step = |e: std::io::Error| StepError::new(Step::NamespaceSettings, e.to_string());
+        crate::ns_settings::new_time_namespace()
+            .map_err(step)
+            .map_err(|e| {
+                e.with_hint("pycell gives every run its own time namespace: it needs Linux 5.6+ built with CONFIG_TIME_NS")
+            })?;
+        crate::ns_settings::seal_memfds().map_err(step)
+    }
+
     fn wait_for_cgroup(&mut self) -> Result<(), StepError> {
         let r = self.wait_for(GO_CGROUP, Step::CgroupAttach);
         self.go_read = None;
@@ -110,7 +122,7 @@ impl JailSteps for RealSteps<'_> {
     }
 
     fn prepare_mount_sources(&mut self) -> Result<(), StepError> {
-        let s = mounts::prepare_sources(&self.spec.mounts)
+        let s = mounts::prepare_sources(&self.spec.mounts, self.source_ids)
             .map_err(|e| StepError::new(Step::MountSources, e.to_string()))?;
         self.sources = Some(s);
         Ok(())
@@ -138,8 +150,7 @@ impl JailSteps for RealSteps<'_> {
             .expect("sources prepared before the root");
         let l = &self.spec.limits;
         let layout = RootfsLayout {
-            workspace_size: l.workspace_size_bytes,
-            tmp_size: l.tmp_size_bytes,
+            disk_size: l.disk_bytes,
             files: &self.spec.files,
             hostname: HOSTNAME,
         };
@@ -155,10 +166,6 @@ impl JailSteps for RealSteps<'_> {
     fn bring_up_loopback(&mut self) -> Result<(), StepError> {
         syscall::interface_up("lo")
             .map_err(|e| StepError::new(Step::Loopback, format!("bringing up lo: {e}")))
-    }
-
-    fn set_rlimits(&mut self) -> Result<(), StepError> {
-        rlimits::apply(&self.spec.limits).map_err(|e| StepError::new(Step::Rlimits, e))
     }
 
     fn new_session(&mut self) -> Result<(), StepError> {
@@ -244,7 +251,7 @@ fn forwarded_and_child_mask() -> SigSet {
 }
 
 /// Entry point of the cloned child. Never returns.
-pub(crate) fn child_main(spec: &JailSpec, filter: &CompiledFilter, fds: ChildFds) -> ! {
+pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> ! {
     let status = File::from(fds.status_write);
     // If the jailer dies, so does the jail (pid 1 dying kills the namespace).
     // Set before waiting for the go byte, so there is no window: a jailer that
@@ -267,7 +274,8 @@ pub(crate) fn child_main(spec: &JailSpec, filter: &CompiledFilter, fds: ChildFds
 
     let mut steps = RealSteps {
         spec,
-        filter,
+        filter: &checked.filter,
+        source_ids: &checked.sources,
         go_read: Some(fds.go_read),
         status: &status,
         signal_fd: None,

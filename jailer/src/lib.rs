@@ -19,10 +19,12 @@ mod child;
 pub mod host;
 mod landlock_rules;
 mod mounts;
+mod ns_settings;
 mod outcome;
 mod pipeline;
 mod relay;
 mod rlimits;
+mod sources;
 mod supervisor;
 mod syscall;
 

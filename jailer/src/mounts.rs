@@ -1,8 +1,9 @@
 //! The jail's root file system, built inside the new mount namespace:
 //! a small tmpfs root holding read-only binds of the interpreter (and any
-//! policy mounts), a fresh /proc, a minimal /dev, size-limited tmpfs /tmp and
-//! /workspace, and a synthetic /etc; then `pivot_root` and the old root
-//! detached. The code's files are written into /workspace, never bind-mounted
+//! policy mounts), a fresh /proc, a minimal /dev, one size-limited tmpfs
+//! whose directories are /workspace, /tmp and /dev/shm (so the policy's
+//! `disk` bounds what a run stores in all of them together), and a
+//! synthetic /etc; then `pivot_root` and the old root detached. The code's files are written into /workspace, never bind-mounted
 //! from the host (that would leak host paths through mountinfo).
 //!
 //! Sources are cloned with `open_tree` *before* anything is mounted on top of
@@ -11,13 +12,14 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::unistd::{chdir, pivot_root};
 
+use crate::sources::{self, SourceId};
 use crate::syscall::{
     self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
 };
@@ -40,6 +42,13 @@ pub struct MountError {
 fn err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> MountError {
     let what = what.into();
     move |source| MountError { what, source }
+}
+
+fn invalid(what: impl Into<String>) -> MountError {
+    MountError {
+        what: what.into(),
+        source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+    }
 }
 
 fn nix_err(what: impl Into<String>) -> impl FnOnce(nix::Error) -> MountError {
@@ -72,7 +81,10 @@ pub struct PreparedSources {
 }
 
 /// Step 1: private propagation, then clone every source.
-pub fn prepare_sources(binds: &[BindMount]) -> Result<PreparedSources, MountError> {
+pub fn prepare_sources(
+    binds: &[BindMount],
+    checked: &[SourceId],
+) -> Result<PreparedSources, MountError> {
     mount(
         None::<&str>,
         "/",
@@ -82,19 +94,23 @@ pub fn prepare_sources(binds: &[BindMount]) -> Result<PreparedSources, MountErro
     )
     .map_err(nix_err("making / private in the new mount namespace"))?;
     let mut prepared = Vec::with_capacity(binds.len());
-    for b in binds {
-        let meta = fs::symlink_metadata(&b.source)
-            .map_err(err(format!("mount source {}", b.source.display())))?;
-        if meta.file_type().is_symlink() {
-            let link = fs::read_link(&b.source)
-                .map_err(err(format!("readlink {}", b.source.display())))?;
+    if checked.len() != binds.len() {
+        return Err(invalid(
+            "the jailer checked a different list of mount sources",
+        ));
+    }
+    for (b, id) in binds.iter().zip(checked) {
+        let walked = sources::reopen_in_jail(&b.source, *id).map_err(invalid)?;
+        if walked.is_symlink() {
+            let link = nix::fcntl::readlinkat(&walked.parent, walked.name.as_os_str())
+                .map_err(nix_err(format!("readlink {}", b.source.display())))?;
             prepared.push(Prepared::Symlink {
                 target: b.target.clone(),
-                link,
+                link: PathBuf::from(link),
             });
             continue;
         }
-        let fd = syscall::open_tree_clone(&b.source, true)
+        let fd = syscall::open_tree_clone_fd(walked.fd.as_fd(), true)
             .map_err(err(format!("cloning mount {}", b.source.display())))?;
         syscall::mount_setattr_fd(
             &fd,
@@ -105,7 +121,7 @@ pub fn prepare_sources(binds: &[BindMount]) -> Result<PreparedSources, MountErro
         prepared.push(Prepared::Tree {
             fd,
             target: b.target.clone(),
-            is_dir: meta.is_dir(),
+            is_dir: walked.is_dir(),
         });
     }
     let mut devices = Vec::with_capacity(DEVICES.len());
@@ -126,8 +142,7 @@ pub fn prepare_sources(binds: &[BindMount]) -> Result<PreparedSources, MountErro
 /// What goes into the root besides the binds.
 #[derive(Debug)]
 pub struct RootfsLayout<'a> {
-    pub workspace_size: u64,
-    pub tmp_size: u64,
+    pub disk_size: u64,
     pub files: &'a [WorkspaceFile],
     pub hostname: &'a str,
 }
@@ -176,8 +191,8 @@ pub fn build_root(sources: PreparedSources, layout: &RootfsLayout<'_>) -> Result
     }
     mount_proc()?;
     let dev = build_dev(sources.devices)?;
-    mount_tmp(&dev, layout.tmp_size)?;
-    mount_workspace(layout)?;
+    mask_proc(&dev)?;
+    mount_disk(&dev, layout)?;
     write_etc(layout.hostname)
 }
 
@@ -225,6 +240,75 @@ fn mount_proc() -> Result<(), MountError> {
     .map_err(nix_err("mounting a fresh /proc"))
 }
 
+/// Host-wide /proc files hidden behind /dev/null: counters and lists that
+/// tell runs apart by machine (boot id, command line, boot time in `stat`)
+/// or let one run watch the host and its co-tenants (interrupts, disk and
+/// scheduler statistics, kernel memory), plus what runc's default masks.
+/// What stays visible, and why, is in docs/threat-model.md.
+pub(crate) const MASKED_PROC_FILES: &[&str] = &[
+    "stat",
+    "interrupts",
+    "softirqs",
+    "diskstats",
+    "partitions",
+    "cmdline",
+    "loadavg",
+    "vmstat",
+    "zoneinfo",
+    "buddyinfo",
+    "pagetypeinfo",
+    "slabinfo",
+    "vmallocinfo",
+    "swaps",
+    "modules",
+    "kallsyms",
+    "iomem",
+    "ioports",
+    "keys",
+    "key-users",
+    "kcore",
+    "kpagecount",
+    "kpageflags",
+    "latency_stats",
+    "timer_list",
+    "timer_stats",
+    "sched_debug",
+    "schedstat",
+    "lock_stat",
+    "sysrq-trigger",
+    "uptime",
+    "sys/kernel/random/boot_id",
+];
+
+/// Host-wide /proc directories covered by an empty read-only tmpfs.
+pub(crate) const MASKED_PROC_DIRS: &[&str] = &[
+    "acpi", "asound", "bus", "driver", "fs", "irq", "scsi", "tty", "sysvipc",
+];
+
+/// Hide [`MASKED_PROC_FILES`] and [`MASKED_PROC_DIRS`] in the staged /proc;
+/// entries this kernel does not have are skipped.
+fn mask_proc(dev: &Path) -> Result<(), MountError> {
+    let proc_dir = staged(Path::new("/proc"));
+    let null = dev.join("null");
+    for f in MASKED_PROC_FILES {
+        let at = proc_dir.join(f);
+        if at.exists() {
+            bind(&null, &at)?;
+        }
+    }
+    for d in MASKED_PROC_DIRS {
+        let at = proc_dir.join(d);
+        if at.is_dir() {
+            tmpfs(
+                &at,
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                "size=0,nr_inodes=1,mode=0555",
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// A minimal /dev: the cloned device nodes, the fd links, a /dev/shm mount
 /// point. Returns its staged path.
 fn build_dev(devices: Vec<(String, OwnedFd)>) -> Result<PathBuf, MountError> {
@@ -253,39 +337,54 @@ fn build_dev(devices: Vec<(String, OwnedFd)>) -> Result<PathBuf, MountError> {
     Ok(dev)
 }
 
-/// The size-limited /tmp, also bound at /dev/shm (POSIX semaphores for
-/// multiprocessing), so the two share /tmp's size limit.
-fn mount_tmp(dev: &Path, size: u64) -> Result<(), MountError> {
-    let tmp = staged(Path::new("/tmp"));
-    mkdir_p(&tmp)?;
-    tmpfs(
-        &tmp,
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        &format!("size={size},mode=1777"),
-    )?;
-    mount(
-        Some(&tmp),
-        &dev.join("shm"),
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .map_err(nix_err("binding /tmp at /dev/shm"))
+/// Where the run's one writable tmpfs is mounted while its directories are
+/// bound into place; detached again before the pivot.
+const DISK: &str = "/.pycell-disk";
+
+/// Inodes of the writable tmpfs: one per 8 KiB of its size (at least 1024),
+/// so that millions of empty files cannot pin kernel memory.
+pub(crate) fn disk_inodes(size: u64) -> u64 {
+    (size / 8192).max(1024)
 }
 
-/// The size-limited /workspace with the code's files in it.
-fn mount_workspace(layout: &RootfsLayout<'_>) -> Result<(), MountError> {
-    let ws = staged(Path::new(WORKSPACE));
-    mkdir_p(&ws)?;
+/// One size-limited tmpfs for everything the run can write: its `workspace`
+/// directory (with the code's files) becomes /workspace, its `tmp`
+/// directory /tmp and /dev/shm.
+fn mount_disk(dev: &Path, layout: &RootfsLayout<'_>) -> Result<(), MountError> {
+    let disk = staged(Path::new(DISK));
+    mkdir_p(&disk)?;
+    let size = layout.disk_size;
     tmpfs(
-        &ws,
+        &disk,
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        &format!("size={},mode=0755", layout.workspace_size),
+        &format!("size={size},nr_inodes={},mode=0755", disk_inodes(size)),
     )?;
+    let (ws, tmp) = (disk.join("workspace"), disk.join("tmp"));
+    mkdir_p(&ws)?;
+    mkdir_p(&tmp)?;
+    fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o1777))
+        .map_err(err("chmod 1777 /tmp"))?;
     for f in layout.files {
         write_file(&ws.join(&f.name), f.contents.as_bytes(), 0o644)?;
     }
-    Ok(())
+    for (from, to) in [
+        (&ws, staged(Path::new(WORKSPACE))),
+        (&tmp, staged(Path::new("/tmp"))),
+        (&tmp, dev.join("shm")),
+    ] {
+        mkdir_p(&to)?;
+        bind(from, &to)?;
+    }
+    umount2(&disk, MntFlags::MNT_DETACH).map_err(nix_err("detaching the disk's staging mount"))?;
+    fs::remove_dir(&disk).map_err(err(format!("rmdir {}", disk.display())))
+}
+
+fn bind(from: &Path, to: &Path) -> Result<(), MountError> {
+    mount(Some(from), to, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(nix_err(format!(
+        "binding {} at {}",
+        from.display(),
+        to.display()
+    )))
 }
 
 /// A synthetic /etc: the jail's own users, groups, hosts and hostname.

@@ -133,8 +133,7 @@ mod tests {
             cpu_millicores: 1000,
             open_files: 64,
             file_size_bytes: 1 << 20,
-            workspace_size_bytes: 1 << 20,
-            tmp_size_bytes: 1 << 20,
+            disk_bytes: 1 << 20,
             max_output_bytes: 1 << 20,
         }
     }

@@ -3,19 +3,24 @@
 //! in one function ([`run_steps`]) that tests observe through a recording
 //! implementation of [`JailSteps`].
 //!
-//! Order (namespaces were created by `clone`; the parent writes the uid/gid
-//! maps with setgroups denied, then builds the run's cgroup while this
-//! process builds its root, so the two overlap):
+//! Order (namespaces were created by `clone`; the parent pins every rlimit
+//! with `prlimit` and writes the uid/gid maps with setgroups denied, then
+//! builds the run's cgroup while this process builds its root, so the two
+//! overlap):
 //!
 //!  1. wait for the parent's uid/gid maps (parent death = EOF = exit)
-//!  2. mount sources cloned (private propagation; read-only detached copies)
-//!  3. credentials: become the jail uid/gid (host: the unique sandbox uid)
-//!  4. root file system built, then `pivot_root`, old root detached
-//!  5. wait for the parent to attach us to the run's cgroup (limits apply
-//!     from here on, before any untrusted code exists)
-//!  6. cgroup namespace (rooted at the run's cgroup), hostname, loopback up
+//!  2. settings of the jail's own namespaces: a new time namespace for the
+//!     program (its clocks start near zero, not at the host's uptime) and
+//!     `vm.memfd_noexec = 2` in its pid namespace (where the kernel has it)
+//!  3. mount sources cloned (private propagation; read-only detached copies)
+//!  4. credentials: become the jail uid/gid (host: the unique sandbox uid),
+//!     then arm the parent-death signal again (the switch cleared it)
+//!  5. root file system built, then `pivot_root`, old root detached
+//!  6. wait for the parent to attach us to the run's cgroup (limits apply
+//!     from here on, before any untrusted code exists; a jailer that died
+//!     since step 4 shows as EOF here)
+//!  7. cgroup namespace (rooted at the run's cgroup), hostname, loopback up
 //!     (the network namespace is otherwise empty)
-//!  7. rlimits
 //!  8. `setsid` (no controlling terminal)
 //!  9. drop all capabilities (bounding, ambient, inheritable, effective, permitted)
 //! 10. `no_new_privs`
@@ -34,6 +39,7 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Step {
     WaitForParent,
+    NamespaceSettings,
     MountSources,
     Credentials,
     Rootfs,
@@ -41,7 +47,6 @@ pub(crate) enum Step {
     CgroupNamespace,
     Hostname,
     Loopback,
-    Rlimits,
     Setsid,
     Capabilities,
     NoNewPrivs,
@@ -57,11 +62,10 @@ impl Step {
         match self {
             Step::WaitForParent => Layer::Jailer,
             Step::CgroupAttach => Layer::Cgroup,
-            Step::CgroupNamespace | Step::Hostname => Layer::Namespaces,
+            Step::CgroupNamespace | Step::Hostname | Step::NamespaceSettings => Layer::Namespaces,
             Step::MountSources | Step::Rootfs => Layer::Mounts,
             Step::Credentials => Layer::UserNamespace,
             Step::Loopback => Layer::Network,
-            Step::Rlimits => Layer::Rlimits,
             Step::Setsid => Layer::Session,
             Step::Capabilities => Layer::Capabilities,
             Step::NoNewPrivs => Layer::NoNewPrivs,
@@ -94,6 +98,11 @@ impl StepError {
         }
     }
 
+    pub fn with_hint(mut self, hint: impl Into<String>) -> StepError {
+        self.hint = Some(hint.into());
+        self
+    }
+
     pub fn with_code(mut self, code: FailureCode) -> StepError {
         self.code = code;
         self
@@ -113,6 +122,7 @@ impl StepError {
 /// One method per step; the real implementation lives in `child.rs`.
 pub(crate) trait JailSteps {
     fn wait_for_id_maps(&mut self) -> Result<(), StepError>;
+    fn configure_namespaces(&mut self) -> Result<(), StepError>;
     fn prepare_mount_sources(&mut self) -> Result<(), StepError>;
     fn become_jail_user(&mut self) -> Result<(), StepError>;
     fn build_root_and_pivot(&mut self) -> Result<(), StepError>;
@@ -120,7 +130,6 @@ pub(crate) trait JailSteps {
     fn enter_cgroup_namespace(&mut self) -> Result<(), StepError>;
     fn set_hostname(&mut self) -> Result<(), StepError>;
     fn bring_up_loopback(&mut self) -> Result<(), StepError>;
-    fn set_rlimits(&mut self) -> Result<(), StepError>;
     fn new_session(&mut self) -> Result<(), StepError>;
     fn drop_capabilities(&mut self) -> Result<(), StepError>;
     fn set_no_new_privs(&mut self) -> Result<(), StepError>;
@@ -132,6 +141,7 @@ pub(crate) trait JailSteps {
 /// Run every step in the one fixed order; stop at the first failure.
 pub(crate) fn run_steps(s: &mut impl JailSteps) -> Result<(), StepError> {
     s.wait_for_id_maps()?;
+    s.configure_namespaces()?;
     s.prepare_mount_sources()?;
     s.become_jail_user()?;
     s.build_root_and_pivot()?;
@@ -139,7 +149,6 @@ pub(crate) fn run_steps(s: &mut impl JailSteps) -> Result<(), StepError> {
     s.enter_cgroup_namespace()?;
     s.set_hostname()?;
     s.bring_up_loopback()?;
-    s.set_rlimits()?;
     s.new_session()?;
     s.drop_capabilities()?;
     s.set_no_new_privs()?;
@@ -173,6 +182,9 @@ mod tests {
         fn wait_for_id_maps(&mut self) -> Result<(), StepError> {
             self.step(Step::WaitForParent)
         }
+        fn configure_namespaces(&mut self) -> Result<(), StepError> {
+            self.step(Step::NamespaceSettings)
+        }
         fn wait_for_cgroup(&mut self) -> Result<(), StepError> {
             self.step(Step::CgroupAttach)
         }
@@ -193,9 +205,6 @@ mod tests {
         }
         fn bring_up_loopback(&mut self) -> Result<(), StepError> {
             self.step(Step::Loopback)
-        }
-        fn set_rlimits(&mut self) -> Result<(), StepError> {
-            self.step(Step::Rlimits)
         }
         fn new_session(&mut self) -> Result<(), StepError> {
             self.step(Step::Setsid)
@@ -229,6 +238,7 @@ mod tests {
             r.calls,
             vec![
                 WaitForParent,
+                NamespaceSettings,
                 MountSources,
                 Credentials,
                 Rootfs,
@@ -236,7 +246,6 @@ mod tests {
                 CgroupNamespace,
                 Hostname,
                 Loopback,
-                Rlimits,
                 Setsid,
                 Capabilities,
                 NoNewPrivs,

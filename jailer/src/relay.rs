@@ -41,6 +41,8 @@ pub(crate) struct Relayed {
     pub init_status: Option<WaitStatus>,
     pub messages: Vec<ChildMessage>,
     pub truncated: [bool; 2],
+    /// Bytes used on the jail's writable tmpfs when it ended.
+    pub disk_used_bytes: u64,
 }
 
 /// Relay until the jail is gone and its output drained.
@@ -53,7 +55,7 @@ pub(crate) fn run(
     deadline: Instant,
     events: &mut dyn Write,
 ) -> io::Result<Relayed> {
-    let mut relay = Relay::new(spec, ends);
+    let mut relay = Relay::new(spec, ends, pid);
     let (mut timed_out, mut cancelled) = (false, false);
     let mut init_status = None;
     let kill_jail = || {
@@ -92,13 +94,26 @@ pub(crate) fn run(
     if init_status.is_none() {
         init_status = waitpid(pid, None).ok();
     }
+    let disk_used_bytes = relay.disk_used();
     Ok(Relayed {
         timed_out,
         cancelled,
         init_status,
         messages: relay.messages(),
         truncated: relay.truncated,
+        disk_used_bytes,
     })
+}
+
+/// `/proc/<jail>/root/workspace`, without following symlinks at its end.
+fn open_jail_workspace(jail: Pid) -> Option<OwnedFd> {
+    let path = format!("/proc/{}/root/workspace", jail.as_raw());
+    nix::fcntl::open(
+        path.as_str(),
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok()
 }
 
 enum SignalAction {
@@ -136,6 +151,11 @@ struct Relay {
     cap: u64,
     truncated: [bool; 2],
     drain_deadline: Option<Instant>,
+    jail: Pid,
+    /// The jail's /workspace, opened once the jail is ready (before any of
+    /// its code runs): its tmpfs outlives the jail while we hold it, so its
+    /// usage can be read at the end however the jail ended.
+    disk: Option<OwnedFd>,
 }
 
 /// Which descriptor a poll slot stands for.
@@ -148,7 +168,7 @@ enum Slot {
 }
 
 impl Relay {
-    fn new(spec: &JailSpec, ends: ParentEnds) -> Relay {
+    fn new(spec: &JailSpec, ends: ParentEnds, jail: Pid) -> Relay {
         let stdin = (!spec.stdin.is_empty()).then(|| {
             let _ = nix::fcntl::fcntl(
                 &ends.stdin_write,
@@ -170,6 +190,8 @@ impl Relay {
             cap: spec.limits.max_output_bytes,
             truncated: [false, false],
             drain_deadline: None,
+            jail,
+            disk: None,
         }
     }
 
@@ -250,6 +272,19 @@ impl Relay {
             Ok(0) | Err(_) => self.status = None,
             Ok(n) => self.status_buf.extend_from_slice(&buf[..n]),
         }
+        if self.disk.is_none() && self.status_buf.starts_with(b"{\"ready\"") {
+            self.disk = open_jail_workspace(self.jail);
+        }
+    }
+
+    /// Bytes in use on the jail's writable tmpfs (0 if it never got ready).
+    fn disk_used(&mut self) -> u64 {
+        let Some(fd) = self.disk.take() else {
+            return 0;
+        };
+        nix::sys::statvfs::fstatvfs(&fd)
+            .map(|s| (s.blocks() - s.blocks_free()) * s.fragment_size())
+            .unwrap_or(0)
     }
 
     fn read_output(&mut self, i: usize, events: &mut dyn Write) -> io::Result<()> {

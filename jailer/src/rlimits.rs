@@ -1,33 +1,135 @@
-//! Per-process resource limits set inside the jail (the cgroup holds the
-//! sandbox-wide ones): open files, file size, core dumps off, CPU time.
+//! Per-process resource limits of the jail (the cgroup holds the
+//! sandbox-wide ones). Every rlimit is pinned, none inherited from whoever
+//! started pycell: the jailer sets them on the jail's first process with
+//! `prlimit` before it runs anything, so values above the caller's own hard
+//! limits work too (the jail itself could not raise them).
+//!
+//! `RLIMIT_CORE` is 1 byte, not 0: the kernel makes no core file smaller than
+//! a page, and it refuses to start a `core_pattern` pipe handler (a host
+//! program running as root) for a process whose limit is exactly 1, where 0
+//! would still start it. The seccomp filter stops the jail from changing it.
 
-use nix::sys::resource::{setrlimit, Resource};
+use nix::unistd::Pid;
 
 use pycell_core::spec::JailLimits;
 
-pub fn apply(limits: &JailLimits) -> Result<(), String> {
-    let set = |res: Resource, name: &str, soft: u64, hard: u64| {
-        setrlimit(res, soft, hard).map_err(|e| format!("setrlimit({name}, {soft}): {e}"))
-    };
-    set(
-        Resource::RLIMIT_NOFILE,
-        "RLIMIT_NOFILE",
-        limits.open_files,
-        limits.open_files,
-    )?;
-    set(
-        Resource::RLIMIT_FSIZE,
-        "RLIMIT_FSIZE",
-        limits.file_size_bytes,
-        limits.file_size_bytes,
-    )?;
-    set(Resource::RLIMIT_CORE, "RLIMIT_CORE", 0, 0)?;
-    // SIGXCPU at the soft limit, SIGKILL one second later if it is ignored.
-    set(
-        Resource::RLIMIT_CPU,
-        "RLIMIT_CPU",
-        limits.cpu_time_s,
-        limits.cpu_time_s.saturating_add(1),
-    )?;
+use crate::syscall;
+
+/// One pinned limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pinned {
+    pub name: &'static str,
+    pub resource: libc::__rlimit_resource_t,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+const UNLIMITED: u64 = libc::RLIM_INFINITY;
+/// The core-dump limit that stops pipe `core_pattern` handlers.
+pub(crate) const CORE_LIMIT: u64 = 1;
+const STACK: u64 = 8 << 20;
+const MEMLOCK: u64 = 64 << 10;
+const MSGQUEUE: u64 = 800 << 10;
+const SIGPENDING: u64 = 1024;
+
+fn pin(name: &'static str, resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> Pinned {
+    Pinned {
+        name,
+        resource,
+        soft,
+        hard,
+    }
+}
+
+/// Every rlimit the kernel has, with the jail's value.
+pub(crate) fn pinned(l: &JailLimits) -> Vec<Pinned> {
+    use libc::*;
+    let same = |name, res, v| pin(name, res, v, v);
+    vec![
+        same("RLIMIT_NOFILE", RLIMIT_NOFILE, l.open_files),
+        same("RLIMIT_FSIZE", RLIMIT_FSIZE, l.file_size_bytes),
+        same("RLIMIT_CORE", RLIMIT_CORE, CORE_LIMIT),
+        // SIGXCPU at the soft limit, SIGKILL one second later if ignored.
+        pin(
+            "RLIMIT_CPU",
+            RLIMIT_CPU,
+            l.cpu_time_s,
+            l.cpu_time_s.saturating_add(1),
+        ),
+        // The sandbox uid is the run's own, so this counts only its processes
+        // (one more for its init); the cgroup's pids.max is the real bound.
+        same("RLIMIT_NPROC", RLIMIT_NPROC, u64::from(l.pids) + 1),
+        // Real-time scheduling would escape cpu.max; raising priority is off.
+        same("RLIMIT_RTPRIO", RLIMIT_RTPRIO, 0),
+        same("RLIMIT_RTTIME", RLIMIT_RTTIME, 0),
+        same("RLIMIT_NICE", RLIMIT_NICE, 0),
+        same("RLIMIT_MEMLOCK", RLIMIT_MEMLOCK, MEMLOCK),
+        same("RLIMIT_MSGQUEUE", RLIMIT_MSGQUEUE, MSGQUEUE),
+        same("RLIMIT_SIGPENDING", RLIMIT_SIGPENDING, SIGPENDING),
+        same("RLIMIT_STACK", RLIMIT_STACK, STACK),
+        same("RLIMIT_LOCKS", RLIMIT_LOCKS, l.open_files),
+        // Memory is the cgroup's to bound: an address-space limit only breaks
+        // allocators and thread stacks that reserve more than they touch.
+        same("RLIMIT_AS", RLIMIT_AS, UNLIMITED),
+        same("RLIMIT_DATA", RLIMIT_DATA, UNLIMITED),
+        same("RLIMIT_RSS", RLIMIT_RSS, UNLIMITED),
+    ]
+}
+
+/// Set every pinned limit on process `pid`.
+pub(crate) fn apply(pid: Pid, limits: &JailLimits) -> Result<(), String> {
+    for p in pinned(limits) {
+        syscall::prlimit(pid, p.resource, p.soft, p.hard)
+            .map_err(|e| format!("prlimit({}, {}/{}): {e}", p.name, p.soft, p.hard))?;
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Linux has had 16 rlimits since 2.6.25 (RLIMIT_RTTIME).
+    const RLIMITS_ON_LINUX: u32 = 16;
+
+    fn limits() -> JailLimits {
+        JailLimits {
+            wall_timeout_ms: 30_000,
+            cpu_time_s: 30,
+            memory_bytes: 512 << 20,
+            pids: 64,
+            cpu_millicores: 1000,
+            open_files: 256,
+            file_size_bytes: 64 << 20,
+            disk_bytes: 64 << 20,
+            max_output_bytes: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn every_resource_the_kernel_has_is_pinned_once() {
+        let p = pinned(&limits());
+        let mut seen: Vec<u32> = p.iter().map(|p| p.resource).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), p.len(), "a resource pinned twice");
+        assert_eq!(
+            seen,
+            (0..RLIMITS_ON_LINUX).collect::<Vec<_>>(),
+            "every rlimit Linux has (RLIMIT_CPU = 0 to RLIMIT_RTTIME = 15)"
+        );
+    }
+
+    #[test]
+    fn real_time_priority_and_core_dumps_are_shut() {
+        let p = pinned(&limits());
+        let get = |n: &str| *p.iter().find(|p| p.name == n).unwrap();
+        assert_eq!(
+            (get("RLIMIT_RTPRIO").soft, get("RLIMIT_RTPRIO").hard),
+            (0, 0)
+        );
+        assert_eq!(get("RLIMIT_CORE").hard, 1);
+        assert_eq!(get("RLIMIT_NOFILE").hard, 256);
+        assert!(get("RLIMIT_CPU").hard > get("RLIMIT_CPU").soft);
+    }
 }

@@ -23,6 +23,7 @@ use pycell_seccomp::CompiledFilter;
 use crate::child::{child_main, ChildFds, GO_CGROUP, GO_MAPS};
 use crate::outcome::{classify, Observed};
 use crate::relay::{self, ParentEnds};
+use crate::sources::{self, SourceId};
 use crate::syscall::{self, CloneResult};
 use pycell_core::cgroup::{self, CgroupLayout, CgroupLimits, SandboxCgroup};
 
@@ -45,7 +46,8 @@ pub(crate) fn run(spec: &JailSpec, events: &mut dyn Write) -> JailReport {
 }
 
 fn run_checked(spec: &JailSpec, events: &mut dyn Write) -> Result<JailReport, JailFailure> {
-    let (filter, layout) = preflight(spec)?;
+    let checked = preflight(spec)?;
+    let filter = &checked.filter;
     // The jail inherits our supplementary groups and could never drop them
     // (setgroups is denied inside); clear them here.
     setgroups(&[]).map_err(|e| {
@@ -56,7 +58,7 @@ fn run_checked(spec: &JailSpec, events: &mut dyn Write) -> Result<JailReport, Ja
         )
     })?;
     let signals = block_signals()?;
-    let jail = spawn(spec, &filter, &layout)?;
+    let jail = spawn(spec, &checked)?;
     let deadline = jail.start + Duration::from_millis(spec.limits.wall_timeout_ms);
     let relayed = relay::run(
         spec,
@@ -88,6 +90,7 @@ fn run_checked(spec: &JailSpec, events: &mut dyn Write) -> Result<JailReport, Ja
         wall_ms: wall.as_secs_f64() * 1000.0,
         cpu_ms: usage.cpu_ns as f64 / 1e6,
         peak_memory_bytes: usage.peak_memory_bytes,
+        disk_used_bytes: relayed.disk_used_bytes,
         layers: Some(Layers {
             namespaces: NAMESPACES.iter().map(|s| s.to_string()).collect(),
             sandbox_uid: spec.sandbox_uid,
@@ -117,7 +120,27 @@ fn cgroup_failure(e: pycell_core::cgroup::CgroupError) -> JailFailure {
 
 /// What must hold before anything is created: a valid spec, root, a
 /// compilable seccomp profile, a usable cgroup layout.
-fn preflight(spec: &JailSpec) -> Result<(CompiledFilter, CgroupLayout), JailFailure> {
+/// What preflight established, for the clone.
+pub(crate) struct Checked {
+    pub filter: CompiledFilter,
+    pub layout: CgroupLayout,
+    /// Where each of `spec.mounts` leads, checked on the host.
+    pub sources: Vec<SourceId>,
+}
+
+fn check_sources(spec: &JailSpec) -> Result<Vec<SourceId>, JailFailure> {
+    spec.mounts
+        .iter()
+        .map(|m| {
+            sources::check_on_host(&m.source).map_err(|e| {
+                JailFailure::new(FailureCode::MountsFailed, Layer::Mounts, e)
+                    .with_hint("bind only root-owned directories (/usr, a venv made by root, ...); move or chown the source, or remove the mount from the policy")
+            })
+        })
+        .collect()
+}
+
+fn preflight(spec: &JailSpec) -> Result<Checked, JailFailure> {
     spec.validate()
         .map_err(|e| JailFailure::new(FailureCode::InvalidSpec, Layer::Jailer, e.to_string()))?;
     if !nix::unistd::geteuid().is_root() {
@@ -128,15 +151,24 @@ fn preflight(spec: &JailSpec) -> Result<(CompiledFilter, CgroupLayout), JailFail
         )
         .with_hint("run pycell as root, or through the pycelld service"));
     }
-    let filter = pycell_seccomp::compile(&spec.seccomp_profile).map_err(|e| {
+    let mut filter = pycell_seccomp::compile(&spec.seccomp_profile).map_err(|e| {
         JailFailure::new(
             FailureCode::SeccompUnavailable,
             Layer::Seccomp,
             e.to_string(),
         )
     })?;
+    if !crate::ns_settings::memfd_noexec_available() {
+        // No per-namespace memfd sealing on this kernel: no memfds at all.
+        filter = filter.with_memfd_create_refused();
+    }
     let layout = CgroupLayout::detect().map_err(cgroup_failure)?;
-    Ok((filter, layout))
+    let sources = check_sources(spec)?;
+    Ok(Checked {
+        filter,
+        layout,
+        sources,
+    })
 }
 
 /// The signals the jailer handles itself, through a signalfd in the relay loop.
@@ -192,11 +224,8 @@ struct Jail {
 /// CLONE_INTO_CGROUP, sparing the cgroup.procs write and the global lock it
 /// takes; on v1 it is built while the child builds its root). On failure
 /// the child is killed and reaped and the cgroup removed.
-fn spawn(
-    spec: &JailSpec,
-    filter: &CompiledFilter,
-    layout: &CgroupLayout,
-) -> Result<Jail, JailFailure> {
+fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
+    let layout = &checked.layout;
     let (child_fds, go, ends) = pipes().map_err(io_failure("creating pipes"))?;
     let born_in = match layout.version() {
         pycell_core::report::CgroupVersion::V2 => Some(create_cgroup(spec, layout)?),
@@ -208,7 +237,7 @@ fn spawn(
             drop((go, ends));
             // The jail handles its own signals (see `child`).
             let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&jailer_signals()), None);
-            child_main(spec, filter, child_fds)
+            child_main(spec, checked, child_fds)
         }
         (CloneResult::Parent(pid), inside) => (pid, inside),
     };
@@ -265,6 +294,8 @@ fn attach(
 ) -> Result<SandboxCgroup, JailFailure> {
     let mut go = File::from(go);
     let start_failed = io_failure("starting the jail");
+    crate::rlimits::apply(pid, &spec.limits)
+        .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e))?;
     write_id_maps(pid, spec).map_err(|e| {
         JailFailure::new(
             FailureCode::UserNamespaceFailed,

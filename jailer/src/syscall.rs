@@ -11,7 +11,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -104,18 +104,39 @@ struct MountAttr {
 /// `open_tree(path, OPEN_TREE_CLONE [| AT_RECURSIVE])`: a detached copy of the
 /// mount at `path` (a bind mount not yet attached anywhere).
 pub(crate) fn open_tree_clone(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
+    open_tree_at(libc::AT_FDCWD, path, recursive, 0)
+}
+
+/// `open_tree(fd, "", AT_EMPTY_PATH | OPEN_TREE_CLONE [| AT_RECURSIVE])`: a
+/// detached copy of the mount tree at the file `fd` was opened on.
+pub(crate) fn open_tree_clone_fd(fd: BorrowedFd<'_>, recursive: bool) -> io::Result<OwnedFd> {
+    open_tree_at(
+        fd.as_raw_fd(),
+        Path::new(""),
+        recursive,
+        libc::AT_EMPTY_PATH as libc::c_uint,
+    )
+}
+
+fn open_tree_at(
+    dirfd: RawFd,
+    path: &Path,
+    recursive: bool,
+    extra: libc::c_uint,
+) -> io::Result<OwnedFd> {
     let c = cstring(path)?;
-    let mut flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC;
+    let mut flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | extra;
     if recursive {
         flags |= AT_RECURSIVE;
     }
-    // SAFETY: `c` is a valid NUL-terminated string that outlives the call; the
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call and
+    // `dirfd` is AT_FDCWD or a descriptor the caller keeps open across it; the
     // kernel returns a new file descriptor that nothing else owns, which we
     // wrap in an OwnedFd exactly once.
     let fd = check(unsafe {
         libc::syscall(
             libc::SYS_open_tree,
-            libc::AT_FDCWD,
+            dirfd,
             c.as_ptr(),
             flags as libc::c_ulong,
         )
@@ -217,6 +238,27 @@ fn close_range(lo: u32, hi: u32) -> io::Result<()> {
         )
     })?;
     Ok(())
+}
+
+/// `prlimit(2)`: set `resource` of process `pid` to `soft`/`hard`.
+pub(crate) fn prlimit(
+    pid: nix::unistd::Pid,
+    resource: libc::__rlimit_resource_t,
+    soft: u64,
+    hard: u64,
+) -> io::Result<()> {
+    let new = libc::rlimit64 {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: `new` is a valid rlimit64 that lives across the call; the old
+    // value pointer is NULL, so the kernel writes nothing of ours.
+    let r = unsafe { libc::prlimit64(pid.as_raw(), resource, &new, std::ptr::null_mut()) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// `_exit(2)`: end the process now, without running exit handlers or

@@ -48,10 +48,9 @@ pub struct Limits {
     pub open_files: u64,
     /// RLIMIT_FSIZE in bytes.
     pub file_size: u64,
-    /// Size of the tmpfs mounted at /workspace, in bytes.
-    pub workspace_size: u64,
-    /// Size of the tmpfs mounted at /tmp (and of /dev/shm), in bytes.
-    pub tmp_size: u64,
+    /// Bytes the run may store in all its writable places together
+    /// (/workspace, /tmp and /dev/shm are directories of one tmpfs).
+    pub disk: u64,
     /// Cap in bytes for EACH of stdout and stderr; the rest is dropped and
     /// the result says it was truncated.
     pub max_output: u64,
@@ -67,8 +66,7 @@ impl Default for Limits {
             cpus: 1.0,
             open_files: 256,
             file_size: 64 * MIB,
-            workspace_size: 64 * MIB,
-            tmp_size: 64 * MIB,
+            disk: 128 * MIB,
             max_output: MIB,
         }
     }
@@ -124,14 +122,8 @@ impl Limits {
         if self.file_size < 1 {
             return fail("file_size", at_least(1, self.file_size));
         }
-        if self.workspace_size < MIN_TMPFS_SIZE {
-            return fail(
-                "workspace_size",
-                at_least(MIN_TMPFS_SIZE, self.workspace_size),
-            );
-        }
-        if self.tmp_size < MIN_TMPFS_SIZE {
-            return fail("tmp_size", at_least(MIN_TMPFS_SIZE, self.tmp_size));
+        if self.disk < MIN_TMPFS_SIZE {
+            return fail("disk", at_least(MIN_TMPFS_SIZE, self.disk));
         }
         if self.max_output < MIN_MAX_OUTPUT {
             return fail("max_output", at_least(MIN_MAX_OUTPUT, self.max_output));
@@ -172,10 +164,8 @@ pub struct LimitsReport {
     pub open_files: u64,
     /// Largest file a process may write.
     pub file_size_bytes: u64,
-    /// Size of the writable /workspace (the working directory).
-    pub workspace_size_bytes: u64,
-    /// Size of the writable /tmp.
-    pub tmp_size_bytes: u64,
+    /// Bytes the run may store in /workspace, /tmp and /dev/shm together.
+    pub disk_bytes: u64,
     /// Cap on each of stdout and stderr; the rest is dropped and the result says it was truncated.
     pub max_output_bytes: u64,
 }
@@ -190,8 +180,7 @@ impl From<&Limits> for LimitsReport {
             cpus: l.cpus,
             open_files: l.open_files,
             file_size_bytes: l.file_size,
-            workspace_size_bytes: l.workspace_size,
-            tmp_size_bytes: l.tmp_size,
+            disk_bytes: l.disk,
             max_output_bytes: l.max_output,
         }
     }
@@ -258,12 +247,8 @@ mod tests {
                 "file_size: must be at least 1 byte (got 0 bytes)",
             ),
             (
-                |l| l.workspace_size = 1000,
-                "workspace_size: must be at least 1MiB (got 1000 bytes)",
-            ),
-            (
-                |l| l.tmp_size = 512 * KIB,
-                "tmp_size: must be at least 1MiB (got 512KiB)",
+                |l| l.disk = 512 * KIB,
+                "disk: must be at least 1MiB (got 512KiB)",
             ),
             (
                 |l| l.max_output = 1023,
@@ -287,8 +272,7 @@ mod tests {
             cpus: 0.01,
             open_files: 16,
             file_size: 1,
-            workspace_size: MIB,
-            tmp_size: MIB,
+            disk: MIB,
             max_output: KIB,
         };
         assert_eq!(limits.validate(), Ok(()));
@@ -306,8 +290,7 @@ mod tests {
              cpus = 1.0\n\
              open_files = 256\n\
              file_size_bytes = 67108864\n\
-             workspace_size_bytes = 67108864\n\
-             tmp_size_bytes = 67108864\n\
+             disk_bytes = 134217728\n\
              max_output_bytes = 1048576\n"
         );
     }

@@ -44,7 +44,10 @@ pub(crate) struct RawLimits {
     pub(crate) cpus: Option<f64>,
     pub(crate) open_files: Option<i64>,
     pub(crate) file_size: Option<Quantity>,
+    pub(crate) disk: Option<Quantity>,
+    /// Replaced by `disk`; kept only to say so.
     pub(crate) workspace_size: Option<Quantity>,
+    /// Replaced by `disk`; kept only to say so.
     pub(crate) tmp_size: Option<Quantity>,
     pub(crate) max_output: Option<Quantity>,
 }

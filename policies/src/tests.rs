@@ -21,8 +21,8 @@ pids = 32
 cpus = 0.5
 open_files = 128
 file_size = "1M"
-workspace_size = "32MiB"
-tmp_size = 16777216
+# one tmpfs for /workspace, /tmp and /dev/shm
+disk = "48MiB"
 max_output = "64KiB"
 
 [network]
@@ -83,8 +83,7 @@ fn good_policy_parses_into_typed_values() {
             cpus: 0.5,
             open_files: 128,
             file_size: 1 << 20,
-            workspace_size: 32 << 20,
-            tmp_size: 16 << 20,
+            disk: 48 << 20,
             max_output: 64 << 10,
         }
     );
@@ -166,8 +165,8 @@ fn unknown_field_lists_the_known_ones() {
     assert_eq!(
         error_with("memory = ", "memroy = "),
         "policies/custom.toml:11:1: limits.memroy: unknown field \"memroy\"; expected one of: \
-         wall_timeout, cpu_time, memory, pids, cpus, open_files, file_size, workspace_size, \
-         tmp_size, max_output"
+         wall_timeout, cpu_time, memory, pids, cpus, open_files, file_size, disk, \
+         workspace_size, tmp_size, max_output"
     );
     assert_eq!(
         error_with("[network]", "[netwrok]"),
@@ -510,4 +509,10 @@ fn mounts_may_be_appended_after_env() {
         Path::new("/opt/venvs/numpy")
     );
     assert_eq!(p.env.len(), 5);
+}
+
+#[test]
+fn the_old_per_mount_sizes_point_to_disk() {
+    let e = error_with("disk = \"48MiB\"", "disk = \"48MiB\"\ntmp_size = \"16MiB\"");
+    assert!(e.contains("limits.tmp_size: replaced by `disk`"), "{e}");
 }

@@ -222,6 +222,17 @@ fn check_limits(raw: RawLimits, path: &FieldPath, completeness: Completeness) ->
             }
         };
     }
+    for (old, given) in [
+        ("workspace_size", raw.workspace_size.is_some()),
+        ("tmp_size", raw.tmp_size.is_some()),
+    ] {
+        if given {
+            return Err(Diagnostic::at(
+                field(old),
+                "replaced by `disk`: one size for /workspace, /tmp and /dev/shm together (they are directories of one tmpfs); write `disk = \"128MiB\"` instead".to_string(),
+            ));
+        }
+    }
     set!(wall_timeout, duration);
     set!(cpu_time, duration);
     set!(memory, size);
@@ -231,8 +242,7 @@ fn check_limits(raw: RawLimits, path: &FieldPath, completeness: Completeness) ->
     set!(open_files, |v: i64| u64::try_from(v)
         .map_err(|_| between(OPEN_FILES_RANGE, v)));
     set!(file_size, size);
-    set!(workspace_size, size);
-    set!(tmp_size, size);
+    set!(disk, size);
     set!(max_output, size);
     limits
         .check()

@@ -33,6 +33,23 @@ pub(crate) fn arg_word(index: u8, high: bool) -> u32 {
 }
 
 pub(crate) const RET_KILL_PROCESS: u32 = 0x8000_0000;
+/// SECCOMP_RET_ERRNO; the errno goes in the low 16 bits.
+pub(crate) const RET_ERRNO: u32 = 0x0005_0000;
+
+/// One instruction without jumps.
+pub(crate) fn stmt(code: u16, k: u32) -> sock_filter {
+    sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+/// One conditional jump: `jt`/`jf` instructions ahead when true/false.
+pub(crate) fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
+    sock_filter { code, jt, jf, k }
+}
 
 /// x32 syscalls reach the filter with the x86_64 audit arch and this bit set
 /// in the number.

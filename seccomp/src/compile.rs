@@ -56,6 +56,25 @@ impl CompiledFilter {
     pub(crate) fn program(&self) -> &[sock_filter] {
         &self.program
     }
+
+    /// This filter with `memfd_create` refused (ENOSYS) in front of it, for
+    /// kernels without `vm.memfd_noexec` (before Linux 6.3), where a memfd
+    /// the jail writes could otherwise be executed. Three instructions that
+    /// load only the syscall number, so the kernel still caches the verdict.
+    pub fn with_memfd_create_refused(&self) -> CompiledFilter {
+        let nr = libc::SYS_memfd_create as u32;
+        let mut program = vec![
+            bpf::stmt(bpf::LD_W_ABS, bpf::DATA_NR),
+            bpf::jump(bpf::JEQ_K, nr, 0, 1),
+            bpf::stmt(bpf::RET_K, bpf::RET_ERRNO | libc::ENOSYS as u32),
+        ];
+        program.extend_from_slice(&self.program);
+        CompiledFilter {
+            profile: self.profile,
+            arch: self.arch,
+            program,
+        }
+    }
 }
 
 impl fmt::Debug for CompiledFilter {

@@ -775,3 +775,66 @@ fn jailer_init_and_interpreter_basics_are_allowed() {
         }
     }
 }
+
+#[test]
+fn memfd_create_can_be_refused_in_front_of_the_profile() {
+    let filter = crate::compile("default")
+        .expect("default compiles")
+        .with_memfd_create_refused();
+    let native = match crate::bpf::Arch::native().expect("supported arch") {
+        crate::bpf::Arch::X86_64 => (TargetArch::x86_64, AUDIT_ARCH_X86_64),
+        crate::bpf::Arch::Aarch64 => (TargetArch::aarch64, AUDIT_ARCH_AARCH64),
+    };
+    let call = |name: &str, args| eval(&filter, native.1, syscall_nr(name, native.0), args);
+    assert_eq!(call("memfd_create", args1(0)), ret_errno(ENOSYS));
+    assert_eq!(call("read", args1(0)), RET_ALLOW);
+    assert_eq!(call("io_uring_setup", args1(0)), ret_errno(EPERM));
+}
+
+#[test]
+fn inet_sockets_are_stream_or_datagram_with_tcp_or_udp_only() {
+    let (stream, dgram, nonblock_cloexec) = (1u64, 2u64, 0x80800u64);
+    let socket = |domain: u64, ty: u64, proto: u64| x86("socket", [domain, ty, proto, 0, 0, 0]);
+    for domain in [2, 10] {
+        for (ty, proto) in [(stream, 0), (stream, 6), (dgram, 0), (dgram, 17)] {
+            assert_eq!(
+                socket(domain, ty, proto),
+                RET_ALLOW,
+                "{domain} {ty} {proto}"
+            );
+            assert_eq!(socket(domain, ty | nonblock_cloexec, proto), RET_ALLOW);
+        }
+        // SCTP, MPTCP, UDP-Lite, L2TP, SMC, ICMP.
+        for proto in [132, 262, 136, 115, 256, 1] {
+            assert_eq!(
+                socket(domain, stream, proto),
+                ret_errno(libc::EPROTONOSUPPORT),
+                "{domain} stream {proto}"
+            );
+        }
+        // SOCK_SEQPACKET, SOCK_DCCP, SOCK_RAW.
+        for ty in [5, 6, 3] {
+            assert_eq!(
+                socket(domain, ty | nonblock_cloexec, 0),
+                ret_errno(libc::ESOCKTNOSUPPORT),
+                "{domain} type {ty}"
+            );
+        }
+    }
+}
+
+#[test]
+fn rlimit_core_can_be_read_but_not_set() {
+    let new_limit = 0x7ffd_0000_1000u64;
+    assert_eq!(x86("prlimit64", [0, 4, 0, new_limit, 0, 0]), RET_ALLOW);
+    assert_eq!(
+        x86("prlimit64", [0, 4, new_limit, 0, 0, 0]),
+        ret_errno(EPERM)
+    );
+    assert_eq!(x86("prlimit64", [0, 7, new_limit, 0, 0, 0]), RET_ALLOW);
+    assert_eq!(
+        x86("setrlimit", [4, new_limit, 0, 0, 0, 0]),
+        ret_errno(EPERM)
+    );
+    assert_eq!(x86("setrlimit", [7, new_limit, 0, 0, 0, 0]), RET_ALLOW);
+}

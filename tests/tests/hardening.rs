@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use pycell_tests::{
-    children_of, find_cgroups, processes_with_uid, pycell_bin, require_root, run_code, status_of,
-    Script,
+    children_of, find_cgroups, probe_report, processes_with_uid, pycell_bin, require_root,
+    run_code, status_of, Script,
 };
 use serde_json::Value;
 
@@ -89,4 +89,280 @@ fn a_sigkilled_jailer_takes_its_sandbox_and_cgroup_along() {
         !status.success(),
         "pycell run reports the dead jailer: {status}"
     );
+}
+
+#[test]
+fn one_disk_budget_bounds_workspace_tmp_and_shm_together() {
+    let code = r#"
+import json
+stored = {}
+for place in ["/workspace/a", "/tmp/b", "/dev/shm/c"]:
+    n = 0
+    try:
+        with open(place, "wb") as f:
+            for _ in range(30):
+                f.write(b"\1" * (1 << 20))
+                f.flush()
+                n += 1
+    except OSError as e:
+        stored[place + " error"] = e.errno
+    stored[place] = n
+print(json.dumps(stored))
+"#;
+    let out = run_code("disk.py", code, &["--disk", "64M"], &[]);
+    assert_eq!(status_of(&out), "ok", "{}", out.describe());
+    let r = probe_report(&out);
+    let total: u64 = ["/workspace/a", "/tmp/b", "/dev/shm/c"]
+        .iter()
+        .map(|k| r[*k].as_u64().unwrap())
+        .sum();
+    assert!(
+        total < 64,
+        "{total} MiB stored under a 64 MiB disk limit: {r}"
+    );
+    assert_eq!(r["/dev/shm/c error"], libc_enospc(), "{r}");
+    let used = out.result()["disk_used_bytes"].as_u64().unwrap();
+    assert!(
+        used > 60 << 20 && used <= 64 << 20,
+        "disk_used_bytes {used}"
+    );
+}
+
+fn libc_enospc() -> Value {
+    Value::from(28)
+}
+
+#[test]
+fn socket_buffers_count_against_the_memory_limit() {
+    // 60 loopback connections that are never read, each written to until
+    // the kernel stops taking data: the queued bytes are kernel memory the
+    // host holds for the run.
+    let code = r#"
+import json, socket, time
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(100)
+pairs, queued, deadline = [], 0, time.monotonic() + 20
+for _ in range(60):
+    c = socket.create_connection(srv.getsockname())
+    s, _ = srv.accept()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 20)
+    c.setblocking(False)
+    pairs.append((c, s))
+    chunk = b"\0" * (1 << 20)
+    while time.monotonic() < deadline:
+        try:
+            queued += c.send(chunk)
+        except (BlockingIOError, OSError):
+            break
+print(json.dumps({"queued_mib": queued >> 20}))
+"#;
+    let out = run_code("sockets.py", code, &["--memory", "64M"], &[]);
+    let r = probe_report(&out);
+    let queued = r["queued_mib"].as_u64().unwrap();
+    assert!(
+        queued < 64,
+        "{queued} MiB queued in socket buffers under a 64 MiB memory limit\n{}",
+        out.describe()
+    );
+}
+
+#[test]
+fn inet_sockets_other_than_tcp_and_udp_are_refused() {
+    let code = r#"
+import json, socket
+tried = {}
+for name, args in {
+    "tcp": (socket.AF_INET, socket.SOCK_STREAM, 0),
+    "udp6": (socket.AF_INET6, socket.SOCK_DGRAM, socket.IPPROTO_UDP),
+    "sctp": (socket.AF_INET, socket.SOCK_SEQPACKET, 132),
+    "sctp_stream": (socket.AF_INET, socket.SOCK_STREAM, 132),
+    "mptcp": (socket.AF_INET, socket.SOCK_STREAM, 262),
+    "udplite": (socket.AF_INET6, socket.SOCK_DGRAM, 136),
+    "l2tp": (socket.AF_INET, socket.SOCK_DGRAM, 115),
+    "dccp": (socket.AF_INET, 6, 33),
+    "smc": (socket.AF_INET, socket.SOCK_STREAM, 256),
+}.items():
+    try:
+        socket.socket(*args).close()
+        tried[name] = "ok"
+    except OSError as e:
+        tried[name] = e.errno
+print(json.dumps(tried))
+"#;
+    let out = run_code("sockets.py", code, &[], &[]);
+    let r = probe_report(&out);
+    assert_eq!(r["tcp"], "ok", "{r}");
+    assert_eq!(r["udp6"], "ok", "{r}");
+    for name in ["sctp_stream", "mptcp", "udplite", "l2tp", "dccp", "smc"] {
+        assert_eq!(r[name], 93, "{name}: EPROTONOSUPPORT expected: {r}");
+    }
+    assert_eq!(r["sctp"], 93, "{r}");
+}
+
+#[test]
+fn code_written_to_a_memfd_cannot_be_executed() {
+    let code = r#"
+import os
+try:
+    fd = os.memfd_create("payload")
+    os.write(fd, open("/usr/bin/true", "rb").read())
+    os.execv(f"/proc/self/fd/{fd}", ["payload"])
+except OSError as e:
+    print("refused", e.errno)
+"#;
+    let out = run_code("memfd.py", code, &[], &[]);
+    let stdout = out.result()["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        stdout.starts_with("refused"),
+        "a memfd was executed\n{}",
+        out.describe()
+    );
+}
+
+#[test]
+fn the_jail_cannot_fingerprint_the_host() {
+    let code = r#"
+import json, os, time
+seen = {"monotonic": time.monotonic(), "boottime": time.clock_gettime(time.CLOCK_BOOTTIME),
+        "cpus": os.cpu_count()}
+for f in ["stat", "interrupts", "diskstats", "cmdline", "uptime", "sys/kernel/random/boot_id"]:
+    try:
+        seen[f] = open("/proc/" + f).read()
+    except OSError as e:
+        seen[f] = e.errno
+seen["acpi"] = os.listdir("/proc/acpi") if os.path.isdir("/proc/acpi") else []
+print(json.dumps(seen))
+"#;
+    let out = run_code("fingerprint.py", code, &[], &[]);
+    let r = probe_report(&out);
+    for clock in ["monotonic", "boottime"] {
+        let v = r[clock].as_f64().unwrap();
+        assert!(v < 10.0, "{clock} reads {v}: the host's uptime shows");
+    }
+    for f in [
+        "stat",
+        "interrupts",
+        "diskstats",
+        "cmdline",
+        "uptime",
+        "sys/kernel/random/boot_id",
+    ] {
+        assert_eq!(r[f], "", "/proc/{f} is readable in the jail: {r}");
+    }
+    assert_eq!(r["acpi"], serde_json::json!([]), "{r}");
+    assert!(
+        r["cpus"].as_u64().unwrap() >= 1,
+        "cpu count still known: {r}"
+    );
+}
+
+#[test]
+fn every_rlimit_is_pinned_whatever_the_caller_had() {
+    let code = r#"
+import json, os, resource
+r = {n: resource.getrlimit(getattr(resource, n)) for n in
+     ["RLIMIT_RTPRIO", "RLIMIT_CORE", "RLIMIT_STACK", "RLIMIT_MEMLOCK", "RLIMIT_NOFILE", "RLIMIT_NICE"]}
+try:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    r["core_lowered"] = True
+except (OSError, ValueError):
+    r["core_lowered"] = False
+try:
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    r["fifo"] = True
+except OSError:
+    r["fifo"] = False
+print(json.dumps(r))
+"#;
+    require_root();
+    let script = Script::new("rlimits.py", code);
+    let out = Command::new("prlimit")
+        .args([
+            // Raising the real-time priority limit would need
+            // CAP_SYS_RESOURCE, which root lacks on these hosts; the test
+            // shows the values are set, not inherited, with the others.
+            "--core=unlimited:unlimited",
+            "--stack=unlimited:unlimited",
+            "--memlock=8388608:8388608",
+            "--nofile=1024:1024",
+            "--",
+        ])
+        .arg(pycell_bin())
+        .args(["run", "--json"])
+        .arg(&script.path)
+        .stdin(Stdio::null())
+        .output()
+        .expect("prlimit runs pycell");
+    let result: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let stdout = result["stdout"].as_str().unwrap_or_default();
+    let r: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {result}"));
+    assert_eq!(r["RLIMIT_RTPRIO"], serde_json::json!([0, 0]), "{r}");
+    assert_eq!(r["RLIMIT_NICE"], serde_json::json!([0, 0]), "{r}");
+    assert_eq!(r["RLIMIT_CORE"], serde_json::json!([1, 1]), "{r}");
+    assert_eq!(
+        r["RLIMIT_STACK"],
+        serde_json::json!([8 << 20, 8 << 20]),
+        "{r}"
+    );
+    assert_eq!(
+        r["RLIMIT_MEMLOCK"],
+        serde_json::json!([64 << 10, 64 << 10]),
+        "{r}"
+    );
+    assert_eq!(
+        r["RLIMIT_NOFILE"],
+        serde_json::json!([256, 256]),
+        "above the caller's 64: {r}"
+    );
+    assert_eq!(r["core_lowered"], false, "{r}");
+    assert_eq!(r["fifo"], false, "{r}");
+}
+
+#[test]
+fn bind_sources_a_less_trusted_user_could_change_are_refused() {
+    require_root();
+    // A directory under /var/tmp (world-writable): anyone could have put it
+    // there, or swap it for a symlink to /root.
+    let dir = tempfile::Builder::new()
+        .prefix("pycell-untrusted-")
+        .tempdir_in("/var/tmp")
+        .expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let policy_dir = tempfile::tempdir().expect("policy dir");
+    let default = std::fs::read_to_string(pycell_tests::repo_root().join("policies/default.toml"))
+        .expect("default policy");
+    let policy = default.replace("name = \"default\"", "name = \"untrusted\"")
+        + &format!("\n[[mounts]]\nsource = \"{}\"\n", data.display());
+    // [[mounts]] must come before [landlock]; append it as the last mount.
+    let policy = reorder_mounts_last(&policy);
+    let policy_file = policy_dir.path().join("untrusted.toml");
+    std::fs::write(&policy_file, policy).unwrap();
+    let policy_arg = policy_file.to_string_lossy().into_owned();
+    let out = pycell_tests::Pycell::new(["run", "--json", "--policy", &policy_arg, "-"])
+        .stdin("print('ran')")
+        .run();
+    assert_eq!(status_of(&out), "refused", "{}", out.describe());
+    let error = &out.result()["error"];
+    assert_eq!(error["code"], "mounts_failed", "{error}");
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("writable by others") && message.contains("/var/tmp"),
+        "{message}"
+    );
+}
+
+/// The default policy with an extra [[mounts]] entry moved next to the others.
+fn reorder_mounts_last(policy: &str) -> String {
+    let (head, extra) = policy
+        .rsplit_once("\n[[mounts]]\n")
+        .expect("appended mount");
+    let at = head.find("\n[landlock]").expect("[landlock] table");
+    format!("{}\n[[mounts]]\n{}{}", &head[..at], extra, &head[at..])
 }

@@ -151,7 +151,7 @@ fn render_info(info: &pycell_core::info::HostInfo) -> String {
     for p in &info.policies {
         let l = &p.limits;
         t.push_str(&format!(
-            "  {}: {} network: {}; limits: {} s wall, {} s CPU, {} memory, {} processes, {} output per stream, {} workspace\n",
+            "  {}: {} network: {}; limits: {} s wall, {} s CPU, {} memory, {} processes, {} output per stream, {} disk\n",
             p.name,
             p.description,
             p.network,
@@ -160,7 +160,7 @@ fn render_info(info: &pycell_core::info::HostInfo) -> String {
             human_bytes(l.memory_bytes),
             l.pids,
             human_bytes(l.max_output_bytes),
-            human_bytes(l.workspace_size_bytes),
+            human_bytes(l.disk_bytes),
         ));
     }
     for p in &info.policy_problems {

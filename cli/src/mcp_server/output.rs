@@ -85,6 +85,8 @@ pub struct RunPythonOutput {
     pub cpu_ms: f64,
     /// Peak memory of the sandbox, in bytes.
     pub peak_memory_bytes: u64,
+    /// Bytes stored in /workspace, /tmp and /dev/shm together when the run ended.
+    pub disk_used_bytes: u64,
     /// The policy the run used.
     pub policy: String,
     /// The limits the run had (null if it was refused before they were known).
@@ -129,6 +131,7 @@ impl From<RunResult> for RunPythonOutput {
             duration_ms: r.wall_ms,
             cpu_ms: r.cpu_ms,
             peak_memory_bytes: r.peak_memory_bytes,
+            disk_used_bytes: r.disk_used_bytes,
             policy: r.policy,
             limits: r.limits,
             layers: r.layers.map(|l| LayersInfo {
@@ -288,6 +291,7 @@ mod tests {
             wall_ms: 17.4,
             cpu_ms: 9.2,
             peak_memory_bytes: 8_839_168,
+            disk_used_bytes: 4096,
             layers: None,
             error: None,
         }

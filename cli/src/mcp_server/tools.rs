@@ -141,15 +141,14 @@ fn secs(s: f64) -> String {
 fn run_python_description(default_policy: &str, limits: Option<&Limits>) -> String {
     let limits_text = match limits {
         Some(l) => format!(
-            "Limits when no policy is given (policy {default_policy}): {} wall-clock (change it with timeout_s, up to {}), {} of CPU time, {} of memory, {} processes/threads, {} each of stdout and stderr (the rest is dropped and stdout_truncated/stderr_truncated say so), {} of writable /workspace and {} of /tmp.",
+            "Limits when no policy is given (policy {default_policy}): {} wall-clock (change it with timeout_s, up to {}), {} of CPU time, {} of memory, {} processes/threads, {} each of stdout and stderr (the rest is dropped and stdout_truncated/stderr_truncated say so), {} of disk for /workspace, /tmp and /dev/shm together.",
             secs(l.wall_timeout.as_secs_f64()),
             secs(pycell_policy::MAX_WALL_TIMEOUT.as_secs_f64()),
             secs(l.cpu_time.as_secs_f64()),
             human_bytes(l.memory),
             l.pids,
             human_bytes(l.max_output),
-            human_bytes(l.workspace_size),
-            human_bytes(l.tmp_size),
+            human_bytes(l.disk),
         ),
         None => format!("Limits are those of the policy ({default_policy}); see sandbox_info."),
     };
@@ -167,7 +166,7 @@ Example: {{"code": "import statistics\nprint(statistics.mean([3, 5, 10]))", "tim
     )
 }
 
-const SANDBOX_INFO_DESCRIPTION: &str = r#"Describe the sandbox that run_python uses: the policies you can pass as its `policy` argument (name, description, network mode, and limits: wall-clock and CPU time, memory, processes, output caps, workspace size) and the isolation layers this host enforces (user namespaces, Landlock, seccomp, cgroups, root), measured when called. Takes no arguments. Use it to choose a policy or a timeout_s, or to understand a "refused" result. Example: {} returns {"version": "...", "mode": "embedded", "policies": [{"name": "default", "network": "none", "limits": {"wall_timeout_s": 30.0, "memory_bytes": 536870912, ...}, ...}], "layers": [{"layer": "landlock", "available": true, "detail": "ABI 7"}, ...]}."#;
+const SANDBOX_INFO_DESCRIPTION: &str = r#"Describe the sandbox that run_python uses: the policies you can pass as its `policy` argument (name, description, network mode, and limits: wall-clock and CPU time, memory, processes, output caps, disk size) and the isolation layers this host enforces (user namespaces, Landlock, seccomp, cgroups, root), measured when called. Takes no arguments. Use it to choose a policy or a timeout_s, or to understand a "refused" result. Example: {} returns {"version": "...", "mode": "embedded", "policies": [{"name": "default", "network": "none", "limits": {"wall_timeout_s": 30.0, "memory_bytes": 536870912, ...}, ...}], "layers": [{"layer": "landlock", "available": true, "detail": "ABI 7"}, ...]}."#;
 
 /// Keywords that constrain one JSON type, moved with it into its own branch.
 const TYPE_KEYWORDS: &[&str] = &[

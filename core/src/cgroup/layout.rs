@@ -38,6 +38,9 @@ pub enum CgroupLayout {
         pids: PathBuf,
         cpu: PathBuf,
         cpuacct: PathBuf,
+        /// Runs are frozen before they are killed, so that none can fork or
+        /// exit (and free its pid for reuse) while the kill goes on.
+        freezer: PathBuf,
     },
 }
 
@@ -124,6 +127,7 @@ impl CgroupLayout {
             pids: dir("pids")?,
             cpu: dir("cpu")?,
             cpuacct: dir("cpuacct")?,
+            freezer: dir("freezer")?,
         })
     }
 
@@ -142,7 +146,8 @@ impl CgroupLayout {
                 pids,
                 cpu,
                 cpuacct,
-            } => vec![memory, pids, cpu, cpuacct],
+                freezer,
+            } => vec![memory, pids, cpu, cpuacct, freezer],
         }
     }
 
@@ -177,6 +182,14 @@ impl CgroupLayout {
         Ok(format!("{own_rel}/{runs}"))
     }
 
+    /// v1: the freezer directory of the run cgroup `name` under `parent`.
+    fn freezer_of(&self, parent: &str, name: &std::ffi::OsStr) -> Option<PathBuf> {
+        match self {
+            CgroupLayout::V1 { freezer, .. } => Some(join_rel(freezer, parent).join(name)),
+            CgroupLayout::V2 { .. } => None,
+        }
+    }
+
     /// Remove cgroups under `parent` whose names start with `prefix`, killing
     /// anything still in them. Only call this for a prefix nobody else can be
     /// using (pycell uses the sandbox uid, whose lease the caller holds): they
@@ -188,7 +201,8 @@ impl CgroupLayout {
             };
             for e in entries.flatten() {
                 if e.file_name().to_string_lossy().starts_with(prefix) {
-                    super::sandbox::kill_all_in(self.version(), &e.path());
+                    let freezer = self.freezer_of(parent, &e.file_name());
+                    super::sandbox::kill_all_in(self.version(), &e.path(), freezer.as_deref());
                     files::remove_dirs(&[e.path()]);
                 }
             }
@@ -241,6 +255,7 @@ mod tests {
 40 33 0:35 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
 41 33 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
 42 33 0:37 /box /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct
+43 33 0:38 / /sys/fs/cgroup/freezer rw - cgroup cgroup rw,freezer
 ";
 
     #[test]
@@ -266,7 +281,7 @@ mod tests {
         );
         // The unified (cgroup2) line is not a v1 hierarchy.
         assert!(v1_mount(MOUNTINFO, "nsdelegate").is_none());
-        assert!(v1_mount(MOUNTINFO, "freezer").is_none());
+        assert!(v1_mount(MOUNTINFO, "blkio").is_none());
     }
 
     fn host(dir: &Path, cgroup: &str) -> HostPaths {
@@ -287,7 +302,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let h = host(
             dir.path(),
-            "8:pids:/a\n4:memory:/m/x\n1:cpu,cpuacct:/box/c\n0::/u\n",
+            "8:pids:/a\n4:memory:/m/x\n1:cpu,cpuacct:/box/c\n3:freezer:/\n0::/u\n",
         );
         let l = CgroupLayout::detect_in(&h).unwrap();
         assert_eq!(
@@ -297,6 +312,7 @@ mod tests {
                 pids: "/sys/fs/cgroup/pids/a".into(),
                 cpu: "/sys/fs/cgroup/cpu,cpuacct/c".into(),
                 cpuacct: "/sys/fs/cgroup/cpu,cpuacct/c".into(),
+                freezer: "/sys/fs/cgroup/freezer".into(),
             }
         );
         // No memory line in /proc/self/cgroup: refused, naming the controller.

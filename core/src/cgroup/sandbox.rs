@@ -5,8 +5,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::report::CgroupVersion;
-use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use std::time::Duration;
 
 use super::files::{self, join_rel};
 use super::layout::CgroupLayout;
@@ -70,17 +70,30 @@ fn limit_writes(version: CgroupVersion, l: CgroupLimits, memsw: bool) -> Vec<Wri
             w(Cpu, "cpu.max", format!("{quota} {CPU_PERIOD_US}")),
         ],
         CgroupVersion::V1 => {
-            let mut v = vec![w(Memory, "memory.limit_in_bytes", l.memory_bytes)];
+            let (pages, sockets) = v1_memory_split(l.memory_bytes);
+            let mut v = vec![w(Memory, "memory.limit_in_bytes", pages)];
             if memsw {
                 // memory+swap = memory: no swap (must come after the limit).
-                v.push(w(Memory, "memory.memsw.limit_in_bytes", l.memory_bytes));
+                v.push(w(Memory, "memory.memsw.limit_in_bytes", pages));
             }
+            v.push(w(Memory, "memory.kmem.tcp.limit_in_bytes", sockets));
             v.push(w(Pids, "pids.max", l.pids));
             v.push(w(Cpu, "cpu.cfs_period_us", CPU_PERIOD_US));
             v.push(w(Cpu, "cpu.cfs_quota_us", quota));
             v
         }
     }
+}
+
+/// v1 charges socket buffers (TCP and UDP) to a counter of their own, and
+/// only once its limit is set; left unset, a run's loopback connections
+/// can queue more kernel memory than its whole memory limit. Split the
+/// run's budget: a sixteenth (at least 1 MiB) for socket buffers, the rest
+/// for everything else (pages, page cache, kernel objects), so that the two
+/// together never exceed it. v2 charges sockets to `memory.max` itself.
+pub fn v1_memory_split(memory_bytes: u64) -> (u64, u64) {
+    let sockets = (memory_bytes / 16).max(1 << 20).min(memory_bytes / 2);
+    (memory_bytes - sockets, sockets)
 }
 
 fn swap_total_is_zero() -> bool {
@@ -115,23 +128,74 @@ pub(super) fn enable_v2_controllers(dir: &Path) -> Result<(), CgroupError> {
     Ok(())
 }
 
-/// SIGKILL everything in the cgroup at `dir` (v2: cgroup.kill; v1: what
-/// cgroup.procs lists, again until it is empty or we give up).
-pub(super) fn kill_all_in(version: CgroupVersion, dir: &Path) {
+/// SIGKILL everything in the cgroup at `dir`: v2 with `cgroup.kill`; v1
+/// frozen first (in `freezer`, its directory in the freezer hierarchy), so
+/// that nothing in it can fork or exit while it is being killed, each
+/// process signalled through a pidfd after checking that the pid is still
+/// one of ours, then thawed so the kills take effect; again until empty.
+pub(super) fn kill_all_in(version: CgroupVersion, dir: &Path, freezer: Option<&Path>) {
     if version == CgroupVersion::V2 {
         let _ = files::write(&dir.join("cgroup.kill"), "1");
         return;
     }
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
     for _ in 0..50 {
         let procs = files::pids(&dir.join("cgroup.procs"));
         if procs.is_empty() {
             return;
         }
+        let frozen = freezer.is_some_and(freeze);
         for p in procs {
-            let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+            kill_if_member(p, name.as_deref().unwrap_or_default());
         }
-        std::thread::sleep(std::time::Duration::from_millis(2));
+        if frozen {
+            let _ = freezer.map(|f| files::write(&f.join("freezer.state"), "THAWED"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// Freeze the v1 freezer cgroup at `dir`; true once it reports FROZEN.
+fn freeze(dir: &Path) -> bool {
+    let state = dir.join("freezer.state");
+    if files::write(&state, "FROZEN").is_err() {
+        return false;
+    }
+    for _ in 0..100 {
+        if fs::read_to_string(&state).is_ok_and(|s| s.trim() == "FROZEN") {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    false
+}
+
+/// SIGKILL process `pid` through a pidfd, if it is still in the cgroup
+/// called `name`: a pid read from `cgroup.procs` may have been reused.
+fn kill_if_member(pid: i32, name: &str) {
+    let Some(pid) = rustix::process::Pid::from_raw(pid) else {
+        return;
+    };
+    let Ok(fd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
+        return;
+    };
+    // Read after the pidfd exists: if the pid was reused before, the new
+    // process is not ours; if after, the pidfd's process is gone and the
+    // signal below goes nowhere.
+    let proc_cgroup = format!("/proc/{}/cgroup", pid.as_raw_nonzero());
+    let ours = fs::read_to_string(proc_cgroup).is_ok_and(|text| in_cgroup_named(&text, name));
+    if ours {
+        let _ = rustix::process::pidfd_send_signal(&fd, rustix::process::Signal::KILL);
+    }
+}
+
+/// Whether a /proc/<pid>/cgroup text puts the process in a cgroup named `name`.
+pub(super) fn in_cgroup_named(proc_cgroup: &str, name: &str) -> bool {
+    !name.is_empty()
+        && proc_cgroup.lines().any(|l| {
+            l.rsplit_once(':')
+                .is_some_and(|(_, path)| path.rsplit('/').next() == Some(name))
+        })
 }
 
 /// The cgroup(s) of one run. Dropping it kills what is left in it and
@@ -145,6 +209,8 @@ pub struct SandboxCgroup {
     cpu: PathBuf,
     /// v1's cpuacct hierarchy (v2 accounts CPU in `cpu`).
     cpuacct: Option<PathBuf>,
+    /// v1's freezer hierarchy (v2 kills with `cgroup.kill`).
+    freezer: Option<PathBuf>,
     /// Every directory created for this run, in creation order.
     dirs: Vec<PathBuf>,
 }
@@ -175,6 +241,7 @@ impl SandboxCgroup {
             pids: PathBuf::new(),
             cpu: PathBuf::new(),
             cpuacct: None,
+            freezer: None,
             dirs: Vec::new(),
         };
         match layout {
@@ -187,11 +254,13 @@ impl SandboxCgroup {
                 pids,
                 cpu,
                 cpuacct,
+                freezer,
             } => {
                 cg.memory = make_v1_dir(memory, parent, name, &mut cg.dirs)?;
                 cg.pids = make_v1_dir(pids, parent, name, &mut cg.dirs)?;
                 cg.cpu = make_v1_dir(cpu, parent, name, &mut cg.dirs)?;
                 cg.cpuacct = Some(make_v1_dir(cpuacct, parent, name, &mut cg.dirs)?);
+                cg.freezer = Some(make_v1_dir(freezer, parent, name, &mut cg.dirs)?);
             }
         }
         Ok(cg)
@@ -233,9 +302,9 @@ impl SandboxCgroup {
 
     /// The directories a process joins: one on v2, one per hierarchy on v1.
     fn member_dirs(&self) -> Vec<&Path> {
-        match &self.cpuacct {
-            None => vec![&self.memory],
-            Some(acct) => vec![&self.memory, &self.pids, &self.cpu, acct],
+        match (&self.cpuacct, &self.freezer) {
+            (Some(acct), Some(freezer)) => vec![&self.memory, &self.pids, &self.cpu, acct, freezer],
+            _ => vec![&self.memory],
         }
     }
 
@@ -255,7 +324,7 @@ impl SandboxCgroup {
 
     /// SIGKILL every process in the cgroup.
     pub fn kill_all(&self) {
-        kill_all_in(self.version, &self.memory);
+        kill_all_in(self.version, &self.memory, self.freezer.as_deref());
     }
 
     /// The run's cgroup directory on v2, opened for `clone3(CLONE_INTO_CGROUP)`.
@@ -370,8 +439,11 @@ mod tests {
     fn v1_limits_swap_only_when_the_kernel_can_and_after_the_memory_limit() {
         let with = limit_writes(CgroupVersion::V1, LIMITS, true);
         assert_eq!(with[0].file, "memory.limit_in_bytes");
+        assert_eq!(with[0].value, (60 << 20).to_string());
         assert_eq!(with[1].file, "memory.memsw.limit_in_bytes");
-        assert_eq!(with[1].value, "67108864");
+        assert_eq!(with[1].value, (60 << 20).to_string());
+        assert_eq!(with[2].file, "memory.kmem.tcp.limit_in_bytes");
+        assert_eq!(with[2].value, (4 << 20).to_string());
         let without = limit_writes(CgroupVersion::V1, LIMITS, false);
         assert!(without
             .iter()
@@ -381,6 +453,23 @@ mod tests {
             .find(|w| w.file == "cpu.cfs_quota_us")
             .unwrap();
         assert_eq!(quota.value, "50000");
+    }
+
+    #[test]
+    fn v1_socket_buffers_and_pages_share_the_memory_budget() {
+        for m in [16 << 20, 64 << 20, 512 << 20, 1 << 40] {
+            let (pages, sockets) = v1_memory_split(m);
+            assert_eq!(pages + sockets, m);
+            assert!(sockets >= 1 << 20 && pages >= m / 2);
+        }
+    }
+
+    #[test]
+    fn membership_is_read_from_the_last_path_segment() {
+        let text = "7:memory:/a/pycell/pycell-5-r-1\n0::/x\n";
+        assert!(in_cgroup_named(text, "pycell-5-r-1"));
+        assert!(!in_cgroup_named(text, "pycell-5-r"));
+        assert!(!in_cgroup_named(text, ""));
     }
 
     #[test]

@@ -1,0 +1,75 @@
+//! Settings of the jail's own namespaces, made by its first process while it
+//! still has its namespace capabilities and the host's /proc:
+//!
+//! - a time namespace for everything it forks, with the monotonic and boot
+//!   clocks moved back so that they start near zero: the host's uptime and
+//!   boot time are a fingerprint of the machine (`/proc/uptime`,
+//!   `CLOCK_BOOTTIME`, `time.monotonic()`), the same for every run on it;
+//! - `vm.memfd_noexec = 2` in the jail's pid namespace (Linux 6.3+; the
+//!   setting is per pid namespace and can only be raised): every memfd is
+//!   sealed non-executable, so code the run writes into one cannot be run.
+//!   Without it the jailer refuses `memfd_create` in the seccomp filter
+//!   instead (see `supervisor::preflight`).
+
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use nix::sched::{unshare, CloneFlags};
+use nix::time::{clock_gettime, ClockId};
+
+/// The per-pid-namespace memfd setting (absent before Linux 6.3).
+pub(crate) const MEMFD_NOEXEC: &str = "/proc/sys/vm/memfd_noexec";
+/// "memfd_create() without MFD_NOEXEC_SEAL gets it; MFD_EXEC is refused".
+const MEMFD_NOEXEC_ENFORCED: &str = "2";
+
+/// Whether this kernel can seal every memfd of a pid namespace non-executable.
+pub(crate) fn memfd_noexec_available() -> bool {
+    Path::new(MEMFD_NOEXEC).exists()
+}
+
+/// The `/proc/self/timens_offsets` text that moves `monotonic` and
+/// `boottime` back by their whole seconds now, so that they read between 0
+/// and 1 s when the program starts. The kernel refuses offsets that would
+/// make a clock negative; whole seconds never do.
+pub(crate) fn clock_offsets(monotonic_s: i64, boottime_s: i64) -> String {
+    format!("monotonic {} 0\nboottime {} 0\n", -monotonic_s, -boottime_s)
+}
+
+fn seconds(clock: ClockId) -> io::Result<i64> {
+    Ok(clock_gettime(clock).map_err(io::Error::from)?.tv_sec())
+}
+
+/// A new time namespace for the children of this process, its clocks near 0.
+pub(crate) fn new_time_namespace() -> io::Result<()> {
+    unshare(CloneFlags::from_bits_retain(libc::CLONE_NEWTIME))
+        .map_err(|e| io::Error::other(format!("unshare(CLONE_NEWTIME): {e}")))?;
+    let offsets = clock_offsets(
+        seconds(ClockId::CLOCK_MONOTONIC)?,
+        seconds(ClockId::CLOCK_BOOTTIME)?,
+    );
+    fs::write("/proc/self/timens_offsets", offsets)
+        .map_err(|e| io::Error::other(format!("writing /proc/self/timens_offsets: {e}")))
+}
+
+/// Seal every memfd of our pid namespace non-executable, where the kernel can.
+pub(crate) fn seal_memfds() -> io::Result<()> {
+    if !memfd_noexec_available() {
+        return Ok(());
+    }
+    fs::write(MEMFD_NOEXEC, MEMFD_NOEXEC_ENFORCED)
+        .map_err(|e| io::Error::other(format!("writing {MEMFD_NOEXEC}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_move_both_clocks_back_by_whole_seconds() {
+        assert_eq!(
+            clock_offsets(12345, 23456),
+            "monotonic -12345 0\nboottime -23456 0\n"
+        );
+    }
+}
