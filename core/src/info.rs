@@ -16,7 +16,8 @@ use crate::result::LimitsReport;
 /// One isolation layer and whether this host can enforce it.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct LayerStatus {
-    /// `user_namespaces`, `landlock`, `seccomp`, `cgroups` or `root`.
+    /// `user_namespaces`, `landlock`, `seccomp`, `cgroups`, `time_namespace`,
+    /// `memfd_exec`, `socket_memory`, `cgroup_kill` or `root`.
     pub layer: String,
     /// Whether the layer is usable here right now.
     pub available: bool,

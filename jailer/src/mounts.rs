@@ -354,9 +354,11 @@ fn mount_disk(dev: &Path, layout: &RootfsLayout<'_>) -> Result<(), MountError> {
     let disk = staged(Path::new(DISK));
     mkdir_p(&disk)?;
     let size = layout.disk_size;
+    // noexec: besides Landlock's refusal to execve anything here, no file
+    // the run writes can be mapped executable (a library for ctypes, say).
     tmpfs(
         &disk,
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         &format!("size={size},nr_inodes={},mode=0755", disk_inodes(size)),
     )?;
     let (ws, tmp) = (disk.join("workspace"), disk.join("tmp"));

@@ -210,6 +210,14 @@ try:
     os.execv(f"/proc/self/fd/{fd}", ["payload"])
 except OSError as e:
     print("refused", e.errno)
+import ctypes, glob, shutil
+lib = sorted(glob.glob("/usr/lib/*/libz.so.1*"))[0]
+shutil.copy(lib, "/workspace/written.so")
+try:
+    ctypes.CDLL("/workspace/written.so")
+    print("loaded a library it wrote")
+except OSError:
+    print("library refused")
 "#;
     let out = run_code("memfd.py", code, &[], &[]);
     let stdout = out.result()["stdout"]
@@ -219,6 +227,11 @@ except OSError as e:
     assert!(
         stdout.starts_with("refused"),
         "a memfd was executed\n{}",
+        out.describe()
+    );
+    assert!(
+        stdout.contains("library refused"),
+        "a library the run wrote was loaded\n{}",
         out.describe()
     );
 }

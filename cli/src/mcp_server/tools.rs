@@ -166,7 +166,7 @@ Example: {{"code": "import statistics\nprint(statistics.mean([3, 5, 10]))", "tim
     )
 }
 
-const SANDBOX_INFO_DESCRIPTION: &str = r#"Describe the sandbox that run_python uses: the policies you can pass as its `policy` argument (name, description, network mode, and limits: wall-clock and CPU time, memory, processes, output caps, disk size) and the isolation layers this host enforces (user namespaces, Landlock, seccomp, cgroups, root), measured when called. Takes no arguments. Use it to choose a policy or a timeout_s, or to understand a "refused" result. Example: {} returns {"version": "...", "mode": "embedded", "policies": [{"name": "default", "network": "none", "limits": {"wall_timeout_s": 30.0, "memory_bytes": 536870912, ...}, ...}], "layers": [{"layer": "landlock", "available": true, "detail": "ABI 7"}, ...]}."#;
+const SANDBOX_INFO_DESCRIPTION: &str = r#"Describe the sandbox that run_python uses: the policies you can pass as its `policy` argument (name, description, network mode, and limits: wall-clock and CPU time, memory, processes, output caps, disk size) and the isolation layers this host enforces (user namespaces, Landlock, seccomp, cgroups, the time namespace, memfd sealing, socket-buffer accounting, how runs are killed, root), measured when called. Takes no arguments. Use it to choose a policy or a timeout_s, or to understand a "refused" result. Example: {} returns {"version": "...", "mode": "embedded", "policies": [{"name": "default", "network": "none", "limits": {"wall_timeout_s": 30.0, "memory_bytes": 536870912, ...}, ...}], "layers": [{"layer": "landlock", "available": true, "detail": "ABI 7"}, ...]}."#;
 
 /// Keywords that constrain one JSON type, moved with it into its own branch.
 const TYPE_KEYWORDS: &[&str] = &[

@@ -96,6 +96,15 @@ pub fn v1_memory_split(memory_bytes: u64) -> (u64, u64) {
     (memory_bytes - sockets, sockets)
 }
 
+/// v1 turns socket accounting on for the whole kernel (a static key, patched
+/// into the code with all CPUs stopped) when the first cgroup gets a socket
+/// limit, and off when the last such cgroup goes. An unlimited limit on the
+/// long-lived parent of the runs keeps it on, so that runs do not pay for
+/// the patching twice each. Best effort: the run's own limit is what counts.
+fn keep_socket_accounting_on(parent_dir: &Path) {
+    let _ = files::write(&parent_dir.join("memory.kmem.tcp.limit_in_bytes"), "-1");
+}
+
 fn swap_total_is_zero() -> bool {
     fs::read_to_string("/proc/swaps")
         .map(|s| s.lines().skip(1).all(|l| l.trim().is_empty()))
@@ -257,6 +266,7 @@ impl SandboxCgroup {
                 freezer,
             } => {
                 cg.memory = make_v1_dir(memory, parent, name, &mut cg.dirs)?;
+                keep_socket_accounting_on(&join_rel(memory, parent));
                 cg.pids = make_v1_dir(pids, parent, name, &mut cg.dirs)?;
                 cg.cpu = make_v1_dir(cpu, parent, name, &mut cg.dirs)?;
                 cg.cpuacct = Some(make_v1_dir(cpuacct, parent, name, &mut cg.dirs)?);
