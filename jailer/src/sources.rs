@@ -144,20 +144,10 @@ pub(crate) fn trusted(uid: u32, gid: u32, mode: u32) -> Result<(), String> {
 pub(crate) fn check_on_host(path: &Path) -> Result<SourceId, String> {
     let walked = walk(path, |at, st| {
         trusted(st.st_uid, st.st_gid, st.st_mode).map_err(|why| {
-            format!(
-                "mount source {}: {} {why}; a bind source and every directory above it must be owned by root and writable by no one else",
-                path.display(),
-                at.display()
-            )
+            format!("{} {why}; a bind source and every directory above it must be owned by root and writable by no one else", at.display())
         })
     })
-    .map_err(|e| {
-        if e.starts_with("mount source") {
-            e
-        } else {
-            format!("mount source {}: {e}", path.display())
-        }
-    })?;
+    .map_err(|e| format!("mount source {}: {e}", path.display()))?;
     Ok(walked.id())
 }
 

@@ -17,6 +17,9 @@ use pycell_tests::{
 };
 use serde_json::Value;
 
+/// errno ENOSPC, as Python reports it.
+const ENOSPC: u64 = 28;
+
 /// An embedded `pycell run` of `code`, started; returns once the code
 /// printed its first line.
 fn start_embedded(code: &str, opts: &[&str]) -> (Child, Script) {
@@ -120,16 +123,12 @@ print(json.dumps(stored))
         total < 64,
         "{total} MiB stored under a 64 MiB disk limit: {r}"
     );
-    assert_eq!(r["/dev/shm/c error"], libc_enospc(), "{r}");
+    assert_eq!(r["/dev/shm/c error"], ENOSPC, "{r}");
     let used = out.result()["disk_used_bytes"].as_u64().unwrap();
     assert!(
         used > 60 << 20 && used <= 64 << 20,
         "disk_used_bytes {used}"
     );
-}
-
-fn libc_enospc() -> Value {
-    Value::from(28)
 }
 
 #[test]

@@ -312,10 +312,14 @@ impl SandboxCgroup {
 
     /// The directories a process joins: one on v2, one per hierarchy on v1.
     fn member_dirs(&self) -> Vec<&Path> {
-        match (&self.cpuacct, &self.freezer) {
+        let mut dirs: Vec<&Path> = match (&self.cpuacct, &self.freezer) {
             (Some(acct), Some(freezer)) => vec![&self.memory, &self.pids, &self.cpu, acct, freezer],
             _ => vec![&self.memory],
-        }
+        };
+        // Co-mounted hierarchies (cpu,cpuacct) share a directory: one write
+        // each, as every cgroup.procs write takes a global lock.
+        dirs.dedup();
+        dirs
     }
 
     /// Move process `pid` into every hierarchy of this cgroup.
