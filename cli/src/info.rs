@@ -36,13 +36,16 @@ pub fn collect_with_mode(mode: String) -> HostInfo {
 fn print_policies(policies: &[PolicySummary], with_limits: bool) {
     println!("\npolicies:");
     for p in policies {
-        let l = &p.limits;
+        let (l, m) = (&p.limits, &p.max);
         let detail = match with_limits {
             true => format!(
-                "timeout {}s, memory {} MiB, pids {}",
+                "timeout {}s (max {}s), memory {} MiB (max {} MiB), pids {} (max {})",
                 l.wall_timeout_s,
+                m.wall_timeout_s,
                 l.memory_bytes >> 20,
-                l.pids
+                m.memory_bytes >> 20,
+                l.pids,
+                m.pids
             ),
             false => p.source.clone(),
         };

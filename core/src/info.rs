@@ -46,6 +46,8 @@ pub struct PolicySummary {
     /// `installed` (a file in /etc/pycell/policies) or `built-in`.
     pub source: String,
     pub limits: LimitsReport,
+    /// How far a run may raise each limit (`[limits.max]`); lowering is always allowed.
+    pub max: pycell_policy::LimitCeilingsReport,
 }
 
 /// An installed policy file that does not load (runs naming it are refused).
@@ -145,6 +147,7 @@ pub fn policies(dir: &Path) -> (Vec<PolicySummary>, Vec<PolicyProblem>) {
         match resolve::load_policy_by_name(&name, dir) {
             Ok(p) => ok.push(PolicySummary {
                 limits: LimitsReport::from(&p.limits),
+                max: (&p.ceilings).into(),
                 network: p.network.as_str().to_string(),
                 name: p.name,
                 description: p.description,

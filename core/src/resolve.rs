@@ -58,9 +58,15 @@ pub fn load_policy_by_name(name: &str, dir: &Path) -> Result<Policy, ResolveErro
     })
 }
 
-/// The policy's limits with the request's overrides applied and checked.
+/// A limit a request may raise: (name, asked, ceiling, how to show it).
+type RaiseCheck<'a> = (&'a str, Option<u64>, u64, fn(u64) -> String);
+
+/// The policy's limits with the request's overrides applied and checked: a
+/// request may lower any limit, and raise one only up to the policy's
+/// ceiling (`[limits.max]`).
 pub fn effective_limits(policy: &Policy, o: &LimitOverrides) -> Result<Limits, ResolveError> {
     let mut l = policy.limits.clone();
+    let c = &policy.ceilings;
     if let Some(secs) = o.timeout_s {
         if !(secs.is_finite()
             && secs > 0.0
@@ -75,6 +81,42 @@ pub fn effective_limits(policy: &Policy, o: &LimitOverrides) -> Result<Limits, R
             });
         }
         l.wall_timeout = Duration::from_secs_f64(secs);
+    }
+    let over = |name: &str, asked: String, ceiling: String| {
+        ResolveError::BadRequest {
+        field: "limits",
+        problem: format!(
+            "{name} {asked} is above what policy {:?} allows ({ceiling}, its [limits.max] {name}); ask for at most that, or use a policy that allows more",
+            policy.name
+        ),
+    }
+    };
+    if l.wall_timeout > c.wall_timeout {
+        let d = pycell_policy::format_duration;
+        return Err(over("timeout", d(l.wall_timeout), d(c.wall_timeout)));
+    }
+    let checks: [RaiseCheck; 4] = [
+        (
+            "memory",
+            o.memory_bytes,
+            c.memory,
+            pycell_policy::format_size,
+        ),
+        ("pids", o.pids.map(u64::from), u64::from(c.pids), |n| {
+            n.to_string()
+        }),
+        ("disk", o.disk_bytes, c.disk, pycell_policy::format_size),
+        (
+            "max_output",
+            o.max_output_bytes,
+            c.max_output,
+            pycell_policy::format_size,
+        ),
+    ];
+    for (name, asked, ceiling, show) in checks {
+        if let Some(asked) = asked.filter(|a| *a > ceiling) {
+            return Err(over(name, show(asked), show(ceiling)));
+        }
     }
     if let Some(m) = o.memory_bytes {
         l.memory = m;
@@ -360,6 +402,84 @@ mod tests {
         };
         let l = effective_limits(&p, &o).unwrap();
         assert_eq!((l.wall_timeout, l.pids), (Duration::from_millis(2500), 8));
+    }
+
+    /// The attempt of the issue: a client asking the default policy for far
+    /// more than it allows is refused, naming each ceiling; up to the
+    /// ceiling is allowed; lowering is always allowed.
+    #[test]
+    fn raising_a_limit_stops_at_the_policy_ceiling() {
+        let p = pycell_policy::builtin::load("default").unwrap();
+        let refused = |o: LimitOverrides| effective_limits(&p, &o).unwrap_err().to_string();
+        let e = refused(LimitOverrides {
+            memory_bytes: Some(64 << 30),
+            ..Default::default()
+        });
+        assert_eq!(e, "limits: memory 64GiB is above what policy \"default\" allows (2GiB, its [limits.max] memory); ask for at most that, or use a policy that allows more");
+        let e = refused(LimitOverrides {
+            timeout_s: Some(80000.0),
+            ..Default::default()
+        });
+        assert!(
+            e.contains("timeout 80000s is above") && e.contains("(10m,"),
+            "{e}"
+        );
+        let e = refused(LimitOverrides {
+            pids: Some(60000),
+            ..Default::default()
+        });
+        assert!(
+            e.contains("pids 60000 is above") && e.contains("(256,"),
+            "{e}"
+        );
+        let e = refused(LimitOverrides {
+            max_output_bytes: Some(8 << 30),
+            ..Default::default()
+        });
+        assert!(
+            e.contains("max_output 8GiB") && e.contains("(16MiB,"),
+            "{e}"
+        );
+        let e = refused(LimitOverrides {
+            disk_bytes: Some(2 << 30),
+            ..Default::default()
+        });
+        assert!(e.contains("disk 2GiB") && e.contains("(1GiB,"), "{e}");
+        let at_ceiling = LimitOverrides {
+            timeout_s: Some(600.0),
+            memory_bytes: Some(2 << 30),
+            pids: Some(256),
+            disk_bytes: Some(1 << 30),
+            max_output_bytes: Some(16 << 20),
+        };
+        let l = effective_limits(&p, &at_ceiling).unwrap();
+        assert_eq!((l.memory, l.pids), (2 << 30, 256));
+        let lower = LimitOverrides {
+            memory_bytes: Some(64 << 20),
+            ..Default::default()
+        };
+        assert_eq!(effective_limits(&p, &lower).unwrap().memory, 64 << 20);
+    }
+
+    /// A policy without `[limits.max]` allows no raising at all.
+    #[test]
+    fn a_policy_without_ceilings_allows_only_lowering() {
+        let text = "name = \"tight\"\ndescription = \"t\"\nnamespaces = [\"user\", \"pid\", \"mount\", \"net\", \"ipc\", \"uts\", \"cgroup\"]\n[interpreter]\npython = \"/usr/bin/python3\"\n";
+        let p = Policy::from_toml_str(text, Path::new("tight.toml")).unwrap();
+        let o = LimitOverrides {
+            pids: Some(65),
+            ..Default::default()
+        };
+        let e = effective_limits(&p, &o).unwrap_err().to_string();
+        assert!(
+            e.contains("pids 65 is above what policy \"tight\" allows (64,"),
+            "{e}"
+        );
+        let o = LimitOverrides {
+            pids: Some(64),
+            ..Default::default()
+        };
+        assert!(effective_limits(&p, &o).is_ok());
     }
 
     #[test]

@@ -74,14 +74,24 @@ pub fn allocate(range: &RangeInclusive<u32>, lock_dir: &Path) -> Result<UidLease
     if start == 0 || end == u32::MAX || start > end {
         return Err(UidError::BadRange { start, end });
     }
+    let lock_dir_err = |source| UidError::LockDir {
+        path: lock_dir.to_path_buf(),
+        source,
+    };
+    // Parents as searchable as /run/pycell must be (pycelld's socket lives
+    // there), the lock directory itself root's alone.
+    if let Some(parent) = lock_dir.parent() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(parent)
+            .map_err(lock_dir_err)?;
+    }
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(lock_dir)
-        .map_err(|source| UidError::LockDir {
-            path: lock_dir.to_path_buf(),
-            source,
-        })?;
+        .map_err(lock_dir_err)?;
     let span = u64::from(end - start) + 1;
     // Start somewhere different each time so concurrent allocators rarely
     // contend for the same lock file.

@@ -551,7 +551,7 @@ fn reply_during_run(msg: Result<ClientMessage, ServerMessage>) -> ServerMessage 
 
 /// Entry point of `pycelld --broker` (already running as the broker user,
 /// its monitor link as stdin).
-pub fn main(config: Config, allowed_gids: Vec<u32>) -> i32 {
+pub fn main(allowed_gids: Vec<u32>) -> i32 {
     // If the monitor dies, so do we.
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
     // Started through /proc/self/fd/N, whose number would be our name.
@@ -560,7 +560,7 @@ pub fn main(config: Config, allowed_gids: Vec<u32>) -> i32 {
         eprintln!("pycelld broker: refusing to run as root");
         return 1;
     }
-    let (listener, monitor, audit) = match take_handoff() {
+    let (listener, monitor, audit, config) = match take_handoff() {
         Ok(h) => h,
         Err(e) => {
             eprintln!("pycelld broker: {e} (--broker is internal: the monitor starts it)");
@@ -583,11 +583,17 @@ pub fn main(config: Config, allowed_gids: Vec<u32>) -> i32 {
 }
 
 /// The monitor link (our stdin) and what the monitor sends first over it:
-/// the listening socket and, if auditing to a file, the audit log.
-fn take_handoff() -> std::io::Result<(OwnedFd, StdUnixStream, Option<std::fs::File>)> {
+/// the listening socket, the audit log if auditing to a file, and the
+/// configuration it read.
+fn take_handoff() -> std::io::Result<(OwnedFd, StdUnixStream, Option<std::fs::File>, Config)> {
     let mut link = StdUnixStream::from(sockets::take_stdin_link()?);
     let (msg, fds) = read_monitor_frame(&mut link)?;
-    let ToBroker::Handoff { audit } = msg else {
+    let ToBroker::Handoff {
+        audit,
+        config_path,
+        config_text,
+    } = msg
+    else {
         return Err(std::io::Error::other(
             "the monitor's first message was not the handoff",
         ));
@@ -602,7 +608,8 @@ fn take_handoff() -> std::io::Result<(OwnedFd, StdUnixStream, Option<std::fs::Fi
         })?)),
         false => None,
     };
-    Ok((listener, link, audit))
+    let config = Config::parse(&config_text, &config_path).map_err(std::io::Error::other)?;
+    Ok((listener, link, audit, config))
 }
 
 async fn serve(

@@ -65,6 +65,10 @@ pub struct Config {
     /// cgroup (the service's delegated subtree); distinct from embedded
     /// mode's, so that a daemon restart can sweep it.
     pub cgroup_parent: String,
+    /// The text this configuration was parsed from (empty for the built-in
+    /// defaults): the monitor hands it to the broker, which so never reads
+    /// a file of its own.
+    pub source_text: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +111,7 @@ impl Default for Config {
             audit: AuditSink::Stderr,
             policy_dir: PathBuf::from(pycell_core::resolve::POLICY_DIR),
             cgroup_parent: "runs".into(),
+            source_text: String::new(),
         }
     }
 }
@@ -146,6 +151,7 @@ impl Config {
         c.apply_access(&raw, &at)?;
         c.apply_runs(&raw, &at)?;
         c.apply_paths(raw, &at)?;
+        c.source_text = text.to_string();
         Ok(c)
     }
 

@@ -73,9 +73,13 @@ pub enum ToBroker {
         run_id: String,
     },
     /// The first message, with the listening socket (and the audit log,
-    /// if `audit`) attached.
+    /// if `audit`) attached, and the configuration's text: the broker
+    /// parses what the monitor read (a missing default file is the empty
+    /// text, the defaults), never a file of its own.
     Handoff {
         audit: bool,
+        config_path: PathBuf,
+        config_text: String,
     },
 }
 
@@ -272,9 +276,7 @@ fn start_broker(
     let gids: Vec<String> = ids.allowed_gids.iter().map(|g| g.to_string()).collect();
     let broker = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()))
         .arg0("pycelld")
-        .args(["--broker", "--config"])
-        .arg(config_path)
-        .args(["--allowed-gids", &gids.join(",")])
+        .args(["--broker", "--allowed-gids", &gids.join(",")])
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .uid(ids.broker_uid.as_raw())
@@ -284,6 +286,8 @@ fn start_broker(
         .map_err(MonitorError::Broker)?;
     let frame = framing::encode(&ToBroker::Handoff {
         audit: audit.is_some(),
+        config_path: config_path.to_path_buf(),
+        config_text: config.source_text.clone(),
     })
     .map_err(|e| MonitorError::Sys(e.to_string()))?;
     let mut fds = vec![listener.as_fd()];

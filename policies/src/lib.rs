@@ -31,11 +31,11 @@ mod validate;
 
 pub use error::PolicyError;
 pub use limits::{
-    Limits, LimitsReport, CPUS_RANGE, MAX_WALL_TIMEOUT, MIN_MAX_OUTPUT, MIN_MEMORY, MIN_TMPFS_SIZE,
-    OPEN_FILES_RANGE, PIDS_RANGE,
+    LimitCeilings, LimitCeilingsReport, Limits, LimitsReport, CPUS_RANGE, MAX_MAX_OUTPUT,
+    MAX_WALL_TIMEOUT, MIN_MAX_OUTPUT, MIN_MEMORY, MIN_TMPFS_SIZE, OPEN_FILES_RANGE, PIDS_RANGE,
 };
 pub use types::{namespaces, Interpreter, LandlockRules, Namespace, NetworkMode, ReadOnlyMount};
-pub use units::{parse_duration, parse_size};
+pub use units::{format_duration, format_size, parse_duration, parse_size};
 pub use validate::is_valid_name;
 
 use error::Diagnostic;
@@ -53,6 +53,8 @@ pub struct Policy {
     pub description: String,
     pub interpreter: Interpreter,
     pub limits: Limits,
+    /// How far a request may raise `limits` (`[limits.max]`).
+    pub ceilings: LimitCeilings,
     pub network: NetworkMode,
     /// Extra read-only bind mounts, in file order.
     pub mounts: Vec<ReadOnlyMount>,

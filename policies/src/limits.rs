@@ -27,6 +27,10 @@ pub const OPEN_FILES_RANGE: (u64, u64) = (16, 1_048_576);
 pub const MIN_TMPFS_SIZE: u64 = MIB;
 /// Smallest cap on each of stdout and stderr.
 pub const MIN_MAX_OUTPUT: u64 = KIB;
+/// Largest cap on each of stdout and stderr: a result carries both streams
+/// in one protocol frame (base64), which must stay under its 48 MiB bound,
+/// and whoever relays a run buffers them.
+pub const MAX_MAX_OUTPUT: u64 = 16 * MIB;
 
 /// Resource limits of one run, validated (see [`Limits::validate`]).
 ///
@@ -125,10 +129,122 @@ impl Limits {
         if self.disk < MIN_TMPFS_SIZE {
             return fail("disk", at_least(MIN_TMPFS_SIZE, self.disk));
         }
-        if self.max_output < MIN_MAX_OUTPUT {
-            return fail("max_output", at_least(MIN_MAX_OUTPUT, self.max_output));
+        if !(MIN_MAX_OUTPUT..=MAX_MAX_OUTPUT).contains(&self.max_output) {
+            return fail(
+                "max_output",
+                format!(
+                    "must be between {} and {} (got {})",
+                    format_size(MIN_MAX_OUTPUT),
+                    format_size(MAX_MAX_OUTPUT),
+                    format_size(self.max_output)
+                ),
+            );
         }
         Ok(())
+    }
+}
+
+/// How far a request may raise each limit a caller can set (the policy's
+/// `[limits.max]`). Lowering a limit is always allowed; a ceiling the
+/// policy leaves out is the limit itself (no raising).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitCeilings {
+    pub wall_timeout: Duration,
+    pub memory: u64,
+    pub pids: u32,
+    pub disk: u64,
+    pub max_output: u64,
+}
+
+impl LimitCeilings {
+    /// Ceilings that allow no raising at all.
+    pub fn at(l: &Limits) -> LimitCeilings {
+        LimitCeilings {
+            wall_timeout: l.wall_timeout,
+            memory: l.memory,
+            pids: l.pids,
+            disk: l.disk,
+            max_output: l.max_output,
+        }
+    }
+
+    /// `base` raised to every ceiling: checked like any limits, so a
+    /// ceiling is never out of range.
+    pub(crate) fn raised(&self, base: &Limits) -> Limits {
+        Limits {
+            wall_timeout: self.wall_timeout,
+            memory: self.memory,
+            pids: self.pids,
+            disk: self.disk,
+            max_output: self.max_output,
+            ..base.clone()
+        }
+    }
+
+    /// The first ceiling below its limit, as (field, ceiling, limit).
+    pub(crate) fn below(&self, l: &Limits) -> Option<(&'static str, String, String)> {
+        let d = format_duration;
+        let s = format_size;
+        [
+            (
+                "wall_timeout",
+                self.wall_timeout < l.wall_timeout,
+                d(self.wall_timeout),
+                d(l.wall_timeout),
+            ),
+            (
+                "memory",
+                self.memory < l.memory,
+                s(self.memory),
+                s(l.memory),
+            ),
+            (
+                "pids",
+                self.pids < l.pids,
+                self.pids.to_string(),
+                l.pids.to_string(),
+            ),
+            ("disk", self.disk < l.disk, s(self.disk), s(l.disk)),
+            (
+                "max_output",
+                self.max_output < l.max_output,
+                s(self.max_output),
+                s(l.max_output),
+            ),
+        ]
+        .into_iter()
+        .find(|c| c.1)
+        .map(|(f, _, c, l)| (f, c, l))
+    }
+}
+
+/// A policy's ceilings as reports show them (units in the field names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitCeilingsReport {
+    /// Largest wall-clock timeout a run may ask for (`timeout_s`).
+    pub wall_timeout_s: f64,
+    pub memory_bytes: u64,
+    pub pids: u32,
+    pub disk_bytes: u64,
+    pub max_output_bytes: u64,
+}
+
+impl From<&LimitCeilings> for LimitCeilingsReport {
+    fn from(c: &LimitCeilings) -> Self {
+        LimitCeilingsReport {
+            wall_timeout_s: c.wall_timeout.as_secs_f64(),
+            memory_bytes: c.memory,
+            pids: c.pids,
+            disk_bytes: c.disk,
+            max_output_bytes: c.max_output,
+        }
+    }
+}
+
+impl Serialize for LimitCeilings {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        LimitCeilingsReport::from(self).serialize(serializer)
     }
 }
 
@@ -252,7 +368,11 @@ mod tests {
             ),
             (
                 |l| l.max_output = 1023,
-                "max_output: must be at least 1KiB (got 1023 bytes)",
+                "max_output: must be between 1KiB and 16MiB (got 1023 bytes)",
+            ),
+            (
+                |l| l.max_output = 8 << 30,
+                "max_output: must be between 1KiB and 16MiB (got 8GiB)",
             ),
         ];
         for (set, expected) in cases {

@@ -50,6 +50,18 @@ pub(crate) struct RawLimits {
     /// Replaced by `disk`; kept only to say so.
     pub(crate) tmp_size: Option<Quantity>,
     pub(crate) max_output: Option<Quantity>,
+    /// `[limits.max]`: how far a request may raise each limit.
+    pub(crate) max: Option<RawCeilings>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCeilings {
+    pub(crate) wall_timeout: Option<Quantity>,
+    pub(crate) memory: Option<Quantity>,
+    pub(crate) pids: Option<i64>,
+    pub(crate) disk: Option<Quantity>,
+    pub(crate) max_output: Option<Quantity>,
 }
 
 #[derive(Debug, Deserialize)]

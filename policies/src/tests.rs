@@ -166,7 +166,7 @@ fn unknown_field_lists_the_known_ones() {
         error_with("memory = ", "memroy = "),
         "policies/custom.toml:11:1: limits.memroy: unknown field \"memroy\"; expected one of: \
          wall_timeout, cpu_time, memory, pids, cpus, open_files, file_size, disk, \
-         workspace_size, tmp_size, max_output"
+         workspace_size, tmp_size, max_output, max"
     );
     assert_eq!(
         error_with("[network]", "[netwrok]"),
@@ -515,4 +515,26 @@ fn mounts_may_be_appended_after_env() {
 fn the_old_per_mount_sizes_point_to_disk() {
     let e = error_with("disk = \"48MiB\"", "disk = \"48MiB\"\ntmp_size = \"16MiB\"");
     assert!(e.contains("limits.tmp_size: replaced by `disk`"), "{e}");
+}
+
+#[test]
+fn ceilings_are_checked_and_default_to_the_limits() {
+    let p = parse(GOOD).unwrap();
+    assert_eq!(p.ceilings, crate::LimitCeilings::at(&p.limits));
+    let with_max = format!("{}\n[limits.max]\nmemory = \"1GiB\"\npids = 100\n", GOOD);
+    let p = parse(&with_max).unwrap();
+    assert_eq!((p.ceilings.memory, p.ceilings.pids), (1 << 30, 100));
+    assert_eq!(p.ceilings.disk, p.limits.disk);
+    let below = format!("{}\n[limits.max]\nmemory = \"16MiB\"\n", GOOD);
+    let e = parse(&below).unwrap_err().to_string();
+    assert!(
+        e.contains("limits.max.memory: 16MiB is below the limit it caps (256MiB)"),
+        "{e}"
+    );
+    let huge = format!("{}\n[limits.max]\nmax_output = \"1GiB\"\n", GOOD);
+    let e = parse(&huge).unwrap_err().to_string();
+    assert!(
+        e.contains("limits.max.max_output: must be between 1KiB and 16MiB (got 1GiB)"),
+        "{e}"
+    );
 }

@@ -90,7 +90,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Formats a byte count the way an operator would write it: with the largest
 /// unit that divides it exactly ("16MiB"), else in bytes ("1000 bytes").
-pub(crate) fn format_size(bytes: u64) -> String {
+pub fn format_size(bytes: u64) -> String {
     for (unit, name) in [(GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")] {
         if bytes >= unit && bytes.is_multiple_of(unit) {
             return format!("{}{name}", bytes / unit);
@@ -104,7 +104,7 @@ pub(crate) fn format_size(bytes: u64) -> String {
 }
 
 /// Formats a duration the way an operator would write it ("30s", "2m", "1.5s").
-pub(crate) fn format_duration(d: Duration) -> String {
+pub fn format_duration(d: Duration) -> String {
     let millis = d.as_millis();
     if !d.subsec_nanos().is_multiple_of(1_000_000) {
         return format!("{}s", d.as_secs_f64());

@@ -8,8 +8,10 @@ use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::{Diagnostic, FieldPath};
-use crate::limits::{between, Limits, OPEN_FILES_RANGE, PIDS_RANGE};
-use crate::raw::{Quantity, RawLandlock, RawLimits, RawMount, RawNetworkMode, RawPolicy};
+use crate::limits::{between, LimitCeilings, Limits, OPEN_FILES_RANGE, PIDS_RANGE};
+use crate::raw::{
+    Quantity, RawCeilings, RawLandlock, RawLimits, RawMount, RawNetworkMode, RawPolicy,
+};
 use crate::types::{Interpreter, LandlockRules, Namespace, NetworkMode, ReadOnlyMount};
 use crate::units::{parse_duration, parse_size};
 use crate::Policy;
@@ -64,9 +66,13 @@ pub(crate) fn validate(
     let interpreter = check_interpreter(&raw, &root.key("interpreter"))?;
 
     complete(raw.limits.is_some(), root.key("limits"))?;
-    let limits = check_limits(
-        raw.limits.unwrap_or_default(),
-        &root.key("limits"),
+    let mut raw_limits = raw.limits.unwrap_or_default();
+    let raw_ceilings = raw_limits.max.take();
+    let limits = check_limits(raw_limits, &root.key("limits"), completeness)?;
+    let ceilings = check_ceilings(
+        raw_ceilings,
+        &limits,
+        &root.key("limits").key("max"),
         completeness,
     )?;
 
@@ -103,6 +109,7 @@ pub(crate) fn validate(
         description: raw.description,
         interpreter,
         limits,
+        ceilings,
         network,
         mounts,
         landlock,
@@ -248,6 +255,56 @@ fn check_limits(raw: RawLimits, path: &FieldPath, completeness: Completeness) ->
         .check()
         .map_err(|e| Diagnostic::at(field(e.field), e.message))?;
     Ok(limits)
+}
+
+/// `[limits.max]`: each ceiling in range and at least the limit it caps.
+fn check_ceilings(
+    raw: Option<RawCeilings>,
+    limits: &Limits,
+    path: &FieldPath,
+    completeness: Completeness,
+) -> Result<LimitCeilings> {
+    if completeness == Completeness::Complete && raw.is_none() {
+        return Err(Diagnostic::at(
+            path.clone(),
+            "missing required field: shipped policies state how far a request may raise each limit",
+        ));
+    }
+    let raw = raw.unwrap_or_default();
+    let mut ceilings = LimitCeilings::at(limits);
+    macro_rules! set {
+        ($name:ident, $convert:expr) => {
+            if completeness == Completeness::Complete && raw.$name.is_none() {
+                return Err(Diagnostic::at(
+                    path.key(stringify!($name)),
+                    "missing required field: shipped policies state every ceiling explicitly",
+                ));
+            }
+            if let Some(v) = raw.$name {
+                #[allow(clippy::redundant_closure_call)]
+                let converted =
+                    ($convert)(v).map_err(|m| Diagnostic::at(path.key(stringify!($name)), m))?;
+                ceilings.$name = converted;
+            }
+        };
+    }
+    set!(wall_timeout, duration);
+    set!(memory, size);
+    set!(pids, |v: i64| u32::try_from(v)
+        .map_err(|_| between(PIDS_RANGE, v)));
+    set!(disk, size);
+    set!(max_output, size);
+    ceilings
+        .raised(limits)
+        .check()
+        .map_err(|e| Diagnostic::at(path.key(e.field), e.message))?;
+    if let Some((field, ceiling, limit)) = ceilings.below(limits) {
+        return Err(Diagnostic::at(
+            path.key(field),
+            format!("{ceiling} is below the limit it caps ({limit}): a ceiling says how far a request may raise the limit, so it must be at least the limit"),
+        ));
+    }
+    Ok(ceilings)
 }
 
 fn duration(q: Quantity) -> std::result::Result<Duration, String> {

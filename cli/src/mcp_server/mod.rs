@@ -54,13 +54,12 @@ pub struct PycellServer {
 
 impl PycellServer {
     pub fn new(backend: Backend, default_policy: String) -> Self {
-        let limits = pycell_core::resolve::load_policy_by_name(
+        let policy = pycell_core::resolve::load_policy_by_name(
             &default_policy,
             std::path::Path::new(POLICY_DIR),
         )
-        .ok()
-        .map(|p| p.limits);
-        let tools = tools::tools(&default_policy, limits.as_ref());
+        .ok();
+        let tools = tools::tools(&default_policy, policy.as_ref());
         PycellServer {
             backend,
             default_policy,
@@ -149,13 +148,14 @@ fn render_info(info: &pycell_core::info::HostInfo) -> String {
         info.version, info.mode
     );
     for p in &info.policies {
-        let l = &p.limits;
+        let (l, m) = (&p.limits, &p.max);
         t.push_str(&format!(
-            "  {}: {} network: {}; limits: {} s wall, {} s CPU, {} memory, {} processes, {} output per stream, {} disk\n",
+            "  {}: {} network: {}; limits: {} s wall (timeout_s up to {} s), {} s CPU, {} memory, {} processes, {} output per stream, {} disk\n",
             p.name,
             p.description,
             p.network,
             l.wall_timeout_s,
+            m.wall_timeout_s,
             l.cpu_time_s,
             human_bytes(l.memory_bytes),
             l.pids,

@@ -101,10 +101,10 @@ pub struct RunPythonOutput {
 /// in a tool call instead.
 fn mcp_hint(code: FailureCode, hint: Option<String>) -> Option<String> {
     match code {
-        FailureCode::Timeout => Some(format!(
-            "pass a larger timeout_s (at most {} s), or make the code faster",
-            pycell_policy::MAX_WALL_TIMEOUT.as_secs()
-        )),
+        FailureCode::Timeout => Some(
+            "pass a larger timeout_s (up to the policy's ceiling, which sandbox_info shows), or make the code faster"
+                .into(),
+        ),
         FailureCode::Oom => Some(
             "use less memory (process data in chunks), or use a policy with a larger memory limit (see sandbox_info)"
                 .into(),

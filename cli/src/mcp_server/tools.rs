@@ -10,7 +10,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use pycell_core::protocol::RunRequest;
-use pycell_policy::Limits;
+use pycell_policy::Policy;
 
 use super::output::{human_bytes, RunPythonOutput};
 use pycell_core::info::HostInfo;
@@ -32,7 +32,7 @@ pub const MAX_CODE_BYTES: usize = 4 << 20;
 pub struct RunPythonArgs {
     /// Python 3 source code, run as the main module (`__main__`). Print what you want to see.
     pub code: String,
-    /// Wall-clock limit in seconds (fractions allowed), more than 0 and at most 86400. Default: the policy's.
+    /// Wall-clock limit in seconds (fractions allowed), more than 0 and at most the policy's ceiling (sandbox_info shows it). Default: the policy's.
     #[serde(default)]
     #[schemars(with = "f64", transform = no_default, extend("exclusiveMinimum" = 0, "maximum" = 86400))]
     pub timeout_s: Option<f64>,
@@ -138,12 +138,12 @@ fn secs(s: f64) -> String {
 }
 
 /// `run_python`'s description, with the default policy's real limits.
-fn run_python_description(default_policy: &str, limits: Option<&Limits>) -> String {
-    let limits_text = match limits {
-        Some(l) => format!(
+fn run_python_description(default_policy: &str, policy: Option<&Policy>) -> String {
+    let limits_text = match policy.map(|p| (&p.limits, &p.ceilings)) {
+        Some((l, c)) => format!(
             "Limits when no policy is given (policy {default_policy}): {} wall-clock (change it with timeout_s, up to {}), {} of CPU time, {} of memory, {} processes/threads, {} each of stdout and stderr (the rest is dropped and stdout_truncated/stderr_truncated say so), {} of disk for /workspace, /tmp and /dev/shm together.",
             secs(l.wall_timeout.as_secs_f64()),
-            secs(pycell_policy::MAX_WALL_TIMEOUT.as_secs_f64()),
+            secs(c.wall_timeout.as_secs_f64()),
             secs(l.cpu_time.as_secs_f64()),
             human_bytes(l.memory),
             l.pids,
@@ -254,14 +254,14 @@ fn portable(schema: Arc<JsonObject>) -> Arc<JsonObject> {
 }
 
 /// The tool list, built once at startup.
-pub fn tools(default_policy: &str, default_limits: Option<&Limits>) -> Vec<Tool> {
+pub fn tools(default_policy: &str, default: Option<&Policy>) -> Vec<Tool> {
     let input = portable(
         schema_for_input::<RunPythonArgs>()
             .expect("RunPythonArgs is a struct, so its schema is an object"),
     );
     let run = Tool::new(
         RUN_PYTHON,
-        run_python_description(default_policy, default_limits),
+        run_python_description(default_policy, default),
         input,
     )
     .with_title("Run Python in a sandbox")
@@ -336,7 +336,8 @@ mod tests {
 
     #[test]
     fn schemas_are_objects_and_describe_every_field() {
-        let t = tools("default", Some(&Limits::default()));
+        let policy = pycell_policy::builtin::load("default").unwrap();
+        let t = tools("default", Some(&policy));
         let run = &t[0];
         assert_eq!(run.input_schema["type"], "object");
         assert_eq!(run.input_schema["required"], json!(["code"]));
@@ -367,6 +368,10 @@ mod tests {
         assert!(!text.contains(r#""format""#), "{text}");
         let desc = run.description.as_deref().unwrap();
         assert!(desc.contains("30 s wall-clock"), "{desc}");
+        assert!(
+            desc.contains("change it with timeout_s, up to 600 s"),
+            "{desc}"
+        );
         assert!(desc.contains("512 MiB of memory"), "{desc}");
     }
 }

@@ -15,6 +15,12 @@ use pycell_daemon::config::{Config, DEFAULT_CONFIG};
 fn main() {
     // Usage errors exit with status 2 (clap's), like a bad configuration.
     let cli = cli::Cli::parse();
+    if cli.broker {
+        // The broker gets its configuration from the monitor.
+        std::process::exit(pycell_daemon::broker::main(
+            cli.allowed_gids.unwrap_or_default(),
+        ));
+    }
     // A missing default file means built-in defaults; a missing file named
     // with --config is an error.
     let explicit = cli.config.is_some();
@@ -26,12 +32,6 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if cli.broker {
-        std::process::exit(pycell_daemon::broker::main(
-            config,
-            cli.allowed_gids.unwrap_or_default(),
-        ));
-    }
     if let Err(e) = pycell_daemon::monitor::run(config, &path) {
         eprintln!("pycelld: {e}");
         std::process::exit(1);
