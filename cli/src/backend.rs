@@ -61,6 +61,28 @@ pub enum RunEvent<'a> {
     Started { run_id: &'a str, sandbox_uid: u32 },
     /// A chunk of the program's output (already capped).
     Output { stream: Stream, bytes: &'a [u8] },
+    /// The run waits for a free slot in pycelld; 1 goes next.
+    Queued { position: usize },
+}
+
+/// What the daemon client's thread hands to the async side.
+enum DaemonEvent {
+    Output(Stream, Vec<u8>),
+    Queued(usize),
+}
+
+impl DaemonEvent {
+    fn deliver(&self, on_event: &mut impl FnMut(RunEvent<'_>)) {
+        match self {
+            DaemonEvent::Output(stream, bytes) => on_event(RunEvent::Output {
+                stream: *stream,
+                bytes,
+            }),
+            DaemonEvent::Queued(position) => on_event(RunEvent::Queued {
+                position: *position,
+            }),
+        }
+    }
 }
 
 /// Runs requests in sandboxes. Cheap to clone; clones share one set of
@@ -186,16 +208,23 @@ impl Backend {
             Ok(Err(e)) => return Ok(refused(FailureCode::DaemonUnavailable, e.to_string())),
             Err(e) => return Ok(refused(FailureCode::Internal, e.to_string())),
         };
-        let (tx, mut rx) = mpsc::unbounded_channel::<(Stream, Vec<u8>)>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<DaemonEvent>();
+        let queued = tx.clone();
         let mut handle = tokio::task::spawn_blocking(move || {
-            client.run(req, |stream, bytes| {
-                let _ = tx.send((stream, bytes.to_vec()));
-            })
+            client.run_queued(
+                req,
+                |stream, bytes| {
+                    let _ = tx.send(DaemonEvent::Output(stream, bytes.to_vec()));
+                },
+                |position| {
+                    let _ = queued.send(DaemonEvent::Queued(position));
+                },
+            )
         });
         let mut cancel_sent = false;
         let outcome = loop {
             tokio::select! {
-                Some((stream, bytes)) = rx.recv() => on_event(RunEvent::Output { stream, bytes: &bytes }),
+                Some(ev) = rx.recv() => ev.deliver(&mut on_event),
                 _ = self.stopped(&cancel), if !cancel_sent => {
                     cancel_sent = true;
                     let _ = canceller.cancel();
@@ -204,11 +233,8 @@ impl Backend {
             }
         };
         // Chunks still queued when the run ended.
-        while let Ok((stream, bytes)) = rx.try_recv() {
-            on_event(RunEvent::Output {
-                stream,
-                bytes: &bytes,
-            });
+        while let Ok(ev) = rx.try_recv() {
+            ev.deliver(&mut on_event);
         }
         match outcome {
             Ok(Ok(result)) => Ok(result),

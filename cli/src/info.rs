@@ -84,8 +84,19 @@ fn print_daemon_info(socket: &Path, json: bool) -> Result<(), String> {
         socket.display()
     );
     println!(
-        "  runs: {} going; at most {} at once, {} per user; sandbox uids {}",
-        d.active_runs, d.max_concurrent_runs, d.max_runs_per_uid, d.uid_range
+        "  runs: {} going, {} waiting; at most {} at once, {} per user; sandbox uids {}",
+        d.active_runs, d.queued_runs, d.max_concurrent_runs, d.max_runs_per_uid, d.uid_range
+    );
+    println!(
+        "  queue: at most {} waiting, each for at most {} s; memory budget {} MiB ({} MiB admitted)",
+        d.max_queued_runs,
+        d.queue_wait_s,
+        d.memory_budget_bytes >> 20,
+        d.memory_admitted_bytes >> 20
+    );
+    println!(
+        "  connections: {} open; at most {}, {} per user",
+        d.connections, d.max_connections, d.max_connections_per_uid
     );
     print_policies(&info.host.policies, true);
     print_layers(&info.host.layers);

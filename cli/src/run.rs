@@ -175,13 +175,44 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
         Err(e) => return from_daemon(e, FailureCode::DaemonUnavailable),
     };
     // The result carries the (capped) output too; without --json it is
-    // shown as it arrives instead.
-    let result = client.run(req, |stream, bytes| {
-        if !args.json {
-            show(stream, bytes);
-        }
-    });
+    // shown as it arrives instead. A run that waits for a slot for more
+    // than a second says where it is in the queue, on stderr.
+    let mut queue = QueueNotice::new();
+    let result = client.run_queued(
+        req,
+        |stream, bytes| {
+            if !args.json {
+                show(stream, bytes);
+            }
+        },
+        |position| queue.update(position),
+    );
     result.unwrap_or_else(|e| from_daemon(e, FailureCode::DaemonFailed))
+}
+
+/// Tells the user on stderr that their run waits for a slot, once it has
+/// waited a second, and again whenever its place changes (the daemon sends
+/// the place every second while the run waits).
+struct QueueNotice {
+    since: std::time::Instant,
+    said: Option<usize>,
+}
+
+impl QueueNotice {
+    fn new() -> QueueNotice {
+        QueueNotice {
+            since: std::time::Instant::now(),
+            said: None,
+        }
+    }
+
+    fn update(&mut self, position: usize) {
+        let waited = self.since.elapsed() >= std::time::Duration::from_secs(1);
+        if position > 0 && waited && self.said != Some(position) {
+            self.said = Some(position);
+            eprintln!("pycell: waiting for a free sandbox slot: number {position} in the queue");
+        }
+    }
 }
 
 /// Our own output, as the program's arrives. A closed terminal or pipe on

@@ -4,6 +4,7 @@
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::framing::{self, FrameError};
 use crate::info::DaemonInfo;
@@ -48,13 +49,45 @@ pub struct DaemonClient {
     stream: UnixStream,
 }
 
+/// How long a client keeps trying a socket that is missing or refuses
+/// connections (pycelld restarting without systemd's socket activation,
+/// which would keep the socket there and queue the client instead).
+pub const CONNECT_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Connect to `path`, retrying while it is missing or nobody listens, for
+/// at most `patience`.
+pub fn connect_patiently(path: &Path, patience: Duration) -> io::Result<UnixStream> {
+    let give_up = Instant::now() + patience;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match UnixStream::connect(path) {
+            Ok(s) => return Ok(s),
+            Err(e) if retryable(&e) && Instant::now() + pause < give_up => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Errors that a restarting daemon causes, and that go away.
+fn retryable(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+    )
+}
+
 impl DaemonClient {
-    /// Connect and do the version handshake.
+    /// Connect (waiting up to [`CONNECT_PATIENCE`] for a restarting
+    /// daemon) and do the version handshake.
     pub fn connect(path: &Path) -> Result<DaemonClient, ClientError> {
-        let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let stream =
+            connect_patiently(path, CONNECT_PATIENCE).map_err(|source| ClientError::Connect {
+                path: path.to_path_buf(),
+                source,
+            })?;
         let mut c = DaemonClient { stream };
         let hello = framing::write_sync(
             &mut c.stream,
@@ -92,7 +125,19 @@ impl DaemonClient {
     pub fn run(
         &mut self,
         request: RunRequest,
+        on_output: impl FnMut(Stream, &[u8]),
+    ) -> Result<RunResult, ClientError> {
+        self.run_queued(request, on_output, |_| {})
+    }
+
+    /// [`DaemonClient::run`], also calling `on_queued` with the run's place
+    /// in the queue while it waits for a slot (1 goes next), and with 0
+    /// when it starts.
+    pub fn run_queued(
+        &mut self,
+        request: RunRequest,
         mut on_output: impl FnMut(Stream, &[u8]),
+        mut on_queued: impl FnMut(usize),
     ) -> Result<RunResult, ClientError> {
         framing::write_sync(
             &mut self.stream,
@@ -103,7 +148,8 @@ impl DaemonClient {
         )?;
         loop {
             match framing::read_sync::<ServerMessage>(&mut self.stream)? {
-                ServerMessage::Started { .. } => {}
+                ServerMessage::Started { .. } => on_queued(0),
+                ServerMessage::Queued { position, .. } => on_queued(position),
                 ServerMessage::Output {
                     stream,
                     data_base64,
@@ -134,6 +180,30 @@ impl DaemonClient {
             }
             other => Err(ClientError::Unexpected(format!("{other:?}"))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_that_appears_late_is_waited_for_and_a_missing_one_not_forever() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("late.sock");
+        let p = path.clone();
+        let server = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let l = std::os::unix::net::UnixListener::bind(&p).unwrap();
+            l.accept().map(|_| ()).unwrap();
+        });
+        assert!(connect_patiently(&path, Duration::from_secs(5)).is_ok());
+        server.join().unwrap();
+        let started = Instant::now();
+        let e = connect_patiently(&dir.path().join("never.sock"), Duration::from_millis(400))
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert!(started.elapsed() < Duration::from_secs(2));
     }
 }
 

@@ -81,10 +81,37 @@ pub async fn read_async_raw(
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
         Err(e) => return Err(e.into()),
     }
+    read_body(r, head).await
+}
+
+async fn read_body(
+    r: &mut (impl tokio::io::AsyncRead + Unpin),
+    head: [u8; 4],
+) -> Result<Vec<u8>, FrameError> {
     let len = check_len(u32::from_be_bytes(head))?;
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).await?;
     Ok(body)
+}
+
+/// [`read_async_raw`] for a peer that may dawdle: the frame may take as
+/// long as it likes to begin, but once its first byte is in, the rest must
+/// arrive within `limit` (else `Io(TimedOut)`).
+pub async fn read_async_raw_within(
+    r: &mut (impl tokio::io::AsyncRead + Unpin),
+    limit: std::time::Duration,
+) -> Result<Vec<u8>, FrameError> {
+    let mut head = [0u8; 4];
+    if r.read(&mut head[..1]).await? == 0 {
+        return Err(FrameError::Closed);
+    }
+    let rest = async {
+        r.read_exact(&mut head[1..]).await?;
+        read_body(r, head).await
+    };
+    tokio::time::timeout(limit, rest)
+        .await
+        .unwrap_or_else(|_| Err(io::Error::from(io::ErrorKind::TimedOut).into()))
 }
 
 #[cfg(test)]

@@ -103,6 +103,17 @@ pub struct DaemonStatus {
     pub max_concurrent_runs: usize,
     pub max_runs_per_uid: usize,
     pub active_runs: usize,
+    /// Runs waiting for a slot now, and how many may wait.
+    pub queued_runs: usize,
+    pub max_queued_runs: usize,
+    /// Longest a run waits before it is refused `busy`.
+    pub queue_wait_s: f64,
+    /// Sum of the memory limits of the runs going at once: its bound, and now.
+    pub memory_budget_bytes: u64,
+    pub memory_admitted_bytes: u64,
+    pub max_connections: usize,
+    pub max_connections_per_uid: usize,
+    pub connections: usize,
     /// `START-END`.
     pub uid_range: String,
 }

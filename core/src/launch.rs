@@ -477,6 +477,11 @@ impl Collector {
         self.broken.get_or_insert(e);
     }
 
+    /// The output of `stream` kept so far (capped).
+    pub fn output(&self, stream: Stream) -> &[u8] {
+        &self.output[stream as usize]
+    }
+
     /// Whether the result has arrived.
     pub fn has_report(&self) -> bool {
         self.report.is_some()

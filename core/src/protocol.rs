@@ -10,7 +10,7 @@ use crate::codes::FailureCode;
 pub use crate::events::Stream;
 
 /// Bumped on any incompatible change; the handshake refuses a mismatch.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest code (and largest stdin) a request may carry.
 pub const MAX_CODE_BYTES: usize = 16 << 20;
 
@@ -97,7 +97,9 @@ crate::codes::named_enum! {
         VersionMismatch = "version_mismatch",
         /// The peer's uid/groups are not allowed to use pycell.
         Unauthorized = "unauthorized",
-        /// The per-uid or global concurrency limit is reached; try again later.
+        /// The run could not get a slot: the queue is full, its wait ran out, it
+        /// needs more memory than the daemon's whole budget, or the connection
+        /// caps are reached. Try again later.
         Busy = "busy",
         /// The run request is invalid (unknown policy, limits out of range, ...).
         InvalidRequest = "invalid_request",
@@ -148,6 +150,12 @@ pub enum ServerMessage {
     Welcome {
         version: u32,
         server: String,
+    },
+    /// The run waits for a slot; `position` 1 goes next. Sent when it
+    /// starts waiting and every second while it waits.
+    Queued {
+        id: String,
+        position: usize,
     },
     Started {
         id: String,

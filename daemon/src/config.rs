@@ -26,6 +26,11 @@ struct RawConfig {
     uid_range: Option<String>,
     max_concurrent_runs: Option<usize>,
     max_runs_per_uid: Option<usize>,
+    max_queued_runs: Option<usize>,
+    queue_wait: Option<String>,
+    memory_budget: Option<String>,
+    max_connections: Option<usize>,
+    max_connections_per_uid: Option<usize>,
     shutdown_grace: Option<String>,
     audit_log: Option<String>,
     policy_dir: Option<PathBuf>,
@@ -56,8 +61,21 @@ pub struct Config {
     /// (default: the socket group).
     pub allowed_groups: Vec<String>,
     pub uid_range: std::ops::RangeInclusive<u32>,
+    /// Runs going at once (default: 4 per core, 4 to 256).
     pub max_concurrent_runs: usize,
+    /// Runs of one uid going at once (default: half of max_concurrent_runs).
     pub max_runs_per_uid: usize,
+    /// Runs waiting for a slot, all uids together (default: 64 per
+    /// concurrent run, at most 4096); beyond it a run is refused `busy`.
+    pub max_queued_runs: usize,
+    /// Longest a run waits for its slot before it is refused `busy`.
+    pub queue_wait: Duration,
+    /// Sum of the memory limits of the runs going at once, in bytes
+    /// (default: 3/4 of the host's RAM).
+    pub memory_budget: u64,
+    /// Client connections open at once, and per uid.
+    pub max_connections: usize,
+    pub max_connections_per_uid: usize,
     pub shutdown_grace: Duration,
     pub audit: AuditSink,
     pub policy_dir: PathBuf,
@@ -95,8 +113,33 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+/// Defaults that follow the host: (max_concurrent_runs, max_runs_per_uid,
+/// max_queued_runs, memory_budget) for `cores` CPUs and `memory` bytes of RAM.
+pub fn host_sized(cores: usize, memory: u64) -> (usize, usize, usize, u64) {
+    let concurrent = cores.saturating_mul(4).clamp(4, 256);
+    let per_uid = concurrent.div_ceil(2);
+    let queued = concurrent.saturating_mul(64).min(4096);
+    (concurrent, per_uid, queued, memory / 4 * 3)
+}
+
+/// This host's CPU count and RAM (MemTotal), as the defaults are sized.
+pub fn host_resources() -> (usize, u64) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(1 << 30);
+    (cores, memory)
+}
+
 impl Default for Config {
     fn default() -> Config {
+        let (cores, memory) = host_resources();
+        let (concurrent, per_uid, queued, budget) = host_sized(cores, memory);
         Config {
             socket: PathBuf::from("/run/pycell/pycell.sock"),
             socket_group: "pycell".into(),
@@ -105,8 +148,13 @@ impl Default for Config {
             allowed_uids: Vec::new(),
             allowed_groups: vec!["pycell".into()],
             uid_range: pycell_core::uidalloc::DEFAULT_RANGE,
-            max_concurrent_runs: 16,
-            max_runs_per_uid: 8,
+            max_concurrent_runs: concurrent,
+            max_runs_per_uid: per_uid,
+            max_queued_runs: queued,
+            queue_wait: Duration::from_secs(300),
+            memory_budget: budget,
+            max_connections: 512,
+            max_connections_per_uid: 128,
             shutdown_grace: Duration::from_secs(10),
             audit: AuditSink::Stderr,
             policy_dir: PathBuf::from(pycell_core::resolve::POLICY_DIR),
@@ -213,10 +261,54 @@ impl Config {
                 return Err(at.field("max_runs_per_uid", "must be at least 1".into()));
             }
             self.max_runs_per_uid = n;
+        } else if raw.max_concurrent_runs.is_some() {
+            self.max_runs_per_uid = self.max_concurrent_runs.div_ceil(2);
         }
+        self.apply_queue(raw, at)?;
         if let Some(g) = &raw.shutdown_grace {
             self.shutdown_grace =
                 pycell_policy::parse_duration(g).map_err(|e| at.field("shutdown_grace", e))?;
+        }
+        Ok(())
+    }
+
+    /// The admission queue, the memory budget and the connection caps.
+    fn apply_queue(&mut self, raw: &RawConfig, at: &Locator<'_>) -> Result<(), ConfigError> {
+        if let Some(n) = raw.max_queued_runs {
+            if n > 65536 {
+                return Err(at.field(
+                    "max_queued_runs",
+                    "must be 0..=65536 (0: never wait, refuse busy at once)".into(),
+                ));
+            }
+            self.max_queued_runs = n;
+        }
+        if let Some(w) = &raw.queue_wait {
+            self.queue_wait =
+                pycell_policy::parse_duration(w).map_err(|e| at.field("queue_wait", e))?;
+        }
+        if let Some(b) = &raw.memory_budget {
+            self.memory_budget =
+                parse_budget(b, host_resources().1).map_err(|e| at.field("memory_budget", e))?;
+        }
+        for (key, value, target) in [
+            (
+                "max_connections",
+                raw.max_connections,
+                &mut self.max_connections,
+            ),
+            (
+                "max_connections_per_uid",
+                raw.max_connections_per_uid,
+                &mut self.max_connections_per_uid,
+            ),
+        ] {
+            if let Some(n) = value {
+                if !(1..=65536).contains(&n) {
+                    return Err(at.field(key, "must be 1..=65536".into()));
+                }
+                *target = n;
+            }
         }
         Ok(())
     }
@@ -258,6 +350,28 @@ impl Config {
     }
 }
 
+/// `memory_budget`: a size ("24GiB") or a share of the host's RAM ("75%").
+fn parse_budget(text: &str, host_memory: u64) -> Result<u64, String> {
+    let budget = match text.strip_suffix('%') {
+        Some(pct) => {
+            let pct: u64 = pct
+                .trim()
+                .parse()
+                .ok()
+                .filter(|p| (1..=100).contains(p))
+                .ok_or_else(|| format!("{text:?}: a share must be 1% to 100%"))?;
+            host_memory / 100 * pct
+        }
+        None => pycell_policy::parse_size(text)?,
+    };
+    if budget < pycell_policy::MIN_MEMORY {
+        return Err(format!(
+            "{text:?} is less than one run's smallest memory limit (16MiB)"
+        ));
+    }
+    Ok(budget)
+}
+
 /// Turns a problem with a field into an error at its place in the file.
 struct Locator<'a> {
     text: &'a str,
@@ -289,6 +403,30 @@ impl Locator<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn defaults_follow_the_host() {
+        assert_eq!(host_sized(1, 4 << 30), (4, 2, 256, 3 << 30));
+        assert_eq!(host_sized(2, 8 << 30), (8, 4, 512, 6 << 30));
+        assert_eq!(host_sized(64, 256 << 30), (256, 128, 4096, 192 << 30));
+        assert_eq!(parse_budget("50%", 8 << 30), Ok(4 << 30));
+        assert_eq!(parse_budget("3GiB", 8 << 30), Ok(3 << 30));
+        assert!(parse_budget("0%", 8 << 30).is_err());
+        assert!(parse_budget("1MiB", 8 << 30).is_err());
+        let c = Config::parse(
+            "max_concurrent_runs = 10\nqueue_wait = \"2s\"\nmemory_budget = \"1GiB\"\n",
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        assert_eq!((c.max_concurrent_runs, c.max_runs_per_uid), (10, 5));
+        assert_eq!(c.queue_wait, Duration::from_secs(2));
+        assert_eq!(c.memory_budget, 1 << 30);
+        let e = Config::parse("max_connections = 0\n", Path::new("c.toml")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "c.toml:1:1: max_connections: must be 1..=65536"
+        );
+    }
 
     #[test]
     fn empty_file_means_defaults() {

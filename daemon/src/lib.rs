@@ -14,7 +14,10 @@
 //! itself, and the jailer re-validates the resulting spec.
 #![forbid(unsafe_code)]
 
+pub mod admission;
+pub mod audit;
 pub mod broker;
 pub mod config;
+pub mod listen;
 pub mod monitor;
 pub mod sockets;

@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -34,7 +33,9 @@ use pycell_core::result::LimitsReport;
 use pycell_core::uidalloc::UidLease;
 use serde::{Deserialize, Serialize};
 
+use crate::audit::{AuditLog, RunStart, StoppedBy};
 use crate::config::Config;
+use crate::listen;
 
 /// Broker → monitor: the only things the broker can ask for.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -42,14 +43,26 @@ use crate::config::Config;
 pub enum ToMonitor {
     /// The broker is accepting connections (for readiness).
     Ready,
-    /// Start a run for a peer (whose uid the broker checked).
+    /// The broker's event loop is turning (sent every second; the
+    /// monitor's systemd watchdog pings depend on it).
+    Alive,
+    /// Start a run for a peer (whose credentials the broker checked).
     Spawn {
         req: u64,
-        peer_uid: u32,
+        peer: PeerIds,
         request: RunRequest,
     },
     /// Stop a run (cancel, client gone, shutdown).
     Kill { run_id: String },
+}
+
+/// A client's credentials, as the kernel gave them to the broker.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerIds {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: i32,
 }
 
 /// Monitor → broker. `Spawned` carries the read end of the jailer's event
@@ -72,12 +85,11 @@ pub enum ToBroker {
     Exited {
         run_id: String,
     },
-    /// The first message, with the listening socket (and the audit log,
-    /// if `audit`) attached, and the configuration's text: the broker
-    /// parses what the monitor read (a missing default file is the empty
-    /// text, the defaults), never a file of its own.
+    /// The first message, with the listening socket attached, and the
+    /// configuration's text: the broker parses what the monitor read (a
+    /// missing default file is the empty text, the defaults), never a file
+    /// of its own.
     Handoff {
-        audit: bool,
         config_path: PathBuf,
         config_text: String,
     },
@@ -109,8 +121,26 @@ struct Run {
     run_id: String,
     child: Child,
     _lease: UidLease,
+    started: Instant,
+    /// The monitor's own deadline: the run's wall timeout and
+    /// [`HARD_DEADLINE_SLACK`]. A jailer still there then is stopped.
+    deadline: Instant,
     killed_at: Option<Instant>,
+    stopped_by: StoppedBy,
 }
+
+/// Time beyond a run's wall timeout that its jailer gets (to start the
+/// jail, and to report and clean up) before the monitor stops it.
+const HARD_DEADLINE_SLACK: Duration = Duration::from_secs(20);
+/// A jailer that ignores SIGTERM this long gets SIGKILL.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+/// A frame from the broker, once begun, must arrive whole within this; a
+/// frame to it must be taken within this. Otherwise the broker is taken
+/// for wedged or compromised, and the service stops (systemd restarts it).
+const LINK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Jailers the monitor runs at most, per admitted run slot: the broker
+/// frees a slot when a run's result is in, its jailer exits just after.
+const JAILERS_PER_SLOT: usize = 2;
 
 /// The ids the broker needs to check peers.
 #[derive(Debug)]
@@ -147,34 +177,6 @@ pub fn resolve_ids(config: &Config) -> Result<ResolvedIds, MonitorError> {
     })
 }
 
-fn bind_socket(config: &Config, socket_gid: Gid) -> Result<UnixListener, MonitorError> {
-    let sock_err = |source| MonitorError::Socket {
-        path: config.socket.clone(),
-        source,
-    };
-    if let Some(dir) = config.socket.parent() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(dir)
-            .map_err(sock_err)?;
-    }
-    match fs::remove_file(&config.socket) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(sock_err(e)),
-    }
-    let listener = UnixListener::bind(&config.socket).map_err(sock_err)?;
-    nix::unistd::chown(&config.socket, Some(Uid::from_raw(0)), Some(socket_gid))
-        .map_err(|e| sock_err(io::Error::from(e)))?;
-    fs::set_permissions(
-        &config.socket,
-        fs::Permissions::from_mode(config.socket_mode),
-    )
-    .map_err(sock_err)?;
-    Ok(listener)
-}
-
 fn clear_cloexec(fd: &impl AsFd) -> Result<(), MonitorError> {
     use nix::fcntl::{fcntl, FcntlArg, FdFlag};
     fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty()))
@@ -202,8 +204,11 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
         cgroup_parent: cgroup_parent.clone(),
         jailer: Ok(launch::find_jailer().map_err(|f| MonitorError::Jailer(f.message))?),
     };
+    let audit = AuditLog::open(&config.audit)
+        .map_err(|e| MonitorError::Sys(format!("audit log {:?}: {e}", config.audit)))?;
+    let (listener, origin) = listening_socket(&config, ids.socket_gid)?;
     let sfd = block_signals()?;
-    let (link, broker_pid) = start_broker(&config, config_path, &ids)?;
+    let (link, broker_pid) = start_broker(&config, config_path, &ids, listener)?;
     let mut m = Monitor {
         config,
         layout,
@@ -213,6 +218,10 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
         broker_pid,
         broker_alive: true,
         stopping_since: None,
+        audit,
+        origin,
+        watchdog: Watchdog::from_env(),
+        broker_seen: Instant::now(),
     };
     let result = m.serve(&sfd);
     m.kill_everything();
@@ -236,33 +245,32 @@ fn block_signals() -> Result<SignalFd, MonitorError> {
         .map_err(|e| MonitorError::Sys(format!("signalfd: {e}")))
 }
 
-/// The audit log, opened here as root, so the broker can append to it
-/// without being able to open (or create) anything else.
-fn open_audit(config: &Config) -> Result<Option<fs::File>, MonitorError> {
-    let crate::config::AuditSink::File(p) = &config.audit else {
-        return Ok(None);
+/// The listening socket: systemd's (socket activation), else our own.
+fn listening_socket(
+    config: &Config,
+    socket_gid: Gid,
+) -> Result<(UnixListener, listen::Origin), MonitorError> {
+    let sock_err = |source| MonitorError::Socket {
+        path: config.socket.clone(),
+        source,
     };
-    use std::os::unix::fs::OpenOptionsExt;
-    fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o640)
-        .open(p)
-        .map(Some)
-        .map_err(|e| MonitorError::Sys(format!("audit log {}: {e}", p.display())))
+    if let Some(l) = listen::from_systemd(&config.socket).map_err(sock_err)? {
+        return Ok((l, listen::Origin::Systemd));
+    }
+    let l = listen::bind(&config.socket, socket_gid, config.socket_mode).map_err(sock_err)?;
+    Ok((l, listen::Origin::Bound))
 }
 
 /// Start the broker: this same executable with `--broker`, as the broker
 /// user, its end of the monitor link as its stdin; then hand it the
-/// listening socket and the audit log over that link. Returns our end of
-/// the link and the broker's pid.
+/// listening socket and the configuration over that link. Returns our end
+/// of the link (with timeouts set) and the broker's pid.
 fn start_broker(
     config: &Config,
     config_path: &Path,
     ids: &ResolvedIds,
+    listener: UnixListener,
 ) -> Result<(UnixStream, Pid), MonitorError> {
-    let listener = bind_socket(config, ids.socket_gid)?;
-    let audit = open_audit(config)?;
     let (mine, theirs) = UnixStream::pair().map_err(MonitorError::Broker)?;
     // The broker execs this binary through a descriptor opened here as root:
     // as the broker user it may not be able to reach the file by its path
@@ -285,14 +293,15 @@ fn start_broker(
         .spawn()
         .map_err(MonitorError::Broker)?;
     let frame = framing::encode(&ToBroker::Handoff {
-        audit: audit.is_some(),
         config_path: config_path.to_path_buf(),
         config_text: config.source_text.clone(),
     })
     .map_err(|e| MonitorError::Sys(e.to_string()))?;
-    let mut fds = vec![listener.as_fd()];
-    fds.extend(audit.as_ref().map(|f| f.as_fd()));
-    crate::sockets::send_with_fds(mine.as_fd(), &frame, &fds).map_err(MonitorError::Broker)?;
+    crate::sockets::send_with_fds(mine.as_fd(), &frame, &[listener.as_fd()])
+        .map_err(MonitorError::Broker)?;
+    mine.set_read_timeout(Some(LINK_TIMEOUT))
+        .and_then(|()| mine.set_write_timeout(Some(LINK_TIMEOUT)))
+        .map_err(MonitorError::Broker)?;
     Ok((mine, Pid::from_raw(broker.id() as i32)))
 }
 
@@ -306,6 +315,34 @@ struct Monitor {
     broker_pid: Pid,
     broker_alive: bool,
     stopping_since: Option<Instant>,
+    audit: AuditLog,
+    origin: listen::Origin,
+    watchdog: Option<Watchdog>,
+    /// When the broker last said it is alive.
+    broker_seen: Instant,
+}
+
+/// systemd's watchdog (`WatchdogSec=`): pinged at half its interval while
+/// the monitor's loop turns and the broker's keeps saying it is alive.
+#[derive(Debug)]
+struct Watchdog {
+    every: Duration,
+    last: Instant,
+}
+
+impl Watchdog {
+    fn from_env() -> Option<Watchdog> {
+        let pid_ok =
+            std::env::var("WATCHDOG_PID").map_or(true, |p| p == std::process::id().to_string());
+        let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
+        for var in ["WATCHDOG_USEC", "WATCHDOG_PID"] {
+            std::env::remove_var(var);
+        }
+        (pid_ok && usec > 0).then(|| Watchdog {
+            every: Duration::from_micros(usec / 2),
+            last: Instant::now() - Duration::from_micros(usec),
+        })
+    }
 }
 
 fn notify_systemd(state: &str) {
@@ -344,6 +381,7 @@ impl Monitor {
                 return Err(MonitorError::Sys("the broker exited; stopping".into()));
             }
             self.escalate_kills();
+            self.ping_watchdog();
             let mut fds = [
                 PollFd::new(sfd.as_fd(), PollFlags::POLLIN),
                 PollFd::new(self.link.as_fd(), PollFlags::POLLIN),
@@ -363,6 +401,11 @@ impl Monitor {
                         self.stopping_since = Some(Instant::now());
                         notify_systemd("STOPPING=1");
                         let _ = kill(self.broker_pid, Signal::SIGTERM);
+                        for run in self.runs.values_mut() {
+                            if run.stopped_by == StoppedBy::Nobody {
+                                run.stopped_by = StoppedBy::Shutdown;
+                            }
+                        }
                     }
                 }
             }
@@ -376,40 +419,56 @@ impl Monitor {
                         }
                         self.kill_all_runs();
                     }
-                    Err(e) => {
-                        // A broker that sends what it must not is treated as
-                        // compromised: stop everything.
-                        eprintln!("pycelld monitor: bad message from the broker ({e}); stopping");
-                        let _ = kill(self.broker_pid, Signal::SIGKILL);
-                        self.broker_alive = false;
-                        self.stopping_since = Some(Instant::now());
-                        self.kill_all_runs();
-                    }
+                    Err(e) => self.broker_failed(&format!("bad message from the broker ({e})")),
                 }
             }
         }
     }
 
+    /// A broker that sends what it must not, stalls inside a frame or
+    /// stops taking ours is treated as compromised: stop everything.
+    fn broker_failed(&mut self, why: &str) {
+        eprintln!("pycelld monitor: {why}; stopping");
+        let _ = kill(self.broker_pid, Signal::SIGKILL);
+        self.broker_alive = false;
+        self.stopping_since.get_or_insert_with(Instant::now);
+        self.kill_all_runs();
+    }
+
     fn send(&mut self, msg: &ToBroker) {
-        let _ = framing::write_sync(&mut self.link, msg);
+        if let Err(e) = framing::write_sync(&mut self.link, msg) {
+            if self.broker_alive {
+                self.broker_failed(&format!("cannot write to the broker ({e})"));
+            }
+        }
+    }
+
+    /// Tell systemd we are well: our loop turns (we are here) and the
+    /// broker's does (it said so lately).
+    fn ping_watchdog(&mut self) {
+        let Some(w) = self.watchdog.as_mut() else {
+            return;
+        };
+        let broker_ok = self.broker_seen.elapsed() < w.every * 2;
+        if broker_ok && w.last.elapsed() >= w.every {
+            w.last = Instant::now();
+            notify_systemd("WATCHDOG=1");
+        }
     }
 
     fn handle(&mut self, msg: ToMonitor) {
         match msg {
-            ToMonitor::Ready => notify_systemd("READY=1"),
+            ToMonitor::Ready => {
+                self.broker_seen = Instant::now();
+                notify_systemd("READY=1");
+            }
+            ToMonitor::Alive => self.broker_seen = Instant::now(),
             ToMonitor::Kill { run_id } => {
                 if let Some(run) = self.runs.values_mut().find(|r| r.run_id == run_id) {
-                    // The jailer turns SIGTERM into: kill the sandbox, clean
-                    // up, report "killed". SIGKILL follows if it dawdles.
-                    let _ = kill(Pid::from_raw(run.child.id() as i32), Signal::SIGTERM);
-                    run.killed_at.get_or_insert_with(Instant::now);
+                    stop(run, StoppedBy::Request);
                 }
             }
-            ToMonitor::Spawn {
-                req,
-                peer_uid,
-                request,
-            } => {
+            ToMonitor::Spawn { req, peer, request } => {
                 if self.stopping_since.is_some() {
                     self.send(&ToBroker::Refused {
                         req,
@@ -418,7 +477,7 @@ impl Monitor {
                     });
                     return;
                 }
-                match self.spawn(req, &request) {
+                match self.spawn(req, peer, &request) {
                     Ok((msg, fd)) => {
                         let sent =
                             framing::encode(&msg)
@@ -432,7 +491,7 @@ impl Monitor {
                                     .map_err(|e| e.to_string())
                                 });
                         if let Err(e) = sent {
-                            eprintln!("pycelld monitor: cannot hand run {req} (peer uid {peer_uid}) to the broker: {e}");
+                            eprintln!("pycelld monitor: cannot hand run {req} (peer uid {}) to the broker: {e}", peer.uid);
                         }
                     }
                     Err((code, message)) => self.send(&ToBroker::Refused { req, code, message }),
@@ -444,8 +503,16 @@ impl Monitor {
     fn spawn(
         &mut self,
         req: u64,
+        peer: PeerIds,
         request: &RunRequest,
     ) -> Result<(ToBroker, OwnedFd), (ErrorCode, String)> {
+        let cap = self.config.max_concurrent_runs * JAILERS_PER_SLOT;
+        if self.runs.len() >= cap {
+            return Err((
+                ErrorCode::Busy,
+                format!("the monitor already runs {cap} jailers (twice max_concurrent_runs); try again shortly"),
+            ));
+        }
         let policy = self
             .launcher
             .load_policy(PolicyChoice::Name(request.policy_name()))
@@ -455,6 +522,16 @@ impl Monitor {
             let message = r.error.map_or_else(String::new, |e| e.message);
             (ErrorCode::Internal, message)
         })?;
+        self.audit.run_started(&RunStart {
+            run_id: &launched.run_id,
+            peer,
+            code: &request.code,
+            policy: &launched.policy,
+            limits: &launched.limits,
+            sandbox_uid: launched.lease.uid,
+        });
+        let started = Instant::now();
+        let wall = Duration::from_secs_f64(launched.limits.wall_timeout_s);
         let msg = ToBroker::Spawned {
             req,
             run_id: launched.run_id.clone(),
@@ -468,7 +545,10 @@ impl Monitor {
                 run_id: launched.run_id,
                 child: launched.child,
                 _lease: launched.lease,
+                started,
+                deadline: started + wall + HARD_DEADLINE_SLACK,
                 killed_at: None,
+                stopped_by: StoppedBy::Nobody,
             },
         );
         Ok((msg, OwnedFd::from(launched.events)))
@@ -485,20 +565,39 @@ impl Monitor {
                     } else if let Some(mut run) = self.runs.remove(&pid.as_raw()) {
                         // Already reaped by waitpid; Child::wait would fail.
                         let _ = run.child.try_wait();
-                        self.send(&ToBroker::Exited { run_id: run.run_id });
+                        let how = describe_wait(&status);
+                        self.audit.run_ended(
+                            &run.run_id,
+                            run.started.elapsed(),
+                            &how,
+                            run.stopped_by,
+                        );
+                        // The lease goes (and the run's cgroups with it)
+                        // before the broker hears the jailer is gone.
+                        let run_id = std::mem::take(&mut run.run_id);
+                        drop(run);
+                        self.send(&ToBroker::Exited { run_id });
                     }
                 }
             }
         }
     }
 
-    /// SIGKILL jailers that ignored a SIGTERM for 5 s.
+    /// Stop jailers past the monitor's own deadline (whatever their
+    /// clients or the broker do), and SIGKILL those that ignored a SIGTERM
+    /// for [`KILL_GRACE`].
     fn escalate_kills(&mut self) {
-        for run in self.runs.values() {
-            if run
-                .killed_at
-                .is_some_and(|t| t.elapsed() > Duration::from_secs(5))
-            {
+        let now = Instant::now();
+        for run in self.runs.values_mut() {
+            if run.killed_at.is_none() && now >= run.deadline {
+                eprintln!(
+                    "pycelld monitor: run {} outlived its timeout by {} s; stopping its jailer",
+                    run.run_id,
+                    HARD_DEADLINE_SLACK.as_secs()
+                );
+                stop(run, StoppedBy::Deadline);
+            }
+            if run.killed_at.is_some_and(|t| t.elapsed() > KILL_GRACE) {
                 let _ = kill(Pid::from_raw(run.child.id() as i32), Signal::SIGKILL);
             }
         }
@@ -506,8 +605,7 @@ impl Monitor {
 
     fn kill_all_runs(&mut self) {
         for run in self.runs.values_mut() {
-            let _ = kill(Pid::from_raw(run.child.id() as i32), Signal::SIGTERM);
-            run.killed_at.get_or_insert_with(Instant::now);
+            stop(run, StoppedBy::Shutdown);
         }
     }
 
@@ -529,12 +627,37 @@ impl Monitor {
         let _ = waitpid(self.broker_pid, Some(WaitPidFlag::WNOHANG));
         self.layout
             .remove_stale(&self.launcher.cgroup_parent, "pycell-");
-        let _ = fs::remove_file(&self.config.socket);
+        // systemd's socket stays for the next instance (clients wait in
+        // its backlog); our own goes with us.
+        if let listen::Origin::Bound = self.origin {
+            let _ = fs::remove_file(&self.config.socket);
+        }
+    }
+}
+
+/// Ask a run's jailer to stop: it turns SIGTERM into "kill the sandbox,
+/// clean up, report killed". SIGKILL follows if it dawdles.
+fn stop(run: &mut Run, by: StoppedBy) {
+    if run.killed_at.is_none() {
+        let _ = kill(Pid::from_raw(run.child.id() as i32), Signal::SIGTERM);
+        run.killed_at = Some(Instant::now());
+        if run.stopped_by == StoppedBy::Nobody {
+            run.stopped_by = by;
+        }
+    }
+}
+
+/// A jailer's wait status for the audit log.
+fn describe_wait(status: &WaitStatus) -> String {
+    match status {
+        WaitStatus::Exited(_, code) => format!("exited {code}"),
+        WaitStatus::Signaled(_, sig, _) => format!("killed by {sig}"),
+        other => format!("{other:?}"),
     }
 }
 
 /// How a run that did not start is refused on the wire.
-fn refusal(e: LaunchError) -> (ErrorCode, String) {
+pub(crate) fn refusal(e: LaunchError) -> (ErrorCode, String) {
     let code = match &e {
         LaunchError::Request(_) => ErrorCode::InvalidRequest,
         LaunchError::Refused(f) => match f.code {

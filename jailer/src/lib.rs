@@ -20,6 +20,7 @@ pub mod host;
 mod landlock_rules;
 mod mounts;
 mod ns_settings;
+mod outbox;
 mod outcome;
 mod pipeline;
 mod relay;
@@ -35,7 +36,7 @@ use pycell_core::events;
 use pycell_core::report::{JailFailure, JailReport};
 use pycell_core::spec::JailSpec;
 
-pub use syscall::peer_groups;
+pub use syscall::{adopt_inherited_fd, peer_groups};
 
 /// Specs carry the code; 64 MiB is far beyond any real one.
 const MAX_SPEC: u64 = 64 << 20;

@@ -14,10 +14,11 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
-use pycell_core::events::{self, Stream};
+use pycell_core::events::Stream;
 use pycell_core::spec::JailSpec;
 
 use crate::child::ChildMessage;
+use crate::outbox::{self, Outbox};
 use pycell_core::cgroup::SandboxCgroup;
 
 const CHUNK: usize = 64 * 1024;
@@ -43,6 +44,9 @@ pub(crate) struct Relayed {
     pub truncated: [bool; 2],
     /// Bytes used on the jail's writable tmpfs when it ended.
     pub disk_used_bytes: u64,
+    /// Event frames the reader had not taken when the jail ended: they go
+    /// out (blocking) before the result.
+    pub unsent: Vec<u8>,
 }
 
 /// Relay until the jail is gone and its output drained.
@@ -53,9 +57,10 @@ pub(crate) fn run(
     ends: ParentEnds,
     signals: &SignalFd,
     deadline: Instant,
-    events: &mut dyn Write,
+    events: BorrowedFd<'static>,
 ) -> io::Result<Relayed> {
-    let mut relay = Relay::new(spec, ends, pid);
+    let outbox = Outbox::new(events, outbox::pending_limit(spec.limits.max_output_bytes))?;
+    let mut relay = Relay::new(spec, ends, pid, outbox);
     let (mut timed_out, mut cancelled) = (false, false);
     let mut init_status = None;
     let kill_jail = || {
@@ -72,7 +77,7 @@ pub(crate) fn run(
             true => PollTimeout::from(100u16),
             false => PollTimeout::try_from(deadline - now).unwrap_or(PollTimeout::MAX),
         };
-        if relay.poll_once(events, signals.as_fd(), wait)? {
+        if relay.poll_once(signals.as_fd(), wait)? {
             match take_signals(signals) {
                 SignalAction::None => {}
                 // Interactive ^C: let the program see it.
@@ -102,6 +107,7 @@ pub(crate) fn run(
         messages: relay.messages(),
         truncated: relay.truncated,
         disk_used_bytes,
+        unsent: relay.outbox.into_unsent(),
     })
 }
 
@@ -156,6 +162,7 @@ struct Relay {
     /// its code runs): its tmpfs outlives the jail while we hold it, so its
     /// usage can be read at the end however the jail ended.
     disk: Option<OwnedFd>,
+    outbox: Outbox,
 }
 
 /// Which descriptor a poll slot stands for.
@@ -165,10 +172,11 @@ enum Slot {
     Status,
     Output(usize),
     Stdin,
+    Events,
 }
 
 impl Relay {
-    fn new(spec: &JailSpec, ends: ParentEnds, jail: Pid) -> Relay {
+    fn new(spec: &JailSpec, ends: ParentEnds, jail: Pid, outbox: Outbox) -> Relay {
         let stdin = (!spec.stdin.is_empty()).then(|| {
             let _ = nix::fcntl::fcntl(
                 &ends.stdin_write,
@@ -192,6 +200,7 @@ impl Relay {
             drain_deadline: None,
             jail,
             disk: None,
+            outbox,
         }
     }
 
@@ -210,20 +219,16 @@ impl Relay {
     }
 
     /// One poll round. Returns true if the signalfd is readable.
-    fn poll_once(
-        &mut self,
-        events: &mut dyn Write,
-        signals: BorrowedFd<'_>,
-        wait: PollTimeout,
-    ) -> io::Result<bool> {
+    fn poll_once(&mut self, signals: BorrowedFd<'_>, wait: PollTimeout) -> io::Result<bool> {
         let ready = self.poll_ready(signals, wait)?;
         let mut signal = false;
         for slot in ready {
             match slot {
                 Slot::Signals => signal = true,
                 Slot::Status => self.read_status(),
-                Slot::Output(i) => self.read_output(i, events)?,
+                Slot::Output(i) => self.read_output(i)?,
                 Slot::Stdin => self.write_stdin(),
+                Slot::Events => self.outbox.flush_some()?,
             }
         }
         Ok(signal)
@@ -246,6 +251,10 @@ impl Relay {
         if let Some(f) = &self.stdin {
             fds.push(PollFd::new(f.as_fd(), PollFlags::POLLOUT));
             slots.push(Slot::Stdin);
+        }
+        if self.outbox.waiting() > 0 {
+            fds.push(PollFd::new(self.outbox.fd(), PollFlags::POLLOUT));
+            slots.push(Slot::Events);
         }
         let wait = match self.drain_deadline {
             Some(_) => PollTimeout::from(50u16),
@@ -287,7 +296,7 @@ impl Relay {
             .unwrap_or(0)
     }
 
-    fn read_output(&mut self, i: usize, events: &mut dyn Write) -> io::Result<()> {
+    fn read_output(&mut self, i: usize) -> io::Result<()> {
         let mut buf = vec![0u8; CHUNK];
         let Some(f) = self.outs[i].as_mut() else {
             return Ok(());
@@ -305,9 +314,15 @@ impl Relay {
         }
         let take = n.min(room);
         if take > 0 {
-            self.sent[i] += take as u64;
             let stream = [Stream::Stdout, Stream::Stderr][i];
-            events::write_output(events, stream, &buf[..take])?;
+            if self.outbox.offer(stream, &buf[..take])? {
+                self.sent[i] += take as u64;
+            } else {
+                // The reader is too far behind: from here on this stream
+                // is dropped, as past its cap, and the result says so.
+                self.sent[i] = self.cap;
+                self.truncated[i] = true;
+            }
         }
         // Past the cap we keep reading and discarding, so the program is not
         // blocked on a full pipe; the timeout bounds how long that goes on.

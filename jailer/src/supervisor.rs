@@ -67,11 +67,15 @@ fn run_checked(spec: &JailSpec, events: &mut dyn Write) -> Result<JailReport, Ja
         jail.ends,
         &signals,
         deadline,
-        events,
+        events_fd(),
     )
     .map_err(io_failure("relaying output"))?;
     let wall = jail.start.elapsed();
     jail.cgroup.kill_all();
+    // Only now, with the sandbox gone, wait for a slow reader to take the rest.
+    events
+        .write_all(&relayed.unsent)
+        .map_err(io_failure("writing output"))?;
     let usage = jail.cgroup.usage();
     let seen = Observed {
         timed_out: relayed.timed_out,
@@ -108,6 +112,13 @@ fn run_checked(spec: &JailSpec, events: &mut dyn Write) -> Result<JailReport, Ja
         }),
         error: outcome.error,
     })
+}
+
+/// The event stream: our stdout (`events` buffers in front of it; nothing
+/// has been written to it before the relay starts).
+fn events_fd() -> std::os::fd::BorrowedFd<'static> {
+    static STDOUT: std::sync::LazyLock<io::Stdout> = std::sync::LazyLock::new(io::stdout);
+    STDOUT.as_fd()
 }
 
 fn io_failure(what: &'static str) -> impl Fn(io::Error) -> JailFailure {

@@ -347,6 +347,29 @@ pub(crate) fn interface_up(ifname: &str) -> io::Result<()> {
 /// SO_PEERGROUPS (asm-generic; the same number on x86_64 and aarch64).
 const SO_PEERGROUPS: libc::c_int = 59;
 
+/// Take ownership of descriptor `raw`, inherited across exec from whoever
+/// started us (systemd's socket activation passes the listening socket as
+/// descriptor 3). Refused unless it is open; made close-on-exec. Call it at
+/// most once per descriptor, before anything else in the process could
+/// have taken it.
+pub fn adopt_inherited_fd(raw: std::os::fd::RawFd) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: fcntl(F_GETFD) on any integer only reads that descriptor's
+    // flags (EBADF if it is not open); it touches no memory of ours.
+    if unsafe { libc::fcntl(raw, libc::F_GETFD) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is open (checked above) and, per this function's
+    // contract, owned by nothing else in this process: it was inherited
+    // across exec and is adopted once, at startup.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    nix::fcntl::fcntl(
+        &fd,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )?;
+    Ok(fd)
+}
+
 /// The supplementary groups of a connected unix socket's peer, as they were
 /// when it connected (`SO_PEERGROUPS`, Linux 4.13): unlike reading
 /// `/proc/<pid>/status`, no race with the peer exiting and its pid being

@@ -120,6 +120,31 @@ impl Daemon {
         std::fs::read_to_string(self.dir.path().join("audit.jsonl")).unwrap_or_default()
     }
 
+    /// The audit log's lines of `event`, once there are `n` of them (the
+    /// monitor writes `run_end` when it reaps the jailer, a moment after
+    /// the client has its result).
+    fn audit_events(&self, event: &str, n: usize) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let lines: Vec<serde_json::Value> = self
+                .audit()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .filter(|v: &serde_json::Value| v["event"] == event)
+                .collect();
+            if lines.len() >= n {
+                return lines;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} {event} lines in the audit log, expected {n}:\n{}",
+                lines.len(),
+                self.audit()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn pid(&self) -> i32 {
         self.child.as_ref().unwrap().id() as i32
     }
@@ -256,17 +281,19 @@ fn runs_through_the_daemon_and_audits_them() {
     let v: serde_json::Value = serde_json::from_slice(&cli.stdout).unwrap();
     assert_eq!(v["stdout"], "42\n");
     assert_eq!(v["status"], "error");
-    // One audit line per run, with the code's hash and the peer.
-    let audit = d.audit();
-    let lines: Vec<serde_json::Value> = audit
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(lines.len(), 2, "{audit}");
-    assert_eq!(lines[0]["peer_uid"], 0);
-    assert_eq!(lines[0]["status"], "ok");
-    assert_eq!(lines[0]["code_sha256"].as_str().unwrap().len(), 64);
-    assert_eq!(lines[1]["exit_code"], 4);
+    // The monitor audits each run: its start (the peer, the code's hash,
+    // the policy and limits) and how its jailer ended.
+    let starts = d.audit_events("run_start", 2);
+    let ends = d.audit_events("run_end", 2);
+    assert_eq!(starts.len(), 2, "{}", d.audit());
+    assert_eq!(starts[0]["peer_uid"], 0);
+    assert_eq!(starts[0]["policy"], "default");
+    assert_eq!(starts[0]["code_sha256"].as_str().unwrap().len(), 64);
+    assert_eq!(starts[0]["limits"]["memory_bytes"], 512u64 << 20);
+    assert_eq!(ends.len(), 2, "{}", d.audit());
+    assert_eq!(ends[0]["run_id"], starts[0]["run_id"]);
+    assert_eq!(ends[0]["jailer"], "exited 0");
+    assert_eq!(ends[1]["stopped_by"], serde_json::Value::Null);
     // `pycell info` asks the daemon.
     let info = Command::new(pycell_bin())
         .args(["info", "--json"])
@@ -284,7 +311,13 @@ fn runs_through_the_daemon_and_audits_them() {
             .any(|p| p["name"] == "default"),
         "{v}"
     );
-    assert_eq!(v["daemon"]["max_concurrent_runs"], 16);
+    // Defaults sized from the host: 4 runs per core (4 to 256), 64 queued
+    // per run slot (at most 4096), 3/4 of the RAM as the memory budget.
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let concurrent = (cores * 4).clamp(4, 256);
+    assert_eq!(v["daemon"]["max_concurrent_runs"], concurrent, "{v}");
+    assert_eq!(v["daemon"]["max_queued_runs"], (concurrent * 64).min(4096));
+    assert!(v["daemon"]["memory_budget_bytes"].as_u64().unwrap() > 0);
     // The broker runs unprivileged.
     let broker = processes_with_uid(
         nix::unistd::User::from_name("pycell")
@@ -466,9 +499,26 @@ fn supplementary_group_members_are_let_in() {
     assert!(stderr.contains("unauthorized"), "stderr: {stderr}");
 }
 
+/// Wait until the daemon reports `active` runs going and `queued` waiting.
+fn wait_for_runs(d: &Daemon, active: usize, queued: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = d.client().info().unwrap();
+        if (info.daemon.active_runs, info.daemon.queued_runs) == (active, queued) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never {active} going and {queued} waiting: {:?}",
+            info.daemon
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
-fn concurrency_limits_answer_busy() {
-    let d = Daemon::start("max_concurrent_runs = 1\n");
+fn runs_over_the_limit_wait_their_turn_and_busy_means_a_full_queue() {
+    let d = Daemon::start("max_concurrent_runs = 1\nmax_queued_runs = 1\n");
     let socket = d.socket();
     let long = std::thread::spawn(move || {
         let mut c = DaemonClient::connect(&socket).unwrap();
@@ -478,35 +528,58 @@ fn concurrency_limits_answer_busy() {
         )
         .unwrap()
     });
-    // Wait until the long run occupies the only slot.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let info = d.client().info().unwrap();
-        if info.daemon.active_runs == 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the long run never started");
-        std::thread::sleep(Duration::from_millis(20));
+    wait_for_runs(&d, 1, 0);
+    let socket = d.socket();
+    let waiting = std::thread::spawn(move || {
+        let mut places = Vec::new();
+        let mut c = DaemonClient::connect(&socket).unwrap();
+        let r = c.run_queued(request("print(2)"), |_, _| {}, |p| places.push(p));
+        (r.unwrap(), places)
+    });
+    wait_for_runs(&d, 1, 1);
+    match d.client().run(request("print(3)"), |_, _| {}) {
+        Err(ClientError::Refused {
+            code: ErrorCode::Busy,
+            message,
+        }) => assert!(message.contains("max_queued_runs"), "{message}"),
+        other => panic!("expected busy, got {other:?}"),
     }
+    assert_eq!(long.join().unwrap().stdout, "done\n");
+    let (r, places) = waiting.join().unwrap();
+    assert_eq!(
+        r.stdout, "2\n",
+        "the waiting run ran once the slot was free"
+    );
+    assert_eq!(places.first(), Some(&1), "{places:?}");
+    assert_eq!(places.last(), Some(&0), "{places:?}");
+    // A wait that runs out is busy, saying so.
+    let d = Daemon::start("max_concurrent_runs = 1\nqueue_wait = \"1s\"\n");
+    let socket = d.socket();
+    let long = std::thread::spawn(move || {
+        let mut c = DaemonClient::connect(&socket).unwrap();
+        c.run(request("import time; time.sleep(4)"), |_, _| {})
+    });
+    wait_for_runs(&d, 1, 0);
+    let started = Instant::now();
     match d.client().run(request("print(1)"), |_, _| {}) {
         Err(ClientError::Refused {
             code: ErrorCode::Busy,
             message,
-        }) => assert!(message.contains("max_concurrent_runs"), "{message}"),
+        }) => assert!(message.contains("queue_wait"), "{message}"),
         other => panic!("expected busy, got {other:?}"),
     }
-    assert_eq!(long.join().unwrap().stdout, "done\n");
-    assert!(
-        d.client().run(request("print(1)"), |_, _| {}).is_ok(),
-        "the slot is free again"
-    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(long.join().unwrap().is_ok());
 }
 
+/// The figure: with the default configuration (fewer slots than
+/// clients on this host), 200 runs at concurrency 16 from one uid all
+/// succeed, each with its own output: over the quota means wait, not fail.
 #[test]
-fn five_hundred_runs_at_concurrency_16_keep_their_own_results() {
-    let d = Daemon::start("max_concurrent_runs = 16\nmax_runs_per_uid = 16\n");
+fn two_hundred_runs_at_concurrency_16_from_one_uid_all_succeed_on_defaults() {
+    let d = Daemon::start("");
     let next = Arc::new(AtomicUsize::new(0));
-    let total = 500;
+    let total = 200;
     let workers: Vec<_> = (0..16)
         .map(|_| {
             let (socket, next) = (d.socket(), Arc::clone(&next));
@@ -682,11 +755,11 @@ fn cancel_kills_the_run_and_a_vanished_client_takes_its_run_along() {
     assert!(matches!(read_reply(&mut s), ServerMessage::Output { .. }));
     drop(s);
     assert_sandbox_gone(&d, Duration::from_secs(10));
-    let audit = d.audit();
-    assert_eq!(
-        audit.lines().filter(|l| l.contains("\"killed\"")).count(),
-        2,
-        "{audit}"
+    let ends = d.audit_events("run_end", 2);
+    assert!(
+        ends.iter().all(|e| e["stopped_by"] == "request"),
+        "{}",
+        d.audit()
     );
 }
 
@@ -713,4 +786,159 @@ fn a_sigkilled_jailer_takes_its_sandbox_along_and_the_client_hears_of_it() {
     assert_eq!(error, "jailer_failed", "{r:?}");
     // The daemon goes on serving.
     assert!(d.client().run(request("print(1)"), |_, _| {}).is_ok());
+}
+
+/// Read replies on a raw connection until the result; every message read.
+fn read_until_result(s: &mut UnixStream) -> Vec<ServerMessage> {
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = Vec::new();
+    loop {
+        let m = read_reply(s);
+        let done = matches!(
+            m,
+            ServerMessage::Result { .. } | ServerMessage::Error { .. }
+        );
+        got.push(m);
+        if done {
+            return got;
+        }
+    }
+}
+
+/// The case: a client sends a run that floods its output and then
+/// never reads. The sandbox still ends at its 2 s timeout (before, the
+/// jailer blocked writing output and the deadline never fired); once the
+/// client reads, it gets the output it missed and a `timeout` result.
+#[test]
+fn a_client_that_stops_reading_does_not_keep_its_sandbox_past_the_timeout() {
+    let d = Daemon::start("");
+    let mut s = UnixStream::connect(d.socket()).unwrap();
+    hello(&mut s);
+    let mut req =
+        request("import sys\nchunk = 'x' * 65536\nwhile True:\n    sys.stdout.write(chunk)\n");
+    req.limits = LimitOverrides {
+        timeout_s: Some(2.0),
+        max_output_bytes: Some(16 << 20),
+        ..Default::default()
+    };
+    send(
+        &mut s,
+        &ClientMessage::Run {
+            id: "flood".into(),
+            request: req,
+        },
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while d.sandbox_processes().is_empty() {
+        assert!(Instant::now() < deadline, "the sandbox never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let started = Instant::now();
+    // 2 s of timeout, then the kill and cleanup.
+    assert_sandbox_gone(&d, Duration::from_secs(6));
+    let lived = started.elapsed();
+    let replies = read_until_result(&mut s);
+    let streamed: usize = replies
+        .iter()
+        .filter_map(|m| match m {
+            ServerMessage::Output { data_base64, .. } => Some(
+                pycell_core::protocol::decode_b64(data_base64)
+                    .unwrap()
+                    .len(),
+            ),
+            _ => None,
+        })
+        .sum();
+    let Some(ServerMessage::Result { result, .. }) = replies.last() else {
+        panic!("no result: {:?}", replies.last());
+    };
+    assert_eq!(serde_json::to_value(result.status).unwrap(), "timeout");
+    assert_eq!(
+        streamed,
+        result.stdout.len(),
+        "the client got exactly the output the result holds"
+    );
+    assert!(lived < Duration::from_secs(6), "{lived:?}");
+}
+
+/// The attempt: through the socket, a client asks the default
+/// policy for 64G of memory, 60000 pids, an 80000 s timeout and 8G of
+/// output. Refused, naming the ceiling; at the ceiling it runs with it.
+#[test]
+fn a_request_cannot_raise_limits_above_the_policy_ceilings() {
+    let d = Daemon::start("");
+    let attempts = [
+        (
+            LimitOverrides {
+                memory_bytes: Some(64 << 30),
+                ..Default::default()
+            },
+            "memory 64GiB is above what policy \"default\" allows (2GiB, its [limits.max] memory)",
+        ),
+        (
+            LimitOverrides {
+                pids: Some(60000),
+                ..Default::default()
+            },
+            "pids 60000 is above what policy \"default\" allows (256,",
+        ),
+        (
+            LimitOverrides {
+                timeout_s: Some(80000.0),
+                ..Default::default()
+            },
+            "timeout 80000s is above what policy \"default\" allows (10m,",
+        ),
+        (
+            LimitOverrides {
+                max_output_bytes: Some(8 << 30),
+                ..Default::default()
+            },
+            "max_output 8GiB is above what policy \"default\" allows (16MiB,",
+        ),
+    ];
+    for (limits, expected) in attempts {
+        let mut req = request("print(1)");
+        req.limits = limits;
+        match d.client().run(req, |_, _| {}) {
+            Err(ClientError::Refused {
+                code: ErrorCode::InvalidRequest,
+                message,
+            }) => assert!(message.contains(expected), "{message}"),
+            other => panic!("expected invalid_request, got {other:?}"),
+        }
+    }
+    let cli = Command::new(pycell_bin())
+        .args(["run", "--json", "--socket"])
+        .arg(d.socket())
+        .args(["--memory", "64G", "--pids", "60000", "--timeout", "80000"])
+        .args(["--max-output", "8G", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(b"print(1)")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&cli.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&cli.stderr)));
+    assert_eq!(v["error"]["code"], "invalid_request", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("[limits.max]"),
+        "{v}"
+    );
+    let mut req = request("print(1)");
+    req.limits = LimitOverrides {
+        memory_bytes: Some(2 << 30),
+        pids: Some(256),
+        ..Default::default()
+    };
+    let r = d.client().run(req, |_, _| {}).unwrap();
+    let limits = r.limits.unwrap();
+    assert_eq!((limits.memory_bytes, limits.pids), (2 << 30, 256));
 }

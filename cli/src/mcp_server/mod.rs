@@ -183,6 +183,8 @@ fn render_info(info: &pycell_core::info::HostInfo) -> String {
 struct Progress {
     started: tokio::sync::Notify,
     sandbox: Mutex<Option<(String, u32)>>,
+    /// Place in pycelld's queue while the run waits for a slot (0: not waiting).
+    queued: AtomicU64,
     stdout_bytes: AtomicU64,
     stderr_bytes: AtomicU64,
 }
@@ -199,6 +201,9 @@ impl Progress {
                 }
                 self.started.notify_one();
             }
+            RunEvent::Queued { position } => {
+                self.queued.store(position as u64, Ordering::Relaxed);
+            }
             RunEvent::Output { stream, bytes } => {
                 let counter = match stream {
                     Stream::Stdout => &self.stdout_bytes,
@@ -210,6 +215,13 @@ impl Progress {
     }
 
     fn message(&self, elapsed: Duration) -> String {
+        let place = self.queued.load(Ordering::Relaxed);
+        if place > 0 {
+            return format!(
+                "waiting for a free sandbox slot for {:.0} s: number {place} in the queue",
+                elapsed.as_secs_f64().floor()
+            );
+        }
         let who = match self.sandbox.lock().ok().and_then(|s| s.clone()) {
             Some((run_id, uid)) => format!("run {run_id} in sandbox uid {uid}"),
             None => "run".to_string(),

@@ -1,0 +1,126 @@
+//! The audit log, written by the root monitor (the broker, which parses
+//! untrusted input, cannot reach it): one JSON line when a run starts (who
+//! asked, the code's hash, the policy and limits it got, its sandbox uid)
+//! and one when its jailer ends (how long, how it ended, who stopped it).
+//! The run's own outcome (exit code, output) goes to its client only.
+
+use std::fs;
+use std::io::Write;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use pycell_core::result::LimitsReport;
+use sha2::{Digest, Sha256};
+
+use crate::config::AuditSink;
+
+#[derive(Debug)]
+pub struct AuditLog {
+    sink: Sink,
+}
+
+#[derive(Debug)]
+enum Sink {
+    Off,
+    Stderr,
+    File(fs::File),
+}
+
+/// A run as it starts.
+#[derive(Debug)]
+pub struct RunStart<'a> {
+    pub run_id: &'a str,
+    pub peer: crate::monitor::PeerIds,
+    pub code: &'a str,
+    pub policy: &'a str,
+    pub limits: &'a LimitsReport,
+    pub sandbox_uid: u32,
+}
+
+/// Who ended a run's jailer early, if anyone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoppedBy {
+    /// Nobody: it ended by itself (the run's own deadline included).
+    Nobody,
+    /// Its client cancelled or went away.
+    Request,
+    /// The monitor's own hard deadline.
+    Deadline,
+    /// The daemon stopped (or lost its broker).
+    Shutdown,
+}
+
+impl StoppedBy {
+    fn as_str(self) -> Option<&'static str> {
+        match self {
+            StoppedBy::Nobody => None,
+            StoppedBy::Request => Some("request"),
+            StoppedBy::Deadline => Some("monitor_deadline"),
+            StoppedBy::Shutdown => Some("shutdown"),
+        }
+    }
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+impl AuditLog {
+    /// Open the configured sink (as root, before any client is served).
+    pub fn open(sink: &AuditSink) -> std::io::Result<AuditLog> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let sink = match sink {
+            AuditSink::Off => Sink::Off,
+            AuditSink::Stderr => Sink::Stderr,
+            AuditSink::File(p) => Sink::File(
+                fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .mode(0o640)
+                    .open(p)?,
+            ),
+        };
+        Ok(AuditLog { sink })
+    }
+
+    fn write(&mut self, line: serde_json::Value) {
+        match &mut self.sink {
+            Sink::Off => {}
+            Sink::Stderr => eprintln!("{line}"),
+            // One write per line: O_APPEND keeps lines whole.
+            Sink::File(f) => {
+                let _ = f.write_all(format!("{line}\n").as_bytes());
+            }
+        }
+    }
+
+    pub fn run_started(&mut self, r: &RunStart<'_>) {
+        self.write(serde_json::json!({
+            "ts": now(),
+            "event": "run_start",
+            "run_id": r.run_id,
+            "peer_uid": r.peer.uid,
+            "peer_gid": r.peer.gid,
+            "peer_pid": r.peer.pid,
+            "policy": r.policy,
+            "code_sha256": format!("{:x}", Sha256::digest(r.code.as_bytes())),
+            "limits": r.limits,
+            "sandbox_uid": r.sandbox_uid,
+        }));
+    }
+
+    /// `status`: the jailer's wait status as text (`exited 0`, `killed by
+    /// SIGKILL`).
+    pub fn run_ended(&mut self, run_id: &str, wall: Duration, status: &str, by: StoppedBy) {
+        self.write(serde_json::json!({
+            "ts": now(),
+            "event": "run_end",
+            "run_id": run_id,
+            "wall_ms": wall.as_secs_f64() * 1000.0,
+            "jailer": status,
+            "stopped_by": by.as_str(),
+        }));
+    }
+}

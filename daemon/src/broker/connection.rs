@@ -1,0 +1,568 @@
+//! One client connection. Reading, writing and each run's events are
+//! separate tasks joined by bounded channels, so that nothing a client does
+//! (not reading, reading slowly, sending half a frame) can stall a run, its
+//! deadline, or the broker:
+//!
+//! - the reader task turns frames into messages; a frame once begun must
+//!   arrive whole within [`FRAME_TIMEOUT`];
+//! - the writer task writes replies; a write that does not finish within
+//!   [`WRITE_STALL`] ends the connection (and so its run);
+//! - a run's output is offered to the writer without waiting: when the
+//!   client is that far behind, streaming of that stream stops, and what it
+//!   missed follows in one piece once the run is over.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pycell_core::events::{read_event_async, Event, EventError};
+use pycell_core::framing::{self, FrameError};
+use pycell_core::launch::{Collector, JailerEnd};
+use pycell_core::protocol::{
+    encode_b64, ClientMessage, ErrorCode, RunRequest, ServerMessage, Stream, PROTOCOL_VERSION,
+};
+use pycell_core::result::{LimitsReport, RunResult};
+use tokio::net::unix::{pipe, OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+use tokio::time::{sleep, timeout, Instant};
+
+use super::{Broker, Peer};
+use crate::admission::{Entry, Slot, Waiting};
+use crate::monitor::{ToBroker, ToMonitor};
+
+/// The first message (`hello`) must come within this.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection with no run that sends nothing for this long is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// A frame, once its first byte is in, must be complete within this.
+const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+/// A reply the client does not take within this ends the connection.
+const WRITE_STALL: Duration = Duration::from_secs(30);
+/// Malformed messages answered on one connection before it is closed.
+const MAX_BAD_MESSAGES: usize = 16;
+/// Replies waiting for the writer (output chunks are at most 64 KiB).
+const OUTBOUND_MESSAGES: usize = 64;
+/// How often a waiting run is told its place.
+const QUEUE_TICK: Duration = Duration::from_secs(1);
+
+const NO_SUCH_RUN: &str = "no run with that id is going on this connection";
+
+pub(crate) fn error(
+    id: Option<&str>,
+    code: ErrorCode,
+    message: impl Into<String>,
+) -> ServerMessage {
+    ServerMessage::Error {
+        id: id.map(str::to_string),
+        code,
+        message: message.into(),
+    }
+}
+
+/// The writer side of a connection.
+struct Outbound {
+    tx: mpsc::Sender<ServerMessage>,
+}
+
+impl Outbound {
+    fn start(mut wr: OwnedWriteHalf) -> Outbound {
+        let (tx, mut rx) = mpsc::channel::<ServerMessage>(OUTBOUND_MESSAGES);
+        tokio::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                match timeout(WRITE_STALL, framing::write_async(&mut wr, &msg)).await {
+                    Ok(Ok(())) => {}
+                    _ => return,
+                }
+            }
+        });
+        Outbound { tx }
+    }
+
+    /// Queue a reply, waiting for room; false if the connection is gone.
+    async fn send(&self, msg: ServerMessage) -> bool {
+        self.tx.send(msg).await.is_ok()
+    }
+
+    /// Queue a reply if there is room now.
+    fn offer(&self, msg: ServerMessage) -> bool {
+        self.tx.try_send(msg).is_ok()
+    }
+
+    async fn closed(&self) {
+        self.tx.closed().await
+    }
+}
+
+/// What the reader task hands on: a message, or the reply to a bad one.
+type Incoming = Result<ClientMessage, ServerMessage>;
+
+/// Read frames until the client closes, sends something fatal, or stalls
+/// inside a frame. The channel closing means the connection is over.
+fn start_reader(mut rd: OwnedReadHalf) -> mpsc::Receiver<Incoming> {
+    let (tx, rx) = mpsc::channel::<Incoming>(4);
+    tokio::spawn(async move {
+        let mut bad = 0;
+        loop {
+            let body = match framing::read_async_raw_within(&mut rd, FRAME_TIMEOUT).await {
+                Ok(b) => b,
+                Err(FrameError::TooLarge(n)) => {
+                    let msg = format!(
+                        "frame of {n} bytes exceeds the maximum of {}",
+                        pycell_core::protocol::MAX_FRAME
+                    );
+                    let _ = tx
+                        .send(Err(error(None, ErrorCode::FrameTooLarge, msg)))
+                        .await;
+                    return;
+                }
+                _ => return,
+            };
+            let msg = framing::decode::<ClientMessage>(&body)
+                .map_err(|e| error(None, ErrorCode::BadMessage, e.to_string()));
+            if msg.is_err() {
+                bad += 1;
+            }
+            if tx.send(msg).await.is_err() || bad >= MAX_BAD_MESSAGES {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// A connection's two halves, as the serving code sees them.
+struct Conn {
+    out: Outbound,
+    inbox: mpsc::Receiver<Incoming>,
+}
+
+pub(crate) async fn serve(broker: Arc<Broker>, stream: UnixStream) {
+    let Some((peer, groups)) = super::peer_of(&stream) else {
+        return;
+    };
+    let (rd, wr) = stream.into_split();
+    let mut conn = Conn {
+        out: Outbound::start(wr),
+        inbox: start_reader(rd),
+    };
+    let _counted = match broker.connections.enter(peer.uid) {
+        Ok(c) => c,
+        Err(message) => {
+            conn.out.send(error(None, ErrorCode::Busy, message)).await;
+            return;
+        }
+    };
+    if !broker.authorized(&peer, &groups) {
+        let msg = format!("uid {} is not allowed to use pycell: ask the administrator to add you to the {:?} group", peer.uid, broker.config.socket_group);
+        conn.out
+            .send(error(None, ErrorCode::Unauthorized, msg))
+            .await;
+        return;
+    }
+    if !handshake(&mut conn).await {
+        return;
+    }
+    loop {
+        let msg = match timeout(IDLE_TIMEOUT, conn.inbox.recv()).await {
+            Ok(Some(Ok(m))) => m,
+            Ok(Some(Err(reply))) => match conn.out.send(reply).await {
+                true => continue,
+                false => return,
+            },
+            _ => return,
+        };
+        let going = match msg {
+            ClientMessage::Hello { .. } => {
+                let e = error(None, ErrorCode::BadMessage, "hello was already received");
+                conn.out.send(e).await
+            }
+            ClientMessage::Info => {
+                let info = ServerMessage::Info {
+                    info: Box::new(broker.info()),
+                };
+                conn.out.send(info).await
+            }
+            ClientMessage::Cancel { id } => {
+                let e = error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN);
+                conn.out.send(e).await
+            }
+            ClientMessage::Run { id, request } => run(&broker, &mut conn, peer, id, request).await,
+        };
+        if !going {
+            return;
+        }
+    }
+}
+
+/// The version handshake: `hello` first, in our protocol version, soon.
+async fn handshake(conn: &mut Conn) -> bool {
+    let first = match timeout(HANDSHAKE_TIMEOUT, conn.inbox.recv()).await {
+        Ok(Some(m)) => m,
+        _ => return false,
+    };
+    let reply = match first {
+        Err(reply) => reply,
+        Ok(ClientMessage::Hello { version, .. }) if version == PROTOCOL_VERSION => {
+            let welcome = ServerMessage::Welcome {
+                version: PROTOCOL_VERSION,
+                server: format!("pycelld {}", env!("CARGO_PKG_VERSION")),
+            };
+            return conn.out.send(welcome).await;
+        }
+        Ok(ClientMessage::Hello { version, .. }) => {
+            let msg = format!("this pycelld speaks protocol version {PROTOCOL_VERSION}, the client {version}; upgrade the older one");
+            error(None, ErrorCode::VersionMismatch, msg)
+        }
+        Ok(_) => error(
+            None,
+            ErrorCode::HandshakeRequired,
+            "the first message must be hello",
+        ),
+    };
+    conn.out.send(reply).await;
+    false
+}
+
+/// How a run that did not get to start ends, for the client.
+enum NotStarted {
+    Reply(ServerMessage),
+    ClientGone,
+}
+
+/// One run on a connection. Returns false if the connection is finished.
+async fn run(
+    broker: &Arc<Broker>,
+    conn: &mut Conn,
+    peer: Peer,
+    id: String,
+    request: RunRequest,
+) -> bool {
+    let slot = match admit(broker, conn, peer, &id, &request).await {
+        Ok(slot) => slot,
+        Err(NotStarted::Reply(reply)) => return conn.out.send(reply).await,
+        Err(NotStarted::ClientGone) => return false,
+    };
+    let active = broker.active_run();
+    let last = run_admitted(broker, conn, peer, &id, &request).await;
+    // Free the slot before the client hears the run is over, so that its
+    // next run finds it free (and a client slow to take the rest of its
+    // output does not hold it).
+    drop(slot);
+    drop(active);
+    for msg in last {
+        if !conn.out.send(msg).await {
+            return false;
+        }
+    }
+    true
+}
+
+/// A slot for the run: at once, or after waiting in the queue.
+async fn admit(
+    broker: &Arc<Broker>,
+    conn: &mut Conn,
+    peer: Peer,
+    id: &str,
+    request: &RunRequest,
+) -> Result<Slot, NotStarted> {
+    let refuse = |code, msg: String| NotStarted::Reply(error(Some(id), code, msg));
+    if broker.stopping() {
+        return Err(refuse(
+            ErrorCode::ShuttingDown,
+            "pycelld is shutting down; try again when it is back".into(),
+        ));
+    }
+    let ask = broker
+        .ask_for(peer.uid, request)
+        .map_err(|(code, msg)| refuse(code, msg))?;
+    match broker.admission.request(ask) {
+        Entry::Admitted(slot) => Ok(slot),
+        Entry::Refused(r) => Err(refuse(ErrorCode::Busy, broker.refusal_message(r, ask))),
+        Entry::Waiting(waiting) => wait_turn(broker, conn, id, request, waiting).await,
+    }
+}
+
+/// Wait in the queue, telling the client its place every second, until
+/// admitted, the wait runs out, the client cancels or leaves, or the
+/// daemon stops.
+async fn wait_turn(
+    broker: &Arc<Broker>,
+    conn: &mut Conn,
+    id: &str,
+    request: &RunRequest,
+    mut waiting: Waiting,
+) -> Result<Slot, NotStarted> {
+    let wait = broker.config.queue_wait;
+    let give_up = Instant::now() + wait;
+    let mut stop = broker.stop.subscribe();
+    loop {
+        if let Some(position) = waiting.position() {
+            conn.out.offer(ServerMessage::Queued {
+                id: id.to_string(),
+                position,
+            });
+        }
+        tokio::select! {
+            _ = waiting.admitted() => return Ok(waiting.into_slot()),
+            _ = sleep(QUEUE_TICK) => {}
+            _ = tokio::time::sleep_until(give_up) => {
+                let msg = format!("no slot became free within queue_wait ({} s; {} runs are going); try again later", wait.as_secs_f64(), broker.config.max_concurrent_runs);
+                return Err(NotStarted::Reply(error(Some(id), ErrorCode::Busy, msg)));
+            }
+            _ = stop.wait_for(|s| *s) => {
+                let msg = "pycelld is shutting down; try again when it is back";
+                return Err(NotStarted::Reply(error(Some(id), ErrorCode::ShuttingDown, msg)));
+            }
+            _ = conn.out.closed() => return Err(NotStarted::ClientGone),
+            msg = conn.inbox.recv() => match msg {
+                None => return Err(NotStarted::ClientGone),
+                Some(Ok(ClientMessage::Cancel { id: cid })) if cid == id => {
+                    return Err(NotStarted::Reply(cancelled_while_queued(id, request)));
+                }
+                Some(other) => {
+                    conn.out.offer(reply_during_run(other));
+                }
+            },
+        }
+    }
+}
+
+/// The result of a run cancelled before it started.
+fn cancelled_while_queued(id: &str, request: &RunRequest) -> ServerMessage {
+    use pycell_core::codes::{FailureCode, Layer};
+    let failure = pycell_core::report::JailFailure::new(
+        FailureCode::Cancelled,
+        Layer::Daemon,
+        "cancelled while waiting for a slot; it never started",
+    );
+    ServerMessage::Result {
+        id: id.to_string(),
+        result: Box::new(RunResult::refused("", request.policy_name(), failure)),
+    }
+}
+
+/// A run the monitor started: its id, policy and limits, and its events.
+struct Started {
+    run_id: String,
+    policy: String,
+    limits: LimitsReport,
+    events: pipe::Receiver,
+}
+
+/// Ask the monitor to start the run; `Err` is the reply to the client.
+async fn start(
+    broker: &Arc<Broker>,
+    peer: Peer,
+    id: &str,
+    request: &RunRequest,
+) -> Result<Started, ServerMessage> {
+    let internal = |m: String| error(Some(id), ErrorCode::Internal, m);
+    let (reply, fd) = broker
+        .link
+        .spawn(peer.ids(), request.clone())
+        .await
+        .map_err(internal)?;
+    let (run_id, policy, limits) = match reply {
+        ToBroker::Spawned {
+            run_id,
+            policy,
+            limits,
+            ..
+        } => (run_id, policy, limits),
+        ToBroker::Refused { code, message, .. } => return Err(error(Some(id), code, message)),
+        _ => return Err(internal("unexpected reply from the monitor".into())),
+    };
+    let events = fd
+        .ok_or_else(|| "the monitor sent no event pipe".to_string())
+        .and_then(|fd| pipe::Receiver::from_owned_fd(fd).map_err(|e| e.to_string()));
+    match events {
+        Ok(events) => Ok(Started {
+            run_id,
+            policy,
+            limits,
+            events,
+        }),
+        Err(m) => {
+            let _ = broker.link.send(&ToMonitor::Kill { run_id });
+            Err(internal(m))
+        }
+    }
+}
+
+/// Start the run and relay it; the messages that end it for the client
+/// (output it missed, then the result), none if the client is gone.
+async fn run_admitted(
+    broker: &Arc<Broker>,
+    conn: &mut Conn,
+    peer: Peer,
+    id: &str,
+    request: &RunRequest,
+) -> Vec<ServerMessage> {
+    let started = match start(broker, peer, id, request).await {
+        Ok(s) => s,
+        Err(reply) => return vec![reply],
+    };
+    let run_id = started.run_id.clone();
+    let kill = || {
+        let _ = broker.link.send(&ToMonitor::Kill {
+            run_id: run_id.clone(),
+        });
+    };
+    let hello = ServerMessage::Started {
+        id: id.to_string(),
+        run_id: run_id.clone(),
+    };
+    if !conn.out.send(hello).await {
+        kill();
+        return Vec::new();
+    }
+    relay(conn, id, started, &kill).await
+}
+
+/// Decode the run's events on a task of their own, so that the relay's
+/// `select!` never drops a half-read frame.
+fn start_event_reader(mut events: pipe::Receiver) -> mpsc::Receiver<Result<Event, EventError>> {
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        loop {
+            let ev = match read_event_async(&mut events).await {
+                Ok(Some(ev)) => Ok(ev),
+                Ok(None) => return,
+                Err(e) => Err(e),
+            };
+            let last = ev.is_err();
+            if tx.send(ev).await.is_err() || last {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// What a run has streamed to its client.
+struct Streaming {
+    /// Bytes of each stream sent as `output` messages.
+    sent: [usize; 2],
+    /// False once the client fell behind on that stream.
+    on: [bool; 2],
+}
+
+/// Forward the run's output to the client while answering its messages
+/// (cancel); build the result. Returns the messages still due to the
+/// client (output it missed, the result), none if it is gone.
+async fn relay(
+    conn: &mut Conn,
+    id: &str,
+    started: Started,
+    kill: &(dyn Fn() + Sync),
+) -> Vec<ServerMessage> {
+    let mut collector = Collector::new(&started.run_id, &started.policy, Some(started.limits));
+    let mut events = start_event_reader(started.events);
+    let mut streaming = Streaming {
+        sent: [0, 0],
+        on: [true, true],
+    };
+    let (mut connection_alive, mut cancelled) = (true, false);
+    loop {
+        tokio::select! {
+            ev = events.recv() => match ev {
+                Some(Ok(ev)) => {
+                    let Some((s, bytes)) = collector.record(ev) else { continue };
+                    if connection_alive {
+                        stream_output(&conn.out, id, &mut streaming, s, bytes);
+                    }
+                }
+                Some(Err(e)) => {
+                    collector.broken(e);
+                    kill();
+                    break;
+                }
+                None => break,
+            },
+            _ = conn.out.closed(), if connection_alive => {
+                connection_alive = false;
+                kill();
+            }
+            msg = conn.inbox.recv(), if connection_alive => match msg {
+                None => {
+                    // The client went away: its run goes too.
+                    connection_alive = false;
+                    kill();
+                }
+                Some(Ok(ClientMessage::Cancel { id: cid })) if cid == id => {
+                    if !cancelled {
+                        cancelled = true;
+                        kill();
+                    }
+                }
+                Some(other) => {
+                    conn.out.offer(reply_during_run(other));
+                }
+            },
+        }
+    }
+    if !connection_alive {
+        return Vec::new();
+    }
+    let mut due = missed(id, &streaming, &collector);
+    due.push(ServerMessage::Result {
+        id: id.to_string(),
+        result: Box::new(collector.finish(JailerEnd::Elsewhere)),
+    });
+    due
+}
+
+/// Offer one output chunk to a client; if it is too far behind to take it,
+/// stop streaming that stream.
+fn stream_output(out: &Outbound, id: &str, st: &mut Streaming, s: Stream, bytes: &[u8]) {
+    let i = s as usize;
+    if !st.on[i] {
+        return;
+    }
+    let msg = ServerMessage::Output {
+        id: id.to_string(),
+        stream: s,
+        data_base64: encode_b64(bytes),
+    };
+    if out.offer(msg) {
+        st.sent[i] += bytes.len();
+    } else {
+        st.on[i] = false;
+    }
+}
+
+/// What a client that fell behind did not get streamed, in one piece per
+/// stream, to go before the result.
+fn missed(id: &str, st: &Streaming, collector: &Collector) -> Vec<ServerMessage> {
+    [Stream::Stdout, Stream::Stderr]
+        .into_iter()
+        .filter(|s| !st.on[*s as usize])
+        .filter_map(|s| {
+            let rest = collector.output(s).get(st.sent[s as usize]..)?;
+            (!rest.is_empty()).then(|| ServerMessage::Output {
+                id: id.to_string(),
+                stream: s,
+                data_base64: encode_b64(rest),
+            })
+        })
+        .collect()
+}
+
+/// The answer to a client message other than this run's cancel while the
+/// run goes (the connection holds one run at a time).
+fn reply_during_run(msg: Incoming) -> ServerMessage {
+    match msg {
+        Ok(ClientMessage::Cancel { id }) => error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN),
+        Ok(ClientMessage::Run { id, .. }) => error(
+            Some(&id),
+            ErrorCode::RunInProgress,
+            "this connection already has a run going; open another connection or wait",
+        ),
+        Ok(_) => error(
+            None,
+            ErrorCode::BadMessage,
+            "only cancel is accepted while a run is going",
+        ),
+        Err(reply) => reply,
+    }
+}

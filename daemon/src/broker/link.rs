@@ -1,0 +1,120 @@
+//! The broker's link to the monitor: typed requests out, replies (with the
+//! descriptors they carry) routed back to the waiting run by request number.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use pycell_core::framing;
+use pycell_core::protocol::RunRequest;
+use tokio::sync::oneshot;
+
+use crate::monitor::{PeerIds, ToBroker, ToMonitor};
+use crate::sockets;
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<(ToBroker, Option<OwnedFd>)>>>>;
+
+/// The broker's connection to the monitor.
+#[derive(Debug)]
+pub(crate) struct MonitorLink {
+    writer: Mutex<StdUnixStream>,
+    pending: Pending,
+    next_req: AtomicU64,
+}
+
+impl MonitorLink {
+    /// Start routing the monitor's replies (on a thread of its own: the
+    /// link is a blocking socket). When the monitor goes, so does the
+    /// broker: nothing can run without it.
+    pub(crate) fn start(stream: StdUnixStream) -> std::io::Result<Arc<MonitorLink>> {
+        let reader = stream.try_clone()?;
+        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let routes = Arc::clone(&pending);
+        std::thread::spawn(move || route_replies(reader, routes));
+        Ok(Arc::new(MonitorLink {
+            writer: Mutex::new(stream),
+            pending,
+            next_req: AtomicU64::new(1),
+        }))
+    }
+
+    pub(crate) fn send(&self, msg: &ToMonitor) -> Result<(), String> {
+        let mut w = self
+            .writer
+            .lock()
+            .map_err(|_| "monitor link poisoned".to_string())?;
+        framing::write_sync(&mut *w, msg).map_err(|e| e.to_string())
+    }
+
+    pub(crate) async fn spawn(
+        self: &Arc<Self>,
+        peer: PeerIds,
+        request: RunRequest,
+    ) -> Result<(ToBroker, Option<OwnedFd>), String> {
+        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().map_err(|_| "poisoned")?.insert(req, tx);
+        let link = Arc::clone(self);
+        let msg = ToMonitor::Spawn { req, peer, request };
+        // Large requests may block on the socket for a moment: not on a
+        // runtime worker.
+        tokio::task::spawn_blocking(move || link.send(&msg))
+            .await
+            .map_err(|e| e.to_string())??;
+        rx.await.map_err(|_| "the monitor went away".to_string())
+    }
+}
+
+/// One frame from the monitor and the descriptors that came with it.
+pub(crate) fn read_monitor_frame(
+    stream: &mut StdUnixStream,
+) -> std::io::Result<(ToBroker, Vec<OwnedFd>)> {
+    let mut head = [0u8; 4];
+    let mut got = 0;
+    let mut fds = Vec::new();
+    while got < 4 {
+        let (n, mut f) = sockets::recv_with_fds(stream.as_fd(), &mut head[got..])?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        got += n;
+        fds.append(&mut f);
+    }
+    let len = u32::from_be_bytes(head);
+    if len > pycell_core::protocol::MAX_FRAME {
+        return Err(std::io::Error::other("monitor frame too large"));
+    }
+    let mut body = vec![0u8; len as usize];
+    stream.read_exact(&mut body)?;
+    let msg = framing::decode(&body)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    Ok((msg, fds))
+}
+
+/// Read frames from the monitor; route replies to the waiting runs.
+fn route_replies(mut stream: StdUnixStream, pending: Pending) {
+    loop {
+        let (msg, mut fds) = match read_monitor_frame(&mut stream) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => continue,
+            Err(_) => {
+                if let Ok(mut p) = pending.lock() {
+                    p.clear();
+                }
+                // Without the monitor nothing can run: leave.
+                std::process::exit(0);
+            }
+        };
+        let req = match &msg {
+            ToBroker::Spawned { req, .. } | ToBroker::Refused { req, .. } => *req,
+            ToBroker::Exited { .. } | ToBroker::Handoff { .. } => continue,
+        };
+        let fd = fds.pop();
+        if let Some(tx) = pending.lock().ok().and_then(|mut p| p.remove(&req)) {
+            let _ = tx.send((msg, fd));
+        }
+    }
+}

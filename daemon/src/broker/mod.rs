@@ -1,0 +1,381 @@
+//! The unprivileged half of pycelld (runs as the `pycell` user): accepts
+//! clients on the socket, checks each peer's credentials, speaks the framed
+//! JSON protocol ([`connection`]), admits runs through the queue of
+//! [`crate::admission`], asks the monitor to start and stop runs over its
+//! [`link`], and relays each run's events. The audit log is the monitor's.
+
+mod connection;
+mod link;
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pycell_core::info::{DaemonInfo, DaemonStatus, HostInfo};
+use pycell_core::protocol::{ErrorCode, RunRequest};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{watch, Notify};
+
+use crate::admission::{Admission, AdmissionLimits, Ask, Refusal};
+use crate::config::Config;
+use crate::monitor::ToBroker;
+use link::MonitorLink;
+
+pub(crate) struct Broker {
+    config: Config,
+    allowed_gids: Vec<u32>,
+    link: Arc<MonitorLink>,
+    admission: Arc<Admission>,
+    connections: Connections,
+    /// Runs between admission and result (what a drain waits for).
+    active: AtomicUsize,
+    idle: Notify,
+    stopping: AtomicBool,
+    /// Becomes true when the daemon stops: waiting runs give up.
+    stop: watch::Sender<bool>,
+}
+
+/// Credentials of a connected peer, as the kernel recorded them when it
+/// connected (SO_PEERCRED).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer {
+    uid: u32,
+    gid: u32,
+    pid: i32,
+}
+
+impl Peer {
+    fn ids(&self) -> crate::monitor::PeerIds {
+        crate::monitor::PeerIds {
+            uid: self.uid,
+            gid: self.gid,
+            pid: self.pid,
+        }
+    }
+}
+
+/// Open connections, all together and per uid, under the configured caps.
+#[derive(Debug)]
+struct Connections {
+    max: usize,
+    max_per_uid: usize,
+    open: Mutex<(usize, HashMap<u32, usize>)>,
+}
+
+/// A counted connection; dropping it uncounts it.
+struct Counted<'a> {
+    connections: &'a Connections,
+    uid: u32,
+}
+
+impl Connections {
+    fn enter(&self, uid: u32) -> Result<Counted<'_>, String> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let of_uid = open.1.get(&uid).copied().unwrap_or(0);
+        if of_uid >= self.max_per_uid {
+            return Err(format!("uid {uid} already has {of_uid} connections open (max_connections_per_uid); close some"));
+        }
+        if open.0 >= self.max {
+            return Err(format!(
+                "{} connections are open (max_connections); try again shortly",
+                open.0
+            ));
+        }
+        open.0 += 1;
+        *open.1.entry(uid).or_insert(0) += 1;
+        Ok(Counted {
+            connections: self,
+            uid,
+        })
+    }
+
+    fn count(&self) -> usize {
+        self.open.lock().unwrap_or_else(|p| p.into_inner()).0
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        let mut open = self
+            .connections
+            .open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        open.0 -= 1;
+        if let Some(n) = open.1.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                open.1.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// A run between admission and result; dropping it may end a drain.
+struct ActiveRun<'a>(&'a Broker);
+
+impl Drop for ActiveRun<'_> {
+    fn drop(&mut self) {
+        if self.0.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Broker {
+    /// `groups`: the peer's supplementary groups (SO_PEERGROUPS).
+    fn authorized(&self, p: &Peer, groups: &[u32]) -> bool {
+        if p.uid == 0
+            || self.config.allowed_uids.contains(&p.uid)
+            || self.allowed_gids.contains(&p.gid)
+        {
+            return true;
+        }
+        groups.iter().any(|g| self.allowed_gids.contains(g))
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    fn active_run(&self) -> ActiveRun<'_> {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        ActiveRun(self)
+    }
+
+    /// What admission needs to know of a request: its uid and the memory
+    /// limit it will run with. A request that cannot run (unknown policy,
+    /// limits out of range or above the policy's ceilings) is refused here,
+    /// before it waits; the monitor resolves it again for itself.
+    fn ask_for(&self, uid: u32, request: &RunRequest) -> Result<Ask, (ErrorCode, String)> {
+        let limits = pycell_core::resolve::load_policy_by_name(
+            request.policy_name(),
+            &self.config.policy_dir,
+        )
+        .and_then(|p| pycell_core::resolve::effective_limits(&p, &request.limits))
+        .map_err(|e| crate::monitor::refusal(e.into()))?;
+        Ok(Ask {
+            uid,
+            memory: limits.memory,
+        })
+    }
+
+    fn refusal_message(&self, r: Refusal, ask: Ask) -> String {
+        let c = &self.config;
+        match r {
+            Refusal::NeverFits => format!(
+                "the run's memory limit ({} MiB) is more than the daemon's whole memory_budget ({} MiB); ask for less memory",
+                ask.memory >> 20,
+                c.memory_budget >> 20
+            ),
+            Refusal::QueueFull => format!(
+                "{} runs are already waiting for a slot (max_queued_runs); try again later",
+                c.max_queued_runs
+            ),
+        }
+    }
+
+    /// What `info` answers: the host as measured now, and our own state.
+    fn info(&self) -> DaemonInfo {
+        let c = &self.config;
+        let (running, queued, memory) = self.admission.status();
+        DaemonInfo {
+            host: HostInfo::collect(
+                "daemon".into(),
+                &c.policy_dir,
+                pycell_jailer::host::layers(),
+            ),
+            daemon: DaemonStatus {
+                socket: c.socket.clone(),
+                max_concurrent_runs: c.max_concurrent_runs,
+                max_runs_per_uid: c.max_runs_per_uid,
+                active_runs: running,
+                queued_runs: queued,
+                max_queued_runs: c.max_queued_runs,
+                queue_wait_s: c.queue_wait.as_secs_f64(),
+                memory_budget_bytes: c.memory_budget,
+                memory_admitted_bytes: memory,
+                max_connections: c.max_connections,
+                max_connections_per_uid: c.max_connections_per_uid,
+                connections: self.connections.count(),
+                uid_range: format!("{}-{}", c.uid_range.start(), c.uid_range.end()),
+            },
+        }
+    }
+}
+
+/// The peer's credentials and groups as the kernel recorded them.
+fn peer_of(stream: &UnixStream) -> Option<(Peer, Vec<u32>)> {
+    let c = stream.peer_cred().ok()?;
+    let groups = pycell_jailer::peer_groups(stream.as_fd()).ok()?;
+    let peer = Peer {
+        uid: c.uid(),
+        gid: c.gid(),
+        pid: c.pid().unwrap_or(0),
+    };
+    Some((peer, groups))
+}
+
+/// Entry point of `pycelld --broker` (already running as the broker user,
+/// its monitor link as stdin).
+pub fn main(allowed_gids: Vec<u32>) -> i32 {
+    // If the monitor dies, so do we.
+    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
+    // Started through /proc/self/fd/N, whose number would be our name.
+    let _ = nix::sys::prctl::set_name(c"pycelld");
+    if nix::unistd::geteuid().is_root() {
+        eprintln!("pycelld broker: refusing to run as root");
+        return 1;
+    }
+    let (listener, monitor, config) = match take_handoff() {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("pycelld broker: {e} (--broker is internal: the monitor starts it)");
+            return 1;
+        }
+    };
+    // Each connection holds a descriptor, each run a few more.
+    raise_open_files();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(8)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("pycelld broker: {e}");
+            return 1;
+        }
+    };
+    rt.block_on(serve(config, listener, monitor, allowed_gids))
+}
+
+/// The soft RLIMIT_NOFILE up to the hard one.
+fn raise_open_files() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+/// The monitor link (our stdin) and what the monitor sends first over it:
+/// the listening socket and the configuration it read.
+fn take_handoff() -> std::io::Result<(OwnedFd, StdUnixStream, Config)> {
+    let mut link = StdUnixStream::from(crate::sockets::take_stdin_link()?);
+    let (msg, fds) = link::read_monitor_frame(&mut link)?;
+    let ToBroker::Handoff {
+        config_path,
+        config_text,
+    } = msg
+    else {
+        return Err(std::io::Error::other(
+            "the monitor's first message was not the handoff",
+        ));
+    };
+    let listener = fds
+        .into_iter()
+        .next()
+        .ok_or_else(|| std::io::Error::other("the handoff carried no listening socket"))?;
+    let config = Config::parse(&config_text, &config_path).map_err(std::io::Error::other)?;
+    Ok((listener, link, config))
+}
+
+fn admission_limits(c: &Config) -> AdmissionLimits {
+    AdmissionLimits {
+        max_running: c.max_concurrent_runs,
+        max_running_per_uid: c.max_runs_per_uid,
+        memory_budget: c.memory_budget,
+        max_queued: c.max_queued_runs,
+        max_wait: c.queue_wait,
+    }
+}
+
+async fn serve(
+    config: Config,
+    listener: OwnedFd,
+    monitor: StdUnixStream,
+    allowed_gids: Vec<u32>,
+) -> i32 {
+    let std_listener = std::os::unix::net::UnixListener::from(listener);
+    if std_listener.set_nonblocking(true).is_err() {
+        return 1;
+    }
+    let listener = match UnixListener::from_std(std_listener) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("pycelld broker: {e}");
+            return 1;
+        }
+    };
+    let link = match MonitorLink::start(monitor) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("pycelld broker: {e}");
+            return 1;
+        }
+    };
+    let broker = Arc::new(Broker {
+        admission: Admission::new(admission_limits(&config)),
+        connections: Connections {
+            max: config.max_connections,
+            max_per_uid: config.max_connections_per_uid,
+            open: Mutex::new((0, HashMap::new())),
+        },
+        config,
+        allowed_gids,
+        link,
+        active: AtomicUsize::new(0),
+        idle: Notify::new(),
+        stopping: AtomicBool::new(false),
+        stop: watch::channel(false).0,
+    });
+    let _ = broker.link.send(&crate::monitor::ToMonitor::Ready);
+    // The monitor's watchdog pings depend on hearing from this loop.
+    {
+        let link = Arc::clone(&broker.link);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let link = Arc::clone(&link);
+                let _ = tokio::task::spawn_blocking(move || {
+                    link.send(&crate::monitor::ToMonitor::Alive)
+                })
+                .await;
+            }
+        });
+    }
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return 1,
+    };
+    loop {
+        tokio::select! {
+            conn = listener.accept() => match conn {
+                Ok((stream, _)) => {
+                    tokio::spawn(connection::serve(Arc::clone(&broker), stream));
+                }
+                // Out of descriptors or memory: let some connections end
+                // rather than spin.
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            },
+            _ = term.recv() => break,
+        }
+    }
+    // Drain: no new runs (waiting ones are told); running ones get the
+    // grace period.
+    broker.stopping.store(true, Ordering::SeqCst);
+    broker.stop.send_replace(true);
+    drop(listener);
+    let deadline = Instant::now() + broker.config.shutdown_grace;
+    while broker.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let _ = tokio::time::timeout(left.min(Duration::from_millis(100)), broker.idle.notified())
+            .await;
+    }
+    0
+}
