@@ -942,3 +942,112 @@ fn a_request_cannot_raise_limits_above_the_policy_ceilings() {
     let limits = r.limits.unwrap();
     assert_eq!((limits.memory_bytes, limits.pids), (2 << 30, 256));
 }
+
+/// 300 abusive connections from one allowed uid: 100 send garbage frames
+/// as fast as they can, 100 start a frame and trickle it a byte every two
+/// seconds (slowloris), 100 connect and say nothing.
+const ATTACKER: &str = r#"
+import os, socket, sys, time
+path = sys.argv[1]
+conns = []
+def connect():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        s.setblocking(False)
+        return s
+    except OSError:
+        return None
+kinds = ["garbage"] * 100 + ["slow"] * 100 + ["silent"] * 100
+for k in kinds:
+    conns.append([k, connect()])
+frame = (7).to_bytes(4, "big") + b"garbage"
+tick = 0
+while True:
+    tick += 1
+    for c in conns:
+        kind, s = c
+        if s is None:
+            c[1] = connect()
+            continue
+        try:
+            if kind == "garbage":
+                s.send(frame * 8)
+            elif kind == "slow" and tick % 200 == 0:
+                s.send(b"\x00")
+            try:
+                s.recv(65536)
+            except BlockingIOError:
+                pass
+        except OSError:
+            s.close()
+            c[1] = None
+    time.sleep(0.01)
+"#;
+
+fn percentile(sorted: &[Duration], p: usize) -> Duration {
+    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
+}
+
+/// The second reliability figure of issue 12: a well-behaved client's run
+/// latency (p50/p99), idle and while 300 garbage and slowloris connections
+/// hammer the socket. Every one of its runs succeeds; the abuser is held to
+/// its per-uid connection cap.
+#[test]
+fn garbage_and_slowloris_connections_do_not_stop_a_well_behaved_client() {
+    const ABUSER: u32 = 4253;
+    let d = Daemon::start(&format!(
+        "socket_mode = \"0666\"\nallowed_uids = [{ABUSER}]\nmax_connections_per_uid = 64\n"
+    ));
+    let measure = |n: usize| -> Vec<Duration> {
+        let mut times: Vec<Duration> = (0..n)
+            .map(|_| {
+                let t = Instant::now();
+                let r = d.client().run(request("print(1)"), |_, _| {}).unwrap();
+                assert_eq!(r.stdout, "1\n", "{r:?}");
+                t.elapsed()
+            })
+            .collect();
+        times.sort();
+        times
+    };
+    let idle = measure(30);
+    let script = d.dir.path().join("attacker.py");
+    std::fs::write(&script, ATTACKER).unwrap();
+    let mut attacker = Command::new("setpriv")
+        .args([
+            &format!("--reuid={ABUSER}"),
+            &format!("--regid={ABUSER}"),
+            "--clear-groups",
+            "/usr/bin/python3",
+        ])
+        .arg(&script)
+        .arg(d.socket())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let attacked = measure(30);
+    let during = d.client().info().unwrap().daemon;
+    let still_attacking = attacker.try_wait().unwrap().is_none();
+    let _ = attacker.kill();
+    let _ = attacker.wait();
+    let report = format!(
+        "well-behaved client, 30 runs each: idle p50 {:?} p99 {:?}; under 300 abusive connections p50 {:?} p99 {:?}; connections open during the attack: {}",
+        percentile(&idle, 50),
+        percentile(&idle, 99),
+        percentile(&attacked, 50),
+        percentile(&attacked, 99),
+        during.connections
+    );
+    eprintln!("{report}");
+    assert!(still_attacking, "the attacker gave up early\n{}", d.log());
+    assert!(
+        during.connections <= 64 + 2,
+        "the abuser got past its connection cap: {report}"
+    );
+    assert!(
+        percentile(&attacked, 99) < Duration::from_secs(5),
+        "{report}"
+    );
+}
