@@ -410,8 +410,90 @@ def check_service_active():
     st = os.stat(sock)
     expect(grp.getgrgid(st.st_gid).gr_name == "pycell" and st.st_mode & 0o777 == 0o660,
            f"{sock} is group {grp.getgrgid(st.st_gid).gr_name}, mode {oct(st.st_mode & 0o777)}")
+    # The socket is systemd's (pycelld.socket), the watchdog armed.
+    for unit in ("pycelld.socket",):
+        _, state, _ = sh(["systemctl", "is-active", unit])
+        _, enabled, _ = sh(["systemctl", "is-enabled", unit])
+        expect(state.strip() == "active" and enabled.strip() == "enabled",
+               f"{unit} is {state.strip()}, {enabled.strip()}")
+    _, watchdog, _ = sh(["systemctl", "show", "-P", "WatchdogUSec", "pycelld.service"])
+    expect(watchdog.strip() == "30s", f"pycelld.service WatchdogUSec is {watchdog.strip()!r}")
     _, main_pid, _ = sh(["systemctl", "show", "-P", "MainPID", "pycelld.service"])
-    return f"ready, main pid {main_pid.strip()}"
+    return f"ready, main pid {main_pid.strip()}; socket activated; watchdog {watchdog.strip()}"
+
+
+def runs_in_parallel(n):
+    """n `pycell run`s of print(1) as MEMBER at once -> their (exit, status, error code)."""
+    results = [None] * n
+
+    def one(i):
+        rc, out, err = sh(["pycell", "run", "--json", "-"], input=PRINT_1, user=MEMBER, timeout=120)
+        try:
+            r = json.loads(out)
+            results[i] = (rc, r.get("status"), (r.get("error") or {}).get("code"))
+        except ValueError:
+            results[i] = (rc, None, f"no JSON: {err[-200:]!r}")
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads, results
+
+
+def check_socket_activation():
+    """Clients that arrive while pycelld restarts wait on systemd's socket
+    instead of failing; a stopped service is started by the first client."""
+    _, before, _ = sh(["systemctl", "show", "-P", "MainPID", "pycelld.service"])
+    rc, _, err = sh(["systemctl", "restart", "--no-block", "pycelld.service"])
+    expect(rc == 0, f"systemctl restart: {err}")
+    threads, results = runs_in_parallel(12)
+    for t in threads:
+        t.join()
+    bad = [r for r in results if r is None or r[1] != "ok"]
+    expect(not bad, f"runs during the restart did not all succeed: {results}")
+    _, after, _ = sh(["systemctl", "show", "-P", "MainPID", "pycelld.service"])
+    expect(after.strip() != before.strip(), "the service did not restart")
+    rc, _, err = sh(["systemctl", "stop", "pycelld.service"])
+    expect(rc == 0, f"systemctl stop: {err}")
+    expect(os.path.exists("/run/pycell/pycell.sock"), "the socket went with the stopped service")
+    rc, r, err = pycell_json(PRINT_1, user=MEMBER)
+    expect(rc == 0 and r.get("status") == "ok", f"print(1) with the service stopped: exit {rc}, {brief(r)}, {err[-300:]!r}")
+    ok = wait_until(lambda: sh(["systemctl", "is-active", "pycelld.service"])[1].strip() == "active", 30)
+    expect(ok, "the first client did not start pycelld.service")
+    return f"12 runs during a restart all ok; a client started the stopped service"
+
+
+def check_hand_start():
+    """pycelld started by hand with no configuration file runs on defaults
+    and serves (as the README shows), then leaves nothing behind."""
+    rc, _, err = sh(["systemctl", "stop", "pycelld.socket", "pycelld.service"])
+    expect(rc == 0, f"systemctl stop: {err}")
+    os.rename("/etc/pycell/pycelld.toml", "/etc/pycell/pycelld.toml.away")
+    hand = None
+    try:
+        # A cgroup of its own to delegate runs from (docs/install.md).
+        hand = subprocess.Popen(["systemd-run", "--scope", "--quiet", "-p", "Delegate=yes", "/usr/sbin/pycelld"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        up = wait_until(lambda: os.path.exists("/run/pycell/pycell.sock") or hand.poll() is not None, 30)
+        expect(up and hand.poll() is None, f"pycelld did not start: {hand.stdout.read() if hand.poll() is not None else ''}")
+        st = os.stat("/run/pycell/pycell.sock")
+        expect(grp.getgrgid(st.st_gid).gr_name == "pycell" and st.st_mode & 0o777 == 0o660,
+               f"socket group {grp.getgrgid(st.st_gid).gr_name}, mode {oct(st.st_mode & 0o777)}")
+        rc, r, err = pycell_json(PRINT_1, user=MEMBER)
+        expect(rc == 0 and r.get("status") == "ok", f"print(1) through the hand-started pycelld: exit {rc}, {brief(r)}, {err[-300:]!r}")
+        hand.send_signal(signal.SIGTERM)
+        hand.wait(timeout=30)
+        expect(not os.path.exists("/run/pycell/pycell.sock"), "the hand-started pycelld left its socket")
+        expect_no_leftovers("after the hand-started pycelld stopped")
+    finally:
+        if hand is not None and hand.poll() is None:
+            hand.kill()
+            hand.wait()
+        os.rename("/etc/pycell/pycelld.toml.away", "/etc/pycell/pycelld.toml")
+        sh(["systemctl", "start", "pycelld.socket", "pycelld.service"])
+    ok = wait_until(lambda: sh(["systemctl", "is-active", "pycelld.service"])[1].strip() == "active", 30)
+    expect(ok, "pycelld.service did not come back")
+    return "served on defaults, socket root:pycell 0660, removed on exit"
 
 
 def check_outsider_refused():
@@ -537,7 +619,8 @@ def purge(inflight):
         if subprocess.run(["getent", db, "pycell"], stdout=subprocess.DEVNULL).returncode == 0:
             problems.append(f"{name} pycell still exists")
     for path in ["/etc/pycell", "/run/pycell", "/var/lib/pycell", "/var/log/pycell", "/usr/bin/pycell",
-                 "/lib/systemd/system/pycelld.service", "/etc/systemd/system/multi-user.target.wants/pycelld.service"]:
+                 "/lib/systemd/system/pycelld.service", "/etc/systemd/system/multi-user.target.wants/pycelld.service",
+                 "/lib/systemd/system/pycelld.socket", "/etc/systemd/system/sockets.target.wants/pycelld.socket"]:
         if os.path.lexists(path):
             problems.append(f"{path} still exists")
     _, units, _ = sh(["systemctl", "list-units", "--all", "--no-legend", "--plain", "pycell*"])
@@ -563,6 +646,7 @@ def main():
         checks += limit_checks("daemon", [], MEMBER)
         checks += [("daemon-outsider-refused", check_outsider_refused)]
         checks += [("daemon-cgroups-delegated", check_cgroups_delegated)]
+        checks += [("socket-activation", check_socket_activation), ("hand-start", check_hand_start)]
         if "mcp" in groups:
             checks += [("mcp-run-python", check_mcp)]
         checks += [("restart-clean", check_restart_clean), ("purge-clean", check_purge_clean)]
