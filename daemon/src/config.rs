@@ -264,6 +264,10 @@ impl Config {
         } else if raw.max_concurrent_runs.is_some() {
             self.max_runs_per_uid = self.max_concurrent_runs.div_ceil(2);
         }
+        if raw.max_concurrent_runs.is_some() {
+            // The queue follows the configured slots, as the defaults do.
+            self.max_queued_runs = self.max_concurrent_runs.saturating_mul(64).min(4096);
+        }
         self.apply_queue(raw, at)?;
         if let Some(g) = &raw.shutdown_grace {
             self.shutdown_grace =
@@ -360,7 +364,7 @@ fn parse_budget(text: &str, host_memory: u64) -> Result<u64, String> {
                 .ok()
                 .filter(|p| (1..=100).contains(p))
                 .ok_or_else(|| format!("{text:?}: a share must be 1% to 100%"))?;
-            host_memory / 100 * pct
+            u64::try_from(u128::from(host_memory) * u128::from(pct) / 100).unwrap_or(u64::MAX)
         }
         None => pycell_policy::parse_size(text)?,
     };
@@ -419,6 +423,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!((c.max_concurrent_runs, c.max_runs_per_uid), (10, 5));
+        assert_eq!(c.max_queued_runs, 640);
         assert_eq!(c.queue_wait, Duration::from_secs(2));
         assert_eq!(c.memory_budget, 1 << 30);
         let e = Config::parse("max_connections = 0\n", Path::new("c.toml")).unwrap_err();

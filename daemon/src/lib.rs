@@ -1,10 +1,12 @@
 //! pycelld: the daemon that serves sandbox runs on a Unix socket. Two
 //! processes: the root [`monitor`] (single-threaded, tiny: it loads the
 //! policy, prepares and starts `pycell-jailer` through the one launch path
-//! of `pycell_core::launch`, and kills runs) and the unprivileged
-//! [`broker`] (the socket, the protocol, peer checks, quotas, the audit log;
-//! it decodes each run's events and builds its result). [`config`] is
-//! `/etc/pycell/pycelld.toml`; [`sockets`] passes descriptors between them.
+//! of `pycell_core::launch`, kills runs, enforces its own hard deadline and
+//! writes the [`audit`] log) and the unprivileged [`broker`] (the socket,
+//! the protocol, peer checks, the [`admission`] queue; it decodes each
+//! run's events and builds its result). [`config`] is
+//! `/etc/pycell/pycelld.toml`; [`listen`] gets the listening socket (from
+//! systemd, or bound by hand); [`sockets`] passes descriptors between them.
 //!
 //! Threat model: requests come from local users allowed on the socket and are
 //! untrusted input: sizes are bounded, unknown fields rejected, policies are

@@ -222,6 +222,7 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
         origin,
         watchdog: Watchdog::from_env(),
         broker_seen: Instant::now(),
+        failure: None,
     };
     let result = m.serve(&sfd);
     m.kill_everything();
@@ -320,6 +321,8 @@ struct Monitor {
     watchdog: Option<Watchdog>,
     /// When the broker last said it is alive.
     broker_seen: Instant,
+    /// Why the service stops, if it is for a failure (the exit status says so).
+    failure: Option<String>,
 }
 
 /// systemd's watchdog (`WatchdogSec=`): pinged at half its interval while
@@ -368,14 +371,16 @@ impl Monitor {
     fn serve(&mut self, sfd: &SignalFd) -> Result<(), MonitorError> {
         loop {
             if let Some(since) = self.stopping_since {
-                if !self.broker_alive && self.runs.is_empty() {
-                    return Ok(());
-                }
                 // The broker drains for the grace period; after that (and a
                 // little slack) everything left is killed.
                 let deadline = since + self.config.shutdown_grace + Duration::from_secs(2);
-                if Instant::now() >= deadline {
-                    return Ok(());
+                if (!self.broker_alive && self.runs.is_empty()) || Instant::now() >= deadline {
+                    // A stop for a broker that failed is a failure (so
+                    // that systemd restarts the service).
+                    return match self.failure.take() {
+                        Some(why) => Err(MonitorError::Sys(why)),
+                        None => Ok(()),
+                    };
                 }
             } else if !self.broker_alive {
                 return Err(MonitorError::Sys("the broker exited; stopping".into()));
@@ -416,6 +421,7 @@ impl Monitor {
                         self.broker_alive = false;
                         if self.stopping_since.is_none() {
                             self.stopping_since = Some(Instant::now());
+                            self.failure = Some("the broker exited; stopping".into());
                         }
                         self.kill_all_runs();
                     }
@@ -429,6 +435,7 @@ impl Monitor {
     /// stops taking ours is treated as compromised: stop everything.
     fn broker_failed(&mut self, why: &str) {
         eprintln!("pycelld monitor: {why}; stopping");
+        self.failure.get_or_insert_with(|| why.to_string());
         let _ = kill(self.broker_pid, Signal::SIGKILL);
         self.broker_alive = false;
         self.stopping_since.get_or_insert_with(Instant::now);

@@ -65,7 +65,9 @@ fn finish(mut child: Child) -> (Option<i32>, String) {
     (status.code(), reader.join().unwrap_or_default())
 }
 
-const SLEEPER: &str = "import sys, time\nprint('ready', flush=True)\ntry:\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    print('interrupted', file=sys.stderr)\n    sys.exit(3)\n";
+/// "ready" is printed inside the `try`: the interrupt may arrive while
+/// `print` is still returning.
+const SLEEPER: &str = "import sys, time\ntry:\n    print('ready', flush=True)\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    print('interrupted', file=sys.stderr)\n    sys.exit(3)\n";
 
 #[test]
 fn ctrl_c_reaches_the_program_and_pycell_reports_its_exit() {

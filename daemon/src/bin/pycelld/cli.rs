@@ -16,14 +16,16 @@ the clients that connect to its Unix socket (default /run/pycell/pycell.sock)
 and returns each run's output and result to them. pycell run and pycell mcp
 use it whenever that socket exists.
 
-It is started as root, normally by systemd as pycelld.service (installed
-and enabled by the Debian package). The root process, the monitor, uses
-root only where it must: creating the socket and the runs' cgroups, leasing
-for each sandbox a host uid that belongs to no account, starting
-/usr/libexec/pycell/pycell-jailer (which builds the jail) and killing
-sandboxes. It starts the broker, an unprivileged process running as the
-configured broker_user (default pycell), which handles everything clients
-send: the socket, the protocol, peer checks, quotas and the audit log.
+It is started as root, normally by systemd as pycelld.service, with its
+socket held by pycelld.socket so that clients wait across restarts
+(both installed and enabled by the Debian package). The root process, the
+monitor, uses root only where it must: creating the socket when started by
+hand, the runs' cgroups, leasing for each sandbox a host uid that belongs
+to no account, starting /usr/libexec/pycell/pycell-jailer (which builds
+the jail), killing sandboxes and writing the audit log. It starts the
+broker, an unprivileged process running as the configured broker_user
+(default pycell), which handles everything clients send: the socket, the
+protocol, peer checks and the queue of runs waiting for a slot.
 
 Root and members of the pycell group may connect (the socket group; the
 configuration can allow more groups and uids). To let a user run code:
