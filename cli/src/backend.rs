@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use pycell_core::client::{daemon_socket, ClientError, DaemonClient};
+use pycell_core::client::{daemon_socket, ClientError};
 use pycell_core::codes::{FailureCode, Layer};
 use pycell_core::events::{read_event_async, Stream};
 pub use pycell_core::launch::RequestError;
@@ -192,32 +192,27 @@ impl Backend {
         let refused = |code: FailureCode, message: String| {
             RunResult::refused("", &policy, JailFailure::new(code, Layer::Daemon, message))
         };
-        let connected = tokio::task::spawn_blocking(move || {
-            let client = DaemonClient::connect(&socket)?;
-            let canceller = client
-                .canceller()
-                .map_err(|e| ClientError::Frame(e.into()))?;
-            Ok::<_, ClientError>((client, canceller))
-        })
-        .await;
-        let (mut client, mut canceller) = match connected {
-            Ok(Ok(c)) => c,
-            Ok(Err(ClientError::Refused { code, message })) => {
-                return Ok(refused(code.into(), message))
-            }
-            Ok(Err(e)) => return Ok(refused(FailureCode::DaemonUnavailable, e.to_string())),
-            Err(e) => return Ok(refused(FailureCode::Internal, e.to_string())),
-        };
+        // The blocking client on a worker thread; each connection it makes
+        // leaves its canceller here for `cancel`.
+        let canceller: Arc<std::sync::Mutex<Option<pycell_core::client::Canceller>>> =
+            Arc::default();
+        let slot = Arc::clone(&canceller);
         let (tx, mut rx) = mpsc::unbounded_channel::<DaemonEvent>();
         let queued = tx.clone();
         let mut handle = tokio::task::spawn_blocking(move || {
-            client.run_queued(
+            pycell_core::client::run_patiently(
+                &socket,
                 req,
                 |stream, bytes| {
                     let _ = tx.send(DaemonEvent::Output(stream, bytes.to_vec()));
                 },
                 |position| {
                     let _ = queued.send(DaemonEvent::Queued(position));
+                },
+                |client| {
+                    if let Ok(mut c) = slot.lock() {
+                        *c = client.canceller().ok();
+                    }
                 },
             )
         });
@@ -227,7 +222,9 @@ impl Backend {
                 Some(ev) = rx.recv() => ev.deliver(&mut on_event),
                 _ = self.stopped(&cancel), if !cancel_sent => {
                     cancel_sent = true;
-                    let _ = canceller.cancel();
+                    if let Some(c) = canceller.lock().ok().as_mut().and_then(|c| c.as_mut()) {
+                        let _ = c.cancel();
+                    }
                 }
                 done = &mut handle => break done,
             }
@@ -246,6 +243,9 @@ impl Backend {
                 problem: message,
             }),
             Ok(Err(ClientError::Refused { code, message })) => Ok(refused(code.into(), message)),
+            Ok(Err(e @ ClientError::Connect { .. })) => {
+                Ok(refused(FailureCode::DaemonUnavailable, e.to_string()))
+            }
             Ok(Err(e)) => Ok(refused(FailureCode::DaemonFailed, e.to_string())),
             Err(e) => Ok(refused(FailureCode::Internal, e.to_string())),
         }

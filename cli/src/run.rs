@@ -12,7 +12,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
-use pycell_core::client::{daemon_socket, ClientError, DaemonClient};
+use pycell_core::client::{daemon_socket, ClientError};
 use pycell_core::codes::{FailureCode, Layer};
 use pycell_core::events::{read_event, Stream};
 use pycell_core::launch::{
@@ -170,15 +170,12 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
         ClientError::Refused { code, message } => daemon(code.into(), message),
         e => daemon(otherwise, e.to_string()),
     };
-    let mut client = match DaemonClient::connect(socket) {
-        Ok(c) => c,
-        Err(e) => return from_daemon(e, FailureCode::DaemonUnavailable),
-    };
     // The result carries the (capped) output too; without --json it is
     // shown as it arrives instead. A run that waits for a slot for more
     // than a second says where it is in the queue, on stderr.
     let mut queue = QueueNotice::new();
-    let result = client.run_queued(
+    let result = pycell_core::client::run_patiently(
+        socket,
         req,
         |stream, bytes| {
             if !args.json {
@@ -186,8 +183,16 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
             }
         },
         |position| queue.update(position),
+        |_| {},
     );
-    result.unwrap_or_else(|e| from_daemon(e, FailureCode::DaemonFailed))
+    let result = result.map_err(|e| match e {
+        e @ ClientError::Connect { .. } => from_daemon(e, FailureCode::DaemonUnavailable),
+        e => from_daemon(e, FailureCode::DaemonFailed),
+    });
+    match result {
+        Ok(r) => r,
+        Err(refused) => refused,
+    }
 }
 
 /// Tells the user on stderr that their run waits for a slot, once it has

@@ -183,6 +183,33 @@ impl DaemonClient {
     }
 }
 
+/// Connect to `path` and run `request`, starting over on a new connection
+/// while the daemon answers `shutting_down` before the run started (for at
+/// most [`CONNECT_PATIENCE`]): nothing of the run has happened, and a
+/// daemon restarting under socket activation is back within moments.
+/// `on_connected` sees each connection before its run (to take a
+/// [`Canceller`]).
+pub fn run_patiently(
+    path: &Path,
+    request: RunRequest,
+    mut on_output: impl FnMut(Stream, &[u8]),
+    mut on_queued: impl FnMut(usize),
+    mut on_connected: impl FnMut(&DaemonClient),
+) -> Result<RunResult, ClientError> {
+    let give_up = Instant::now() + CONNECT_PATIENCE;
+    loop {
+        let mut client = DaemonClient::connect(path)?;
+        on_connected(&client);
+        match client.run_queued(request.clone(), &mut on_output, &mut on_queued) {
+            Err(ClientError::Refused {
+                code: ErrorCode::ShuttingDown,
+                ..
+            }) if Instant::now() < give_up => std::thread::sleep(Duration::from_millis(100)),
+            other => return other,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

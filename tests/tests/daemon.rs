@@ -228,6 +228,19 @@ fn send(s: &mut UnixStream, msg: &ClientMessage) {
         .unwrap();
 }
 
+/// Run `cmd` with `input` on its stdin; its output.
+fn output_with_stdin(cmd: &mut Command, input: &[u8]) -> std::process::Output {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(input)?;
+            c.wait_with_output()
+        })
+        .unwrap()
+}
+
 fn error_code(m: &ServerMessage) -> ErrorCode {
     match m {
         ServerMessage::Error { code, .. } => *code,
@@ -262,21 +275,13 @@ fn runs_through_the_daemon_and_audits_them() {
     let layers = r.layers.as_ref().unwrap();
     assert_ne!(layers.sandbox_uid, 0);
     // The CLI uses the same socket.
-    let cli = Command::new(pycell_bin())
-        .args(["run", "--json", "--socket"])
-        .arg(d.socket())
-        .arg("-")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            c.stdin
-                .take()
-                .unwrap()
-                .write_all(b"import sys; print(6*7); sys.exit(4)")?;
-            c.wait_with_output()
-        })
-        .unwrap();
+    let cli = output_with_stdin(
+        Command::new(pycell_bin())
+            .args(["run", "--json", "--socket"])
+            .arg(d.socket())
+            .arg("-"),
+        b"import sys; print(6*7); sys.exit(4)",
+    );
     assert_eq!(cli.status.code(), Some(4));
     let v: serde_json::Value = serde_json::from_slice(&cli.stdout).unwrap();
     assert_eq!(v["stdout"], "42\n");
@@ -434,21 +439,15 @@ fn unauthorized_uids_are_refused() {
     // /root): run a copy of the client from the daemon's 0755 temp dir.
     let client = d.dir.path().join("pycell");
     std::fs::copy(pycell_bin(), &client).unwrap();
-    let out = Command::new(&client)
-        .args(["run", "--socket"])
-        .arg(d.socket())
-        .arg("-")
-        .uid(4242)
-        .gid(4242)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            c.stdin.take().unwrap().write_all(b"print(1)")?;
-            c.wait_with_output()
-        })
-        .unwrap();
+    let out = output_with_stdin(
+        Command::new(&client)
+            .args(["run", "--socket"])
+            .arg(d.socket())
+            .arg("-")
+            .uid(4242)
+            .gid(4242),
+        b"print(1)",
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "stderr: {stderr}");
     assert!(
@@ -908,20 +907,14 @@ fn a_request_cannot_raise_limits_above_the_policy_ceilings() {
             other => panic!("expected invalid_request, got {other:?}"),
         }
     }
-    let cli = Command::new(pycell_bin())
-        .args(["run", "--json", "--socket"])
-        .arg(d.socket())
-        .args(["--memory", "64G", "--pids", "60000", "--timeout", "80000"])
-        .args(["--max-output", "8G", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            c.stdin.take().unwrap().write_all(b"print(1)")?;
-            c.wait_with_output()
-        })
-        .unwrap();
+    let cli = output_with_stdin(
+        Command::new(pycell_bin())
+            .args(["run", "--json", "--socket"])
+            .arg(d.socket())
+            .args(["--memory", "64G", "--pids", "60000", "--timeout", "80000"])
+            .args(["--max-output", "8G", "-"]),
+        b"print(1)",
+    );
     let v: serde_json::Value = serde_json::from_slice(&cli.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&cli.stderr)));
     assert_eq!(v["error"]["code"], "invalid_request", "{v}");

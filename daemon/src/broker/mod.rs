@@ -355,6 +355,10 @@ async fn serve(
     };
     loop {
         tokio::select! {
+            // A stop first: once told to stop, take no more connections
+            // (under socket activation they wait for the next instance).
+            biased;
+            _ = term.recv() => break,
             conn = listener.accept() => match conn {
                 Ok((stream, _)) => {
                     tokio::spawn(connection::serve(Arc::clone(&broker), stream));
@@ -363,7 +367,6 @@ async fn serve(
                 // rather than spin.
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             },
-            _ = term.recv() => break,
         }
     }
     // Drain: no new runs (waiting ones are told); running ones get the
