@@ -222,6 +222,14 @@ fn peer_of(stream: &UnixStream) -> Option<(Peer, Vec<u32>)> {
 /// Entry point of `pycelld --broker` (already running as the broker user,
 /// its monitor link as stdin).
 pub fn main(allowed_gids: Vec<u32>) -> i32 {
+    // The monitor blocks the signals it reads through a signalfd, and a
+    // blocked mask survives exec: unblock them, or SIGTERM (our cue to stop
+    // accepting and drain) would never arrive.
+    let _ = nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&nix::sys::signal::SigSet::empty()),
+        None,
+    );
     // If the monitor dies, so do we.
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
     // Started through /proc/self/fd/N, whose number would be our name.
