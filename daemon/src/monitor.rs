@@ -417,7 +417,7 @@ impl Monitor {
             if link_ready {
                 match framing::read_sync::<ToMonitor>(&mut self.link) {
                     Ok(msg) => self.handle(msg),
-                    Err(framing::FrameError::Closed) => {
+                    Err(e) if broker_went_away(&e) => {
                         self.broker_alive = false;
                         if self.stopping_since.is_none() {
                             self.stopping_since = Some(Instant::now());
@@ -444,7 +444,8 @@ impl Monitor {
 
     fn send(&mut self, msg: &ToBroker) {
         if let Err(e) = framing::write_sync(&mut self.link, msg) {
-            if self.broker_alive {
+            // A broker that drains and exits as asked is not a failure.
+            if self.broker_alive && self.stopping_since.is_none() {
                 self.broker_failed(&format!("cannot write to the broker ({e})"));
             }
         }
@@ -651,6 +652,19 @@ fn stop(run: &mut Run, by: StoppedBy) {
         if run.stopped_by == StoppedBy::Nobody {
             run.stopped_by = by;
         }
+    }
+}
+
+/// The broker closed its end (exited, or was killed): a clean EOF, or a
+/// reset when it left frames of ours unread.
+fn broker_went_away(e: &framing::FrameError) -> bool {
+    match e {
+        framing::FrameError::Closed => true,
+        framing::FrameError::Io(e) => matches!(
+            e.kind(),
+            io::ErrorKind::ConnectionReset | io::ErrorKind::UnexpectedEof
+        ),
+        _ => false,
     }
 }
 
