@@ -65,6 +65,28 @@ pub fn pycell_bin() -> PathBuf {
 
 /// Every test here needs root (embedded mode creates cgroups and maps a
 /// sandbox uid). Fail, never skip.
+/// The pycelld built next to `pycell`.
+pub fn pycelld_bin() -> PathBuf {
+    pycell_bin().with_file_name("pycelld")
+}
+
+/// `cmd` (a pycelld, or a wrapper that execs one) set up as a test daemon:
+/// the freshly built jailer, no stdin, stdout and stderr appended to `log`.
+pub fn as_test_daemon<'a>(cmd: &'a mut Command, log: &Path) -> &'a mut Command {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    cmd.env(
+        "PYCELL_JAILER",
+        pycell_bin().with_file_name("pycell-jailer"),
+    )
+    .stdin(Stdio::null())
+    .stdout(log.try_clone().unwrap())
+    .stderr(log)
+}
+
 pub fn require_root() {
     assert!(
         nix::unistd::geteuid().is_root(),

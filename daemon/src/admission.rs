@@ -15,7 +15,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -27,7 +26,6 @@ pub struct AdmissionLimits {
     /// Sum of admitted runs' memory limits, in bytes.
     pub memory_budget: u64,
     pub max_queued: usize,
-    pub max_wait: Duration,
 }
 
 /// One run asking to start.
@@ -382,6 +380,7 @@ impl Drop for Waiting {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     const MIB: u64 = 1 << 20;
 
@@ -391,7 +390,6 @@ mod tests {
             max_running_per_uid: per_uid,
             memory_budget: budget,
             max_queued: queued,
-            max_wait: Duration::from_secs(60),
         })
     }
 
@@ -510,7 +508,6 @@ mod tests {
             max_running_per_uid: 1,
             memory_budget: u64::MAX,
             max_queued: 10,
-            max_wait: Duration::from_secs(60),
         });
         let Entry::Admitted(first) = a.request(ask(1)) else {
             panic!("first run must start")

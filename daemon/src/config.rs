@@ -117,9 +117,17 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 /// max_queued_runs, memory_budget) for `cores` CPUs and `memory` bytes of RAM.
 pub fn host_sized(cores: usize, memory: u64) -> (usize, usize, usize, u64) {
     let concurrent = cores.saturating_mul(4).clamp(4, 256);
-    let per_uid = concurrent.div_ceil(2);
-    let queued = concurrent.saturating_mul(64).min(4096);
+    let (per_uid, queued) = slot_sized(concurrent);
     (concurrent, per_uid, queued, memory / 4 * 3)
+}
+
+/// Defaults that follow the run slots: (max_runs_per_uid, max_queued_runs)
+/// for `concurrent` slots, whether the host sized them or the file set them.
+fn slot_sized(concurrent: usize) -> (usize, usize) {
+    (
+        concurrent.div_ceil(2),
+        concurrent.saturating_mul(64).min(4096),
+    )
 }
 
 /// This host's CPU count and RAM (MemTotal), as the defaults are sized.
@@ -255,18 +263,13 @@ impl Config {
                 return Err(at.field("max_concurrent_runs", "must be 1..=4096".into()));
             }
             self.max_concurrent_runs = n;
+            (self.max_runs_per_uid, self.max_queued_runs) = slot_sized(n);
         }
         if let Some(n) = raw.max_runs_per_uid {
             if n == 0 {
                 return Err(at.field("max_runs_per_uid", "must be at least 1".into()));
             }
             self.max_runs_per_uid = n;
-        } else if raw.max_concurrent_runs.is_some() {
-            self.max_runs_per_uid = self.max_concurrent_runs.div_ceil(2);
-        }
-        if raw.max_concurrent_runs.is_some() {
-            // The queue follows the configured slots, as the defaults do.
-            self.max_queued_runs = self.max_concurrent_runs.saturating_mul(64).min(4096);
         }
         self.apply_queue(raw, at)?;
         if let Some(g) = &raw.shutdown_grace {

@@ -66,15 +66,7 @@ pub(crate) fn validate(
     let interpreter = check_interpreter(&raw, &root.key("interpreter"))?;
 
     complete(raw.limits.is_some(), root.key("limits"))?;
-    let mut raw_limits = raw.limits.unwrap_or_default();
-    let raw_ceilings = raw_limits.max.take();
-    let limits = check_limits(raw_limits, &root.key("limits"), completeness)?;
-    let ceilings = check_ceilings(
-        raw_ceilings,
-        &limits,
-        &root.key("limits").key("max"),
-        completeness,
-    )?;
+    let (limits, ceilings) = check_limits_table(raw.limits, &root.key("limits"), completeness)?;
 
     complete(raw.network.is_some(), root.key("network"))?;
     let network = match raw.network.map(|n| n.mode) {
@@ -255,6 +247,19 @@ fn check_limits(raw: RawLimits, path: &FieldPath, completeness: Completeness) ->
         .check()
         .map_err(|e| Diagnostic::at(field(e.field), e.message))?;
     Ok(limits)
+}
+
+/// `[limits]` with its `[limits.max]`.
+fn check_limits_table(
+    raw: Option<RawLimits>,
+    path: &FieldPath,
+    completeness: Completeness,
+) -> Result<(Limits, LimitCeilings)> {
+    let mut raw = raw.unwrap_or_default();
+    let raw_ceilings = raw.max.take();
+    let limits = check_limits(raw, path, completeness)?;
+    let ceilings = check_ceilings(raw_ceilings, &limits, &path.key("max"), completeness)?;
+    Ok((limits, ceilings))
 }
 
 /// `[limits.max]`: each ceiling in range and at least the limit it caps.

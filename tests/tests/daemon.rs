@@ -19,7 +19,9 @@ use pycell_core::protocol::{
     ClientMessage, ErrorCode, LimitOverrides, RunRequest, ServerMessage, MAX_FRAME,
     PROTOCOL_VERSION,
 };
-use pycell_tests::{find_cgroups, processes_with_uid, pycell_bin, require_root};
+use pycell_tests::{
+    as_test_daemon, find_cgroups, processes_with_uid, pycell_bin, pycelld_bin, require_root,
+};
 
 /// A pycelld started for one test, killed (by pid) when dropped.
 struct Daemon {
@@ -36,10 +38,6 @@ fn uid_base() -> u32 {
     static N: AtomicUsize = AtomicUsize::new(0);
     let n = N.fetch_add(1, Ordering::SeqCst) as u32;
     1_900_000_000 + ((std::process::id() % 1000) * 16 + n) * UIDS_PER_DAEMON
-}
-
-fn pycelld_bin() -> PathBuf {
-    pycell_bin().with_file_name("pycelld")
 }
 
 impl Daemon {
@@ -72,24 +70,19 @@ impl Daemon {
             uid_base + UIDS_PER_DAEMON - 1
         );
         std::fs::write(dir.path().join("pycelld.toml"), config).unwrap();
-        let log = std::fs::File::create(dir.path().join("pycelld.log")).unwrap();
-        let child = Command::new(pycelld_bin())
-            .arg("--config")
-            .arg(dir.path().join("pycelld.toml"))
-            .env(
-                "PYCELL_JAILER",
-                pycell_bin().with_file_name("pycell-jailer"),
+        let child = as_test_daemon(
+            Command::new(pycelld_bin())
+                .arg("--config")
+                .arg(dir.path().join("pycelld.toml")),
+            &dir.path().join("pycelld.log"),
+        )
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start {}: {e} (build it with cargo build --workspace)",
+                pycelld_bin().display()
             )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start {}: {e} (build it with cargo build --workspace)",
-                    pycelld_bin().display()
-                )
-            });
+        });
         let d = Daemon {
             child: Some(child),
             dir,

@@ -26,7 +26,10 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use pycell_tests::{children_of, find_cgroups, host_processes, pycell_bin, require_root};
+use pycell_tests::{
+    as_test_daemon, children_of, find_cgroups, host_processes, pycell_bin, pycelld_bin,
+    require_root,
+};
 
 const TOTAL: usize = 2000;
 const CONCURRENCY: usize = 32;
@@ -61,24 +64,15 @@ impl Service {
         assert_ne!(n, 3, "descriptor 3 is free in the test process");
         let script =
             format!("exec 3<&{n} {n}<&-; LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" --config \"$1\"");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("pycelld.log"))
-            .unwrap();
-        let child = Command::new("sh")
-            .args(["-c", &script])
-            .arg(pycell_bin().with_file_name("pycelld"))
-            .arg(self.config())
-            .env(
-                "PYCELL_JAILER",
-                pycell_bin().with_file_name("pycell-jailer"),
-            )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+        let child = as_test_daemon(
+            Command::new("sh")
+                .args(["-c", &script])
+                .arg(pycelld_bin())
+                .arg(self.config()),
+            &self.dir.join("pycelld.log"),
+        )
+        .spawn()
+        .unwrap();
         drop(copy);
         self.starts.fetch_add(1, Ordering::SeqCst);
         child

@@ -10,7 +10,7 @@ mod link;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream as StdUnixStream;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,8 +33,8 @@ pub(crate) struct Broker {
     /// Runs between admission and result (what a drain waits for).
     active: AtomicUsize,
     idle: Notify,
-    stopping: AtomicBool,
-    /// Becomes true when the daemon stops: waiting runs give up.
+    /// Becomes true when the daemon stops: new runs are refused, waiting
+    /// ones give up.
     stop: watch::Sender<bool>,
 }
 
@@ -138,7 +138,7 @@ impl Broker {
     }
 
     fn stopping(&self) -> bool {
-        self.stopping.load(Ordering::SeqCst)
+        *self.stop.borrow()
     }
 
     fn active_run(&self) -> ActiveRun<'_> {
@@ -298,7 +298,75 @@ fn admission_limits(c: &Config) -> AdmissionLimits {
         max_running_per_uid: c.max_runs_per_uid,
         memory_budget: c.memory_budget,
         max_queued: c.max_queued_runs,
-        max_wait: c.queue_wait,
+    }
+}
+
+impl Broker {
+    fn new(config: Config, allowed_gids: Vec<u32>, link: Arc<MonitorLink>) -> Arc<Broker> {
+        Arc::new(Broker {
+            admission: Admission::new(admission_limits(&config)),
+            connections: Connections {
+                max: config.max_connections,
+                max_per_uid: config.max_connections_per_uid,
+                open: Mutex::new((0, HashMap::new())),
+            },
+            config,
+            allowed_gids,
+            link,
+            active: AtomicUsize::new(0),
+            idle: Notify::new(),
+            stop: watch::channel(false).0,
+        })
+    }
+
+    /// Stop: no new runs (waiting ones are told); running ones get the
+    /// grace period.
+    async fn drain(&self) {
+        self.stop.send_replace(true);
+        let deadline = Instant::now() + self.config.shutdown_grace;
+        while self.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let _ =
+                tokio::time::timeout(left.min(Duration::from_millis(100)), self.idle.notified())
+                    .await;
+        }
+    }
+}
+
+/// Tell the monitor every second that this runtime turns (its watchdog
+/// pings depend on it).
+fn spawn_heartbeat(link: Arc<MonitorLink>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let link = Arc::clone(&link);
+            let _ =
+                tokio::task::spawn_blocking(move || link.send(&crate::monitor::ToMonitor::Alive))
+                    .await;
+        }
+    });
+}
+
+/// Serve connections until SIGTERM. A stop comes first: once told to stop,
+/// take no more connections (under socket activation they wait for the
+/// next instance).
+async fn accept_until_term(listener: UnixListener, broker: &Arc<Broker>) -> Result<(), String> {
+    let kind = tokio::signal::unix::SignalKind::terminate();
+    let mut term = tokio::signal::unix::signal(kind).map_err(|e| e.to_string())?;
+    loop {
+        tokio::select! {
+            biased;
+            _ = term.recv() => return Ok(()),
+            conn = listener.accept() => match conn {
+                Ok((stream, _)) => {
+                    tokio::spawn(connection::serve(Arc::clone(broker), stream));
+                }
+                // Out of descriptors or memory: let some connections end
+                // rather than spin.
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            },
+        }
     }
 }
 
@@ -308,85 +376,28 @@ async fn serve(
     monitor: StdUnixStream,
     allowed_gids: Vec<u32>,
 ) -> i32 {
-    let std_listener = std::os::unix::net::UnixListener::from(listener);
-    if std_listener.set_nonblocking(true).is_err() {
+    let started = (|| {
+        let std_listener = std::os::unix::net::UnixListener::from(listener);
+        std_listener.set_nonblocking(true)?;
+        Ok::<_, std::io::Error>((
+            UnixListener::from_std(std_listener)?,
+            MonitorLink::start(monitor)?,
+        ))
+    })();
+    let (listener, link) = match started {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("pycelld broker: {e}");
+            return 1;
+        }
+    };
+    let broker = Broker::new(config, allowed_gids, link);
+    let _ = broker.link.send(&crate::monitor::ToMonitor::Ready);
+    spawn_heartbeat(Arc::clone(&broker.link));
+    if let Err(e) = accept_until_term(listener, &broker).await {
+        eprintln!("pycelld broker: {e}");
         return 1;
     }
-    let listener = match UnixListener::from_std(std_listener) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("pycelld broker: {e}");
-            return 1;
-        }
-    };
-    let link = match MonitorLink::start(monitor) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("pycelld broker: {e}");
-            return 1;
-        }
-    };
-    let broker = Arc::new(Broker {
-        admission: Admission::new(admission_limits(&config)),
-        connections: Connections {
-            max: config.max_connections,
-            max_per_uid: config.max_connections_per_uid,
-            open: Mutex::new((0, HashMap::new())),
-        },
-        config,
-        allowed_gids,
-        link,
-        active: AtomicUsize::new(0),
-        idle: Notify::new(),
-        stopping: AtomicBool::new(false),
-        stop: watch::channel(false).0,
-    });
-    let _ = broker.link.send(&crate::monitor::ToMonitor::Ready);
-    // The monitor's watchdog pings depend on hearing from this loop.
-    {
-        let link = Arc::clone(&broker.link);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tick.tick().await;
-                let link = Arc::clone(&link);
-                let _ = tokio::task::spawn_blocking(move || {
-                    link.send(&crate::monitor::ToMonitor::Alive)
-                })
-                .await;
-            }
-        });
-    }
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return 1,
-    };
-    loop {
-        tokio::select! {
-            // A stop first: once told to stop, take no more connections
-            // (under socket activation they wait for the next instance).
-            biased;
-            _ = term.recv() => break,
-            conn = listener.accept() => match conn {
-                Ok((stream, _)) => {
-                    tokio::spawn(connection::serve(Arc::clone(&broker), stream));
-                }
-                // Out of descriptors or memory: let some connections end
-                // rather than spin.
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            },
-        }
-    }
-    // Drain: no new runs (waiting ones are told); running ones get the
-    // grace period.
-    broker.stopping.store(true, Ordering::SeqCst);
-    broker.stop.send_replace(true);
-    drop(listener);
-    let deadline = Instant::now() + broker.config.shutdown_grace;
-    while broker.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let _ = tokio::time::timeout(left.min(Duration::from_millis(100)), broker.idle.notified())
-            .await;
-    }
+    broker.drain().await;
     0
 }
