@@ -24,6 +24,7 @@ use toml::de::DeTable;
 pub mod builtin;
 mod error;
 mod limits;
+pub mod network;
 mod raw;
 mod types;
 mod units;

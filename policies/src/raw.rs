@@ -68,13 +68,19 @@ pub(crate) struct RawCeilings {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawNetwork {
     pub(crate) mode: RawNetworkMode,
+    pub(crate) allow: Option<Vec<String>>,
+    pub(crate) deny: Option<Vec<String>>,
+    pub(crate) max_connections: Option<i64>,
+    pub(crate) max_bytes: Option<Quantity>,
+    pub(crate) connect_timeout: Option<Quantity>,
 }
 
-/// Only "none" exists in this version. A hand-written Deserialize so that
-/// "allowlist" (planned) gets a message saying so, not a list of variants.
+/// A hand-written Deserialize so that an unknown mode gets a message that
+/// lists the known ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RawNetworkMode {
     None,
+    Allowlist,
 }
 
 impl<'de> Deserialize<'de> for RawNetworkMode {
@@ -88,8 +94,9 @@ impl<'de> Deserialize<'de> for RawNetworkMode {
             fn visit_str<E: de::Error>(self, v: &str) -> Result<RawNetworkMode, E> {
                 match v {
                     "none" => Ok(RawNetworkMode::None),
+                    "allowlist" => Ok(RawNetworkMode::Allowlist),
                     other => Err(E::custom(format!(
-                        "unsupported network mode {other:?}: only \"none\" is supported in this version"
+                        "unknown network mode {other:?}: use \"none\" (no network) or \"allowlist\" (egress to the hosts in `allow`, through pycell's proxy)"
                     ))),
                 }
             }

@@ -203,11 +203,53 @@ fn every_namespace_is_required() {
 }
 
 #[test]
-fn network_allowlist_is_not_yet_supported() {
+fn an_allowlist_parses_with_default_limits() {
+    let text = GOOD.replacen(
+        r#"mode = "none""#,
+        "mode = \"allowlist\"\nallow = [\"api.example.net\", \"http://*.example.org:8080\"]\ndeny = [\"bad.example.org\"]\nmax_bytes = \"10MiB\"",
+        1,
+    );
+    let p = parse(&text).unwrap();
+    let rules = p.network.egress().expect("allowlist mode");
     assert_eq!(
-        error_with(r#"mode = "none""#, r#"mode = "allowlist""#),
-        "policies/custom.toml:21:8: network.mode: unsupported network mode \"allowlist\": \
-         only \"none\" is supported in this version"
+        rules.allowed(),
+        ["api.example.net", "http://*.example.org:8080"]
+    );
+    assert_eq!(rules.denied(), ["bad.example.org"]);
+    assert_eq!(rules.limits.max_bytes, 10 << 20);
+    assert_eq!(rules.limits.max_connections, 256);
+    assert_eq!(p.network.as_str(), "allowlist");
+}
+
+#[test]
+fn network_errors_are_located() {
+    assert_eq!(
+        error_with(r#"mode = "none""#, r#"mode = "open""#),
+        "policies/custom.toml:21:8: network.mode: unknown network mode \"open\": use \"none\" \
+         (no network) or \"allowlist\" (egress to the hosts in `allow`, through pycell's proxy)"
+    );
+    assert_eq!(
+        error_with(
+            r#"mode = "none""#,
+            "mode = \"allowlist\"\nallow = [\"ok.example.net\", \"ftp://x.example.net\"]"
+        ),
+        "policies/custom.toml:22:28: network.allow[1]: unknown scheme \"ftp\": use https:// \
+         (the default), http:// or tcp://"
+    );
+    assert_eq!(
+        error_with(
+            r#"mode = "none""#,
+            "mode = \"none\"\nallow = [\"x.example.net\"]"
+        ),
+        "policies/custom.toml:22:9: network.allow: only for mode = \"allowlist\": mode \"none\" \
+         has no egress to configure"
+    );
+    assert_eq!(
+        error_with(
+            r#"mode = "none""#,
+            "mode = \"allowlist\"\nmax_connections = 0"
+        ),
+        "policies/custom.toml:22:19: network.max_connections: must be between 1 and 65536 (got 0)"
     );
 }
 
@@ -492,7 +534,7 @@ fn policy_serializes_for_reports() {
     let p = builtin::load("default").unwrap();
     let text = toml::to_string(&p).unwrap();
     assert!(text.contains("seccomp_profile = \"default\""), "{text}");
-    assert!(text.contains("network = \"none\""), "{text}");
+    assert!(text.contains("[network]\nmode = \"none\""), "{text}");
     assert!(text.contains("python = \"/usr/bin/python3\""), "{text}");
     assert!(text.contains("memory_bytes = 536870912"), "{text}");
 }

@@ -79,18 +79,31 @@ impl Interpreter {
     }
 }
 
-/// Network access of the jail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+/// Network access of the jail. Either way it has a network namespace of its
+/// own with only loopback: no route, no resolver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "mode", rename_all = "lowercase")]
 pub enum NetworkMode {
-    /// A new network namespace with only loopback.
+    /// Nothing beyond loopback.
     None,
+    /// HTTP(S) egress to allowlisted hosts through pycell's proxy, reachable
+    /// on the jail's loopback.
+    Allowlist(crate::network::EgressRules),
 }
 
 impl NetworkMode {
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &'static str {
         match self {
             NetworkMode::None => "none",
+            NetworkMode::Allowlist(_) => "allowlist",
+        }
+    }
+
+    /// The allowlist's rules, if this mode has one.
+    pub fn egress(&self) -> Option<&crate::network::EgressRules> {
+        match self {
+            NetworkMode::None => None,
+            NetworkMode::Allowlist(r) => Some(r),
         }
     }
 }

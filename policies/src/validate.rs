@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use crate::error::{Diagnostic, FieldPath};
 use crate::limits::{between, LimitCeilings, Limits, OPEN_FILES_RANGE, PIDS_RANGE};
+use crate::network::{EgressLimits, EgressRules, Rule, RuleKind};
 use crate::raw::{
-    Quantity, RawCeilings, RawLandlock, RawLimits, RawMount, RawNetworkMode, RawPolicy,
+    Quantity, RawCeilings, RawLandlock, RawLimits, RawMount, RawNetwork, RawNetworkMode, RawPolicy,
 };
 use crate::types::{Interpreter, LandlockRules, Namespace, NetworkMode, ReadOnlyMount};
 use crate::units::{parse_duration, parse_size};
@@ -69,8 +70,9 @@ pub(crate) fn validate(
     let (limits, ceilings) = check_limits_table(raw.limits, &root.key("limits"), completeness)?;
 
     complete(raw.network.is_some(), root.key("network"))?;
-    let network = match raw.network.map(|n| n.mode) {
-        None | Some(RawNetworkMode::None) => NetworkMode::None,
+    let network = match raw.network {
+        None => NetworkMode::None,
+        Some(n) => check_network(n, &root.key("network"), completeness)?,
     };
 
     complete(raw.mounts.is_some(), root.key("mounts"))?;
@@ -440,6 +442,84 @@ fn check_profile_name(name: &str) -> std::result::Result<(), String> {
         ))
     }
 }
+
+fn check_network(
+    raw: RawNetwork,
+    path: &FieldPath,
+    completeness: Completeness,
+) -> Result<NetworkMode> {
+    let fields = [
+        ("allow", raw.allow.is_some()),
+        ("deny", raw.deny.is_some()),
+        ("max_connections", raw.max_connections.is_some()),
+        ("max_bytes", raw.max_bytes.is_some()),
+        ("connect_timeout", raw.connect_timeout.is_some()),
+    ];
+    if raw.mode == RawNetworkMode::None {
+        return match fields.iter().find(|(_, present)| *present) {
+            Some((name, _)) => Err(Diagnostic::at(
+                path.key(name),
+                "only for mode = \"allowlist\": mode \"none\" has no egress to configure",
+            )),
+            None => Ok(NetworkMode::None),
+        };
+    }
+    if completeness == Completeness::Complete {
+        if let Some((name, _)) = fields.iter().find(|(_, present)| !present) {
+            return Err(Diagnostic::at(
+                path.key(name),
+                "missing required field: shipped policies state every section and field explicitly",
+            ));
+        }
+    }
+    let rules = |list: Option<Vec<String>>, name: &str, kind: RuleKind| -> Result<Vec<Rule>> {
+        list.unwrap_or_default()
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                Rule::parse(text, kind).map_err(|m| Diagnostic::at(path.key(name).index(i), m))
+            })
+            .collect()
+    };
+    let mut limits = EgressLimits::default();
+    if let Some(n) = raw.max_connections {
+        limits.max_connections = u32::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_EGRESS_CONNECTIONS).contains(n))
+            .ok_or_else(|| {
+                Diagnostic::at(
+                    path.key("max_connections"),
+                    between((1, i64::from(MAX_EGRESS_CONNECTIONS)), n),
+                )
+            })?;
+    }
+    if let Some(q) = raw.max_bytes {
+        limits.max_bytes = size(q)
+            .and_then(|b| match b {
+                0 => Err("must be at least 1 byte".to_owned()),
+                b => Ok(b),
+            })
+            .map_err(|m| Diagnostic::at(path.key("max_bytes"), m))?;
+    }
+    if let Some(q) = raw.connect_timeout {
+        limits.connect_timeout = duration(q)
+            .and_then(|d| match d {
+                d if d < Duration::from_millis(100) || d > Duration::from_secs(300) => {
+                    Err("must be between 100ms and 5m".to_owned())
+                }
+                d => Ok(d),
+            })
+            .map_err(|m| Diagnostic::at(path.key("connect_timeout"), m))?;
+    }
+    Ok(NetworkMode::Allowlist(EgressRules {
+        allow: rules(raw.allow, "allow", RuleKind::Allow)?,
+        deny: rules(raw.deny, "deny", RuleKind::Deny)?,
+        limits,
+    }))
+}
+
+/// Most connections one run may open to the egress proxy.
+const MAX_EGRESS_CONNECTIONS: u32 = 65536;
 
 fn check_env(raw: BTreeMap<String, String>, path: &FieldPath) -> Result<BTreeMap<String, String>> {
     for (key, value) in &raw {
