@@ -22,6 +22,7 @@ pub mod cgroup;
 pub mod client;
 pub mod codes;
 pub mod events;
+pub mod fdpass;
 pub mod framing;
 pub mod info;
 pub mod launch;

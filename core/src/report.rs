@@ -80,6 +80,10 @@ pub enum LandlockStatus {
 pub struct LandlockReport {
     pub abi: u8,
     pub status: LandlockStatus,
+    /// With egress, on kernels with Landlock's network rules (ABI 4 and
+    /// up): the one TCP port the sandbox may connect to, the proxy's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_connect_only_to: Option<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

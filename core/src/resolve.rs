@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::spec::{
-    BindMount, CgroupSpec, JailLimits, JailSpec, LandlockSpec, WorkspaceFile, WORKSPACE,
+    BindMount, CgroupSpec, JailLimits, JailSpec, LandlockSpec, NetworkSpec, WorkspaceFile,
+    EGRESS_PROXY_PORT, WORKSPACE,
 };
-use pycell_policy::{Interpreter, Limits, Policy};
+use pycell_policy::{Interpreter, Limits, NetworkMode, Policy};
 
 use crate::protocol::{LimitOverrides, RunRequest, MAX_CODE_BYTES};
 
@@ -328,11 +329,7 @@ pub fn resolve(policy: &Policy, req: &RunRequest) -> Result<Resolved, ResolveErr
         sandbox_uid: 0,
         sandbox_gid: 0,
         argv,
-        env: policy
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
+        env: jail_env(policy),
         files: vec![WorkspaceFile {
             name,
             contents: req.code.clone(),
@@ -350,8 +347,51 @@ pub fn resolve(policy: &Policy, req: &RunRequest) -> Result<Resolved, ResolveErr
         cgroup: CgroupSpec {
             parent: CGROUP_PARENT.to_string(),
         },
+        network: match policy.network {
+            NetworkMode::None => NetworkSpec::Loopback,
+            NetworkMode::Allowlist(_) => NetworkSpec::Proxy {
+                port: EGRESS_PROXY_PORT,
+            },
+        },
     };
     Ok(Resolved { spec, limits })
+}
+
+/// The variables that point HTTP clients (urllib, requests, httpx, aiohttp
+/// with trust_env, pip, uv, curl) at the egress proxy, in both the upper
+/// and lower case spellings that different clients read.
+pub fn proxy_env(port: u16) -> Vec<(String, String)> {
+    let url = format!("http://127.0.0.1:{port}");
+    let mut env = Vec::new();
+    for (name, value) in [
+        ("HTTP_PROXY", url.as_str()),
+        ("HTTPS_PROXY", &url),
+        ("ALL_PROXY", &url),
+        // Nothing bypasses the proxy: a request for a local name reaches it
+        // too, and is answered with a reason.
+        ("NO_PROXY", ""),
+    ] {
+        env.push((name.to_string(), value.to_string()));
+        env.push((name.to_ascii_lowercase(), value.to_string()));
+    }
+    env
+}
+
+/// The policy's environment, plus the proxy's variables (which win) when
+/// it has egress.
+fn jail_env(policy: &Policy) -> Vec<(String, String)> {
+    let proxy = match policy.network {
+        NetworkMode::None => Vec::new(),
+        NetworkMode::Allowlist(_) => proxy_env(EGRESS_PROXY_PORT),
+    };
+    let mut env: Vec<(String, String)> = policy
+        .env
+        .iter()
+        .filter(|(k, _)| !proxy.iter().any(|(p, _)| p == *k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.extend(proxy);
+    env
 }
 
 #[cfg(test)]

@@ -29,6 +29,50 @@ pub struct RunResult {
     pub limits: Option<LimitsReport>,
     pub layers: Option<Layers>,
     pub error: Option<JailFailure>,
+    /// What the run did through the egress proxy (policies with network
+    /// mode `allowlist` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkReport>,
+}
+
+/// A run's egress through the proxy: where it went, what was refused, how
+/// much was relayed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkReport {
+    /// Hosts the run reached, with how many connections each.
+    pub allowed: Vec<HostCount>,
+    /// Requests refused, by host, port and reason.
+    pub denied: Vec<Denied>,
+    /// Allowed requests that still failed (the name did not resolve, the
+    /// host did not answer).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<Denied>,
+    /// Bytes from the hosts to the run, and from the run to the hosts.
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// A per-run limit of the policy that was reached (`max_connections`,
+    /// `max_bytes`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_reached: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostCount {
+    pub host: String,
+    pub port: u16,
+    pub count: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Denied {
+    pub host: String,
+    pub port: u16,
+    /// A stable word: `not_allowlisted`, `denied_by_rule`, `port_not_allowed`,
+    /// `plain_http_not_allowed`, `scheme_not_allowed`, `private_address`,
+    /// `sni_mismatch`, `not_tls`, `connection_limit`, `bad_request`;
+    /// for `failed`: `dns_failed`, `connect_failed`, `upstream_refused`.
+    pub reason: String,
+    pub count: u64,
 }
 
 impl RunResult {
@@ -58,6 +102,7 @@ impl RunResult {
             limits,
             layers: report.layers,
             error: report.error,
+            network: None,
         }
     }
 

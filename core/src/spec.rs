@@ -41,6 +41,27 @@ pub struct JailSpec {
     /// Name of a profile known to the `pycell-seccomp` crate.
     pub seccomp_profile: String,
     pub cgroup: CgroupSpec,
+    /// What the jail's network namespace holds besides loopback.
+    #[serde(default)]
+    pub network: NetworkSpec,
+}
+
+/// Where the egress proxy listens inside a jail (on its loopback).
+pub const EGRESS_PROXY_PORT: u16 = 3128;
+
+/// The jail's network namespace: always its own, with no route and no
+/// resolver.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum NetworkSpec {
+    /// Loopback only.
+    #[default]
+    Loopback,
+    /// Loopback, with a listening socket on 127.0.0.1:`port` that the
+    /// jailer makes inside the namespace and hands out on its stdin (a unix
+    /// socket) to whoever runs the egress proxy. Landlock (ABI 4 and up)
+    /// lets the sandbox connect to that port only.
+    Proxy { port: u16 },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -198,7 +198,7 @@ impl JailSteps for RealSteps<'_> {
 
     fn apply_landlock(&mut self) -> Result<(), StepError> {
         let targets: Vec<PathBuf> = mounts::tree_targets(&self.spec.mounts);
-        let grants = Grants::for_jail(&self.spec.landlock, &targets);
+        let grants = Grants::for_jail(&self.spec.landlock, &targets, self.spec.network);
         let report =
             landlock_rules::restrict(self.spec.landlock.min_abi, &grants).map_err(|e| {
                 let code = match e {

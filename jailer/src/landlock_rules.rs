@@ -11,8 +11,8 @@
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    path_beneath_rules, Access, AccessFs, BitFlags, CompatLevel, Compatible, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    path_beneath_rules, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort,
+    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 
 use crate::syscall;
@@ -37,11 +37,20 @@ pub struct Grants {
     pub read_exec: Vec<PathBuf>,
     pub read_only: Vec<PathBuf>,
     pub read_write: Vec<PathBuf>,
+    /// With egress: the only TCP port the sandbox may connect to (the
+    /// proxy's). Enforced where the kernel has Landlock's network rules
+    /// (ABI 4 and up); without egress TCP connects are not handled (the
+    /// empty network namespace has nowhere to go but its own loopback).
+    pub connect_tcp: Option<u16>,
 }
 
 impl Grants {
     /// The jailer's own layout plus the policy's extras.
-    pub fn for_jail(spec: &LandlockSpec, mount_targets: &[PathBuf]) -> Grants {
+    pub fn for_jail(
+        spec: &LandlockSpec,
+        mount_targets: &[PathBuf],
+        network: pycell_core::spec::NetworkSpec,
+    ) -> Grants {
         let mut read_exec: Vec<PathBuf> = mount_targets.to_vec();
         read_exec.extend(spec.read_exec.iter().cloned());
         let mut read_only: Vec<PathBuf> = ["/etc", "/proc", "/dev/random", "/dev/urandom"]
@@ -61,10 +70,15 @@ impl Grants {
         .map(PathBuf::from)
         .collect();
         read_write.extend(spec.read_write.iter().cloned());
+        let connect_tcp = match network {
+            pycell_core::spec::NetworkSpec::Loopback => None,
+            pycell_core::spec::NetworkSpec::Proxy { port } => Some(port),
+        };
         Grants {
             read_exec,
             read_only,
             read_write,
+            connect_tcp,
         }
     }
 }
@@ -100,8 +114,15 @@ pub fn restrict(min_abi: u8, grants: &Grants) -> Result<LandlockReport, Landlock
     if kernel >= 6 {
         ruleset = ruleset.scope(Scope::from_all(abi))?;
     }
-    let status = ruleset
-        .create()?
+    let net_port = grants.connect_tcp.filter(|_| kernel >= 4);
+    if net_port.is_some() {
+        ruleset = ruleset.handle_access(AccessNet::ConnectTcp)?;
+    }
+    let mut created = ruleset.create()?;
+    if let Some(port) = net_port {
+        created = created.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?;
+    }
+    let status = created
         .add_rules(path_beneath_rules(existing(&grants.read_exec), read_exec))?
         .add_rules(path_beneath_rules(existing(&grants.read_only), read_only))?
         .add_rules(path_beneath_rules(existing(&grants.read_write), read_write))?
@@ -113,6 +134,7 @@ pub fn restrict(min_abi: u8, grants: &Grants) -> Result<LandlockReport, Landlock
         RulesetStatus::FullyEnforced => Ok(LandlockReport {
             abi: abi as u8,
             status: LandlockStatus::FullyEnforced,
+            tcp_connect_only_to: net_port,
         }),
         other => Err(LandlockError::NotFullyEnforced(other)),
     }

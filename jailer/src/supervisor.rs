@@ -17,7 +17,7 @@ use nix::sys::wait::waitpid;
 use nix::unistd::{pipe2, setgroups, Pid};
 use pycell_core::codes::{FailureCode, Layer};
 use pycell_core::report::{CgroupReport, JailFailure, JailReport, Layers, SeccompReport};
-use pycell_core::spec::{JailSpec, JAIL_GID, JAIL_UID};
+use pycell_core::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID};
 use pycell_seccomp::CompiledFilter;
 
 use crate::child::{child_main, ChildFds, GO_CGROUP, GO_MAPS};
@@ -253,7 +253,11 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
         (CloneResult::Parent(pid), inside) => (pid, inside),
     };
     drop(child_fds);
-    match attach(spec, layout, pid, go, born_in, born_inside) {
+    let attached = match hand_out_proxy_listener(spec, pid) {
+        Ok(()) => attach(spec, layout, pid, go, born_in, born_inside),
+        Err(f) => Err(f),
+    };
+    match attached {
         Ok(cgroup) => Ok(Jail {
             pid,
             cgroup,
@@ -266,6 +270,30 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
             Err(f)
         }
     }
+}
+
+/// With egress: make the proxy's listener on the jail's loopback (from
+/// here, before the jail runs anything) and send it out on our stdin, a
+/// unix socket whose other end belongs to whoever runs the proxy; then
+/// point stdin at /dev/null. Without a way to hand it out, no run.
+fn hand_out_proxy_listener(spec: &JailSpec, pid: Pid) -> Result<(), JailFailure> {
+    let NetworkSpec::Proxy { port } = spec.network else {
+        return Ok(());
+    };
+    let fail = |m: String| JailFailure::new(FailureCode::NetworkFailed, Layer::Network, m);
+    let listener = syscall::listen_in_netns(pid, port).map_err(|e| {
+        fail(format!(
+            "making the egress proxy's listener on 127.0.0.1:{port} in the jail: {e}"
+        ))
+    })?;
+    syscall::send_fd(io::stdin().as_fd(), listener.as_fd()).map_err(|e| {
+        fail(format!("handing out the egress proxy's listener on stdin: {e}")).with_hint(
+            "a jail with egress must be started with a unix socket as its stdin (pycell and pycelld do this)",
+        )
+    })?;
+    let null = File::open("/dev/null").map_err(io_failure("opening /dev/null"))?;
+    nix::unistd::dup2_stdin(&null).map_err(|e| io_failure("dup2")(e.into()))?;
+    Ok(())
 }
 
 /// Clone into new namespaces (inside `cgroup` if given). clone3 may be

@@ -1,0 +1,507 @@
+//! One connection from a jail: read its head, judge it, open the way out,
+//! relay. Every step is bounded in bytes and time; whatever happens, the
+//! connection is recorded once, when it is dropped.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pycell_policy::network::{Denial, Host, Scheme};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+
+use crate::http::{self, Head, Target};
+use crate::tally::{ConnectionRecord, Tally};
+use crate::tls::{self, Hello};
+use crate::upstream::ProxyAddr;
+use crate::{AuditHook, EgressConfig};
+
+/// How long a client has to send its request head, or its TLS ClientHello.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Relay buffer, per direction.
+const CHUNK: usize = 64 * 1024;
+
+/// What every connection of a run shares.
+pub(crate) struct Ctx {
+    config: EgressConfig,
+    audit: Option<AuditHook>,
+    pub(crate) tally: Tally,
+}
+
+impl std::fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx")
+            .field("policy", &self.config.policy)
+            .finish()
+    }
+}
+
+impl Ctx {
+    pub(crate) fn new(config: EgressConfig, audit: Option<AuditHook>) -> Ctx {
+        Ctx {
+            tally: crate::tally::Tally::new(config.rules.limits),
+            config,
+            audit,
+        }
+    }
+
+    fn allowed_list(&self) -> String {
+        let all = self.config.rules.allowed();
+        if all.is_empty() {
+            return "nothing (the policy's allow list is empty)".into();
+        }
+        let mut out = String::new();
+        for rule in all {
+            if out.len() > 400 {
+                out.push_str(", ...");
+                break;
+            }
+            if !out.is_empty() {
+                out.push_str(", ");
+            }
+            out.push_str(&rule);
+        }
+        out
+    }
+}
+
+/// The connection's record, written to the tally and the audit hook when
+/// it is dropped (also when the run ends and its task is aborted).
+struct Recorded<'a> {
+    ctx: &'a Ctx,
+    rec: ConnectionRecord,
+}
+
+impl Drop for Recorded<'_> {
+    fn drop(&mut self) {
+        if self.rec.verdict.is_empty() {
+            // Ended before anything was decided (the run ended first).
+            self.rec.verdict = "denied";
+            self.rec
+                .reason
+                .get_or_insert_with(|| "incomplete_request".into());
+        }
+        self.ctx.tally.record(&self.rec);
+        if let Some(audit) = &self.ctx.audit {
+            audit(&self.rec);
+        }
+    }
+}
+
+/// A refusal: the status, the reason word, and the line the client reads.
+struct Refusal {
+    status: u16,
+    verdict: &'static str,
+    reason: String,
+    line: String,
+}
+
+impl Refusal {
+    fn bad_request(status: u16, line: String) -> Refusal {
+        Refusal {
+            status,
+            verdict: "denied",
+            reason: "bad_request".into(),
+            line: format!("pycell egress proxy: bad request: {line}"),
+        }
+    }
+
+    fn failed(status: u16, reason: &str, line: String) -> Refusal {
+        Refusal {
+            status,
+            verdict: "failed",
+            reason: reason.into(),
+            line: format!("pycell egress proxy: {line}"),
+        }
+    }
+}
+
+/// A connection past the run's `max_connections`: answered at once, not
+/// read (so a flood costs next to nothing).
+pub(crate) fn refuse_over_limit(sock: TcpStream, ctx: &Ctx) {
+    let line = format!(
+        "pycell egress proxy: refused: this run has opened its {} connections (network.max_connections of policy \"{}\")",
+        ctx.tally.limits().max_connections,
+        ctx.config.policy
+    );
+    let _ = sock.try_write(&http::answer(429, &line));
+    drop(Recorded {
+        ctx,
+        rec: ConnectionRecord {
+            host: "*".into(),
+            verdict: "denied",
+            reason: Some("connection_limit".into()),
+            ..Default::default()
+        },
+    });
+}
+
+pub(crate) async fn serve(mut client: TcpStream, ctx: std::sync::Arc<crate::conn::Ctx>) {
+    let _ = client.set_nodelay(true);
+    let mut rec = Recorded {
+        ctx: &ctx,
+        rec: ConnectionRecord::default(),
+    };
+    if let Err(r) = handle(&mut client, &ctx, &mut rec.rec).await {
+        rec.rec.verdict = r.verdict;
+        rec.rec.reason = Some(r.reason);
+        if r.status != 0 {
+            let _ = timeout(
+                HEAD_TIMEOUT,
+                client.write_all(&http::answer(r.status, &r.line)),
+            )
+            .await;
+        }
+    }
+}
+
+async fn handle(
+    client: &mut TcpStream,
+    ctx: &Ctx,
+    rec: &mut ConnectionRecord,
+) -> Result<(), Refusal> {
+    let (head, rest) = read_head(client).await?;
+    let (host_text, port, tunnel) = match &head.target {
+        Target::Connect { host, port } => (host.clone(), *port, true),
+        Target::Absolute { host, port, .. } => (host.clone(), *port, false),
+    };
+    rec.host = host_text.to_ascii_lowercase();
+    rec.port = port;
+    let host = Host::parse(&host_text).map_err(|e| Refusal::bad_request(400, e))?;
+    let scheme = judge(ctx, &host, port, tunnel).map_err(|d| {
+        rec.scheme = if tunnel { "https" } else { "http" };
+        denied(ctx, tunnel, &host, port, d)
+    })?;
+    rec.scheme = scheme.as_str();
+    let (upstream, address, via_proxy) = open(ctx, scheme, &host, port).await?;
+    rec.address = Some(address);
+    let (first, upstream) = if tunnel {
+        client
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .await
+            .map_err(|_| quiet("client_gone"))?;
+        let first = match scheme {
+            Scheme::Https => client_hello(client, rest, &host).await?,
+            _ => rest,
+        };
+        (first, upstream)
+    } else {
+        let mut first = if via_proxy {
+            http::upstream_head(&head)
+        } else {
+            http::origin_head(&head)
+        };
+        first.extend_from_slice(&rest);
+        (first, upstream)
+    };
+    rec.verdict = "allowed";
+    let (bytes_in, bytes_out) = relay(client, upstream, &first, &ctx.tally).await;
+    rec.bytes_in = bytes_in;
+    rec.bytes_out = bytes_out;
+    Ok(())
+}
+
+/// A refusal whose answer cannot be sent (the tunnel is already open, or
+/// the client is gone): just close.
+fn quiet(reason: &str) -> Refusal {
+    Refusal {
+        status: 0,
+        verdict: "denied",
+        reason: reason.into(),
+        line: String::new(),
+    }
+}
+
+/// The scheme the policy allows this request under: a tunnel is judged as
+/// https, then as tcp; anything else as plain http.
+fn judge(ctx: &Ctx, host: &Host, port: u16, tunnel: bool) -> Result<Scheme, Denial> {
+    let rules = &ctx.config.rules;
+    if !tunnel {
+        return rules.check(Scheme::Http, host, port).map(|_| Scheme::Http);
+    }
+    match rules.check(Scheme::Https, host, port) {
+        Ok(_) => Ok(Scheme::Https),
+        Err(d) => rules
+            .check(Scheme::Tcp, host, port)
+            .map(|_| Scheme::Tcp)
+            .map_err(|_| d),
+    }
+}
+
+fn denied(ctx: &Ctx, tunnel: bool, host: &Host, port: u16, d: Denial) -> Refusal {
+    let what = if tunnel {
+        format!("CONNECT {host}:{port}")
+    } else {
+        format!("plain HTTP to {host}:{port}")
+    };
+    Refusal {
+        status: 403,
+        verdict: "denied",
+        reason: d.reason.to_string(),
+        line: format!(
+            "pycell egress proxy: {what} denied by network policy \"{}\": {}. Allowed: {}",
+            ctx.config.policy,
+            d.detail,
+            ctx.allowed_list()
+        ),
+    }
+}
+
+/// Read one request head; what came after it stays with the caller.
+async fn read_head(client: &mut TcpStream) -> Result<(Head, Vec<u8>), Refusal> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    let end = timeout(HEAD_TIMEOUT, async {
+        loop {
+            if let Some(end) = http::head_end(&buf) {
+                return Ok(end);
+            }
+            if buf.len() > http::MAX_HEAD {
+                return Err(Refusal::bad_request(
+                    431,
+                    format!("the request head is larger than {} bytes", http::MAX_HEAD),
+                ));
+            }
+            match client.read(&mut chunk).await {
+                Ok(0) | Err(_) => return Err(quiet("incomplete_request")),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await
+    .map_err(|_| {
+        Refusal::bad_request(
+            408,
+            format!(
+                "no complete request head within {} s",
+                HEAD_TIMEOUT.as_secs()
+            ),
+        )
+    })??;
+    let head = http::parse_head(&buf[..end]).map_err(|e| Refusal::bad_request(400, e))?;
+    Ok((head, buf[end..].to_vec()))
+}
+
+/// Read the tunnel's first bytes until they show a ClientHello, and check
+/// the name it asks for against the CONNECT host.
+async fn client_hello(
+    client: &mut TcpStream,
+    mut buf: Vec<u8>,
+    host: &Host,
+) -> Result<Vec<u8>, Refusal> {
+    let mut chunk = [0u8; 4096];
+    let hello = timeout(HEAD_TIMEOUT, async {
+        loop {
+            match tls::inspect(&buf) {
+                Hello::Incomplete if buf.len() <= tls::MAX_HELLO => {}
+                Hello::Incomplete => return Hello::Malformed,
+                other => return other,
+            }
+            match client.read(&mut chunk).await {
+                Ok(0) | Err(_) => return Hello::Incomplete,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await
+    .unwrap_or(Hello::Incomplete);
+    match hello {
+        Hello::ClientHello { server_name: None } => Ok(buf),
+        Hello::ClientHello {
+            server_name: Some(sni),
+        } => match host {
+            Host::Name(n) if *n == sni => Ok(buf),
+            _ => Err(quiet("sni_mismatch")),
+        },
+        Hello::NotTls | Hello::Malformed => Err(quiet("not_tls")),
+        Hello::Incomplete => Err(quiet("incomplete_request")),
+    }
+}
+
+/// Connect to the host (or the host's own upstream proxy), within the
+/// policy's connect timeout. Returns the stream, the address it leads to,
+/// and whether it is an upstream proxy.
+async fn open(
+    ctx: &Ctx,
+    scheme: Scheme,
+    host: &Host,
+    port: u16,
+) -> Result<(TcpStream, String, bool), Refusal> {
+    let limit = ctx.tally.limits().connect_timeout;
+    let host_text = host.to_string();
+    if let Some(proxy) = ctx.config.upstream.for_host(&host_text, scheme.tunnels()) {
+        let stream = timeout(
+            limit,
+            via_upstream(proxy, &host_text, port, scheme.tunnels()),
+        )
+        .await
+        .map_err(|_| timed_out(&host_text, port, limit))??;
+        return Ok((stream, format!("proxy {}:{}", proxy.host, proxy.port), true));
+    }
+    let addrs = timeout(limit, resolve(ctx, scheme, host, port))
+        .await
+        .map_err(|_| timed_out(&host_text, port, limit))??;
+    let connecting = async {
+        let mut last = None;
+        for addr in &addrs {
+            match TcpStream::connect(addr).await {
+                Ok(s) => return Ok((s, addr.to_string())),
+                Err(e) => last = Some(format!("{addr}: {e}")),
+            }
+        }
+        Err(last.unwrap_or_default())
+    };
+    match timeout(limit, connecting).await {
+        Ok(Ok((s, a))) => {
+            let _ = s.set_nodelay(true);
+            Ok((s, a, false))
+        }
+        Ok(Err(e)) => Err(Refusal::failed(
+            502,
+            "connect_failed",
+            format!("cannot connect to {host_text}:{port} ({e})"),
+        )),
+        Err(_) => Err(timed_out(&host_text, port, limit)),
+    }
+}
+
+fn timed_out(host: &str, port: u16, limit: Duration) -> Refusal {
+    Refusal::failed(
+        504,
+        "connect_timeout",
+        format!(
+            "{host}:{port} did not answer within {} ms (network.connect_timeout)",
+            limit.as_millis()
+        ),
+    )
+}
+
+/// The addresses the proxy may connect to for `host`: the literal, or what
+/// the name resolves to, minus what the rules refuse.
+async fn resolve(
+    ctx: &Ctx,
+    scheme: Scheme,
+    host: &Host,
+    port: u16,
+) -> Result<Vec<SocketAddr>, Refusal> {
+    let all: Vec<SocketAddr> = match host {
+        Host::Addr(a) => vec![SocketAddr::new(*a, port)],
+        Host::Name(n) => tokio::net::lookup_host((n.as_str(), port))
+            .await
+            .map_err(|e| Refusal::failed(502, "dns_failed", format!("cannot resolve {n}: {e}")))?
+            .collect(),
+    };
+    let mut first_denial = None;
+    let ok: Vec<SocketAddr> = all
+        .into_iter()
+        .filter(
+            |a| match ctx.config.rules.address_allowed(scheme, a.ip(), port) {
+                Ok(()) => true,
+                Err(d) => {
+                    first_denial.get_or_insert(d);
+                    false
+                }
+            },
+        )
+        .collect();
+    match (ok.is_empty(), first_denial) {
+        (false, _) => Ok(ok),
+        (true, Some(d)) => Err(denied(ctx, scheme.tunnels(), host, port, d)),
+        (true, None) => Err(Refusal::failed(
+            502,
+            "dns_failed",
+            format!("{host} has no addresses"),
+        )),
+    }
+}
+
+/// A way out through the host's proxy: for a tunnel, a CONNECT it accepted.
+async fn via_upstream(
+    proxy: &ProxyAddr,
+    host: &str,
+    port: u16,
+    tunnel: bool,
+) -> Result<TcpStream, Refusal> {
+    let fail = |e: String| Refusal::failed(502, "upstream_refused", e);
+    let mut s = TcpStream::connect((proxy.host.as_str(), proxy.port))
+        .await
+        .map_err(|e| {
+            fail(format!(
+                "cannot reach the host's proxy {}:{} ({e})",
+                proxy.host, proxy.port
+            ))
+        })?;
+    let _ = s.set_nodelay(true);
+    if !tunnel {
+        return Ok(s);
+    }
+    s.write_all(
+        format!("CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").as_bytes(),
+    )
+    .await
+    .map_err(|e| fail(format!("the host's proxy: {e}")))?;
+    // Read its answer byte by byte, so nothing of the tunnel is consumed.
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while http::head_end(&head).is_none() {
+        if head.len() > http::MAX_HEAD
+            || s.read(&mut b).await.map_err(|e| fail(e.to_string()))? == 0
+        {
+            return Err(fail("the host's proxy closed the connection".into()));
+        }
+        head.push(b[0]);
+    }
+    match http::status_of(&head) {
+        Some(200..=299) => Ok(s),
+        Some(code) => Err(fail(format!(
+            "the host's proxy answered {code} to CONNECT {host}:{port}"
+        ))),
+        None => Err(fail("the host's proxy sent a malformed answer".into())),
+    }
+}
+
+/// Relay both ways until both sides are done (or the run's byte budget is
+/// spent); `first` goes to the host before anything else. Returns the bytes
+/// relayed in and out.
+async fn relay(
+    client: &mut TcpStream,
+    mut upstream: TcpStream,
+    first: &[u8],
+    tally: &Tally,
+) -> (u64, u64) {
+    if !first.is_empty() {
+        if !tally.charge(first.len() as u64, false) || upstream.write_all(first).await.is_err() {
+            return (0, 0);
+        }
+    }
+    let (mut cr, mut cw) = client.split();
+    let (mut ur, mut uw) = upstream.split();
+    let (out, inn) = tokio::join!(
+        pump(&mut cr, &mut uw, tally, false),
+        pump(&mut ur, &mut cw, tally, true)
+    );
+    (inn, out + first.len() as u64)
+}
+
+/// Copy until EOF, an error or the budget's end; then shut the writer.
+async fn pump(
+    from: &mut (impl AsyncRead + Unpin),
+    to: &mut (impl AsyncWrite + Unpin),
+    tally: &Tally,
+    inbound: bool,
+) -> u64 {
+    let mut buf = vec![0u8; CHUNK];
+    let mut total = 0u64;
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if !tally.charge(n as u64, inbound) || to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        total += n as u64;
+    }
+    let _ = to.shutdown().await;
+    total
+}

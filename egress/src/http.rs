@@ -1,0 +1,330 @@
+//! The HTTP a proxy needs: the request head a client sends it (CONNECT in
+//! authority form, anything else in absolute form), the head it forwards,
+//! and its own one-line answers. Pure.
+
+/// Largest request head accepted (request line and headers).
+pub const MAX_HEAD: usize = 16 * 1024;
+const MAX_HEADERS: usize = 100;
+
+/// Where a request goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// `CONNECT host:port`: a tunnel.
+    Connect { host: String, port: u16 },
+    /// `METHOD http://host[:port]/path`: one plain-HTTP request.
+    Absolute {
+        host: String,
+        port: u16,
+        path: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub method: String,
+    pub target: Target,
+    pub headers: Vec<(String, String)>,
+}
+
+/// Where the head ends (just past its blank line), if it has.
+pub fn head_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
+}
+
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// Parse a complete head (through its blank line).
+pub fn parse_head(raw: &[u8]) -> Result<Head, String> {
+    let text = std::str::from_utf8(raw).map_err(|_| "the request head is not text".to_string())?;
+    let mut lines = text.split("\r\n");
+    let line = lines.next().unwrap_or_default();
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(format!("malformed request line {:?}", clip(line)));
+    };
+    if !is_token(method) || !matches!(version, "HTTP/1.1" | "HTTP/1.0") {
+        return Err(format!("malformed request line {:?}", clip(line)));
+    }
+    let target = if method == "CONNECT" {
+        let (host, port) = authority(target, None)?;
+        Target::Connect { host, port }
+    } else {
+        absolute(target)?
+    };
+    let mut headers = Vec::new();
+    for l in lines.take_while(|l| !l.is_empty()) {
+        let (name, value) = l
+            .split_once(':')
+            .filter(|(n, _)| is_token(n))
+            .ok_or_else(|| format!("malformed header line {:?}", clip(l)))?;
+        if headers.len() == MAX_HEADERS {
+            return Err(format!("more than {MAX_HEADERS} headers"));
+        }
+        headers.push((name.to_string(), value.trim().to_string()));
+    }
+    Ok(Head {
+        method: method.to_string(),
+        target,
+        headers,
+    })
+}
+
+fn clip(s: &str) -> String {
+    s.chars().take(80).collect()
+}
+
+/// `host:port`, `[v6]:port`; `default` when the port is left out.
+fn authority(a: &str, default: Option<u16>) -> Result<(String, u16), String> {
+    let bad = || format!("malformed host:port {:?}", clip(a));
+    let (host, port): (String, Option<&str>) = match a.strip_prefix('[') {
+        Some(rest) => {
+            let (h, after) = rest.split_once(']').ok_or_else(bad)?;
+            let port = match after {
+                "" => None,
+                _ => Some(after.strip_prefix(':').ok_or_else(bad)?),
+            };
+            (format!("[{h}]"), port)
+        }
+        None => match a.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (a.to_string(), None),
+        },
+    };
+    let port = match port {
+        Some(p) => p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(bad)?,
+        None => {
+            default.ok_or_else(|| format!("{:?} has no port: CONNECT needs host:port", clip(a)))?
+        }
+    };
+    if host.is_empty() || host.contains('@') {
+        return Err(bad());
+    }
+    Ok((host, port))
+}
+
+fn absolute(target: &str) -> Result<Target, String> {
+    let lower = target
+        .get(..8)
+        .map(str::to_ascii_lowercase)
+        .unwrap_or_default();
+    let rest = match () {
+        _ if lower.starts_with("http://") => &target[7..],
+        _ if lower.starts_with("https://") => {
+            return Err("an https:// URL must be requested with CONNECT (set HTTPS_PROXY)".to_string())
+        }
+        _ => {
+            return Err(format!(
+                "{:?} is not an absolute http:// URL: this is pycell's egress proxy, which takes CONNECT host:port or METHOD http://host/path",
+                clip(target)
+            ))
+        }
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (host, port) = authority(&rest[..end], Some(80))?;
+    let path = match &rest[end..] {
+        "" => "/".to_string(),
+        p if p.starts_with('/') => p.to_string(),
+        p => format!("/{p}"),
+    };
+    Ok(Target::Absolute { host, port, path })
+}
+
+/// Headers that concern only the hop to this proxy.
+fn hop_by_hop(name: &str) -> bool {
+    [
+        "connection",
+        "proxy-connection",
+        "proxy-authorization",
+        "keep-alive",
+        "te",
+        "upgrade",
+    ]
+    .iter()
+    .any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// The head to send the origin server for an absolute-form request: origin
+/// form, our hop-by-hop headers dropped, one request per connection.
+pub fn origin_head(head: &Head) -> Vec<u8> {
+    let Target::Absolute { host, port, path } = &head.target else {
+        return Vec::new();
+    };
+    let mut out = format!("{} {path} HTTP/1.1\r\n", head.method);
+    if !head
+        .headers
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case("host"))
+    {
+        match port {
+            80 => out.push_str(&format!("Host: {host}\r\n")),
+            p => out.push_str(&format!("Host: {host}:{p}\r\n")),
+        }
+    }
+    for (n, v) in head.headers.iter().filter(|(n, _)| !hop_by_hop(n)) {
+        out.push_str(&format!("{n}: {v}\r\n"));
+    }
+    out.push_str("Connection: close\r\n\r\n");
+    out.into_bytes()
+}
+
+/// The head that forwards a request unchanged to an upstream proxy (absolute
+/// form kept), minus our hop-by-hop headers.
+pub fn upstream_head(head: &Head) -> Vec<u8> {
+    let Target::Absolute { host, port, path } = &head.target else {
+        return Vec::new();
+    };
+    let mut out = format!("{} http://{host}:{port}{path} HTTP/1.1\r\n", head.method);
+    for (n, v) in head.headers.iter().filter(|(n, _)| !hop_by_hop(n)) {
+        out.push_str(&format!("{n}: {v}\r\n"));
+    }
+    out.push_str("Connection: close\r\n\r\n");
+    out.into_bytes()
+}
+
+/// One of the proxy's own answers. The line goes into the reason phrase as
+/// well as the body: clients that report a failed CONNECT show only the
+/// status line (urllib: "Tunnel connection failed: 403 ...").
+pub fn answer(status: u16, line: &str) -> Vec<u8> {
+    let line: String = line
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(900)
+        .collect();
+    format!(
+        "HTTP/1.1 {status} {line}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{line}\n",
+        line.len() + 1
+    )
+    .into_bytes()
+}
+
+/// The status code of an upstream proxy's answer to CONNECT, if its head is
+/// well formed.
+pub fn status_of(head: &[u8]) -> Option<u16> {
+    let line = std::str::from_utf8(head).ok()?.split("\r\n").next()?;
+    let mut parts = line.splitn(3, ' ');
+    let version = parts.next()?;
+    if !version.starts_with("HTTP/1.") {
+        return None;
+    }
+    parts.next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(s: &str) -> Result<Head, String> {
+        parse_head(s.as_bytes())
+    }
+
+    #[test]
+    fn connect_and_absolute_requests_parse() {
+        let h = head("CONNECT api.example.net:443 HTTP/1.1\r\nHost: api.example.net:443\r\n\r\n")
+            .unwrap();
+        assert_eq!(
+            h.target,
+            Target::Connect {
+                host: "api.example.net".into(),
+                port: 443
+            }
+        );
+        let h = head("CONNECT [::1]:8443 HTTP/1.1\r\n\r\n").unwrap();
+        assert_eq!(
+            h.target,
+            Target::Connect {
+                host: "[::1]".into(),
+                port: 8443
+            }
+        );
+        let h =
+            head("GET http://x.example.net/a?b HTTP/1.1\r\nHost: x.example.net\r\n\r\n").unwrap();
+        assert_eq!(
+            h.target,
+            Target::Absolute {
+                host: "x.example.net".into(),
+                port: 80,
+                path: "/a?b".into()
+            }
+        );
+        let h = head("POST HTTP://x.example.net:8080 HTTP/1.0\r\n\r\n").unwrap();
+        assert_eq!(
+            h.target,
+            Target::Absolute {
+                host: "x.example.net".into(),
+                port: 8080,
+                path: "/".into()
+            }
+        );
+    }
+
+    #[test]
+    fn garbage_is_refused_with_a_reason() {
+        for (req, why) in [
+            ("GET / HTTP/1.1\r\n\r\n", "not an absolute http:// URL"),
+            (
+                "CONNECT x.example.net HTTP/1.1\r\n\r\n",
+                "CONNECT needs host:port",
+            ),
+            (
+                "CONNECT x.example.net:0 HTTP/1.1\r\n\r\n",
+                "malformed host:port",
+            ),
+            (
+                "CONNECT x.example.net:443 HTTP/2\r\n\r\n",
+                "malformed request line",
+            ),
+            ("GET  http://x/ HTTP/1.1\r\n\r\n", "malformed request line"),
+            ("GET https://x/ HTTP/1.1\r\n\r\n", "with CONNECT"),
+            ("GET http://u@x/ HTTP/1.1\r\n\r\n", "malformed host:port"),
+            (
+                "GET http://x/ HTTP/1.1\r\nno colon\r\n\r\n",
+                "malformed header line",
+            ),
+            (
+                "GET http://x/ HTTP/1.1\r\n folded: x\r\n\r\n",
+                "malformed header line",
+            ),
+            ("\u{1}\u{2}\r\n\r\n", "malformed request line"),
+        ] {
+            let e = head(req).unwrap_err();
+            assert!(e.contains(why), "{req:?}: {e}");
+        }
+        assert!(parse_head(b"\xff\xfe\r\n\r\n")
+            .unwrap_err()
+            .contains("not text"));
+        let many = format!("GET http://x/ HTTP/1.1\r\n{}\r\n", "A: b\r\n".repeat(101));
+        assert!(head(&many).unwrap_err().contains("more than 100 headers"));
+    }
+
+    #[test]
+    fn the_origin_gets_origin_form_and_no_proxy_headers() {
+        let h = head("GET http://x.example.net:8080/p HTTP/1.1\r\nProxy-Authorization: secret\r\nConnection: keep-alive\r\nAccept: */*\r\n\r\n").unwrap();
+        let out = String::from_utf8(origin_head(&h)).unwrap();
+        assert_eq!(
+            out,
+            "GET /p HTTP/1.1\r\nHost: x.example.net:8080\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        );
+        assert_eq!(head_end(out.as_bytes()), Some(out.len()));
+    }
+
+    #[test]
+    fn answers_are_one_line_in_status_and_body() {
+        let a = String::from_utf8(answer(403, "denied\r\nX-Injected: 1")).unwrap();
+        assert!(
+            a.starts_with("HTTP/1.1 403 denied  X-Injected: 1\r\n"),
+            "{a}"
+        );
+        assert!(a.ends_with("\r\n\r\ndenied  X-Injected: 1\n"), "{a}");
+        assert_eq!(
+            status_of(b"HTTP/1.1 200 Connection established\r\n\r\n"),
+            Some(200)
+        );
+        assert_eq!(status_of(b"SSH-2.0\r\n"), None);
+    }
+}
