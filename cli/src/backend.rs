@@ -43,6 +43,7 @@ use pycell_core::protocol::{ErrorCode, RunRequest};
 use pycell_core::report::JailFailure;
 use pycell_core::result::RunResult;
 use pycell_core::uidalloc::UidLease;
+use pycell_egress::{Egress, EgressConfig};
 
 /// Sandboxes one server runs at once; further calls wait for a slot. Each
 /// sandbox is bounded by its policy, but a client firing calls in parallel
@@ -356,6 +357,9 @@ impl Backend {
         cancel: CancellationToken,
     ) -> RunResult {
         let mut collector = Collector::new(&l.run_id, &l.policy, Some(l.limits.clone()));
+        let egress = l.egress.take().map(|(rules, channel)| {
+            Egress::start(channel, EgressConfig::from_env(&l.policy, rules), None)
+        });
         let stderr = l
             .child
             .stderr
@@ -397,6 +401,9 @@ impl Backend {
             }
         }
         let status = guard.wait(self.inner.kill_after).await;
+        if let Some(egress) = egress {
+            collector.network(egress.finish().await);
+        }
         let stderr = match stderr {
             Some(t) => t.await.unwrap_or_default(),
             None => Vec::new(),

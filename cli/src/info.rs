@@ -51,7 +51,9 @@ fn print_policies(policies: &[PolicySummary], with_limits: bool) {
         };
         println!(
             "  {:<14} {} [network: {}; {detail}]",
-            p.name, p.description, p.network
+            p.name,
+            p.description,
+            p.network_label()
         );
     }
 }

@@ -22,6 +22,7 @@ use pycell_core::launch::{
 use pycell_core::protocol::{LimitOverrides, RunRequest};
 use pycell_core::report::{JailFailure, RunStatus};
 use pycell_core::result::RunResult;
+use pycell_egress::{Egress, EgressConfig};
 
 use crate::cli::RunArgs;
 
@@ -273,6 +274,19 @@ fn forwarded_signals() -> nix::Result<SignalFd> {
 fn supervise(mut l: Launched, signals: &SignalFd, stream: bool) -> RunResult {
     let mut collector = Collector::new(&l.run_id, &l.policy, Some(l.limits.clone()));
     let jailer = Pid::from_raw(l.child.id() as i32);
+    let egress = match l.egress.take().map(|(rules, channel)| {
+        Egress::start_on_thread(channel, EgressConfig::from_env(&l.policy, rules), None)
+    }) {
+        Some(Err(e)) => {
+            let _ = l.child.kill();
+            let _ = l.child.wait();
+            let m = format!("starting the egress proxy: {e}");
+            let f = JailFailure::new(FailureCode::NetworkFailed, Layer::Network, m);
+            return RunResult::refused(&l.run_id, &l.policy, f);
+        }
+        Some(Ok(e)) => Some(e),
+        None => None,
+    };
     let stderr = l.child.stderr.take();
     // The jailer's own stderr is small (an error message at most); a
     // thread keeps it from ever blocking the jailer.
@@ -307,6 +321,9 @@ fn supervise(mut l: Launched, signals: &SignalFd, stream: bool) -> RunResult {
         }
     }
     let status = l.child.wait();
+    if let Some(egress) = egress {
+        collector.network(egress.finish_blocking());
+    }
     let stderr = stderr_reader.join().unwrap_or_default();
     drop(l.lease);
     collector.finish(JailerEnd::Exited { status, stderr })
@@ -347,6 +364,36 @@ pub fn emit(json: bool, r: &RunResult) {
     if r.stdout_truncated || r.stderr_truncated {
         eprintln!("pycell: output truncated at the max-output limit");
     }
+    if let Some(n) = &r.network {
+        for line in network_notes(n) {
+            eprintln!("pycell: {line}");
+        }
+    }
+}
+
+/// What a developer should hear about a run's egress: what was refused or
+/// failed, and a limit it reached.
+fn network_notes(n: &pycell_core::result::NetworkReport) -> Vec<String> {
+    let mut notes: Vec<String> = n
+        .denied
+        .iter()
+        .map(|d| {
+            format!(
+                "network: denied {}:{} ({}) x{}",
+                d.host, d.port, d.reason, d.count
+            )
+        })
+        .chain(n.failed.iter().map(|d| {
+            format!(
+                "network: failed {}:{} ({}) x{}",
+                d.host, d.port, d.reason, d.count
+            )
+        }))
+        .collect();
+    if let Some(l) = &n.limit_reached {
+        notes.push(format!("network: the policy's network.{l} was reached"));
+    }
+    notes
 }
 
 fn status_note(r: &RunResult) -> Option<String> {

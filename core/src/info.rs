@@ -41,13 +41,40 @@ pub struct PolicySummary {
     /// The name to pass as `policy`.
     pub name: String,
     pub description: String,
-    /// Network access: `none` means a private network namespace with loopback only.
+    /// Network access: `none` means a private network namespace with
+    /// loopback only; `allowlist` adds HTTP(S) through pycell's egress
+    /// proxy to the hosts in `network_allow` only.
     pub network: String,
+    /// With `allowlist`: the hosts a run may reach (`[SCHEME://]HOST[:PORT]`;
+    /// https and port 443 unless written; `*.example.org` is any name below
+    /// example.org).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_allow: Vec<String>,
+    /// With `allowlist`: rules that win over `network_allow`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_deny: Vec<String>,
     /// `installed` (a file in /etc/pycell/policies) or `built-in`.
     pub source: String,
     pub limits: LimitsReport,
     /// How far a run may raise each limit (`[limits.max]`); lowering is always allowed.
     pub max: pycell_policy::LimitCeilingsReport,
+}
+
+impl PolicySummary {
+    /// The network mode in words: `none`, or the allowlist with its rules.
+    pub fn network_label(&self) -> String {
+        if self.network != "allowlist" {
+            return self.network.clone();
+        }
+        let allow = match self.network_allow.is_empty() {
+            true => "nothing allowed yet".to_string(),
+            false => format!("allow {}", self.network_allow.join(", ")),
+        };
+        match self.network_deny.is_empty() {
+            true => format!("allowlist ({allow})"),
+            false => format!("allowlist ({allow}; deny {})", self.network_deny.join(", ")),
+        }
+    }
 }
 
 /// An installed policy file that does not load (runs naming it are refused).
@@ -160,6 +187,8 @@ pub fn policies(dir: &Path) -> (Vec<PolicySummary>, Vec<PolicyProblem>) {
                 limits: LimitsReport::from(&p.limits),
                 max: (&p.ceilings).into(),
                 network: p.network.as_str().to_string(),
+                network_allow: p.network.egress().map(|r| r.allowed()).unwrap_or_default(),
+                network_deny: p.network.egress().map(|r| r.denied()).unwrap_or_default(),
                 name: p.name,
                 description: p.description,
                 source: source.to_string(),
@@ -185,7 +214,7 @@ mod tests {
         let (ok, problems) = policies(dir.path());
         assert_eq!(
             ok.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
-            ["default"]
+            ["default", "network"]
         );
         assert_eq!(ok[0].source, "built-in");
         assert_eq!(problems.len(), 1, "{problems:?}");

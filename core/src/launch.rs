@@ -14,9 +14,12 @@
 
 use std::io::{self, Write};
 use std::ops::RangeInclusive;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use pycell_policy::network::EgressRules;
 use pycell_policy::Policy;
 
 use crate::codes::{FailureCode, Layer};
@@ -24,7 +27,7 @@ use crate::events::{Event, EventError, Stream};
 use crate::protocol::RunRequest;
 use crate::report::{JailFailure, JailReport};
 use crate::resolve::{self, ResolveError};
-use crate::result::{LimitsReport, RunResult};
+use crate::result::{LimitsReport, NetworkReport, RunResult};
 use crate::spec::{new_run_id, JailSpec};
 use crate::uidalloc::{self, UidLease};
 
@@ -197,6 +200,7 @@ impl Launcher {
         Ok(Prepared {
             run_id: spec.run_id.clone(),
             policy: policy.name.clone(),
+            egress: policy.network.egress().cloned(),
             limits: LimitsReport::from(&resolved.limits),
             spec,
             lease,
@@ -268,6 +272,8 @@ pub fn find_jailer() -> Result<PathBuf, JailFailure> {
 pub struct Prepared {
     pub run_id: String,
     pub policy: String,
+    /// The policy's egress rules, when it has network mode `allowlist`.
+    pub egress: Option<EgressRules>,
     pub limits: LimitsReport,
     spec: JailSpec,
     lease: UidLease,
@@ -294,6 +300,9 @@ pub struct Started<Child, Events> {
     pub child: Child,
     /// The jailer's event stream.
     pub events: Events,
+    /// With egress: the rules, and our end of the jailer's stdin, on which
+    /// it sends the proxy's listener (for `pycell_egress::Egress::start`).
+    pub egress: Option<(EgressRules, OwnedFd)>,
     pub lease: UidLease,
 }
 
@@ -312,18 +321,20 @@ impl Prepared {
         RunResult::refused(&self.run_id, &self.policy, f)
     }
 
-    /// The jailer command: nothing from our environment, the spec on stdin,
-    /// events on stdout.
-    fn command(&self, stderr: JailerStderr) -> Command {
+    /// The jailer command: nothing from our environment, the spec on stdin
+    /// (a unix socket, returned: the jailer sends the egress proxy's
+    /// listener back on it), events on stdout.
+    fn command(&self, stderr: JailerStderr) -> io::Result<(Command, UnixStream)> {
+        let (ours, theirs) = UnixStream::pair()?;
         let mut cmd = Command::new(&self.jailer);
         cmd.env_clear()
-            .stdin(Stdio::piped())
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::piped())
             .stderr(match stderr {
                 JailerStderr::Inherit => Stdio::inherit(),
                 JailerStderr::Capture => Stdio::piped(),
             });
-        cmd
+        Ok((cmd, ours))
     }
 
     fn spec_json(&self) -> Result<Vec<u8>, Box<RunResult>> {
@@ -363,29 +374,31 @@ impl Prepared {
     /// killed and reaped, and the result says why.
     pub fn spawn(self, stderr: JailerStderr) -> Result<Launched, Box<RunResult>> {
         let json = self.spec_json()?;
-        let mut child = self
-            .command(stderr)
-            .spawn()
-            .map_err(|e| self.cannot_start(e))?;
-        let (Some(mut stdin), Some(events)) = (child.stdin.take(), child.stdout.take()) else {
-            unreachable!("stdin and stdout were configured as pipes");
+        let (mut cmd, mut spec_in) = self.command(stderr).map_err(|e| self.cannot_start(e))?;
+        let mut child = cmd.spawn().map_err(|e| self.cannot_start(e))?;
+        drop(cmd); // our copy of the jailer's end of the socket
+        let Some(events) = child.stdout.take() else {
+            unreachable!("stdout was configured as a pipe");
         };
-        if let Err(e) = stdin.write_all(&json) {
+        let sent = spec_in
+            .write_all(&json)
+            .and_then(|()| spec_in.shutdown(std::net::Shutdown::Write));
+        if let Err(e) = sent {
             let _ = child.kill();
             let _ = child.wait();
             return Err(self.spec_not_taken(e));
         }
-        drop(stdin);
-        Ok(self.started(child, events))
+        Ok(self.started(child, events, spec_in))
     }
 
-    fn started<C, E>(self, child: C, events: E) -> Started<C, E> {
+    fn started<C, E>(self, child: C, events: E, spec_in: UnixStream) -> Started<C, E> {
         Started {
             run_id: self.run_id,
             policy: self.policy,
             limits: self.limits,
             child,
             events,
+            egress: self.egress.map(|rules| (rules, OwnedFd::from(spec_in))),
             lease: self.lease,
         }
     }
@@ -396,18 +409,29 @@ impl Prepared {
     pub async fn spawn_async(self, stderr: JailerStderr) -> Result<LaunchedAsync, Box<RunResult>> {
         use tokio::io::AsyncWriteExt;
         let json = self.spec_json()?;
-        let mut child = tokio::process::Command::from(self.command(stderr))
-            .spawn()
-            .map_err(|e| self.cannot_start(e))?;
-        let (Some(mut stdin), Some(events)) = (child.stdin.take(), child.stdout.take()) else {
-            unreachable!("stdin and stdout were configured as pipes");
+        let (cmd, spec_in) = self.command(stderr).map_err(|e| self.cannot_start(e))?;
+        let mut cmd = tokio::process::Command::from(cmd);
+        let mut child = cmd.spawn().map_err(|e| self.cannot_start(e))?;
+        drop(cmd);
+        let Some(events) = child.stdout.take() else {
+            unreachable!("stdout was configured as a pipe");
         };
-        if let Err(e) = stdin.write_all(&json).await {
-            let _ = child.kill().await;
-            return Err(self.spec_not_taken(e));
+        let sent = async {
+            spec_in.set_nonblocking(true)?;
+            let mut tx = tokio::net::UnixStream::from_std(spec_in)?;
+            tx.write_all(&json).await?;
+            tx.shutdown().await?;
+            let spec_in = tx.into_std()?;
+            spec_in.set_nonblocking(false)?;
+            Ok::<_, io::Error>(spec_in)
+        };
+        match sent.await {
+            Ok(spec_in) => Ok(self.started(child, events, spec_in)),
+            Err(e) => {
+                let _ = child.kill().await;
+                Err(self.spec_not_taken(e))
+            }
         }
-        drop(stdin);
-        Ok(self.started(child, events))
     }
 }
 
@@ -436,6 +460,7 @@ pub struct Collector {
     truncated: [bool; 2],
     report: Option<JailReport>,
     broken: Option<EventError>,
+    network: Option<NetworkReport>,
 }
 
 impl Collector {
@@ -452,6 +477,7 @@ impl Collector {
             truncated: [false, false],
             report: None,
             broken: None,
+            network: None,
         }
     }
 
@@ -482,6 +508,11 @@ impl Collector {
         &self.output[stream as usize]
     }
 
+    /// What the run did through its egress proxy (after the proxy ended).
+    pub fn network(&mut self, report: NetworkReport) {
+        self.network = Some(report);
+    }
+
     /// Whether the result has arrived.
     pub fn has_report(&self) -> bool {
         self.report.is_some()
@@ -498,14 +529,16 @@ impl Collector {
         };
         report.stdout_truncated |= self.truncated[0];
         report.stderr_truncated |= self.truncated[1];
-        RunResult::new(
+        let mut result = RunResult::new(
             &self.run_id,
             &self.policy,
             self.limits,
             report,
             &self.output[0],
             &self.output[1],
-        )
+        );
+        result.network = self.network;
+        result
     }
 }
 

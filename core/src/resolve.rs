@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::spec::{
     BindMount, CgroupSpec, JailLimits, JailSpec, LandlockSpec, NetworkSpec, WorkspaceFile,
-    EGRESS_PROXY_PORT, WORKSPACE,
+    CA_CERTIFICATES, EGRESS_PROXY_PORT, WORKSPACE,
 };
 use pycell_policy::{Interpreter, Limits, NetworkMode, Policy};
 
@@ -319,6 +319,12 @@ pub fn resolve(policy: &Policy, req: &RunRequest) -> Result<Resolved, ResolveErr
         })
         .collect();
     let python = interpreter(policy, &mut mounts)?;
+    if policy.network.egress().is_some() && Path::new(CA_CERTIFICATES).is_dir() {
+        mounts.push(BindMount {
+            source: PathBuf::from(CA_CERTIFICATES),
+            target: PathBuf::from(CA_CERTIFICATES),
+        });
+    }
     let name = script_name(req.filename.as_deref());
     // -s: no user site-packages (HOME is the workspace; nothing to find there).
     let mut argv = vec![python, "-s".to_string(), format!("{WORKSPACE}/{name}")];

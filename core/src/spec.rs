@@ -46,6 +46,11 @@ pub struct JailSpec {
     pub network: NetworkSpec,
 }
 
+/// The host's TLS trust store (Debian's ca-certificates), bound read-only
+/// at the same place in jails with egress: the one bind allowed under the
+/// jailer's synthetic /etc, so that HTTPS clients can verify their hosts.
+pub const CA_CERTIFICATES: &str = "/etc/ssl/certs";
+
 /// Where the egress proxy listens inside a jail (on its loopback).
 pub const EGRESS_PROXY_PORT: u16 = 3128;
 
@@ -247,8 +252,11 @@ impl JailSpec {
                     ),
                 ));
             }
+            let trust_store = m.source == Path::new(CA_CERTIFICATES)
+                && m.target == Path::new(CA_CERTIFICATES)
+                && self.network != NetworkSpec::Loopback;
             if m.target == Path::new("/")
-                || RESERVED_TARGETS.iter().any(|r| m.target.starts_with(r))
+                || (RESERVED_TARGETS.iter().any(|r| m.target.starts_with(r)) && !trust_store)
             {
                 return Err(bad(
                     "mounts",

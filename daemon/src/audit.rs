@@ -1,7 +1,9 @@
 //! The audit log, written by the root monitor (the broker, which parses
 //! untrusted input, cannot reach it): one JSON line when a run starts (who
 //! asked, the code's hash, the policy and limits it got, its sandbox uid)
-//! and one when its jailer ends (how long, how it ended, who stopped it).
+//! and one when its jailer ends (how long, how it ended, who stopped it),
+//! and one per connection through a run's egress proxy (host, verdict,
+//! bytes).
 //! The run's own outcome (exit code, output) goes to its client only.
 
 use std::fs;
@@ -34,6 +36,44 @@ pub struct RunStart<'a> {
     pub policy: &'a str,
     pub limits: &'a LimitsReport,
     pub sandbox_uid: u32,
+}
+
+/// One connection through a run's egress proxy, as the broker reports it
+/// (bounded: every text field is cut to 256 bytes before it is logged).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressLine {
+    pub scheme: String,
+    pub host: String,
+    pub port: u16,
+    pub verdict: String,
+    pub reason: Option<String>,
+    pub address: Option<String>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+impl From<&pycell_egress::ConnectionRecord> for EgressLine {
+    fn from(c: &pycell_egress::ConnectionRecord) -> EgressLine {
+        EgressLine {
+            scheme: c.scheme.to_string(),
+            host: c.host.clone(),
+            port: c.port,
+            verdict: c.verdict.to_string(),
+            reason: c.reason.clone(),
+            address: c.address.clone(),
+            bytes_in: c.bytes_in,
+            bytes_out: c.bytes_out,
+        }
+    }
+}
+
+fn cut(s: &str) -> &str {
+    let mut end = s.len().min(256);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// Who ended a run's jailer early, if anyone.
@@ -108,6 +148,23 @@ impl AuditLog {
             "code_sha256": format!("{:x}", Sha256::digest(r.code.as_bytes())),
             "limits": r.limits,
             "sandbox_uid": r.sandbox_uid,
+        }));
+    }
+
+    /// One connection of a run's egress proxy.
+    pub fn egress(&mut self, run_id: &str, c: &EgressLine) {
+        self.write(serde_json::json!({
+            "ts": now(),
+            "event": "egress",
+            "run_id": cut(run_id),
+            "scheme": cut(&c.scheme),
+            "host": cut(&c.host),
+            "port": c.port,
+            "verdict": cut(&c.verdict),
+            "reason": c.reason.as_deref().map(cut),
+            "address": c.address.as_deref().map(cut),
+            "bytes_in": c.bytes_in,
+            "bytes_out": c.bytes_out,
         }));
     }
 

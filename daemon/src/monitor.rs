@@ -31,6 +31,7 @@ use pycell_core::launch::{self, JailerStderr, LaunchError, Launcher, PolicyChoic
 use pycell_core::protocol::{ErrorCode, RunRequest};
 use pycell_core::result::LimitsReport;
 use pycell_core::uidalloc::UidLease;
+use pycell_policy::network::EgressRules;
 use serde::{Deserialize, Serialize};
 
 use crate::audit::{AuditLog, RunStart, StoppedBy};
@@ -54,6 +55,11 @@ pub enum ToMonitor {
     },
     /// Stop a run (cancel, client gone, shutdown).
     Kill { run_id: String },
+    /// One connection of a run's egress proxy ended: for the audit log.
+    Egress {
+        run_id: String,
+        connection: crate::audit::EgressLine,
+    },
 }
 
 /// A client's credentials, as the kernel gave them to the broker.
@@ -66,7 +72,7 @@ pub struct PeerIds {
 }
 
 /// Monitor → broker. `Spawned` carries the read end of the jailer's event
-/// pipe as SCM_RIGHTS.
+/// pipe as SCM_RIGHTS (and, with egress, the jailer's stdin socket).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ToBroker {
@@ -76,6 +82,9 @@ pub enum ToBroker {
         sandbox_uid: u32,
         policy: String,
         limits: LimitsReport,
+        /// With egress: the policy's rules; the second descriptor is the
+        /// jailer's stdin, on which it sends the proxy's listener.
+        egress: Option<EgressRules>,
     },
     Refused {
         req: u64,
@@ -476,6 +485,13 @@ impl Monitor {
                     stop(run, StoppedBy::Request);
                 }
             }
+            ToMonitor::Egress { run_id, connection } => {
+                // Only for runs it started (the broker may lag a run's end
+                // by a moment, so recently ended ones are not checked).
+                if run_id.len() <= 40 && run_id.starts_with("r-") {
+                    self.audit.egress(&run_id, &connection);
+                }
+            }
             ToMonitor::Spawn { req, peer, request } => {
                 if self.stopping_since.is_some() {
                     self.send(&ToBroker::Refused {
@@ -486,17 +502,14 @@ impl Monitor {
                     return;
                 }
                 match self.spawn(req, peer, &request) {
-                    Ok((msg, fd)) => {
+                    Ok((msg, fds)) => {
+                        let fds: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
                         let sent =
                             framing::encode(&msg)
                                 .map_err(|e| e.to_string())
                                 .and_then(|frame| {
-                                    crate::sockets::send_with_fds(
-                                        self.link.as_fd(),
-                                        &frame,
-                                        &[fd.as_fd()],
-                                    )
-                                    .map_err(|e| e.to_string())
+                                    crate::sockets::send_with_fds(self.link.as_fd(), &frame, &fds)
+                                        .map_err(|e| e.to_string())
                                 });
                         if let Err(e) = sent {
                             eprintln!("pycelld monitor: cannot hand run {req} (peer uid {}) to the broker: {e}", peer.uid);
@@ -513,7 +526,7 @@ impl Monitor {
         req: u64,
         peer: PeerIds,
         request: &RunRequest,
-    ) -> Result<(ToBroker, OwnedFd), (ErrorCode, String)> {
+    ) -> Result<(ToBroker, Vec<OwnedFd>), (ErrorCode, String)> {
         let cap = self.config.max_concurrent_runs * JAILERS_PER_SLOT;
         if self.runs.len() >= cap {
             return Err((
@@ -540,12 +553,18 @@ impl Monitor {
         });
         let started = Instant::now();
         let wall = Duration::from_secs_f64(launched.limits.wall_timeout_s);
+        let mut fds = vec![OwnedFd::from(launched.events)];
+        let egress = launched.egress.map(|(rules, channel)| {
+            fds.push(channel);
+            rules
+        });
         let msg = ToBroker::Spawned {
             req,
             run_id: launched.run_id.clone(),
             sandbox_uid: launched.lease.uid,
             policy: launched.policy,
             limits: launched.limits,
+            egress,
         };
         self.runs.insert(
             launched.child.id() as i32,
@@ -559,7 +578,7 @@ impl Monitor {
                 stopped_by: StoppedBy::Nobody,
             },
         );
-        Ok((msg, OwnedFd::from(launched.events)))
+        Ok((msg, fds))
     }
 
     fn reap(&mut self) {

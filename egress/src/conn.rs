@@ -125,15 +125,19 @@ pub(crate) fn refuse_over_limit(sock: TcpStream, ctx: &Ctx) {
         ctx.config.policy
     );
     let _ = sock.try_write(&http::answer(429, &line));
-    drop(Recorded {
-        ctx,
-        rec: ConnectionRecord {
-            host: "*".into(),
-            verdict: "denied",
-            reason: Some("connection_limit".into()),
-            ..Default::default()
-        },
-    });
+    let rec = ConnectionRecord {
+        host: "*".into(),
+        verdict: "denied",
+        reason: Some("connection_limit".into()),
+        ..Default::default()
+    };
+    // Counted every time; audited the first time only (a flood must not
+    // become a flood of log lines).
+    if ctx.tally.record(&rec) == 1 {
+        if let Some(audit) = &ctx.audit {
+            audit(&rec);
+        }
+    }
 }
 
 pub(crate) async fn serve(mut client: TcpStream, ctx: std::sync::Arc<crate::conn::Ctx>) {
@@ -329,7 +333,14 @@ async fn open(
 ) -> Result<(TcpStream, String, bool), Refusal> {
     let limit = ctx.tally.limits().connect_timeout;
     let host_text = host.to_string();
-    if let Some(proxy) = ctx.config.upstream.for_host(&host_text, scheme.tunnels()) {
+    let upstream = ctx.config.upstream.as_ref().map_err(|e| {
+        Refusal::failed(
+            502,
+            "upstream_unusable",
+            format!("the host's proxy setting is unusable: {e}"),
+        )
+    })?;
+    if let Some(proxy) = upstream.for_host(&host_text, scheme.tunnels()) {
         let stream = timeout(
             limit,
             via_upstream(proxy, &host_text, port, scheme.tunnels()),

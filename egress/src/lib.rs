@@ -48,8 +48,21 @@ pub struct EgressConfig {
     /// The policy's name, for messages.
     pub policy: String,
     pub rules: EgressRules,
-    /// The host's own way out.
-    pub upstream: Upstream,
+    /// The host's own way out, or why its proxy setting cannot be used
+    /// (then every request is answered with that reason).
+    pub upstream: Result<Upstream, String>,
+}
+
+impl EgressConfig {
+    /// For a run under `policy`, going out the way this process's
+    /// environment says (`HTTPS_PROXY`, `NO_PROXY`, ...).
+    pub fn from_env(policy: &str, rules: EgressRules) -> EgressConfig {
+        EgressConfig {
+            policy: policy.to_string(),
+            rules,
+            upstream: Upstream::from_env(),
+        }
+    }
 }
 
 /// Called once per connection, when it ends (pycelld writes its audit log

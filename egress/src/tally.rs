@@ -93,8 +93,8 @@ impl Tally {
         true
     }
 
-    /// Add an ended connection to the counts.
-    pub(crate) fn record(&self, r: &ConnectionRecord) {
+    /// Add an ended connection to the counts; returns its key's count.
+    pub(crate) fn record(&self, r: &ConnectionRecord) -> u64 {
         let key = (r.host.clone(), r.port);
         let reason = r.reason.clone().unwrap_or_default();
         let mut c = self.counts();
@@ -104,6 +104,7 @@ impl Tally {
             _ => c.failed.entry((key, reason)).or_default(),
         };
         *count += 1;
+        *count
     }
 
     pub(crate) fn report(&self) -> NetworkReport {

@@ -14,8 +14,14 @@ use tokio::net::{TcpListener, TcpStream};
 
 fn rules(allow: &[String], deny: &[&str], limits: EgressLimits) -> EgressRules {
     EgressRules {
-        allow: allow.iter().map(|r| Rule::parse(r, RuleKind::Allow).unwrap()).collect(),
-        deny: deny.iter().map(|r| Rule::parse(r, RuleKind::Deny).unwrap()).collect(),
+        allow: allow
+            .iter()
+            .map(|r| Rule::parse(r, RuleKind::Allow).unwrap())
+            .collect(),
+        deny: deny
+            .iter()
+            .map(|r| Rule::parse(r, RuleKind::Deny).unwrap())
+            .collect(),
         limits,
     }
 }
@@ -29,7 +35,7 @@ fn proxy(rules: EgressRules, upstream: Upstream) -> (Egress, SocketAddr) {
     let config = EgressConfig {
         policy: "test".into(),
         rules,
-        upstream,
+        upstream: Ok(upstream),
     };
     (Egress::start(OwnedFd::from(theirs), config, None), addr)
 }
@@ -51,9 +57,16 @@ async fn origin() -> SocketAddr {
                 }
                 let text = String::from_utf8_lossy(&buf).to_string();
                 let body = text.lines().next().unwrap_or("").to_string();
-                let host = text.lines().find(|l| l.starts_with("Host:")).unwrap_or("").to_string();
+                let host = text
+                    .lines()
+                    .find(|l| l.starts_with("Host:"))
+                    .unwrap_or("")
+                    .to_string();
                 let body = format!("{body}|{host}");
-                let resp = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
                 let _ = s.write_all(resp.as_bytes()).await;
             });
         }
@@ -100,20 +113,42 @@ fn limits() -> EgressLimits {
 #[tokio::test]
 async fn plain_http_is_relayed_in_origin_form_under_an_http_rule() {
     let o = origin().await;
-    let (egress, p) = proxy(rules(&[format!("http://127.0.0.1:{}", o.port())], &[], limits()), Upstream::default());
-    let req = format!("GET http://127.0.0.1:{}/data?x=1 HTTP/1.1\r\nProxy-Authorization: x\r\n\r\n", o.port());
+    let (egress, p) = proxy(
+        rules(&[format!("http://127.0.0.1:{}", o.port())], &[], limits()),
+        Upstream::default(),
+    );
+    let req = format!(
+        "GET http://127.0.0.1:{}/data?x=1 HTTP/1.1\r\nProxy-Authorization: x\r\n\r\n",
+        o.port()
+    );
     let answer = ask(p, req.as_bytes()).await;
     assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
-    assert!(answer.ends_with(&format!("GET /data?x=1 HTTP/1.1|Host: 127.0.0.1:{}", o.port())), "{answer}");
+    assert!(
+        answer.ends_with(&format!(
+            "GET /data?x=1 HTTP/1.1|Host: 127.0.0.1:{}",
+            o.port()
+        )),
+        "{answer}"
+    );
     let report = egress.finish().await;
     assert_eq!(report.allowed.len(), 1, "{report:?}");
-    assert_eq!((report.allowed[0].host.as_str(), report.allowed[0].count), ("127.0.0.1", 1));
+    assert_eq!(
+        (report.allowed[0].host.as_str(), report.allowed[0].count),
+        ("127.0.0.1", 1)
+    );
     assert!(report.bytes_in > 0 && report.bytes_out > 0);
 }
 
 #[tokio::test]
 async fn a_denied_host_gets_403_with_one_line_that_says_what_is_allowed() {
-    let (egress, p) = proxy(rules(&["api.example.net".into(), "*.example.org".into()], &["bad.example.org"], limits()), Upstream::default());
+    let (egress, p) = proxy(
+        rules(
+            &["api.example.net".into(), "*.example.org".into()],
+            &["bad.example.org"],
+            limits(),
+        ),
+        Upstream::default(),
+    );
     let a = ask(p, b"CONNECT evil.example.net:443 HTTP/1.1\r\n\r\n").await;
     let line = a.lines().next().unwrap();
     assert_eq!(
@@ -121,15 +156,25 @@ async fn a_denied_host_gets_403_with_one_line_that_says_what_is_allowed() {
         "HTTP/1.1 403 pycell egress proxy: CONNECT evil.example.net:443 denied by network policy \"test\": not on the allowlist. Allowed: api.example.net, *.example.org"
     );
     let a = ask(p, b"CONNECT bad.example.org:443 HTTP/1.1\r\n\r\n").await;
-    assert!(a.contains("deny rule \"bad.example.org\" matches it"), "{a}");
+    assert!(
+        a.contains("deny rule \"bad.example.org\" matches it"),
+        "{a}"
+    );
     let a = ask(p, b"GET http://api.example.net/ HTTP/1.1\r\n\r\n").await;
-    assert!(a.contains("plain HTTP is not allowed for this host: use https://"), "{a}");
+    assert!(
+        a.contains("plain HTTP is not allowed for this host: use https://"),
+        "{a}"
+    );
     let a = ask(p, b"CONNECT 93.184.215.14:443 HTTP/1.1\r\n\r\n").await;
     assert!(a.contains("reachable only through address rules"), "{a}");
     let report = egress.finish().await;
     let reasons: Vec<&str> = report.denied.iter().map(|d| d.reason.as_str()).collect();
     assert_eq!(reasons.len(), 4, "{report:?}");
-    for r in ["not_allowlisted", "denied_by_rule", "plain_http_not_allowed"] {
+    for r in [
+        "not_allowlisted",
+        "denied_by_rule",
+        "plain_http_not_allowed",
+    ] {
         assert!(reasons.contains(&r), "{reasons:?}");
     }
     assert!(report.allowed.is_empty() && report.bytes_in == 0);
@@ -138,14 +183,24 @@ async fn a_denied_host_gets_403_with_one_line_that_says_what_is_allowed() {
 #[tokio::test]
 async fn a_name_that_resolves_to_loopback_is_refused_unless_an_address_rule_names_it() {
     let o = origin().await;
-    let (egress, p) = proxy(rules(&[format!("http://localhost:{}", o.port())], &[], limits()), Upstream::default());
+    let (egress, p) = proxy(
+        rules(&[format!("http://localhost:{}", o.port())], &[], limits()),
+        Upstream::default(),
+    );
     let req = format!("GET http://localhost:{}/ HTTP/1.1\r\n\r\n", o.port());
     let a = ask(p, req.as_bytes()).await;
     assert!(a.starts_with("HTTP/1.1 403"), "{a}");
-    assert!(a.contains("a loopback address, which only an address rule"), "{a}");
+    assert!(
+        a.contains("a loopback address, which only an address rule"),
+        "{a}"
+    );
     assert_eq!(egress.finish().await.denied[0].reason, "private_address");
 
-    let allow = [format!("http://localhost:{}", o.port()), format!("http://127.0.0.1:{}", o.port()), format!("http://[::1]:{}", o.port())];
+    let allow = [
+        format!("http://localhost:{}", o.port()),
+        format!("http://127.0.0.1:{}", o.port()),
+        format!("http://[::1]:{}", o.port()),
+    ];
     let (egress, p) = proxy(rules(&allow, &[], limits()), Upstream::default());
     let a = ask(p, req.as_bytes()).await;
     assert!(a.starts_with("HTTP/1.1 200"), "{a}");
@@ -179,13 +234,20 @@ fn client_hello(sni: &str) -> Vec<u8> {
 async fn tunnels_must_carry_tls_naming_their_host_unless_a_tcp_rule_allows_them() {
     let e = echo().await;
     let port = e.port();
-    let allow = [format!("localhost:{port}"), format!("127.0.0.1:{port}"), format!("[::1]:{port}")];
+    let allow = [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+    ];
     let (egress, p) = proxy(rules(&allow, &[], limits()), Upstream::default());
     let connect = format!("CONNECT localhost:{port} HTTP/1.1\r\n\r\n");
     // The right name: relayed (the echo server sends the hello back).
     let hello = client_hello("localhost");
     let a = ask(p, &[connect.as_bytes(), &hello].concat()).await;
-    assert!(a.starts_with("HTTP/1.1 200 Connection established\r\n\r\n"), "{a}");
+    assert!(
+        a.starts_with("HTTP/1.1 200 Connection established\r\n\r\n"),
+        "{a}"
+    );
     let mut s = TcpStream::connect(p).await.unwrap();
     s.write_all(connect.as_bytes()).await.unwrap();
     let mut head = [0u8; 39];
@@ -196,7 +258,11 @@ async fn tunnels_must_carry_tls_naming_their_host_unless_a_tcp_rule_allows_them(
     assert_eq!(back, hello);
     drop(s);
     // Another name, or no TLS: closed without relaying a byte.
-    let a = ask(p, &[connect.as_bytes(), &client_hello("evil.example.net")].concat()).await;
+    let a = ask(
+        p,
+        &[connect.as_bytes(), &client_hello("evil.example.net")].concat(),
+    )
+    .await;
     assert_eq!(a, "HTTP/1.1 200 Connection established\r\n\r\n");
     let a = ask(p, &[connect.as_bytes(), b"GET / HTTP/1.1\r\n\r\n"].concat()).await;
     assert_eq!(a, "HTTP/1.1 200 Connection established\r\n\r\n");
@@ -206,58 +272,115 @@ async fn tunnels_must_carry_tls_naming_their_host_unless_a_tcp_rule_allows_them(
     assert_eq!(reasons, ["not_tls", "sni_mismatch"], "{report:?}");
     assert_eq!(report.allowed[0].count, 2);
 
-    let (egress, p) = proxy(rules(&[format!("tcp://127.0.0.1:{port}")], &[], limits()), Upstream::default());
-    let a = ask(p, format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\nplain bytes").as_bytes()).await;
+    let (egress, p) = proxy(
+        rules(&[format!("tcp://127.0.0.1:{port}")], &[], limits()),
+        Upstream::default(),
+    );
+    let a = ask(
+        p,
+        format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\nplain bytes").as_bytes(),
+    )
+    .await;
     assert!(a.ends_with("\r\n\r\nplain bytes"), "{a}");
     assert!(egress.finish().await.denied.is_empty());
 }
 
 #[tokio::test]
 async fn garbage_gets_a_400_and_huge_heads_a_431() {
-    let (egress, p) = proxy(rules(&["a.example.net".into()], &[], limits()), Upstream::default());
+    let (egress, p) = proxy(
+        rules(&["a.example.net".into()], &[], limits()),
+        Upstream::default(),
+    );
     for (req, status) in [
         (b"\x00\x01\x02 garbage\r\n\r\n".to_vec(), "400"),
         (b"GET / HTTP/1.1\r\n\r\n".to_vec(), "400"),
         (b"CONNECT a.example.net HTTP/1.1\r\n\r\n".to_vec(), "400"),
         (b"CONNECT bad_host!:443 HTTP/1.1\r\n\r\n".to_vec(), "400"),
-        ([b"GET http://a.example.net/ HTTP/1.1\r\nX: ".as_slice(), &[b'a'; 20000]].concat(), "431"),
+        (
+            [
+                b"GET http://a.example.net/ HTTP/1.1\r\nX: ".as_slice(),
+                &[b'a'; 20000],
+            ]
+            .concat(),
+            "431",
+        ),
     ] {
         let a = ask(p, &req).await;
-        assert!(a.starts_with(&format!("HTTP/1.1 {status} pycell egress proxy: bad request")), "{a}");
+        assert!(
+            a.starts_with(&format!(
+                "HTTP/1.1 {status} pycell egress proxy: bad request"
+            )),
+            "{a}"
+        );
     }
     let report = egress.finish().await;
-    assert_eq!(report.denied.iter().map(|d| d.count).sum::<u64>(), 5, "{report:?}");
+    assert_eq!(
+        report.denied.iter().map(|d| d.count).sum::<u64>(),
+        5,
+        "{report:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_slow_client_is_answered_408_after_ten_seconds() {
-    let (egress, p) = proxy(rules(&["a.example.net".into()], &[], limits()), Upstream::default());
+    let (egress, p) = proxy(
+        rules(&["a.example.net".into()], &[], limits()),
+        Upstream::default(),
+    );
     let a = ask_and(p, b"CONNECT a.example.net:443 HTTP/1.1\r\n", false).await;
-    assert!(a.starts_with("HTTP/1.1 408 pycell egress proxy: bad request: no complete request head within 10 s"), "{a}");
+    assert!(
+        a.starts_with(
+            "HTTP/1.1 408 pycell egress proxy: bad request: no complete request head within 10 s"
+        ),
+        "{a}"
+    );
     egress.finish().await;
 }
 
 #[tokio::test]
 async fn connections_beyond_the_limit_get_429_and_bytes_beyond_it_end_the_relay() {
     let o = origin().await;
-    let lim = EgressLimits { max_connections: 3, max_bytes: 10_000, ..limits() };
-    let (egress, p) = proxy(rules(&[format!("http://127.0.0.1:{}", o.port())], &[], lim), Upstream::default());
+    let lim = EgressLimits {
+        max_connections: 3,
+        max_bytes: 10_000,
+        ..limits()
+    };
+    let (egress, p) = proxy(
+        rules(&[format!("http://127.0.0.1:{}", o.port())], &[], lim),
+        Upstream::default(),
+    );
     let req = format!("GET http://127.0.0.1:{}/ HTTP/1.1\r\n\r\n", o.port());
     let mut answers = Vec::new();
     for _ in 0..20 {
         answers.push(ask(p, req.as_bytes()).await);
     }
-    assert!(answers[..3].iter().all(|a| a.starts_with("HTTP/1.1 200")), "{answers:?}");
-    assert!(answers[3..].iter().all(|a| a.starts_with("HTTP/1.1 429 pycell egress proxy: refused: this run has opened its 3 connections")), "{answers:?}");
+    assert!(
+        answers[..3].iter().all(|a| a.starts_with("HTTP/1.1 200")),
+        "{answers:?}"
+    );
+    assert!(
+        answers[3..].iter().all(|a| a.starts_with(
+            "HTTP/1.1 429 pycell egress proxy: refused: this run has opened its 3 connections"
+        )),
+        "{answers:?}"
+    );
     let report = egress.finish().await;
     assert_eq!(report.limit_reached.as_deref(), Some("max_connections"));
     assert_eq!(report.denied[0].count, 17);
 
     let e = echo().await;
-    let lim = EgressLimits { max_bytes: 100_000, ..limits() };
-    let (egress, p) = proxy(rules(&[format!("tcp://127.0.0.1:{}", e.port())], &[], lim), Upstream::default());
+    let lim = EgressLimits {
+        max_bytes: 100_000,
+        ..limits()
+    };
+    let (egress, p) = proxy(
+        rules(&[format!("tcp://127.0.0.1:{}", e.port())], &[], lim),
+        Upstream::default(),
+    );
     let mut s = TcpStream::connect(p).await.unwrap();
-    s.write_all(format!("CONNECT 127.0.0.1:{} HTTP/1.1\r\n\r\n", e.port()).as_bytes()).await.unwrap();
+    s.write_all(format!("CONNECT 127.0.0.1:{} HTTP/1.1\r\n\r\n", e.port()).as_bytes())
+        .await
+        .unwrap();
     let writer = tokio::spawn(async move {
         let (mut r, mut w) = s.into_split();
         let reading = tokio::spawn(async move {
@@ -272,8 +395,14 @@ async fn connections_beyond_the_limit_get_429_and_bytes_beyond_it_end_the_relay(
         }
         reading.await.unwrap()
     });
-    let got = tokio::time::timeout(Duration::from_secs(30), writer).await.unwrap().unwrap();
-    assert!(got < 100_000, "relayed {got} bytes past a 100000-byte budget");
+    let got = tokio::time::timeout(Duration::from_secs(30), writer)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        got < 100_000,
+        "relayed {got} bytes past a 100000-byte budget"
+    );
     let report = egress.finish().await;
     assert_eq!(report.limit_reached.as_deref(), Some("max_bytes"));
     assert!(report.bytes_in + report.bytes_out <= 100_000, "{report:?}");
@@ -282,8 +411,14 @@ async fn connections_beyond_the_limit_get_429_and_bytes_beyond_it_end_the_relay(
 #[tokio::test]
 async fn thousands_of_connects_are_answered_and_the_run_ends_them_all() {
     let e = echo().await;
-    let lim = EgressLimits { max_connections: 64, ..limits() };
-    let (egress, p) = proxy(rules(&[format!("tcp://127.0.0.1:{}", e.port())], &[], lim), Upstream::default());
+    let lim = EgressLimits {
+        max_connections: 64,
+        ..limits()
+    };
+    let (egress, p) = proxy(
+        rules(&[format!("tcp://127.0.0.1:{}", e.port())], &[], lim),
+        Upstream::default(),
+    );
     let connect = format!("CONNECT 127.0.0.1:{} HTTP/1.1\r\n\r\n", e.port());
     let mut open = Vec::new();
     for _ in 0..64 {
@@ -305,7 +440,9 @@ async fn thousands_of_connects_are_answered_and_the_run_ends_them_all() {
     // The run is over: every tunnel it had open is closed.
     for mut s in open {
         let mut b = [0u8; 1];
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut b)).await.unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut b))
+            .await
+            .unwrap();
         assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
     }
 }
@@ -341,8 +478,22 @@ async fn the_hosts_own_proxy_is_used_when_its_environment_names_one() {
     .unwrap();
     let (egress, p) = proxy(rules(&["data.example.net".into()], &[], limits()), upstream);
     let hello = client_hello("data.example.net");
-    let a = ask(p, &[b"CONNECT data.example.net:443 HTTP/1.1\r\n\r\n".as_slice(), &hello].concat()).await;
-    assert!(a.starts_with("HTTP/1.1 200 Connection established\r\n\r\n"), "{a}");
-    assert_eq!(seen.await.unwrap(), "CONNECT data.example.net:443 HTTP/1.1\r\nHost: data.example.net:443\r\n\r\n");
+    let a = ask(
+        p,
+        &[
+            b"CONNECT data.example.net:443 HTTP/1.1\r\n\r\n".as_slice(),
+            &hello,
+        ]
+        .concat(),
+    )
+    .await;
+    assert!(
+        a.starts_with("HTTP/1.1 200 Connection established\r\n\r\n"),
+        "{a}"
+    );
+    assert_eq!(
+        seen.await.unwrap(),
+        "CONNECT data.example.net:443 HTTP/1.1\r\nHost: data.example.net:443\r\n\r\n"
+    );
     assert_eq!(egress.finish().await.allowed[0].host, "data.example.net");
 }

@@ -12,9 +12,12 @@ use crate::validate::Completeness;
 use crate::{Policy, PolicyError};
 
 /// (name, file contents). The file is `policies/NAME.toml`.
-const BUILTINS: &[(&str, &str)] = &[("default", include_str!("../default.toml"))];
+const BUILTINS: &[(&str, &str)] = &[
+    ("default", include_str!("../default.toml")),
+    ("network", include_str!("../network.toml")),
+];
 
-const NAMES: &[&str] = &["default"];
+const NAMES: &[&str] = &["default", "network"];
 
 /// Names of the built-in policies, in a stable order.
 pub fn names() -> &'static [&'static str] {
@@ -80,7 +83,7 @@ mod tests {
     fn unknown_builtin() {
         assert_eq!(
             load("nope").unwrap_err().to_string(),
-            "no built-in policy named \"nope\"; built-in policies: default"
+            "no built-in policy named \"nope\"; built-in policies: default, network"
         );
     }
 }

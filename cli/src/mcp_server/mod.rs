@@ -153,7 +153,7 @@ fn render_info(info: &pycell_core::info::HostInfo) -> String {
             "  {}: {} network: {}; limits: {} s wall (timeout_s up to {} s), {} s CPU, {} memory, {} processes, {} output per stream, {} disk\n",
             p.name,
             p.description,
-            p.network,
+            p.network_label(),
             l.wall_timeout_s,
             m.wall_timeout_s,
             l.cpu_time_s,

@@ -21,6 +21,7 @@ use pycell_core::protocol::{
     encode_b64, ClientMessage, ErrorCode, RunRequest, ServerMessage, Stream, PROTOCOL_VERSION,
 };
 use pycell_core::result::{LimitsReport, RunResult};
+use pycell_egress::Egress;
 use tokio::net::unix::{pipe, OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
@@ -341,12 +342,14 @@ fn cancelled_while_queued(id: &str, request: &RunRequest) -> ServerMessage {
     }
 }
 
-/// A run the monitor started: its id, policy and limits, and its events.
+/// A run the monitor started: its id, policy and limits, its events, and
+/// its egress proxy (already serving) if it has one.
 struct Started {
     run_id: String,
     policy: String,
     limits: LimitsReport,
     events: pipe::Receiver,
+    egress: Option<Egress>,
 }
 
 /// Ask the monitor to start the run; `Err` is the reply to the client.
@@ -357,32 +360,43 @@ async fn start(
     request: &RunRequest,
 ) -> Result<Started, ServerMessage> {
     let internal = |m: String| error(Some(id), ErrorCode::Internal, m);
-    let (reply, fd) = broker
+    let (reply, fds) = broker
         .link
         .spawn(peer.ids(), request.clone())
         .await
         .map_err(internal)?;
-    let (run_id, policy, limits) = match reply {
+    let (run_id, policy, limits, egress) = match reply {
         ToBroker::Spawned {
             run_id,
             policy,
             limits,
+            egress,
             ..
-        } => (run_id, policy, limits),
+        } => (run_id, policy, limits, egress),
         ToBroker::Refused { code, message, .. } => return Err(error(Some(id), code, message)),
         _ => return Err(internal("unexpected reply from the monitor".into())),
     };
-    let events = fd
+    let mut fds = fds.into_iter();
+    let events = fds
+        .next()
         .ok_or_else(|| "the monitor sent no event pipe".to_string())
         .and_then(|fd| pipe::Receiver::from_owned_fd(fd).map_err(|e| e.to_string()));
-    match events {
-        Ok(events) => Ok(Started {
+    let egress = match (egress, fds.next()) {
+        (None, _) => Ok(None),
+        (Some(rules), Some(channel)) => {
+            Ok(Some(broker.start_egress(&run_id, &policy, rules, channel)))
+        }
+        (Some(_), None) => Err("the monitor sent no egress channel".to_string()),
+    };
+    match (events, egress) {
+        (Ok(events), Ok(egress)) => Ok(Started {
             run_id,
             policy,
             limits,
             events,
+            egress,
         }),
-        Err(m) => {
+        (Err(m), _) | (_, Err(m)) => {
             let _ = broker.link.send(&ToMonitor::Kill { run_id });
             Err(internal(m))
         }
@@ -458,6 +472,7 @@ async fn relay(
 ) -> Vec<ServerMessage> {
     let mut collector = Collector::new(&started.run_id, &started.policy, Some(started.limits));
     let mut events = start_event_reader(started.events);
+    let egress = started.egress;
     let mut streaming = Streaming {
         sent: [0, 0],
         on: [true, true],
@@ -500,6 +515,10 @@ async fn relay(
                 }
             },
         }
+    }
+    // The jail is gone: so are its connections.
+    if let Some(egress) = egress {
+        collector.network(egress.finish().await);
     }
     if !connection_alive {
         return Vec::new();

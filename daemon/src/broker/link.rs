@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use crate::monitor::{PeerIds, ToBroker, ToMonitor};
 use crate::sockets;
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<(ToBroker, Option<OwnedFd>)>>>>;
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<(ToBroker, Vec<OwnedFd>)>>>>;
 
 /// The broker's connection to the monitor.
 #[derive(Debug)]
@@ -53,7 +53,7 @@ impl MonitorLink {
         self: &Arc<Self>,
         peer: PeerIds,
         request: RunRequest,
-    ) -> Result<(ToBroker, Option<OwnedFd>), String> {
+    ) -> Result<(ToBroker, Vec<OwnedFd>), String> {
         let req = self.next_req.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().map_err(|_| "poisoned")?.insert(req, tx);
@@ -97,7 +97,7 @@ pub(crate) fn read_monitor_frame(
 /// Read frames from the monitor; route replies to the waiting runs.
 fn route_replies(mut stream: StdUnixStream, pending: Pending) {
     loop {
-        let (msg, mut fds) = match read_monitor_frame(&mut stream) {
+        let (msg, fds) = match read_monitor_frame(&mut stream) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::InvalidData => continue,
             Err(_) => {
@@ -112,9 +112,8 @@ fn route_replies(mut stream: StdUnixStream, pending: Pending) {
             ToBroker::Spawned { req, .. } | ToBroker::Refused { req, .. } => *req,
             ToBroker::Exited { .. } | ToBroker::Handoff { .. } => continue,
         };
-        let fd = fds.pop();
         if let Some(tx) = pending.lock().ok().and_then(|mut p| p.remove(&req)) {
-            let _ = tx.send((msg, fd));
+            let _ = tx.send((msg, fds));
         }
     }
 }

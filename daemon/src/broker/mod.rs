@@ -179,6 +179,26 @@ impl Broker {
     }
 
     /// What `info` answers: the host as measured now, and our own state.
+    /// Serve a run's egress proxy, each connection audited by the monitor.
+    fn start_egress(
+        &self,
+        run_id: &str,
+        policy: &str,
+        rules: pycell_policy::network::EgressRules,
+        channel: std::os::fd::OwnedFd,
+    ) -> pycell_egress::Egress {
+        let link = Arc::clone(&self.link);
+        let run_id = run_id.to_string();
+        let audit: pycell_egress::AuditHook = Arc::new(move |c| {
+            let _ = link.send(&crate::monitor::ToMonitor::Egress {
+                run_id: run_id.clone(),
+                connection: crate::audit::EgressLine::from(c),
+            });
+        });
+        let config = pycell_egress::EgressConfig::from_env(policy, rules);
+        pycell_egress::Egress::start(channel, config, Some(audit))
+    }
+
     fn info(&self) -> DaemonInfo {
         let c = &self.config;
         let (running, queued, memory) = self.admission.status();
