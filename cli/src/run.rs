@@ -365,35 +365,10 @@ pub fn emit(json: bool, r: &RunResult) {
         eprintln!("pycell: output truncated at the max-output limit");
     }
     if let Some(n) = &r.network {
-        for line in network_notes(n) {
+        for line in n.notes() {
             eprintln!("pycell: {line}");
         }
     }
-}
-
-/// What a developer should hear about a run's egress: what was refused or
-/// failed, and a limit it reached.
-fn network_notes(n: &pycell_core::result::NetworkReport) -> Vec<String> {
-    let mut notes: Vec<String> = n
-        .denied
-        .iter()
-        .map(|d| {
-            format!(
-                "network: denied {}:{} ({}) x{}",
-                d.host, d.port, d.reason, d.count
-            )
-        })
-        .chain(n.failed.iter().map(|d| {
-            format!(
-                "network: failed {}:{} ({}) x{}",
-                d.host, d.port, d.reason, d.count
-            )
-        }))
-        .collect();
-    if let Some(l) = &n.limit_reached {
-        notes.push(format!("network: the policy's network.{l} was reached"));
-    }
-    notes
 }
 
 fn status_note(r: &RunResult) -> Option<String> {

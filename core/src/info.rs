@@ -219,5 +219,29 @@ mod tests {
         assert_eq!(ok[0].source, "built-in");
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert_eq!(problems[0].name, "broken");
+        assert_eq!(ok[1].network_label(), "allowlist (nothing allowed yet)");
+    }
+
+    #[test]
+    fn an_allowlist_policy_lists_its_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = pycell_policy::builtin::source("network")
+            .unwrap()
+            .replace("name = \"network\"", "name = \"egress\"")
+            .replace("allow = []", "allow = [\"api.example.net\", \"http://*.example.org\"]")
+            .replace("deny = []", "deny = [\"bad.example.org\"]");
+        std::fs::write(dir.path().join("egress.toml"), text).unwrap();
+        let (ok, problems) = policies(dir.path());
+        assert!(problems.is_empty(), "{problems:?}");
+        let p = ok.iter().find(|p| p.name == "egress").unwrap();
+        assert_eq!(p.network_allow, ["api.example.net", "http://*.example.org"]);
+        assert_eq!(
+            p.network_label(),
+            "allowlist (allow api.example.net, http://*.example.org; deny bad.example.org)"
+        );
+        let json = serde_json::to_value(p).unwrap();
+        assert_eq!(json["network_deny"][0], "bad.example.org");
+        let default = ok.iter().find(|p| p.name == "default").unwrap();
+        assert!(serde_json::to_value(default).unwrap().get("network_allow").is_none());
     }
 }

@@ -1,6 +1,7 @@
 //! The structured result of a run, as `pycell run --json` prints it, the
 //! daemon sends it, and the MCP `run_python` tool returns it.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::report::{exit_code_for, JailFailure, JailReport, Layers, RunStatus};
@@ -37,7 +38,7 @@ pub struct RunResult {
 
 /// A run's egress through the proxy: where it went, what was refused, how
 /// much was relayed.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct NetworkReport {
     /// Hosts the run reached, with how many connections each.
     pub allowed: Vec<HostCount>,
@@ -56,14 +57,33 @@ pub struct NetworkReport {
     pub limit_reached: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+impl NetworkReport {
+    /// One line per refused or failed host, and one for a limit reached:
+    /// what a reader should hear about the run's egress.
+    pub fn notes(&self) -> Vec<String> {
+        let line = |verb: &str, d: &Denied| {
+            format!(
+                "network: {verb} {}:{} ({}) x{}",
+                d.host, d.port, d.reason, d.count
+            )
+        };
+        let mut notes: Vec<String> = self.denied.iter().map(|d| line("denied", d)).collect();
+        notes.extend(self.failed.iter().map(|d| line("failed", d)));
+        if let Some(l) = &self.limit_reached {
+            notes.push(format!("network: the policy's network.{l} was reached"));
+        }
+        notes
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct HostCount {
     pub host: String,
     pub port: u16,
     pub count: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Denied {
     pub host: String,
     pub port: u16,

@@ -143,6 +143,7 @@ mod tests {
             landlock: LandlockReport {
                 abi: 7,
                 status: LandlockStatus::FullyEnforced,
+                tcp_connect_only_to: None,
             },
         }
     }

@@ -42,7 +42,7 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// How long, after stdin ends, runs still going get to be killed and cleaned up.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-const INSTRUCTIONS: &str = "pycell runs Python code in a locked-down Linux sandbox: call run_python with the code (each call is a fresh sandbox with no network and no state from earlier calls; print what you want to see). Call sandbox_info to see the policies (limits, network) you can choose and what isolation this host enforces.";
+const INSTRUCTIONS: &str = "pycell runs Python code in a locked-down Linux sandbox: call run_python with the code (each call is a fresh sandbox with no state from earlier calls and no network beyond the hosts its policy allowlists; print what you want to see). Call sandbox_info to see the policies (limits, network) you can choose and what isolation this host enforces.";
 
 /// The MCP server: its tools and where runs go.
 #[derive(Debug, Clone)]

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use pycell_core::codes::{FailureCode, Layer};
 use pycell_core::report::{CgroupVersion, LandlockStatus, RunStatus};
-use pycell_core::result::{LimitsReport, RunResult};
+use pycell_core::result::{LimitsReport, NetworkReport, RunResult};
 
 /// How the run ended.
 pub type Status = RunStatus;
@@ -95,6 +95,11 @@ pub struct RunPythonOutput {
     pub layers: Option<LayersInfo>,
     /// Why the run did not end normally (timeout, oom, CPU limit, cancelled, refused); null otherwise.
     pub error: Option<ErrorInfo>,
+    /// Under a policy with network `allowlist`: the hosts reached, the
+    /// requests the proxy refused (host, port, reason, count), bytes in and
+    /// out; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkReport>,
 }
 
 /// Hints written for a `pycell run` user name its flags; say what to change
@@ -120,6 +125,7 @@ fn mcp_hint(code: FailureCode, hint: Option<String>) -> Option<String> {
 impl From<RunResult> for RunPythonOutput {
     fn from(r: RunResult) -> Self {
         RunPythonOutput {
+            network: r.network,
             run_id: r.run_id,
             status: r.status,
             exit_code: r.exit_code,
@@ -260,6 +266,9 @@ impl RunPythonOutput {
                 Status::Refused => {}
                 _ => text.push_str("(no output)\n"),
             }
+        }
+        for note in self.network.iter().flat_map(NetworkReport::notes) {
+            text.push_str(&format!("{note}\n"));
         }
         if let Some(e) = &self.error {
             text.push_str(&format!(

@@ -1,0 +1,41 @@
+//! The egress proxy outside any jail, for measuring it: listens on
+//! 127.0.0.1:PORT (first argument; 0 picks one, printed), allowing the
+//! rules given as the other arguments, until stdin closes.
+//!
+//!   cargo run --release -p pycell-egress --example standalone -- 0 tcp://127.0.0.1:9000
+
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+
+use pycell_egress::{Egress, EgressConfig, Upstream};
+use pycell_policy::network::{EgressLimits, EgressRules, Rule, RuleKind};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let port: u16 = args.first().and_then(|p| p.parse().ok()).expect("PORT");
+    let allow = args[1..]
+        .iter()
+        .map(|r| Rule::parse(r, RuleKind::Allow).expect("rule"))
+        .collect();
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind");
+    println!("{}", listener.local_addr().expect("addr").port());
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+    pycell_core::fdpass::send_with_fds(ours.as_fd(), b"L", &[listener.as_fd()]).expect("send");
+    let config = EgressConfig {
+        policy: "standalone".into(),
+        rules: EgressRules {
+            allow,
+            deny: Vec::new(),
+            limits: EgressLimits {
+                max_connections: 65536,
+                max_bytes: u64::MAX,
+                ..EgressLimits::default()
+            },
+        },
+        upstream: Ok(Upstream::default()),
+    };
+    let egress = Egress::start_on_thread(OwnedFd::from(theirs), config, None).expect("start");
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    let report = egress.finish_blocking();
+    eprintln!("{report:?}");
+}
