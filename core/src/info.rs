@@ -228,7 +228,10 @@ mod tests {
         let text = pycell_policy::builtin::source("network")
             .unwrap()
             .replace("name = \"network\"", "name = \"egress\"")
-            .replace("allow = []", "allow = [\"api.example.net\", \"http://*.example.org\"]")
+            .replace(
+                "allow = []",
+                "allow = [\"api.example.net\", \"http://*.example.org\"]",
+            )
             .replace("deny = []", "deny = [\"bad.example.org\"]");
         std::fs::write(dir.path().join("egress.toml"), text).unwrap();
         let (ok, problems) = policies(dir.path());
@@ -242,6 +245,9 @@ mod tests {
         let json = serde_json::to_value(p).unwrap();
         assert_eq!(json["network_deny"][0], "bad.example.org");
         let default = ok.iter().find(|p| p.name == "default").unwrap();
-        assert!(serde_json::to_value(default).unwrap().get("network_allow").is_none());
+        assert!(serde_json::to_value(default)
+            .unwrap()
+            .get("network_allow")
+            .is_none());
     }
 }

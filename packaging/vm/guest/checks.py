@@ -575,6 +575,65 @@ def check_restart_clean():
     return f"the run in flight ended with exit {p.returncode}, status {status}"
 
 
+EGRESS_CODE = r"""
+import errno, socket, urllib.request
+print(len(urllib.request.urlopen("http://127.0.0.1:8099/", timeout=10).read()) > 0)
+try:
+    socket.create_connection(("127.0.0.1", 8099), timeout=5)
+    print("direct connect succeeded")
+except OSError as e:
+    print("direct", errno.errorcode.get(e.errno, e.errno))
+try:
+    socket.getaddrinfo("example.net", 80)
+    print("dns succeeded")
+except OSError as e:
+    print("dns failed")
+try:
+    urllib.request.urlopen("http://example.net/", timeout=10)
+except Exception as e:
+    print(str(e)[:60])
+"""
+
+
+def check_egress():
+    """The network policy through pycelld on this kernel: egress through the
+    proxy to an allowlisted server on the VM's loopback; no direct route
+    and no DNS in the jail (with or without Landlock's network rules); a
+    host off the list refused before any lookup."""
+    with open("/etc/pycell/policies/network.toml") as f:
+        text = f.read()
+    text = re.sub(r'^name = .*$', 'name = "egress-vm"', text, count=1, flags=re.M)
+    text = re.sub(r'^allow = .*$', 'allow = ["http://127.0.0.1:8099"]', text, count=1, flags=re.M)
+    m = re.search(r"^min_abi\s*=\s*(\d+)", text, re.M)
+    abi = landlock_abi()
+    if m and int(m.group(1)) > abi:
+        text = text[:m.start(1)] + str(abi) + text[m.end(1):]
+    with open("/etc/pycell/policies/egress-vm.toml", "w") as f:
+        f.write(text)
+    server = subprocess.Popen(["python3", "-m", "http.server", "8099", "--bind", "127.0.0.1"],
+                              cwd="/usr/share/doc", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: subprocess.run(["python3", "-c", "import socket; socket.create_connection(('127.0.0.1', 8099))"],
+                                          stderr=subprocess.DEVNULL).returncode == 0, 10)
+        rc, r, err = pycell_json(EGRESS_CODE, ["--policy", "egress-vm"], MEMBER)
+    finally:
+        server.kill()
+        server.wait()
+        os.remove("/etc/pycell/policies/egress-vm.toml")
+    lines = (r.get("stdout") or "").splitlines()
+    expect(rc == 0 and r.get("status") == "ok", f"egress run: exit {rc}, {brief(r)}, stderr {err[-500:]!r}")
+    expect(lines[:1] == ["True"], f"the allowlisted server was not reached: {brief(r)}")
+    expect(lines[1] in ("direct ECONNREFUSED", "direct EACCES"), f"a direct connection: {lines[1]!r}")
+    expect(lines[2] == "dns failed", f"DNS in the jail: {lines[2]!r}")
+    expect(lines[3].startswith("HTTP Error 403: pycell egress proxy: plain HTTP to example.net:80 denied"), f"denied host: {lines[3]!r}")
+    net = r.get("network") or {}
+    allowed = [f"{a['host']}:{a['port']}" for a in net.get("allowed", [])]
+    denied = [f"{d['host']}:{d['port']}:{d['reason']}" for d in net.get("denied", [])]
+    expect(allowed == ["127.0.0.1:8099"] and denied == ["example.net:80:not_allowlisted"], f"network report {net}")
+    only = ((r.get("layers") or {}).get("landlock") or {}).get("tcp_connect_only_to")
+    return f"{lines[1]}; landlock ABI {abi}, tcp connect limited to {only if only else 'nothing (no network rules on this kernel: the empty namespace is the barrier)'}"
+
+
 def check_mcp():
     client = f"{PAYLOAD}/mcp_client.py"
     env = {"PYTHONPATH": f"{PAYLOAD}/mcp-sdk", "PYTHONDONTWRITEBYTECODE": "1"}
@@ -646,6 +705,7 @@ def main():
         checks += limit_checks("daemon", [], MEMBER)
         checks += [("daemon-outsider-refused", check_outsider_refused)]
         checks += [("daemon-cgroups-delegated", check_cgroups_delegated)]
+        checks += [("daemon-egress", check_egress)]
         checks += [("socket-activation", check_socket_activation), ("hand-start", check_hand_start)]
         if "mcp" in groups:
             checks += [("mcp-run-python", check_mcp)]
