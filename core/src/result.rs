@@ -87,10 +87,12 @@ pub struct HostCount {
 pub struct Denied {
     pub host: String,
     pub port: u16,
-    /// A stable word: `not_allowlisted`, `denied_by_rule`, `port_not_allowed`,
-    /// `plain_http_not_allowed`, `scheme_not_allowed`, `private_address`,
-    /// `sni_mismatch`, `not_tls`, `connection_limit`, `bad_request`;
-    /// for `failed`: `dns_failed`, `connect_failed`, `upstream_refused`.
+    /// A stable word (docs/errors.md): `not_allowlisted`, `denied_by_rule`,
+    /// `port_not_allowed`, `plain_http_not_allowed`, `scheme_not_allowed`,
+    /// `private_address`, `sni_mismatch`, `not_tls`, `connection_limit`,
+    /// `bad_request`, `incomplete_request`, `client_gone`; for `failed`:
+    /// `dns_failed`, `connect_failed`, `connect_timeout`, `upstream_refused`,
+    /// `upstream_unusable`.
     pub reason: String,
     pub count: u64,
 }

@@ -239,6 +239,13 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
 }
 
 /// Signals are handled in the serve loop through a signalfd.
+/// `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`, in either case.
+fn is_proxy_setting(name: &str) -> bool {
+    ["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"]
+        .iter()
+        .any(|p| name == *p || name == p.to_ascii_lowercase())
+}
+
 fn block_signals() -> Result<SignalFd, MonitorError> {
     let mut mask = SigSet::empty();
     for s in [
@@ -297,6 +304,9 @@ fn start_broker(
         .args(["--broker", "--allowed-gids", &gids.join(",")])
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        // The egress proxy (in the broker) goes out the way the host's
+        // own proxy settings say: pass those, and nothing else.
+        .envs(std::env::vars().filter(|(k, _)| is_proxy_setting(k)))
         .uid(ids.broker_uid.as_raw())
         .gid(ids.broker_gid.as_raw())
         .stdin(Stdio::from(OwnedFd::from(theirs)))
@@ -707,4 +717,26 @@ pub(crate) fn refusal(e: LaunchError) -> (ErrorCode, String) {
         },
     };
     (code, e.failure().message)
+}
+
+#[cfg(test)]
+mod proxy_setting_tests {
+    use super::is_proxy_setting;
+
+    #[test]
+    fn only_the_proxy_variables_reach_the_broker() {
+        for v in [
+            "HTTPS_PROXY",
+            "https_proxy",
+            "NO_PROXY",
+            "no_proxy",
+            "ALL_PROXY",
+            "http_proxy",
+        ] {
+            assert!(is_proxy_setting(v), "{v}");
+        }
+        for v in ["PATH", "HOME", "Https_Proxy", "LD_PRELOAD", "HTTPS_PROXY_X"] {
+            assert!(!is_proxy_setting(v), "{v}");
+        }
+    }
 }
