@@ -8,30 +8,25 @@ use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 
 use pycell_egress::{Egress, EgressConfig, Upstream};
-use pycell_policy::network::{EgressLimits, EgressRules, Rule, RuleKind};
+use pycell_policy::network::{EgressLimits, EgressRules};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let port: u16 = args.first().and_then(|p| p.parse().ok()).expect("PORT");
-    let allow = args[1..]
-        .iter()
-        .map(|r| Rule::parse(r, RuleKind::Allow).expect("rule"))
-        .collect();
+    let limits = EgressLimits {
+        max_connections: 65536,
+        max_bytes: u64::MAX,
+        ..EgressLimits::default()
+    };
+    let no_deny: &[&str] = &[];
+    let rules = EgressRules::from_texts(&args[1..], no_deny, limits).expect("rules");
     let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind");
     println!("{}", listener.local_addr().expect("addr").port());
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
     pycell_core::fdpass::send_with_fds(ours.as_fd(), b"L", &[listener.as_fd()]).expect("send");
     let config = EgressConfig {
         policy: "standalone".into(),
-        rules: EgressRules {
-            allow,
-            deny: Vec::new(),
-            limits: EgressLimits {
-                max_connections: 65536,
-                max_bytes: u64::MAX,
-                ..EgressLimits::default()
-            },
-        },
+        rules,
         upstream: Ok(Upstream::default()),
     };
     let egress = Egress::start_on_thread(OwnedFd::from(theirs), config, None).expect("start");

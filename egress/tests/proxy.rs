@@ -8,22 +8,12 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
 use pycell_egress::{Egress, EgressConfig, Upstream};
-use pycell_policy::network::{EgressLimits, EgressRules, Rule, RuleKind};
+use pycell_policy::network::{EgressLimits, EgressRules};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 fn rules(allow: &[String], deny: &[&str], limits: EgressLimits) -> EgressRules {
-    EgressRules {
-        allow: allow
-            .iter()
-            .map(|r| Rule::parse(r, RuleKind::Allow).unwrap())
-            .collect(),
-        deny: deny
-            .iter()
-            .map(|r| Rule::parse(r, RuleKind::Deny).unwrap())
-            .collect(),
-        limits,
-    }
+    EgressRules::from_texts(allow, deny, limits).unwrap()
 }
 
 /// A proxy serving `rules`, as a jailer's listener would be served.

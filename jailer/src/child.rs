@@ -28,7 +28,7 @@ use crate::supervisor::Checked;
 use crate::syscall::{self, CloneResult};
 use pycell_core::codes::FailureCode;
 use pycell_core::report::LandlockReport;
-use pycell_core::spec::{JailSpec, JAIL_GID, JAIL_UID};
+use pycell_core::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID};
 
 pub(crate) const HOSTNAME: &str = "pycell";
 /// Go-pipe bytes from the jailer: uid/gid maps written; cgroup attached.
@@ -63,6 +63,9 @@ pub(crate) struct ChildFds {
     pub go_read: OwnedFd,
     pub status_write: OwnedFd,
     pub stdin_read: OwnedFd,
+    /// With egress: the jailer's stdin socket, on which the jail sends the
+    /// proxy's listener once it has made it on its loopback.
+    pub egress_channel: Option<OwnedFd>,
     pub stdout_write: OwnedFd,
     pub stderr_write: OwnedFd,
 }
@@ -72,6 +75,7 @@ struct RealSteps<'a> {
     filter: &'a CompiledFilter,
     source_ids: &'a [SourceId],
     go_read: Option<OwnedFd>,
+    egress_channel: Option<OwnedFd>,
     status: &'a File,
     signal_fd: Option<SignalFd>,
     sources: Option<PreparedSources>,
@@ -165,7 +169,8 @@ impl JailSteps for RealSteps<'_> {
 
     fn bring_up_loopback(&mut self) -> Result<(), StepError> {
         syscall::interface_up("lo")
-            .map_err(|e| StepError::new(Step::Loopback, format!("bringing up lo: {e}")))
+            .map_err(|e| StepError::new(Step::Loopback, format!("bringing up lo: {e}")))?;
+        self.hand_out_proxy_listener()
     }
 
     fn new_session(&mut self) -> Result<(), StepError> {
@@ -222,6 +227,27 @@ impl JailSteps for RealSteps<'_> {
 }
 
 impl RealSteps<'_> {
+    /// With egress: listen on 127.0.0.1:PORT of the jail's loopback and send
+    /// the listener out on the jailer's stdin socket; keep no copy (the
+    /// program never sees it, and nothing can listen there again).
+    fn hand_out_proxy_listener(&mut self) -> Result<(), StepError> {
+        let (NetworkSpec::Proxy { port }, Some(channel)) =
+            (self.spec.network, self.egress_channel.take())
+        else {
+            return Ok(());
+        };
+        let fail = |what: &str, e: std::io::Error| {
+            StepError::new(
+                Step::Loopback,
+                format!("the egress proxy's listener on 127.0.0.1:{port}: {what}: {e}"),
+            )
+        };
+        let listener = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
+            .map_err(|e| fail("bind", e))?;
+        syscall::send_fd(channel.as_fd(), listener.as_fd())
+            .map_err(|e| fail("handing it out on the jailer's stdin (a unix socket?)", e))
+    }
+
     /// Block until the jailer sends `expected` on the go pipe. EOF or any
     /// other byte means the jailer died or gave up: stop here.
     fn wait_for(&mut self, expected: u8, step: Step) -> Result<(), StepError> {
@@ -277,6 +303,7 @@ pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> !
         filter: &checked.filter,
         source_ids: &checked.sources,
         go_read: Some(fds.go_read),
+        egress_channel: fds.egress_channel,
         status: &status,
         signal_fd: None,
         sources: None,

@@ -20,7 +20,8 @@
 //!     from here on, before any untrusted code exists; a jailer that died
 //!     since step 4 shows as EOF here)
 //!  7. cgroup namespace (rooted at the run's cgroup), hostname, loopback up
-//!     (the network namespace is otherwise empty)
+//!     (the network namespace is otherwise empty); with egress, the proxy's
+//!     listener bound on it and sent out on the jailer's stdin socket
 //!  8. `setsid` (no controlling terminal)
 //!  9. drop all capabilities (bounding, ambient, inheritable, effective, permitted)
 //! 10. `no_new_privs`

@@ -237,7 +237,8 @@ struct Jail {
 /// the child is killed and reaped and the cgroup removed.
 fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     let layout = &checked.layout;
-    let (child_fds, go, ends) = pipes().map_err(io_failure("creating pipes"))?;
+    let (mut child_fds, go, ends) = pipes().map_err(io_failure("creating pipes"))?;
+    child_fds.egress_channel = egress_channel(spec)?;
     let born_in = match layout.version() {
         pycell_core::report::CgroupVersion::V2 => Some(create_cgroup(spec, layout)?),
         pycell_core::report::CgroupVersion::V1 => None,
@@ -253,11 +254,8 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
         (CloneResult::Parent(pid), inside) => (pid, inside),
     };
     drop(child_fds);
-    let attached = match hand_out_proxy_listener(spec, pid) {
-        Ok(()) => attach(spec, layout, pid, go, born_in, born_inside),
-        Err(f) => Err(f),
-    };
-    match attached {
+    release_stdin();
+    match attach(spec, layout, pid, go, born_in, born_inside) {
         Ok(cgroup) => Ok(Jail {
             pid,
             cgroup,
@@ -272,28 +270,28 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     }
 }
 
-/// With egress: make the proxy's listener on the jail's loopback (from
-/// here, before the jail runs anything) and send it out on our stdin, a
-/// unix socket whose other end belongs to whoever runs the proxy; then
-/// point stdin at /dev/null. Without a way to hand it out, no run.
-fn hand_out_proxy_listener(spec: &JailSpec, pid: Pid) -> Result<(), JailFailure> {
-    let NetworkSpec::Proxy { port } = spec.network else {
-        return Ok(());
-    };
-    let fail = |m: String| JailFailure::new(FailureCode::NetworkFailed, Layer::Network, m);
-    let listener = syscall::listen_in_netns(pid, port).map_err(|e| {
-        fail(format!(
-            "making the egress proxy's listener on 127.0.0.1:{port} in the jail: {e}"
-        ))
-    })?;
-    syscall::send_fd(io::stdin().as_fd(), listener.as_fd()).map_err(|e| {
-        fail(format!("handing out the egress proxy's listener on stdin: {e}")).with_hint(
-            "a jail with egress must be started with a unix socket as its stdin (pycell and pycelld do this)",
-        )
-    })?;
-    let null = File::open("/dev/null").map_err(io_failure("opening /dev/null"))?;
-    nix::unistd::dup2_stdin(&null).map_err(|e| io_failure("dup2")(e.into()))?;
-    Ok(())
+/// With egress, the jail sends the proxy's listener on our stdin (a unix
+/// socket whose other end belongs to whoever runs the proxy): a copy for the
+/// child. After the clone the child's copy is the only one (see
+/// [`release_stdin`]).
+fn egress_channel(spec: &JailSpec) -> Result<Option<OwnedFd>, JailFailure> {
+    if spec.network == NetworkSpec::Loopback {
+        return Ok(None);
+    }
+    io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map(Some)
+        .map_err(io_failure("duplicating stdin for the egress channel"))
+}
+
+/// Point our stdin at /dev/null: with egress, the jail's copy of it is then
+/// the only one, so its other end sees EOF if the jail ends without
+/// sending a listener.
+fn release_stdin() {
+    if let Ok(null) = File::open("/dev/null") {
+        let _ = nix::unistd::dup2_stdin(&null);
+    }
 }
 
 /// Clone into new namespaces (inside `cgroup` if given). clone3 may be
@@ -377,6 +375,7 @@ fn pipes() -> io::Result<(ChildFds, OwnedFd, ParentEnds)> {
         go_read: go.0,
         status_write: status.1,
         stdin_read: stdin.0,
+        egress_channel: None,
         stdout_write: stdout.1,
         stderr_write: stderr.1,
     };

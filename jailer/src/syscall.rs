@@ -344,29 +344,6 @@ pub(crate) fn interface_up(ifname: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// A TCP listener on 127.0.0.1:`port` inside the network namespace of
-/// process `pid` (whose loopback is brought up first). We enter that
-/// namespace only for the socket and bind calls and return to our own:
-/// a socket stays in the namespace it was made in, wherever its holder is.
-pub(crate) fn listen_in_netns(
-    pid: nix::unistd::Pid,
-    port: u16,
-) -> io::Result<std::net::TcpListener> {
-    use nix::sched::{setns, CloneFlags};
-    let own = std::fs::File::open("/proc/self/ns/net")?;
-    let theirs = std::fs::File::open(format!("/proc/{}/ns/net", pid.as_raw()))?;
-    setns(&theirs, CloneFlags::CLONE_NEWNET)?;
-    let made = interface_up("lo")
-        .and_then(|()| std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)));
-    let back = setns(&own, CloneFlags::CLONE_NEWNET);
-    if let Err(e) = back {
-        // Never carry on in the jail's namespace.
-        eprintln!("pycell-jailer: cannot return to its own network namespace: {e}");
-        exit_now(126);
-    }
-    made
-}
-
 /// Send one byte with `fd` attached on the unix socket `sock`.
 pub(crate) fn send_fd(sock: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<()> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};

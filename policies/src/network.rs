@@ -365,6 +365,26 @@ pub struct Denial {
 }
 
 impl EgressRules {
+    /// Rules from their text (as a policy file writes them), for callers
+    /// that build an allowlist themselves: the install jail's index host,
+    /// tests, benchmarks. The error names the first bad rule.
+    pub fn from_texts<A: AsRef<str>, D: AsRef<str>>(
+        allow: &[A],
+        deny: &[D],
+        limits: EgressLimits,
+    ) -> Result<EgressRules, String> {
+        let parse = |texts: &[&str], kind| -> Result<Vec<Rule>, String> {
+            texts.iter().map(|t| Rule::parse(t, kind)).collect()
+        };
+        let allow: Vec<&str> = allow.iter().map(AsRef::as_ref).collect();
+        let deny: Vec<&str> = deny.iter().map(AsRef::as_ref).collect();
+        Ok(EgressRules {
+            allow: parse(&allow, RuleKind::Allow)?,
+            deny: parse(&deny, RuleKind::Deny)?,
+            limits,
+        })
+    }
+
     /// The allow rule that lets `scheme://host:port` through, or why none does.
     pub fn check(&self, scheme: Scheme, host: &Host, port: u16) -> Result<&Rule, Denial> {
         if let Some(d) = self.deny.iter().find(|r| r.matches(scheme, host, port)) {
@@ -514,17 +534,7 @@ mod tests {
     use super::*;
 
     fn rules(allow: &[&str], deny: &[&str]) -> EgressRules {
-        EgressRules {
-            allow: allow
-                .iter()
-                .map(|r| Rule::parse(r, RuleKind::Allow).unwrap())
-                .collect(),
-            deny: deny
-                .iter()
-                .map(|r| Rule::parse(r, RuleKind::Deny).unwrap())
-                .collect(),
-            limits: EgressLimits::default(),
-        }
+        EgressRules::from_texts(allow, deny, EgressLimits::default()).unwrap()
     }
 
     fn name(n: &str) -> Host {
