@@ -591,7 +591,7 @@ except OSError as e:
 try:
     urllib.request.urlopen("http://example.net/", timeout=10)
 except Exception as e:
-    print(str(e)[:60])
+    print(str(e)[:200])
 """
 
 
