@@ -496,8 +496,8 @@ impl Monitor {
                 }
             }
             ToMonitor::Egress { run_id, connection } => {
-                // Only for runs it started (the broker may lag a run's end
-                // by a moment, so recently ended ones are not checked).
+                // Any well-formed run id: the broker reports a connection
+                // when it ends, which may be just after its run was reaped.
                 if run_id.len() <= 40 && run_id.starts_with("r-") {
                     self.audit.egress(&run_id, &connection);
                 }

@@ -193,11 +193,7 @@ async fn handle(
         };
         (first, upstream)
     } else {
-        let mut first = if via_proxy {
-            http::upstream_head(&head)
-        } else {
-            http::origin_head(&head)
-        };
+        let mut first = http::forward_head(&head, via_proxy);
         first.extend_from_slice(&rest);
         (first, upstream)
     };

@@ -149,37 +149,29 @@ fn hop_by_hop(name: &str) -> bool {
     .any(|h| name.eq_ignore_ascii_case(h))
 }
 
-/// The head to send the origin server for an absolute-form request: origin
-/// form, our hop-by-hop headers dropped, one request per connection.
-pub fn origin_head(head: &Head) -> Vec<u8> {
+/// The head that forwards an absolute-form request, one request per
+/// connection, with our hop-by-hop headers dropped and a Host header if the
+/// client left it out: in origin form to the origin server, or in absolute
+/// form when it goes `via_proxy` (the host's own proxy).
+pub fn forward_head(head: &Head, via_proxy: bool) -> Vec<u8> {
     let Target::Absolute { host, port, path } = &head.target else {
         return Vec::new();
     };
-    let mut out = format!("{} {path} HTTP/1.1\r\n", head.method);
+    let authority = match port {
+        80 => host.clone(),
+        p => format!("{host}:{p}"),
+    };
+    let mut out = match via_proxy {
+        true => format!("{} http://{authority}{path} HTTP/1.1\r\n", head.method),
+        false => format!("{} {path} HTTP/1.1\r\n", head.method),
+    };
     if !head
         .headers
         .iter()
         .any(|(n, _)| n.eq_ignore_ascii_case("host"))
     {
-        match port {
-            80 => out.push_str(&format!("Host: {host}\r\n")),
-            p => out.push_str(&format!("Host: {host}:{p}\r\n")),
-        }
+        out.push_str(&format!("Host: {authority}\r\n"));
     }
-    for (n, v) in head.headers.iter().filter(|(n, _)| !hop_by_hop(n)) {
-        out.push_str(&format!("{n}: {v}\r\n"));
-    }
-    out.push_str("Connection: close\r\n\r\n");
-    out.into_bytes()
-}
-
-/// The head that forwards a request unchanged to an upstream proxy (absolute
-/// form kept), minus our hop-by-hop headers.
-pub fn upstream_head(head: &Head) -> Vec<u8> {
-    let Target::Absolute { host, port, path } = &head.target else {
-        return Vec::new();
-    };
-    let mut out = format!("{} http://{host}:{port}{path} HTTP/1.1\r\n", head.method);
     for (n, v) in head.headers.iter().filter(|(n, _)| !hop_by_hop(n)) {
         out.push_str(&format!("{n}: {v}\r\n"));
     }
@@ -305,12 +297,19 @@ mod tests {
     #[test]
     fn the_origin_gets_origin_form_and_no_proxy_headers() {
         let h = head("GET http://x.example.net:8080/p HTTP/1.1\r\nProxy-Authorization: secret\r\nConnection: keep-alive\r\nAccept: */*\r\n\r\n").unwrap();
-        let out = String::from_utf8(origin_head(&h)).unwrap();
+        let out = String::from_utf8(forward_head(&h, false)).unwrap();
         assert_eq!(
             out,
             "GET /p HTTP/1.1\r\nHost: x.example.net:8080\r\nAccept: */*\r\nConnection: close\r\n\r\n"
         );
         assert_eq!(head_end(out.as_bytes()), Some(out.len()));
+        let up = String::from_utf8(forward_head(&h, true)).unwrap();
+        assert!(
+            up.starts_with(
+                "GET http://x.example.net:8080/p HTTP/1.1\r\nHost: x.example.net:8080\r\n"
+            ),
+            "{up}"
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+use std::ffi::OsString;
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixStream;
@@ -142,15 +143,21 @@ impl TestNet {
     /// `pycell run --json` of `code` under `policy` (a file's text), in the
     /// namespace, with `args` before the script.
     fn pycell(&self, policy: &str, code: &str, args: &[&str]) -> Value {
-        let name = policy_name(policy);
-        fs::write(self.path(&format!("{name}.toml")), policy).unwrap();
+        let file = self.path(&format!("{}.toml", policy_name(policy)));
+        fs::write(&file, policy).unwrap();
+        let mut all: Vec<OsString> = args.iter().map(OsString::from).collect();
+        all.extend(["--policy".into(), file.into_os_string()]);
+        self.pycell_with(&all, code)
+    }
+
+    /// `pycell run --json ARGS main.py` of `code` (its `@CA@` replaced by
+    /// the test CA), in the namespace.
+    fn pycell_with(&self, args: &[OsString], code: &str) -> Value {
         fs::write(self.path("main.py"), code.replace("@CA@", &self.ca)).unwrap();
         let child = self
             .inside(&pycell_bin())
             .args(["run", "--json"])
             .args(args)
-            .arg("--policy")
-            .arg(self.path(&format!("{name}.toml")))
             .arg(self.path("main.py"))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -521,20 +528,13 @@ fn through_pycelld_the_broker_runs_the_proxy_and_the_monitor_audits_each_connect
     }
     let code = URLLIB.to_string()
         + "\ntry:\n    urllib.request.urlopen('https://nope.example.net/')\nexcept Exception as e:\n    print('denied')\n";
-    fs::write(net.path("main.py"), code.replace("@CA@", &net.ca)).unwrap();
-    let child = net
-        .inside(&pycell_bin())
-        .args(["run", "--json", "--socket"])
-        .arg(&socket)
-        .args(["--policy", "egress-daemon"])
-        .arg(net.path("main.py"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = output_guarded(child, Duration::from_secs(120));
-    let r: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let args: Vec<OsString> = vec![
+        "--socket".into(),
+        socket.into_os_string(),
+        "--policy".into(),
+        "egress-daemon".into(),
+    ];
+    let r = net.pycell_with(&args, &code);
     assert_ok(&r);
     assert!(stdout(&r).ends_with("True\ndenied\n"), "{r:#}");
     assert_eq!(allowed(&r).len(), 2, "{r:#}");
