@@ -63,30 +63,56 @@ pub(crate) fn error(
 /// The writer side of a connection.
 struct Outbound {
     tx: mpsc::Sender<ServerMessage>,
+    /// Messages queued so far, and (from the writer task) written so far.
+    queued: std::sync::atomic::AtomicU64,
+    written: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Outbound {
     fn start(mut wr: OwnedWriteHalf) -> Outbound {
         let (tx, mut rx) = mpsc::channel::<ServerMessage>(OUTBOUND_MESSAGES);
+        let (written_tx, written) = tokio::sync::watch::channel(0u64);
         tokio::spawn(async move {
             while let Some(msg) = rx.recv().await {
                 match timeout(WRITE_STALL, framing::write_async(&mut wr, &msg)).await {
-                    Ok(Ok(())) => {}
+                    Ok(Ok(())) => written_tx.send_modify(|n| *n += 1),
                     _ => return,
                 }
             }
         });
-        Outbound { tx }
+        Outbound {
+            tx,
+            queued: std::sync::atomic::AtomicU64::new(0),
+            written,
+        }
     }
 
     /// Queue a reply, waiting for room; false if the connection is gone.
     async fn send(&self, msg: ServerMessage) -> bool {
-        self.tx.send(msg).await.is_ok()
+        let sent = self.tx.send(msg).await.is_ok();
+        self.count_queued(sent)
     }
 
     /// Queue a reply if there is room now.
     fn offer(&self, msg: ServerMessage) -> bool {
-        self.tx.try_send(msg).is_ok()
+        let sent = self.tx.try_send(msg).is_ok();
+        self.count_queued(sent)
+    }
+
+    fn count_queued(&self, sent: bool) -> bool {
+        if sent {
+            self.queued
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        sent
+    }
+
+    /// Wait until everything queued so far is written (or the writer gave
+    /// up: a stalled or gone client).
+    async fn flushed(&self) {
+        let queued = self.queued.load(std::sync::atomic::Ordering::Relaxed);
+        let mut written = self.written.clone();
+        let _ = written.wait_for(|n| *n >= queued).await;
     }
 
     async fn closed(&self) {
@@ -249,12 +275,15 @@ async fn run(
     // next run finds it free (and a client slow to take the rest of its
     // output does not hold it).
     drop(slot);
-    drop(active);
     for msg in last {
         if !conn.out.send(msg).await {
             return false;
         }
     }
+    // A draining daemon waits for active runs: this one is active until
+    // its client has the result, not merely until the result is queued.
+    conn.out.flushed().await;
+    drop(active);
     true
 }
 

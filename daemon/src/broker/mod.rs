@@ -30,7 +30,8 @@ pub(crate) struct Broker {
     link: Arc<MonitorLink>,
     admission: Arc<Admission>,
     connections: Connections,
-    /// Runs between admission and result (what a drain waits for).
+    /// Runs between admission and their result written to the client
+    /// (what a drain waits for).
     active: AtomicUsize,
     idle: Notify,
     /// Becomes true when the daemon stops: new runs are refused, waiting
