@@ -15,9 +15,10 @@ use crate::{Policy, PolicyError};
 const BUILTINS: &[(&str, &str)] = &[
     ("default", include_str!("../default.toml")),
     ("network", include_str!("../network.toml")),
+    ("install", include_str!("../install.toml")),
 ];
 
-const NAMES: &[&str] = &["default", "network"];
+const NAMES: &[&str] = &["default", "network", "install"];
 
 /// Names of the built-in policies, in a stable order.
 pub fn names() -> &'static [&'static str] {
@@ -83,7 +84,7 @@ mod tests {
     fn unknown_builtin() {
         assert_eq!(
             load("nope").unwrap_err().to_string(),
-            "no built-in policy named \"nope\"; built-in policies: default, network"
+            "no built-in policy named \"nope\"; built-in policies: default, network, install"
         );
     }
 }

@@ -26,6 +26,7 @@ mod error;
 mod limits;
 pub mod network;
 mod raw;
+pub mod requirement;
 mod types;
 mod units;
 mod validate;
@@ -35,7 +36,10 @@ pub use limits::{
     LimitCeilings, LimitCeilingsReport, Limits, LimitsReport, CPUS_RANGE, MAX_MAX_OUTPUT,
     MAX_WALL_TIMEOUT, MIN_MAX_OUTPUT, MIN_MEMORY, MIN_TMPFS_SIZE, OPEN_FILES_RANGE, PIDS_RANGE,
 };
-pub use types::{namespaces, Interpreter, LandlockRules, Namespace, NetworkMode, ReadOnlyMount};
+pub use types::{
+    namespaces, Dependencies, InstallSource, Interpreter, LandlockRules, Namespace, NetworkMode,
+    ReadOnlyMount,
+};
 pub use units::{format_duration, format_size, parse_duration, parse_size};
 pub use validate::is_valid_name;
 
@@ -65,6 +69,10 @@ pub struct Policy {
     pub seccomp_profile: String,
     /// The whole environment of the sandboxed process; nothing is inherited.
     pub env: BTreeMap<String, String>,
+    /// `[dependencies]`: what runs of this policy may install.
+    pub dependencies: Dependencies,
+    /// `[install]`: set only in a policy whose jail builds envs.
+    pub install: Option<InstallSource>,
 }
 
 impl Policy {

@@ -25,6 +25,23 @@ pub(crate) struct RawPolicy {
     pub(crate) landlock: Option<RawLandlock>,
     pub(crate) seccomp: Option<RawSeccomp>,
     pub(crate) env: Option<BTreeMap<String, String>>,
+    pub(crate) dependencies: Option<RawDependencies>,
+    pub(crate) install: Option<RawInstall>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDependencies {
+    pub(crate) allow: Option<bool>,
+    pub(crate) packages: Option<Vec<String>>,
+    pub(crate) install_policy: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawInstall {
+    pub(crate) index_url: Option<String>,
+    pub(crate) find_links: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -171,7 +171,8 @@ fn unknown_field_lists_the_known_ones() {
     assert_eq!(
         error_with("[network]", "[netwrok]"),
         "policies/custom.toml:20:2: netwrok: unknown field \"netwrok\"; expected one of: \
-         name, description, namespaces, interpreter, limits, network, mounts, landlock, seccomp, env"
+         name, description, namespaces, interpreter, limits, network, mounts, landlock, seccomp, env, \
+         dependencies, install"
     );
 }
 
@@ -578,5 +579,75 @@ fn ceilings_are_checked_and_default_to_the_limits() {
     assert!(
         e.contains("limits.max.max_output: must be between 1KiB and 16MiB (got 1GiB)"),
         "{e}"
+    );
+}
+
+fn minimal_with(extra: &str) -> Result<Policy, String> {
+    let text = format!(
+        "name = \"custom\"\ndescription = \"d\"\nnamespaces = [\"user\", \"pid\", \"mount\", \"net\", \"ipc\", \"uts\", \"cgroup\"]\n[interpreter]\npython = \"/usr/bin/python3\"\n{extra}"
+    );
+    Policy::from_toml_str(&text, Path::new("custom.toml")).map_err(|e| e.to_string())
+}
+
+#[test]
+fn dependencies_are_off_unless_allowed_and_packages_are_checked() {
+    let p = minimal_with("").unwrap();
+    assert!(!p.dependencies.allow && p.dependencies.packages.is_empty());
+    assert_eq!(p.dependencies.install_policy, "install");
+    let p = minimal_with("[dependencies]\nallow = true\npackages = [\"NumPy>=2\"]\n").unwrap();
+    assert!(p.dependencies.allow);
+    assert_eq!(p.dependencies.packages[0].to_string(), "numpy>=2");
+    let e =
+        minimal_with("[dependencies]\npackages = [\"six\", \"x @ https://example.net/x.whl\"]\n")
+            .unwrap_err();
+    assert!(
+        e.contains("dependencies.packages[1]") && e.contains("direct references"),
+        "{e}"
+    );
+    let e = minimal_with("[dependencies]\ninstall_policy = \"../x\"\n").unwrap_err();
+    assert!(e.contains("dependencies.install_policy"), "{e}");
+}
+
+#[test]
+fn an_install_policy_reaches_its_index_or_has_wheels() {
+    let e = minimal_with("[install]\nindex_url = \"https://pypi.org/simple\"\n").unwrap_err();
+    assert!(
+        e.contains("install.index_url") && e.contains("network mode \"none\""),
+        "{e}"
+    );
+    let e = minimal_with("[install]\n").unwrap_err();
+    assert!(
+        e.contains("install.find_links") && e.contains("directory of wheels"),
+        "{e}"
+    );
+    let p = minimal_with("[install]\nfind_links = [\"/srv/wheels\"]\n").unwrap();
+    let i = p.install.unwrap();
+    assert_eq!(
+        (i.index_url, i.find_links),
+        (None, vec![PathBuf::from("/srv/wheels")])
+    );
+    let net = "[network]\nmode = \"allowlist\"\nallow = [\"https://pypi.example.net\"]\n";
+    let e = minimal_with(&format!(
+        "{net}[install]\nindex_url = \"https://other.example.net/simple\"\n"
+    ))
+    .unwrap_err();
+    assert!(
+        e.contains("not reachable under this policy's [network] rules"),
+        "{e}"
+    );
+    let e = minimal_with(&format!(
+        "{net}[install]\nindex_url = \"ftp://pypi.example.net/\"\n"
+    ))
+    .unwrap_err();
+    assert!(e.contains("must start with https://"), "{e}");
+    let p = minimal_with(&format!(
+        "{net}[install]\nindex_url = \"https://pypi.example.net/simple\"\n"
+    ))
+    .unwrap();
+    assert!(p.install.unwrap().index_url.is_some());
+    let shipped = builtin::load("install").unwrap();
+    assert_eq!(
+        shipped.install.unwrap().index_url.as_deref(),
+        Some("https://pypi.org/simple")
     );
 }

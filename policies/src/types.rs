@@ -145,3 +145,37 @@ impl Default for LandlockRules {
         }
     }
 }
+
+/// `[dependencies]`: whether runs may name packages, which packages every
+/// run gets, and which policy's jail builds the env.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Dependencies {
+    /// Runs may name packages (a PEP 723 block, `pycell run --with`, the
+    /// MCP tool's `dependencies`).
+    pub allow: bool,
+    /// Installed into every run's env (e.g. numpy for `data-science`).
+    pub packages: Vec<crate::requirement::Requirement>,
+    /// The policy whose jail resolves and installs (`install`).
+    pub install_policy: String,
+}
+
+impl Default for Dependencies {
+    fn default() -> Dependencies {
+        Dependencies {
+            allow: false,
+            packages: Vec::new(),
+            install_policy: "install".to_owned(),
+        }
+    }
+}
+
+/// `[install]`: present only in a policy that builds envs: where its uv
+/// finds wheels.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InstallSource {
+    /// A PEP 503 simple index (http or https), reached through the egress
+    /// proxy; `None` for an offline policy (network mode "none").
+    pub index_url: Option<String>,
+    /// Local directories of wheels, mounted read-only at the same path.
+    pub find_links: Vec<PathBuf>,
+}

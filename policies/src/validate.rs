@@ -9,11 +9,14 @@ use std::time::Duration;
 
 use crate::error::{Diagnostic, FieldPath};
 use crate::limits::{between, LimitCeilings, Limits, OPEN_FILES_RANGE, PIDS_RANGE};
-use crate::network::{EgressLimits, EgressRules, Rule, RuleKind};
+use crate::network::{EgressLimits, EgressRules, Host, Rule, RuleKind, Scheme};
 use crate::raw::{
-    Quantity, RawCeilings, RawLandlock, RawLimits, RawMount, RawNetwork, RawNetworkMode, RawPolicy,
+    Quantity, RawCeilings, RawDependencies, RawInstall, RawLandlock, RawLimits, RawMount,
+    RawNetwork, RawNetworkMode, RawPolicy,
 };
-use crate::types::{Interpreter, LandlockRules, Namespace, NetworkMode, ReadOnlyMount};
+use crate::types::{
+    Dependencies, InstallSource, Interpreter, LandlockRules, Namespace, NetworkMode, ReadOnlyMount,
+};
 use crate::units::{parse_duration, parse_size};
 use crate::Policy;
 
@@ -98,6 +101,17 @@ pub(crate) fn validate(
     complete(raw.env.is_some(), root.key("env"))?;
     let env = check_env(raw.env.unwrap_or_default(), &root.key("env"))?;
 
+    complete(raw.dependencies.is_some(), root.key("dependencies"))?;
+    let dependencies = check_dependencies(
+        raw.dependencies.unwrap_or_default(),
+        &interpreter,
+        &root.key("dependencies"),
+    )?;
+    let install = match raw.install {
+        None => None,
+        Some(i) => Some(check_install(i, &network, &root.key("install"))?),
+    };
+
     Ok(Policy {
         name,
         description: raw.description,
@@ -109,6 +123,8 @@ pub(crate) fn validate(
         landlock,
         seccomp_profile,
         env,
+        dependencies,
+        install,
     })
 }
 
@@ -646,5 +662,99 @@ mod tests {
             check_name_matches_file("x", Path::new("dir/y.toml")).unwrap_err(),
             "name \"x\" does not match the file name \"y.toml\": name the file x.toml or set name = \"y\""
         );
+    }
+}
+
+fn check_dependencies(
+    raw: RawDependencies,
+    interpreter: &Interpreter,
+    path: &FieldPath,
+) -> Result<Dependencies> {
+    let mut deps = Dependencies::default();
+    deps.allow = raw.allow.unwrap_or(false);
+    deps.packages = crate::requirement::parse_list(&raw.packages.unwrap_or_default())
+        .map_err(|(i, m)| Diagnostic::at(path.key("packages").index(i), m))?;
+    if let Some(name) = raw.install_policy {
+        deps.install_policy =
+            check_name(&name).map_err(|m| Diagnostic::at(path.key("install_policy"), m))?;
+    }
+    let wants_env = deps.allow || !deps.packages.is_empty();
+    if wants_env && matches!(interpreter, Interpreter::Venv(_)) {
+        return Err(Diagnostic::at(
+            path.key(if deps.allow { "allow" } else { "packages" }),
+            "a policy whose [interpreter] is a venv has its packages already; use [interpreter] python to let pycell build envs",
+        ));
+    }
+    Ok(deps)
+}
+
+/// `scheme://host[:port]/...` of an index URL: what the egress rules see.
+fn index_endpoint(url: &str) -> std::result::Result<(Scheme, Host, u16), String> {
+    let (scheme, rest) = if let Some(r) = url.strip_prefix("https://") {
+        (Scheme::Https, r)
+    } else if let Some(r) = url.strip_prefix("http://") {
+        (Scheme::Http, r)
+    } else {
+        return Err(format!(
+            "{url:?}: the index URL must start with https:// or http://"
+        ));
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.contains('@') || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "{url:?}: no credentials or spaces in the index URL"
+        ));
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
+            let port = p
+                .parse::<u16>()
+                .map_err(|_| format!("{url:?}: {p:?} is not a port"))?;
+            (h, port)
+        }
+        _ => (authority, if scheme == Scheme::Https { 443 } else { 80 }),
+    };
+    let host = Host::parse(host.trim_start_matches('[').trim_end_matches(']'))
+        .map_err(|m| format!("{url:?}: {m}"))?;
+    Ok((scheme, host, port))
+}
+
+fn check_install(
+    raw: RawInstall,
+    network: &NetworkMode,
+    path: &FieldPath,
+) -> Result<InstallSource> {
+    let find_links = raw
+        .find_links
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| check_path(p).map_err(|m| Diagnostic::at(path.key("find_links").index(i), m)))
+        .collect::<Result<Vec<_>>>()?;
+    match (network, &raw.index_url) {
+        (NetworkMode::None, Some(_)) => Err(Diagnostic::at(
+            path.key("index_url"),
+            "this policy has network mode \"none\": it cannot reach an index; use find_links (local wheel directories), or [network] mode = \"allowlist\" allowing the index's host",
+        )),
+        (NetworkMode::None, None) if find_links.is_empty() => Err(Diagnostic::at(
+            path.key("find_links"),
+            "an offline install policy (network mode \"none\") needs at least one directory of wheels",
+        )),
+        (NetworkMode::Allowlist(_), None) => Err(Diagnostic::at(
+            path.key("index_url"),
+            "missing: with network mode \"allowlist\" an install policy names its package index (e.g. \"https://pypi.org/simple\")",
+        )),
+        (NetworkMode::Allowlist(rules), Some(url)) => {
+            let (scheme, host, port) =
+                index_endpoint(url).map_err(|m| Diagnostic::at(path.key("index_url"), m))?;
+            rules.check(scheme, &host, port).map_err(|d| {
+                Diagnostic::at(
+                    path.key("index_url"),
+                    format!("{url:?} is not reachable under this policy's [network] rules ({}): allow its host", d.reason),
+                )
+            })?;
+            Ok(InstallSource { index_url: Some(url.clone()), find_links })
+        }
+        (NetworkMode::None, None) => Ok(InstallSource { index_url: None, find_links }),
     }
 }
