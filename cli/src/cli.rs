@@ -88,6 +88,13 @@ pub struct RunArgs {
     /// Cap for each of stdout and stderr.
     #[arg(long, value_name = "SIZE")]
     pub max_output: Option<String>,
+    /// Install a package for this run (repeatable), e.g. --with "pandas>=2.2".
+    /// Added to a PEP 723 `# /// script` block's dependencies, if the script has one.
+    #[arg(long = "with", value_name = "PKG")]
+    pub with: Vec<String>,
+    /// Install the packages listed in a requirements file (no pip options).
+    #[arg(long, value_name = "FILE")]
+    pub requirements: Option<PathBuf>,
     /// File whose contents become the script's stdin (default: empty).
     #[arg(long, value_name = "FILE")]
     pub input: Option<PathBuf>,

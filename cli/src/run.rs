@@ -5,7 +5,7 @@
 //! arrives, or is collected for `--json`; the exit status is the run's.
 
 use std::io::{self, Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -14,6 +14,10 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
 use pycell_core::client::{daemon_socket, ClientError};
 use pycell_core::codes::{FailureCode, Layer};
+use pycell_core::deps::{
+    self,
+    build::{Ensured, InstallRunner, ProgressLines},
+};
 use pycell_core::events::{read_event, Stream};
 use pycell_core::launch::{
     append_capped, Collector, JailerEnd, JailerStderr, LaunchError, Launched, Launcher,
@@ -21,8 +25,10 @@ use pycell_core::launch::{
 };
 use pycell_core::protocol::{LimitOverrides, RunRequest};
 use pycell_core::report::{JailFailure, RunStatus};
-use pycell_core::result::RunResult;
+use pycell_core::resolve::Extras;
+use pycell_core::result::{CacheOutcome, RunResult};
 use pycell_egress::{Egress, EgressConfig};
+use pycell_policy::Policy;
 
 use crate::cli::RunArgs;
 
@@ -94,17 +100,39 @@ fn request(args: &RunArgs) -> Result<RunRequest, String> {
         stdin_base64: None,
         policy: Some(args.policy.clone()),
         limits: limit_flags(args)?,
+        dependencies: dependency_flags(args)?,
     };
     req.set_stdin(&stdin);
     Ok(req)
+}
+
+/// `--requirements FILE` (each line checked), then every `--with`.
+fn dependency_flags(args: &RunArgs) -> Result<Vec<String>, String> {
+    let mut deps = Vec::new();
+    if let Some(path) = &args.requirements {
+        let text = read_file("--requirements ", path)?;
+        let text = String::from_utf8(text)
+            .map_err(|_| format!("--requirements {}: not UTF-8 text", path.display()))?;
+        deps = pycell_core::deps::requirements_file(&text, &path.display().to_string())
+            .map_err(|m| format!("--requirements {m}"))?;
+    }
+    deps.extend(args.with.iter().cloned());
+    Ok(deps)
 }
 
 fn request_failure(message: String) -> JailFailure {
     JailFailure::new(FailureCode::InvalidRequest, Layer::Request, message)
 }
 
-/// An embedded run, prepared (policy, request, uid lease, spec), or why not.
-fn prepare_embedded(args: &RunArgs) -> Result<Prepared, JailFailure> {
+/// An embedded run before anything is leased: where it launches, its
+/// policy and its request.
+struct EmbeddedRun {
+    launcher: Launcher,
+    policy: Policy,
+    req: RunRequest,
+}
+
+fn embedded_run(args: &RunArgs) -> Result<EmbeddedRun, JailFailure> {
     let launcher = Launcher::embedded_from_env()?;
     let policy = launcher
         .load_policy(PolicyChoice::from_arg(&args.policy))
@@ -117,7 +145,20 @@ fn prepare_embedded(args: &RunArgs) -> Result<Prepared, JailFailure> {
             e => e.failure(),
         })?;
     let req = request(args).map_err(request_failure)?;
-    launcher.prepare(&policy, &req).map_err(|e| e.failure())
+    Ok(EmbeddedRun {
+        launcher,
+        policy,
+        req,
+    })
+}
+
+/// An embedded run, prepared (policy, request, uid lease, spec), or why
+/// not; without its dependencies' env.
+fn prepare_embedded(args: &RunArgs) -> Result<Prepared, JailFailure> {
+    let run = embedded_run(args)?;
+    run.launcher
+        .prepare(&run.policy, &run.req)
+        .map_err(|e| e.failure())
 }
 
 /// `pycell debug spec`: the spec the jailer would get (with a uid lease
@@ -236,8 +277,8 @@ fn show(stream: Stream, bytes: &[u8]) {
 /// An embedded run: launched through pycell-jailer, which this process
 /// supervises until it ends.
 fn run_embedded(args: &RunArgs) -> RunResult {
-    let prepared = match prepare_embedded(args) {
-        Ok(p) => p,
+    let run = match embedded_run(args) {
+        Ok(r) => r,
         Err(f) => return refused(&args.policy, f),
     };
     // ^C goes to the whole foreground process group: the jailer passes it to
@@ -247,16 +288,83 @@ fn run_embedded(args: &RunArgs) -> RunResult {
     let signals = match forwarded_signals() {
         Ok(s) => s,
         Err(e) => {
-            return prepared.refused(JailFailure::new(
-                FailureCode::Internal,
-                Layer::Jailer,
-                format!("signalfd: {e}"),
-            ))
+            let m = format!("signalfd: {e}");
+            let f = JailFailure::new(FailureCode::Internal, Layer::Jailer, m);
+            return refused(&run.policy.name, f);
         }
     };
-    match prepared.spawn(JailerStderr::Capture) {
-        Ok(launched) => supervise(launched, &signals, !args.json),
+    let ensured = match env_for(&run, &signals) {
+        Ok(e) => e,
+        Err(f) => return refused(&run.policy.name, f),
+    };
+    let extras = Extras {
+        env: ensured.as_ref().map(|e| e.env.dir.clone()),
+        ..Extras::default()
+    };
+    let prepared = match run.launcher.prepare_with(&run.policy, &run.req, &extras) {
+        Ok(p) => p,
+        Err(e) => return refused(&run.policy.name, e.failure()),
+    };
+    let stream = !args.json;
+    let mut result = match prepared.spawn(JailerStderr::Capture) {
+        Ok(launched) => {
+            supervise(launched, &signals, &mut |s, b| {
+                if stream {
+                    show(s, b)
+                }
+            })
+            .0
+        }
         Err(result) => *result,
+    };
+    result.env = ensured.map(|e| e.report);
+    result
+}
+
+/// The env of the run's dependencies (built now if it must be), showing
+/// the install's progress on stderr; `None` if it names none.
+fn env_for(run: &EmbeddedRun, signals: &SignalFd) -> Result<Option<Ensured>, JailFailure> {
+    let Some(deps) = deps::gather(&run.policy, &run.req.code, &run.req.dependencies)? else {
+        return Ok(None);
+    };
+    let store = deps::build::embedded_store()?;
+    let mut installer = EmbeddedInstaller { signals };
+    let mut progress = |m: &str| eprintln!("pycell: {m}");
+    let ensured = deps::build::ensure_env(
+        &run.launcher,
+        &store,
+        &run.policy,
+        &deps,
+        &mut installer,
+        &mut progress,
+    )?;
+    if ensured.report.cache == CacheOutcome::Miss {
+        let ms = ensured.report.install_ms;
+        eprintln!("pycell: dependencies installed in {:.1}s", ms / 1000.0);
+    }
+    Ok(Some(ensured))
+}
+
+/// Runs the install jail from this process, like a run.
+struct EmbeddedInstaller<'a> {
+    signals: &'a SignalFd,
+}
+
+impl InstallRunner for EmbeddedInstaller<'_> {
+    fn run_install(
+        &mut self,
+        prepared: Prepared,
+        progress: &mut dyn FnMut(&str),
+    ) -> (RunResult, Option<OwnedFd>) {
+        let mut lines = ProgressLines::default();
+        match prepared.spawn(JailerStderr::Capture) {
+            Ok(launched) => supervise(launched, self.signals, &mut |s, b| {
+                if s == Stream::Stdout {
+                    lines.feed(b, progress)
+                }
+            }),
+            Err(result) => (*result, None),
+        }
     }
 }
 
@@ -269,11 +377,17 @@ fn forwarded_signals() -> nix::Result<SignalFd> {
     SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
 }
 
-/// Read the jailer's events until they end (showing output if `stream`),
-/// pass SIGTERM/SIGHUP on to it, then wait for it and build the result.
-fn supervise(mut l: Launched, signals: &SignalFd, stream: bool) -> RunResult {
+/// Read the jailer's events until they end (output, as it arrives, to
+/// `on_output`), pass SIGTERM/SIGHUP on to it, then wait for it and build
+/// the result. With it, the jail's /workspace if its spec exports it.
+fn supervise(
+    mut l: Launched,
+    signals: &SignalFd,
+    on_output: &mut dyn FnMut(Stream, &[u8]),
+) -> (RunResult, Option<OwnedFd>) {
     let mut collector = Collector::new(&l.run_id, &l.policy, Some(l.limits.clone()));
     let jailer = Pid::from_raw(l.child.id() as i32);
+    let workspace = l.take_workspace().ok().flatten();
     let egress = match l.egress.take().map(|(rules, channel)| {
         Egress::start_on_thread(channel, EgressConfig::from_env(&l.policy, rules), None)
     }) {
@@ -282,7 +396,7 @@ fn supervise(mut l: Launched, signals: &SignalFd, stream: bool) -> RunResult {
             let _ = l.child.wait();
             let m = format!("starting the egress proxy: {e}");
             let f = JailFailure::new(FailureCode::NetworkFailed, Layer::Network, m);
-            return RunResult::refused(&l.run_id, &l.policy, f);
+            return (RunResult::refused(&l.run_id, &l.policy, f), None);
         }
         Some(Ok(e)) => Some(e),
         None => None,
@@ -307,9 +421,7 @@ fn supervise(mut l: Launched, signals: &SignalFd, stream: bool) -> RunResult {
         match read_event(&mut l.events) {
             Ok(Some(ev)) => {
                 if let Some((s, bytes)) = collector.record(ev) {
-                    if stream {
-                        show(s, bytes);
-                    }
+                    on_output(s, bytes);
                 }
             }
             Ok(None) => break,
@@ -326,7 +438,10 @@ fn supervise(mut l: Launched, signals: &SignalFd, stream: bool) -> RunResult {
     }
     let stderr = stderr_reader.join().unwrap_or_default();
     drop(l.lease);
-    collector.finish(JailerEnd::Exited { status, stderr })
+    (
+        collector.finish(JailerEnd::Exited { status, stderr }),
+        workspace,
+    )
 }
 
 /// The first [`JAILER_STDERR_CAP`] bytes of `r`, read to its end.

@@ -118,6 +118,26 @@ named_enum! {
         /// The interpreter could not be executed.
         ExecFailed = "exec_failed",
 
+        // Dependencies (a PEP 723 block, `--with`, `dependencies`).
+        /// The run's dependencies are malformed (metadata, a specifier, a requirements file).
+        DepsInvalid = "deps_invalid",
+        /// The run names dependencies but its policy does not allow any.
+        DepsNotAllowed = "deps_not_allowed",
+        /// No set of versions satisfies the dependencies (an unknown package, a conflict).
+        DepsResolutionFailed = "deps_resolution_failed",
+        /// A package has no wheel for this interpreter and platform (sdists are never built).
+        DepsNoWheel = "deps_no_wheel",
+        /// The script's `requires-python` excludes the policy's interpreter.
+        DepsPythonUnsatisfiable = "deps_python_unsatisfiable",
+        /// The package index could not be reached from the install jail.
+        DepsIndexUnreachable = "deps_index_unreachable",
+        /// The install jail reached one of its limits (time, memory, disk).
+        DepsInstallLimit = "deps_install_limit",
+        /// Installing failed for another reason (the message says which).
+        DepsInstallFailed = "deps_install_failed",
+        /// This host cannot build envs (no uv, an env store it cannot write).
+        DepsUnavailable = "deps_unavailable",
+
         // The daemon, as its clients report it (the protocol's error codes,
         // under the same names).
         /// No pycelld answers on the socket.
@@ -188,6 +208,8 @@ named_enum! {
         Seccomp = "seccomp",
         /// Executing the program.
         Exec = "exec",
+        /// Resolving and installing the run's dependencies.
+        Dependencies = "dependencies",
     }
 }
 
@@ -215,6 +237,7 @@ impl Layer {
             | Layer::Uid
             | Layer::Jailer
             | Layer::Daemon => FailureCode::JailerFailed,
+            Layer::Dependencies => FailureCode::DepsInstallFailed,
         }
     }
 }

@@ -14,7 +14,7 @@
 
 use std::io::{self, Write};
 use std::ops::RangeInclusive;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -172,7 +172,27 @@ impl Launcher {
     /// Resolve `request` under `policy`, lease a sandbox uid and give the
     /// run its id: a validated spec, ready for the jailer.
     pub fn prepare(&self, policy: &Policy, request: &RunRequest) -> Result<Prepared, LaunchError> {
-        let resolved = resolve::resolve(policy, request)?;
+        self.prepare_with(policy, request, &resolve::Extras::default())
+    }
+
+    /// [`Launcher::prepare`] with what the launch adds (an env, the install
+    /// jail's mounts and files).
+    pub fn prepare_with(
+        &self,
+        policy: &Policy,
+        request: &RunRequest,
+        extras: &resolve::Extras,
+    ) -> Result<Prepared, LaunchError> {
+        if policy.install.is_some() && !extras.export_workspace {
+            return Err(LaunchError::Request(RequestError {
+                field: "policy",
+                problem: format!(
+                    "policy {:?} is the jail that builds dependency envs (it has an [install] section); runs cannot use it",
+                    policy.name
+                ),
+            }));
+        }
+        let resolved = resolve::resolve_with(policy, request, extras)?;
         if !nix::unistd::geteuid().is_root() {
             return Err(LaunchError::Refused(not_root()));
         }
@@ -303,7 +323,29 @@ pub struct Started<Child, Events> {
     /// With egress: the rules, and our end of the jailer's stdin, on which
     /// it sends the proxy's listener (for `pycell_egress::Egress::start`).
     pub egress: Option<(EgressRules, OwnedFd)>,
+    /// A jail that exports its workspace without egress: our end of its
+    /// stdin (see [`Started::take_workspace`]).
+    workspace_channel: Option<OwnedFd>,
+    exports_workspace: bool,
     pub lease: UidLease,
+}
+
+impl<C, E> Started<C, E> {
+    /// The /workspace of a jail whose spec exports it (the install jail),
+    /// as a directory descriptor that outlives the jail; `None` if the jail
+    /// ended before sending it. Blocks until then. Call it before the
+    /// egress proxy starts: the workspace comes first on the same socket.
+    pub fn take_workspace(&mut self) -> io::Result<Option<OwnedFd>> {
+        let channel = match (&self.egress, &self.workspace_channel) {
+            _ if !self.exports_workspace => return Ok(None),
+            (Some((_, c)), _) | (None, Some(c)) => c.as_fd(),
+            (None, None) => return Ok(None),
+        };
+        let mut marker = [0u8; 1];
+        let (_, fds) = crate::fdpass::recv_with_fds(channel, &mut marker)?;
+        self.exports_workspace = false;
+        Ok(fds.into_iter().next())
+    }
 }
 
 /// A started jailer, for a blocking caller.
@@ -392,13 +434,21 @@ impl Prepared {
     }
 
     fn started<C, E>(self, child: C, events: E, spec_in: UnixStream) -> Started<C, E> {
+        let exports_workspace = self.spec.export_workspace;
+        let (egress, workspace_channel) = match self.egress {
+            Some(rules) => (Some((rules, OwnedFd::from(spec_in))), None),
+            None if exports_workspace => (None, Some(OwnedFd::from(spec_in))),
+            None => (None, None),
+        };
         Started {
             run_id: self.run_id,
             policy: self.policy,
             limits: self.limits,
             child,
             events,
-            egress: self.egress.map(|rules| (rules, OwnedFd::from(spec_in))),
+            egress,
+            workspace_channel,
+            exports_workspace,
             lease: self.lease,
         }
     }

@@ -21,6 +21,7 @@
 pub mod cgroup;
 pub mod client;
 pub mod codes;
+pub mod deps;
 pub mod events;
 pub mod fdpass;
 pub mod framing;

@@ -54,6 +54,10 @@ pub struct RunRequest {
     pub policy: Option<String>,
     #[serde(default)]
     pub limits: LimitOverrides,
+    /// Packages to install for this run (PEP 508, e.g. `"pandas>=2.2"`),
+    /// besides those of a PEP 723 block in `code`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependencies: Vec<String>,
 }
 
 impl RunRequest {
@@ -134,6 +138,10 @@ impl From<ErrorCode> for FailureCode {
 }
 
 /// Client → daemon.
+// One message per frame, decoded and matched at once: the size of the
+// `Run` variant costs nothing worth a Box (and a Box would change every
+// match on it).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ClientMessage {

@@ -153,7 +153,7 @@ pub fn script_name(requested: Option<&str>) -> String {
 
 /// Is `path` (host) reachable at the same path inside the jail through one
 /// of `mounts` (which all map source == target for the interpreter's prefix)?
-fn covered(path: &Path, mounts: &[BindMount]) -> bool {
+pub(crate) fn covered(path: &Path, mounts: &[BindMount]) -> bool {
     mounts
         .iter()
         .any(|m| m.source == m.target && path.starts_with(&m.source))
@@ -307,7 +307,65 @@ fn jail_limits(l: &Limits) -> JailLimits {
     }
 }
 
+/// What a launch adds to what its policy and request give: the env a run
+/// gets as its venv, the install jail's extra mounts and files.
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    /// A venv from the env store, mounted read-only at [`VENV_TARGET`]; its
+    /// base interpreter is the policy's.
+    pub env: Option<PathBuf>,
+    /// More read-only binds (source == target).
+    pub mounts: Vec<PathBuf>,
+    /// More files in /workspace.
+    pub files: Vec<WorkspaceFile>,
+    /// See [`JailSpec::export_workspace`].
+    pub export_workspace: bool,
+}
+
+/// A store env as the run's interpreter: its pyvenv.cfg must point at the
+/// policy's own interpreter's directory (pycell's install built it so).
+fn env_interpreter(
+    policy: &Policy,
+    env: &Path,
+    mounts: &mut Vec<BindMount>,
+) -> Result<String, ResolveError> {
+    let Interpreter::HostPython(py) = &policy.interpreter else {
+        return Err(ResolveError::Interpreter(format!(
+            "policy {}: a venv policy cannot take an env of installed dependencies",
+            policy.name
+        )));
+    };
+    let cfg_path = env.join("pyvenv.cfg");
+    let cfg = std::fs::read_to_string(&cfg_path)
+        .map_err(|e| ResolveError::Interpreter(format!("{}: {e}", cfg_path.display())))?;
+    let home = cfg.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim() == "home").then(|| PathBuf::from(v.trim()))
+    });
+    if home.as_deref() != py.parent() {
+        return Err(ResolveError::Interpreter(format!(
+            "{}: built for another interpreter than policy {}'s {}",
+            cfg_path.display(),
+            policy.name,
+            py.display()
+        )));
+    }
+    mounts.push(BindMount {
+        source: env.to_path_buf(),
+        target: PathBuf::from(VENV_TARGET),
+    });
+    Ok(format!("{VENV_TARGET}/bin/python"))
+}
+
 pub fn resolve(policy: &Policy, req: &RunRequest) -> Result<Resolved, ResolveError> {
+    resolve_with(policy, req, &Extras::default())
+}
+
+pub fn resolve_with(
+    policy: &Policy,
+    req: &RunRequest,
+    extras: &Extras,
+) -> Result<Resolved, ResolveError> {
     let stdin = checked_input(req)?;
     let limits = effective_limits(policy, &req.limits)?;
     let mut mounts: Vec<BindMount> = policy
@@ -318,7 +376,21 @@ pub fn resolve(policy: &Policy, req: &RunRequest) -> Result<Resolved, ResolveErr
             target: m.target.clone(),
         })
         .collect();
-    let python = interpreter(policy, &mut mounts)?;
+    let python = match &extras.env {
+        Some(env) => {
+            interpreter(policy, &mut mounts)?;
+            env_interpreter(policy, env, &mut mounts)?
+        }
+        None => interpreter(policy, &mut mounts)?,
+    };
+    for extra in &extras.mounts {
+        if !covered(extra, &mounts) {
+            mounts.push(BindMount {
+                source: extra.clone(),
+                target: extra.clone(),
+            });
+        }
+    }
     if policy.network.egress().is_some() && Path::new(CA_CERTIFICATES).is_dir() {
         mounts.push(BindMount {
             source: PathBuf::from(CA_CERTIFICATES),
@@ -336,10 +408,12 @@ pub fn resolve(policy: &Policy, req: &RunRequest) -> Result<Resolved, ResolveErr
         sandbox_gid: 0,
         argv,
         env: jail_env(policy),
-        files: vec![WorkspaceFile {
+        files: std::iter::once(WorkspaceFile {
             name,
             contents: req.code.clone(),
-        }],
+        })
+        .chain(extras.files.iter().cloned())
+        .collect(),
         stdin,
         mounts,
         limits: jail_limits(&limits),
@@ -359,6 +433,7 @@ pub fn resolve(policy: &Policy, req: &RunRequest) -> Result<Resolved, ResolveErr
                 port: EGRESS_PROXY_PORT,
             },
         },
+        export_workspace: extras.export_workspace,
     };
     Ok(Resolved { spec, limits })
 }

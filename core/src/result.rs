@@ -34,6 +34,32 @@ pub struct RunResult {
     /// mode `allowlist` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkReport>,
+    /// The env of installed dependencies the run had (runs that named
+    /// any, or whose policy has `[dependencies] packages`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<EnvReport>,
+}
+
+/// Whether a run's env was already built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheOutcome {
+    /// Built before; mounted as it was.
+    Hit,
+    /// Built for this run (resolved and installed in the install jail).
+    Miss,
+}
+
+/// The env of installed packages a run got (read-only, at /venv).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct EnvReport {
+    /// The env's key in the store (`pycell env list` shows it).
+    pub key: String,
+    /// Every package in the env, with its version.
+    pub packages: Vec<crate::deps::store::Package>,
+    pub cache: CacheOutcome,
+    /// Time spent resolving and installing (0 on a hit).
+    pub install_ms: f64,
 }
 
 /// A run's egress through the proxy: where it went, what was refused, how
@@ -125,6 +151,7 @@ impl RunResult {
             layers: report.layers,
             error: report.error,
             network: None,
+            env: None,
         }
     }
 

@@ -44,6 +44,11 @@ pub struct JailSpec {
     /// What the jail's network namespace holds besides loopback.
     #[serde(default)]
     pub network: NetworkSpec,
+    /// Hand a descriptor of /workspace out on the jailer's stdin socket
+    /// (before the proxy's listener, if any), for the launcher to copy
+    /// what the jail built: the install jail's env.
+    #[serde(default)]
+    pub export_workspace: bool,
 }
 
 /// The host's TLS trust store (Debian's ca-certificates), bound read-only

@@ -28,7 +28,7 @@ use crate::supervisor::Checked;
 use crate::syscall::{self, CloneResult};
 use pycell_core::codes::FailureCode;
 use pycell_core::report::LandlockReport;
-use pycell_core::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID};
+use pycell_core::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID, WORKSPACE};
 
 pub(crate) const HOSTNAME: &str = "pycell";
 /// Go-pipe bytes from the jailer: uid/gid maps written; cgroup attached.
@@ -170,6 +170,7 @@ impl JailSteps for RealSteps<'_> {
     fn bring_up_loopback(&mut self) -> Result<(), StepError> {
         syscall::interface_up("lo")
             .map_err(|e| StepError::new(Step::Loopback, format!("bringing up lo: {e}")))?;
+        self.hand_out_workspace()?;
         self.hand_out_proxy_listener()
     }
 
@@ -227,6 +228,33 @@ impl JailSteps for RealSteps<'_> {
 }
 
 impl RealSteps<'_> {
+    /// For a spec that exports its workspace (the install jail): send a
+    /// descriptor of /workspace out on the jailer's stdin socket, before
+    /// the proxy's listener. It keeps the tmpfs alive after the jail has
+    /// ended, so whoever launched the jail can copy out what it built
+    /// (with its own credentials, never following a symlink).
+    fn hand_out_workspace(&mut self) -> Result<(), StepError> {
+        let (true, Some(channel)) = (self.spec.export_workspace, self.egress_channel.as_ref())
+        else {
+            return Ok(());
+        };
+        let fail = |what: &str, e: std::io::Error| {
+            StepError::new(
+                Step::Loopback,
+                format!("handing out /workspace: {what}: {e}"),
+            )
+        };
+        let dir = nix::fcntl::open(
+            WORKSPACE,
+            nix::fcntl::OFlag::O_RDONLY
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| fail("open", e.into()))?;
+        syscall::send_fd(channel.as_fd(), dir.as_fd()).map_err(|e| fail("send", e))
+    }
+
     /// With egress: listen on 127.0.0.1:PORT of the jail's loopback and send
     /// the listener out on the jailer's stdin socket; keep no copy (the
     /// program never sees it, and nothing can listen there again).

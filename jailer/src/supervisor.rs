@@ -275,7 +275,7 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
 /// child. After the clone the child's copy is the only one (see
 /// [`release_stdin`]).
 fn egress_channel(spec: &JailSpec) -> Result<Option<OwnedFd>, JailFailure> {
-    if spec.network == NetworkSpec::Loopback {
+    if spec.network == NetworkSpec::Loopback && !spec.export_workspace {
         return Ok(None);
     }
     io::stdin()

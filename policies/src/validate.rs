@@ -586,94 +586,17 @@ pub(crate) fn check_path(s: &str) -> std::result::Result<PathBuf, String> {
     Ok(PathBuf::from(s))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names() {
-        for good in ["default", "a", "0", "data-science", "x_1", &"a".repeat(64)] {
-            assert!(is_valid_name(good), "{good:?}");
-        }
-        for bad in [
-            "",
-            "-a",
-            "_a",
-            "Default",
-            "a b",
-            "a.b",
-            "é",
-            &"a".repeat(65),
-        ] {
-            assert!(!is_valid_name(bad), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn paths() {
-        for good in ["/", "/usr", "/usr/lib/python3", "/a.b/..c/d..", "/.hidden"] {
-            assert_eq!(check_path(good), Ok(PathBuf::from(good)), "{good:?}");
-        }
-        for bad in [
-            "",
-            "usr",
-            "./usr",
-            "/usr/",
-            "//usr",
-            "/usr//lib",
-            "/usr/./lib",
-            "/usr/..",
-            "/.",
-            "/a/\0",
-        ] {
-            assert!(check_path(bad).is_err(), "{bad:?}");
-        }
-        assert_eq!(
-            check_path("/usr/../etc").unwrap_err(),
-            "path \"/usr/../etc\" is not normalized: write it without \".\" or \"..\" components, \
-             repeated slashes or a trailing slash"
-        );
-    }
-
-    #[test]
-    fn mount_targets() {
-        assert!(check_mount_target(Path::new("/usr")).is_ok());
-        assert!(check_mount_target(Path::new("/etcetera")).is_ok());
-        assert!(check_mount_target(Path::new("/workspace2")).is_ok());
-        for bad in [
-            "/",
-            "/proc",
-            "/proc/sys",
-            "/dev/shm",
-            "/tmp",
-            "/workspace/x",
-            "/etc/ssl",
-        ] {
-            assert!(check_mount_target(Path::new(bad)).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn file_name_check_only_for_toml_files() {
-        assert!(check_name_matches_file("x", Path::new("/etc/pycell/policies/x.toml")).is_ok());
-        assert!(check_name_matches_file("x", Path::new("<stdin>")).is_ok());
-        assert!(check_name_matches_file("x", Path::new("x.txt")).is_ok());
-        assert_eq!(
-            check_name_matches_file("x", Path::new("dir/y.toml")).unwrap_err(),
-            "name \"x\" does not match the file name \"y.toml\": name the file x.toml or set name = \"y\""
-        );
-    }
-}
-
 fn check_dependencies(
     raw: RawDependencies,
     interpreter: &Interpreter,
     path: &FieldPath,
 ) -> Result<Dependencies> {
-    let mut deps = Dependencies::default();
-    deps.allow = raw.allow.unwrap_or(false);
-    deps.packages = crate::requirement::parse_list(&raw.packages.unwrap_or_default())
-        .map_err(|(i, m)| Diagnostic::at(path.key("packages").index(i), m))?;
+    let mut deps = Dependencies {
+        allow: raw.allow.unwrap_or(false),
+        packages: crate::requirement::parse_list(&raw.packages.unwrap_or_default())
+            .map_err(|(i, m)| Diagnostic::at(path.key("packages").index(i), m))?,
+        ..Dependencies::default()
+    };
     if let Some(name) = raw.install_policy {
         deps.install_policy =
             check_name(&name).map_err(|m| Diagnostic::at(path.key("install_policy"), m))?;
@@ -756,5 +679,84 @@ fn check_install(
             Ok(InstallSource { index_url: Some(url.clone()), find_links })
         }
         (NetworkMode::None, None) => Ok(InstallSource { index_url: None, find_links }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for good in ["default", "a", "0", "data-science", "x_1", &"a".repeat(64)] {
+            assert!(is_valid_name(good), "{good:?}");
+        }
+        for bad in [
+            "",
+            "-a",
+            "_a",
+            "Default",
+            "a b",
+            "a.b",
+            "é",
+            &"a".repeat(65),
+        ] {
+            assert!(!is_valid_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn paths() {
+        for good in ["/", "/usr", "/usr/lib/python3", "/a.b/..c/d..", "/.hidden"] {
+            assert_eq!(check_path(good), Ok(PathBuf::from(good)), "{good:?}");
+        }
+        for bad in [
+            "",
+            "usr",
+            "./usr",
+            "/usr/",
+            "//usr",
+            "/usr//lib",
+            "/usr/./lib",
+            "/usr/..",
+            "/.",
+            "/a/\0",
+        ] {
+            assert!(check_path(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            check_path("/usr/../etc").unwrap_err(),
+            "path \"/usr/../etc\" is not normalized: write it without \".\" or \"..\" components, \
+             repeated slashes or a trailing slash"
+        );
+    }
+
+    #[test]
+    fn mount_targets() {
+        assert!(check_mount_target(Path::new("/usr")).is_ok());
+        assert!(check_mount_target(Path::new("/etcetera")).is_ok());
+        assert!(check_mount_target(Path::new("/workspace2")).is_ok());
+        for bad in [
+            "/",
+            "/proc",
+            "/proc/sys",
+            "/dev/shm",
+            "/tmp",
+            "/workspace/x",
+            "/etc/ssl",
+        ] {
+            assert!(check_mount_target(Path::new(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn file_name_check_only_for_toml_files() {
+        assert!(check_name_matches_file("x", Path::new("/etc/pycell/policies/x.toml")).is_ok());
+        assert!(check_name_matches_file("x", Path::new("<stdin>")).is_ok());
+        assert!(check_name_matches_file("x", Path::new("x.txt")).is_ok());
+        assert_eq!(
+            check_name_matches_file("x", Path::new("dir/y.toml")).unwrap_err(),
+            "name \"x\" does not match the file name \"y.toml\": name the file x.toml or set name = \"y\""
+        );
     }
 }
