@@ -33,6 +33,7 @@ use tokio_util::task::TaskTracker;
 
 use pycell_core::client::{daemon_socket, ClientError};
 use pycell_core::codes::{FailureCode, Layer};
+use pycell_core::deps::build::Ensured;
 use pycell_core::events::{read_event_async, Stream};
 pub use pycell_core::launch::RequestError;
 use pycell_core::launch::{
@@ -41,6 +42,7 @@ use pycell_core::launch::{
 };
 use pycell_core::protocol::{ErrorCode, RunRequest};
 use pycell_core::report::JailFailure;
+use pycell_core::resolve::Extras;
 use pycell_core::result::RunResult;
 use pycell_core::uidalloc::UidLease;
 use pycell_egress::{Egress, EgressConfig};
@@ -64,6 +66,8 @@ pub enum RunEvent<'a> {
     Output { stream: Stream, bytes: &'a [u8] },
     /// The run waits for a free slot in pycelld; 1 goes next.
     Queued { position: usize },
+    /// The run's dependencies are being installed: what is happening.
+    Installing { message: &'a str },
 }
 
 /// What the daemon client's thread hands to the async side.
@@ -274,16 +278,28 @@ impl Backend {
         let _ = tokio::time::timeout(grace, self.inner.tracker.wait()).await;
     }
 
-    /// Load the policy and prepare the run (blocking work: policy files,
-    /// interpreter paths, the uid database and lock files).
-    fn prepare(&self, req: &RunRequest) -> Result<Prepared, LaunchError> {
+    /// Load the policy, get the env of the run's dependencies (installing
+    /// them if they are not cached) and prepare the run: blocking work
+    /// (policy files, interpreter paths, the uid database, lock files, the
+    /// install jail, which this thread waits for).
+    fn prepare(
+        &self,
+        req: &RunRequest,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<(Prepared, Option<Ensured>), LaunchError> {
         let launcher = self
             .inner
             .launcher
             .as_ref()
             .map_err(|f| LaunchError::Refused(f.clone()))?;
         let policy = launcher.load_policy(PolicyChoice::Name(req.policy_name()))?;
-        launcher.prepare(&policy, req)
+        let ensured = crate::run::env_for(launcher, &policy, req, None, progress)
+            .map_err(LaunchError::Refused)?;
+        let extras = Extras {
+            env: ensured.as_ref().map(|e| e.env.dir.clone()),
+            ..Extras::default()
+        };
+        Ok((launcher.prepare_with(&policy, req, &extras)?, ensured))
     }
 
     /// Wait for a run slot; `Err` is the result of a run that never starts
@@ -324,7 +340,20 @@ impl Backend {
             Err(f) => return refused(f),
         };
         let this = self.clone();
-        let prepared = match tokio::task::spawn_blocking(move || this.prepare(&req)).await {
+        let (tx, mut installing) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let preparing = tokio::task::spawn_blocking(move || {
+            this.prepare(&req, &mut |m: &str| {
+                let _ = tx.send(m.to_string());
+            })
+        });
+        tokio::pin!(preparing);
+        let prepared = loop {
+            tokio::select! {
+                Some(message) = installing.recv() => on_event(RunEvent::Installing { message: &message }),
+                done = &mut preparing => break done,
+            }
+        };
+        let (prepared, ensured) = match prepared {
             Ok(Ok(p)) => p,
             Ok(Err(LaunchError::Request(e))) => return Err(e),
             Ok(Err(LaunchError::Refused(f))) => return refused(f),
@@ -343,7 +372,10 @@ impl Backend {
             run_id: &launched.run_id,
             sandbox_uid: launched.lease.uid,
         });
-        Ok(self.supervise(launched, on_event, cancel).await)
+        let mut result = self.supervise(launched, on_event, cancel).await;
+        // The env stayed in use (safe from removal) until here.
+        result.env = ensured.map(|e| e.report);
+        Ok(result)
     }
 
     /// Read the jailer's events into the result, stopping it if the call is

@@ -293,7 +293,14 @@ fn run_embedded(args: &RunArgs) -> RunResult {
             return refused(&run.policy.name, f);
         }
     };
-    let ensured = match env_for(&run, &signals) {
+    let mut progress = |m: &str| eprintln!("pycell: {m}");
+    let ensured = match env_for(
+        &run.launcher,
+        &run.policy,
+        &run.req,
+        Some(&signals),
+        &mut progress,
+    ) {
         Ok(e) => e,
         Err(f) => return refused(&run.policy.name, f),
     };
@@ -308,7 +315,7 @@ fn run_embedded(args: &RunArgs) -> RunResult {
     let stream = !args.json;
     let mut result = match prepared.spawn(JailerStderr::Capture) {
         Ok(launched) => {
-            supervise(launched, &signals, &mut |s, b| {
+            supervise(launched, Some(&signals), &mut |s, b| {
                 if stream {
                     show(s, b)
                 }
@@ -321,33 +328,33 @@ fn run_embedded(args: &RunArgs) -> RunResult {
     result
 }
 
-/// The env of the run's dependencies (built now if it must be), showing
-/// the install's progress on stderr; `None` if it names none.
-fn env_for(run: &EmbeddedRun, signals: &SignalFd) -> Result<Option<Ensured>, JailFailure> {
-    let Some(deps) = deps::gather(&run.policy, &run.req.code, &run.req.dependencies)? else {
+/// The env of an embedded run's dependencies (built now if it must be,
+/// from this thread, which waits for the install jail), the install's
+/// progress to `progress`; `None` if the run names none.
+pub(crate) fn env_for(
+    launcher: &Launcher,
+    policy: &Policy,
+    req: &RunRequest,
+    signals: Option<&SignalFd>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Option<Ensured>, JailFailure> {
+    let Some(deps) = deps::gather(policy, &req.code, &req.dependencies)? else {
         return Ok(None);
     };
     let store = deps::build::embedded_store()?;
     let mut installer = EmbeddedInstaller { signals };
-    let mut progress = |m: &str| eprintln!("pycell: {m}");
-    let ensured = deps::build::ensure_env(
-        &run.launcher,
-        &store,
-        &run.policy,
-        &deps,
-        &mut installer,
-        &mut progress,
-    )?;
+    let ensured =
+        deps::build::ensure_env(launcher, &store, policy, &deps, &mut installer, progress)?;
     if ensured.report.cache == CacheOutcome::Miss {
-        let ms = ensured.report.install_ms;
-        eprintln!("pycell: dependencies installed in {:.1}s", ms / 1000.0);
+        let secs = ensured.report.install_ms / 1000.0;
+        progress(&format!("dependencies installed in {secs:.1}s"));
     }
     Ok(Some(ensured))
 }
 
 /// Runs the install jail from this process, like a run.
 struct EmbeddedInstaller<'a> {
-    signals: &'a SignalFd,
+    signals: Option<&'a SignalFd>,
 }
 
 impl InstallRunner for EmbeddedInstaller<'_> {
@@ -382,7 +389,7 @@ fn forwarded_signals() -> nix::Result<SignalFd> {
 /// the result. With it, the jail's /workspace if its spec exports it.
 fn supervise(
     mut l: Launched,
-    signals: &SignalFd,
+    signals: Option<&SignalFd>,
     on_output: &mut dyn FnMut(Stream, &[u8]),
 ) -> (RunResult, Option<OwnedFd>) {
     let mut collector = Collector::new(&l.run_id, &l.policy, Some(l.limits.clone()));
@@ -406,13 +413,15 @@ fn supervise(
     // thread keeps it from ever blocking the jailer.
     let stderr_reader = std::thread::spawn(move || stderr.map(read_capped).unwrap_or_default());
     loop {
-        let mut fds = [
-            PollFd::new(l.events.as_fd(), PollFlags::POLLIN),
-            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
-        ];
+        let mut fds = vec![PollFd::new(l.events.as_fd(), PollFlags::POLLIN)];
+        fds.extend(signals.map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)));
         let _ = poll(&mut fds, PollTimeout::NONE);
-        let [events_ready, signal_ready] = fds.map(|f| f.revents().is_some_and(|r| !r.is_empty()));
-        if signal_ready && stop_requested(signals) {
+        let ready: Vec<bool> = fds
+            .iter()
+            .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+            .collect();
+        let (events_ready, signal_ready) = (ready[0], ready.get(1) == Some(&true));
+        if signals.is_some_and(|s| signal_ready && stop_requested(s)) {
             let _ = kill(jailer, Signal::SIGTERM);
         }
         if !events_ready {

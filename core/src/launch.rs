@@ -143,12 +143,16 @@ pub struct Launcher {
 }
 
 impl Launcher {
-    /// Embedded mode's launcher: `PYCELL_UID_RANGE` and `PYCELL_JAILER` from
-    /// the environment, the installed policies, the default cgroup parent.
-    /// Fails only for a malformed `PYCELL_UID_RANGE`.
+    /// Embedded mode's launcher: `PYCELL_UID_RANGE`, `PYCELL_JAILER` and
+    /// `PYCELL_POLICY_DIR` (default /etc/pycell/policies) from the
+    /// environment, the default cgroup parent. Fails only for a malformed
+    /// `PYCELL_UID_RANGE`.
     pub fn embedded_from_env() -> Result<Launcher, JailFailure> {
+        let policy_dir = std::env::var_os("PYCELL_POLICY_DIR")
+            .filter(|d| !d.is_empty())
+            .map_or_else(|| PathBuf::from(resolve::POLICY_DIR), PathBuf::from);
         Ok(Launcher {
-            policy_dir: PathBuf::from(resolve::POLICY_DIR),
+            policy_dir,
             uid_range: uid_range_from_env()?,
             uid_lock_dir: PathBuf::from(UID_LOCK_DIR),
             cgroup_parent: resolve::CGROUP_PARENT.to_string(),

@@ -548,6 +548,7 @@ impl Monitor {
             .launcher
             .load_policy(PolicyChoice::Name(request.policy_name()))
             .map_err(refusal)?;
+        refuse_dependencies(&policy, request)?;
         let prepared = self.launcher.prepare(&policy, request).map_err(refusal)?;
         let launched = prepared.spawn(JailerStderr::Inherit).map_err(|r| {
             let message = r.error.map_or_else(String::new, |e| e.message);
@@ -707,6 +708,34 @@ fn describe_wait(status: &WaitStatus) -> String {
 }
 
 /// How a run that did not start is refused on the wire.
+/// pycelld does not build dependency envs yet: a run that needs one is
+/// refused, saying so, rather than started to fail at its first import.
+fn refuse_dependencies(
+    policy: &pycell_policy::Policy,
+    request: &RunRequest,
+) -> Result<(), (ErrorCode, String)> {
+    let gathered = pycell_core::deps::gather(policy, &request.code, &request.dependencies)
+        .map_err(|f| {
+            (
+                ErrorCode::InvalidRequest,
+                format!("{}: {}", f.code, f.message),
+            )
+        })?;
+    match gathered {
+        None => Ok(()),
+        Some(deps) => {
+            let names: Vec<String> = deps.requirements.iter().map(|r| r.to_string()).collect();
+            Err((
+                ErrorCode::InvalidRequest,
+                format!(
+                    "deps_unavailable: this run needs {} installed, and pycelld does not build dependency envs yet; run it embedded as root (`pycell run --embedded`), which does",
+                    names.join(", ")
+                ),
+            ))
+        }
+    }
+}
+
 pub(crate) fn refusal(e: LaunchError) -> (ErrorCode, String) {
     let code = match &e {
         LaunchError::Request(_) => ErrorCode::InvalidRequest,

@@ -187,6 +187,10 @@ struct Progress {
     queued: AtomicU64,
     stdout_bytes: AtomicU64,
     stderr_bytes: AtomicU64,
+    /// The latest message of the install of the run's dependencies.
+    installing: Mutex<Option<String>>,
+    /// Something worth a notification at once (an install step).
+    news: tokio::sync::Notify,
 }
 
 impl Progress {
@@ -204,6 +208,12 @@ impl Progress {
             RunEvent::Queued { position } => {
                 self.queued.store(position as u64, Ordering::Relaxed);
             }
+            RunEvent::Installing { message } => {
+                if let Ok(mut m) = self.installing.lock() {
+                    *m = Some(message.to_string());
+                }
+                self.news.notify_one();
+            }
             RunEvent::Output { stream, bytes } => {
                 let counter = match stream {
                     Stream::Stdout => &self.stdout_bytes,
@@ -215,6 +225,11 @@ impl Progress {
     }
 
     fn message(&self, elapsed: Duration) -> String {
+        let started = self.sandbox.lock().is_ok_and(|s| s.is_some());
+        let installing = self.installing.lock().ok().and_then(|m| m.clone());
+        if let (false, Some(step)) = (started, installing) {
+            return format!("installing dependencies: {step}");
+        }
         let place = self.queued.load(Ordering::Relaxed);
         if place > 0 {
             return format!(
@@ -250,7 +265,10 @@ async fn report_progress(
     let mut tick = tokio::time::interval(PROGRESS_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = progress.news.notified() => {}
+        }
         let elapsed = start.elapsed();
         let note = ProgressNotificationParam::new(token.clone(), elapsed.as_secs_f64())
             .with_message(progress.message(elapsed));

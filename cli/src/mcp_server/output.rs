@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use pycell_core::codes::{FailureCode, Layer};
 use pycell_core::report::{CgroupVersion, LandlockStatus, RunStatus};
-use pycell_core::result::{LimitsReport, NetworkReport, RunResult};
+use pycell_core::result::{EnvReport, LimitsReport, NetworkReport, RunResult};
 
 /// How the run ended.
 pub type Status = RunStatus;
@@ -100,6 +100,11 @@ pub struct RunPythonOutput {
     /// out; absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkReport>,
+    /// When the call had dependencies: the environment's key, every package
+    /// in it with its version, whether it was cached ("hit") or installed
+    /// for this call ("miss"), and the install time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub env: Option<EnvReport>,
 }
 
 /// Hints written for a `pycell run` user name its flags; say what to change
@@ -126,6 +131,7 @@ impl From<RunResult> for RunPythonOutput {
     fn from(r: RunResult) -> Self {
         RunPythonOutput {
             network: r.network,
+            env: r.env,
             run_id: r.run_id,
             status: r.status,
             exit_code: r.exit_code,

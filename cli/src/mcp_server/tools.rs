@@ -44,6 +44,10 @@ pub struct RunPythonArgs {
     #[serde(default)]
     #[schemars(with = "String", transform = no_default)]
     pub stdin: Option<String>,
+    /// Packages to install for this call, as pip requirement strings, e.g. ["pandas>=2.2", "requests"]. Installed from the package index as wheels only, into a cached environment (the first call with a given list takes seconds, later ones milliseconds). A PEP 723 `# /// script` block in `code` works too. Default: none.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>", transform = no_default)]
+    pub dependencies: Option<Vec<String>>,
 }
 
 /// An absent optional argument means "the policy's (or server's) default",
@@ -105,6 +109,7 @@ pub fn run_python_request(
     let mut req = RunRequest {
         code: a.code,
         policy: Some(a.policy.unwrap_or_else(|| default_policy.to_string())),
+        dependencies: a.dependencies.unwrap_or_default(),
         ..Default::default()
     };
     req.limits.timeout_s = a.timeout_s;

@@ -73,6 +73,12 @@ def run_uv(args, stream=None):
 def main():
     uv, python, requires_python = sys.argv[1:4]
     index = sys.argv[4:]
+    if "--index-url" in index:
+        # Trust the host's CA store (/etc/ssl/certs, bound into jails with
+        # egress) as every other client in pycell's jails does, not uv's
+        # own copy: an operator's TLS-inspecting proxy or private index has
+        # its CA there.
+        os.environ["UV_SYSTEM_CERTS"] = "1"
     probe = json.loads(subprocess.check_output([python, "-I", "-S", "-c", PROBE], text=True))
     if requires_python and not satisfies(release(probe["python"]), requires_python):
         sys.stderr.write(

@@ -1,0 +1,50 @@
+"""Make the tests' wheelhouse: tiny pure-Python wheels written by hand
+(a wheel is a zip with METADATA, WHEEL and RECORD; no build backend), one
+sdist-only package and one big wheel.
+
+    python3 make_wheels.py DIR
+"""
+
+import base64
+import hashlib
+import os
+import sys
+import zipfile
+
+
+def digest(data):
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def wheel(out, name, version, deps=(), extra=None):
+    dist = name.replace("-", "_")
+    files = {dist + "/__init__.py": ("VERSION = %r\n" % version).encode()}
+    files.update(extra or {})
+    info = "%s-%s.dist-info" % (dist, version)
+    meta = "Metadata-Version: 2.1\nName: %s\nVersion: %s\n" % (name, version)
+    meta += "".join("Requires-Dist: %s\n" % d for d in deps)
+    files[info + "/METADATA"] = meta.encode()
+    files[info + "/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: pycell-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    record = "".join("%s,sha256=%s,%d\n" % (p, digest(c), len(c)) for p, c in files.items())
+    files[info + "/RECORD"] = (record + info + "/RECORD,,\n").encode()
+    path = os.path.join(out, "%s-%s-py3-none-any.whl" % (dist, version))
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for p, c in files.items():
+            z.writestr(zipfile.ZipInfo(p, date_time=(2020, 1, 1, 0, 0, 0)), c)
+
+
+def main(out):
+    os.makedirs(out, exist_ok=True)
+    wheel(out, "pycell-test-a", "1.0", deps=["pycell-test-b"])
+    wheel(out, "pycell-test-b", "1.0")
+    wheel(out, "pycell-test-b", "2.0")
+    big = {"pycell_test_big/blob.bin": os.urandom(4 << 20)}
+    wheel(out, "pycell-test-big", "1.0", extra=big)
+    with open(os.path.join(out, "pycell_test_sdist-1.0.tar.gz"), "wb") as f:
+        f.write(b"not built: pycell installs wheels only\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,339 @@
+//! Dependencies: PEP 723 blocks, --with and --requirements, resolved and
+//! installed by uv in the install jail (wheels only), cached by content,
+//! mounted read-only. A wheelhouse the tests write by hand
+//! (tests/deps/make_wheels.py) keeps them deterministic and offline; one
+//! test installs a real wheel from the real package index.
+
+#![forbid(unsafe_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use pycell_tests::{repo_root, run_args, Outcome, Pycell, Script};
+use serde_json::Value;
+
+/// Root-owned, not under a world-writable directory: the jailer mounts the
+/// wheelhouse and the envs only from such places.
+const BASE: &str = "/var/cache/pycell-tests/deps";
+
+const MOUNTS: &str = "[[mounts]]\nsource = \"/usr\"\n[[mounts]]\nsource = \"/bin\"\n[[mounts]]\nsource = \"/lib\"\n[[mounts]]\nsource = \"/lib64\"\n[[mounts]]\nsource = \"/sbin\"\n";
+
+fn head(name: &str) -> String {
+    format!(
+        "name = \"{name}\"\ndescription = \"test\"\nnamespaces = [\"user\", \"pid\", \"mount\", \"net\", \"ipc\", \"uts\", \"cgroup\"]\n[interpreter]\npython = \"/usr/bin/python3\"\n"
+    )
+}
+
+/// An install policy for the wheelhouse (offline) or an index URL.
+fn install_policy(name: &str, disk: &str, source: &str) -> String {
+    format!(
+        "{}[limits]\nwall_timeout = \"2m\"\ncpu_time = \"2m\"\nmemory = \"1GiB\"\npids = 256\ncpus = 2.0\nopen_files = 4096\ndisk = \"{disk}\"\n{source}\n{MOUNTS}[env]\nPATH = \"/usr/bin:/bin\"\nHOME = \"/workspace\"\nUV_CACHE_DIR = \"/tmp/uv-cache\"\nUV_PYTHON_DOWNLOADS = \"never\"\nUV_NO_PROGRESS = \"1\"\n",
+        head(name)
+    )
+}
+
+fn run_policy(name: &str, install: &str) -> String {
+    format!(
+        "{}[dependencies]\nallow = true\ninstall_policy = \"{install}\"\n{MOUNTS}[env]\nPATH = \"/usr/bin:/bin\"\nHOME = \"/workspace\"\n",
+        head(name)
+    )
+}
+
+/// The wheelhouse and the policies, made once per test process.
+fn base() -> &'static Path {
+    static BASE_DIR: OnceLock<PathBuf> = OnceLock::new();
+    BASE_DIR.get_or_init(|| {
+        pycell_tests::require_root();
+        let base = PathBuf::from(BASE);
+        let _ = fs::remove_dir_all(&base);
+        fs::create_dir_all(base.join("policies")).expect("create the test base");
+        let wheels = base.join("wheels");
+        let made = std::process::Command::new("python3")
+            .arg(repo_root().join("tests/deps/make_wheels.py"))
+            .arg(&wheels)
+            .status()
+            .expect("run make_wheels.py");
+        assert!(made.success(), "make_wheels.py failed");
+        let offline = format!("[install]\nfind_links = [{:?}]\n", wheels.display().to_string());
+        let unreachable = "[network]\nmode = \"allowlist\"\nallow = [\"https://pypi.example.invalid\"]\n[install]\nindex_url = \"https://pypi.example.invalid/simple\"\n";
+        let policies = [
+            ("test-install", install_policy("test-install", "512MiB", &offline)),
+            ("tiny-install", install_policy("tiny-install", "2MiB", &offline)),
+            ("far-install", install_policy("far-install", "512MiB", unreachable)),
+            ("deps", run_policy("deps", "test-install")),
+            ("deps-tiny", run_policy("deps-tiny", "tiny-install")),
+            ("deps-far", run_policy("deps-far", "far-install")),
+            ("nodeps", format!("{}{MOUNTS}", head("nodeps"))),
+        ];
+        for (name, text) in policies {
+            fs::write(base.join("policies").join(format!("{name}.toml")), text).unwrap();
+        }
+        base
+    })
+}
+
+/// A fresh env store for one test.
+fn store(name: &str) -> PathBuf {
+    let s = base().join(format!("store-{name}"));
+    let _ = fs::remove_dir_all(&s);
+    s
+}
+
+fn run_in(store: &Path, policy: &str, code: &str, opts: &[&str]) -> Outcome {
+    let script = Script::new("main.py", code);
+    let mut all = vec!["--embedded", "--policy", policy];
+    all.extend(opts);
+    Pycell::new(run_args(&script.path, &all, &[]))
+        .env("PYCELL_POLICY_DIR", base().join("policies"))
+        .env("PYCELL_ENV_STORE", store)
+        .guard(Duration::from_secs(240))
+        .run()
+}
+
+fn field<'a>(r: &'a Value, pointer: &str) -> &'a Value {
+    r.pointer(pointer).unwrap_or(&Value::Null)
+}
+
+fn packages(r: &Value) -> Vec<String> {
+    field(r, "/env/packages")
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| {
+                    format!(
+                        "{} {}",
+                        p["name"].as_str().unwrap(),
+                        p["version"].as_str().unwrap()
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn envs_in(store: &Path) -> usize {
+    fs::read_dir(store.join("envs")).map_or(0, |d| d.count())
+}
+
+fn nothing_building(store: &Path) -> bool {
+    fs::read_dir(store.join("building")).map_or(true, |mut d| d.next().is_none())
+}
+
+const IMPORT_A: &str = "# /// script\n# dependencies = [\"pycell-test-a\"]\n# ///\nimport pycell_test_a, pycell_test_b\nprint(pycell_test_a.__file__, pycell_test_b.VERSION)\n";
+
+#[test]
+fn a_script_block_is_installed_once_then_found_in_the_store() {
+    let store = store("once");
+    let first = run_in(&store, "deps", IMPORT_A, &[]);
+    let r = first.result();
+    assert_eq!(r["status"], "ok", "{}", first.describe());
+    assert_eq!(
+        r["stdout"],
+        "/venv/lib/python3.11/site-packages/pycell_test_a/__init__.py 2.0\n",
+        "{}",
+        first.describe()
+    );
+    assert_eq!(field(&r, "/env/cache"), "miss", "{}", first.describe());
+    assert_eq!(packages(&r), ["pycell-test-a 1.0", "pycell-test-b 2.0"]);
+    assert!(
+        first.stderr.contains("installed pycell-test-a 1.0"),
+        "no progress: {}",
+        first.describe()
+    );
+    let key = field(&r, "/env/key").as_str().unwrap().to_string();
+
+    let second = run_in(&store, "deps", IMPORT_A, &[]);
+    let r2 = second.result();
+    assert_eq!(r2["status"], "ok", "{}", second.describe());
+    assert_eq!(field(&r2, "/env/cache"), "hit");
+    assert_eq!(field(&r2, "/env/key"), key.as_str());
+    assert!(
+        !second.stderr.contains("installed"),
+        "{}",
+        second.describe()
+    );
+
+    // --with adds to the block: another set, another env.
+    let third = run_in(&store, "deps", IMPORT_A, &["--with", "pycell-test-b==1.0"]);
+    let r3 = third.result();
+    assert_eq!(
+        r3["stdout"].as_str().unwrap().split(' ').nth(1),
+        Some("1.0\n"),
+        "{}",
+        third.describe()
+    );
+    assert_eq!(field(&r3, "/env/cache"), "miss");
+    assert_eq!(envs_in(&store), 2);
+    assert!(nothing_building(&store));
+}
+
+#[test]
+fn a_requirements_file_works_and_its_options_are_refused() {
+    let store = store("reqfile");
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("requirements.txt");
+    fs::write(&good, "# pinned\npycell-test-b==1.0  # old\n").unwrap();
+    let code = "import pycell_test_b\nprint(pycell_test_b.VERSION)\n";
+    let out = run_in(
+        &store,
+        "deps",
+        code,
+        &["--requirements", good.to_str().unwrap()],
+    );
+    assert_eq!(out.result()["stdout"], "1.0\n", "{}", out.describe());
+    let bad = dir.path().join("bad.txt");
+    fs::write(
+        &bad,
+        "pycell-test-b\n--extra-index-url https://example.net/simple\n",
+    )
+    .unwrap();
+    let out = run_in(
+        &store,
+        "deps",
+        code,
+        &["--requirements", bad.to_str().unwrap()],
+    );
+    let r = out.result();
+    assert_eq!(r["status"], "refused", "{}", out.describe());
+    let m = field(&r, "/error/message").as_str().unwrap_or_default();
+    assert!(m.contains("bad.txt line 2") && m.contains("options"), "{m}");
+}
+
+#[test]
+fn the_env_is_read_only_to_the_run() {
+    let store = store("readonly");
+    let code = "# /// script\n# dependencies = [\"pycell-test-b\"]\n# ///\nimport os, pycell_test_b\nd = os.path.dirname(pycell_test_b.__file__)\nfor path in (d + '/__init__.py', d + '/new.py'):\n    try:\n        open(path, 'a').write('x')\n        print('WROTE', path)\n    except OSError as e:\n        print('refused', e.errno)\n";
+    let out = run_in(&store, "deps", code, &[]);
+    let r = out.result();
+    assert_eq!(r["status"], "ok", "{}", out.describe());
+    let stdout = r["stdout"].as_str().unwrap();
+    assert!(
+        !stdout.contains("WROTE") && stdout.matches("refused").count() == 2,
+        "{}",
+        out.describe()
+    );
+    // And on the host the files belong to the store's owner (root), not to
+    // any sandbox uid.
+    use std::os::unix::fs::MetadataExt;
+    let key = field(&r, "/env/key").as_str().unwrap();
+    for entry in walk(&store.join("envs").join(key)) {
+        let m = fs::symlink_metadata(&entry).unwrap();
+        assert_eq!(m.uid(), 0, "{} is not root's", entry.display());
+        if !m.file_type().is_symlink() {
+            assert_eq!(
+                m.mode() & 0o022,
+                0,
+                "{} is group/other-writable",
+                entry.display()
+            );
+        }
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    for e in fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn concurrent_requests_for_one_env_build_it_once() {
+    let store = store("concurrent");
+    let code = "# /// script\n# dependencies = [\"pycell-test-b==2.0\"]\n# ///\nimport pycell_test_b\nprint(pycell_test_b.VERSION)\n";
+    let results: Vec<Value> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..3)
+            .map(|_| s.spawn(|| run_in(&store, "deps", code, &[])))
+            .collect();
+        runs.into_iter()
+            .map(|h| h.join().unwrap().result())
+            .collect()
+    });
+    let caches: Vec<&str> = results
+        .iter()
+        .map(|r| field(r, "/env/cache").as_str().unwrap_or("?"))
+        .collect();
+    for r in &results {
+        assert_eq!(r["stdout"], "2.0\n", "{r}");
+    }
+    assert_eq!(
+        caches.iter().filter(|c| **c == "miss").count(),
+        1,
+        "{caches:?}"
+    );
+    assert_eq!(envs_in(&store), 1);
+}
+
+/// (policy, code, extra flags, expected code, what the message names)
+const BAD: &[(&str, &str, &[&str], &str, &str)] = &[
+    ("deps", "print(1)", &["--with", "pycell-test-nonexistent"], "deps_resolution_failed", "pycell-test-nonexistent"),
+    ("deps", "print(1)", &["--with", "pycell-test-sdist"], "deps_no_wheel", "pycell-test-sdist"),
+    ("deps", "print(1)", &["--with", "pycell-test-b==1.0", "--with", "pycell-test-b>=2"], "deps_resolution_failed", "pycell-test-b"),
+    ("deps", "# /// script\n# requires-python = \">=3.99\"\n# dependencies = [\"pycell-test-b\"]\n# ///\n", &[], "deps_python_unsatisfiable", ">=3.99"),
+    ("deps", "\n# /// script\n# dependencies = [\"pycell-test-b >> 1\"]\n# ///\n", &[], "deps_invalid", "line 3"),
+    ("deps", "print(1)", &["--with", "x @ https://example.net/x.whl"], "deps_invalid", "direct references"),
+    ("nodeps", "print(1)", &["--with", "pycell-test-b"], "deps_not_allowed", "pycell-test-b"),
+    ("deps-far", "print(1)", &["--with", "pycell-test-b"], "deps_index_unreachable", "pypi.example.invalid"),
+    ("deps-tiny", "print(1)", &["--with", "pycell-test-big"], "deps_install_limit", "disk"),
+];
+
+#[test]
+fn bad_dependencies_are_refused_with_stable_codes_and_nothing_is_cached() {
+    let store = store("bad");
+    for (policy, code, flags, expected, named) in BAD {
+        let out = run_in(&store, policy, code, flags);
+        let r = out.result();
+        assert_eq!(r["status"], "refused", "{}", out.describe());
+        assert_eq!(field(&r, "/error/code"), *expected, "{}", out.describe());
+        let m = field(&r, "/error/message").as_str().unwrap_or_default();
+        assert!(
+            m.contains(named),
+            "{expected}: the message does not name {named:?}: {m}"
+        );
+        assert_eq!(
+            field(&r, "/error/layer"),
+            "dependencies",
+            "{}",
+            out.describe()
+        );
+    }
+    assert_eq!(envs_in(&store), 0);
+    assert!(nothing_building(&store));
+}
+
+#[test]
+fn the_real_package_index_serves_a_wheel_the_host_lacks() {
+    let host = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", "import iniconfig"])
+        .output()
+        .unwrap();
+    assert!(
+        !host.status.success(),
+        "this host's python already has iniconfig; pick another package"
+    );
+    let store = store("pypi");
+    let code = "# /// script\n# dependencies = [\"iniconfig\"]\n# ///\nimport iniconfig\nprint(iniconfig.__name__)\n";
+    // The shipped `default` and `install` policies (built in, or the
+    // operator's copies if installed).
+    let script = Script::new("main.py", code);
+    let out = Pycell::new(run_args(&script.path, &["--embedded"], &[]))
+        .env("PYCELL_ENV_STORE", &store)
+        .guard(Duration::from_secs(240))
+        .run();
+    let r = out.result();
+    assert_eq!(r["status"], "ok", "{}", out.describe());
+    assert_eq!(r["stdout"], "iniconfig\n");
+    assert_eq!(field(&r, "/env/cache"), "miss");
+    assert!(
+        packages(&r).iter().any(|p| p.starts_with("iniconfig ")),
+        "{r}"
+    );
+}
