@@ -34,6 +34,10 @@ pub enum Command {
     /// Work with policy files.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// List, remove or garbage-collect the envs of installed dependencies
+    /// (embedded mode's store: /var/cache/pycell, or $PYCELL_ENV_STORE).
+    #[command(subcommand)]
+    Env(EnvCommand),
     /// Show pycell's version, built-in policies, and what this host can enforce.
     Info {
         /// Print one JSON object.
@@ -51,6 +55,31 @@ pub enum PolicyCommand {
     Check {
         #[arg(required = true)]
         files: Vec<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EnvCommand {
+    /// One line per env, least recently used first: key, size, last use,
+    /// packages (or one JSON array with --json).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove envs unused for longer than --max-age, then the least
+    /// recently used until the rest fit in --max-size; never one in use.
+    Gc {
+        /// e.g. 10GiB.
+        #[arg(long, value_name = "SIZE", default_value = "10GiB")]
+        max_size: String,
+        /// e.g. 30d is not a unit: use hours, e.g. 720h.
+        #[arg(long, value_name = "DURATION", default_value = "720h")]
+        max_age: String,
+    },
+    /// Remove envs by key (or a unique prefix of one); refused while in use.
+    Rm {
+        #[arg(required = true)]
+        keys: Vec<String>,
     },
 }
 

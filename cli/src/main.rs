@@ -12,6 +12,7 @@
 
 mod backend;
 mod cli;
+mod env_cmd;
 mod info;
 mod mcp_server;
 mod policy_cmd;
@@ -25,6 +26,7 @@ fn main() {
         cli::Command::Run(args) => run::main(&args),
         cli::Command::Mcp(args) => mcp_server::main(&args),
         cli::Command::Policy(cli::PolicyCommand::Check { files }) => policy_cmd::check(&files),
+        cli::Command::Env(cmd) => env_cmd::main(&cmd),
         cli::Command::Info { json } => info::main(json),
         cli::Command::Debug(cli::DebugCommand::Spec(args)) => run::print_spec(&args),
     };

@@ -337,3 +337,54 @@ fn the_real_package_index_serves_a_wheel_the_host_lacks() {
         "{r}"
     );
 }
+
+fn env_cmd(store: &Path, args: &[&str]) -> Outcome {
+    let mut all = vec!["env"];
+    all.extend(args);
+    Pycell::new(all).env("PYCELL_ENV_STORE", store).run()
+}
+
+#[test]
+fn pycell_env_lists_removes_and_collects_envs() {
+    let store = store("envcmd");
+    for b in ["1.0", "2.0"] {
+        let code = format!("# /// script\n# dependencies = [\"pycell-test-b=={b}\"]\n# ///\n");
+        let out = run_in(&store, "deps", &code, &[]);
+        assert_eq!(out.result()["status"], "ok", "{}", out.describe());
+    }
+    let listed: Value =
+        serde_json::from_slice(&env_cmd(&store, &["list", "--json"]).stdout).unwrap();
+    let keys: Vec<String> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(keys.len(), 2, "{listed}");
+    let out = env_cmd(&store, &["rm", &keys[0][..12]]);
+    assert_eq!(out.exit_code, Some(0), "{}", out.describe());
+    let out = env_cmd(&store, &["rm", "ffffffff"]);
+    assert_eq!(out.exit_code, Some(1), "{}", out.describe());
+    assert!(out.stderr.contains("matches 0 envs"), "{}", out.describe());
+    assert_eq!(envs_in(&store), 1);
+    let out = env_cmd(&store, &["gc", "--max-size", "0"]);
+    assert!(
+        out.stdout_str().contains(&keys[1][..16]),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(envs_in(&store), 0);
+    // A removed env is built again on the next request.
+    let out = run_in(
+        &store,
+        "deps",
+        "# /// script\n# dependencies = [\"pycell-test-b==1.0\"]\n# ///\n",
+        &[],
+    );
+    assert_eq!(
+        field(&out.result(), "/env/cache"),
+        "miss",
+        "{}",
+        out.describe()
+    );
+}
