@@ -23,6 +23,7 @@ import json
 import os
 import re
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -271,9 +272,30 @@ async def bad_arguments(session, schemas):
     return out
 
 
+async def dependencies(session, schemas):
+    """A call that installs a package (from the real index) into a fresh
+    env store: its progress notes, and its result."""
+    notes = []
+
+    async def on_progress(progress, total, message):
+        notes.append(message or "")
+
+    code = "import iniconfig\nprint(iniconfig.__name__)"
+    out = await call(session, schemas, {"code": code, "dependencies": ["iniconfig"]},
+                     progress_callback=on_progress)
+    out["progress_messages"] = notes
+    return out
+
+
+# Envs this session installs go to a store of its own (a root-owned place:
+# pycell mounts envs only from such paths), so its install is a miss.
+ENV_STORE = "/var/cache/pycell-tests/mcp-sdk-envs"
+
+
 async def main_session(pycell):
     schemas = {}
-    params = StdioServerParameters(command=pycell, args=SERVER_ARGS)
+    shutil.rmtree(ENV_STORE, ignore_errors=True)
+    params = StdioServerParameters(command=pycell, args=SERVER_ARGS, env={"PYCELL_ENV_STORE": ENV_STORE})
     t0 = time.monotonic()
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
@@ -313,6 +335,7 @@ async def main_session(pycell):
             await step("parallel", lambda: parallel(session, schemas))
             await step("cancellation", lambda: cancellation(session, schemas))
             await step("bad_arguments", lambda: bad_arguments(session, schemas))
+            await step("dependencies", lambda: dependencies(session, schemas), timeout=180)
     return {"completed": True}
 
 

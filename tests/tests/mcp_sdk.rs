@@ -182,6 +182,36 @@ fn the_official_python_sdk_drives_pycell_mcp() {
         c.eq("modern", v, "/stdout", "1\n".into());
     }
 
+    // A call with dependencies: installed (wheels only) into an env, the
+    // install steps sent as progress notes, the env in the result.
+    if let Some(v) = c.step("dependencies") {
+        c.run_result("dependencies", v, "ok");
+        c.eq(
+            "dependencies",
+            v,
+            "/structured/stdout",
+            "iniconfig\n".into(),
+        );
+        c.eq("dependencies", v, "/structured/env/cache", "miss".into());
+        c.contains(
+            "dependencies",
+            v,
+            "/structured/env/packages/0/name",
+            "iniconfig",
+        );
+        let notes = v["progress_messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        c.check(
+            notes.iter().any(|n| {
+                n.as_str()
+                    .is_some_and(|n| n.starts_with("installing dependencies: "))
+            }),
+            || format!("dependencies: no progress note of the install: {notes:?}"),
+        );
+    }
+
     // Tools and their schemas.
     if let Some(v) = c.step("tools") {
         c.eq(

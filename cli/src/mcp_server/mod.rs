@@ -189,7 +189,8 @@ struct Progress {
     stderr_bytes: AtomicU64,
     /// The latest message of the install of the run's dependencies.
     installing: Mutex<Option<String>>,
-    /// Something worth a notification at once (an install step).
+    /// Install steps not yet sent, each worth a notification of its own.
+    notes: Mutex<Vec<String>>,
     news: tokio::sync::Notify,
 }
 
@@ -211,6 +212,9 @@ impl Progress {
             RunEvent::Installing { message } => {
                 if let Ok(mut m) = self.installing.lock() {
                     *m = Some(message.to_string());
+                }
+                if let Ok(mut n) = self.notes.lock() {
+                    n.push(format!("installing dependencies: {message}"));
                 }
                 self.news.notify_one();
             }
@@ -260,21 +264,39 @@ async fn report_progress(
     progress: Arc<Progress>,
 ) -> std::convert::Infallible {
     let start = Instant::now();
+    let mut last = 0.0_f64;
+    let mut send = |message: String| {
+        // `progress` must grow with every notification.
+        last = start.elapsed().as_secs_f64().max(last + 0.001);
+        ProgressNotificationParam::new(token.clone(), last).with_message(message)
+    };
     // The daemon path does not announce the sandbox; tick anyway.
-    let _ = tokio::time::timeout(PROGRESS_EVERY, progress.started.notified()).await;
+    tokio::select! {
+        _ = tokio::time::sleep(PROGRESS_EVERY) => {}
+        _ = progress.started.notified() => {}
+        _ = progress.news.notified() => {}
+    }
     let mut tick = tokio::time::interval(PROGRESS_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = progress.news.notified() => {}
+        let ticked = tokio::select! {
+            _ = tick.tick() => true,
+            _ = progress.news.notified() => false,
+        };
+        let notes = progress
+            .notes
+            .lock()
+            .map(|mut n| std::mem::take(&mut *n))
+            .unwrap_or_default();
+        let mut messages = notes;
+        if ticked {
+            messages.push(progress.message(start.elapsed()));
         }
-        let elapsed = start.elapsed();
-        let note = ProgressNotificationParam::new(token.clone(), elapsed.as_secs_f64())
-            .with_message(progress.message(elapsed));
-        // A client that went away is noticed by the service loop; a lost
-        // progress note is not worth failing the run for.
-        let _ = peer.notify_progress(note).await;
+        for message in messages {
+            // A client that went away is noticed by the service loop; a
+            // lost progress note is not worth failing the run for.
+            let _ = peer.notify_progress(send(message)).await;
+        }
     }
 }
 
