@@ -601,11 +601,13 @@ fn check_dependencies(
         deps.install_policy =
             check_name(&name).map_err(|m| Diagnostic::at(path.key("install_policy"), m))?;
     }
-    let wants_env = deps.allow || !deps.packages.is_empty();
-    if wants_env && matches!(interpreter, Interpreter::Venv(_)) {
+    // A venv policy's runs that ask for packages are refused when they do
+    // (its `allow` may stay as copied from a shipped file); packages for
+    // every run would never be installed, so they are an error here.
+    if !deps.packages.is_empty() && matches!(interpreter, Interpreter::Venv(_)) {
         return Err(Diagnostic::at(
-            path.key(if deps.allow { "allow" } else { "packages" }),
-            "a policy whose [interpreter] is a venv has its packages already; use [interpreter] python to let pycell build envs",
+            path.key("packages"),
+            "a policy whose [interpreter] is a venv has its packages already; install them into the venv, or use [interpreter] python to let pycell build envs",
         ));
     }
     Ok(deps)
