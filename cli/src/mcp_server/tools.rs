@@ -75,7 +75,7 @@ pub fn run_python_request(
                 "missing required argument `code`: the Python source to run, e.g. {RUN_PYTHON_EXAMPLE}"
             )
         } else if msg.starts_with("unknown field") {
-            format!("{msg}; run_python takes code (required), timeout_s, policy and stdin")
+            format!("{msg}; run_python takes code (required), timeout_s, policy, stdin and dependencies")
         } else {
             format!(
                 "invalid arguments: {msg}; expected code (string, required), timeout_s (number of seconds), policy (string), stdin (string), e.g. {RUN_PYTHON_EXAMPLE}"
