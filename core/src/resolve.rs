@@ -190,18 +190,9 @@ fn interpreter(policy: &Policy, mounts: &mut Vec<BindMount>) -> Result<String, R
                     dir.display()
                 ))
             })?;
-            let home = cfg
-                .lines()
-                .find_map(|l| {
-                    let (k, v) = l.split_once('=')?;
-                    (k.trim() == "home").then(|| PathBuf::from(v.trim()))
-                })
-                .ok_or_else(|| {
-                    ResolveError::Interpreter(format!(
-                        "{}: no `home = ...` line",
-                        cfg_path.display()
-                    ))
-                })?;
+            let home = venv_home(&cfg).ok_or_else(|| {
+                ResolveError::Interpreter(format!("{}: no `home = ...` line", cfg_path.display()))
+            })?;
             check_venv_home(&cfg_path, &home).map_err(ResolveError::Interpreter)?;
             let real = std::fs::canonicalize(dir.join("bin/python")).map_err(|e| {
                 ResolveError::Interpreter(format!("venv {}: bin/python: {e}", dir.display()))
@@ -234,6 +225,14 @@ fn interpreter(policy: &Policy, mounts: &mut Vec<BindMount>) -> Result<String, R
             Ok(format!("{VENV_TARGET}/bin/python"))
         }
     }
+}
+
+/// The `home = ...` of a venv's pyvenv.cfg: its base interpreter's directory.
+fn venv_home(cfg: &str) -> Option<PathBuf> {
+    cfg.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim() == "home").then(|| PathBuf::from(v.trim()))
+    })
 }
 
 /// A venv's `home` decides what host directory the jail gets mounted, so it
@@ -338,10 +337,7 @@ fn env_interpreter(
     let cfg_path = env.join("pyvenv.cfg");
     let cfg = std::fs::read_to_string(&cfg_path)
         .map_err(|e| ResolveError::Interpreter(format!("{}: {e}", cfg_path.display())))?;
-    let home = cfg.lines().find_map(|l| {
-        let (k, v) = l.split_once('=')?;
-        (k.trim() == "home").then(|| PathBuf::from(v.trim()))
-    });
+    let home = venv_home(&cfg);
     if home.as_deref() != py.parent() {
         return Err(ResolveError::Interpreter(format!(
             "{}: built for another interpreter than policy {}'s {}",

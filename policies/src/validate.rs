@@ -12,7 +12,7 @@ use crate::limits::{between, LimitCeilings, Limits, OPEN_FILES_RANGE, PIDS_RANGE
 use crate::network::{EgressLimits, EgressRules, Host, Rule, RuleKind, Scheme};
 use crate::raw::{
     Quantity, RawCeilings, RawDependencies, RawInstall, RawLandlock, RawLimits, RawMount,
-    RawNetwork, RawNetworkMode, RawPolicy,
+    RawNetwork, RawNetworkMode, RawPolicy, RawSeccomp,
 };
 use crate::types::{
     Dependencies, InstallSource, Interpreter, LandlockRules, Namespace, NetworkMode, ReadOnlyMount,
@@ -55,15 +55,7 @@ pub(crate) fn validate(
         Ok(())
     };
 
-    let name = check_name(&raw.name).map_err(|m| Diagnostic::at(root.key("name"), m))?;
-    check_name_matches_file(&name, origin).map_err(|m| Diagnostic::at(root.key("name"), m))?;
-
-    if raw.description.trim().is_empty() {
-        return Err(Diagnostic::at(
-            root.key("description"),
-            "must not be empty: say in one line what this policy allows",
-        ));
-    }
+    let name = check_identity(&raw, origin, &root)?;
 
     check_namespaces(&raw.namespaces, &root.key("namespaces"))?;
 
@@ -89,14 +81,7 @@ pub(crate) fn validate(
     )?;
 
     complete(raw.seccomp.is_some(), root.key("seccomp"))?;
-    let seccomp_profile = match raw.seccomp {
-        Some(s) => {
-            check_profile_name(&s.profile)
-                .map_err(|m| Diagnostic::at(root.key("seccomp").key("profile"), m))?;
-            s.profile
-        }
-        None => DEFAULT_SECCOMP_PROFILE.to_owned(),
-    };
+    let seccomp_profile = check_seccomp(raw.seccomp, &root.key("seccomp"))?;
 
     complete(raw.env.is_some(), root.key("env"))?;
     let env = check_env(raw.env.unwrap_or_default(), &root.key("env"))?;
@@ -126,6 +111,29 @@ pub(crate) fn validate(
         dependencies,
         install,
     })
+}
+
+/// The policy's name (matching its file's) and a non-empty description.
+fn check_identity(raw: &RawPolicy, origin: &Path, root: &FieldPath) -> Result<String> {
+    let name = check_name(&raw.name).map_err(|m| Diagnostic::at(root.key("name"), m))?;
+    check_name_matches_file(&name, origin).map_err(|m| Diagnostic::at(root.key("name"), m))?;
+    if raw.description.trim().is_empty() {
+        return Err(Diagnostic::at(
+            root.key("description"),
+            "must not be empty: say in one line what this policy allows",
+        ));
+    }
+    Ok(name)
+}
+
+fn check_seccomp(raw: Option<RawSeccomp>, path: &FieldPath) -> Result<String> {
+    match raw {
+        Some(s) => {
+            check_profile_name(&s.profile).map_err(|m| Diagnostic::at(path.key("profile"), m))?;
+            Ok(s.profile)
+        }
+        None => Ok(DEFAULT_SECCOMP_PROFILE.to_owned()),
+    }
 }
 
 /// Whether `name` is a valid policy name: `[a-z0-9][a-z0-9_-]{0,63}`, safe as

@@ -102,10 +102,10 @@ pub fn job(
         args.extend(["--find-links".to_string(), dir.display().to_string()]);
     }
     let source = source_identity(install, &args[3..]);
+    // uv's directory, unless a policy mount already covers it (the
+    // launch adds only what is not).
     let mut mounts = src.find_links.clone();
-    if !reachable(uv) {
-        mounts.push(uv.parent().unwrap_or(Path::new("/")).to_path_buf());
-    }
+    mounts.extend(uv.parent().map(Path::to_path_buf));
     let requirements: String = deps.requirements.iter().map(|r| format!("{r}\n")).collect();
     Ok(InstallJob {
         request: RunRequest {
@@ -158,15 +158,9 @@ fn uv_explanation(stderr: &str) -> String {
         })
         .collect();
     let text = if lines.is_empty() {
-        stderr
-            .lines()
-            .rev()
-            .take(5)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect::<Vec<_>>()
-            .join(" ")
+        // No line uv marked: its last few.
+        let all: Vec<&str> = stderr.lines().collect();
+        all[all.len().saturating_sub(5)..].join(" ")
     } else {
         lines.join(" ")
     };
