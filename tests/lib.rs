@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+#[path = "daemon_harness.rs"]
+pub mod daemon;
+
 /// Default host-side guard for one `pycell` invocation: a hang fails the test
 /// instead of stalling the suite.
 pub const DEFAULT_GUARD: Duration = Duration::from_secs(120);
@@ -468,6 +471,38 @@ pub fn children_of(pid: u32) -> Vec<HostProc> {
         .into_iter()
         .filter(|p| p.ppid == pid)
         .collect()
+}
+
+/// Every host process below `pid` (children, theirs, and so on), as the
+/// host sees them now.
+pub fn descendants_of(pid: u32) -> Vec<HostProc> {
+    let all = host_processes();
+    let mut found: Vec<HostProc> = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for p in all.iter().filter(|p| p.ppid == parent) {
+            frontier.push(p.pid);
+            found.push(p.clone());
+        }
+    }
+    found
+}
+
+/// Wait up to `limit` for every process of `procs` to be gone; those
+/// still there then.
+pub fn still_alive_after(procs: &[HostProc], limit: Duration) -> Vec<HostProc> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let alive: Vec<HostProc> = procs
+            .iter()
+            .filter(|p| Path::new(&format!("/proc/{}", p.pid)).exists())
+            .cloned()
+            .collect();
+        if alive.is_empty() || Instant::now() >= deadline {
+            return alive;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Host processes any of whose uids is `uid`.

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use pycell_core::client::{daemon_socket, ClientError};
+use pycell_core::client::{daemon_socket, ClientError, Stage};
 use pycell_core::codes::{FailureCode, Layer};
 use pycell_core::deps::build::Ensured;
 use pycell_core::events::{read_event_async, Stream};
@@ -74,6 +74,7 @@ pub enum RunEvent<'a> {
 enum DaemonEvent {
     Output(Stream, Vec<u8>),
     Queued(usize),
+    Installing(String),
 }
 
 impl DaemonEvent {
@@ -86,6 +87,7 @@ impl DaemonEvent {
             DaemonEvent::Queued(position) => on_event(RunEvent::Queued {
                 position: *position,
             }),
+            DaemonEvent::Installing(message) => on_event(RunEvent::Installing { message }),
         }
     }
 }
@@ -211,8 +213,13 @@ impl Backend {
                 |stream, bytes| {
                     let _ = tx.send(DaemonEvent::Output(stream, bytes.to_vec()));
                 },
-                |position| {
-                    let _ = queued.send(DaemonEvent::Queued(position));
+                |stage| {
+                    let ev = match stage {
+                        Stage::Queued(position) => DaemonEvent::Queued(position),
+                        Stage::Started => DaemonEvent::Queued(0),
+                        Stage::Installing(m) => DaemonEvent::Installing(m.to_string()),
+                    };
+                    let _ = queued.send(ev);
                 },
                 |client| {
                     if let Ok(mut c) = slot.lock() {

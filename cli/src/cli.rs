@@ -34,10 +34,10 @@ pub enum Command {
     /// Work with policy files.
     #[command(subcommand)]
     Policy(PolicyCommand),
-    /// List, remove or garbage-collect the envs of installed dependencies
-    /// (embedded mode's store: /var/cache/pycell, or $PYCELL_ENV_STORE).
-    #[command(subcommand)]
-    Env(EnvCommand),
+    /// Build, list, remove or garbage-collect the envs of installed
+    /// dependencies (embedded mode's store: /var/cache/pycell; pycelld's:
+    /// /var/lib/pycell/envs, with --store).
+    Env(EnvArgs),
     /// Show pycell's version, built-in policies, and what this host can enforce.
     Info {
         /// Print one JSON object.
@@ -58,8 +58,23 @@ pub enum PolicyCommand {
     },
 }
 
+#[derive(Debug, Args)]
+pub struct EnvArgs {
+    /// The env store to use (default /var/cache/pycell, embedded mode's;
+    /// pycelld's is /var/lib/pycell/envs).
+    #[arg(long, global = true, value_name = "DIR", env = "PYCELL_ENV_STORE")]
+    pub store: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: EnvCommand,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum EnvCommand {
+    /// Build the env a run would get (or find it built), without running
+    /// anything: for a script's PEP 723 block, --with packages, a
+    /// requirements file, or the policy's own [dependencies] packages.
+    /// Needs root (it runs the install jail).
+    Build(EnvBuildArgs),
     /// One line per env, least recently used first: key, size, last use,
     /// packages (or one JSON array with --json).
     List {
@@ -81,6 +96,28 @@ pub enum EnvCommand {
         #[arg(required = true)]
         keys: Vec<String>,
     },
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct EnvBuildArgs {
+    /// A script whose `# /// script` block names dependencies ("-": stdin).
+    pub script: Option<PathBuf>,
+    /// The policy whose runs will use the env (its install policy builds it).
+    #[arg(long, default_value = "default")]
+    pub policy: String,
+    /// A package to install (repeatable), e.g. --with "pandas>=2.2".
+    #[arg(long = "with", value_name = "PKG")]
+    pub with: Vec<String>,
+    /// Install the packages listed in a requirements file (no pip options).
+    #[arg(long, value_name = "FILE")]
+    pub requirements: Option<PathBuf>,
+    /// The Python versions the env is for, as a script's requires-python.
+    #[arg(long, value_name = "SPEC")]
+    pub requires_python: Option<String>,
+    /// Print one JSON object: {"outcome": "ready", "env": ...} or
+    /// {"outcome": "failed", "failure": ...}.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,24 +1,27 @@
-//! `pycell env list | gc | rm`: the env store of embedded mode.
+//! `pycell env build | list | gc | rm`: an env store (embedded mode's by
+//! default). pycelld builds its runs' envs with `pycell env build --json`.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use pycell_core::deps::build::embedded_store;
+use pycell_core::codes::FailureCode;
+use pycell_core::deps::build::{open_store, BuildOutcome};
 use pycell_core::deps::store::{EnvEntry, EnvStore};
+use pycell_core::deps::{self, pep723};
+use pycell_core::launch::{Launcher, PolicyChoice};
+use pycell_core::report::JailFailure;
+use pycell_core::result::{CacheOutcome, EnvReport};
 
-use crate::cli::EnvCommand;
+use crate::cli::{EnvArgs, EnvBuildArgs, EnvCommand};
+use crate::run::{ensure_here, forwarded_signals, listed_dependencies, read_code};
 
-pub fn main(cmd: &EnvCommand) -> i32 {
-    let store = match embedded_store() {
-        Ok(s) => s,
-        Err(f) => {
-            eprintln!("pycell: {}", f.message);
-            return 1;
-        }
-    };
-    let outcome = match cmd {
-        EnvCommand::List { json } => list(&store, *json),
-        EnvCommand::Gc { max_size, max_age } => gc(&store, max_size, max_age),
-        EnvCommand::Rm { keys } => rm(&store, keys),
+pub fn main(args: &EnvArgs) -> i32 {
+    let store = open_store(args.store.as_deref());
+    let opened = || store.clone().map_err(|f| f.message);
+    let outcome = match &args.command {
+        EnvCommand::Build(build_args) => return build_main(build_args, store),
+        EnvCommand::List { json } => opened().and_then(|s| list(&s, *json)),
+        EnvCommand::Gc { max_size, max_age } => opened().and_then(|s| gc(&s, max_size, max_age)),
+        EnvCommand::Rm { keys } => opened().and_then(|s| rm(&s, keys)),
     };
     match outcome {
         Ok(()) => 0,
@@ -92,4 +95,104 @@ fn rm(store: &EnvStore, keys: &[String]) -> Result<(), String> {
         println!("removed {}", one.meta.key);
     }
     Ok(())
+}
+
+/// `pycell env build`: exit 0 with the env ready, 1 if it cannot be.
+fn build_main(args: &EnvBuildArgs, store: Result<EnvStore, JailFailure>) -> i32 {
+    // Started by pycelld (or a shell) that goes away: stop, and let the
+    // install jail clean up (SIGTERM is read, not fatal, once building).
+    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
+    let outcome = match store.and_then(|s| build(args, &s)) {
+        Ok(env) => BuildOutcome::Ready { env },
+        Err(mut failure) => {
+            cap_message(&mut failure.message);
+            BuildOutcome::Failed { failure }
+        }
+    };
+    if args.json {
+        match serde_json::to_string(&outcome) {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("pycell: {e}"),
+        }
+    }
+    match outcome {
+        BuildOutcome::Ready { env } => {
+            if !args.json {
+                println!("{}", ready_line(&env));
+            }
+            0
+        }
+        BuildOutcome::Failed { failure } => {
+            if !args.json {
+                eprintln!("pycell: {}: {}", failure.code, failure.message);
+                if let Some(hint) = &failure.hint {
+                    eprintln!("pycell: hint: {hint}");
+                }
+            }
+            1
+        }
+    }
+}
+
+/// A failure's message, cut to 16 KiB: pycelld reads the outcome only once
+/// the builder has exited, so it must fit a pipe's buffer.
+fn cap_message(m: &mut String) {
+    const CAP: usize = 16 << 10;
+    if m.len() > CAP {
+        let mut at = CAP;
+        while !m.is_char_boundary(at) {
+            at -= 1;
+        }
+        m.truncate(at);
+        m.push_str(" [...]");
+    }
+}
+
+fn ready_line(env: &EnvReport) -> String {
+    let packages: Vec<String> = env
+        .packages
+        .iter()
+        .map(|p| format!("{} {}", p.name, p.version))
+        .collect();
+    let how = match env.cache {
+        CacheOutcome::Hit => "already built".to_string(),
+        CacheOutcome::Miss => format!("built in {:.1}s", env.install_ms / 1000.0),
+    };
+    format!("env {} ({how}): {}", env.key, packages.join(", "))
+}
+
+fn build(args: &EnvBuildArgs, store: &EnvStore) -> Result<EnvReport, JailFailure> {
+    let invalid = |m: String| deps::failure(FailureCode::DepsInvalid, m);
+    let launcher = Launcher::embedded_from_env()?;
+    let policy = launcher
+        .load_policy(PolicyChoice::from_arg(&args.policy))
+        .map_err(|e| e.failure())?;
+    let code = match &args.script {
+        Some(script) => read_code(script).map_err(invalid)?,
+        None => String::new(),
+    };
+    let listed = listed_dependencies(args.requirements.as_deref(), &args.with).map_err(invalid)?;
+    let Some(mut wanted) = deps::gather(&policy, &code, &listed)? else {
+        return Err(invalid(format!(
+            "nothing to install: policy {:?} lists no packages, and neither a script's block, --with nor --requirements names any",
+            policy.name
+        )));
+    };
+    if let Some(spec) = &args.requires_python {
+        pep723::check_requires_python(spec)
+            .map_err(|m| invalid(format!("--requires-python: {m}")))?;
+        wanted.requires_python = Some(spec.clone());
+    }
+    let signals = forwarded_signals()
+        .map_err(|e| deps::failure(FailureCode::Internal, format!("signalfd: {e}")))?;
+    let mut progress = |m: &str| eprintln!("pycell: {m}");
+    let ensured = ensure_here(
+        &launcher,
+        store,
+        &policy,
+        &wanted,
+        Some(&signals),
+        &mut progress,
+    )?;
+    Ok(ensured.report)
 }

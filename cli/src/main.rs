@@ -26,7 +26,7 @@ fn main() {
         cli::Command::Run(args) => run::main(&args),
         cli::Command::Mcp(args) => mcp_server::main(&args),
         cli::Command::Policy(cli::PolicyCommand::Check { files }) => policy_cmd::check(&files),
-        cli::Command::Env(cmd) => env_cmd::main(&cmd),
+        cli::Command::Env(args) => env_cmd::main(&args),
         cli::Command::Info { json } => info::main(json),
         cli::Command::Debug(cli::DebugCommand::Spec(args)) => run::print_spec(&args),
     };

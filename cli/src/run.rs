@@ -12,11 +12,13 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
-use pycell_core::client::{daemon_socket, ClientError};
+use pycell_core::client::{daemon_socket, ClientError, Stage};
 use pycell_core::codes::{FailureCode, Layer};
 use pycell_core::deps::{
     self,
     build::{Ensured, InstallRunner, ProgressLines},
+    store::EnvStore,
+    DepsRequest,
 };
 use pycell_core::events::{read_event, Stream};
 use pycell_core::launch::{
@@ -77,14 +79,19 @@ fn limit_flags(args: &RunArgs) -> Result<LimitOverrides, String> {
 }
 
 /// The request the flags describe (the same shape a daemon client sends).
+/// The code of `script` ("-": stdin), which must be UTF-8.
+pub(crate) fn read_code(script: &Path) -> Result<String, String> {
+    let code = match script == Path::new("-") {
+        true => read_bounded("the code from stdin", io::stdin().lock())?,
+        false => read_file("", script)?,
+    };
+    String::from_utf8(code)
+        .map_err(|_| "the code is not valid UTF-8 (Python source must be)".to_string())
+}
+
 fn request(args: &RunArgs) -> Result<RunRequest, String> {
     let from_stdin = args.script == Path::new("-");
-    let code = match from_stdin {
-        true => read_bounded("the code from stdin", io::stdin().lock())?,
-        false => read_file("", &args.script)?,
-    };
-    let code = String::from_utf8(code)
-        .map_err(|_| "the code is not valid UTF-8 (Python source must be)".to_string())?;
+    let code = read_code(&args.script)?;
     let stdin = match &args.input {
         None => Vec::new(),
         Some(p) if p == Path::new("-") && from_stdin => {
@@ -100,23 +107,26 @@ fn request(args: &RunArgs) -> Result<RunRequest, String> {
         stdin_base64: None,
         policy: Some(args.policy.clone()),
         limits: limit_flags(args)?,
-        dependencies: dependency_flags(args)?,
+        dependencies: listed_dependencies(args.requirements.as_deref(), &args.with)?,
     };
     req.set_stdin(&stdin);
     Ok(req)
 }
 
 /// `--requirements FILE` (each line checked), then every `--with`.
-fn dependency_flags(args: &RunArgs) -> Result<Vec<String>, String> {
+pub(crate) fn listed_dependencies(
+    requirements: Option<&Path>,
+    with: &[String],
+) -> Result<Vec<String>, String> {
     let mut deps = Vec::new();
-    if let Some(path) = &args.requirements {
+    if let Some(path) = requirements {
         let text = read_file("--requirements ", path)?;
         let text = String::from_utf8(text)
             .map_err(|_| format!("--requirements {}: not UTF-8 text", path.display()))?;
         deps = pycell_core::deps::requirements_file(&text, &path.display().to_string())
             .map_err(|m| format!("--requirements {m}"))?;
     }
-    deps.extend(args.with.iter().cloned());
+    deps.extend(with.iter().cloned());
     Ok(deps)
 }
 
@@ -224,7 +234,11 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
                 show(stream, bytes);
             }
         },
-        |position| queue.update(position),
+        |stage| match stage {
+            Stage::Queued(position) => queue.update(position),
+            Stage::Started => queue.update(0),
+            Stage::Installing(m) => eprintln!("pycell: {m}"),
+        },
         |_| {},
     );
     let result = result.map_err(|e| match e {
@@ -342,14 +356,25 @@ pub(crate) fn env_for(
         return Ok(None);
     };
     let store = deps::build::embedded_store()?;
+    ensure_here(launcher, &store, policy, &deps, signals, progress).map(Some)
+}
+
+/// The env for `deps` from `store`, built by this process if it must be.
+pub(crate) fn ensure_here(
+    launcher: &Launcher,
+    store: &EnvStore,
+    policy: &Policy,
+    deps: &DepsRequest,
+    signals: Option<&SignalFd>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Ensured, JailFailure> {
     let mut installer = EmbeddedInstaller { signals };
-    let ensured =
-        deps::build::ensure_env(launcher, &store, policy, &deps, &mut installer, progress)?;
+    let ensured = deps::build::ensure_env(launcher, store, policy, deps, &mut installer, progress)?;
     if ensured.report.cache == CacheOutcome::Miss {
         let secs = ensured.report.install_ms / 1000.0;
         progress(&format!("dependencies installed in {secs:.1}s"));
     }
-    Ok(Some(ensured))
+    Ok(ensured)
 }
 
 /// Runs the install jail from this process, like a run.
@@ -375,7 +400,7 @@ impl InstallRunner for EmbeddedInstaller<'_> {
     }
 }
 
-fn forwarded_signals() -> nix::Result<SignalFd> {
+pub(crate) fn forwarded_signals() -> nix::Result<SignalFd> {
     let mut set = SigSet::empty();
     for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
         set.add(s);

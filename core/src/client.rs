@@ -130,14 +130,13 @@ impl DaemonClient {
         self.run_queued(request, on_output, |_| {})
     }
 
-    /// [`DaemonClient::run`], also calling `on_queued` with the run's place
-    /// in the queue while it waits for a slot (1 goes next), and with 0
-    /// when it starts.
+    /// [`DaemonClient::run`], also calling `on_stage` while the run waits
+    /// for a slot, while its dependencies are installed, and when it starts.
     pub fn run_queued(
         &mut self,
         request: RunRequest,
         mut on_output: impl FnMut(Stream, &[u8]),
-        mut on_queued: impl FnMut(usize),
+        mut on_stage: impl FnMut(Stage<'_>),
     ) -> Result<RunResult, ClientError> {
         framing::write_sync(
             &mut self.stream,
@@ -148,8 +147,9 @@ impl DaemonClient {
         )?;
         loop {
             match framing::read_sync::<ServerMessage>(&mut self.stream)? {
-                ServerMessage::Started { .. } => on_queued(0),
-                ServerMessage::Queued { position, .. } => on_queued(position),
+                ServerMessage::Started { .. } => on_stage(Stage::Started),
+                ServerMessage::Queued { position, .. } => on_stage(Stage::Queued(position)),
+                ServerMessage::Installing { message, .. } => on_stage(Stage::Installing(&message)),
                 ServerMessage::Output {
                     stream,
                     data_base64,
@@ -183,6 +183,17 @@ impl DaemonClient {
     }
 }
 
+/// Where a daemon run is before its output: what `on_stage` hears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage<'a> {
+    /// Waiting for a slot; 1 goes next.
+    Queued(usize),
+    /// One step of installing the run's dependencies.
+    Installing(&'a str),
+    /// The sandbox is starting.
+    Started,
+}
+
 /// Connect to `path` and run `request`, starting over on a new connection
 /// while the daemon answers `shutting_down` before the run started (for at
 /// most [`CONNECT_PATIENCE`]): nothing of the run has happened, and a
@@ -193,14 +204,14 @@ pub fn run_patiently(
     path: &Path,
     request: RunRequest,
     mut on_output: impl FnMut(Stream, &[u8]),
-    mut on_queued: impl FnMut(usize),
+    mut on_stage: impl FnMut(Stage<'_>),
     mut on_connected: impl FnMut(&DaemonClient),
 ) -> Result<RunResult, ClientError> {
     let give_up = Instant::now() + CONNECT_PATIENCE;
     loop {
         let mut client = DaemonClient::connect(path)?;
         on_connected(&client);
-        match client.run_queued(request.clone(), &mut on_output, &mut on_queued) {
+        match client.run_queued(request.clone(), &mut on_output, &mut on_stage) {
             Err(ClientError::Refused {
                 code: ErrorCode::ShuttingDown,
                 ..

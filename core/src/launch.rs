@@ -143,10 +143,10 @@ pub struct Launcher {
 }
 
 impl Launcher {
-    /// Embedded mode's launcher: `PYCELL_UID_RANGE`, `PYCELL_JAILER` and
-    /// `PYCELL_POLICY_DIR` (default /etc/pycell/policies) from the
-    /// environment, the default cgroup parent. Fails only for a malformed
-    /// `PYCELL_UID_RANGE`.
+    /// Embedded mode's launcher: `PYCELL_UID_RANGE`, `PYCELL_JAILER`,
+    /// `PYCELL_POLICY_DIR` (default /etc/pycell/policies) and
+    /// `PYCELL_CGROUP_PARENT` from the environment. Fails only for a
+    /// malformed `PYCELL_UID_RANGE` or `PYCELL_CGROUP_PARENT`.
     pub fn embedded_from_env() -> Result<Launcher, JailFailure> {
         let policy_dir = std::env::var_os("PYCELL_POLICY_DIR")
             .filter(|d| !d.is_empty())
@@ -155,7 +155,7 @@ impl Launcher {
             policy_dir,
             uid_range: uid_range_from_env()?,
             uid_lock_dir: PathBuf::from(UID_LOCK_DIR),
-            cgroup_parent: resolve::CGROUP_PARENT.to_string(),
+            cgroup_parent: cgroup_parent_from_env()?,
             jailer: find_jailer(),
         })
     }
@@ -242,6 +242,21 @@ fn not_root() -> JailFailure {
     .with_hint(
         "run pycell as root, or install and start the pycelld service (its socket needs no root)",
     )
+}
+
+/// `PYCELL_CGROUP_PARENT` (plain names separated by `/`, relative to the
+/// cgroup root: pycelld sets it for the env builders it starts, so their
+/// install jails live in its subtree), else [`resolve::CGROUP_PARENT`].
+fn cgroup_parent_from_env() -> Result<String, JailFailure> {
+    match std::env::var("PYCELL_CGROUP_PARENT") {
+        Ok(p) if crate::spec::is_plain_relative_path(&p) => Ok(p),
+        Ok(p) => Err(JailFailure::new(
+            FailureCode::InvalidConfig,
+            Layer::Cgroup,
+            format!("PYCELL_CGROUP_PARENT={p:?}: expected plain names separated by /"),
+        )),
+        Err(_) => Ok(resolve::CGROUP_PARENT.to_string()),
+    }
 }
 
 /// `PYCELL_UID_RANGE` (`START-END`), else [`uidalloc::DEFAULT_RANGE`].

@@ -10,7 +10,7 @@ use crate::codes::FailureCode;
 pub use crate::events::Stream;
 
 /// Bumped on any incompatible change; the handshake refuses a mismatch.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Largest code (and largest stdin) a request may carry.
 pub const MAX_CODE_BYTES: usize = 16 << 20;
 
@@ -164,6 +164,13 @@ pub enum ServerMessage {
     Queued {
         id: String,
         position: usize,
+    },
+    /// The run's dependencies are being installed (its env is not in the
+    /// store yet): one message per step, e.g. "installed six 1.16.0 (1 of
+    /// 1)". Sent after `queued`, before `started`.
+    Installing {
+        id: String,
+        message: String,
     },
     Started {
         id: String,

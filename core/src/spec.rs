@@ -167,6 +167,25 @@ pub fn new_run_id() -> String {
 
 /// A cgroup path below some base: plain names (ASCII letters, digits, `-`,
 /// `_`, `.`) separated by single `/`, none of them `.` or `..`.
+/// Owned by root and writable by no one else: the rule for every component
+/// of a bind source, as the host sees it (the jailer checks it; pycelld
+/// checks its env store with it at start).
+pub fn trusted(uid: u32, gid: u32, mode: u32) -> Result<(), String> {
+    if uid != 0 {
+        return Err(format!("is owned by uid {uid}, not root"));
+    }
+    if mode & 0o002 != 0 {
+        return Err(format!("is writable by others (mode {:o})", mode & 0o7777));
+    }
+    if mode & 0o020 != 0 && gid != 0 {
+        return Err(format!(
+            "is writable by group {gid} (mode {:o})",
+            mode & 0o7777
+        ));
+    }
+    Ok(())
+}
+
 pub fn is_plain_relative_path(p: &str) -> bool {
     !p.is_empty()
         && p.split('/').all(|seg| {

@@ -14,6 +14,9 @@ pub const DEFAULT_CONFIG: &str = "/etc/pycell/pycelld.toml";
 /// `CgroupLayout::adopt_own_subtree`).
 pub const SUPERVISOR_CGROUP: &str = "supervisor";
 
+/// pycelld's env store (`StateDirectory=pycell` in pycelld.service).
+pub const DEFAULT_ENV_STORE: &str = "/var/lib/pycell";
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -35,6 +38,9 @@ struct RawConfig {
     audit_log: Option<String>,
     policy_dir: Option<PathBuf>,
     cgroup_parent: Option<String>,
+    env_store: Option<PathBuf>,
+    env_store_max_size: Option<String>,
+    env_max_age: Option<String>,
 }
 
 /// Where audit lines go.
@@ -83,6 +89,14 @@ pub struct Config {
     /// cgroup (the service's delegated subtree); distinct from embedded
     /// mode's, so that a daemon restart can sweep it.
     pub cgroup_parent: String,
+    /// Where the envs of runs' dependencies are built and kept (default
+    /// /var/lib/pycell: envs/<key> below it).
+    pub env_store: PathBuf,
+    /// After each build, envs unused for longer than `env_max_age` go, then
+    /// the least recently used until the rest fit in `env_store_max_size`;
+    /// never one in use.
+    pub env_store_max_size: u64,
+    pub env_max_age: Duration,
     /// The text this configuration was parsed from (empty for the built-in
     /// defaults): the monitor hands it to the broker, which so never reads
     /// a file of its own.
@@ -167,6 +181,9 @@ impl Default for Config {
             audit: AuditSink::Stderr,
             policy_dir: PathBuf::from(pycell_core::resolve::POLICY_DIR),
             cgroup_parent: "runs".into(),
+            env_store: PathBuf::from(DEFAULT_ENV_STORE),
+            env_store_max_size: 20 << 30,
+            env_max_age: Duration::from_secs(30 * 24 * 3600),
             source_text: String::new(),
         }
     }
@@ -206,6 +223,7 @@ impl Config {
         let mut c = Config::default();
         c.apply_access(&raw, &at)?;
         c.apply_runs(&raw, &at)?;
+        c.apply_envs(&raw, &at)?;
         c.apply_paths(raw, &at)?;
         c.source_text = text.to_string();
         Ok(c)
@@ -316,6 +334,25 @@ impl Config {
                 }
                 *target = n;
             }
+        }
+        Ok(())
+    }
+
+    /// The env store and its garbage collection.
+    fn apply_envs(&mut self, raw: &RawConfig, at: &Locator<'_>) -> Result<(), ConfigError> {
+        if let Some(p) = &raw.env_store {
+            if !p.is_absolute() || p == Path::new("/") {
+                return Err(at.field("env_store", "must be an absolute path below /".into()));
+            }
+            self.env_store = p.clone();
+        }
+        if let Some(s) = &raw.env_store_max_size {
+            self.env_store_max_size =
+                pycell_policy::parse_size(s).map_err(|e| at.field("env_store_max_size", e))?;
+        }
+        if let Some(a) = &raw.env_max_age {
+            self.env_max_age =
+                pycell_policy::parse_duration(a).map_err(|e| at.field("env_max_age", e))?;
         }
         Ok(())
     }

@@ -20,6 +20,7 @@ pub mod admission;
 pub mod audit;
 pub mod broker;
 pub mod config;
+pub mod envs;
 pub mod listen;
 pub mod monitor;
 pub mod sockets;

@@ -26,16 +26,20 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{Gid, Group, Pid, Uid, User};
 use pycell_core::cgroup::CgroupLayout;
 use pycell_core::codes::FailureCode;
+use pycell_core::deps::{self, build::Plan, store::EnvInUse, store::EnvStore};
 use pycell_core::framing;
 use pycell_core::launch::{self, JailerStderr, LaunchError, Launcher, PolicyChoice};
 use pycell_core::protocol::{ErrorCode, RunRequest};
-use pycell_core::result::LimitsReport;
+use pycell_core::report::JailFailure;
+use pycell_core::resolve::Extras;
+use pycell_core::result::{EnvReport, LimitsReport};
 use pycell_core::uidalloc::UidLease;
 use pycell_policy::network::EgressRules;
 use serde::{Deserialize, Serialize};
 
 use crate::audit::{AuditLog, RunStart, StoppedBy};
 use crate::config::Config;
+use crate::envs::{Build, Builders};
 use crate::listen;
 
 /// Broker → monitor: the only things the broker can ask for.
@@ -55,6 +59,9 @@ pub enum ToMonitor {
     },
     /// Stop a run (cancel, client gone, shutdown).
     Kill { run_id: String },
+    /// The client of request `req` is gone or cancelled while its env was
+    /// being built: stop the build.
+    Abandon { req: u64 },
     /// One connection of a run's egress proxy ended: for the audit log.
     Egress {
         run_id: String,
@@ -85,11 +92,25 @@ pub enum ToBroker {
         /// With egress: the policy's rules; the second descriptor is the
         /// jailer's stdin, on which it sends the proxy's listener.
         egress: Option<EgressRules>,
+        /// The env of the run's dependencies, if it has any.
+        env: Option<EnvReport>,
+    },
+    /// The run's env is being built; the descriptor carries the install's
+    /// progress, a line per step. `Spawned`, `Refused` or `Failed` follows.
+    Installing {
+        req: u64,
     },
     Refused {
         req: u64,
         code: ErrorCode,
         message: String,
+    },
+    /// The run could not start for a reason its result reports (its
+    /// dependencies could not be installed, say).
+    Failed {
+        req: u64,
+        policy: String,
+        failure: JailFailure,
     },
     Exited {
         run_id: String,
@@ -130,12 +151,26 @@ struct Run {
     run_id: String,
     child: Child,
     _lease: UidLease,
+    /// The env of its dependencies: in use (so kept) while the run goes.
+    _env: Option<EnvInUse>,
     started: Instant,
     /// The monitor's own deadline: the run's wall timeout and
     /// [`HARD_DEADLINE_SLACK`]. A jailer still there then is stopped.
     deadline: Instant,
     killed_at: Option<Instant>,
     stopped_by: StoppedBy,
+}
+
+/// The monitor's answer to a spawn request: a message for the broker and
+/// the descriptors it carries, or a refusal.
+type Reply = Result<(ToBroker, Vec<OwnedFd>), Box<ToBroker>>;
+
+/// Where a run's env stands when it is asked for.
+enum EnvStep {
+    NoDependencies,
+    Ready((EnvInUse, EnvReport)),
+    /// Its builder started; this is the reply for the broker.
+    Building((ToBroker, Vec<OwnedFd>)),
 }
 
 /// Time beyond a run's wall timeout that its jailer gets (to start the
@@ -218,12 +253,18 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
     let (listener, origin) = listening_socket(&config, ids.socket_gid)?;
     let sfd = block_signals()?;
     let (link, broker_pid) = start_broker(&config, config_path, &ids, listener)?;
+    let envs = open_envs(&config, &launcher);
+    if let Err(why) = &envs {
+        eprintln!("pycelld monitor: runs with dependencies will be refused: {why}");
+    }
     let mut m = Monitor {
         config,
         layout,
         launcher,
         link,
         runs: HashMap::new(),
+        envs,
+        builds: HashMap::new(),
         broker_pid,
         broker_alive: true,
         stopping_since: None,
@@ -238,9 +279,17 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
     result
 }
 
+/// pycelld's env store (created if need be) and its builders.
+fn open_envs(config: &Config, launcher: &Launcher) -> Result<(EnvStore, Builders), String> {
+    let store = EnvStore::open(&config.env_store)
+        .map_err(|e| format!("the env store {}: {e}", config.env_store.display()))?;
+    crate::envs::check_store_path(&config.env_store)?;
+    Ok((store, Builders::new(config, launcher)?))
+}
+
 /// Signals are handled in the serve loop through a signalfd.
 /// `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`, in either case.
-fn is_proxy_setting(name: &str) -> bool {
+pub(crate) fn is_proxy_setting(name: &str) -> bool {
     ["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"]
         .iter()
         .any(|p| name == *p || name == p.to_ascii_lowercase())
@@ -332,6 +381,11 @@ struct Monitor {
     launcher: Launcher,
     link: UnixStream,
     runs: HashMap<i32, Run>,
+    /// Where runs' envs are kept and how they are built, or why they
+    /// cannot be (runs that need one are then refused, saying so).
+    envs: Result<(EnvStore, Builders), String>,
+    /// Envs being built, by builder pid.
+    builds: HashMap<i32, Build>,
     broker_pid: Pid,
     broker_alive: bool,
     stopping_since: Option<Instant>,
@@ -393,7 +447,8 @@ impl Monitor {
                 // The broker drains for the grace period; after that (and a
                 // little slack) everything left is killed.
                 let deadline = since + self.config.shutdown_grace + Duration::from_secs(2);
-                if (!self.broker_alive && self.runs.is_empty()) || Instant::now() >= deadline {
+                let idle = self.runs.is_empty() && self.builds.is_empty();
+                if (!self.broker_alive && idle) || Instant::now() >= deadline {
                     // A stop for a broker that failed is a failure (so
                     // that systemd restarts the service).
                     return match self.failure.take() {
@@ -495,6 +550,11 @@ impl Monitor {
                     stop(run, StoppedBy::Request);
                 }
             }
+            ToMonitor::Abandon { req } => {
+                if let Some(build) = self.builds.values_mut().find(|b| b.req == req) {
+                    build.stop();
+                }
+            }
             ToMonitor::Egress { run_id, connection } => {
                 // Any well-formed run id: the broker reports a connection
                 // when it ends, which may be just after its run was reaped.
@@ -511,48 +571,70 @@ impl Monitor {
                     });
                     return;
                 }
-                match self.spawn(req, peer, &request) {
-                    Ok((msg, fds)) => {
-                        let fds: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
-                        let sent =
-                            framing::encode(&msg)
-                                .map_err(|e| e.to_string())
-                                .and_then(|frame| {
-                                    crate::sockets::send_with_fds(self.link.as_fd(), &frame, &fds)
-                                        .map_err(|e| e.to_string())
-                                });
-                        if let Err(e) = sent {
-                            eprintln!("pycelld monitor: cannot hand run {req} (peer uid {}) to the broker: {e}", peer.uid);
-                        }
-                    }
-                    Err((code, message)) => self.send(&ToBroker::Refused { req, code, message }),
-                }
+                let reply = self.spawn(req, peer, request, None);
+                self.reply(req, peer, reply);
             }
         }
     }
 
+    /// Send the answer to a spawn request, with its descriptors.
+    fn reply(&mut self, req: u64, peer: PeerIds, reply: Reply) {
+        let (msg, fds) = match reply {
+            Ok(sent) => sent,
+            Err(refusal) => (*refusal, Vec::new()),
+        };
+        let fds: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+        let sent = framing::encode(&msg)
+            .map_err(|e| e.to_string())
+            .and_then(|frame| {
+                crate::sockets::send_with_fds(self.link.as_fd(), &frame, &fds)
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(e) = sent {
+            eprintln!(
+                "pycelld monitor: cannot answer request {req} (peer uid {}) to the broker: {e}",
+                peer.uid
+            );
+        }
+    }
+
+    /// Start the run, or its env's build first. `built` is the outcome of
+    /// that build, once it is done.
     fn spawn(
         &mut self,
         req: u64,
         peer: PeerIds,
-        request: &RunRequest,
-    ) -> Result<(ToBroker, Vec<OwnedFd>), (ErrorCode, String)> {
+        request: RunRequest,
+        built: Option<EnvReport>,
+    ) -> Reply {
+        let refuse = |(code, message)| Box::new(ToBroker::Refused { req, code, message });
         let cap = self.config.max_concurrent_runs * JAILERS_PER_SLOT;
-        if self.runs.len() >= cap {
-            return Err((
+        if self.runs.len() + self.builds.len() >= cap {
+            return Err(refuse((
                 ErrorCode::Busy,
-                format!("the monitor already runs {cap} jailers (twice max_concurrent_runs); try again shortly"),
-            ));
+                format!("the monitor already runs {cap} jailers and env builds (twice max_concurrent_runs); try again shortly"),
+            )));
         }
         let policy = self
             .launcher
             .load_policy(PolicyChoice::Name(request.policy_name()))
-            .map_err(refusal)?;
-        refuse_dependencies(&policy, request)?;
-        let prepared = self.launcher.prepare(&policy, request).map_err(refusal)?;
+            .map_err(|e| refuse(refusal(e)))?;
+        let env = match self.env_for(req, peer, &policy, request.clone(), built)? {
+            EnvStep::Building(reply) => return Ok(reply),
+            EnvStep::Ready(env) => Some(env),
+            EnvStep::NoDependencies => None,
+        };
+        let extras = Extras {
+            env: env.as_ref().map(|(e, _)| e.dir.clone()),
+            ..Extras::default()
+        };
+        let prepared = self
+            .launcher
+            .prepare_with(&policy, &request, &extras)
+            .map_err(|e| refuse(refusal(e)))?;
         let launched = prepared.spawn(JailerStderr::Inherit).map_err(|r| {
             let message = r.error.map_or_else(String::new, |e| e.message);
-            (ErrorCode::Internal, message)
+            refuse((ErrorCode::Internal, message))
         })?;
         self.audit.run_started(&RunStart {
             run_id: &launched.run_id,
@@ -569,6 +651,7 @@ impl Monitor {
             fds.push(channel);
             rules
         });
+        let (env, report) = env.unzip();
         let msg = ToBroker::Spawned {
             req,
             run_id: launched.run_id.clone(),
@@ -576,6 +659,7 @@ impl Monitor {
             policy: launched.policy,
             limits: launched.limits,
             egress,
+            env: report,
         };
         self.runs.insert(
             launched.child.id() as i32,
@@ -583,6 +667,7 @@ impl Monitor {
                 run_id: launched.run_id,
                 child: launched.child,
                 _lease: launched.lease,
+                _env: env,
                 started,
                 deadline: started + wall + HARD_DEADLINE_SLACK,
                 killed_at: None,
@@ -590,6 +675,90 @@ impl Monitor {
             },
         );
         Ok((msg, fds))
+    }
+
+    /// The run's env: none needed, in the store, or being built now (the
+    /// run starts when its builder is done, see [`Monitor::built`]).
+    fn env_for(
+        &mut self,
+        req: u64,
+        peer: PeerIds,
+        policy: &pycell_policy::Policy,
+        request: RunRequest,
+        built: Option<EnvReport>,
+    ) -> Result<EnvStep, Box<ToBroker>> {
+        let failed = |failure| {
+            Box::new(ToBroker::Failed {
+                req,
+                policy: policy.name.clone(),
+                failure,
+            })
+        };
+        let Some(wanted) =
+            deps::gather(policy, &request.code, &request.dependencies).map_err(failed)?
+        else {
+            return Ok(EnvStep::NoDependencies);
+        };
+        let (store, builders) = self.envs.as_ref().map_err(|why| {
+            failed(deps::failure(
+                FailureCode::DepsUnavailable,
+                format!("pycelld cannot build dependency envs: {why}"),
+            ))
+        })?;
+        let plan: Plan = deps::build::plan(&self.launcher, policy, &wanted).map_err(failed)?;
+        if let Some(env) = store.lookup(&plan.key) {
+            let report = built.unwrap_or_else(|| {
+                deps::build::report(&env, pycell_core::result::CacheOutcome::Hit, 0.0)
+            });
+            return Ok(EnvStep::Ready((env, report)));
+        }
+        if built.is_some() {
+            return Err(failed(deps::failure(
+                FailureCode::DepsInstallFailed,
+                "the env was built, yet the store does not have it (removed meanwhile?); try again",
+            )));
+        }
+        let (child, progress) = builders.start(&policy.name, &wanted).map_err(|e| {
+            failed(deps::failure(
+                FailureCode::DepsUnavailable,
+                format!("starting the env builder: {e}"),
+            ))
+        })?;
+        let deadline = builders.deadline(plan.install_timeout());
+        let build = Build::new(req, peer, request, policy.name.clone(), child, deadline);
+        self.builds.insert(build.pid(), build);
+        Ok(EnvStep::Building((
+            ToBroker::Installing { req },
+            vec![progress],
+        )))
+    }
+
+    /// A builder ended: start its run, or say why it cannot start.
+    fn built(&mut self, mut build: Build, how: &str) {
+        let (req, peer) = (build.req, build.peer);
+        let reply = match build.outcome(how) {
+            Ok(env) => {
+                self.collect_garbage();
+                let request = std::mem::take(&mut build.request);
+                self.spawn(req, peer, request, Some(env))
+            }
+            Err(failure) => Err(Box::new(ToBroker::Failed {
+                req,
+                policy: build.policy.clone(),
+                failure,
+            })),
+        };
+        self.reply(req, peer, reply);
+    }
+
+    /// After a build: envs over the store's age and size caps go (by a
+    /// `pycell env gc` child, so the monitor never waits on the disk).
+    fn collect_garbage(&self) {
+        if let Ok((_, builders)) = &self.envs {
+            if let Err(e) = builders.collect_garbage(&self.config) {
+                eprintln!("pycelld monitor: cannot start the env store's gc: {e}");
+            }
+        }
     }
 
     fn reap(&mut self) {
@@ -615,6 +784,9 @@ impl Monitor {
                         let run_id = std::mem::take(&mut run.run_id);
                         drop(run);
                         self.send(&ToBroker::Exited { run_id });
+                    } else if let Some(build) = self.builds.remove(&pid.as_raw()) {
+                        let how = describe_wait(&status);
+                        self.built(build, &how);
                     }
                 }
             }
@@ -639,11 +811,17 @@ impl Monitor {
                 let _ = kill(Pid::from_raw(run.child.id() as i32), Signal::SIGKILL);
             }
         }
+        for build in self.builds.values_mut() {
+            build.escalate();
+        }
     }
 
     fn kill_all_runs(&mut self) {
         for run in self.runs.values_mut() {
             stop(run, StoppedBy::Shutdown);
+        }
+        for build in self.builds.values_mut() {
+            build.stop();
         }
     }
 
@@ -655,12 +833,13 @@ impl Monitor {
         }
         self.kill_all_runs();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !self.runs.is_empty() && Instant::now() < deadline {
+        while !(self.runs.is_empty() && self.builds.is_empty()) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
             self.reap();
         }
-        for run in self.runs.values() {
-            let _ = kill(Pid::from_raw(run.child.id() as i32), Signal::SIGKILL);
+        let pids = self.runs.keys().chain(self.builds.keys());
+        for pid in pids {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
         }
         let _ = waitpid(self.broker_pid, Some(WaitPidFlag::WNOHANG));
         self.layout
@@ -708,34 +887,6 @@ fn describe_wait(status: &WaitStatus) -> String {
 }
 
 /// How a run that did not start is refused on the wire.
-/// pycelld does not build dependency envs yet: a run that needs one is
-/// refused, saying so, rather than started to fail at its first import.
-fn refuse_dependencies(
-    policy: &pycell_policy::Policy,
-    request: &RunRequest,
-) -> Result<(), (ErrorCode, String)> {
-    let gathered = pycell_core::deps::gather(policy, &request.code, &request.dependencies)
-        .map_err(|f| {
-            (
-                ErrorCode::InvalidRequest,
-                format!("{}: {}", f.code, f.message),
-            )
-        })?;
-    match gathered {
-        None => Ok(()),
-        Some(deps) => {
-            let names: Vec<String> = deps.requirements.iter().map(|r| r.to_string()).collect();
-            Err((
-                ErrorCode::InvalidRequest,
-                format!(
-                    "deps_unavailable: this run needs {} installed, and pycelld does not build dependency envs yet; run it embedded as root (`pycell run --embedded`), which does",
-                    names.join(", ")
-                ),
-            ))
-        }
-    }
-}
-
 pub(crate) fn refusal(e: LaunchError) -> (ErrorCode, String) {
     let code = match &e {
         LaunchError::Request(_) => ErrorCode::InvalidRequest,

@@ -122,23 +122,7 @@ pub(crate) fn walk(
     Ok(walked)
 }
 
-/// Owned by root and writable by no one else: the rule for every component
-/// of a bind source, as the host sees it.
-pub(crate) fn trusted(uid: u32, gid: u32, mode: u32) -> Result<(), String> {
-    if uid != 0 {
-        return Err(format!("is owned by uid {uid}, not root"));
-    }
-    if mode & 0o002 != 0 {
-        return Err(format!("is writable by others (mode {:o})", mode & 0o7777));
-    }
-    if mode & 0o020 != 0 && gid != 0 {
-        return Err(format!(
-            "is writable by group {gid} (mode {:o})",
-            mode & 0o7777
-        ));
-    }
-    Ok(())
-}
+pub(crate) use pycell_core::spec::trusted;
 
 /// Host side: check `path` and say where it leads.
 pub(crate) fn check_on_host(path: &Path) -> Result<SourceId, String> {

@@ -16,9 +16,10 @@ const BUILTINS: &[(&str, &str)] = &[
     ("default", include_str!("../default.toml")),
     ("network", include_str!("../network.toml")),
     ("install", include_str!("../install.toml")),
+    ("data-science", include_str!("../data-science.toml")),
 ];
 
-const NAMES: &[&str] = &["default", "network", "install"];
+const NAMES: &[&str] = &["default", "network", "install", "data-science"];
 
 /// Names of the built-in policies, in a stable order.
 pub fn names() -> &'static [&'static str] {
@@ -84,7 +85,7 @@ mod tests {
     fn unknown_builtin() {
         assert_eq!(
             load("nope").unwrap_err().to_string(),
-            "no built-in policy named \"nope\"; built-in policies: default, network, install"
+            "no built-in policy named \"nope\"; built-in policies: default, network, install, data-science"
         );
     }
 }

@@ -7,11 +7,22 @@
 #![forbid(unsafe_code)]
 
 use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use pycell_tests::{repo_root, run_args, Outcome, Pycell, Script};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use pycell_core::client::{ClientError, Stage};
+use pycell_core::protocol::RunRequest;
+use pycell_core::result::RunResult;
+use pycell_tests::daemon::Daemon;
+use pycell_tests::{
+    descendants_of, pycell_bin, repo_root, run_args, still_alive_after, Outcome, Pycell, Script,
+};
 use serde_json::Value;
 
 /// Root-owned, not under a world-writable directory: the jailer mounts the
@@ -28,8 +39,14 @@ fn head(name: &str) -> String {
 
 /// An install policy for the wheelhouse (offline) or an index URL.
 fn install_policy(name: &str, disk: &str, source: &str) -> String {
+    install_policy_with_cpus(name, disk, source, "2.0")
+}
+
+/// [`install_policy`] with a CPU share (a small one makes an install slow
+/// enough to be killed midway).
+fn install_policy_with_cpus(name: &str, disk: &str, source: &str, cpus: &str) -> String {
     format!(
-        "{}[limits]\nwall_timeout = \"2m\"\ncpu_time = \"2m\"\nmemory = \"1GiB\"\npids = 256\ncpus = 2.0\nopen_files = 4096\ndisk = \"{disk}\"\n{source}\n{MOUNTS}[env]\nPATH = \"/usr/bin:/bin\"\nHOME = \"/workspace\"\nUV_CACHE_DIR = \"/tmp/uv-cache\"\nUV_PYTHON_DOWNLOADS = \"never\"\nUV_NO_PROGRESS = \"1\"\n",
+        "{}[limits]\nwall_timeout = \"2m\"\ncpu_time = \"2m\"\nmemory = \"1GiB\"\npids = 256\ncpus = {cpus}\nopen_files = 4096\ndisk = \"{disk}\"\n{source}\n{MOUNTS}[env]\nPATH = \"/usr/bin:/bin\"\nHOME = \"/workspace\"\nUV_CACHE_DIR = \"/tmp/uv-cache\"\nUV_PYTHON_DOWNLOADS = \"never\"\nUV_NO_PROGRESS = \"1\"\n",
         head(name)
     )
 }
@@ -62,6 +79,8 @@ fn base() -> &'static Path {
             ("test-install", install_policy("test-install", "512MiB", &offline)),
             ("tiny-install", install_policy("tiny-install", "2MiB", &offline)),
             ("far-install", install_policy("far-install", "512MiB", unreachable)),
+            ("slow-install", install_policy_with_cpus("slow-install", "512MiB", &offline, "0.03")),
+            ("deps-slow", run_policy("deps-slow", "slow-install")),
             ("deps", run_policy("deps", "test-install")),
             ("deps-tiny", run_policy("deps-tiny", "tiny-install")),
             ("deps-far", run_policy("deps-far", "far-install")),
@@ -387,4 +406,233 @@ fn pycell_env_lists_removes_and_collects_envs() {
         "{}",
         out.describe()
     );
+}
+
+// --- pycelld ----------------------------------------------------------------
+
+/// A pycelld whose policies are the tests' and whose env store is `store`.
+fn daemon_for(store: &Path) -> Daemon {
+    Daemon::start(&format!(
+        "policy_dir = {:?}\nenv_store = {:?}\n",
+        base().join("policies").display().to_string(),
+        store.display().to_string()
+    ))
+}
+
+/// A run through `d`: its result (as JSON) and the install steps it heard.
+fn daemon_run(d: &Daemon, policy: &str, code: &str, deps: &[&str]) -> (Value, Vec<String>) {
+    let mut steps = Vec::new();
+    let request = RunRequest {
+        code: code.to_string(),
+        policy: Some(policy.to_string()),
+        dependencies: deps.iter().map(|d| d.to_string()).collect(),
+        ..RunRequest::default()
+    };
+    let r = d
+        .client()
+        .run_queued(
+            request,
+            |_, _| {},
+            |stage| {
+                if let Stage::Installing(m) = stage {
+                    steps.push(m.to_string());
+                }
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    (serde_json::to_value(r).unwrap(), steps)
+}
+
+#[test]
+fn pycelld_builds_an_env_once_tells_its_steps_and_later_runs_find_it() {
+    let store = store("daemon");
+    let d = daemon_for(&store);
+    let (r, steps) = daemon_run(&d, "deps", IMPORT_A, &[]);
+    assert_eq!(r["status"], "ok", "{r}\n{}", d.log());
+    assert_eq!(
+        r["stdout"],
+        "/venv/lib/python3.11/site-packages/pycell_test_a/__init__.py 2.0\n"
+    );
+    assert_eq!(field(&r, "/env/cache"), "miss", "{r}");
+    assert_eq!(packages(&r), ["pycell-test-a 1.0", "pycell-test-b 2.0"]);
+    assert!(
+        steps
+            .iter()
+            .any(|s| s.starts_with("installed pycell-test-a 1.0 (") && s.ends_with(" of 2)")),
+        "{steps:?}"
+    );
+    // The env is root's, in pycelld's store, and runs cannot write it.
+    let key = field(&r, "/env/key").as_str().unwrap().to_string();
+    let env_dir = store.join("envs").join(&key);
+    assert_eq!(fs::metadata(&env_dir).unwrap().uid(), 0);
+    let write =
+        "# /// script\n# dependencies = [\"pycell-test-a\"]\n# ///\nopen('/venv/pwned', 'w')\n";
+    let (w, _) = daemon_run(&d, "deps", write, &[]);
+    assert!(
+        field(&w, "/stderr")
+            .as_str()
+            .unwrap_or("")
+            .contains("Read-only file system"),
+        "{w}"
+    );
+    // Found the second time: no install, the same env.
+    let (again, steps) = daemon_run(&d, "deps", IMPORT_A, &[]);
+    assert_eq!(field(&again, "/env/cache"), "hit", "{again}");
+    assert_eq!(field(&again, "/env/key"), key.as_str());
+    assert!(steps.is_empty(), "{steps:?}");
+    // A package without a wheel: refused with its code, nothing cached.
+    let (bad, _) = daemon_run(&d, "deps", "print(1)", &["pycell-test-sdist"]);
+    assert_eq!(bad["status"], "refused", "{bad}");
+    assert_eq!(field(&bad, "/error/code"), "deps_no_wheel", "{bad}");
+    assert_eq!(field(&bad, "/error/layer"), "dependencies", "{bad}");
+    // `pycell run` through the daemon shows the steps on stderr.
+    let script = Script::new(
+        "main.py",
+        "import pycell_test_b\nprint(pycell_test_b.VERSION)\n",
+    );
+    let sock = d.socket();
+    let opts = [
+        "--socket",
+        sock.to_str().unwrap(),
+        "--policy",
+        "deps",
+        "--with",
+        "pycell-test-b==1.0",
+    ];
+    let out = Pycell::new(run_args(&script.path, &opts, &[])).run();
+    assert_eq!(out.result()["stdout"], "1.0\n", "{}", out.describe());
+    assert!(
+        out.stderr
+            .contains("pycell: installed pycell-test-b 1.0 (1 of 1)"),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(envs_in(&store), 2);
+    assert!(nothing_building(&store));
+}
+
+const SLOW_B: &str = "# /// script\n# dependencies = [\"pycell-test-b==2.0\"]\n# ///\nimport pycell_test_b\nprint(pycell_test_b.VERSION)\n";
+
+#[test]
+fn a_sigkilled_embedded_install_leaves_nothing_behind() {
+    let store = store("killed-embedded");
+    let script = Script::new("main.py", SLOW_B);
+    let mut child = Command::new(pycell_bin())
+        .args(run_args(
+            &script.path,
+            &["--embedded", "--policy", "deps-slow"],
+            &[],
+        ))
+        .env("PYCELL_POLICY_DIR", base().join("policies"))
+        .env("PYCELL_ENV_STORE", &store)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let first = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("no install step");
+    assert!(first.contains("resolving"), "{first}");
+    let tree = descendants_of(child.id());
+    assert!(
+        tree.iter().any(|p| p.name == "pycell-jailer"),
+        "the install jail is going: {tree:?}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let left = still_alive_after(&tree, Duration::from_secs(15));
+    assert!(left.is_empty(), "outlived a SIGKILLed pycell run: {left:?}");
+    assert_eq!(envs_in(&store), 0, "a half-built env was published");
+    // The next run builds it whole.
+    let out = run_in(&store, "deps", SLOW_B, &[]);
+    assert_eq!(
+        field(&out.result(), "/env/cache"),
+        "miss",
+        "{}",
+        out.describe()
+    );
+    assert_eq!(out.result()["stdout"], "2.0\n");
+    assert!(nothing_building(&store));
+}
+
+/// Start a run of `policy` needing `SLOW_B` through `d` on a thread; return
+/// once its first install step is heard.
+fn slow_daemon_run(
+    d: &Daemon,
+    policy: &'static str,
+) -> std::thread::JoinHandle<Result<RunResult, ClientError>> {
+    let mut client = d.client();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        let request = RunRequest {
+            code: SLOW_B.to_string(),
+            policy: Some(policy.to_string()),
+            ..RunRequest::default()
+        };
+        client.run_queued(
+            request,
+            |_, _| {},
+            |stage| {
+                if let Stage::Installing(m) = stage {
+                    let _ = tx.send(m.to_string());
+                }
+            },
+        )
+    });
+    let first = rx
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("no install step heard\n{}", d.log()));
+    assert!(first.contains("resolving"), "{first}");
+    handle
+}
+
+#[test]
+fn pycelld_outlives_a_sigkilled_builder_and_takes_its_builds_along_when_killed() {
+    let store = store("killed-daemon");
+    let mut d = daemon_for(&store);
+    // The builder is SIGKILLed: the run fails, its install jail goes, and
+    // pycelld goes on serving.
+    let run = slow_daemon_run(&d, "deps-slow");
+    let below = descendants_of(d.pid() as u32);
+    let builder = below
+        .iter()
+        .find(|p| p.name == "pycell")
+        .unwrap_or_else(|| panic!("no builder below pycelld: {below:?}"));
+    let tree = descendants_of(builder.pid);
+    kill(Pid::from_raw(builder.pid as i32), Signal::SIGKILL).unwrap();
+    let r = serde_json::to_value(run.join().unwrap().unwrap()).unwrap();
+    assert_eq!(r["status"], "refused", "{r}");
+    assert_eq!(field(&r, "/error/code"), "deps_install_failed", "{r}");
+    assert!(
+        field(&r, "/error/message")
+            .as_str()
+            .unwrap()
+            .contains("SIGKILL"),
+        "{r}"
+    );
+    let left = still_alive_after(&tree, Duration::from_secs(15));
+    assert!(left.is_empty(), "outlived its builder: {left:?}");
+    assert_eq!(envs_in(&store), 0);
+    let (ok, _) = daemon_run(&d, "deps", SLOW_B, &[]);
+    assert_eq!(ok["stdout"], "2.0\n", "{ok}\n{}", d.log());
+    // pycelld itself is SIGKILLed mid-install: nothing of it stays.
+    fs::remove_dir_all(store.join("envs")).unwrap();
+    let run = slow_daemon_run(&d, "deps-slow");
+    let tree = descendants_of(d.pid() as u32);
+    d.signal(Signal::SIGKILL);
+    d.wait(Duration::from_secs(10));
+    let left = still_alive_after(&tree, Duration::from_secs(20));
+    assert!(left.is_empty(), "outlived a SIGKILLed pycelld: {left:?}");
+    assert!(
+        run.join().unwrap().is_err(),
+        "the client hears its daemon went"
+    );
+    assert!(nothing_building(&store));
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use pycell_policy::{Interpreter, Policy};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::store::{read_file_at, EnvInUse, EnvMeta, EnvStore, Package};
 use super::{digest, failure, install, request_key, DepsRequest};
@@ -68,7 +68,7 @@ fn unavailable(m: impl Into<String>) -> JailFailure {
     failure(FailureCode::DepsUnavailable, m)
 }
 
-fn report(env: &EnvInUse, cache: CacheOutcome, install_ms: f64) -> EnvReport {
+pub fn report(env: &EnvInUse, cache: CacheOutcome, install_ms: f64) -> EnvReport {
     EnvReport {
         key: env.meta.key.clone(),
         packages: env.meta.packages.clone(),
@@ -77,16 +77,26 @@ fn report(env: &EnvInUse, cache: CacheOutcome, install_ms: f64) -> EnvReport {
     }
 }
 
-/// The env for `deps` under `policy`: from `store`, or built now by
-/// `runner` in the jail of the policy's install policy.
-pub fn ensure_env(
-    launcher: &Launcher,
-    store: &EnvStore,
-    policy: &Policy,
-    deps: &DepsRequest,
-    runner: &mut dyn InstallRunner,
-    progress: &mut dyn FnMut(&str),
-) -> Result<Ensured, JailFailure> {
+/// What building a run's env takes: its install policy and job, and the
+/// key under which the store answers the request.
+#[derive(Debug)]
+pub struct Plan {
+    install_policy: Policy,
+    job: install::InstallJob,
+    /// The request's key in the store ([`request_key`]).
+    pub key: String,
+}
+
+impl Plan {
+    /// How long the install jail may run.
+    pub fn install_timeout(&self) -> std::time::Duration {
+        self.install_policy.limits.wall_timeout
+    }
+}
+
+/// The [`Plan`] for `deps` under `policy` (the install policy loaded, uv
+/// found); nothing is built or looked up yet.
+pub fn plan(launcher: &Launcher, policy: &Policy, deps: &DepsRequest) -> Result<Plan, JailFailure> {
     let Interpreter::HostPython(python) = &policy.interpreter else {
         return Err(failure(
             FailureCode::DepsNotAllowed,
@@ -102,6 +112,37 @@ pub fn ensure_env(
     let uv = install::find_uv()?;
     let job = install::job(&install_policy, python, deps, &uv)?;
     let key = request_key(deps, python, &job.source);
+    Ok(Plan {
+        install_policy,
+        job,
+        key,
+    })
+}
+
+/// How `pycell env build --json` ends, on its stdout: what pycelld reads
+/// from the builder it starts for a run's env.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case", deny_unknown_fields)]
+pub enum BuildOutcome {
+    Ready { env: EnvReport },
+    Failed { failure: JailFailure },
+}
+
+/// The env for `deps` under `policy`: from `store`, or built now by
+/// `runner` in the jail of the policy's install policy.
+pub fn ensure_env(
+    launcher: &Launcher,
+    store: &EnvStore,
+    policy: &Policy,
+    deps: &DepsRequest,
+    runner: &mut dyn InstallRunner,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Ensured, JailFailure> {
+    let Plan {
+        install_policy,
+        job,
+        key,
+    } = plan(launcher, policy, deps)?;
     if let Some(env) = store.lookup(&key) {
         return Ok(Ensured {
             report: report(&env, CacheOutcome::Hit, 0.0),
@@ -199,11 +240,15 @@ fn built_meta(
 pub fn embedded_store() -> Result<EnvStore, JailFailure> {
     let root = std::env::var_os("PYCELL_ENV_STORE")
         .filter(|p| !p.is_empty())
-        .map_or_else(
-            || PathBuf::from(super::store::EMBEDDED_STORE),
-            PathBuf::from,
-        );
-    EnvStore::open(&root).map_err(|e| {
+        .map(PathBuf::from);
+    open_store(root.as_deref())
+}
+
+/// The env store at `root` (default [`super::store::EMBEDDED_STORE`]),
+/// created if need be.
+pub fn open_store(root: Option<&std::path::Path>) -> Result<EnvStore, JailFailure> {
+    let root = root.unwrap_or(std::path::Path::new(super::store::EMBEDDED_STORE));
+    EnvStore::open(root).map_err(|e| {
         unavailable(format!("the env store {}: {e}", root.display()))
             .with_hint("run as root, or set PYCELL_ENV_STORE to a directory root owns")
     })

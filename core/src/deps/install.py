@@ -12,6 +12,7 @@ Exit codes: 10 requires-python not satisfied, 11 resolution failed,
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 
@@ -70,6 +71,19 @@ def run_uv(args, stream=None):
     return proc.wait()
 
 
+def readable_by_all(top):
+    """Directories searchable and files readable by every uid (symlinks
+    are left as they are): pycelld copies the env out of this jail without
+    a capability to read what it does not own."""
+    for root, _dirs, files in os.walk(top):
+        os.chmod(root, 0o755)
+        for name in files:
+            path = os.path.join(root, name)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISREG(mode):
+                os.chmod(path, 0o755 if mode & 0o100 else 0o644)
+
+
 def main():
     uv, python, requires_python = sys.argv[1:4]
     index = sys.argv[4:]
@@ -116,6 +130,9 @@ def main():
     report = dict(probe, packages=[{"name": n, "version": v} for n, v in packages])
     with open(os.path.join(WORKSPACE, "report.json"), "w") as f:
         json.dump(report, f)
+    readable_by_all(ENV)
+    for path in (WORKSPACE, LOCK, os.path.join(WORKSPACE, "report.json")):
+        os.chmod(path, 0o755 if path == WORKSPACE else 0o644)
     return 0
 
 

@@ -160,7 +160,7 @@ pub fn parse(code: &str) -> Result<Option<ScriptMetadata>, MetadataError> {
 }
 
 /// `requires-python`: comma-separated `OP VERSION` clauses.
-fn check_requires_python(spec: &str) -> Result<(), String> {
+pub fn check_requires_python(spec: &str) -> Result<(), String> {
     Requirement::parse(&format!("python{spec}"))
         .ok()
         .filter(|r| !r.rest.is_empty() && !r.rest.contains(';'))

@@ -20,12 +20,14 @@ use pycell_core::launch::{Collector, JailerEnd};
 use pycell_core::protocol::{
     encode_b64, ClientMessage, ErrorCode, RunRequest, ServerMessage, Stream, PROTOCOL_VERSION,
 };
-use pycell_core::result::{LimitsReport, RunResult};
+use pycell_core::result::{EnvReport, LimitsReport, RunResult};
 use pycell_egress::Egress;
 use tokio::net::unix::{pipe, OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tokio::time::{sleep, timeout, Instant};
+
+mod installing;
 
 use super::{Broker, Peer};
 use crate::admission::{Entry, Slot, Waiting};
@@ -379,32 +381,58 @@ struct Started {
     limits: LimitsReport,
     events: pipe::Receiver,
     egress: Option<Egress>,
+    env: Option<EnvReport>,
 }
 
-/// Ask the monitor to start the run; `Err` is the reply to the client.
+/// Ask the monitor to start the run (its env built first, if need be);
+/// `Err` is the reply to the client.
 async fn start(
     broker: &Arc<Broker>,
+    conn: &mut Conn,
     peer: Peer,
     id: &str,
     request: &RunRequest,
 ) -> Result<Started, ServerMessage> {
     let internal = |m: String| error(Some(id), ErrorCode::Internal, m);
-    let (reply, fds) = broker
+    let (req, replies) = broker
         .link
         .spawn(peer.ids(), request.clone())
         .await
         .map_err(internal)?;
-    let (run_id, policy, limits, egress) = match reply {
+    let ((reply, fds), cancelled) = installing::last_reply(broker, conn, id, req, replies)
+        .await
+        .map_err(internal)?;
+    let (run_id, policy, limits, egress, env) = match reply {
         ToBroker::Spawned {
             run_id,
             policy,
             limits,
             egress,
+            env,
             ..
-        } => (run_id, policy, limits, egress),
+        } => (run_id, policy, limits, egress, env),
         ToBroker::Refused { code, message, .. } => return Err(error(Some(id), code, message)),
+        ToBroker::Failed {
+            policy, failure, ..
+        } => {
+            let failure = match cancelled {
+                true => cancelled_while_installing(),
+                false => failure,
+            };
+            let result = Box::new(RunResult::refused("", &policy, failure));
+            return Err(ServerMessage::Result {
+                id: id.to_string(),
+                result,
+            });
+        }
         _ => return Err(internal("unexpected reply from the monitor".into())),
     };
+    if cancelled {
+        // The build was done when the cancel came: the run goes at once.
+        let _ = broker.link.send(&ToMonitor::Kill {
+            run_id: run_id.clone(),
+        });
+    }
     let mut fds = fds.into_iter();
     let events = fds
         .next()
@@ -424,12 +452,22 @@ async fn start(
             limits,
             events,
             egress,
+            env,
         }),
         (Err(m), _) | (_, Err(m)) => {
             let _ = broker.link.send(&ToMonitor::Kill { run_id });
             Err(internal(m))
         }
     }
+}
+
+fn cancelled_while_installing() -> pycell_core::report::JailFailure {
+    use pycell_core::codes::{FailureCode, Layer};
+    pycell_core::report::JailFailure::new(
+        FailureCode::Cancelled,
+        Layer::Daemon,
+        "cancelled while its dependencies were being installed; it never started",
+    )
 }
 
 /// Start the run and relay it; the messages that end it for the client
@@ -441,7 +479,7 @@ async fn run_admitted(
     id: &str,
     request: &RunRequest,
 ) -> Vec<ServerMessage> {
-    let started = match start(broker, peer, id, request).await {
+    let started = match start(broker, conn, peer, id, request).await {
         Ok(s) => s,
         Err(reply) => return vec![reply],
     };
@@ -500,6 +538,7 @@ async fn relay(
     kill: &(dyn Fn() + Sync),
 ) -> Vec<ServerMessage> {
     let mut collector = Collector::new(&started.run_id, &started.policy, Some(started.limits));
+    let env = started.env;
     let mut events = start_event_reader(started.events);
     let egress = started.egress;
     let mut streaming = Streaming {
@@ -553,9 +592,11 @@ async fn relay(
         return Vec::new();
     }
     let mut due = missed(id, &streaming, &collector);
+    let mut result = collector.finish(JailerEnd::Elsewhere);
+    result.env = env;
     due.push(ServerMessage::Result {
         id: id.to_string(),
-        result: Box::new(collector.finish(JailerEnd::Elsewhere)),
+        result: Box::new(result),
     });
     due
 }

@@ -10,12 +10,14 @@ use std::sync::{Arc, Mutex};
 
 use pycell_core::framing;
 use pycell_core::protocol::RunRequest;
-use tokio::sync::oneshot;
+use tokio::sync::mpsc;
 
 use crate::monitor::{PeerIds, ToBroker, ToMonitor};
 use crate::sockets;
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<(ToBroker, Vec<OwnedFd>)>>>>;
+/// A reply of the monitor and the descriptors that came with it.
+pub(crate) type Reply = (ToBroker, Vec<OwnedFd>);
+type Pending = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Reply>>>>;
 
 /// The broker's connection to the monitor.
 #[derive(Debug)]
@@ -49,13 +51,17 @@ impl MonitorLink {
         framing::write_sync(&mut *w, msg).map_err(|e| e.to_string())
     }
 
+    /// Ask the monitor to start a run. The replies come on the receiver:
+    /// `Installing` while its env is built, then `Spawned`, `Refused` or
+    /// `Failed`; the channel closes after that last one (or if the monitor
+    /// goes away).
     pub(crate) async fn spawn(
         self: &Arc<Self>,
         peer: PeerIds,
         request: RunRequest,
-    ) -> Result<(ToBroker, Vec<OwnedFd>), String> {
+    ) -> Result<(u64, mpsc::UnboundedReceiver<Reply>), String> {
         let req = self.next_req.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = mpsc::unbounded_channel();
         self.pending.lock().map_err(|_| "poisoned")?.insert(req, tx);
         let link = Arc::clone(self);
         let msg = ToMonitor::Spawn { req, peer, request };
@@ -64,7 +70,7 @@ impl MonitorLink {
         tokio::task::spawn_blocking(move || link.send(&msg))
             .await
             .map_err(|e| e.to_string())??;
-        rx.await.map_err(|_| "the monitor went away".to_string())
+        Ok((req, rx))
     }
 }
 
@@ -108,11 +114,19 @@ fn route_replies(mut stream: StdUnixStream, pending: Pending) {
                 std::process::exit(0);
             }
         };
-        let req = match &msg {
-            ToBroker::Spawned { req, .. } | ToBroker::Refused { req, .. } => *req,
+        let (req, last) = match &msg {
+            ToBroker::Installing { req } => (*req, false),
+            ToBroker::Spawned { req, .. }
+            | ToBroker::Refused { req, .. }
+            | ToBroker::Failed { req, .. } => (*req, true),
             ToBroker::Exited { .. } | ToBroker::Handoff { .. } => continue,
         };
-        if let Some(tx) = pending.lock().ok().and_then(|mut p| p.remove(&req)) {
+        let Ok(mut p) = pending.lock() else { continue };
+        let tx = match last {
+            true => p.remove(&req),
+            false => p.get(&req).cloned(),
+        };
+        if let Some(tx) = tx {
             let _ = tx.send((msg, fds));
         }
     }

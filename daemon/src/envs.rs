@@ -1,0 +1,352 @@
+//! The envs of daemon runs' dependencies. The monitor looks a run's env up
+//! in pycelld's store (`env_store`, root's); one that is not built yet is
+//! built by a child of the monitor, `pycell env build --json` (root, like
+//! an embedded run: it runs the install jail through pycell-jailer, its
+//! egress proxy, and copies the env into the store), whose stderr lines are
+//! the install's progress (the broker relays them to the client) and whose
+//! stdout is its [`BuildOutcome`]. The monitor stays single-threaded and
+//! never waits for an install.
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use pycell_core::codes::FailureCode;
+use pycell_core::deps::build::BuildOutcome;
+use pycell_core::deps::{self, DepsRequest};
+use pycell_core::launch::Launcher;
+use pycell_core::protocol::RunRequest;
+use pycell_core::report::JailFailure;
+use pycell_core::result::EnvReport;
+
+use crate::config::Config;
+use crate::monitor::PeerIds;
+
+/// The CLI that builds envs when it is not beside pycelld.
+const INSTALLED_CLI: &str = "/usr/bin/pycell";
+/// What a builder may print on stdout (one JSON object).
+const OUTCOME_CAP: u64 = 1 << 20;
+/// A builder that ignores SIGTERM this long gets SIGKILL.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+
+/// How the monitor starts builders: the `pycell` binary and the settings
+/// that make its launches the daemon's (policies, store, uids, cgroups).
+#[derive(Debug)]
+pub struct Builders {
+    cli: PathBuf,
+    env: Vec<(String, OsString)>,
+    store: PathBuf,
+    /// Past the install policy's own timeout, how long a builder gets.
+    slack: Duration,
+}
+
+/// A run whose env is being built: what to start once it is.
+#[derive(Debug)]
+pub struct Build {
+    pub req: u64,
+    pub peer: PeerIds,
+    pub request: RunRequest,
+    pub policy: String,
+    pub child: Child,
+    started: Instant,
+    deadline: Instant,
+    killed_at: Option<Instant>,
+}
+
+impl Builders {
+    /// For the monitor's `launcher` and `config`; `pycell` is found beside
+    /// this executable, else at /usr/bin/pycell.
+    pub fn new(config: &Config, launcher: &Launcher) -> Result<Builders, String> {
+        let beside = std::env::current_exe()
+            .map_err(|e| format!("locating pycelld: {e}"))?
+            .with_file_name("pycell");
+        let cli = [beside.clone(), PathBuf::from(INSTALLED_CLI)]
+            .into_iter()
+            .find(|p| p.is_file())
+            .ok_or_else(|| {
+                format!(
+                    "pycell (which builds dependency envs) is neither at {} nor at {INSTALLED_CLI}",
+                    beside.display()
+                )
+            })?;
+        let jailer = launcher.jailer.clone().map_err(|f| f.message)?;
+        let uids = format!(
+            "{}-{}",
+            launcher.uid_range.start(),
+            launcher.uid_range.end()
+        );
+        let mut env: Vec<(String, OsString)> = vec![
+            (
+                "PYCELL_POLICY_DIR".into(),
+                launcher.policy_dir.clone().into(),
+            ),
+            ("PYCELL_ENV_STORE".into(), config.env_store.clone().into()),
+            ("PYCELL_JAILER".into(), jailer.into()),
+            ("PYCELL_UID_RANGE".into(), uids.into()),
+            (
+                "PYCELL_CGROUP_PARENT".into(),
+                launcher.cgroup_parent.clone().into(),
+            ),
+        ];
+        // The install's proxy goes upstream as pycelld's environment says;
+        // a test's uv comes from PYCELL_UV.
+        env.extend(
+            std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v)))
+                .filter(|(k, _)| passed_to_builders(k)),
+        );
+        Ok(Builders {
+            cli,
+            env,
+            store: config.env_store.clone(),
+            slack: Duration::from_secs(60),
+        })
+    }
+
+    pub fn store(&self) -> &Path {
+        &self.store
+    }
+
+    /// Start building `deps` for `policy`: the builder, and the read end of
+    /// its progress (a line per step).
+    pub fn start(&self, policy: &str, deps: &DepsRequest) -> std::io::Result<(Child, OwnedFd)> {
+        let mut child = Command::new(&self.cli)
+            .args(builder_args(policy, deps))
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let progress = child.stderr.take().map(OwnedFd::from);
+        let progress = progress.ok_or_else(|| std::io::Error::other("no stderr pipe"))?;
+        Ok((child, progress))
+    }
+
+    /// Start `pycell env gc` with the configured caps (reaped, unwatched,
+    /// by the monitor's loop).
+    pub fn collect_garbage(&self, config: &Config) -> std::io::Result<()> {
+        Command::new(&self.cli)
+            .args(gc_args(config))
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .map(drop)
+    }
+
+    /// Time a builder gets: the install jail's timeout and some slack (the
+    /// jail's start, the copy into the store, a wait for another build).
+    pub fn deadline(&self, install_timeout: Duration) -> Instant {
+        Instant::now() + install_timeout * 2 + self.slack
+    }
+}
+
+/// The store and every directory above it must be root's and writable by
+/// root only (the jailer's rule for bind sources): whoever else could write one could swap an env that runs
+/// mount (the jailer refuses such mounts too; this says so at start).
+pub fn check_store_path(store: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    for dir in store.ancestors() {
+        let m = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        pycell_core::spec::trusted(m.uid(), m.gid(), m.mode()).map_err(|why| {
+            format!(
+                "{} {why}: the env store and the directories above it must be root's and writable by root only",
+                dir.display()
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// The environment variables pycelld passes on to builders besides its own
+/// settings: the proxy settings and `PYCELL_UV`.
+fn passed_to_builders(name: &str) -> bool {
+    name == "PYCELL_UV" || crate::monitor::is_proxy_setting(name)
+}
+
+/// `pycell env build` for `deps` under `policy` (pure: unit-tested).
+pub fn builder_args(policy: &str, deps: &DepsRequest) -> Vec<String> {
+    let mut args = vec![
+        "env".to_string(),
+        "build".into(),
+        "--json".into(),
+        "--policy".into(),
+        policy.into(),
+    ];
+    for r in &deps.requirements {
+        args.push(format!("--with={r}"));
+    }
+    if let Some(rp) = &deps.requires_python {
+        args.push(format!("--requires-python={rp}"));
+    }
+    args
+}
+
+/// `pycell env gc` with `config`'s caps.
+fn gc_args(config: &Config) -> Vec<String> {
+    vec![
+        "env".into(),
+        "gc".into(),
+        format!("--max-size={}", config.env_store_max_size),
+        format!("--max-age={}s", config.env_max_age.as_secs()),
+    ]
+}
+
+impl Build {
+    pub fn new(
+        req: u64,
+        peer: PeerIds,
+        request: RunRequest,
+        policy: String,
+        child: Child,
+        deadline: Instant,
+    ) -> Build {
+        Build {
+            req,
+            peer,
+            request,
+            policy,
+            child,
+            started: Instant::now(),
+            deadline,
+            killed_at: None,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Ask the builder to stop (it stops its install jail, which cleans up).
+    pub fn stop(&mut self) {
+        if self.killed_at.is_none() {
+            let _ = kill(Pid::from_raw(self.pid()), Signal::SIGTERM);
+            self.killed_at = Some(Instant::now());
+        }
+    }
+
+    /// Stop a builder past its deadline; SIGKILL one that ignored SIGTERM.
+    pub fn escalate(&mut self) {
+        if self.killed_at.is_none() && Instant::now() >= self.deadline {
+            eprintln!(
+                "pycelld monitor: the env build for request {} ran past its deadline; stopping it",
+                self.req
+            );
+            self.stop();
+        }
+        if self.killed_at.is_some_and(|t| t.elapsed() > KILL_GRACE) {
+            let _ = kill(Pid::from_raw(self.pid()), Signal::SIGKILL);
+        }
+    }
+
+    /// The env, or why there is none, once the builder was reaped with
+    /// `status` (as the audit log words it).
+    pub fn outcome(&mut self, status: &str) -> Result<EnvReport, JailFailure> {
+        let mut out = Vec::new();
+        if let Some(stdout) = self.child.stdout.take() {
+            let _ = stdout.take(OUTCOME_CAP).read_to_end(&mut out);
+        }
+        let _ = self.child.try_wait();
+        let stopped = self.killed_at.is_some();
+        read_outcome(&out, status, stopped, self.started.elapsed())
+    }
+}
+
+/// What a builder's stdout says (pure: unit-tested).
+pub fn read_outcome(
+    stdout: &[u8],
+    status: &str,
+    stopped: bool,
+    took: Duration,
+) -> Result<EnvReport, JailFailure> {
+    match serde_json::from_slice::<BuildOutcome>(stdout) {
+        Ok(BuildOutcome::Ready { env }) => Ok(env),
+        Ok(BuildOutcome::Failed { failure }) => Err(failure),
+        Err(_) if stopped => Err(deps::failure(
+            FailureCode::DepsInstallLimit,
+            format!(
+                "installing the dependencies was stopped after {:.0} s (the run was cancelled, pycelld is stopping, or the install ran past its deadline)",
+                took.as_secs_f64()
+            ),
+        )),
+        Err(e) => Err(deps::failure(
+            FailureCode::DepsInstallFailed,
+            format!("the env builder ({status}) gave no outcome ({e})"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pycell_policy::requirement::Requirement;
+
+    fn deps(reqs: &[&str], rp: Option<&str>) -> DepsRequest {
+        DepsRequest {
+            requirements: reqs
+                .iter()
+                .map(|r| Requirement::parse(r).unwrap())
+                .collect(),
+            requires_python: rp.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn builders_get_each_requirement_as_one_argument_and_nothing_else() {
+        let args = builder_args(
+            "data-science",
+            &deps(&["pandas>=2.2", "six"], Some(">=3.9")),
+        );
+        assert_eq!(
+            args,
+            [
+                "env",
+                "build",
+                "--json",
+                "--policy",
+                "data-science",
+                "--with=pandas>=2.2",
+                "--with=six",
+                "--requires-python=>=3.9"
+            ]
+        );
+    }
+
+    #[test]
+    fn only_proxy_settings_and_the_test_uv_pass_to_builders() {
+        for v in ["PYCELL_UV", "HTTPS_PROXY", "no_proxy"] {
+            assert!(passed_to_builders(v), "{v}");
+        }
+        for v in [
+            "PATH",
+            "LD_PRELOAD",
+            "PYCELL_ENV_STORE",
+            "PYCELL_POLICY_DIR",
+        ] {
+            assert!(!passed_to_builders(v), "{v}");
+        }
+    }
+
+    #[test]
+    fn a_builder_outcome_is_read_or_explained() {
+        let took = Duration::from_secs(3);
+        let ready = br#"{"outcome":"ready","env":{"key":"ab","packages":[{"name":"six","version":"1.16.0"}],"cache":"miss","install_ms":12.5}}"#;
+        let env = read_outcome(ready, "exited 0", false, took).unwrap();
+        assert_eq!((env.key.as_str(), env.packages.len()), ("ab", 1));
+        let failed = br#"{"outcome":"failed","failure":{"code":"deps_no_wheel","layer":"dependencies","message":"no wheel for x"}}"#;
+        let f = read_outcome(failed, "exited 1", false, took).unwrap_err();
+        assert_eq!(f.code, FailureCode::DepsNoWheel);
+        let f = read_outcome(b"", "killed by SIGKILL", true, took).unwrap_err();
+        assert_eq!(f.code, FailureCode::DepsInstallLimit);
+        let f = read_outcome(b"garbage", "exited 101", false, took).unwrap_err();
+        assert_eq!(f.code, FailureCode::DepsInstallFailed);
+        assert!(f.message.contains("exited 101"), "{}", f.message);
+    }
+}

@@ -1,0 +1,193 @@
+//! A real pycelld for one test: root monitor and unprivileged broker (the
+//! `pycell` user, which scripts/setup creates), on a socket in a temp dir,
+//! with its own sandbox uids and cgroup parent; killed (by pid) when
+//! dropped.
+
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use pycell_core::client::DaemonClient;
+
+use crate::{as_test_daemon, find_cgroups, pycelld_bin, require_root};
+
+/// A pycelld started for one test, killed (by pid) when dropped.
+#[derive(Debug)]
+pub struct Daemon {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub cgroup_parent: String,
+    /// Sandbox uids of this daemon only (concurrent tests run sandboxes too).
+    pub uid_base: u32,
+}
+
+pub const UIDS_PER_DAEMON: u32 = 64;
+
+fn uid_base() -> u32 {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::SeqCst) as u32;
+    1_900_000_000 + ((std::process::id() % 1000) * 16 + n) * UIDS_PER_DAEMON
+}
+
+impl Daemon {
+    pub fn start(extra_config: &str) -> Daemon {
+        require_root();
+        let dir = tempfile::Builder::new()
+            .prefix("pycelld-test")
+            .tempdir()
+            .unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        // Each daemon sweeps its own cgroup parent at start and stop; keep
+        // concurrent test daemons apart.
+        let cgroup_parent = format!(
+            "pycelld-test-{}",
+            dir.path()
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .replace(|c: char| !c.is_ascii_alphanumeric(), "")
+        );
+        let uid_base = uid_base();
+        let config = format!(
+            "socket = \"{}/pycell.sock\"\naudit_log = \"{}/audit.jsonl\"\nshutdown_grace = \"6s\"\ncgroup_parent = \"{cgroup_parent}\"\nuid_range = \"{uid_base}-{}\"\n{extra_config}",
+            dir.path().display(),
+            dir.path().display(),
+            uid_base + UIDS_PER_DAEMON - 1
+        );
+        // Its own env store (under /tmp, which the daemon refuses for
+        // envs: runs with dependencies are refused) unless the test names one.
+        let config = match extra_config.contains("env_store") {
+            true => config,
+            false => format!("{config}\nenv_store = \"{}/envs\"\n", dir.path().display()),
+        };
+        std::fs::write(dir.path().join("pycelld.toml"), config).unwrap();
+        let child = as_test_daemon(
+            Command::new(pycelld_bin())
+                .arg("--config")
+                .arg(dir.path().join("pycelld.toml")),
+            &dir.path().join("pycelld.log"),
+        )
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start {}: {e} (build it with cargo build --workspace)",
+                pycelld_bin().display()
+            )
+        });
+        let d = Daemon {
+            child: Some(child),
+            dir,
+            cgroup_parent,
+            uid_base,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while UnixStream::connect(d.socket()).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "pycelld did not start listening:\n{}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("pycell.sock")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("pycelld.log")).unwrap_or_default()
+    }
+
+    pub fn audit(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("audit.jsonl")).unwrap_or_default()
+    }
+
+    /// The audit log's lines of `event`, once there are `n` of them (the
+    /// monitor writes `run_end` when it reaps the jailer, a moment after
+    /// the client has its result).
+    pub fn audit_events(&self, event: &str, n: usize) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let lines: Vec<serde_json::Value> = self
+                .audit()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .filter(|v: &serde_json::Value| v["event"] == event)
+                .collect();
+            if lines.len() >= n {
+                return lines;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} {event} lines in the audit log, expected {n}:\n{}",
+                lines.len(),
+                self.audit()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    pub fn client(&self) -> DaemonClient {
+        DaemonClient::connect(&self.socket()).unwrap_or_else(|e| panic!("{e}\n{}", self.log()))
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).unwrap();
+    }
+
+    /// Wait for the daemon to exit; its exit status.
+    pub fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pycelld did not exit within {limit:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Host processes running as one of this daemon's sandbox uids.
+    pub fn sandbox_processes(&self) -> Vec<crate::HostProc> {
+        crate::host_processes()
+            .into_iter()
+            .filter(|p| {
+                p.uids
+                    .iter()
+                    .any(|u| (self.uid_base..self.uid_base + UIDS_PER_DAEMON).contains(u))
+            })
+            .collect()
+    }
+
+    pub fn daemon_cgroups(&self) -> Vec<PathBuf> {
+        find_cgroups(|name| name.starts_with("pycell-"))
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains(&self.cgroup_parent))
+            .collect()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
