@@ -634,6 +634,55 @@ def check_egress():
     return f"{lines[1]}; landlock ABI {abi}, tcp connect limited to {only if only else 'nothing (no network rules on this kernel: the empty namespace is the barrier)'}"
 
 
+DEPS_CODE = """# /// script
+# dependencies = ["pycell-test-a"]
+# ///
+import pycell_test_a, pycell_test_b
+print(pycell_test_b.VERSION)
+"""
+VM_MOUNTS = "".join('[[mounts]]\nsource = "%s"\n' % m for m in ("/usr", "/bin", "/lib", "/lib64", "/sbin"))
+
+
+def check_deps():
+    """Dependencies through pycelld as installed: a builder under the
+    service's hardening (no DAC override, ProtectSystem=strict) installs a
+    script's PEP 723 block from a local wheelhouse in the install jail; the
+    env is root's in /var/lib/pycell; the next run finds it."""
+    wheels = "/var/cache/pycell-vm-wheels"
+    rc, out, err = sh(["python3", f"{PAYLOAD}/make_wheels.py", wheels])
+    expect(rc == 0, f"make_wheels.py: {out} {err}")
+    head = 'description = "vm"\nnamespaces = ["user", "pid", "mount", "net", "ipc", "uts", "cgroup"]\n[interpreter]\npython = "/usr/bin/python3"\n'
+    policies = {
+        "vm-install": head + '[limits]\nwall_timeout = "5m"\ncpu_time = "5m"\nmemory = "1GiB"\npids = 256\ndisk = "512MiB"\n'
+        + f'[install]\nfind_links = ["{wheels}"]\n' + VM_MOUNTS
+        + '[env]\nPATH = "/usr/bin:/bin"\nHOME = "/workspace"\nUV_CACHE_DIR = "/tmp/uv-cache"\nUV_PYTHON_DOWNLOADS = "never"\nUV_NO_PROGRESS = "1"\n',
+        "deps-vm": head + '[dependencies]\nallow = true\ninstall_policy = "vm-install"\n' + VM_MOUNTS
+        + '[env]\nPATH = "/usr/bin:/bin"\nHOME = "/workspace"\n',
+    }
+    for name, text in policies.items():
+        with open(f"/etc/pycell/policies/{name}.toml", "w") as f:
+            f.write(f'name = "{name}"\n' + text)
+    try:
+        first = pycell_json(DEPS_CODE, ["--policy", "deps-vm"], MEMBER, timeout=600)
+        again = pycell_json(DEPS_CODE, ["--policy", "deps-vm"], MEMBER)
+    finally:
+        for name in policies:
+            os.remove(f"/etc/pycell/policies/{name}.toml")
+    rc, r, err = first
+    expect(rc == 0 and r.get("status") == "ok" and r.get("stdout") == "2.0\n", f"first run: exit {rc}, {brief(r)}, stderr {err[-800:]!r}")
+    env = r.get("env") or {}
+    expect(env.get("cache") == "miss", f"first run's env: {env}")
+    expect("installed pycell-test-a 1.0" in err, f"no install steps on stderr: {err[-800:]!r}")
+    rc, r2, err = again
+    expect(rc == 0 and (r2.get("env") or {}).get("cache") == "hit", f"second run: exit {rc}, {brief(r2)}, env {r2.get('env')}")
+    path = f"/var/lib/pycell/envs/{env.get('key')}"
+    st = os.stat(path)
+    expect(st.st_uid == 0 and st.st_mode & 0o022 == 0, f"{path}: uid {st.st_uid}, mode {st.st_mode:o}")
+    rc, out, err = sh(["pycell", "env", "list", "--store", "/var/lib/pycell"])
+    expect(rc == 0 and env["key"][:16] in out, f"pycell env list: {out} {err}")
+    return f"installed in {env.get('install_ms', 0) / 1000:.1f} s, then found ({r2.get('wall_ms', 0):.0f} ms run)"
+
+
 def check_mcp():
     client = f"{PAYLOAD}/mcp_client.py"
     env = {"PYTHONPATH": f"{PAYLOAD}/mcp-sdk", "PYTHONDONTWRITEBYTECODE": "1"}
@@ -705,7 +754,7 @@ def main():
         checks += limit_checks("daemon", [], MEMBER)
         checks += [("daemon-outsider-refused", check_outsider_refused)]
         checks += [("daemon-cgroups-delegated", check_cgroups_delegated)]
-        checks += [("daemon-egress", check_egress)]
+        checks += [("daemon-egress", check_egress), ("daemon-deps", check_deps)]
         checks += [("socket-activation", check_socket_activation), ("hand-start", check_hand_start)]
         if "mcp" in groups:
             checks += [("mcp-run-python", check_mcp)]
