@@ -60,8 +60,12 @@ const KILL_AFTER: Duration = Duration::from_secs(10);
 /// What happens during a run, as it happens.
 #[derive(Debug)]
 pub enum RunEvent<'a> {
-    /// The jailer was started for this run, as this sandbox uid.
-    Started { run_id: &'a str, sandbox_uid: u32 },
+    /// The jailer was started for this run, as this sandbox uid (which a
+    /// daemon run learns only from its result).
+    Started {
+        run_id: &'a str,
+        sandbox_uid: Option<u32>,
+    },
     /// A chunk of the program's output (already capped).
     Output { stream: Stream, bytes: &'a [u8] },
     /// The run waits for a free slot in pycelld; 1 goes next.
@@ -75,6 +79,7 @@ enum DaemonEvent {
     Output(Stream, Vec<u8>),
     Queued(usize),
     Installing(String),
+    Started(String),
 }
 
 impl DaemonEvent {
@@ -88,6 +93,13 @@ impl DaemonEvent {
                 position: *position,
             }),
             DaemonEvent::Installing(message) => on_event(RunEvent::Installing { message }),
+            DaemonEvent::Started(run_id) => {
+                on_event(RunEvent::Queued { position: 0 });
+                on_event(RunEvent::Started {
+                    run_id,
+                    sandbox_uid: None,
+                });
+            }
         }
     }
 }
@@ -216,7 +228,7 @@ impl Backend {
                 |stage| {
                     let ev = match stage {
                         Stage::Queued(position) => DaemonEvent::Queued(position),
-                        Stage::Started => DaemonEvent::Queued(0),
+                        Stage::Started(run_id) => DaemonEvent::Started(run_id.to_string()),
                         Stage::Installing(m) => DaemonEvent::Installing(m.to_string()),
                     };
                     let _ = queued.send(ev);
@@ -377,7 +389,7 @@ impl Backend {
         };
         on_event(RunEvent::Started {
             run_id: &launched.run_id,
-            sandbox_uid: launched.lease.uid,
+            sandbox_uid: Some(launched.lease.uid),
         });
         let mut result = self.supervise(launched, on_event, cancel).await;
         // The env stayed in use (safe from removal) until here.

@@ -36,7 +36,7 @@ pub enum Command {
     Policy(PolicyCommand),
     /// Build, list, remove or garbage-collect the envs of installed
     /// dependencies (embedded mode's store: /var/cache/pycell; pycelld's:
-    /// /var/lib/pycell/envs, with --store).
+    /// /var/lib/pycell, with --store).
     Env(EnvArgs),
     /// Show pycell's version, built-in policies, and what this host can enforce.
     Info {
@@ -61,7 +61,7 @@ pub enum PolicyCommand {
 #[derive(Debug, Args)]
 pub struct EnvArgs {
     /// The env store to use (default /var/cache/pycell, embedded mode's;
-    /// pycelld's is /var/lib/pycell/envs).
+    /// pycelld's is /var/lib/pycell).
     #[arg(long, global = true, value_name = "DIR", env = "PYCELL_ENV_STORE")]
     pub store: Option<PathBuf>,
     #[command(subcommand)]

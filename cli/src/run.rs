@@ -236,7 +236,7 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
         },
         |stage| match stage {
             Stage::Queued(position) => queue.update(position),
-            Stage::Started => queue.update(0),
+            Stage::Started(_) => queue.update(0),
             Stage::Installing(m) => eprintln!("pycell: {m}"),
         },
         |_| {},

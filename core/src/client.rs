@@ -147,7 +147,7 @@ impl DaemonClient {
         )?;
         loop {
             match framing::read_sync::<ServerMessage>(&mut self.stream)? {
-                ServerMessage::Started { .. } => on_stage(Stage::Started),
+                ServerMessage::Started { run_id, .. } => on_stage(Stage::Started(&run_id)),
                 ServerMessage::Queued { position, .. } => on_stage(Stage::Queued(position)),
                 ServerMessage::Installing { message, .. } => on_stage(Stage::Installing(&message)),
                 ServerMessage::Output {
@@ -190,8 +190,8 @@ pub enum Stage<'a> {
     Queued(usize),
     /// One step of installing the run's dependencies.
     Installing(&'a str),
-    /// The sandbox is starting.
-    Started,
+    /// The sandbox is starting, as this run id.
+    Started(&'a str),
 }
 
 /// Connect to `path` and run `request`, starting over on a new connection

@@ -738,9 +738,11 @@ impl Monitor {
         let (req, peer) = (build.req, build.peer);
         let reply = match build.outcome(how) {
             Ok(env) => {
-                self.collect_garbage();
                 let request = std::mem::take(&mut build.request);
-                self.spawn(req, peer, request, Some(env))
+                let reply = self.spawn(req, peer, request, Some(env));
+                // After the run holds its env: gc never removes one in use.
+                self.collect_garbage();
+                reply
             }
             Err(failure) => Err(Box::new(ToBroker::Failed {
                 req,

@@ -357,7 +357,7 @@ fn runs_over_the_limit_wait_their_turn_and_busy_means_a_full_queue() {
             |_, _| {},
             |stage| match stage {
                 Stage::Queued(p) => places.push(p),
-                Stage::Started => places.push(0),
+                Stage::Started(_) => places.push(0),
                 Stage::Installing(m) => panic!("nothing to install, yet: {m}"),
             },
         );

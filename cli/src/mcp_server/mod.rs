@@ -182,7 +182,7 @@ fn render_info(info: &pycell_core::info::HostInfo) -> String {
 #[derive(Debug, Default)]
 struct Progress {
     started: tokio::sync::Notify,
-    sandbox: Mutex<Option<(String, u32)>>,
+    sandbox: Mutex<Option<(String, Option<u32>)>>,
     /// Place in pycelld's queue while the run waits for a slot (0: not waiting).
     queued: AtomicU64,
     stdout_bytes: AtomicU64,
@@ -242,7 +242,8 @@ impl Progress {
             );
         }
         let who = match self.sandbox.lock().ok().and_then(|s| s.clone()) {
-            Some((run_id, uid)) => format!("run {run_id} in sandbox uid {uid}"),
+            Some((run_id, Some(uid))) => format!("run {run_id} in sandbox uid {uid}"),
+            Some((run_id, None)) => format!("run {run_id}"),
             None => "run".to_string(),
         };
         format!(
