@@ -325,22 +325,26 @@ fn the_official_python_sdk_drives_pycell_mcp() {
         c.eq("sandbox_info", v, "/is_error", Value::Bool(false));
         c.eq("sandbox_info", v, "/schema_errors", Value::Array(vec![]));
         c.eq("sandbox_info", v, "/structured/mode", "embedded".into());
-        c.eq(
-            "sandbox_info",
-            v,
-            "/structured/policies/0/name",
-            "default".into(),
+        // Listed by name: the shipped data-science, default, install, network.
+        let names: Vec<&str> = v
+            .pointer("/structured/policies")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(|p| p["name"].as_str()).collect())
+            .unwrap_or_default();
+        c.check(
+            names.starts_with(&["data-science", "default", "install", "network"]),
+            || format!("sandbox_info: policies {names:?}"),
         );
         c.eq(
             "sandbox_info",
             v,
-            "/structured/policies/0/network",
+            "/structured/policies/1/network",
             "none".into(),
         );
         c.eq(
             "sandbox_info",
             v,
-            "/structured/policies/0/limits/memory_bytes",
+            "/structured/policies/1/limits/memory_bytes",
             (512u64 << 20).into(),
         );
         let layers: Vec<&str> = v
@@ -443,7 +447,10 @@ fn the_official_python_sdk_drives_pycell_mcp() {
         c.tool_error(
             "bad_arguments/unknown_policy",
             &case("unknown_policy"),
-            &["no policy named \"no-such-policy\"", "available: default"],
+            &[
+                "no policy named \"no-such-policy\"",
+                "available: data-science, default",
+            ],
         );
         c.tool_error(
             "bad_arguments/negative_timeout",
