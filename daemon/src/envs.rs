@@ -33,6 +33,9 @@ const INSTALLED_CLI: &str = "/usr/bin/pycell";
 const OUTCOME_CAP: u64 = 1 << 20;
 /// A builder that ignores SIGTERM this long gets SIGKILL.
 const KILL_GRACE: Duration = Duration::from_secs(5);
+/// Past twice the install policy's own timeout, how long a builder gets
+/// (the jail's start, the copy into the store, a wait for another build).
+const BUILD_SLACK: Duration = Duration::from_secs(60);
 
 /// How the monitor starts builders: the `pycell` binary and the settings
 /// that make its launches the daemon's (policies, store, uids, cgroups).
@@ -40,9 +43,6 @@ const KILL_GRACE: Duration = Duration::from_secs(5);
 pub struct Builders {
     cli: PathBuf,
     env: Vec<(String, OsString)>,
-    store: PathBuf,
-    /// Past the install policy's own timeout, how long a builder gets.
-    slack: Duration,
 }
 
 /// A run whose env is being built: what to start once it is.
@@ -100,26 +100,24 @@ impl Builders {
                 .filter_map(|(k, v)| Some((k.into_string().ok()?, v)))
                 .filter(|(k, _)| passed_to_builders(k)),
         );
-        Ok(Builders {
-            cli,
-            env,
-            store: config.env_store.clone(),
-            slack: Duration::from_secs(60),
-        })
+        Ok(Builders { cli, env })
     }
 
-    pub fn store(&self) -> &Path {
-        &self.store
+    /// `pycell ARGS` with the builders' environment and no stdin.
+    fn command(&self, args: Vec<String>) -> Command {
+        let mut cmd = Command::new(&self.cli);
+        cmd.args(args)
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null());
+        cmd
     }
 
     /// Start building `deps` for `policy`: the builder, and the read end of
     /// its progress (a line per step).
     pub fn start(&self, policy: &str, deps: &DepsRequest) -> std::io::Result<(Child, OwnedFd)> {
-        let mut child = Command::new(&self.cli)
-            .args(builder_args(policy, deps))
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
+        let mut child = self
+            .command(builder_args(policy, deps))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()?;
@@ -131,26 +129,23 @@ impl Builders {
     /// Start `pycell env gc` with the configured caps (reaped, unwatched,
     /// by the monitor's loop).
     pub fn collect_garbage(&self, config: &Config) -> std::io::Result<()> {
-        Command::new(&self.cli)
-            .args(gc_args(config))
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
+        self.command(gc_args(config))
             .stdout(Stdio::null())
             .spawn()
             .map(drop)
     }
 
-    /// Time a builder gets: the install jail's timeout and some slack (the
-    /// jail's start, the copy into the store, a wait for another build).
+    /// When a builder whose install jail may take `install_timeout` is
+    /// stopped.
     pub fn deadline(&self, install_timeout: Duration) -> Instant {
-        Instant::now() + install_timeout * 2 + self.slack
+        Instant::now() + install_timeout * 2 + BUILD_SLACK
     }
 }
 
 /// The store and every directory above it must be root's and writable by
-/// root only (the jailer's rule for bind sources): whoever else could write one could swap an env that runs
-/// mount (the jailer refuses such mounts too; this says so at start).
+/// root only (the jailer's rule for bind sources): whoever else could write
+/// one could swap an env that runs mount. The jailer refuses such mounts
+/// too; this says so at start.
 pub fn check_store_path(store: &Path) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     for dir in store.ancestors() {

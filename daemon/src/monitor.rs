@@ -619,7 +619,7 @@ impl Monitor {
             .launcher
             .load_policy(PolicyChoice::Name(request.policy_name()))
             .map_err(|e| refuse(refusal(e)))?;
-        let env = match self.env_for(req, peer, &policy, request.clone(), built)? {
+        let env = match self.env_for(req, peer, &policy, &request, built)? {
             EnvStep::Building(reply) => return Ok(reply),
             EnvStep::Ready(env) => Some(env),
             EnvStep::NoDependencies => None,
@@ -684,7 +684,7 @@ impl Monitor {
         req: u64,
         peer: PeerIds,
         policy: &pycell_policy::Policy,
-        request: RunRequest,
+        request: &RunRequest,
         built: Option<EnvReport>,
     ) -> Result<EnvStep, Box<ToBroker>> {
         let failed = |failure| {
@@ -725,7 +725,16 @@ impl Monitor {
             ))
         })?;
         let deadline = builders.deadline(plan.install_timeout());
-        let build = Build::new(req, peer, request, policy.name.clone(), child, deadline);
+        // Kept until the build is done (copied only here: most runs
+        // need no build).
+        let build = Build::new(
+            req,
+            peer,
+            request.clone(),
+            policy.name.clone(),
+            child,
+            deadline,
+        );
         self.builds.insert(build.pid(), build);
         Ok(EnvStep::Building((
             ToBroker::Installing { req },

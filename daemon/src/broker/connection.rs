@@ -20,6 +20,7 @@ use pycell_core::launch::{Collector, JailerEnd};
 use pycell_core::protocol::{
     encode_b64, ClientMessage, ErrorCode, RunRequest, ServerMessage, Stream, PROTOCOL_VERSION,
 };
+use pycell_core::report::JailFailure;
 use pycell_core::result::{EnvReport, LimitsReport, RunResult};
 use pycell_egress::Egress;
 use tokio::net::unix::{pipe, OwnedReadHalf, OwnedWriteHalf};
@@ -349,7 +350,8 @@ async fn wait_turn(
             msg = conn.inbox.recv() => match msg {
                 None => return Err(NotStarted::ClientGone),
                 Some(Ok(ClientMessage::Cancel { id: cid })) if cid == id => {
-                    return Err(NotStarted::Reply(cancelled_while_queued(id, request)));
+                    let failure = cancelled_before_start("waiting for a slot");
+                    return Err(NotStarted::Reply(not_started(id, request.policy_name(), failure)));
                 }
                 Some(other) => {
                     conn.out.offer(reply_during_run(other));
@@ -359,18 +361,19 @@ async fn wait_turn(
     }
 }
 
-/// The result of a run cancelled before it started.
-fn cancelled_while_queued(id: &str, request: &RunRequest) -> ServerMessage {
-    use pycell_core::codes::{FailureCode, Layer};
-    let failure = pycell_core::report::JailFailure::new(
-        FailureCode::Cancelled,
-        Layer::Daemon,
-        "cancelled while waiting for a slot; it never started",
-    );
+/// The result of a run that never started, for its client.
+fn not_started(id: &str, policy: &str, failure: JailFailure) -> ServerMessage {
     ServerMessage::Result {
         id: id.to_string(),
-        result: Box::new(RunResult::refused("", request.policy_name(), failure)),
+        result: Box::new(RunResult::refused("", policy, failure)),
     }
+}
+
+/// Why a run cancelled before it started did not run: it was `doing` that.
+fn cancelled_before_start(doing: &str) -> JailFailure {
+    use pycell_core::codes::{FailureCode, Layer};
+    let message = format!("cancelled while {doing}; it never started");
+    JailFailure::new(FailureCode::Cancelled, Layer::Daemon, message)
 }
 
 /// A run the monitor started: its id, policy and limits, its events, and
@@ -416,14 +419,10 @@ async fn start(
             policy, failure, ..
         } => {
             let failure = match cancelled {
-                true => cancelled_while_installing(),
+                true => cancelled_before_start("its dependencies were being installed"),
                 false => failure,
             };
-            let result = Box::new(RunResult::refused("", &policy, failure));
-            return Err(ServerMessage::Result {
-                id: id.to_string(),
-                result,
-            });
+            return Err(not_started(id, &policy, failure));
         }
         _ => return Err(internal("unexpected reply from the monitor".into())),
     };
@@ -459,15 +458,6 @@ async fn start(
             Err(internal(m))
         }
     }
-}
-
-fn cancelled_while_installing() -> pycell_core::report::JailFailure {
-    use pycell_core::codes::{FailureCode, Layer};
-    pycell_core::report::JailFailure::new(
-        FailureCode::Cancelled,
-        Layer::Daemon,
-        "cancelled while its dependencies were being installed; it never started",
-    )
 }
 
 /// Start the run and relay it; the messages that end it for the client
