@@ -19,6 +19,7 @@ use crate::report::JailReport;
 const KIND_STDOUT: u8 = 1;
 const KIND_STDERR: u8 = 2;
 const KIND_RESULT: u8 = 3;
+const KIND_READY: u8 = 4;
 const HEADER_LEN: usize = 5;
 /// Larger frames are a protocol error (output chunks are at most 64 KiB).
 pub const MAX_FRAME: u32 = 4 << 20;
@@ -35,6 +36,9 @@ pub enum Stream {
 pub enum Event {
     Output(Stream, Vec<u8>),
     Result(Box<JailReport>),
+    /// A warm jail is ready for its work (see [`crate::runner`]); it
+    /// comes before any output.
+    Ready,
 }
 
 /// Why the event stream cannot be read further.
@@ -64,6 +68,7 @@ fn decode(kind: u8, payload: Vec<u8>) -> Result<Event, EventError> {
     match kind {
         KIND_STDOUT => Ok(Event::Output(Stream::Stdout, payload)),
         KIND_STDERR => Ok(Event::Output(Stream::Stderr, payload)),
+        KIND_READY if payload.is_empty() => Ok(Event::Ready),
         KIND_RESULT => serde_json::from_slice(&payload)
             .map(|r| Event::Result(Box::new(r)))
             .map_err(EventError::BadResult),
@@ -129,6 +134,11 @@ pub fn write_output<W: Write + ?Sized>(w: &mut W, stream: Stream, bytes: &[u8]) 
         Stream::Stderr => KIND_STDERR,
     };
     write_frame(w, kind, bytes)
+}
+
+/// A warm jail is ready for its work.
+pub fn write_ready<W: Write + ?Sized>(w: &mut W) -> io::Result<()> {
+    write_frame(w, KIND_READY, &[])
 }
 
 /// The result: the last frame of a run.

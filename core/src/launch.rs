@@ -3,7 +3,7 @@
 //! ```text
 //! Launcher::load_policy ─> Launcher::prepare ─> Prepared::spawn[_async] ─> Collector ─> RunResult
 //!  (name or file)          (resolve, uid lease,   (pycell-jailer, spec as    (events decoded,
-//!                           run id, spec,          JSON on its stdin, events   output capped,
+//!                           run id, spec,          a frame on its stdin, events output capped,
 //!                           validated)             on its stdout)              result built)
 //! ```
 //!
@@ -233,6 +233,31 @@ impl Launcher {
     }
 }
 
+impl Launcher {
+    /// A warm jail for `policy`'s runs (with `extras`' env): the jail an
+    /// empty request would get, its python started on pycell's runner and
+    /// importing `modules`, waiting for the work of one run (see
+    /// [`crate::runner`]).
+    pub fn prepare_warm(
+        &self,
+        policy: &Policy,
+        extras: &resolve::Extras,
+        modules: &[String],
+    ) -> Result<Prepared, LaunchError> {
+        let mut prepared = self.prepare_with(policy, &RunRequest::default(), extras)?;
+        let spec = crate::runner::warm_spec(&prepared.spec, modules);
+        spec.validate().map_err(|e| {
+            LaunchError::Refused(JailFailure::new(
+                FailureCode::InvalidSpec,
+                Layer::Jailer,
+                e.to_string(),
+            ))
+        })?;
+        prepared.spec = spec;
+        Ok(prepared)
+    }
+}
+
 fn not_root() -> JailFailure {
     JailFailure::new(
         FailureCode::NotRoot,
@@ -346,6 +371,8 @@ pub struct Started<Child, Events> {
     /// stdin (see [`Started::take_workspace`]).
     workspace_channel: Option<OwnedFd>,
     exports_workspace: bool,
+    /// A warm jail's stream for its work (see [`Started::send_work`]).
+    work: Option<UnixStream>,
     pub lease: UidLease,
 }
 
@@ -364,6 +391,21 @@ impl<C, E> Started<C, E> {
         let (_, fds) = crate::fdpass::recv_with_fds(channel, &mut marker)?;
         self.exports_workspace = false;
         Ok(fds.into_iter().next())
+    }
+}
+
+impl<C, E> Started<C, E> {
+    /// Hand a warm jail its run (once: the stream is closed after it).
+    /// The jailer must have reported itself ready first.
+    pub fn send_work(&mut self, work: &crate::runner::Work) -> io::Result<()> {
+        let mut stream = self.work.take().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a warm jail waiting for work",
+            )
+        })?;
+        crate::runner::write_frame(&mut stream, work)?;
+        stream.shutdown(std::net::Shutdown::Write)
     }
 }
 
@@ -398,14 +440,17 @@ impl Prepared {
         Ok((cmd, ours))
     }
 
-    fn spec_json(&self) -> Result<Vec<u8>, Box<RunResult>> {
-        serde_json::to_vec(&self.spec).map_err(|e| {
+    /// The spec as the jailer reads it: one frame.
+    fn spec_frame(&self) -> Result<Vec<u8>, Box<RunResult>> {
+        let mut frame = Vec::new();
+        crate::runner::write_frame(&mut frame, &self.spec).map_err(|e| {
             self.refused_boxed(JailFailure::new(
                 FailureCode::Internal,
                 Layer::Jailer,
                 format!("encoding the spec: {e}"),
             ))
-        })
+        })?;
+        Ok(frame)
     }
 
     fn refused_boxed(&self, f: JailFailure) -> Box<RunResult> {
@@ -434,25 +479,37 @@ impl Prepared {
     /// Start the jailer and hand it the spec. On failure the jailer has been
     /// killed and reaped, and the result says why.
     pub fn spawn(self, stderr: JailerStderr) -> Result<Launched, Box<RunResult>> {
-        let json = self.spec_json()?;
+        let frame = self.spec_frame()?;
         let (mut cmd, mut spec_in) = self.command(stderr).map_err(|e| self.cannot_start(e))?;
+        // A warm jail's work follows its spec on the same stream.
+        let work = match self.spec.warm {
+            true => Some(spec_in.try_clone().map_err(|e| self.cannot_start(e))?),
+            false => None,
+        };
         let mut child = cmd.spawn().map_err(|e| self.cannot_start(e))?;
         drop(cmd); // our copy of the jailer's end of the socket
         let Some(events) = child.stdout.take() else {
             unreachable!("stdout was configured as a pipe");
         };
-        let sent = spec_in
-            .write_all(&json)
-            .and_then(|()| spec_in.shutdown(std::net::Shutdown::Write));
+        let sent = spec_in.write_all(&frame).and_then(|()| match work {
+            Some(_) => Ok(()),
+            None => spec_in.shutdown(std::net::Shutdown::Write),
+        });
         if let Err(e) = sent {
             let _ = child.kill();
             let _ = child.wait();
             return Err(self.spec_not_taken(e));
         }
-        Ok(self.started(child, events, spec_in))
+        Ok(self.started(child, events, spec_in, work))
     }
 
-    fn started<C, E>(self, child: C, events: E, spec_in: UnixStream) -> Started<C, E> {
+    fn started<C, E>(
+        self,
+        child: C,
+        events: E,
+        spec_in: UnixStream,
+        work: Option<UnixStream>,
+    ) -> Started<C, E> {
         let exports_workspace = self.spec.export_workspace;
         let (egress, workspace_channel) = match self.egress {
             Some(rules) => (Some((rules, OwnedFd::from(spec_in))), None),
@@ -468,6 +525,7 @@ impl Prepared {
             egress,
             workspace_channel,
             exports_workspace,
+            work,
             lease: self.lease,
         }
     }
@@ -477,7 +535,7 @@ impl Prepared {
     /// signal follows the thread that started it, and idle pool threads exit.
     pub async fn spawn_async(self, stderr: JailerStderr) -> Result<LaunchedAsync, Box<RunResult>> {
         use tokio::io::AsyncWriteExt;
-        let json = self.spec_json()?;
+        let frame = self.spec_frame()?;
         let (cmd, spec_in) = self.command(stderr).map_err(|e| self.cannot_start(e))?;
         let mut cmd = tokio::process::Command::from(cmd);
         let mut child = cmd.spawn().map_err(|e| self.cannot_start(e))?;
@@ -488,14 +546,14 @@ impl Prepared {
         let sent = async {
             spec_in.set_nonblocking(true)?;
             let mut tx = tokio::net::UnixStream::from_std(spec_in)?;
-            tx.write_all(&json).await?;
+            tx.write_all(&frame).await?;
             tx.shutdown().await?;
             let spec_in = tx.into_std()?;
             spec_in.set_nonblocking(false)?;
             Ok::<_, io::Error>(spec_in)
         };
         match sent.await {
-            Ok(spec_in) => Ok(self.started(child, events, spec_in)),
+            Ok(spec_in) => Ok(self.started(child, events, spec_in, None)),
             Err(e) => {
                 let _ = child.kill().await;
                 Err(self.spec_not_taken(e))
@@ -558,6 +616,7 @@ impl Collector {
                 self.report = Some(*r);
                 return None;
             }
+            Event::Ready => return None,
             Event::Output(s, b) => (s, b),
         };
         let i = stream as usize;

@@ -31,5 +31,6 @@ pub mod protocol;
 pub mod report;
 pub mod resolve;
 pub mod result;
+pub mod runner;
 pub mod spec;
 pub mod uidalloc;

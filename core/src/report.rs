@@ -139,6 +139,9 @@ pub struct JailReport {
     /// Bytes stored in /workspace, /tmp and /dev/shm together at the end.
     #[serde(default)]
     pub disk_used_bytes: u64,
+    /// A warm jail's run: how long the jail had waited for it, ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_waited_ms: Option<f64>,
     pub layers: Option<Layers>,
     pub error: Option<JailFailure>,
 }
@@ -156,6 +159,7 @@ impl JailReport {
             cpu_ms: 0.0,
             peak_memory_bytes: 0,
             disk_used_bytes: 0,
+            warm_waited_ms: None,
             layers: None,
             error: Some(failure),
         }

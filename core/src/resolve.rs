@@ -430,6 +430,7 @@ pub fn resolve_with(
             },
         },
         export_workspace: extras.export_workspace,
+        warm: false,
     };
     Ok(Resolved { spec, limits })
 }

@@ -25,6 +25,13 @@ pub struct RunResult {
     /// counted against its `disk` limit when it ended.
     #[serde(default)]
     pub disk_used_bytes: u64,
+    /// The run was handed to a warm jail (pycelld's pool: python already
+    /// started, the policy's modules imported); its clocks started then.
+    #[serde(default)]
+    pub warm: bool,
+    /// How long that warm jail had been ready, waiting for a run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_waited_ms: Option<f64>,
     pub policy: String,
     /// The effective limits; null when the run was refused before they were known.
     pub limits: Option<LimitsReport>,
@@ -146,6 +153,8 @@ impl RunResult {
             cpu_ms: report.cpu_ms,
             peak_memory_bytes: report.peak_memory_bytes,
             disk_used_bytes: report.disk_used_bytes,
+            warm: report.warm_waited_ms.is_some(),
+            warm_waited_ms: report.warm_waited_ms,
             policy: policy.to_string(),
             limits,
             layers: report.layers,

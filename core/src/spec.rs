@@ -49,6 +49,11 @@ pub struct JailSpec {
     /// what the jail built: the install jail's env.
     #[serde(default)]
     pub export_workspace: bool,
+    /// A warm jail: `argv` starts pycell's runner, which waits for its work
+    /// on the jailer's stdin after this spec (see [`crate::runner`]); the
+    /// clocks start when it arrives.
+    #[serde(default)]
+    pub warm: bool,
 }
 
 /// The host's TLS trust store (Debian's ca-certificates), bound read-only
@@ -254,6 +259,13 @@ impl JailSpec {
                     "invalid variable name or NUL in value",
                 ));
             }
+        }
+        if self.warm && (self.export_workspace || !self.files.is_empty() || !self.stdin.is_empty())
+        {
+            return Err(bad(
+                "warm",
+                "a warm jail gets its script and stdin with its work, and exports nothing",
+            ));
         }
         for f in &self.files {
             let n = f.name.as_str();

@@ -28,8 +28,10 @@ mod rlimits;
 mod sources;
 mod supervisor;
 mod syscall;
+mod warm;
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
+use std::os::fd::AsFd;
 
 use pycell_core::codes::{FailureCode, Layer};
 use pycell_core::events;
@@ -41,19 +43,20 @@ pub use syscall::{adopt_inherited_fd, peer_groups};
 /// Specs carry the code; 64 MiB is far beyond any real one.
 const MAX_SPEC: u64 = 64 << 20;
 
+/// The spec: one frame on stdin (see [`pycell_core::runner::read_frame`]),
+/// read unbuffered, so that a warm jail's work, which follows it on the
+/// same stream, is still there for the supervisor.
 fn read_spec() -> Result<JailSpec, String> {
-    let mut raw = Vec::new();
-    let n = io::stdin()
-        .take(MAX_SPEC + 1)
-        .read_to_end(&mut raw)
+    let mut stdin = io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map(std::fs::File::from)
         .map_err(|e| format!("reading the spec from stdin: {e}"))?;
-    if n as u64 > MAX_SPEC {
-        return Err(format!("the spec is larger than {MAX_SPEC} bytes"));
-    }
-    serde_json::from_slice(&raw).map_err(|e| format!("parsing the spec: {e}"))
+    pycell_core::runner::read_frame(&mut stdin, MAX_SPEC)
+        .map_err(|e| format!("reading the spec from stdin: {e}"))
 }
 
-/// `pycell-jailer`: read one JSON spec on stdin, run it, write event frames
+/// `pycell-jailer`: read one spec frame on stdin, run it, write event frames
 /// (output chunks, then the result) on stdout. Returns the exit code: 0
 /// whenever a result frame was written for a spec that parsed, 2 for a
 /// spec that did not.

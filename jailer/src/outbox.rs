@@ -67,6 +67,16 @@ impl Outbox {
         Ok(true)
     }
 
+    /// A warm jail is ready: the frame goes out whatever the bound.
+    pub(crate) fn offer_ready(&mut self) -> io::Result<()> {
+        events::write_ready(&mut self.pending)?;
+        self.flush_some()
+    }
+
+    pub(crate) fn set_limit(&mut self, limit: usize) {
+        self.limit = limit;
+    }
+
     /// Bytes not yet taken by the reader.
     pub(crate) fn waiting(&self) -> usize {
         self.pending.len() - self.start

@@ -19,6 +19,7 @@ use pycell_core::spec::JailSpec;
 
 use crate::child::ChildMessage;
 use crate::outbox::{self, Outbox};
+use crate::warm::{Arrival, Phase, WarmState};
 use pycell_core::cgroup::SandboxCgroup;
 
 const CHUNK: usize = 64 * 1024;
@@ -32,6 +33,8 @@ pub(crate) struct ParentEnds {
     pub stdin_write: OwnedFd,
     pub stdout_read: OwnedFd,
     pub stderr_read: OwnedFd,
+    /// A warm jail's work stream (the jailer's stdin).
+    pub work: Option<OwnedFd>,
 }
 
 /// What the relay saw, for [`crate::outcome::classify`].
@@ -47,6 +50,20 @@ pub(crate) struct Relayed {
     /// Event frames the reader had not taken when the jail ended: they go
     /// out (blocking) before the result.
     pub unsent: Vec<u8>,
+    /// A warm jail: how far it got, and what it was given.
+    pub warm: Option<WarmEnd>,
+}
+
+/// How a warm jail ended up.
+#[derive(Debug)]
+pub(crate) struct WarmEnd {
+    pub phase: Phase,
+    pub work: Option<Box<pycell_core::runner::Work>>,
+    /// The jail's CPU use (cgroup, ns) when its work arrived.
+    pub cpu_before_ns: u64,
+    /// Why its work was refused, if it was.
+    pub refused: Option<String>,
+    pub warm_up_output: Vec<u8>,
 }
 
 /// Relay until the jail is gone and its output drained.
@@ -62,6 +79,7 @@ pub(crate) fn run(
     let outbox = Outbox::new(events, outbox::pending_limit(spec.limits.max_output_bytes))?;
     let mut relay = Relay::new(spec, ends, pid, outbox);
     let (mut timed_out, mut cancelled) = (false, false);
+    let mut deadline = Some(deadline);
     let mut init_status = None;
     let kill_jail = || {
         let _ = kill(pid, Signal::SIGKILL);
@@ -69,13 +87,24 @@ pub(crate) fn run(
     };
     while relay.open() {
         let now = Instant::now();
-        if !timed_out && now >= deadline {
+        while let Some(step) = relay.warm_step(spec, pid, cgroup) {
+            match step {
+                WarmStep::Ready => deadline = None,
+                WarmStep::Started(wall) => deadline = Some(now + wall),
+                WarmStep::Abandoned => {
+                    cancelled = true;
+                    kill_jail();
+                }
+            }
+        }
+        if !timed_out && deadline.is_some_and(|d| now >= d) {
             timed_out = true;
             kill_jail();
         }
-        let wait = match timed_out {
-            true => PollTimeout::from(100u16),
-            false => PollTimeout::try_from(deadline - now).unwrap_or(PollTimeout::MAX),
+        let wait = match (timed_out, deadline) {
+            (true, _) => PollTimeout::from(100u16),
+            (false, Some(d)) => PollTimeout::try_from(d - now).unwrap_or(PollTimeout::MAX),
+            (false, None) => PollTimeout::NONE,
         };
         if relay.poll_once(signals.as_fd(), wait)? {
             match take_signals(signals) {
@@ -107,8 +136,86 @@ pub(crate) fn run(
         messages: relay.messages(),
         truncated: relay.truncated,
         disk_used_bytes,
+        warm: relay.warm.map(WarmRelay::end),
         unsent: relay.outbox.into_unsent(),
     })
+}
+
+/// What became of a warm jail since the relay last asked.
+enum WarmStep {
+    /// Ready and waiting for its work: no clock runs.
+    Ready,
+    /// Its work is being fed to the runner; the wall clock runs for this.
+    Started(Duration),
+    /// Its launcher gave up on it (closed the work stream, or sent bad
+    /// work): stop it.
+    Abandoned,
+}
+
+/// A warm jail's part of the relay.
+struct WarmRelay {
+    state: WarmState,
+    /// The jailer's stdin, on which the work comes, until it is whole.
+    channel: Option<File>,
+    /// The runner's stdin, held (not yet written) until the work comes.
+    runner_stdin: Option<File>,
+    steps: std::collections::VecDeque<WarmStep>,
+    work: Option<Box<pycell_core::runner::Work>>,
+    cpu_before_ns: u64,
+    refused: Option<String>,
+}
+
+impl WarmRelay {
+    fn new(channel: OwnedFd, runner_stdin: OwnedFd) -> WarmRelay {
+        for fd in [&channel, &runner_stdin] {
+            let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+        }
+        WarmRelay {
+            state: WarmState::new(),
+            channel: Some(File::from(channel)),
+            runner_stdin: Some(File::from(runner_stdin)),
+            steps: Default::default(),
+            work: None,
+            cpu_before_ns: 0,
+            refused: None,
+        }
+    }
+
+    /// Read what the launcher sent on the work stream.
+    fn read_channel(&mut self) {
+        let mut buf = vec![0u8; CHUNK];
+        let Some(f) = self.channel.as_mut() else {
+            return;
+        };
+        let arrival = match f.read(&mut buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Ok(0) | Err(_) => Arrival::Bad(String::new()),
+            Ok(n) => self.state.work_bytes(&buf[..n], Instant::now()),
+        };
+        match arrival {
+            Arrival::Partial => {}
+            Arrival::Whole(work) => {
+                self.channel = None;
+                self.work = Some(work);
+                self.steps.push_back(WarmStep::Started(Duration::ZERO));
+            }
+            Arrival::Bad(why) => {
+                self.channel = None;
+                self.refused = (!why.is_empty()).then_some(why);
+                self.steps.push_back(WarmStep::Abandoned);
+            }
+        }
+    }
+
+    fn end(self) -> WarmEnd {
+        WarmEnd {
+            phase: self.state.phase,
+            work: self.work,
+            cpu_before_ns: self.cpu_before_ns,
+            refused: self.refused,
+            warm_up_output: self.state.warm_up_output,
+        }
+    }
 }
 
 /// `/proc/<jail>/root/workspace`, without following symlinks at its end.
@@ -163,6 +270,7 @@ struct Relay {
     /// usage can be read at the end however the jail ended.
     disk: Option<OwnedFd>,
     outbox: Outbox,
+    warm: Option<WarmRelay>,
 }
 
 /// Which descriptor a poll slot stands for.
@@ -173,17 +281,24 @@ enum Slot {
     Output(usize),
     Stdin,
     Events,
+    Work,
 }
 
 impl Relay {
     fn new(spec: &JailSpec, ends: ParentEnds, jail: Pid, outbox: Outbox) -> Relay {
-        let stdin = (!spec.stdin.is_empty()).then(|| {
-            let _ = nix::fcntl::fcntl(
-                &ends.stdin_write,
-                nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK),
-            );
-            File::from(ends.stdin_write)
-        });
+        let (stdin, warm) = match ends.work {
+            Some(channel) => (None, Some(WarmRelay::new(channel, ends.stdin_write))),
+            None => {
+                let stdin = (!spec.stdin.is_empty()).then(|| {
+                    let _ = nix::fcntl::fcntl(
+                        &ends.stdin_write,
+                        nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK),
+                    );
+                    File::from(ends.stdin_write)
+                });
+                (stdin, None)
+            }
+        };
         Relay {
             stdin,
             stdin_data: spec.stdin.clone(),
@@ -201,7 +316,34 @@ impl Relay {
             jail,
             disk: None,
             outbox,
+            warm,
         }
+    }
+
+    /// The next change of a warm jail's phase, acted upon: once its work
+    /// is whole, the runner's stdin gets it, the run's output cap applies
+    /// and its CPU clock starts.
+    fn warm_step(&mut self, spec: &JailSpec, pid: Pid, cgroup: &SandboxCgroup) -> Option<WarmStep> {
+        let w = self.warm.as_mut()?;
+        let step = w.steps.pop_front()?;
+        let WarmStep::Started(_) = step else {
+            return Some(step);
+        };
+        let work = w.work.as_ref().expect("work arrived");
+        w.cpu_before_ns = cgroup.usage().cpu_ns;
+        if let Err(e) = crate::rlimits::restart_cpu_clock(pid, spec.limits.cpu_time_s) {
+            w.refused = Some(format!("restarting the CPU clock: {e}"));
+            return Some(WarmStep::Abandoned);
+        }
+        self.stdin_data = work.runner_input();
+        self.stdin_pos = 0;
+        self.stdin = w.runner_stdin.take();
+        self.cap = work.max_output_bytes;
+        self.outbox
+            .set_limit(outbox::pending_limit(work.max_output_bytes));
+        Some(WarmStep::Started(Duration::from_millis(
+            work.wall_timeout_ms,
+        )))
     }
 
     fn open(&self) -> bool {
@@ -229,6 +371,11 @@ impl Relay {
                 Slot::Output(i) => self.read_output(i)?,
                 Slot::Stdin => self.write_stdin(),
                 Slot::Events => self.outbox.flush_some()?,
+                Slot::Work => {
+                    if let Some(w) = self.warm.as_mut() {
+                        w.read_channel();
+                    }
+                }
             }
         }
         Ok(signal)
@@ -255,6 +402,10 @@ impl Relay {
         if self.outbox.waiting() > 0 {
             fds.push(PollFd::new(self.outbox.fd(), PollFlags::POLLOUT));
             slots.push(Slot::Events);
+        }
+        if let Some(f) = self.warm.as_ref().and_then(|w| w.channel.as_ref()) {
+            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
+            slots.push(Slot::Work);
         }
         let wait = match self.drain_deadline {
             Some(_) => PollTimeout::from(50u16),
@@ -308,6 +459,13 @@ impl Relay {
             }
             Ok(n) => n,
         };
+        if let Some(w) = self.warm.as_mut().filter(|w| !w.state.running()) {
+            if w.state.warm_up_output(i == 0, &buf[..n], Instant::now()) {
+                w.steps.push_back(WarmStep::Ready);
+                self.outbox.offer_ready()?;
+            }
+            return Ok(());
+        }
         let room = self.cap.saturating_sub(self.sent[i]) as usize;
         if n > room {
             self.truncated[i] = true;

@@ -41,21 +41,27 @@ fn pin(name: &'static str, resource: libc::__rlimit_resource_t, soft: u64, hard:
     }
 }
 
+/// The CPU seconds a jail starts with: its limit, and for a warm jail
+/// the allowance of its warm-up besides (its clock restarts when its work
+/// comes: [`restart_cpu_clock`]).
+fn cpu_seconds(l: &JailLimits, warm: bool) -> u64 {
+    match warm {
+        true => l.cpu_time_s.saturating_add(crate::warm::WARM_UP_CPU_S),
+        false => l.cpu_time_s,
+    }
+}
+
 /// Every rlimit the kernel has, with the jail's value.
-pub(crate) fn pinned(l: &JailLimits) -> Vec<Pinned> {
+pub(crate) fn pinned(l: &JailLimits, warm: bool) -> Vec<Pinned> {
     use libc::*;
     let same = |name, res, v| pin(name, res, v, v);
+    let cpu = cpu_seconds(l, warm);
     vec![
         same("RLIMIT_NOFILE", RLIMIT_NOFILE, l.open_files),
         same("RLIMIT_FSIZE", RLIMIT_FSIZE, l.file_size_bytes),
         same("RLIMIT_CORE", RLIMIT_CORE, CORE_LIMIT),
         // SIGXCPU at the soft limit, SIGKILL one second later if ignored.
-        pin(
-            "RLIMIT_CPU",
-            RLIMIT_CPU,
-            l.cpu_time_s,
-            l.cpu_time_s.saturating_add(1),
-        ),
+        pin("RLIMIT_CPU", RLIMIT_CPU, cpu, cpu.saturating_add(1)),
         // The sandbox uid is the run's own, so this counts only its processes
         // (one more for its init); the cgroup's pids.max is the real bound.
         same("RLIMIT_NPROC", RLIMIT_NPROC, u64::from(l.pids) + 1),
@@ -77,12 +83,44 @@ pub(crate) fn pinned(l: &JailLimits) -> Vec<Pinned> {
 }
 
 /// Set every pinned limit on process `pid`.
-pub(crate) fn apply(pid: Pid, limits: &JailLimits) -> Result<(), String> {
-    for p in pinned(limits) {
+pub(crate) fn apply(pid: Pid, limits: &JailLimits, warm: bool) -> Result<(), String> {
+    for p in pinned(limits, warm) {
         syscall::prlimit(pid, p.resource, p.soft, p.hard)
             .map_err(|e| format!("prlimit({}, {}/{}): {e}", p.name, p.soft, p.hard))?;
     }
     Ok(())
+}
+
+/// A warm jail's work has come: its program (the only child of the jail's
+/// init, `init`) gets `cpu_time_s` of CPU from now, RLIMIT_CPU counting
+/// what its warm-up used. Lowering a limit needs no capability.
+pub(crate) fn restart_cpu_clock(init: Pid, cpu_time_s: u64) -> Result<(), String> {
+    let raw = init.as_raw();
+    let children = std::fs::read_to_string(format!("/proc/{raw}/task/{raw}/children"))
+        .map_err(|e| format!("the jail's program: {e}"))?;
+    let program: i32 = children
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or("the jail's program is gone")?;
+    let stat = std::fs::read_to_string(format!("/proc/{program}/stat"))
+        .map_err(|e| format!("the program's CPU time: {e}"))?;
+    let used = crate::warm::cpu_ticks(&stat).ok_or("the program's stat is unreadable")?;
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as u64;
+    let hard = cpu_seconds_hard(cpu_time_s);
+    let (soft, hard) = crate::warm::cpu_clock_from_now(used, ticks, cpu_time_s, hard);
+    syscall::prlimit(Pid::from_raw(program), libc::RLIMIT_CPU, soft, hard)
+        .map_err(|e| format!("prlimit(RLIMIT_CPU, {soft}/{hard}): {e}"))
+}
+
+/// The hard RLIMIT_CPU a warm jail started with.
+fn cpu_seconds_hard(cpu_time_s: u64) -> u64 {
+    cpu_time_s
+        .saturating_add(crate::warm::WARM_UP_CPU_S)
+        .saturating_add(1)
 }
 
 #[cfg(test)]
@@ -108,7 +146,7 @@ mod tests {
 
     #[test]
     fn every_resource_the_kernel_has_is_pinned_once() {
-        let p = pinned(&limits());
+        let p = pinned(&limits(), false);
         let mut seen: Vec<u32> = p.iter().map(|p| p.resource).collect();
         seen.sort_unstable();
         seen.dedup();
@@ -122,7 +160,7 @@ mod tests {
 
     #[test]
     fn real_time_priority_and_core_dumps_are_shut() {
-        let p = pinned(&limits());
+        let p = pinned(&limits(), false);
         let get = |n: &str| *p.iter().find(|p| p.name == n).unwrap();
         assert_eq!(
             (get("RLIMIT_RTPRIO").soft, get("RLIMIT_RTPRIO").hard),
@@ -131,5 +169,17 @@ mod tests {
         assert_eq!(get("RLIMIT_CORE").hard, 1);
         assert_eq!(get("RLIMIT_NOFILE").hard, 256);
         assert!(get("RLIMIT_CPU").hard > get("RLIMIT_CPU").soft);
+    }
+
+    #[test]
+    fn a_warm_jail_starts_with_its_warm_up_allowance() {
+        let cpu = |warm| {
+            let p = pinned(&limits(), warm);
+            let c = *p.iter().find(|p| p.name == "RLIMIT_CPU").unwrap();
+            (c.soft, c.hard)
+        };
+        assert_eq!(cpu(false), (30, 31));
+        let warm_hard = cpu_seconds_hard(30);
+        assert_eq!(cpu(true), (warm_hard - 1, warm_hard));
     }
 }

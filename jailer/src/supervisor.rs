@@ -70,13 +70,14 @@ fn run_checked(spec: &JailSpec, events: &mut dyn Write) -> Result<JailReport, Ja
         events_fd(),
     )
     .map_err(io_failure("relaying output"))?;
-    let wall = jail.start.elapsed();
+    let end = jail.start.elapsed();
     jail.cgroup.kill_all();
     // Only now, with the sandbox gone, wait for a slow reader to take the rest.
     events
         .write_all(&relayed.unsent)
         .map_err(io_failure("writing output"))?;
     let usage = jail.cgroup.usage();
+    let run = warm_run(spec, relayed.warm.as_ref(), end)?;
     let seen = Observed {
         timed_out: relayed.timed_out,
         cancelled: relayed.cancelled,
@@ -84,17 +85,18 @@ fn run_checked(spec: &JailSpec, events: &mut dyn Write) -> Result<JailReport, Ja
         messages: relayed.messages,
         init_status: format!("{:?}", relayed.init_status),
     };
-    let outcome = classify(&seen, &spec.limits)?;
+    let outcome = classify(&seen, &run.limits)?;
     Ok(JailReport {
         status: outcome.status,
         exit_code: outcome.exit_code,
         signal: outcome.signal,
         stdout_truncated: relayed.truncated[0],
         stderr_truncated: relayed.truncated[1],
-        wall_ms: wall.as_secs_f64() * 1000.0,
-        cpu_ms: usage.cpu_ns as f64 / 1e6,
+        wall_ms: run.wall.as_secs_f64() * 1000.0,
+        cpu_ms: usage.cpu_ns.saturating_sub(run.cpu_before_ns) as f64 / 1e6,
         peak_memory_bytes: usage.peak_memory_bytes,
         disk_used_bytes: relayed.disk_used_bytes,
+        warm_waited_ms: run.waited_ms,
         layers: Some(Layers {
             namespaces: NAMESPACES.iter().map(|s| s.to_string()).collect(),
             sandbox_uid: spec.sandbox_uid,
@@ -112,6 +114,63 @@ fn run_checked(spec: &JailSpec, events: &mut dyn Write) -> Result<JailReport, Ja
         }),
         error: outcome.error,
     })
+}
+
+/// What the report counts from, and against: for a cold jail, its start
+/// and its spec's limits; for a warm one, its work's arrival and the
+/// limits the work brought.
+struct RunClock {
+    limits: pycell_core::spec::JailLimits,
+    wall: Duration,
+    cpu_before_ns: u64,
+    waited_ms: Option<f64>,
+}
+
+/// The run's clock. A warm jail that never got its work did not run: a
+/// failed warm-up is refused (its output goes to our stderr, the
+/// operator's), as is work it could not take.
+fn warm_run(
+    spec: &JailSpec,
+    warm: Option<&relay::WarmEnd>,
+    since_start: Duration,
+) -> Result<RunClock, JailFailure> {
+    let mut clock = RunClock {
+        limits: spec.limits.clone(),
+        wall: since_start,
+        cpu_before_ns: 0,
+        waited_ms: None,
+    };
+    let Some(w) = warm else {
+        return Ok(clock);
+    };
+    let not_run = |m: String| JailFailure::new(FailureCode::JailSetupFailed, Layer::Jailer, m);
+    if let Some(why) = &w.refused {
+        return Err(not_run(format!(
+            "the warm jail could not take its work: {why}"
+        )));
+    }
+    match (w.phase, &w.work) {
+        (crate::warm::Phase::Running { since, waited_ms }, Some(work)) => {
+            clock.limits.wall_timeout_ms = work.wall_timeout_ms;
+            clock.limits.max_output_bytes = work.max_output_bytes;
+            clock.wall = since.elapsed().min(since_start);
+            clock.cpu_before_ns = w.cpu_before_ns;
+            clock.waited_ms = Some(waited_ms);
+            Ok(clock)
+        }
+        (crate::warm::Phase::WarmingUp, _) => {
+            let output = String::from_utf8_lossy(&w.warm_up_output);
+            eprintln!(
+                "pycell-jailer: warm jail {} ended while warming up; its output:\n{}",
+                spec.run_id,
+                output.trim_end()
+            );
+            Err(not_run("the warm jail ended before it was ready (its warm-up output is in the jailer's stderr)".into()))
+        }
+        _ => Err(not_run(
+            "the warm jail was stopped before it got work".into(),
+        )),
+    }
 }
 
 /// The event stream: our stdout (`events` buffers in front of it; nothing
@@ -254,8 +313,19 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
         (CloneResult::Parent(pid), inside) => (pid, inside),
     };
     drop(child_fds);
+    let mut ends = ends;
+    ends.work = match spec.warm {
+        true => io::stdin().as_fd().try_clone_to_owned().ok(),
+        false => None,
+    };
     release_stdin();
-    match attach(spec, layout, pid, go, born_in, born_inside) {
+    let attached = match (spec.warm, &ends.work) {
+        (true, None) => Err(io_failure("keeping stdin for the work")(
+            io::Error::last_os_error(),
+        )),
+        _ => attach(spec, layout, pid, go, born_in, born_inside),
+    };
+    match attached {
         Ok(cgroup) => Ok(Jail {
             pid,
             cgroup,
@@ -331,7 +401,7 @@ fn attach(
 ) -> Result<SandboxCgroup, JailFailure> {
     let mut go = File::from(go);
     let start_failed = io_failure("starting the jail");
-    crate::rlimits::apply(pid, &spec.limits)
+    crate::rlimits::apply(pid, &spec.limits, spec.warm)
         .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e))?;
     write_id_maps(pid, spec).map_err(|e| {
         JailFailure::new(
@@ -384,6 +454,7 @@ fn pipes() -> io::Result<(ChildFds, OwnedFd, ParentEnds)> {
         stdin_write: stdin.1,
         stdout_read: stdout.0,
         stderr_read: stderr.0,
+        work: None,
     };
     Ok((child, go.1, ours))
 }

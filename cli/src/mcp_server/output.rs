@@ -87,6 +87,10 @@ pub struct RunPythonOutput {
     pub peak_memory_bytes: u64,
     /// Bytes stored in /workspace, /tmp and /dev/shm together when the run ended.
     pub disk_used_bytes: u64,
+    /// True if the run went to a sandbox prepared ahead (python already
+    /// started, the policy's modules imported); its time counts from the
+    /// moment the code arrived.
+    pub warm: bool,
     /// The policy the run used.
     pub policy: String,
     /// The limits the run had (null if it was refused before they were known).
@@ -144,6 +148,7 @@ impl From<RunResult> for RunPythonOutput {
             cpu_ms: r.cpu_ms,
             peak_memory_bytes: r.peak_memory_bytes,
             disk_used_bytes: r.disk_used_bytes,
+            warm: r.warm,
             policy: r.policy,
             limits: r.limits,
             layers: r.layers.map(|l| LayersInfo {
@@ -307,6 +312,7 @@ mod tests {
             cpu_ms: 9.2,
             peak_memory_bytes: 8_839_168,
             disk_used_bytes: 4096,
+            warm_waited_ms: None,
             layers: None,
             error: None,
         }

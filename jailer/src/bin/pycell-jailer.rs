@@ -1,4 +1,4 @@
-//! `pycell-jailer`: reads one JSON jail spec on stdin, runs it, and writes
+//! `pycell-jailer`: reads one jail spec (a frame: length, then JSON) on stdin, runs it, and writes
 //! event frames (output chunks, then the result) on stdout. Started by every
 //! pycell mode (`pycell run`, `pycell mcp`, pycelld) through the launcher in
 //! `pycell_core::launch`. Single-threaded on purpose: it clones the jail.

@@ -1,0 +1,250 @@
+//! A warm jail's life in the relay: warming up (the runner imports its
+//! modules; whatever it prints is kept aside, never streamed as a run's
+//! output) until the runner's ready marker; ready (the launcher is told,
+//! with an event, and the jail waits, without clocks, for its work); then
+//! running, from the moment the work frame is whole.
+//!
+//! The pure parts (the marker's scan, the work frame's assembly, the CPU
+//! clock's arithmetic) are here; the relay does the I/O.
+
+use std::time::Instant;
+
+use pycell_core::runner::{frame_len, Work, READY_MARKER};
+
+/// Warm-up output kept for the jailer's own stderr (when the jail fails
+/// before it is ready).
+const KEPT_WARM_UP_OUTPUT: usize = 16 << 10;
+/// The largest work frame: code and stdin of at most 16 MiB each, the
+/// stdin as a JSON list of numbers.
+pub(crate) const MAX_WORK: u64 = 96 << 20;
+/// CPU seconds a warm jail may spend before its work arrives (its
+/// imports), on top of the run's own CPU time limit.
+pub(crate) const WARM_UP_CPU_S: u64 = 120;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Phase {
+    WarmingUp,
+    Ready { since: Instant },
+    Running { since: Instant, waited_ms: f64 },
+}
+
+/// What the relay tracks of a warm jail before its work runs.
+#[derive(Debug)]
+pub(crate) struct WarmState {
+    pub phase: Phase,
+    /// The end of what was scanned so far, in case the marker spans reads.
+    tail: Vec<u8>,
+    /// Warm-up output, up to [`KEPT_WARM_UP_OUTPUT`].
+    pub warm_up_output: Vec<u8>,
+    /// The work frame as it arrives.
+    incoming: Vec<u8>,
+}
+
+/// What a chunk of the work channel amounted to.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Arrival {
+    Partial,
+    Whole(Box<Work>),
+    Bad(String),
+}
+
+impl WarmState {
+    pub fn new() -> WarmState {
+        WarmState {
+            phase: Phase::WarmingUp,
+            tail: Vec::new(),
+            warm_up_output: Vec::new(),
+            incoming: Vec::new(),
+        }
+    }
+
+    pub fn running(&self) -> bool {
+        matches!(self.phase, Phase::Running { .. })
+    }
+
+    /// Output before the run: kept aside. True when the runner's ready
+    /// marker is in it (on stdout) and the jail has just become ready.
+    pub fn warm_up_output(&mut self, stdout: bool, bytes: &[u8], now: Instant) -> bool {
+        let room = KEPT_WARM_UP_OUTPUT.saturating_sub(self.warm_up_output.len());
+        self.warm_up_output
+            .extend_from_slice(&bytes[..bytes.len().min(room)]);
+        if !stdout || self.phase != Phase::WarmingUp {
+            return false;
+        }
+        let mut scan = std::mem::take(&mut self.tail);
+        scan.extend_from_slice(bytes);
+        if scan.windows(READY_MARKER.len()).any(|w| w == READY_MARKER) {
+            self.phase = Phase::Ready { since: now };
+            return true;
+        }
+        let keep = scan.len().min(READY_MARKER.len() - 1);
+        self.tail = scan[scan.len() - keep..].to_vec();
+        false
+    }
+
+    /// Bytes from the work channel. Work that comes before the jail is
+    /// ready, or a frame that does not decode, is [`Arrival::Bad`].
+    pub fn work_bytes(&mut self, bytes: &[u8], now: Instant) -> Arrival {
+        let Phase::Ready { since } = self.phase else {
+            return Arrival::Bad("work arrived before the jail was ready".into());
+        };
+        self.incoming.extend_from_slice(bytes);
+        if self.incoming.len() < 4 {
+            return Arrival::Partial;
+        }
+        let head = [
+            self.incoming[0],
+            self.incoming[1],
+            self.incoming[2],
+            self.incoming[3],
+        ];
+        let len = match frame_len(head, MAX_WORK) {
+            Ok(l) => l,
+            Err(e) => return Arrival::Bad(e.to_string()),
+        };
+        if self.incoming.len() < 4 + len {
+            return Arrival::Partial;
+        }
+        if self.incoming.len() > 4 + len {
+            return Arrival::Bad("bytes after the work frame".into());
+        }
+        let work: Work = match serde_json::from_slice(&self.incoming[4..]) {
+            Ok(w) => w,
+            Err(e) => return Arrival::Bad(format!("the work frame: {e}")),
+        };
+        if let Err(e) = work.validate() {
+            return Arrival::Bad(format!("the work frame: {e}"));
+        }
+        self.incoming = Vec::new();
+        self.phase = Phase::Running {
+            since: now,
+            waited_ms: now.duration_since(since).as_secs_f64() * 1000.0,
+        };
+        Arrival::Whole(Box::new(work))
+    }
+}
+
+/// RLIMIT_CPU (soft, hard) for a program that has used `used_ticks` of
+/// CPU (clock ticks of `ticks_per_s`) when its run starts with `cpu_time_s`
+/// of its own; never above the hard limit it has (`hard_now`: raising one
+/// takes a capability the jailer need not have).
+pub(crate) fn cpu_clock_from_now(
+    used_ticks: u64,
+    ticks_per_s: u64,
+    cpu_time_s: u64,
+    hard_now: u64,
+) -> (u64, u64) {
+    let used_s = used_ticks.div_ceil(ticks_per_s.max(1));
+    let soft = used_s
+        .saturating_add(cpu_time_s)
+        .min(hard_now.saturating_sub(1));
+    (soft, soft.saturating_add(1).min(hard_now))
+}
+
+/// utime + stime (fields 14 and 15) of a `/proc/PID/stat` line.
+pub(crate) fn cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (state).
+    let utime: u64 = fields.get(14 - 3)?.parse().ok()?;
+    let stime: u64 = fields.get(15 - 3)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pycell_core::runner::write_frame;
+    use std::time::Duration;
+
+    fn work() -> Work {
+        Work {
+            code: "print(1)".into(),
+            filename: "main.py".into(),
+            args: vec![],
+            stdin: vec![],
+            wall_timeout_ms: 5000,
+            max_output_bytes: 1024,
+        }
+    }
+
+    #[test]
+    fn the_marker_is_found_across_reads_and_only_on_stdout() {
+        let t0 = Instant::now();
+        let mut w = WarmState::new();
+        assert!(!w.warm_up_output(false, READY_MARKER, t0));
+        assert!(!w.warm_up_output(true, b"numpy says hi\n\0pycell-wa", t0));
+        assert_eq!(w.phase, Phase::WarmingUp);
+        assert!(w.warm_up_output(true, b"rm-ready\0", t0));
+        assert_eq!(w.phase, Phase::Ready { since: t0 });
+        assert!(String::from_utf8_lossy(&w.warm_up_output).starts_with("\0pycell"));
+        // Once ready, a second marker changes nothing.
+        assert!(!w.warm_up_output(true, READY_MARKER, t0));
+    }
+
+    #[test]
+    fn work_runs_once_whole_and_not_before_ready() {
+        let t0 = Instant::now();
+        let mut w = WarmState::new();
+        let mut frame = Vec::new();
+        write_frame(&mut frame, &work()).unwrap();
+        assert!(matches!(w.work_bytes(&frame, t0), Arrival::Bad(_)));
+        let mut w = WarmState::new();
+        w.warm_up_output(true, READY_MARKER, t0);
+        let later = t0 + Duration::from_millis(250);
+        assert_eq!(w.work_bytes(&frame[..3], later), Arrival::Partial);
+        assert_eq!(w.work_bytes(&frame[3..10], later), Arrival::Partial);
+        assert_eq!(
+            w.work_bytes(&frame[10..], later),
+            Arrival::Whole(Box::new(work()))
+        );
+        match w.phase {
+            Phase::Running { since, waited_ms } => {
+                assert_eq!(since, later);
+                assert!((waited_ms - 250.0).abs() < 1.0, "{waited_ms}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A second piece of work is refused.
+        assert!(matches!(w.work_bytes(&frame, later), Arrival::Bad(_)));
+    }
+
+    #[test]
+    fn bad_work_frames_are_refused() {
+        let t0 = Instant::now();
+        let ready = || {
+            let mut w = WarmState::new();
+            w.warm_up_output(true, READY_MARKER, t0);
+            w
+        };
+        let mut bad = work();
+        bad.filename = "a/b".into();
+        let mut frame = Vec::new();
+        write_frame(&mut frame, &bad).unwrap();
+        assert!(
+            matches!(ready().work_bytes(&frame, t0), Arrival::Bad(m) if m.contains("plain file name"))
+        );
+        let mut frame = Vec::new();
+        write_frame(&mut frame, &work()).unwrap();
+        frame.push(b'x');
+        assert!(matches!(ready().work_bytes(&frame, t0), Arrival::Bad(_)));
+        let huge = u32::MAX.to_be_bytes();
+        assert!(matches!(ready().work_bytes(&huge, t0), Arrival::Bad(m) if m.contains("larger")));
+    }
+
+    #[test]
+    fn the_cpu_clock_restarts_but_never_above_the_hard_limit() {
+        // 2.01 s used at 100 ticks/s: 3 s rounded up, plus the run's 10 s.
+        assert_eq!(cpu_clock_from_now(201, 100, 10, 131), (13, 14));
+        assert_eq!(cpu_clock_from_now(0, 100, 10, 131), (10, 11));
+        // A warm-up that used its whole allowance: clamped.
+        assert_eq!(cpu_clock_from_now(100 * 500, 100, 10, 131), (130, 131));
+    }
+
+    #[test]
+    fn cpu_ticks_are_read_after_the_command_name() {
+        let stat = "42 (python3 (x) y) S 1 42 42 0 -1 4194560 100 0 0 0 7 5 0 0 20 0 1 0";
+        assert_eq!(cpu_ticks(stat), Some(12));
+        assert_eq!(cpu_ticks("garbage"), None);
+    }
+}
