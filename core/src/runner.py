@@ -11,8 +11,8 @@
 # jailer can tell warm-up output from the run's.
 #
 # Nothing here may run after the run's code but what `python SCRIPT` runs
-# too (atexit handlers, flushing, finalization), and no frame of this file
-# may show in the run's tracebacks.
+# too (atexit handlers, flushing, collecting the script's objects; see
+# _pycell_exit), and no frame of this file may show in the run's tracebacks.
 
 
 def _pycell_warm_up(modules):
@@ -30,6 +30,11 @@ def _pycell_warm_up(modules):
         sys.stderr.flush()
         os.dup2(saved_stderr, 2)
         os.close(saved_stderr)
+    # The first json.loads and compile cost a millisecond: pay it now.
+    import json
+
+    json.loads('{"a": ["b"]}')
+    compile(b"pass\n", "<warm-up>", "exec", dont_inherit=True)
     os.write(1, b"\0pycell-warm-ready\0")
 
 
@@ -48,15 +53,30 @@ def _pycell_read_exactly(n):
 
 
 def _pycell_run():
+    import sys
+
+    _pycell_warm_up(sys.argv[1:])
+    import gc
+
+    # Everything warm-up made stays (and is never scanned by the collector
+    # again); what the run makes is told apart by its generation at exit.
+    gc.collect()
+    gc.freeze()
+    head = _pycell_read_exactly(4)
+    status, interrupted = _pycell_main(_pycell_read_exactly(int.from_bytes(head, "big")))
+    _pycell_exit(status, interrupted)
+
+
+def _pycell_main(frame):
+    """Run the work as `python -s SCRIPT ARG...` runs a script; its exit
+    status, and whether it ended by an uncaught KeyboardInterrupt."""
     import builtins
     import json
     import sys
     import types
     from importlib.machinery import SourceFileLoader
 
-    _pycell_warm_up(sys.argv[1:])
-    head = _pycell_read_exactly(4)
-    work = json.loads(_pycell_read_exactly(int.from_bytes(head, "big")))
+    work = json.loads(frame)
     path, argv, code = work["path"], work["argv"], work["code"].encode()
     with open(path, "wb") as f:
         f.write(code)
@@ -73,16 +93,32 @@ def _pycell_run():
     sys.modules["__main__"] = main
     try:
         exec(compile(code, path, "exec", dont_inherit=True), main.__dict__)
-    except SystemExit:
-        raise
+    except SystemExit as e:
+        return _pycell_exit_status(e.code), False
     except BaseException as e:
         _pycell_uncaught(e)
+        return 1, isinstance(e, KeyboardInterrupt)
+    return 0, False
+
+
+def _pycell_exit_status(code):
+    """The status of `raise SystemExit(code)`, as python computes it."""
+    import sys
+
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write(str(code) + "\n")
+    except Exception:
+        pass
+    return 1
 
 
 def _pycell_uncaught(e):
-    """What the interpreter does with an exception that ends `python SCRIPT`:
-    the hook prints it (without this file's frames), exit status 1, or
-    death by SIGINT for a KeyboardInterrupt, after the usual shutdown."""
+    """Print an exception that ends the script as python does: through
+    sys.excepthook, without this file's frames."""
     import sys
 
     tb = e.__traceback__
@@ -92,28 +128,47 @@ def _pycell_uncaught(e):
     sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
     sys.last_exc = e
     sys.excepthook(type(e), e, tb)
-    if isinstance(e, KeyboardInterrupt):
-        _pycell_die_of_sigint()
-    raise SystemExit(1) from None
 
 
-def _pycell_die_of_sigint():
-    """As python does after an uncaught KeyboardInterrupt: shut down (the
-    atexit handlers, flushing), then die of SIGINT, so that whoever waits
-    sees the signal."""
+def _pycell_exit(status, interrupted):
+    """Python's shutdown, up to what a script can observe: non-daemon
+    threads joined, atexit handlers run, the script's objects collected
+    (their __del__ run, its unclosed files flushed and closed), every file
+    it left open flushed, stdout and stderr flushed (120 if that fails);
+    then exit, without tearing down the modules warm-up imported (which
+    only costs time), or, after a KeyboardInterrupt, death by SIGINT."""
     import atexit
+    import gc
+    import io
     import os
-    import signal
     import sys
 
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        threading._shutdown()
     atexit._run_exitfuncs()
+    sys.last_type = sys.last_value = sys.last_traceback = sys.last_exc = None
+    sys.modules.pop("__main__", None)
+    gc.collect()
+    for generation in range(3):
+        for obj in gc.get_objects(generation):
+            if isinstance(obj, io.IOBase) and not obj.closed and obj.writable():
+                try:
+                    obj.flush()
+                except Exception:
+                    pass
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except Exception:
-            pass
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
+            status = 120
+    if interrupted:
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(status)
 
 
 _pycell_run()

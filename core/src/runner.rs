@@ -58,8 +58,10 @@ pub fn warm_spec(cold: &JailSpec, modules: &[String]) -> JailSpec {
 pub fn fits(warm: &JailSpec, cold: &JailSpec) -> bool {
     let shape = |s: &JailSpec| {
         let mut s = s.clone();
+        // What the launcher assigns, not the request.
         s.run_id.clear();
         (s.sandbox_uid, s.sandbox_gid) = (0, 0);
+        s.cgroup.parent.clear();
         s.argv.truncate(1);
         s.files.clear();
         s.stdin.clear();

@@ -36,6 +36,8 @@ pub struct RunStart<'a> {
     pub policy: &'a str,
     pub limits: &'a LimitsReport,
     pub sandbox_uid: u32,
+    /// It went to a warm jail of the pool.
+    pub warm: bool,
 }
 
 /// One connection through a run's egress proxy, as the broker reports it
@@ -148,6 +150,7 @@ impl AuditLog {
             "code_sha256": format!("{:x}", Sha256::digest(r.code.as_bytes())),
             "limits": r.limits,
             "sandbox_uid": r.sandbox_uid,
+            "warm": r.warm,
         }));
     }
 

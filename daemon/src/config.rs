@@ -41,6 +41,8 @@ struct RawConfig {
     env_store: Option<PathBuf>,
     env_store_max_size: Option<String>,
     env_max_age: Option<String>,
+    warm_pools: Option<std::collections::BTreeMap<String, usize>>,
+    warm_idle: Option<String>,
 }
 
 /// Where audit lines go.
@@ -97,6 +99,11 @@ pub struct Config {
     /// never one in use.
     pub env_store_max_size: u64,
     pub env_max_age: Duration,
+    /// Warm jails kept per policy (default: 2 of `default`); see
+    /// `crate::pool`.
+    pub warm_pools: std::collections::BTreeMap<String, usize>,
+    /// A warm jail unused this long is replaced by a fresh one.
+    pub warm_idle: Duration,
     /// The text this configuration was parsed from (empty for the built-in
     /// defaults): the monitor hands it to the broker, which so never reads
     /// a file of its own.
@@ -184,6 +191,8 @@ impl Default for Config {
             env_store: PathBuf::from(DEFAULT_ENV_STORE),
             env_store_max_size: 20 << 30,
             env_max_age: Duration::from_secs(30 * 24 * 3600),
+            warm_pools: [("default".to_string(), 2)].into_iter().collect(),
+            warm_idle: Duration::from_secs(600),
             source_text: String::new(),
         }
     }
@@ -224,6 +233,7 @@ impl Config {
         c.apply_access(&raw, &at)?;
         c.apply_runs(&raw, &at)?;
         c.apply_envs(&raw, &at)?;
+        c.apply_warm(&raw, &at)?;
         c.apply_paths(raw, &at)?;
         c.source_text = text.to_string();
         Ok(c)
@@ -357,6 +367,29 @@ impl Config {
         Ok(())
     }
 
+    /// The warm pools.
+    fn apply_warm(&mut self, raw: &RawConfig, at: &Locator<'_>) -> Result<(), ConfigError> {
+        if let Some(pools) = &raw.warm_pools {
+            for (name, &n) in pools {
+                if !pycell_policy::is_valid_name(name) {
+                    return Err(at.field("warm_pools", format!("{name:?} is not a policy name")));
+                }
+                if n > MAX_WARM_MEMBERS {
+                    return Err(at.field(
+                        "warm_pools",
+                        format!("{name} = {n}: at most {MAX_WARM_MEMBERS} warm jails per policy"),
+                    ));
+                }
+            }
+            self.warm_pools = pools.clone();
+        }
+        if let Some(i) = &raw.warm_idle {
+            self.warm_idle =
+                pycell_policy::parse_duration(i).map_err(|e| at.field("warm_idle", e))?;
+        }
+        Ok(())
+    }
+
     /// The audit log, the policies and the runs' cgroups.
     fn apply_paths(&mut self, raw: RawConfig, at: &Locator<'_>) -> Result<(), ConfigError> {
         if let Some(a) = raw.audit_log {
@@ -393,6 +426,9 @@ impl Config {
         Ok(())
     }
 }
+
+/// Most warm jails one policy's pool may have.
+const MAX_WARM_MEMBERS: usize = 64;
 
 /// `memory_budget`: a size ("24GiB") or a share of the host's RAM ("75%").
 fn parse_budget(text: &str, host_memory: u64) -> Result<u64, String> {

@@ -23,4 +23,5 @@ pub mod config;
 pub mod envs;
 pub mod listen;
 pub mod monitor;
+pub mod pool;
 pub mod sockets;

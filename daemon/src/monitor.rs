@@ -28,7 +28,7 @@ use pycell_core::cgroup::CgroupLayout;
 use pycell_core::codes::FailureCode;
 use pycell_core::deps::{self, build::Plan, store::EnvInUse, store::EnvStore};
 use pycell_core::framing;
-use pycell_core::launch::{self, JailerStderr, LaunchError, Launcher, PolicyChoice};
+use pycell_core::launch::{self, JailerStderr, LaunchError, Launched, Launcher, PolicyChoice};
 use pycell_core::protocol::{ErrorCode, RunRequest};
 use pycell_core::report::JailFailure;
 use pycell_core::resolve::Extras;
@@ -41,6 +41,7 @@ use crate::audit::{AuditLog, RunStart, StoppedBy};
 use crate::config::Config;
 use crate::envs::{Build, Builders};
 use crate::listen;
+use crate::pool::Pools;
 
 /// Broker → monitor: the only things the broker can ask for.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -176,6 +177,8 @@ enum EnvStep {
 /// Time beyond a run's wall timeout that its jailer gets (to start the
 /// jail, and to report and clean up) before the monitor stops it.
 const HARD_DEADLINE_SLACK: Duration = Duration::from_secs(20);
+/// The monitor's loop turns at least this often (deadlines, the watchdog).
+const TICK: Duration = Duration::from_millis(200);
 /// A jailer that ignores SIGTERM this long gets SIGKILL.
 const KILL_GRACE: Duration = Duration::from_secs(5);
 /// A frame from the broker, once begun, must arrive whole within this; a
@@ -257,6 +260,11 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
     if let Err(why) = &envs {
         eprintln!("pycelld monitor: runs with dependencies will be refused: {why}");
     }
+    let (plans, warnings) = crate::pool::plan(&config);
+    for w in warnings {
+        eprintln!("pycelld monitor: {w}");
+    }
+    let pools = Pools::new(plans, config.warm_idle);
     let mut m = Monitor {
         config,
         layout,
@@ -265,6 +273,7 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
         runs: HashMap::new(),
         envs,
         builds: HashMap::new(),
+        pools,
         broker_pid,
         broker_alive: true,
         stopping_since: None,
@@ -386,6 +395,8 @@ struct Monitor {
     envs: Result<(EnvStore, Builders), String>,
     /// Envs being built, by builder pid.
     builds: HashMap<i32, Build>,
+    /// Warm jails waiting for runs.
+    pools: Pools,
     broker_pid: Pid,
     broker_alive: bool,
     stopping_since: Option<Instant>,
@@ -447,7 +458,7 @@ impl Monitor {
                 // The broker drains for the grace period; after that (and a
                 // little slack) everything left is killed.
                 let deadline = since + self.config.shutdown_grace + Duration::from_secs(2);
-                let idle = self.runs.is_empty() && self.builds.is_empty();
+                let idle = self.runs.is_empty() && self.builds.is_empty() && self.pools.is_empty();
                 if (!self.broker_alive && idle) || Instant::now() >= deadline {
                     // A stop for a broker that failed is a failure (so
                     // that systemd restarts the service).
@@ -461,16 +472,40 @@ impl Monitor {
             }
             self.escalate_kills();
             self.ping_watchdog();
-            let mut fds = [
+            self.tend_pools();
+            let warming = self.pools.warming();
+            let mut fds = vec![
                 PollFd::new(sfd.as_fd(), PollFlags::POLLIN),
                 PollFd::new(self.link.as_fd(), PollFlags::POLLIN),
             ];
-            match poll(&mut fds, PollTimeout::from(200u16)) {
+            fds.extend(
+                warming
+                    .iter()
+                    .map(|(_, fd)| PollFd::new(*fd, PollFlags::POLLIN)),
+            );
+            let wait = self.pools.next_refill().map_or(TICK, |t| {
+                t.saturating_duration_since(Instant::now()).min(TICK)
+            });
+            match poll(
+                &mut fds,
+                PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX),
+            ) {
                 Ok(_) | Err(nix::errno::Errno::EINTR) => {}
                 Err(e) => return Err(MonitorError::Sys(format!("poll: {e}"))),
             }
-            let sig_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
-            let link_ready = fds[1].revents().is_some_and(|r| !r.is_empty());
+            let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
+            let (sig_ready, link_ready) = (ready(&fds[0]), ready(&fds[1]));
+            let members: Vec<i32> = warming
+                .iter()
+                .zip(&fds[2..])
+                .filter(|(_, f)| ready(f))
+                .map(|((pid, _), _)| *pid)
+                .collect();
+            drop(fds);
+            drop(warming);
+            for pid in members {
+                self.pools.event(pid);
+            }
             if sig_ready {
                 while let Ok(Some(info)) = sfd.read_signal() {
                     let sig = info.ssi_signo as i32;
@@ -480,6 +515,7 @@ impl Monitor {
                         self.stopping_since = Some(Instant::now());
                         notify_systemd("STOPPING=1");
                         let _ = kill(self.broker_pid, Signal::SIGTERM);
+                        self.pools.stop_all();
                         for run in self.runs.values_mut() {
                             if run.stopped_by == StoppedBy::Nobody {
                                 run.stopped_by = StoppedBy::Shutdown;
@@ -503,6 +539,17 @@ impl Monitor {
                 }
             }
         }
+    }
+
+    /// Warm pools: retire idle members, start missing ones (not while
+    /// stopping).
+    fn tend_pools(&mut self) {
+        if self.stopping_since.is_some() {
+            return;
+        }
+        self.pools.retire_idle();
+        let store = self.envs.as_ref().ok().map(|(s, _)| s);
+        self.pools.refill(&self.launcher, store);
     }
 
     /// A broker that sends what it must not, stalls inside a frame or
@@ -628,6 +675,9 @@ impl Monitor {
             env: env.as_ref().map(|(e, _)| e.dir.clone()),
             ..Extras::default()
         };
+        if let Some(reply) = self.start_warm(req, peer, &policy, &request, &extras, &env) {
+            return Ok(reply);
+        }
         let prepared = self
             .launcher
             .prepare_with(&policy, &request, &extras)
@@ -636,13 +686,53 @@ impl Monitor {
             let message = r.error.map_or_else(String::new, |e| e.message);
             refuse((ErrorCode::Internal, message))
         })?;
+        Ok(self.started(req, peer, launched, env, &request.code, false))
+    }
+
+    /// Hand the run to a warm jail of the pool, if one is exactly the jail
+    /// the run would get.
+    fn start_warm(
+        &mut self,
+        req: u64,
+        peer: PeerIds,
+        policy: &pycell_policy::Policy,
+        request: &RunRequest,
+        extras: &Extras,
+        env: &Option<(EnvInUse, EnvReport)>,
+    ) -> Option<(ToBroker, Vec<OwnedFd>)> {
+        let resolved = pycell_core::resolve::resolve_with(policy, request, extras).ok()?;
+        let taken = self.pools.take(&policy.name, &resolved.spec)?;
+        let mut launched = taken.launched;
+        // The run's own limits (its timeout, its output cap), which its
+        // work carried.
+        launched.limits = LimitsReport::from(&resolved.limits);
+        // The member holds the env; the report is the run's.
+        let env = match (taken.env, env) {
+            (Some((held, _)), Some((_, report))) => Some((held, report.clone())),
+            (held, _) => held,
+        };
+        Some(self.started(req, peer, launched, env, &request.code, true))
+    }
+
+    /// A run's jailer started (cold, or a warm jail given its work): the
+    /// broker's message and descriptors; the run is kept until reaped.
+    fn started(
+        &mut self,
+        req: u64,
+        peer: PeerIds,
+        launched: Launched,
+        env: Option<(EnvInUse, EnvReport)>,
+        code: &str,
+        warm: bool,
+    ) -> (ToBroker, Vec<OwnedFd>) {
         self.audit.run_started(&RunStart {
             run_id: &launched.run_id,
             peer,
-            code: &request.code,
+            code,
             policy: &launched.policy,
             limits: &launched.limits,
             sandbox_uid: launched.lease.uid,
+            warm,
         });
         let started = Instant::now();
         let wall = Duration::from_secs_f64(launched.limits.wall_timeout_s);
@@ -674,7 +764,7 @@ impl Monitor {
                 stopped_by: StoppedBy::Nobody,
             },
         );
-        Ok((msg, fds))
+        (msg, fds)
     }
 
     /// The run's env: none needed, in the store, or being built now (the
@@ -798,6 +888,8 @@ impl Monitor {
                     } else if let Some(build) = self.builds.remove(&pid.as_raw()) {
                         let how = describe_wait(&status);
                         self.built(build, &how);
+                    } else {
+                        self.pools.exited(pid.as_raw());
                     }
                 }
             }
@@ -834,6 +926,7 @@ impl Monitor {
         for build in self.builds.values_mut() {
             build.stop();
         }
+        self.pools.stop_all();
     }
 
     /// On the way out: every jailer gets SIGTERM (each kills its sandbox and
@@ -844,11 +937,13 @@ impl Monitor {
         }
         self.kill_all_runs();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !(self.runs.is_empty() && self.builds.is_empty()) && Instant::now() < deadline {
+        let idle = |m: &Self| m.runs.is_empty() && m.builds.is_empty() && m.pools.is_empty();
+        while !idle(self) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
             self.reap();
         }
-        let pids = self.runs.keys().chain(self.builds.keys());
+        let members = self.pools.pids();
+        let pids = self.runs.keys().chain(self.builds.keys()).chain(&members);
         for pid in pids {
             let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
         }

@@ -74,18 +74,16 @@ pub fn jailer_main() -> i32 {
     // is handled by the supervisor as "kill the sandbox".
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
     let mut out = io::BufWriter::with_capacity(128 * 1024, io::stdout().lock());
-    let (report, code) = match read_spec() {
-        Ok(spec) => (supervisor::run(&spec, &mut out), 0),
-        Err(message) => (
-            JailReport::refused(JailFailure::new(
-                FailureCode::InvalidSpec,
-                Layer::Jailer,
-                message,
-            )),
-            2,
-        ),
-    };
-    let _ = events::write_result(&mut out, &report);
-    let _ = out.flush();
-    code
+    match read_spec() {
+        Ok(spec) => {
+            supervisor::run(&spec, &mut out);
+            0
+        }
+        Err(message) => {
+            let f = JailFailure::new(FailureCode::InvalidSpec, Layer::Jailer, message);
+            let _ = events::write_result(&mut out, &JailReport::refused(f));
+            let _ = out.flush();
+            2
+        }
+    }
 }

@@ -2,8 +2,8 @@
 //! the host, clones the jail into new namespaces, writes its uid/gid maps,
 //! builds and joins its cgroup ([`spawn`]), relays its output as event
 //! frames until it ends ([`crate::relay`]), decides how it ended
-//! ([`crate::outcome::classify`]) and reports. The cgroup is killed and
-//! removed (by its `Drop`) before the report is returned.
+//! ([`crate::outcome::classify`]) and reports. The cgroup is killed before
+//! the report is written, and removed (by its `Drop`) after.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -16,6 +16,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::waitpid;
 use nix::unistd::{pipe2, setgroups, Pid};
 use pycell_core::codes::{FailureCode, Layer};
+use pycell_core::events;
 use pycell_core::report::{CgroupReport, JailFailure, JailReport, Layers, SeccompReport};
 use pycell_core::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID};
 use pycell_seccomp::CompiledFilter;
@@ -38,14 +39,25 @@ const CLONE_FLAGS: libc::c_int = libc::CLONE_NEWUSER
     | libc::CLONE_NEWUTS;
 
 /// Run the jail described by `spec`, writing its output to `events` as
-/// frames, and return the report. The caller must be single-threaded (the
+/// frames, then the report. The caller must be single-threaded (the
 /// jail is cloned from it). Blocks SIGINT/SIGTERM/SIGHUP/SIGCHLD while it
 /// runs (SIGINT is passed on to the program; SIGTERM/SIGHUP kill the jail).
-pub(crate) fn run(spec: &JailSpec, events: &mut dyn Write) -> JailReport {
-    run_checked(spec, events).unwrap_or_else(JailReport::refused)
+pub(crate) fn run(spec: &JailSpec, events: &mut dyn Write) {
+    let (report, cgroup) = match run_checked(spec, events) {
+        Ok((report, cgroup)) => (report, Some(cgroup)),
+        Err(f) => (JailReport::refused(f), None),
+    };
+    let _ = events::write_result(events, &report);
+    let _ = events.flush();
+    // The jail's (empty) cgroup is removed after the result is out: a
+    // client waits for the one, not the other.
+    drop(cgroup);
 }
 
-fn run_checked(spec: &JailSpec, events: &mut dyn Write) -> Result<JailReport, JailFailure> {
+fn run_checked(
+    spec: &JailSpec,
+    events: &mut dyn Write,
+) -> Result<(JailReport, SandboxCgroup), JailFailure> {
     let checked = preflight(spec)?;
     let filter = &checked.filter;
     // The jail inherits our supplementary groups and could never drop them
@@ -86,7 +98,7 @@ fn run_checked(spec: &JailSpec, events: &mut dyn Write) -> Result<JailReport, Ja
         init_status: format!("{:?}", relayed.init_status),
     };
     let outcome = classify(&seen, &run.limits)?;
-    Ok(JailReport {
+    let report = JailReport {
         status: outcome.status,
         exit_code: outcome.exit_code,
         signal: outcome.signal,
@@ -113,7 +125,8 @@ fn run_checked(spec: &JailSpec, events: &mut dyn Write) -> Result<JailReport, Ja
             capabilities: "none".to_string(),
         }),
         error: outcome.error,
-    })
+    };
+    Ok((report, jail.cgroup))
 }
 
 /// What the report counts from, and against: for a cold jail, its start

@@ -73,6 +73,9 @@ pub struct Policy {
     pub dependencies: Dependencies,
     /// `[install]`: set only in a policy whose jail builds envs.
     pub install: Option<InstallSource>,
+    /// `[warm] imports`: modules a warm jail of this policy (pycelld's
+    /// pool) imports before its run arrives.
+    pub warm_imports: Vec<String>,
 }
 
 impl Policy {

@@ -27,6 +27,13 @@ pub(crate) struct RawPolicy {
     pub(crate) env: Option<BTreeMap<String, String>>,
     pub(crate) dependencies: Option<RawDependencies>,
     pub(crate) install: Option<RawInstall>,
+    pub(crate) warm: Option<RawWarm>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawWarm {
+    pub(crate) imports: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -172,7 +172,7 @@ fn unknown_field_lists_the_known_ones() {
         error_with("[network]", "[netwrok]"),
         "policies/custom.toml:20:2: netwrok: unknown field \"netwrok\"; expected one of: \
          name, description, namespaces, interpreter, limits, network, mounts, landlock, seccomp, env, \
-         dependencies, install"
+         dependencies, install, warm"
     );
 }
 
@@ -650,4 +650,22 @@ fn an_install_policy_reaches_its_index_or_has_wheels() {
         shipped.install.unwrap().index_url.as_deref(),
         Some("https://pypi.org/simple")
     );
+}
+
+#[test]
+fn warm_imports_are_module_names_listed_once() {
+    let p = minimal_with("[warm]\nimports = [\"numpy\", \"matplotlib.pyplot\"]\n").unwrap();
+    assert_eq!(p.warm_imports, ["numpy", "matplotlib.pyplot"]);
+    assert!(minimal_with("").unwrap().warm_imports.is_empty());
+    let e = minimal_with("[warm]\nimports = [\"numpy\", \"os; rm\"]\n").unwrap_err();
+    assert!(
+        e.contains("warm.imports[1]") && e.contains("not a module name"),
+        "{e}"
+    );
+    let e = minimal_with("[warm]\nimports = [\"a..b\"]\n").unwrap_err();
+    assert!(e.contains("not a module name"), "{e}");
+    let e = minimal_with("[warm]\nimports = [\"json\", \"json\"]\n").unwrap_err();
+    assert!(e.contains("listed twice"), "{e}");
+    let e = minimal_with("[warm]\npreload = []\n").unwrap_err();
+    assert!(e.contains("preload"), "{e}");
 }

@@ -96,6 +96,10 @@ pub(crate) fn validate(
         None => None,
         Some(i) => Some(check_install(i, &network, &root.key("install"))?),
     };
+    let warm_imports = check_warm_imports(
+        raw.warm.unwrap_or_default().imports.unwrap_or_default(),
+        &root.key("warm").key("imports"),
+    )?;
 
     Ok(Policy {
         name,
@@ -110,7 +114,42 @@ pub(crate) fn validate(
         env,
         dependencies,
         install,
+        warm_imports,
     })
+}
+
+/// Most modules `[warm] imports` may name.
+const MAX_WARM_IMPORTS: usize = 64;
+
+/// Dotted Python module names (`numpy`, `matplotlib.pyplot`), each once.
+fn check_warm_imports(imports: Vec<String>, path: &FieldPath) -> Result<Vec<String>> {
+    if imports.len() > MAX_WARM_IMPORTS {
+        return Err(Diagnostic::at(
+            path.clone(),
+            format!("at most {MAX_WARM_IMPORTS} modules"),
+        ));
+    }
+    let identifier = |s: &str| {
+        s.chars()
+            .next()
+            .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+            && s.chars().all(|c| c == '_' || c.is_ascii_alphanumeric())
+    };
+    for (i, m) in imports.iter().enumerate() {
+        if m.len() > 200 || !m.split('.').all(identifier) {
+            return Err(Diagnostic::at(
+                path.index(i),
+                format!("{m:?} is not a module name (dotted identifiers, such as \"matplotlib.pyplot\")"),
+            ));
+        }
+        if imports[..i].contains(m) {
+            return Err(Diagnostic::at(
+                path.index(i),
+                format!("{m:?} is listed twice"),
+            ));
+        }
+    }
+    Ok(imports)
 }
 
 /// The policy's name (matching its file's) and a non-empty description.

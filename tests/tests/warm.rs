@@ -1,15 +1,20 @@
-//! Warm runs (issue 15): a jail whose python waits, started, on pycell's
-//! runner until its run's work arrives.
+//! Warm runs (issue 15): jails whose python waits, started, on pycell's
+//! runner until a run's work arrives; pycelld keeps a pool of them.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
 use pycell_core::events::{read_event, Event};
 use pycell_core::launch::{Collector, JailerEnd, JailerStderr, Launcher, PolicyChoice};
-use pycell_core::protocol::RunRequest;
+use pycell_core::protocol::{LimitOverrides, RunRequest};
+use pycell_core::report::RunStatus;
 use pycell_core::resolve::{self, Extras};
 use pycell_core::result::RunResult;
 use pycell_core::runner;
-use pycell_tests::{pycell_bin, require_root};
+use pycell_tests::daemon::Daemon;
+use pycell_tests::{probe_path, probe_report, pycell_bin, require_root, run_file};
+use serde_json::Value;
 
 fn launcher() -> Launcher {
     let mut l = Launcher::embedded_from_env().expect("launcher");
@@ -17,20 +22,24 @@ fn launcher() -> Launcher {
     l
 }
 
-/// Start a warm jail of `policy` importing `modules`, wait `idle` once it
-/// is ready, hand it `request`, and collect its result.
-fn warm_run(policy: &str, modules: &[&str], idle: Duration, request: &RunRequest) -> RunResult {
+fn request(code: &str) -> RunRequest {
+    RunRequest {
+        code: code.into(),
+        ..Default::default()
+    }
+}
+
+/// Start a warm jail of the default policy, wait `idle` once it is ready,
+/// hand it `request`, and collect its result.
+fn warm_jail_run(idle: Duration, request: &RunRequest) -> RunResult {
     let l = launcher();
-    let policy = l.load_policy(PolicyChoice::Name(policy)).expect("policy");
-    let modules: Vec<String> = modules.iter().map(|m| m.to_string()).collect();
+    let policy = l
+        .load_policy(PolicyChoice::Name("default"))
+        .expect("policy");
     let prepared = l
-        .prepare_warm(&policy, &Extras::default(), &modules)
+        .prepare_warm(&policy, &Extras::default(), &["json".to_string()])
         .expect("prepare warm");
     let cold = resolve::resolve(&policy, request).expect("resolve").spec;
-    assert!(
-        runner::fits(prepared.spec(), &cold),
-        "a default request fits"
-    );
     let mut launched = prepared.spawn(JailerStderr::Inherit).expect("spawn");
     let first = read_event(&mut launched.events).expect("event");
     assert!(matches!(first, Some(Event::Ready)), "{first:?}");
@@ -49,25 +58,19 @@ fn warm_run(policy: &str, modules: &[&str], idle: Duration, request: &RunRequest
     })
 }
 
-fn request(code: &str) -> RunRequest {
-    RunRequest {
-        code: code.into(),
-        ..Default::default()
-    }
-}
-
 #[test]
 fn a_warm_jail_runs_its_work_with_clocks_from_arrival() {
     require_root();
-    let t = Instant::now();
-    let r = warm_run(
-        "default",
-        &["json"],
-        Duration::from_millis(300),
-        &request("import sys\nprint('hi', sys.argv, __file__)\nprint('err', file=sys.stderr)\nsys.exit(3)"),
+    let mut req = request(
+        "import sys\nprint('hi', sys.argv, __file__, sys.stdin.read())\nprint('err', file=sys.stderr)\nsys.exit(3)",
     );
-    eprintln!("{r:?} in {:?}", t.elapsed());
-    assert_eq!(r.stdout, "hi ['/workspace/main.py'] /workspace/main.py\n");
+    req.args = vec!["a b".into()];
+    req.set_stdin(b"input");
+    let r = warm_jail_run(Duration::from_millis(300), &req);
+    assert_eq!(
+        r.stdout,
+        "hi ['/workspace/main.py', 'a b'] /workspace/main.py input\n"
+    );
     assert_eq!(r.stderr, "err\n");
     assert_eq!(r.exit_code, Some(3));
     assert!(r.warm);
@@ -78,4 +81,269 @@ fn a_warm_jail_runs_its_work_with_clocks_from_arrival() {
         "the wall clock started with the work: {}",
         r.wall_ms
     );
+}
+
+#[test]
+fn a_warm_jails_timeout_and_cpu_limit_run_from_the_work() {
+    require_root();
+    // Waiting 1.5 s ready does not count against a 1 s timeout...
+    let mut req = request("import time; time.sleep(0.3); print('slept')");
+    req.limits = LimitOverrides {
+        timeout_s: Some(1.0),
+        ..Default::default()
+    };
+    let r = warm_jail_run(Duration::from_millis(1500), &req);
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (RunStatus::Ok, "slept\n"),
+        "{r:?}"
+    );
+    // ... and a run that outlives it is stopped at it.
+    req.code = "import time; time.sleep(5)".into();
+    let t = Instant::now();
+    let r = warm_jail_run(Duration::ZERO, &req);
+    assert_eq!(r.status, RunStatus::Timeout, "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    // The CPU limit (1 s here) counts from the work too, however much
+    // CPU the warm-up took.
+    let mut req = request("while True: pass");
+    req.limits.timeout_s = Some(10.0);
+    let l = launcher();
+    let mut policy = l.load_policy(PolicyChoice::Name("default")).unwrap();
+    policy.limits.cpu_time = Duration::from_secs(1);
+    let prepared = l.prepare_warm(&policy, &Extras::default(), &[]).unwrap();
+    let cold = resolve::resolve(&policy, &req).unwrap().spec;
+    let mut launched = prepared.spawn(JailerStderr::Inherit).unwrap();
+    assert!(matches!(
+        read_event(&mut launched.events),
+        Ok(Some(Event::Ready))
+    ));
+    launched
+        .send_work(&runner::work_for(&cold).unwrap())
+        .unwrap();
+    let mut c = Collector::new(&launched.run_id, "default", Some(launched.limits));
+    while let Some(ev) = read_event(&mut launched.events).unwrap() {
+        c.record(ev);
+    }
+    let status = launched.child.wait();
+    let r = c.finish(JailerEnd::Exited {
+        status,
+        stderr: vec![],
+    });
+    let code = r.error.as_ref().map(|e| e.code);
+    assert_eq!(
+        (r.status, code),
+        (
+            RunStatus::Killed,
+            Some(pycell_core::codes::FailureCode::CpuTimeLimit)
+        ),
+        "{r:?}"
+    );
+    assert!(
+        (900.0..3000.0).contains(&r.cpu_ms),
+        "about 1 s of CPU, counted from the work: {}",
+        r.cpu_ms
+    );
+}
+
+/// A run through `d`, retried until it went to a warm jail (the pool fills
+/// in the background after the daemon starts).
+fn warm_daemon_run(d: &Daemon, req: &RunRequest) -> RunResult {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = d.client().run(req.clone(), |_, _| {}).unwrap();
+        if r.warm {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no run went warm within 20 s: {r:?}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn two_runs_never_share_a_jail() {
+    let d = Daemon::start("warm_pools = { default = 2 }\n");
+    warm_daemon_run(&d, &request("pass"));
+    let first = warm_daemon_run(
+        &d,
+        &request(
+            r#"
+import builtins, os, subprocess
+open("/workspace/marker", "w").write("first")
+open("/tmp/marker", "w").write("first")
+builtins.LEFT_BY_FIRST = True
+subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)
+print(os.readlink("/proc/self/ns/pid"), os.readlink("/proc/self/ns/mnt"))
+"#,
+        ),
+    );
+    let second = warm_daemon_run(
+        &d,
+        &request(
+            r#"
+import builtins, os
+others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+cmds = [open(f"/proc/{p}/cmdline", "rb").read() for p in others]
+print(os.readlink("/proc/self/ns/pid"), os.readlink("/proc/self/ns/mnt"))
+print(os.path.exists("/workspace/marker"), os.path.exists("/tmp/marker"))
+print(hasattr(builtins, "LEFT_BY_FIRST"), any(b"sleep" in c for c in cmds))
+"#,
+        ),
+    );
+    assert_eq!(first.status, RunStatus::Ok, "{first:?}");
+    assert_eq!(second.status, RunStatus::Ok, "{second:?}");
+    let first_ns = first.stdout.trim();
+    let mut lines = second.stdout.lines();
+    let second_ns = lines.next().unwrap();
+    assert_ne!(first_ns, second_ns, "namespaces shared");
+    assert_eq!(lines.next(), Some("False False"), "{second:?}");
+    assert_eq!(lines.next(), Some("False False"), "{second:?}");
+    assert_ne!(first.run_id, second.run_id);
+    let uid = |r: &RunResult| r.layers.as_ref().unwrap().sandbox_uid;
+    assert_ne!(uid(&first), uid(&second));
+    // The first run's background sleep died with its jail.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pycell_tests::processes_with_uid(uid(&first))
+        .iter()
+        .any(|p| p.name == "sleep")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the first run's sleep outlived it"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let starts = d.audit_events("run_start", 3);
+    for r in [&first, &second] {
+        let start = starts.iter().find(|s| s["run_id"] == r.run_id.as_str());
+        assert_eq!(start.unwrap()["warm"], true, "{}", d.audit());
+    }
+}
+
+/// The probe's report with what differs from run to run (pipe inodes, a
+/// random port) and what a warm run shows differently by design (its
+/// python's command line, which is the runner) taken out.
+fn comparable(report: &Value) -> BTreeMap<String, Value> {
+    fn flat(v: &Value, path: String, out: &mut BTreeMap<String, Value>) {
+        match v {
+            Value::Object(m) => m
+                .iter()
+                .for_each(|(k, x)| flat(x, format!("{path}/{k}"), out)),
+            Value::Array(a) if a.len() < 64 => a
+                .iter()
+                .enumerate()
+                .for_each(|(i, x)| flat(x, format!("{path}/{i}"), out)),
+            other => {
+                out.insert(path, other.clone());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    flat(report, String::new(), &mut out);
+    out.retain(|k, v| {
+        let volatile = v.as_str().is_some_and(|s| s.starts_with("pipe:["))
+            || k == "/loopback_inside/value/port"
+            || k.starts_with("/pids/cmdlines/")
+            || k.starts_with("/pids_after/cmdlines/")
+            || k == "/read_allowed//proc/self/status/value/bytes";
+        !volatile
+    });
+    out
+}
+
+#[test]
+fn the_probe_sees_the_same_jail_cold_and_warm() {
+    let d = Daemon::start("warm_pools = { default = 1 }\n");
+    let cold = run_file(&probe_path(), &[], &[]);
+    let cold = comparable(&probe_report(&cold));
+    let code = std::fs::read_to_string(probe_path()).unwrap();
+    let mut req = request(&code);
+    req.filename = Some("probe.py".into());
+    let warm = warm_daemon_run(&d, &req);
+    assert_eq!(warm.status, RunStatus::Ok, "{warm:?}");
+    let warm = comparable(&serde_json::from_str(&warm.stdout).unwrap());
+    assert!(cold.len() > 300, "{} checks", cold.len());
+    let differ: Vec<_> = cold
+        .iter()
+        .filter(|(k, v)| warm.get(*k) != Some(v))
+        .map(|(k, v)| format!("{k}: cold {v}, warm {:?}", warm.get(k)))
+        .chain(
+            warm.keys()
+                .filter(|k| !cold.contains_key(*k))
+                .map(|k| format!("{k}: only warm")),
+        )
+        .collect();
+    assert!(differ.is_empty(), "{differ:#?}");
+}
+
+#[test]
+fn a_pools_imports_are_loaded_before_its_runs_and_a_failing_one_goes_cold() {
+    let policies = tempfile::tempdir().unwrap();
+    let default = pycell_policy::builtin::source("default").unwrap();
+    let with_imports = |name: &str, imports: &str| {
+        let text = default
+            .replace("name = \"default\"", &format!("name = \"{name}\""))
+            .replace("imports = []", &format!("imports = {imports}"));
+        assert!(
+            text.contains(imports),
+            "the shipped default has [warm] imports"
+        );
+        std::fs::write(policies.path().join(format!("{name}.toml")), text).unwrap();
+    };
+    with_imports("preloaded", "[\"decimal\", \"fractions\"]");
+    with_imports("broken", "[\"no_such_module_anywhere\"]");
+    let d = Daemon::start(&format!(
+        "policy_dir = \"{}\"\nwarm_pools = {{ preloaded = 1, broken = 1 }}\n",
+        policies.path().display()
+    ));
+    let check = "import sys; print('decimal' in sys.modules, 'fractions' in sys.modules)";
+    let mut req = request(check);
+    req.policy = Some("preloaded".into());
+    let warm = warm_daemon_run(&d, &req);
+    assert_eq!(warm.stdout, "True True\n", "{warm:?}");
+    // A pool whose import fails never serves: its runs go cold, and work.
+    req.policy = Some("broken".into());
+    std::thread::sleep(Duration::from_secs(1));
+    let r = d.client().run(req, |_, _| {}).unwrap();
+    assert_eq!((r.status, r.warm), (RunStatus::Ok, false), "{r:?}");
+    assert_eq!(r.stdout, "False False\n");
+    let log = d.log();
+    assert!(
+        log.contains("ModuleNotFoundError") && log.contains("warm jail"),
+        "the journal says why: {log}"
+    );
+}
+
+#[test]
+fn killing_pycelld_takes_its_warm_jails_along() {
+    let mut d = Daemon::start("warm_pools = { default = 3 }\n");
+    warm_daemon_run(&d, &request("pass"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while d.sandbox_processes().len() < 2 * 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the pool never filled: {:?}",
+            d.sandbox_processes()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!d.daemon_cgroups().is_empty());
+    d.signal(Signal::SIGKILL);
+    d.wait(Duration::from_secs(5));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (procs, cgroups) = (d.sandbox_processes(), d.daemon_cgroups());
+        if procs.is_empty() && cgroups.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left behind after pycelld was killed: {procs:?} {cgroups:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

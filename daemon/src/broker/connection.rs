@@ -540,7 +540,15 @@ async fn relay(
         tokio::select! {
             ev = events.recv() => match ev {
                 Some(Ok(ev)) => {
-                    let Some((s, bytes)) = collector.record(ev) else { continue };
+                    let Some((s, bytes)) = collector.record(ev) else {
+                        // The result is the last frame: the run is over,
+                        // though its jailer may still be removing its
+                        // cgroup.
+                        if collector.has_report() {
+                            break;
+                        }
+                        continue;
+                    };
                     if connection_alive {
                         stream_output(&conn.out, id, &mut streaming, s, bytes);
                     }

@@ -313,11 +313,15 @@ fn take_handoff() -> std::io::Result<(OwnedFd, StdUnixStream, Config)> {
     Ok((listener, link, config))
 }
 
+/// Admission's limits: the configuration's, with the memory the warm
+/// pools' members may use set aside from the budget (the monitor plans the
+/// same pools from the same configuration).
 fn admission_limits(c: &Config) -> AdmissionLimits {
+    let (pools, _) = crate::pool::plan(c);
     AdmissionLimits {
         max_running: c.max_concurrent_runs,
         max_running_per_uid: c.max_runs_per_uid,
-        memory_budget: c.memory_budget,
+        memory_budget: c.memory_budget - crate::pool::reserved_memory(&pools),
         max_queued: c.max_queued_runs,
     }
 }

@@ -1,0 +1,455 @@
+//! The warm pool, in the monitor: for each policy named in `warm_pools`,
+//! a few jails built ahead of any request, their python started on
+//! pycell's runner with the policy's `[warm] imports` imported, each waiting
+//! for one run (see `pycell_core::runner`). A run whose jail would be
+//! exactly a member's (same policy, env, limits: [`runner::fits`]) takes
+//! it; anything else, or an empty pool, goes cold. A member serves one run
+//! and dies with it; refills start at once (backing off when members fail);
+//! members idle for `warm_idle` are retired and replaced.
+//!
+//! Memory: every member's memory limit is set aside from the broker's
+//! admission budget ([`plan`] caps the pools at half of it), so the budget
+//! holds for runs and members together.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use pycell_core::deps::{self, store::EnvInUse, store::EnvStore};
+use pycell_core::events::{read_event, Event};
+use pycell_core::launch::{JailerStderr, Launched, Launcher, PolicyChoice};
+use pycell_core::resolve::Extras;
+use pycell_core::result::{CacheOutcome, EnvReport};
+use pycell_core::runner::{self, Work};
+use pycell_core::spec::JailSpec;
+use pycell_policy::Policy;
+
+use crate::config::Config;
+
+/// Longest wait between attempts to warm a pool whose members fail.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// How often a pool whose env is not built yet looks again.
+const ENV_RETRY: Duration = Duration::from_secs(30);
+/// After a member is taken, a pool that still has a ready one waits this
+/// long before it starts a new one: building a jail takes both cores of a
+/// small host for a moment, which the run just started should not share.
+/// An empty pool refills at once.
+const REFILL_QUIET: Duration = Duration::from_millis(25);
+
+/// One pool as configured and affordable: its policy, its size, and the
+/// memory each member may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolPlan {
+    pub policy: String,
+    pub members: usize,
+    pub member_memory: u64,
+}
+
+/// The pools `config` asks for, cut so that their members' memory takes at
+/// most half of `memory_budget` (in the order of their names); a
+/// policy that does not load gets no pool, and the reason is returned.
+pub fn plan(config: &Config) -> (Vec<PoolPlan>, Vec<String>) {
+    let mut warnings = Vec::new();
+    let mut plans = Vec::new();
+    let mut left = config.memory_budget / 2;
+    for (name, &wanted) in &config.warm_pools {
+        let policy = pycell_core::resolve::load_policy_by_name(name, &config.policy_dir)
+            .and_then(|p| pycell_core::resolve::effective_limits(&p, &Default::default()));
+        let memory = match policy {
+            Ok(limits) => limits.memory,
+            Err(e) => {
+                warnings.push(format!("warm_pools: policy {name:?} gets no pool: {e}"));
+                continue;
+            }
+        };
+        let affordable = usize::try_from(left / memory.max(1)).unwrap_or(usize::MAX);
+        let members = wanted.min(affordable);
+        if members < wanted {
+            warnings.push(format!(
+                "warm_pools: policy {name:?} gets {members} members, not {wanted}: members may take at most half of memory_budget"
+            ));
+        }
+        left -= members as u64 * memory;
+        if members > 0 {
+            plans.push(PoolPlan {
+                policy: name.clone(),
+                members,
+                member_memory: memory,
+            });
+        }
+    }
+    (plans, warnings)
+}
+
+/// The memory every member of `plans` may use together.
+pub fn reserved_memory(plans: &[PoolPlan]) -> u64 {
+    plans
+        .iter()
+        .map(|p| p.members as u64 * p.member_memory)
+        .sum()
+}
+
+/// A warm jail.
+#[derive(Debug)]
+struct Member {
+    spec: JailSpec,
+    launched: Launched,
+    env: Option<(EnvInUse, EnvReport)>,
+    state: State,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    WarmingUp,
+    Ready {
+        since: Instant,
+    },
+    /// Told to stop; kept (with its uid lease) until its jailer is reaped.
+    Stopping,
+}
+
+/// A member handed to a run: what the monitor keeps of it, and what the
+/// broker gets.
+#[derive(Debug)]
+pub struct Taken {
+    pub launched: Launched,
+    pub env: Option<(EnvInUse, EnvReport)>,
+}
+
+/// One policy's pool.
+#[derive(Debug)]
+struct Pool {
+    plan: PoolPlan,
+    /// By jailer pid.
+    members: HashMap<i32, Member>,
+    /// No new member before this (after failures, or while its env is
+    /// not built).
+    not_before: Instant,
+    backoff: Duration,
+}
+
+#[derive(Debug)]
+pub struct Pools {
+    pools: Vec<Pool>,
+    idle_limit: Duration,
+    /// When a member was last handed a run.
+    last_take: Option<Instant>,
+}
+
+impl Pools {
+    pub fn new(plans: Vec<PoolPlan>, idle_limit: Duration) -> Pools {
+        let now = Instant::now();
+        Pools {
+            pools: plans
+                .into_iter()
+                .map(|plan| Pool {
+                    plan,
+                    members: HashMap::new(),
+                    not_before: now,
+                    backoff: Duration::from_secs(1),
+                })
+                .collect(),
+            idle_limit,
+            last_take: None,
+        }
+    }
+
+    /// Members, ready or warming up.
+    pub fn len(&self) -> usize {
+        self.pools.iter().map(|p| p.members.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Start members where pools are short (not while stopping).
+    pub fn refill(&mut self, launcher: &Launcher, store: Option<&EnvStore>) {
+        let now = Instant::now();
+        let quiet = self.last_take.is_some_and(|t| now < t + REFILL_QUIET);
+        for pool in &mut self.pools {
+            if quiet && pool.has_ready() {
+                continue;
+            }
+            while pool.members.len() < pool.plan.members && now >= pool.not_before {
+                match start_member(launcher, store, &pool.plan.policy) {
+                    Ok(m) => {
+                        pool.members.insert(m.launched.child.id() as i32, m);
+                    }
+                    Err(Retry { after, why }) => {
+                        if let Some(why) = why {
+                            eprintln!(
+                                "pycelld monitor: warm pool {:?}: {why}; trying again in {} s",
+                                pool.plan.policy,
+                                after.as_secs()
+                            );
+                        }
+                        pool.not_before = now + after;
+                    }
+                }
+            }
+        }
+    }
+
+    /// When a short pool will start a member, if that is soon.
+    pub fn next_refill(&self) -> Option<Instant> {
+        let short = self
+            .pools
+            .iter()
+            .filter(|p| p.members.len() < p.plan.members);
+        let after_take = self.last_take.map(|t| t + REFILL_QUIET);
+        short
+            .map(|p| p.not_before.max(after_take.unwrap_or(p.not_before)))
+            .min()
+    }
+
+    /// The event pipes of members still warming up, to poll.
+    pub fn warming(&self) -> Vec<(i32, BorrowedFd<'_>)> {
+        self.members()
+            .filter(|(_, m)| m.state == State::WarmingUp)
+            .map(|(pid, m)| (*pid, m.launched.events.as_fd()))
+            .collect()
+    }
+
+    fn members(&self) -> impl Iterator<Item = (&i32, &Member)> {
+        self.pools.iter().flat_map(|p| p.members.iter())
+    }
+
+    fn pool_of(&mut self, pid: i32) -> Option<&mut Pool> {
+        self.pools.iter_mut().find(|p| p.members.contains_key(&pid))
+    }
+
+    /// A member's event pipe is readable: it is ready, or it failed (then
+    /// it is stopped, and its pool backs off).
+    pub fn event(&mut self, pid: i32) {
+        let Some(pool) = self.pool_of(pid) else {
+            return;
+        };
+        let member = pool.members.get_mut(&pid).expect("found by pid");
+        if member.state != State::WarmingUp {
+            return;
+        }
+        match read_event(&mut member.launched.events) {
+            Ok(Some(Event::Ready)) => {
+                member.state = State::Ready {
+                    since: Instant::now(),
+                };
+                pool.backoff = Duration::from_secs(1);
+            }
+            other => {
+                let why = match other {
+                    Ok(Some(Event::Result(r))) => r.error.map_or_else(String::new, |e| e.message),
+                    Ok(_) => "its jailer ended".to_string(),
+                    Err(e) => e.to_string(),
+                };
+                eprintln!(
+                    "pycelld monitor: a warm jail of policy {:?} failed: {why}; trying again in {} s",
+                    pool.plan.policy,
+                    pool.backoff.as_secs()
+                );
+                pool.not_before = Instant::now() + pool.backoff;
+                pool.backoff = (pool.backoff * 2).min(MAX_BACKOFF);
+                stop(member);
+            }
+        }
+    }
+
+    /// A member's jailer exited (reaped by the monitor): forget it. True if
+    /// `pid` was a member.
+    pub fn exited(&mut self, pid: i32) -> bool {
+        let Some(pool) = self.pool_of(pid) else {
+            return false;
+        };
+        if let Some(mut m) = pool.members.remove(&pid) {
+            // Already reaped; the lease goes now, the cgroup went with it.
+            let _ = m.launched.child.try_wait();
+        }
+        true
+    }
+
+    /// Retire members ready for longer than the idle limit.
+    pub fn retire_idle(&mut self) {
+        let limit = self.idle_limit;
+        for pool in &mut self.pools {
+            for m in pool.members.values_mut() {
+                if matches!(m.state, State::Ready { since } if since.elapsed() >= limit) {
+                    stop(m);
+                }
+            }
+        }
+    }
+
+    /// Stop every member (shutdown).
+    pub fn stop_all(&mut self) {
+        for pool in &mut self.pools {
+            for m in pool.members.values_mut() {
+                stop(m);
+            }
+        }
+    }
+
+    pub fn pids(&self) -> Vec<i32> {
+        self.members().map(|(pid, _)| *pid).collect()
+    }
+
+    /// A ready member of `policy` whose jail is exactly `cold` (the run's
+    /// own resolved spec), given the run's work; None if there is none or
+    /// the member would not take the work (it is then stopped).
+    pub fn take(&mut self, policy: &str, cold: &JailSpec) -> Option<Taken> {
+        let work: Work = runner::work_for(cold)?;
+        let pool = self.pools.iter_mut().find(|p| p.plan.policy == policy)?;
+        let pid = pool
+            .members
+            .iter()
+            .filter_map(|(pid, m)| match m.state {
+                State::Ready { since } if runner::fits(&m.spec, cold) => Some((since, *pid)),
+                _ => None,
+            })
+            .min()
+            .map(|(_, pid)| pid)?;
+        let member = pool.members.get_mut(&pid)?;
+        if let Err(e) = member.launched.send_work(&work) {
+            eprintln!(
+                "pycelld monitor: a warm jail of policy {policy:?} did not take its work: {e}"
+            );
+            stop(member);
+            return None;
+        }
+        let member = pool.members.remove(&pid)?;
+        self.last_take = Some(Instant::now());
+        Some(Taken {
+            launched: member.launched,
+            env: member.env,
+        })
+    }
+}
+
+impl Pool {
+    fn has_ready(&self) -> bool {
+        self.members
+            .values()
+            .any(|m| matches!(m.state, State::Ready { .. }))
+    }
+}
+
+/// Why a member could not be started, and when to try again.
+struct Retry {
+    after: Duration,
+    why: Option<String>,
+}
+
+fn start_member(
+    launcher: &Launcher,
+    store: Option<&EnvStore>,
+    policy: &str,
+) -> Result<Member, Retry> {
+    let fail = |why: String| Retry {
+        after: MAX_BACKOFF,
+        why: Some(why),
+    };
+    let policy = launcher
+        .load_policy(PolicyChoice::Name(policy))
+        .map_err(|e| fail(e.failure().message))?;
+    let env = policy_env(launcher, store, &policy)?;
+    let extras = Extras {
+        env: env.as_ref().map(|(e, _)| e.dir.clone()),
+        ..Extras::default()
+    };
+    let prepared = launcher
+        .prepare_warm(&policy, &extras, &policy.warm_imports)
+        .map_err(|e| fail(e.failure().message))?;
+    let spec = prepared.spec().clone();
+    let launched = prepared
+        .spawn(JailerStderr::Inherit)
+        .map_err(|r| fail(r.error.map_or_else(String::new, |e| e.message)))?;
+    Ok(Member {
+        spec,
+        launched,
+        env,
+        state: State::WarmingUp,
+    })
+}
+
+/// The env of the policy's own packages, if it has any: from the store
+/// only (a run of the policy builds it; until then the pool waits).
+fn policy_env(
+    launcher: &Launcher,
+    store: Option<&EnvStore>,
+    policy: &Policy,
+) -> Result<Option<(EnvInUse, EnvReport)>, Retry> {
+    let wait = |why: Option<String>| Retry {
+        after: ENV_RETRY,
+        why,
+    };
+    let Some(wanted) = deps::gather(policy, "", &[]).map_err(|f| wait(Some(f.message)))? else {
+        return Ok(None);
+    };
+    let store = store.ok_or_else(|| wait(Some("pycelld has no env store".into())))?;
+    let plan = deps::build::plan(launcher, policy, &wanted).map_err(|f| wait(Some(f.message)))?;
+    // Not built yet: quietly wait for a run to build it.
+    let env = store.lookup(&plan.key).ok_or_else(|| wait(None))?;
+    let report = deps::build::report(&env, CacheOutcome::Hit, 0.0);
+    Ok(Some((env, report)))
+}
+
+/// Ask a member's jailer to stop (it kills the jail and cleans up); the
+/// monitor reaps it.
+fn stop(m: &mut Member) {
+    m.state = State::Stopping;
+    let _ = kill(Pid::from_raw(m.launched.child.id() as i32), Signal::SIGTERM);
+}
+
+/// For tests of [`plan`]: a config with these pools and budget.
+#[cfg(test)]
+fn config_with(pools: &[(&str, usize)], budget: u64, policy_dir: &std::path::Path) -> Config {
+    Config {
+        warm_pools: pools.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+        memory_budget: budget,
+        policy_dir: policy_dir.to_path_buf(),
+        ..Config::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pools_take_at_most_half_the_budget_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        // Built-in policies: default 512 MiB, data-science 1 GiB per member.
+        let c = config_with(&[("default", 2), ("data-science", 2)], 8 << 30, dir.path());
+        let (plans, warnings) = plan(&c);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(plans.len(), 2);
+        assert_eq!(reserved_memory(&plans), 3 << 30);
+        let c = config_with(&[("default", 2), ("data-science", 2)], 2 << 30, dir.path());
+        let (plans, warnings) = plan(&c);
+        assert_eq!(
+            plans,
+            vec![PoolPlan {
+                policy: "data-science".into(),
+                members: 1,
+                member_memory: 1 << 30
+            }]
+        );
+        assert!(reserved_memory(&plans) <= 1 << 30);
+        assert!(
+            warnings.iter().any(|w| w.contains("gets 1 members, not 2")),
+            "{warnings:?}"
+        );
+        assert!(
+            warnings.iter().any(|w| w.contains("gets 0 members")),
+            "{warnings:?}"
+        );
+        let c = config_with(&[("nope", 2)], 4 << 30, dir.path());
+        let (plans, warnings) = plan(&c);
+        assert!(plans.is_empty());
+        assert!(
+            warnings[0].contains("\"nope\" gets no pool"),
+            "{warnings:?}"
+        );
+    }
+}
