@@ -62,6 +62,13 @@ impl Daemon {
         );
         // Its own env store (under /tmp, which the daemon refuses for
         // envs: runs with dependencies are refused) unless the test names one.
+        // No warm pool unless the test asks for one: most tests count the
+        // daemon's jailers and sandbox processes (tests/tests/warm.rs
+        // tests the pools).
+        let config = match extra_config.contains("warm_pools") {
+            true => config,
+            false => format!("{config}\nwarm_pools = {{}}\n"),
+        };
         let config = match extra_config.contains("env_store") {
             true => config,
             false => format!("{config}\nenv_store = \"{}/envs\"\n", dir.path().display()),
