@@ -214,13 +214,7 @@ impl Launcher {
         spec.sandbox_uid = lease.uid;
         spec.sandbox_gid = lease.gid;
         spec.cgroup.parent = self.cgroup_parent.clone();
-        spec.validate().map_err(|e| {
-            LaunchError::Refused(JailFailure::new(
-                FailureCode::InvalidSpec,
-                Layer::Jailer,
-                e.to_string(),
-            ))
-        })?;
+        spec.validate().map_err(invalid_spec)?;
         Ok(Prepared {
             run_id: spec.run_id.clone(),
             policy: policy.name.clone(),
@@ -246,16 +240,19 @@ impl Launcher {
     ) -> Result<Prepared, LaunchError> {
         let mut prepared = self.prepare_with(policy, &RunRequest::default(), extras)?;
         let spec = crate::runner::warm_spec(&prepared.spec, modules);
-        spec.validate().map_err(|e| {
-            LaunchError::Refused(JailFailure::new(
-                FailureCode::InvalidSpec,
-                Layer::Jailer,
-                e.to_string(),
-            ))
-        })?;
+        spec.validate().map_err(invalid_spec)?;
         prepared.spec = spec;
         Ok(prepared)
     }
+}
+
+/// A spec that fails its own validation: pycell's bug, not the caller's.
+fn invalid_spec(e: crate::spec::SpecError) -> LaunchError {
+    LaunchError::Refused(JailFailure::new(
+        FailureCode::InvalidSpec,
+        Layer::Jailer,
+        e.to_string(),
+    ))
 }
 
 fn not_root() -> JailFailure {
