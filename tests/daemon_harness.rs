@@ -182,6 +182,24 @@ impl Daemon {
             .collect()
     }
 
+    /// Wait until none of the daemon's sandbox processes or cgroups is
+    /// left; fail after `within`.
+    pub fn assert_sandbox_gone(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let procs = self.sandbox_processes();
+            let cgroups = self.daemon_cgroups();
+            if procs.is_empty() && cgroups.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "left behind after {within:?}: processes {procs:?}, cgroups {cgroups:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn daemon_cgroups(&self) -> Vec<PathBuf> {
         find_cgroups(|name| name.starts_with("pycell-"))
             .into_iter()

@@ -1,6 +1,8 @@
 //! Length-delimited frames: a 4-byte big-endian length, then that many bytes
-//! of JSON. Frames over [`MAX_FRAME`] are refused before anything is read or
-//! allocated for them.
+//! of JSON. Frames over [`MAX_FRAME`] (the protocol's; the `_within`
+//! functions take another bound) are refused before anything is read or
+//! allocated for them. The client/daemon protocol, the monitor link and the
+//! jailer's stdin (spec and work frames, see [`crate::runner`]) all use them.
 
 use std::io::{self, Read, Write};
 
@@ -13,25 +15,39 @@ use crate::protocol::MAX_FRAME;
 pub enum FrameError {
     #[error("connection closed")]
     Closed,
-    #[error("frame of {0} bytes exceeds the maximum of {MAX_FRAME}")]
-    TooLarge(u32),
+    #[error("frame of {0} bytes exceeds the maximum of {1}")]
+    TooLarge(u64, u64),
     #[error("i/o: {0}")]
     Io(#[from] io::Error),
     #[error("bad message: {0}")]
     BadMessage(String),
 }
 
-fn check_len(len: u32) -> Result<usize, FrameError> {
-    if len > MAX_FRAME {
-        return Err(FrameError::TooLarge(len));
+/// The body length a frame's header announces, if it is at most `max`.
+pub fn frame_len(head: [u8; 4], max: u64) -> Result<usize, FrameError> {
+    let len = u64::from(u32::from_be_bytes(head));
+    if len > max {
+        return Err(FrameError::TooLarge(len, max));
     }
     Ok(len as usize)
 }
 
+fn check_len(head: [u8; 4]) -> Result<usize, FrameError> {
+    frame_len(head, u64::from(MAX_FRAME))
+}
+
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
+    encode_within(msg, u64::from(MAX_FRAME))
+}
+
+/// [`encode`] with a bound of the caller's (at most `u32::MAX`).
+pub fn encode_within<T: Serialize>(msg: &T, max: u64) -> Result<Vec<u8>, FrameError> {
     let body = serde_json::to_vec(msg).map_err(|e| FrameError::BadMessage(e.to_string()))?;
-    let len = u32::try_from(body.len()).map_err(|_| FrameError::TooLarge(u32::MAX))?;
-    check_len(len)?;
+    let too_large = || FrameError::TooLarge(body.len() as u64, max);
+    let len = u32::try_from(body.len()).map_err(|_| too_large())?;
+    if u64::from(len) > max {
+        return Err(too_large());
+    }
     let mut out = Vec::with_capacity(4 + body.len());
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(&body);
@@ -49,13 +65,18 @@ pub fn write_sync<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), Frame
 }
 
 pub fn read_sync<T: DeserializeOwned>(r: &mut impl Read) -> Result<T, FrameError> {
+    read_sync_within(r, u64::from(MAX_FRAME))
+}
+
+/// [`read_sync`] with a bound of the caller's.
+pub fn read_sync_within<T: DeserializeOwned>(r: &mut impl Read, max: u64) -> Result<T, FrameError> {
     let mut head = [0u8; 4];
     match r.read_exact(&mut head) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
         Err(e) => return Err(e.into()),
     }
-    let len = check_len(u32::from_be_bytes(head))?;
+    let len = frame_len(head, max)?;
     let mut body = vec![0u8; len];
     r.read_exact(&mut body)?;
     decode(&body)
@@ -88,7 +109,7 @@ async fn read_body(
     r: &mut (impl tokio::io::AsyncRead + Unpin),
     head: [u8; 4],
 ) -> Result<Vec<u8>, FrameError> {
-    let len = check_len(u32::from_be_bytes(head))?;
+    let len = check_len(head)?;
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).await?;
     Ok(body)
@@ -132,7 +153,7 @@ mod tests {
         let huge = (MAX_FRAME + 1).to_be_bytes();
         assert!(matches!(
             read_sync::<ClientMessage>(&mut &huge[..]),
-            Err(FrameError::TooLarge(_))
+            Err(FrameError::TooLarge(..))
         ));
         assert!(matches!(
             read_sync::<ClientMessage>(&mut &[][..]),

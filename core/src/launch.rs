@@ -401,7 +401,9 @@ impl<C, E> Started<C, E> {
                 "not a warm jail waiting for work",
             )
         })?;
-        crate::runner::write_frame(&mut stream, work)?;
+        let frame = crate::framing::encode_within(work, crate::runner::MAX_WORK_FRAME)
+            .map_err(io::Error::other)?;
+        stream.write_all(&frame)?;
         stream.shutdown(std::net::Shutdown::Write)
     }
 }
@@ -439,15 +441,13 @@ impl Prepared {
 
     /// The spec as the jailer reads it: one frame.
     fn spec_frame(&self) -> Result<Vec<u8>, Box<RunResult>> {
-        let mut frame = Vec::new();
-        crate::runner::write_frame(&mut frame, &self.spec).map_err(|e| {
+        crate::framing::encode_within(&self.spec, crate::runner::MAX_SPEC_FRAME).map_err(|e| {
             self.refused_boxed(JailFailure::new(
                 FailureCode::Internal,
                 Layer::Jailer,
                 format!("encoding the spec: {e}"),
             ))
-        })?;
-        Ok(frame)
+        })
     }
 
     fn refused_boxed(&self, f: JailFailure) -> Box<RunResult> {

@@ -9,12 +9,10 @@
 //!                              <──output, result──               (runs it as `python -s SCRIPT`)
 //! ```
 //!
-//! The jailer's stdin carries frames ([`write_frame`], [`read_frame`]): a
-//! 4-byte big-endian length, then JSON. A cold spec is one frame and EOF;
-//! a warm one is followed, whenever the launcher has a run for it, by the
-//! work frame. Clocks (wall timeout, CPU time) start when the work arrives.
-
-use std::io::{self, Read, Write};
+//! The jailer's stdin carries frames ([`crate::framing`]): a 4-byte
+//! big-endian length, then JSON. A cold spec is one frame and EOF; a warm
+//! one is followed, whenever the launcher has a run for it, by the work
+//! frame. Clocks (wall timeout, CPU time) start when the work arrives.
 
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +20,12 @@ use crate::spec::{JailSpec, WORKSPACE};
 
 /// The runner's source: a warm jail runs `python -s -c RUNNER MODULE...`.
 pub const RUNNER: &str = include_str!("runner.py");
+
+/// The largest spec frame a jailer reads (code and stdin of 16 MiB each,
+/// the stdin as a JSON list of numbers).
+pub const MAX_SPEC_FRAME: u64 = 64 << 20;
+/// The largest work frame (the same, with room to spare).
+pub const MAX_WORK_FRAME: u64 = 96 << 20;
 
 /// What the runner writes to stdout, after any warm-up output, when it is
 /// ready: the jailer's cue that the jail is warm.
@@ -136,61 +140,11 @@ impl Work {
             argv: &self.args,
             code: &self.code,
         };
-        let json = serde_json::to_vec(&frame).expect("strings and a list of strings serialize");
-        let mut out = Vec::with_capacity(4 + json.len() + self.stdin.len());
-        out.extend_from_slice(&(json.len() as u32).to_be_bytes());
-        out.extend_from_slice(&json);
+        let mut out = crate::framing::encode_within(&frame, MAX_WORK_FRAME)
+            .expect("a checked work frame fits, and strings serialize");
         out.extend_from_slice(&self.stdin);
         out
     }
-}
-
-/// Write `msg` as one frame.
-pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
-    let json = serde_json::to_vec(msg).map_err(io::Error::other)?;
-    let len = u32::try_from(json.len())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame too large"))?;
-    let mut out = Vec::with_capacity(4 + json.len());
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(&json);
-    w.write_all(&out)
-}
-
-/// Why a frame could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum FrameError {
-    #[error("the stream ended before a frame")]
-    Closed,
-    #[error("{0}")]
-    Io(#[from] io::Error),
-    #[error("a frame of {0} bytes is larger than {1}")]
-    TooLarge(u64, u64),
-    #[error("{0}")]
-    Json(#[from] serde_json::Error),
-}
-
-/// The length a frame header announces, if it is at most `max`.
-pub fn frame_len(head: [u8; 4], max: u64) -> Result<usize, FrameError> {
-    let len = u64::from(u32::from_be_bytes(head));
-    if len > max {
-        return Err(FrameError::TooLarge(len, max));
-    }
-    Ok(len as usize)
-}
-
-/// Read one frame of at most `max` bytes.
-pub fn read_frame<T: serde::de::DeserializeOwned>(
-    r: &mut impl Read,
-    max: u64,
-) -> Result<T, FrameError> {
-    let mut head = [0u8; 4];
-    match r.read_exact(&mut head) {
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
-        other => other?,
-    }
-    let mut body = vec![0u8; frame_len(head, max)?];
-    r.read_exact(&mut body)?;
-    Ok(serde_json::from_slice(&body)?)
 }
 
 #[cfg(test)]
@@ -210,14 +164,18 @@ mod tests {
 
     #[test]
     fn frames_round_trip_and_refuse_oversize() {
-        let mut buf = Vec::new();
-        write_frame(&mut buf, &work()).unwrap();
-        let back: Work = read_frame(&mut buf.as_slice(), 1 << 20).unwrap();
+        use crate::framing::{encode_within, read_sync_within, FrameError};
+        let buf = encode_within(&work(), MAX_WORK_FRAME).unwrap();
+        let back: Work = read_sync_within(&mut buf.as_slice(), 1 << 20).unwrap();
         assert_eq!(back, work());
-        let e = read_frame::<Work>(&mut buf.as_slice(), 8).unwrap_err();
+        let e = read_sync_within::<Work>(&mut buf.as_slice(), 8).unwrap_err();
         assert!(matches!(e, FrameError::TooLarge(_, 8)), "{e}");
-        let e = read_frame::<Work>(&mut &b""[..], 8).unwrap_err();
+        let e = read_sync_within::<Work>(&mut &b""[..], 8).unwrap_err();
         assert!(matches!(e, FrameError::Closed), "{e}");
+        assert!(matches!(
+            encode_within(&work(), 8),
+            Err(FrameError::TooLarge(_, 8))
+        ));
     }
 
     #[test]

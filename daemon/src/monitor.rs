@@ -473,39 +473,7 @@ impl Monitor {
             self.escalate_kills();
             self.ping_watchdog();
             self.tend_pools();
-            let warming = self.pools.warming();
-            let mut fds = vec![
-                PollFd::new(sfd.as_fd(), PollFlags::POLLIN),
-                PollFd::new(self.link.as_fd(), PollFlags::POLLIN),
-            ];
-            fds.extend(
-                warming
-                    .iter()
-                    .map(|(_, fd)| PollFd::new(*fd, PollFlags::POLLIN)),
-            );
-            let wait = self.pools.next_refill().map_or(TICK, |t| {
-                t.saturating_duration_since(Instant::now()).min(TICK)
-            });
-            match poll(
-                &mut fds,
-                PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX),
-            ) {
-                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-                Err(e) => return Err(MonitorError::Sys(format!("poll: {e}"))),
-            }
-            let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
-            let (sig_ready, link_ready) = (ready(&fds[0]), ready(&fds[1]));
-            let members: Vec<i32> = warming
-                .iter()
-                .zip(&fds[2..])
-                .filter(|(_, f)| ready(f))
-                .map(|((pid, _), _)| *pid)
-                .collect();
-            drop(fds);
-            drop(warming);
-            for pid in members {
-                self.pools.event(pid);
-            }
+            let (sig_ready, link_ready) = self.wait(sfd)?;
             if sig_ready {
                 while let Ok(Some(info)) = sfd.read_signal() {
                     let sig = info.ssi_signo as i32;
@@ -539,6 +507,46 @@ impl Monitor {
                 }
             }
         }
+    }
+
+    /// Wait (up to [`TICK`], or until a pool is due to refill) for a
+    /// signal, the broker, or a warm jail's event; take the warm jails'
+    /// events. Whether the signalfd and the link are readable.
+    fn wait(&mut self, sfd: &SignalFd) -> Result<(bool, bool), MonitorError> {
+        let warming = self.pools.warming();
+        let mut fds = vec![
+            PollFd::new(sfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(self.link.as_fd(), PollFlags::POLLIN),
+        ];
+        fds.extend(
+            warming
+                .iter()
+                .map(|(_, fd)| PollFd::new(*fd, PollFlags::POLLIN)),
+        );
+        let wait = self.pools.next_refill().map_or(TICK, |t| {
+            t.saturating_duration_since(Instant::now()).min(TICK)
+        });
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(MonitorError::Sys(format!("poll: {e}"))),
+        }
+        let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
+        let (sig_ready, link_ready) = (ready(&fds[0]), ready(&fds[1]));
+        let members: Vec<i32> = warming
+            .iter()
+            .zip(&fds[2..])
+            .filter(|(_, f)| ready(f))
+            .map(|((pid, _), _)| *pid)
+            .collect();
+        drop(fds);
+        drop(warming);
+        for pid in members {
+            self.pools.event(pid);
+        }
+        Ok((sig_ready, link_ready))
     }
 
     /// Warm pools: retire idle members, start missing ones (not while

@@ -40,10 +40,7 @@ use pycell_core::spec::JailSpec;
 
 pub use syscall::{adopt_inherited_fd, peer_groups};
 
-/// Specs carry the code; 64 MiB is far beyond any real one.
-const MAX_SPEC: u64 = 64 << 20;
-
-/// The spec: one frame on stdin (see [`pycell_core::runner::read_frame`]),
+/// The spec: one frame on stdin (see [`pycell_core::runner`]),
 /// read unbuffered, so that a warm jail's work, which follows it on the
 /// same stream, is still there for the supervisor.
 fn read_spec() -> Result<JailSpec, String> {
@@ -52,7 +49,7 @@ fn read_spec() -> Result<JailSpec, String> {
         .try_clone_to_owned()
         .map(std::fs::File::from)
         .map_err(|e| format!("reading the spec from stdin: {e}"))?;
-    pycell_core::runner::read_frame(&mut stdin, MAX_SPEC)
+    pycell_core::framing::read_sync_within(&mut stdin, pycell_core::runner::MAX_SPEC_FRAME)
         .map_err(|e| format!("reading the spec from stdin: {e}"))
 }
 

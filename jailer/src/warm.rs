@@ -9,14 +9,12 @@
 
 use std::time::Instant;
 
-use pycell_core::runner::{frame_len, Work, READY_MARKER};
+use pycell_core::framing::frame_len;
+use pycell_core::runner::{Work, MAX_WORK_FRAME, READY_MARKER};
 
 /// Warm-up output kept for the jailer's own stderr (when the jail fails
 /// before it is ready).
 const KEPT_WARM_UP_OUTPUT: usize = 16 << 10;
-/// The largest work frame: code and stdin of at most 16 MiB each, the
-/// stdin as a JSON list of numbers.
-pub(crate) const MAX_WORK: u64 = 96 << 20;
 /// CPU seconds a warm jail may spend before its work arrives (its
 /// imports), on top of the run's own CPU time limit.
 pub(crate) const WARM_UP_CPU_S: u64 = 120;
@@ -98,7 +96,7 @@ impl WarmState {
             self.incoming[2],
             self.incoming[3],
         ];
-        let len = match frame_len(head, MAX_WORK) {
+        let len = match frame_len(head, MAX_WORK_FRAME) {
             Ok(l) => l,
             Err(e) => return Arrival::Bad(e.to_string()),
         };
@@ -154,7 +152,7 @@ pub(crate) fn cpu_ticks(stat: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pycell_core::runner::write_frame;
+    use pycell_core::framing::encode_within;
     use std::time::Duration;
 
     fn work() -> Work {
@@ -186,8 +184,7 @@ mod tests {
     fn work_runs_once_whole_and_not_before_ready() {
         let t0 = Instant::now();
         let mut w = WarmState::new();
-        let mut frame = Vec::new();
-        write_frame(&mut frame, &work()).unwrap();
+        let frame = encode_within(&work(), MAX_WORK_FRAME).unwrap();
         assert!(matches!(w.work_bytes(&frame, t0), Arrival::Bad(_)));
         let mut w = WarmState::new();
         w.warm_up_output(true, READY_MARKER, t0);
@@ -219,17 +216,17 @@ mod tests {
         };
         let mut bad = work();
         bad.filename = "a/b".into();
-        let mut frame = Vec::new();
-        write_frame(&mut frame, &bad).unwrap();
+        let frame = encode_within(&bad, MAX_WORK_FRAME).unwrap();
         assert!(
             matches!(ready().work_bytes(&frame, t0), Arrival::Bad(m) if m.contains("plain file name"))
         );
-        let mut frame = Vec::new();
-        write_frame(&mut frame, &work()).unwrap();
+        let mut frame = encode_within(&work(), MAX_WORK_FRAME).unwrap();
         frame.push(b'x');
         assert!(matches!(ready().work_bytes(&frame, t0), Arrival::Bad(_)));
         let huge = u32::MAX.to_be_bytes();
-        assert!(matches!(ready().work_bytes(&huge, t0), Arrival::Bad(m) if m.contains("larger")));
+        assert!(
+            matches!(ready().work_bytes(&huge, t0), Arrival::Bad(m) if m.contains("exceeds the maximum"))
+        );
     }
 
     #[test]

@@ -455,23 +455,6 @@ fn two_hundred_runs_at_concurrency_16_from_one_uid_all_succeed_on_defaults() {
     );
 }
 
-/// Wait until none of the daemon's sandbox processes or cgroups is left.
-fn assert_sandbox_gone(d: &Daemon, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let procs = d.sandbox_processes();
-        let cgroups = d.daemon_cgroups();
-        if procs.is_empty() && cgroups.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "left behind after {within:?}: processes {procs:?}, cgroups {cgroups:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 type RunHandle = std::thread::JoinHandle<Result<pycell_core::result::RunResult, ClientError>>;
 
 /// Start a long run on its own connection; return once its output arrived,
@@ -511,7 +494,7 @@ fn sigkill_of_the_daemon_leaves_no_sandbox_behind_and_a_restart_serves() {
     );
     d.signal(nix::sys::signal::Signal::SIGKILL);
     d.wait(Duration::from_secs(5));
-    assert_sandbox_gone(&d, Duration::from_secs(10));
+    d.assert_sandbox_gone(Duration::from_secs(10));
     assert!(
         handle.join().unwrap().is_err(),
         "the client sees the daemon go away"
@@ -567,7 +550,7 @@ fn cancel_kills_the_run_and_a_vanished_client_takes_its_run_along() {
     canceller.cancel().unwrap();
     let r = handle.join().unwrap().unwrap();
     assert_eq!(serde_json::to_value(r.status).unwrap(), "killed", "{r:?}");
-    assert_sandbox_gone(&d, Duration::from_secs(10));
+    d.assert_sandbox_gone(Duration::from_secs(10));
     // A client that just disconnects mid-run.
     let mut s = UnixStream::connect(d.socket()).unwrap();
     hello(&mut s);
@@ -581,7 +564,7 @@ fn cancel_kills_the_run_and_a_vanished_client_takes_its_run_along() {
     assert!(matches!(read_reply(&mut s), ServerMessage::Started { .. }));
     assert!(matches!(read_reply(&mut s), ServerMessage::Output { .. }));
     drop(s);
-    assert_sandbox_gone(&d, Duration::from_secs(10));
+    d.assert_sandbox_gone(Duration::from_secs(10));
     let ends = d.audit_events("run_end", 2);
     assert!(
         ends.iter().all(|e| e["stopped_by"] == "request"),
@@ -607,7 +590,7 @@ fn a_sigkilled_jailer_takes_its_sandbox_along_and_the_client_hears_of_it() {
     .unwrap();
     // The run sleeps for 60 s: gone within 5 s means the jailer's death
     // ended it, not its timeout.
-    assert_sandbox_gone(&d, Duration::from_secs(5));
+    d.assert_sandbox_gone(Duration::from_secs(5));
     let r = handle.join().unwrap().unwrap();
     let error = r.error.as_ref().map(|e| e.code.as_str()).unwrap_or("");
     assert_eq!(error, "jailer_failed", "{r:?}");
@@ -662,7 +645,7 @@ fn a_client_that_stops_reading_does_not_keep_its_sandbox_past_the_timeout() {
     }
     let started = Instant::now();
     // 2 s of timeout, then the kill and cleanup.
-    assert_sandbox_gone(&d, Duration::from_secs(6));
+    d.assert_sandbox_gone(Duration::from_secs(6));
     let lived = started.elapsed();
     let replies = read_until_result(&mut s);
     let streamed: usize = replies

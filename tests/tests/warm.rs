@@ -29,17 +29,18 @@ fn request(code: &str) -> RunRequest {
     }
 }
 
-/// Start a warm jail of the default policy, wait `idle` once it is ready,
-/// hand it `request`, and collect its result.
-fn warm_jail_run(idle: Duration, request: &RunRequest) -> RunResult {
+/// Start a warm jail of `policy` (importing json), wait `idle` once it
+/// is ready, hand it `request`, and collect its result.
+fn warm_jail_run(
+    policy: &pycell_policy::Policy,
+    idle: Duration,
+    request: &RunRequest,
+) -> RunResult {
     let l = launcher();
-    let policy = l
-        .load_policy(PolicyChoice::Name("default"))
-        .expect("policy");
     let prepared = l
-        .prepare_warm(&policy, &Extras::default(), &["json".to_string()])
+        .prepare_warm(policy, &Extras::default(), &["json".to_string()])
         .expect("prepare warm");
-    let cold = resolve::resolve(&policy, request).expect("resolve").spec;
+    let cold = resolve::resolve(policy, request).expect("resolve").spec;
     let mut launched = prepared.spawn(JailerStderr::Inherit).expect("spawn");
     let first = read_event(&mut launched.events).expect("event");
     assert!(matches!(first, Some(Event::Ready)), "{first:?}");
@@ -58,6 +59,12 @@ fn warm_jail_run(idle: Duration, request: &RunRequest) -> RunResult {
     })
 }
 
+fn default_policy() -> pycell_policy::Policy {
+    launcher()
+        .load_policy(PolicyChoice::Name("default"))
+        .expect("policy")
+}
+
 #[test]
 fn a_warm_jail_runs_its_work_with_clocks_from_arrival() {
     require_root();
@@ -66,7 +73,7 @@ fn a_warm_jail_runs_its_work_with_clocks_from_arrival() {
     );
     req.args = vec!["a b".into()];
     req.set_stdin(b"input");
-    let r = warm_jail_run(Duration::from_millis(300), &req);
+    let r = warm_jail_run(&default_policy(), Duration::from_millis(300), &req);
     assert_eq!(
         r.stdout,
         "hi ['/workspace/main.py', 'a b'] /workspace/main.py input\n"
@@ -92,7 +99,7 @@ fn a_warm_jails_timeout_and_cpu_limit_run_from_the_work() {
         timeout_s: Some(1.0),
         ..Default::default()
     };
-    let r = warm_jail_run(Duration::from_millis(1500), &req);
+    let r = warm_jail_run(&default_policy(), Duration::from_millis(1500), &req);
     assert_eq!(
         (r.status, r.stdout.as_str()),
         (RunStatus::Ok, "slept\n"),
@@ -101,35 +108,16 @@ fn a_warm_jails_timeout_and_cpu_limit_run_from_the_work() {
     // ... and a run that outlives it is stopped at it.
     req.code = "import time; time.sleep(5)".into();
     let t = Instant::now();
-    let r = warm_jail_run(Duration::ZERO, &req);
+    let r = warm_jail_run(&default_policy(), Duration::ZERO, &req);
     assert_eq!(r.status, RunStatus::Timeout, "{r:?}");
     assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
     // The CPU limit (1 s here) counts from the work too, however much
     // CPU the warm-up took.
     let mut req = request("while True: pass");
     req.limits.timeout_s = Some(10.0);
-    let l = launcher();
-    let mut policy = l.load_policy(PolicyChoice::Name("default")).unwrap();
+    let mut policy = default_policy();
     policy.limits.cpu_time = Duration::from_secs(1);
-    let prepared = l.prepare_warm(&policy, &Extras::default(), &[]).unwrap();
-    let cold = resolve::resolve(&policy, &req).unwrap().spec;
-    let mut launched = prepared.spawn(JailerStderr::Inherit).unwrap();
-    assert!(matches!(
-        read_event(&mut launched.events),
-        Ok(Some(Event::Ready))
-    ));
-    launched
-        .send_work(&runner::work_for(&cold).unwrap())
-        .unwrap();
-    let mut c = Collector::new(&launched.run_id, "default", Some(launched.limits));
-    while let Some(ev) = read_event(&mut launched.events).unwrap() {
-        c.record(ev);
-    }
-    let status = launched.child.wait();
-    let r = c.finish(JailerEnd::Exited {
-        status,
-        stderr: vec![],
-    });
+    let r = warm_jail_run(&policy, Duration::ZERO, &req);
     let code = r.error.as_ref().map(|e| e.code);
     assert_eq!(
         (r.status, code),
@@ -334,16 +322,5 @@ fn killing_pycelld_takes_its_warm_jails_along() {
     assert!(!d.daemon_cgroups().is_empty());
     d.signal(Signal::SIGKILL);
     d.wait(Duration::from_secs(5));
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let (procs, cgroups) = (d.sandbox_processes(), d.daemon_cgroups());
-        if procs.is_empty() && cgroups.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "left behind after pycelld was killed: {procs:?} {cgroups:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    d.assert_sandbox_gone(Duration::from_secs(15));
 }

@@ -135,11 +135,8 @@ fn start_reader(mut rd: OwnedReadHalf) -> mpsc::Receiver<Incoming> {
         loop {
             let body = match framing::read_async_raw_within(&mut rd, FRAME_TIMEOUT).await {
                 Ok(b) => b,
-                Err(FrameError::TooLarge(n)) => {
-                    let msg = format!(
-                        "frame of {n} bytes exceeds the maximum of {}",
-                        pycell_core::protocol::MAX_FRAME
-                    );
+                Err(e @ FrameError::TooLarge(..)) => {
+                    let msg = e.to_string();
                     let _ = tx
                         .send(Err(error(None, ErrorCode::FrameTooLarge, msg)))
                         .await;
