@@ -27,8 +27,14 @@ pub mod daemon;
 /// instead of stalling the suite.
 pub const DEFAULT_GUARD: Duration = Duration::from_secs(120);
 
-/// The root of the cargo workspace (the parent of this crate).
+/// The root of the cargo workspace (the parent of this crate), or
+/// `$PYCELL_TEST_REPO`: where the Debian VM runs these tests against the
+/// installed package, a copy of the files they read (the probe, the
+/// policies) stands in for the checkout.
 pub fn repo_root() -> PathBuf {
+    if let Some(p) = std::env::var_os("PYCELL_TEST_REPO") {
+        return PathBuf::from(p);
+    }
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("tests/ has a parent directory")
@@ -37,7 +43,40 @@ pub fn repo_root() -> PathBuf {
 
 /// `tests/probe/probe.py`, the program that runs inside the jail.
 pub fn probe_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("probe/probe.py")
+    repo_root().join("tests/probe/probe.py")
+}
+
+/// How the tests' `pycell run`s reach a jailer: `PYCELL_TEST_VIA=embedded`
+/// (the default; the runs get `--embedded`, so an installed pycelld is never
+/// used by accident) or `daemon` (plain `pycell run`: the installed pycelld,
+/// as on the Debian VM, where the escape tests run both ways).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    Embedded,
+    Daemon,
+}
+
+pub fn via() -> Via {
+    match std::env::var("PYCELL_TEST_VIA").as_deref() {
+        Err(_) | Ok("embedded") => Via::Embedded,
+        Ok("daemon") => Via::Daemon,
+        Ok(other) => panic!("PYCELL_TEST_VIA={other}: want embedded or daemon"),
+    }
+}
+
+/// `args` with the mode flag of [`via`] after a leading `run`, unless they
+/// already choose (`--socket`, `--embedded`).
+pub fn with_mode(args: Vec<OsString>) -> Vec<OsString> {
+    let chooses = args.iter().any(|a| {
+        let a = a.to_string_lossy();
+        a == "--embedded" || a == "--socket" || a.starts_with("--socket=")
+    });
+    if via() == Via::Daemon || chooses || args.first().is_none_or(|a| a != "run") {
+        return args;
+    }
+    let mut out = args;
+    out.insert(1, "--embedded".into());
+    out
 }
 
 /// Locate the `pycell` binary: `$PYCELL_BIN`, else next to the test
@@ -198,15 +237,15 @@ impl Pycell {
         require_root();
         let bin = pycell_bin();
         let mut cmd = Command::new(&bin);
-        cmd.args(&self.args)
+        let args = with_mode(self.args.clone());
+        cmd.args(&args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
-        let args: Vec<String> = self
-            .args
+        let args: Vec<String> = args
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();

@@ -90,6 +90,12 @@ pub struct LandlockReport {
 pub struct SeccompReport {
     pub profile: String,
     pub instructions: usize,
+    /// Calls the profile allows that this kernel would let the jail misuse,
+    /// refused on top of it (docs/seccomp.md): `memfd_create` where memfds
+    /// cannot be sealed non-executable, the xattr writes where the kernel
+    /// lets the jail set `security.*` attributes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused_on_this_kernel: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

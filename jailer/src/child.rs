@@ -17,7 +17,7 @@ use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{execve, sethostname, setresgid, setresuid, setsid, Gid, Pid, Uid};
-use pycell_seccomp::CompiledFilter;
+use pycell_seccomp::{CompiledFilter, KernelGap};
 use serde::{Deserialize, Serialize};
 
 use crate::landlock_rules::{self, Grants};
@@ -26,6 +26,7 @@ use crate::pipeline::{run_steps, JailSteps, Step, StepError};
 use crate::sources::SourceId;
 use crate::supervisor::Checked;
 use crate::syscall::{self, CloneResult};
+use crate::xattr_check;
 use pycell_core::codes::FailureCode;
 use pycell_core::report::LandlockReport;
 use pycell_core::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID, WORKSPACE};
@@ -40,11 +41,23 @@ pub(crate) const GO_CGROUP: u8 = b'C';
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum ChildMessage {
-    Ready { landlock: LandlockReport },
+    Ready {
+        landlock: LandlockReport,
+        /// The kernel let the jail set `security.*` or `trusted.*`
+        /// attributes, so the filter refuses every xattr write.
+        #[serde(default)]
+        xattr_writes_refused: bool,
+    },
     SetupFailed(StepError),
-    ExecFailed { message: String },
-    Exited { code: i32 },
-    Signaled { signal: i32 },
+    ExecFailed {
+        message: String,
+    },
+    Exited {
+        code: i32,
+    },
+    Signaled {
+        signal: i32,
+    },
 }
 
 /// Signals init forwards to the program. SIGCHLD is init's own.
@@ -80,6 +93,7 @@ struct RealSteps<'a> {
     signal_fd: Option<SignalFd>,
     sources: Option<PreparedSources>,
     landlock: Option<LandlockReport>,
+    xattr_writes_refused: bool,
 }
 
 fn send(status: &File, msg: &ChildMessage) {
@@ -223,7 +237,17 @@ impl JailSteps for RealSteps<'_> {
     }
 
     fn apply_seccomp(&mut self) -> Result<(), StepError> {
-        pycell_seccomp::apply(self.filter).map_err(|e| StepError::new(Step::Seccomp, e.to_string()))
+        // Asked now: with no capabilities left, as the program will be,
+        // and before the filter could hide the kernel's own answer.
+        self.xattr_writes_refused = !xattr_check::kernel_refuses_in(WORKSPACE);
+        let refused;
+        let filter = if self.xattr_writes_refused {
+            refused = self.filter.with_refused(KernelGap::SecurityXattrs);
+            &refused
+        } else {
+            self.filter
+        };
+        pycell_seccomp::apply(filter).map_err(|e| StepError::new(Step::Seccomp, e.to_string()))
     }
 }
 
@@ -336,6 +360,7 @@ pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> !
         signal_fd: None,
         sources: None,
         landlock: None,
+        xattr_writes_refused: false,
     };
     if let Err(e) = run_steps(&mut steps) {
         send(&status, &ChildMessage::SetupFailed(e));
@@ -343,7 +368,11 @@ pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> !
     }
     let landlock = steps.landlock.take().expect("landlock applied");
     let signal_fd = steps.signal_fd.take().expect("signalfd created");
-    send(&status, &ChildMessage::Ready { landlock });
+    let ready = ChildMessage::Ready {
+        landlock,
+        xattr_writes_refused: steps.xattr_writes_refused,
+    };
+    send(&status, &ready);
     init(spec, &status, signal_fd)
 }
 

@@ -29,6 +29,7 @@ mod sources;
 mod supervisor;
 mod syscall;
 mod warm;
+mod xattr_check;
 
 use std::io::{self, Write};
 use std::os::fd::AsFd;

@@ -30,6 +30,9 @@ pub(crate) struct Outcome {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub landlock: LandlockReport,
+    /// The jail found the kernel would let it set `security.*` attributes
+    /// and refused every xattr write.
+    pub xattr_writes_refused: bool,
     pub error: Option<JailFailure>,
 }
 
@@ -45,10 +48,17 @@ fn limit(code: FailureCode, message: String, hint: Option<&str>) -> Option<JailF
 /// failed to set up, or the program could not be executed).
 pub(crate) fn classify(seen: &Observed, limits: &JailLimits) -> Result<Outcome, JailFailure> {
     let mut landlock = None;
+    let mut xattr_writes_refused = false;
     let mut ended = None;
     for m in &seen.messages {
         match m {
-            ChildMessage::Ready { landlock: l } => landlock = Some(l.clone()),
+            ChildMessage::Ready {
+                landlock: l,
+                xattr_writes_refused: x,
+            } => {
+                landlock = Some(l.clone());
+                xattr_writes_refused = *x;
+            }
             ChildMessage::SetupFailed(e) => return Err(e.failure()),
             _ => ended = Some(m),
         }
@@ -114,6 +124,7 @@ pub(crate) fn classify(seen: &Observed, limits: &JailLimits) -> Result<Outcome, 
         exit_code,
         signal,
         landlock,
+        xattr_writes_refused,
         error,
     })
 }
@@ -145,6 +156,7 @@ mod tests {
                 status: LandlockStatus::FullyEnforced,
                 tcp_connect_only_to: None,
             },
+            xattr_writes_refused: false,
         }
     }
 

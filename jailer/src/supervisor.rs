@@ -19,7 +19,7 @@ use pycell_core::codes::{FailureCode, Layer};
 use pycell_core::events;
 use pycell_core::report::{CgroupReport, JailFailure, JailReport, Layers, SeccompReport};
 use pycell_core::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID};
-use pycell_seccomp::CompiledFilter;
+use pycell_seccomp::{CompiledFilter, KernelGap};
 
 use crate::child::{child_main, ChildFds, GO_CGROUP, GO_MAPS};
 use crate::outcome::{classify, Observed};
@@ -59,7 +59,6 @@ fn run_checked(
     events: &mut dyn Write,
 ) -> Result<(JailReport, SandboxCgroup), JailFailure> {
     let checked = preflight(spec)?;
-    let filter = &checked.filter;
     // The jail inherits our supplementary groups and could never drop them
     // (setgroups is denied inside); clear them here.
     setgroups(&[]).map_err(|e| {
@@ -113,10 +112,7 @@ fn run_checked(
             namespaces: NAMESPACES.iter().map(|s| s.to_string()).collect(),
             sandbox_uid: spec.sandbox_uid,
             landlock: outcome.landlock,
-            seccomp: SeccompReport {
-                profile: spec.seccomp_profile.clone(),
-                instructions: filter.instruction_count(),
-            },
+            seccomp: seccomp_report(spec, &checked, outcome.xattr_writes_refused),
             cgroup: CgroupReport {
                 version: jail.cgroup.version(),
                 name: jail.cgroup.name().to_string(),
@@ -206,6 +202,8 @@ fn cgroup_failure(e: pycell_core::cgroup::CgroupError) -> JailFailure {
 /// What preflight established, for the clone.
 pub(crate) struct Checked {
     pub filter: CompiledFilter,
+    /// What `filter` refuses on top of its profile for this kernel.
+    pub gaps: Vec<KernelGap>,
     pub layout: CgroupLayout,
     /// Where each of `spec.mounts` leads, checked on the host.
     pub sources: Vec<SourceId>,
@@ -241,17 +239,39 @@ fn preflight(spec: &JailSpec) -> Result<Checked, JailFailure> {
             e.to_string(),
         )
     })?;
+    let mut gaps = Vec::new();
     if !crate::ns_settings::memfd_noexec_available() {
         // No per-namespace memfd sealing on this kernel: no memfds at all.
-        filter = filter.with_memfd_create_refused();
+        filter = filter.with_refused(KernelGap::MemfdExec);
+        gaps.push(KernelGap::MemfdExec);
     }
     let layout = CgroupLayout::detect().map_err(cgroup_failure)?;
     let sources = check_sources(spec)?;
     Ok(Checked {
         filter,
+        gaps,
         layout,
         sources,
     })
+}
+
+/// The filter as the jail applied it: the jail's init adds the xattr
+/// refusal when its kernel let it set a `security.*` attribute.
+fn seccomp_report(spec: &JailSpec, checked: &Checked, xattr_writes_refused: bool) -> SeccompReport {
+    let mut gaps = checked.gaps.clone();
+    let mut applied = checked.filter.clone();
+    if xattr_writes_refused {
+        gaps.push(KernelGap::SecurityXattrs);
+        applied = applied.with_refused(KernelGap::SecurityXattrs);
+    }
+    SeccompReport {
+        profile: spec.seccomp_profile.clone(),
+        instructions: applied.instruction_count(),
+        refused_on_this_kernel: gaps
+            .iter()
+            .flat_map(|g| g.calls().iter().map(|(name, _)| name.to_string()))
+            .collect(),
+    }
 }
 
 /// The signals the jailer handles itself, through a signalfd in the relay loop.

@@ -466,6 +466,26 @@ pub(crate) fn clone_into_cgroup(
     }
 }
 
+/// `fsetxattr(fd, name, value, 0)`: set (create or replace) an extended
+/// attribute on an open file.
+pub(crate) fn fsetxattr(fd: BorrowedFd<'_>, name: &str, value: &[u8]) -> io::Result<()> {
+    let name = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains a NUL byte"))?;
+    // SAFETY: `fd` is an open descriptor borrowed for the call; `name` is a
+    // NUL-terminated string and `value` a slice of `value.len()` readable
+    // bytes, both alive until the call returns; the kernel only reads them.
+    check(unsafe {
+        libc::fsetxattr(
+            fd.as_raw_fd(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        ) as libc::c_long
+    })
+    .map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -57,22 +57,64 @@ impl CompiledFilter {
         &self.program
     }
 
-    /// This filter with `memfd_create` refused (ENOSYS) in front of it, for
-    /// kernels without `vm.memfd_noexec` (before Linux 6.3), where a memfd
-    /// the jail writes could otherwise be executed. Three instructions that
-    /// load only the syscall number, so the kernel still caches the verdict.
-    pub fn with_memfd_create_refused(&self) -> CompiledFilter {
-        let nr = libc::SYS_memfd_create as u32;
-        let mut program = vec![
-            bpf::stmt(bpf::LD_W_ABS, bpf::DATA_NR),
-            bpf::jump(bpf::JEQ_K, nr, 0, 1),
-            bpf::stmt(bpf::RET_K, bpf::RET_ERRNO | libc::ENOSYS as u32),
-        ];
+    /// This filter with the calls of `gap` refused in front of it, for a
+    /// kernel on which they would open a hole the other layers do not close
+    /// (see [`KernelGap`]). Each call costs two instructions after one load
+    /// of the syscall number; they read nothing else, so the kernel still
+    /// caches the verdict for every other call.
+    pub fn with_refused(&self, gap: KernelGap) -> CompiledFilter {
+        let errno = bpf::RET_ERRNO | gap.errno() as u32;
+        let mut program = vec![bpf::stmt(bpf::LD_W_ABS, bpf::DATA_NR)];
+        for &(_, nr) in gap.calls() {
+            program.push(bpf::jump(bpf::JEQ_K, nr as u32, 0, 1));
+            program.push(bpf::stmt(bpf::RET_K, errno));
+        }
         program.extend_from_slice(&self.program);
         CompiledFilter {
             profile: self.profile,
             arch: self.arch,
             program,
+        }
+    }
+}
+
+/// Calls a profile allows that some kernels let the jail misuse; the
+/// jailer refuses them on those kernels only ([`CompiledFilter::with_refused`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelGap {
+    /// No `vm.memfd_noexec` (before Linux 6.3): a memfd the jail wrote could
+    /// be executed. `memfd_create` fails with `ENOSYS`, as on a kernel
+    /// without memfds.
+    MemfdExec,
+    /// The kernel lets an unprivileged process set `security.*` (or
+    /// `trusted.*`) attributes on the jail's own files (seen on Debian 12's
+    /// 6.1, whose BPF LSM answers the xattr hook before the capability
+    /// check). Seccomp cannot read the attribute's name, so every xattr write
+    /// fails with `EOPNOTSUPP`, what a filesystem without xattrs answers.
+    SecurityXattrs,
+}
+
+impl KernelGap {
+    /// The calls refused, by name and number for the running architecture.
+    pub fn calls(self) -> &'static [(&'static str, i64)] {
+        match self {
+            KernelGap::MemfdExec => &[("memfd_create", libc::SYS_memfd_create)],
+            KernelGap::SecurityXattrs => &[
+                ("setxattr", libc::SYS_setxattr),
+                ("lsetxattr", libc::SYS_lsetxattr),
+                ("fsetxattr", libc::SYS_fsetxattr),
+                ("removexattr", libc::SYS_removexattr),
+                ("lremovexattr", libc::SYS_lremovexattr),
+                ("fremovexattr", libc::SYS_fremovexattr),
+            ],
+        }
+    }
+
+    /// The errno the refused calls fail with.
+    pub fn errno(self) -> i32 {
+        match self {
+            KernelGap::MemfdExec => libc::ENOSYS,
+            KernelGap::SecurityXattrs => libc::EOPNOTSUPP,
         }
     }
 }

@@ -46,7 +46,7 @@ mod tests;
 #[cfg(test)]
 mod tree;
 
-pub use compile::CompiledFilter;
+pub use compile::{CompiledFilter, KernelGap};
 pub use error::SeccompError;
 
 use profile::{Profile, MAIN_FILTER};

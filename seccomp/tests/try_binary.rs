@@ -9,7 +9,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const TRY: &str = env!("CARGO_BIN_EXE_pycell-seccomp-try");
+/// The helper and this crate's directory, as built; the Debian VM, which
+/// runs these tests on its own kernel, points them at its copies.
+fn try_helper() -> String {
+    std::env::var("PYCELL_SECCOMP_TRY")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_pycell-seccomp-try").to_string())
+}
+
+fn crate_dir() -> String {
+    std::env::var("PYCELL_SECCOMP_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
+}
 const PYTHON: &str = "/usr/bin/python3";
 
 const EPERM: i64 = libc::EPERM as i64;
@@ -19,7 +28,7 @@ const EAFNOSUPPORT: i64 = libc::EAFNOSUPPORT as i64;
 /// Runs the helper with a deadline, so a filter that deadlocks the child
 /// fails the test instead of hanging it.
 fn run(args: &[&str]) -> Output {
-    let mut child = Command::new(TRY)
+    let mut child = Command::new(try_helper())
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -129,8 +138,8 @@ fn debian_python_runs_under_the_default_profile() {
         Path::new(PYTHON).exists(),
         "{PYTHON} is missing; this test needs Debian's interpreter: apt-get install python3"
     );
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python_workload.py");
-    let report = json_stdout(&run(&["--", PYTHON, script]));
+    let script = format!("{}/tests/python_workload.py", crate_dir());
+    let report = json_stdout(&run(&["--", PYTHON, &script]));
 
     let workload = &report["workload"];
     assert_eq!(workload["threads"], serde_json::json!([0, 1, 2, 3]));

@@ -216,6 +216,35 @@ def landlock_candidates():
     return out
 
 
+def xattrs():
+    """Extended attributes on files the run made itself, in each writable
+    place. security.* (LSM labels, IMA/EVM data) and trusted.* must not be
+    settable or removable; user.* should work where the filesystem has it.
+    Every attribute syscall is tried: path, fd and no-follow forms."""
+    out = {}
+    for place in ("/workspace", "/tmp", "/dev/shm"):
+        path = os.path.join(place, "probe-xattr")
+        with open(path, "wb"):
+            pass
+        fd = os.open(path, os.O_RDONLY)
+        tries = {
+            "setxattr security": lambda: os.setxattr(path, "security.pycell", b"1"),
+            "fsetxattr security": lambda: os.setxattr(fd, "security.pycell", b"1"),
+            "lsetxattr security": lambda: os.setxattr(path, "security.pycell", b"1", follow_symlinks=False),
+            "setxattr security.selinux": lambda: os.setxattr(path, "security.selinux", b"unconfined_u:object_r:shadow_t:s0"),
+            "setxattr trusted": lambda: os.setxattr(path, "trusted.pycell", b"1"),
+            "removexattr security": lambda: os.removexattr(path, "security.pycell"),
+            "fremovexattr security": lambda: os.removexattr(fd, "security.pycell"),
+            "setxattr user": lambda: os.setxattr(path, "user.pycell", b"probe"),
+            "getxattr user": lambda: os.getxattr(path, "user.pycell").decode(),
+        }
+        out[place] = {name: attempt(fn) for name, fn in tries.items()}
+        out[place]["listxattr"] = attempt(lambda: sorted(os.listxattr(path)))
+        os.close(fd)
+        os.unlink(path)
+    return out
+
+
 # ------------------------------------------------------------------- network
 
 
@@ -628,6 +657,7 @@ def main():
     })
     check("dev_null_write", lambda: write_existing("/dev/null", b"x"))
     check("landlock", landlock_candidates)
+    check("xattrs", xattrs)
 
     if args.host_port is not None:
         check("connect_host_loopback", lambda: tcp_connect("127.0.0.1", args.host_port))

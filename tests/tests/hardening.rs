@@ -26,7 +26,7 @@ fn start_embedded(code: &str, opts: &[&str]) -> (Child, Script) {
     require_root();
     let script = Script::new("long.py", code);
     let mut child = Command::new(pycell_bin())
-        .arg("run")
+        .args(["run", "--embedded"])
         .args(opts)
         .arg(&script.path)
         .stdin(Stdio::null())
@@ -305,7 +305,7 @@ print(json.dumps(r))
             "--",
         ])
         .arg(pycell_bin())
-        .args(["run", "--json"])
+        .args(pycell_tests::with_mode(vec!["run".into(), "--json".into()]))
         .arg(&script.path)
         .stdin(Stdio::null())
         .output()

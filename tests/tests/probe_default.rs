@@ -410,6 +410,20 @@ fn every_dangerous_syscall_is_denied() {
     f.finish("seccomp denials");
 }
 
+/// The kernel's Landlock ABI, asked outside pycell:
+/// `landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`.
+fn kernel_landlock_abi() -> u64 {
+    let code = "import ctypes; print(ctypes.CDLL(None, use_errno=True).syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))";
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", code])
+        .output()
+        .expect("python3 asks the kernel's Landlock ABI");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("Landlock ABI {text:?}: {e}"))
+}
+
 #[test]
 fn landlock_is_enforced() {
     let result = probe().outcome.result();
@@ -418,8 +432,16 @@ fn landlock_is_enforced() {
     f.check(ll["status"] == "fully_enforced", || {
         format!("layers.landlock = {}, want status fully_enforced", ll)
     });
-    f.check(ll["abi"].as_u64().is_some_and(|a| a >= 3), || {
-        format!("layers.landlock.abi = {}, want >= 3", ll["abi"])
+    let kernel_abi = kernel_landlock_abi();
+    f.check(ll["abi"].as_u64() == Some(kernel_abi), || {
+        format!(
+            "layers.landlock.abi = {}, but the kernel's Landlock ABI is {kernel_abi}",
+            ll["abi"]
+        )
+    });
+    // The shipped policies' min_abi: Debian 12's kernel has 2.
+    f.check(kernel_abi >= 2, || {
+        format!("the kernel's Landlock ABI {kernel_abi} is below 2, yet the run was not refused")
     });
     // A write that DAC and mount flags allow must still fail with EACCES:
     // only Landlock can be refusing it.
@@ -496,4 +518,135 @@ fn threads_subprocess_fork_asyncio_multiprocessing_work() {
         &mut f,
     );
     f.finish("allowed functionality");
+}
+
+/// The running kernel's (major, minor), from uname.
+fn kernel_version() -> (u32, u32) {
+    let uts = nix::sys::utsname::uname().expect("uname");
+    let release = uts.release().to_string_lossy().into_owned();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
+/// Whether this kernel lets an unprivileged process set an LSM's attribute
+/// on a file it owns. Measured outside pycell: as nobody, with no
+/// capabilities, on a file of the host's /dev/shm (a tmpfs, like the jail's).
+fn kernel_lets_owners_set_security_xattrs() -> bool {
+    let dir = tempfile::Builder::new()
+        .prefix("pycell-xattr-")
+        .tempdir_in("/dev/shm")
+        .expect("tempdir in /dev/shm");
+    let file = dir.path().join("owned-by-nobody");
+    std::fs::write(&file, b"").expect("create the file");
+    let nobody = nix::unistd::Uid::from_raw(65534);
+    nix::unistd::chown(&file, Some(nobody), None).expect("chown to nobody");
+    let code = r#"
+import os, sys
+allowed = []
+for name in ["security.selinux", "security.SMACK64", "security.ima", "security.evm", "security.pycell", "trusted.pycell"]:
+    try:
+        os.setxattr(sys.argv[1], name, b"1")
+        allowed.append(name)
+    except OSError:
+        pass
+print(" ".join(allowed))
+"#;
+    let out = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .args(["/usr/bin/python3", "-c", code])
+        .arg(&file)
+        .output()
+        .expect("setpriv runs python3 as nobody");
+    assert!(
+        out.status.success(),
+        "the host-side xattr check failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let allowed = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    eprintln!("this kernel lets an unprivileged owner set: [{allowed}]");
+    !allowed.is_empty()
+}
+
+/// A failed attempt with EOPNOTSUPP (Python names errno 95 ENOTSUP).
+fn not_supported(attempt: &Value) -> bool {
+    attempt["ok"] == false && (attempt["errno"] == "ENOTSUP" || attempt["errno"] == "EOPNOTSUPP")
+}
+
+#[test]
+fn security_and_trusted_xattrs_cannot_be_set() {
+    let result = probe().outcome.result();
+    let refused_for_kernel = &result["layers"]["seccomp"]["refused_on_this_kernel"];
+    let filter_refuses = refused_for_kernel
+        .as_array()
+        .is_some_and(|calls| calls.iter().any(|c| c == "fsetxattr"));
+    let kernel_lets = kernel_lets_owners_set_security_xattrs();
+    // tmpfs (the jail's /workspace, /tmp and /dev/shm) keeps user.*
+    // attributes from Linux 6.6 on; where the kernel does not refuse LSM
+    // labels, pycell refuses every xattr write, user.* included.
+    let user_xattrs_expected = kernel_version() >= (6, 6) && !kernel_lets;
+    let mut f = Failures::default();
+    f.check(filter_refuses == kernel_lets, || {
+        format!(
+            "the kernel {} unprivileged owners set security.* attributes, but the jail's filter refuses {refused_for_kernel}",
+            if kernel_lets { "lets" } else { "does not let" }
+        )
+    });
+    let places = entries(at(report(), "/xattrs"));
+    f.check(places.len() == 3, || {
+        format!("xattrs tried in {} places, want 3", places.len())
+    });
+    for (place, tried) in places {
+        for name in [
+            "setxattr security",
+            "fsetxattr security",
+            "lsetxattr security",
+            "setxattr security.selinux",
+            "setxattr trusted",
+        ] {
+            let r = &tried[name];
+            f.check(r["ok"] == false, || {
+                format!("{place}: {name} succeeded: {}", compact(r, 300))
+            });
+        }
+        // Removing an attribute the file does not have must be refused
+        // before the kernel looks (ENODATA would mean it looked).
+        for name in ["removexattr security", "fremovexattr security"] {
+            let r = &tried[name];
+            f.check(r["errno"] == "EPERM" || not_supported(r), || {
+                format!(
+                    "{place}: {name}: {} (want EPERM or EOPNOTSUPP)",
+                    compact(r, 300)
+                )
+            });
+        }
+        let (set, get) = (&tried["setxattr user"], &tried["getxattr user"]);
+        if user_xattrs_expected {
+            f.check(set["ok"] == true && get["value"] == "probe", || {
+                format!(
+                    "{place}: user.* attributes do not work where tmpfs has them and the kernel refuses security.*: set {}, get {}",
+                    compact(set, 300),
+                    compact(get, 300)
+                )
+            });
+        } else {
+            f.check(not_supported(set), || {
+                format!(
+                    "{place}: setxattr user.*: {} (want EOPNOTSUPP: tmpfs without user xattrs, or every xattr write refused)",
+                    compact(set, 300)
+                )
+            });
+        }
+        let listed = &tried["listxattr"];
+        f.check(listed["ok"] == true, || {
+            format!("{place}: listxattr failed: {}", compact(listed, 300))
+        });
+    }
+    f.finish("extended attributes");
 }
