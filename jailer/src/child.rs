@@ -79,6 +79,9 @@ pub(crate) struct ChildFds {
     /// With egress: the jailer's stdin socket, on which the jail sends the
     /// proxy's listener once it has made it on its loopback.
     pub egress_channel: Option<OwnedFd>,
+    /// The jailer's end of it takes a descriptor of /workspace, which keeps
+    /// the run's disk for measuring after the jail is gone.
+    pub disk_channel: Option<OwnedFd>,
     pub stdout_write: OwnedFd,
     pub stderr_write: OwnedFd,
 }
@@ -89,6 +92,7 @@ struct RealSteps<'a> {
     source_ids: &'a [SourceId],
     go_read: Option<OwnedFd>,
     egress_channel: Option<OwnedFd>,
+    disk_channel: Option<OwnedFd>,
     status: &'a File,
     signal_fd: Option<SignalFd>,
     sources: Option<PreparedSources>,
@@ -174,7 +178,8 @@ impl JailSteps for RealSteps<'_> {
         };
         mounts::build_root(sources, &layout)
             .map_err(|e| StepError::new(Step::Rootfs, e.to_string()))?;
-        mounts::pivot().map_err(|e| StepError::new(Step::Rootfs, e.to_string()))
+        mounts::pivot().map_err(|e| StepError::new(Step::Rootfs, e.to_string()))?;
+        self.hand_disk_to_jailer()
     }
 
     fn set_hostname(&mut self) -> Result<(), StepError> {
@@ -252,6 +257,29 @@ impl JailSteps for RealSteps<'_> {
 }
 
 impl RealSteps<'_> {
+    /// Send the jailer a descriptor of /workspace (the run's one writable
+    /// tmpfs), then close our end of the channel.
+    fn hand_disk_to_jailer(&mut self) -> Result<(), StepError> {
+        let Some(channel) = self.disk_channel.take() else {
+            return Ok(());
+        };
+        let fail = |e: std::io::Error| {
+            StepError::new(
+                Step::Rootfs,
+                format!("handing /workspace to the jailer: {e}"),
+            )
+        };
+        let dir = nix::fcntl::open(
+            WORKSPACE,
+            nix::fcntl::OFlag::O_PATH
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| fail(e.into()))?;
+        pycell_core::fdpass::send_with_fds(channel.as_fd(), b"w", &[dir.as_fd()]).map_err(fail)
+    }
+
     /// For a spec that exports its workspace (the install jail): send a
     /// descriptor of /workspace out on the jailer's stdin socket, before
     /// the proxy's listener. It keeps the tmpfs alive after the jail has
@@ -356,6 +384,7 @@ pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> !
         source_ids: &checked.sources,
         go_read: Some(fds.go_read),
         egress_channel: fds.egress_channel,
+        disk_channel: fds.disk_channel,
         status: &status,
         signal_fd: None,
         sources: None,

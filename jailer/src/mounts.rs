@@ -191,7 +191,7 @@ pub fn build_root(sources: PreparedSources, layout: &RootfsLayout<'_>) -> Result
     }
     mount_proc()?;
     let dev = build_dev(sources.devices)?;
-    mask_proc(&dev)?;
+    mask_proc()?;
     mount_disk(&dev, layout)?;
     write_etc(layout.hostname)
 }
@@ -287,15 +287,14 @@ pub(crate) const MASKED_PROC_DIRS: &[&str] = &[
 
 /// Hide [`MASKED_PROC_FILES`] and [`MASKED_PROC_DIRS`] in the staged /proc;
 /// entries this kernel does not have are skipped.
-fn mask_proc(dev: &Path) -> Result<(), MountError> {
+fn mask_proc() -> Result<(), MountError> {
     let proc_dir = staged(Path::new("/proc"));
-    let null = dev.join("null");
-    for f in MASKED_PROC_FILES {
-        let at = proc_dir.join(f);
-        if at.exists() {
-            bind(&null, &at)?;
-        }
-    }
+    let present: Vec<PathBuf> = MASKED_PROC_FILES
+        .iter()
+        .map(|f| proc_dir.join(f))
+        .filter(|at| at.exists())
+        .collect();
+    cover_files(&present)?;
     for d in MASKED_PROC_DIRS {
         let at = proc_dir.join(d);
         if at.is_dir() {
@@ -307,6 +306,32 @@ fn mask_proc(dev: &Path) -> Result<(), MountError> {
         }
     }
     Ok(())
+}
+
+/// Cover each of `files` with one empty, read-only regular file: it reads
+/// as empty, and opening it for writing fails (EROFS). Not /dev/null, which
+/// reads the same but takes writes, and Landlock grants the jail writing
+/// /dev/null wherever it is bound (its rule is on the device's inode).
+fn cover_files(files: &[PathBuf]) -> Result<(), MountError> {
+    let holder = staged(Path::new("/.pycell-cover"));
+    mkdir_p(&holder)?;
+    tmpfs(
+        &holder,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        "size=4k,nr_inodes=2,mode=0755",
+    )?;
+    let empty = holder.join("empty");
+    write_file(&empty, b"", 0o444)?;
+    for at in files {
+        bind(&empty, at)?;
+        syscall::mount_setattr_path(at, MOUNT_ATTR_RDONLY, false).map_err(err(format!(
+            "making the cover of {} read-only",
+            at.display()
+        )))?;
+    }
+    // The covers keep the tmpfs alive; its mount point goes.
+    umount2(&holder, MntFlags::MNT_DETACH).map_err(nix_err("detaching the covers' tmpfs"))?;
+    fs::remove_dir(&holder).map_err(err(format!("rmdir {}", holder.display())))
 }
 
 /// A minimal /dev: the cloned device nodes, the fd links, a /dev/shm mount

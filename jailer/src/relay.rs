@@ -35,6 +35,9 @@ pub(crate) struct ParentEnds {
     pub stderr_read: OwnedFd,
     /// A warm jail's work stream (the jailer's stdin).
     pub work: Option<OwnedFd>,
+    /// The jail sends a descriptor of its /workspace here once its root is
+    /// built, for measuring its disk (see [`receive_workspace`]).
+    pub disk_channel: OwnedFd,
 }
 
 /// What the relay saw, for [`crate::outcome::classify`].
@@ -77,7 +80,7 @@ pub(crate) fn run(
     events: BorrowedFd<'static>,
 ) -> io::Result<Relayed> {
     let outbox = Outbox::new(events, outbox::pending_limit(spec.limits.max_output_bytes))?;
-    let mut relay = Relay::new(spec, ends, pid, outbox);
+    let mut relay = Relay::new(spec, ends, outbox);
     let (mut timed_out, mut cancelled) = (false, false);
     let mut deadline = Some(deadline);
     let mut init_status = None;
@@ -218,15 +221,13 @@ impl WarmRelay {
     }
 }
 
-/// `/proc/<jail>/root/workspace`, without following symlinks at its end.
-fn open_jail_workspace(jail: Pid) -> Option<OwnedFd> {
-    let path = format!("/proc/{}/root/workspace", jail.as_raw());
-    nix::fcntl::open(
-        path.as_str(),
-        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .ok()
+/// The descriptor of /workspace the jail sent, once it is ready. Not
+/// through /proc/<init>/root: init is not dumpable after its credential
+/// change, and pycelld's jailer has no CAP_SYS_PTRACE to open it anyway.
+fn receive_workspace(channel: &OwnedFd) -> Option<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let (_, fds) = pycell_core::fdpass::recv_with_fds(channel.as_fd(), &mut byte).ok()?;
+    fds.into_iter().next()
 }
 
 enum SignalAction {
@@ -264,7 +265,8 @@ struct Relay {
     cap: u64,
     truncated: [bool; 2],
     drain_deadline: Option<Instant>,
-    jail: Pid,
+    /// Where the jail sends its /workspace (see [`receive_workspace`]).
+    disk_channel: Option<OwnedFd>,
     /// The jail's /workspace, opened once the jail is ready (before any of
     /// its code runs): its tmpfs outlives the jail while we hold it, so its
     /// usage can be read at the end however the jail ended.
@@ -285,7 +287,7 @@ enum Slot {
 }
 
 impl Relay {
-    fn new(spec: &JailSpec, ends: ParentEnds, jail: Pid, outbox: Outbox) -> Relay {
+    fn new(spec: &JailSpec, ends: ParentEnds, outbox: Outbox) -> Relay {
         let (stdin, warm) = match ends.work {
             Some(channel) => (None, Some(WarmRelay::new(channel, ends.stdin_write))),
             None => {
@@ -313,7 +315,7 @@ impl Relay {
             cap: spec.limits.max_output_bytes,
             truncated: [false, false],
             drain_deadline: None,
-            jail,
+            disk_channel: Some(ends.disk_channel),
             disk: None,
             outbox,
             warm,
@@ -331,7 +333,7 @@ impl Relay {
         };
         let work = w.work.as_ref().expect("work arrived");
         w.cpu_before_ns = cgroup.usage().cpu_ns;
-        if let Err(e) = crate::rlimits::restart_cpu_clock(pid, spec.limits.cpu_time_s) {
+        if let Err(e) = crate::rlimits::restart_cpu_clock(pid, cgroup, spec.limits.cpu_time_s) {
             w.refused = Some(format!("restarting the CPU clock: {e}"));
             return Some(WarmStep::Abandoned);
         }
@@ -433,7 +435,11 @@ impl Relay {
             Ok(n) => self.status_buf.extend_from_slice(&buf[..n]),
         }
         if self.disk.is_none() && self.status_buf.starts_with(b"{\"ready\"") {
-            self.disk = open_jail_workspace(self.jail);
+            self.disk = self
+                .disk_channel
+                .take()
+                .as_ref()
+                .and_then(receive_workspace);
         }
     }
 

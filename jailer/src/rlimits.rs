@@ -10,6 +10,7 @@
 //! would still start it. The seccomp filter stops the jail from changing it.
 
 use nix::unistd::Pid;
+use pycell_core::cgroup::SandboxCgroup;
 
 use pycell_core::spec::JailLimits;
 
@@ -91,20 +92,27 @@ pub(crate) fn apply(pid: Pid, limits: &JailLimits, warm: bool) -> Result<(), Str
     Ok(())
 }
 
-/// A warm jail's work has come: its program (the only child of the jail's
-/// init, `init`) gets `cpu_time_s` of CPU from now, RLIMIT_CPU counting
-/// what its warm-up used. Lowering a limit needs no capability.
-pub(crate) fn restart_cpu_clock(init: Pid, cpu_time_s: u64) -> Result<(), String> {
-    let raw = init.as_raw();
-    let children = std::fs::read_to_string(format!("/proc/{raw}/task/{raw}/children"))
-        .map_err(|e| format!("the jail's program: {e}"))?;
-    let program: i32 = children
-        .split_whitespace()
-        .next()
-        .and_then(|p| p.parse().ok())
-        .ok_or("the jail's program is gone")?;
-    let stat = std::fs::read_to_string(format!("/proc/{program}/stat"))
-        .map_err(|e| format!("the program's CPU time: {e}"))?;
+/// A warm jail's work has come: its program (the child of the jail's init,
+/// `init`, in the run's `cgroup`) gets `cpu_time_s` of CPU from now,
+/// RLIMIT_CPU counting what its warm-up used. Lowering a limit needs no
+/// capability. The program is found through the cgroup, not
+/// /proc/<init>/task/*/children: init is not dumpable after its credential
+/// change, so under pycelld.service (no CAP_SYS_PTRACE, `ProtectProc=
+/// invisible`) its /proc directory is hidden from the jailer.
+pub(crate) fn restart_cpu_clock(
+    init: Pid,
+    cgroup: &SandboxCgroup,
+    cpu_time_s: u64,
+) -> Result<(), String> {
+    let program = cgroup
+        .processes()
+        .into_iter()
+        .filter(|p| *p != init)
+        .find_map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            (crate::warm::parent_pid(&stat) == Some(init.as_raw())).then_some((p, stat))
+        });
+    let (program, stat) = program.ok_or("the jail's program is gone")?;
     let used = crate::warm::cpu_ticks(&stat).ok_or("the program's stat is unreadable")?;
     let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
@@ -112,7 +120,7 @@ pub(crate) fn restart_cpu_clock(init: Pid, cpu_time_s: u64) -> Result<(), String
         .unwrap_or(100) as u64;
     let hard = cpu_seconds_hard(cpu_time_s);
     let (soft, hard) = crate::warm::cpu_clock_from_now(used, ticks, cpu_time_s, hard);
-    syscall::prlimit(Pid::from_raw(program), libc::RLIMIT_CPU, soft, hard)
+    syscall::prlimit(program, libc::RLIMIT_CPU, soft, hard)
         .map_err(|e| format!("prlimit(RLIMIT_CPU, {soft}/{hard}): {e}"))
 }
 

@@ -474,11 +474,16 @@ fn write_id_maps(pid: Pid, spec: &JailSpec) -> io::Result<()> {
 fn pipes() -> io::Result<(ChildFds, OwnedFd, ParentEnds)> {
     let p = || pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from);
     let (go, status, stdin, stdout, stderr) = (p()?, p()?, p()?, p()?, p()?);
+    // Close-on-exec on both ends (std's socketpair sets it); ours never
+    // blocks: the descriptor is there before the jail says it is ready.
+    let (disk_ours, disk_child) = std::os::unix::net::UnixStream::pair()?;
+    disk_ours.set_nonblocking(true)?;
     let child = ChildFds {
         go_read: go.0,
         status_write: status.1,
         stdin_read: stdin.0,
         egress_channel: None,
+        disk_channel: Some(disk_child.into()),
         stdout_write: stdout.1,
         stderr_write: stderr.1,
     };
@@ -488,6 +493,7 @@ fn pipes() -> io::Result<(ChildFds, OwnedFd, ParentEnds)> {
         stdout_read: stdout.0,
         stderr_read: stderr.0,
         work: None,
+        disk_channel: disk_ours.into(),
     };
     Ok((child, go.1, ours))
 }

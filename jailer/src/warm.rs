@@ -149,6 +149,12 @@ pub(crate) fn cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// The parent pid (field 4) of a `/proc/PID/stat` line.
+pub(crate) fn parent_pid(stat: &str) -> Option<i32> {
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(4 - 3)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,5 +249,7 @@ mod tests {
         let stat = "42 (python3 (x) y) S 1 42 42 0 -1 4194560 100 0 0 0 7 5 0 0 20 0 1 0";
         assert_eq!(cpu_ticks(stat), Some(12));
         assert_eq!(cpu_ticks("garbage"), None);
+        assert_eq!(parent_pid(stat), Some(1));
+        assert_eq!(parent_pid("7 (a) S x"), None);
     }
 }

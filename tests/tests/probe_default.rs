@@ -95,6 +95,15 @@ fn run_probe() -> ProbeRun {
     let script_args: Vec<&str> = script_args.iter().map(String::as_str).collect();
     let outcome = Pycell::new(run_args(&probe_path(), &[], &script_args)).run();
     let report = probe_report(&outcome);
+    if let Some(path) = std::env::var_os("PYCELL_TEST_PROBE_REPORT") {
+        // For comparing kernels (scripts/vm-test keeps the guest's).
+        let kept = serde_json::json!({
+            "kernel": nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
+            "layers": outcome.result()["layers"],
+            "report": report,
+        });
+        std::fs::write(&path, kept.to_string()).expect("write PYCELL_TEST_PROBE_REPORT");
+    }
     for p in &secret_paths {
         let _ = std::fs::remove_file(p);
     }

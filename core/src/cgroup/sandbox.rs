@@ -336,6 +336,16 @@ impl SandboxCgroup {
         Ok(())
     }
 
+    /// The processes in the cgroup (host pids; on v1, the memory hierarchy's).
+    pub fn processes(&self) -> Vec<Pid> {
+        fs::read_to_string(self.memory.join("cgroup.procs"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .map(Pid::from_raw)
+            .collect()
+    }
+
     /// SIGKILL every process in the cgroup.
     pub fn kill_all(&self) {
         kill_all_in(self.version, &self.memory, self.freezer.as_deref());

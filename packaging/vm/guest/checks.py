@@ -378,6 +378,70 @@ def limit_checks(prefix, opts, user):
             (f"{prefix}-timeout", timeout)]
 
 
+ESCAPE = f"{PAYLOAD}/escape"
+# Tests that do not apply when the runs go through pycelld, and why.
+DAEMON_SKIPS = {
+    "hardening": {
+        "a_sigkilled_jailer_takes_its_sandbox_and_cgroup_along":
+            "kills the jailer that an embedded pycell run started (pycelld's own SIGKILL checks: restart-clean)",
+        "bind_sources_a_less_trusted_user_could_change_are_refused":
+            "policy files by path are embedded mode's; pycelld runs installed policies only",
+    },
+}
+TEST_LINE = re.compile(r"^test (\S+) \.\.\. (ok|FAILED|ignored)$", re.M)
+
+
+def escape_tests(via, binaries):
+    """The host's escape tests (the same binaries, scripts/vm-test built
+    them) against the installed package on this kernel; `via` says how
+    their runs reach a jailer. Every test must pass, as on the host."""
+    report = f"/tmp/probe-report-{via}.json"
+    env = {
+        "PYCELL_BIN": "/usr/bin/pycell",
+        "PYCELL_TEST_REPO": f"{ESCAPE}/repo",
+        "PYCELL_TEST_VIA": via,
+        "PYCELL_TEST_PROBE_REPORT": report,
+        "PYCELL_SECCOMP_TRY": f"{ESCAPE}/bin/pycell-seccomp-try",
+        "PYCELL_SECCOMP_DIR": f"{ESCAPE}/repo/seccomp",
+        "RUST_BACKTRACE": "0",
+    }
+    counts, failed, notes = {}, [], []
+    for binary in binaries:
+        skips = DAEMON_SKIPS.get(binary, {}) if via == "daemon" else {}
+        args = [f"{ESCAPE}/bin/{binary}", "--test-threads=2"]
+        for name in skips:
+            args += ["--skip", name]
+        rc, out, err = sh(args, env=env, timeout=600)
+        results = TEST_LINE.findall(out)
+        counts[binary] = sum(1 for _, r in results if r == "ok")
+        bad = [name for name, r in results if r != "ok"]
+        failed += [f"{binary}::{name}" for name in bad]
+        if rc != 0 and not bad:
+            failed.append(f"{binary} exited {rc}")
+        if rc != 0:
+            for line in (out[-6000:] + err[-2000:]).splitlines():
+                log(f"{binary}: {line}")
+        notes += [f"{binary}::{name} left out ({why})" for name, why in skips.items()]
+    if os.path.exists(report):
+        with open(report) as f:
+            print(f"PROBE-REPORT {via} {f.read().strip()}", flush=True)
+    expect(not failed, f"{len(failed)} failed on this kernel: {', '.join(failed)}")
+    note = ", ".join(f"{b} {n}" for b, n in counts.items())
+    return f"{sum(counts.values())} tests passed ({note})" + (f"; {'; '.join(notes)}" if notes else "")
+
+
+def check_escape_embedded():
+    return escape_tests("embedded", ["probe_default", "hardening", "inheritance"])
+
+
+def check_escape_daemon():
+    return escape_tests("daemon", ["probe_default", "hardening", "inheritance"])
+
+
+def check_seccomp_filter():
+    return escape_tests("embedded", ["try_binary"])
+
+
 def check_security_score():
     rc, out, err = sh(["systemd-analyze", "security", "--no-pager", "pycelld.service"])
     m = re.search(r"Overall exposure level for pycelld\.service:\s*([0-9.]+)\s*(\w+)", out)
@@ -494,6 +558,26 @@ def check_hand_start():
     ok = wait_until(lambda: sh(["systemctl", "is-active", "pycelld.service"])[1].strip() == "active", 30)
     expect(ok, "pycelld.service did not come back")
     return "served on defaults, socket root:pycell 0660, removed on exit"
+
+
+def check_daemon_warm():
+    """The installed pycelld serves from its warm pool: a run takes a ready
+    member (its CPU clock restarted under the service's hardening, its
+    disk measured) once the pool has warmed up."""
+    code = "open('/workspace/f', 'wb').write(b'x' * 300000)\nprint(1)\n"
+    deadline = time.monotonic() + 90
+    tries = 0
+    while True:
+        tries += 1
+        rc, r, err = pycell_json(code, [], MEMBER)
+        expect(rc == 0 and r.get("status") == "ok", f"run {tries}: exit {rc}, {brief(r)}, {err[-300:]!r}")
+        if r.get("warm"):
+            break
+        expect(time.monotonic() < deadline, f"no run was warm in 90 s ({tries} runs); last {brief(r)}")
+        time.sleep(2)
+    disk = r.get("disk_used_bytes") or 0
+    expect(disk >= 300000, f"a warm run's disk_used_bytes is {disk}, want >= 300000")
+    return f"warm after {tries} run(s): {r.get('wall_ms'):.0f} ms, waited {r.get('warm_waited_ms') or 0:.0f} ms ready, disk {disk} bytes"
 
 
 def check_outsider_refused():
@@ -748,10 +832,12 @@ def main():
     checks = [("install", check_install), ("accounts", check_accounts), ("cgroup-v2", check_cgroup_v2)]
     checks += [("landlock-policy", check_landlock_policy)]
     checks += limit_checks("embedded", ["--embedded"], None)
+    checks += [("escape-embedded", check_escape_embedded), ("seccomp-filter", check_seccomp_filter)]
     checks += [("security-score", check_security_score)]
     if "daemon" in groups:
         checks += [("service-active", lambda: (make_users(), check_service_active())[1])]
         checks += limit_checks("daemon", [], MEMBER)
+        checks += [("daemon-warm", check_daemon_warm), ("escape-daemon", check_escape_daemon)]
         checks += [("daemon-outsider-refused", check_outsider_refused)]
         checks += [("daemon-cgroups-delegated", check_cgroups_delegated)]
         checks += [("daemon-egress", check_egress), ("daemon-deps", check_deps)]
