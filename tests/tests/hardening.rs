@@ -160,8 +160,11 @@ print(json.dumps({"queued_mib": queued >> 20}))
     let result = out.result();
     if result["status"] == "oom" {
         // cgroup v2 charges the buffers to memory.max itself: filling them
-        // ends in the OOM killer, within the limit. (v1's separate TCP limit
-        // makes the sends stop instead.)
+        // ends in the OOM killer. (v1's separate TCP limit makes the sends
+        // stop instead.) The network stack charges some socket memory even
+        // past the limit rather than drop it (seen on Debian 12's 6.1: 40
+        // KiB over), so a little slack; unaccounted buffers would have let
+        // the sends go far beyond it.
         assert_eq!(
             result["layers"]["cgroup"]["version"],
             "v2",
@@ -169,7 +172,10 @@ print(json.dumps({"queued_mib": queued >> 20}))
             out.describe()
         );
         let peak = result["peak_memory_bytes"].as_u64().unwrap_or(u64::MAX);
-        assert!(peak <= 64 << 20, "peak {peak} above the limit");
+        assert!(
+            peak <= (64 << 20) + (1 << 20),
+            "peak {peak}: more than 1 MiB above the 64 MiB limit"
+        );
         return;
     }
     let r = probe_report(&out);

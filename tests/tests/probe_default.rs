@@ -3,9 +3,10 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::TcpListener;
+use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener};
 use std::path::PathBuf;
@@ -13,7 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread;
 
-use pycell_tests::{at, compact, probe_path, probe_report, run_args, Outcome, Pycell};
+use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+use pycell_tests::{at, compact, probe_path, probe_report, repo_root, run_args, Outcome, Pycell};
 use serde_json::Value;
 
 struct ProbeRun {
@@ -25,7 +27,13 @@ struct ProbeRun {
     unix_accepted: Arc<AtomicBool>,
     secret_token: String,
     secret_paths: Vec<PathBuf>,
+    /// An fd pycell itself had open, inheritable, that must not reach the
+    /// jail; and a value in pycell's environment that must not either.
+    leaked_fd: String,
+    env_secret: &'static str,
 }
+
+const ENV_SECRET: &str = "xyz-pycell-test-secret-value";
 
 /// Host secrets the jail must not read. The files stay on disk (under
 /// target/tmp and /var/tmp) for the life of this test process.
@@ -92,8 +100,20 @@ fn run_probe() -> ProbeRun {
         script_args.push("--secret-path".into());
         script_args.push(p.display().to_string());
     }
+    // A pipe whose write end is deliberately inheritable (no FD_CLOEXEC):
+    // pycell gets it as an extra open fd and must not pass it on.
+    let (_read_end, write_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC).expect("pipe2");
+    fcntl(&write_end, FcntlArg::F_SETFD(FdFlag::empty())).expect("clear FD_CLOEXEC");
+    let leaked_fd = write_end.as_raw_fd().to_string();
+    script_args.push("--inherited-fd".into());
+    script_args.push(leaked_fd.clone());
     let script_args: Vec<&str> = script_args.iter().map(String::as_str).collect();
-    let outcome = Pycell::new(run_args(&probe_path(), &[], &script_args)).run();
+    let outcome = Pycell::new(run_args(&probe_path(), &[], &script_args))
+        .env("PYCELL_TEST_SECRET", ENV_SECRET)
+        .env("PYTHONPATH", "/work")
+        .env("LD_PRELOAD", "/nonexistent/pycell-test.so")
+        .run();
+    drop(write_end);
     let report = probe_report(&outcome);
     if let Some(path) = std::env::var_os("PYCELL_TEST_PROBE_REPORT") {
         // For comparing kernels (scripts/vm-test keeps the guest's).
@@ -114,6 +134,8 @@ fn run_probe() -> ProbeRun {
         unix_accepted,
         secret_token: token,
         secret_paths,
+        leaked_fd,
+        env_secret: ENV_SECRET,
     }
 }
 
@@ -658,4 +680,68 @@ fn security_and_trusted_xattrs_cannot_be_set() {
         });
     }
     f.finish("extended attributes");
+}
+
+/// The `[env]` table of the shipped default policy: the jail's whole
+/// environment.
+fn default_policy_env() -> BTreeMap<String, String> {
+    let path = repo_root().join("policies/default.toml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let mut env = BTreeMap::new();
+    let mut in_env = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_env = line == "[env]";
+            continue;
+        }
+        if !in_env || line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (k, v) = line
+            .split_once('=')
+            .unwrap_or_else(|| panic!("unexpected line in [env] of {}: {line}", path.display()));
+        let v = v.trim();
+        let v = v
+            .strip_prefix('"')
+            .and_then(|v| v.strip_suffix('"'))
+            .unwrap_or_else(|| panic!("[env] value is not a plain string: {line}"));
+        env.insert(k.trim().to_string(), v.to_string());
+    }
+    assert!(
+        env.contains_key("PATH"),
+        "no [env] PATH found in {}",
+        path.display()
+    );
+    env
+}
+
+#[test]
+fn inherited_fds_and_host_env_do_not_reach_the_jail() {
+    let run = probe();
+    let leaked_fd = &run.leaked_fd;
+    let probe_fd = at(report(), &format!("/inherited_fds/{leaked_fd}"));
+    assert_eq!(
+        probe_fd["ok"],
+        false,
+        "fd {leaked_fd}, open in pycell, is usable in the jail: {}",
+        compact(probe_fd, 300)
+    );
+    let env: BTreeMap<String, String> = at(report(), "/environ")
+        .as_object()
+        .expect("environ object")
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+        .collect();
+    assert_eq!(
+        env,
+        default_policy_env(),
+        "the jail's environment must be exactly the default policy's [env]"
+    );
+    assert!(
+        !run.outcome.stdout_str().contains(run.env_secret),
+        "the host env secret appears in the run's output:\n{}",
+        run.outcome.describe()
+    );
 }

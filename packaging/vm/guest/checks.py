@@ -431,11 +431,11 @@ def escape_tests(via, binaries):
 
 
 def check_escape_embedded():
-    return escape_tests("embedded", ["probe_default", "hardening", "inheritance"])
+    return escape_tests("embedded", ["probe_default", "hardening"])
 
 
 def check_escape_daemon():
-    return escape_tests("daemon", ["probe_default", "hardening", "inheritance"])
+    return escape_tests("daemon", ["probe_default", "hardening"])
 
 
 def check_seccomp_filter():
@@ -573,7 +573,9 @@ def check_daemon_warm():
         expect(rc == 0 and r.get("status") == "ok", f"run {tries}: exit {rc}, {brief(r)}, {err[-300:]!r}")
         if r.get("warm"):
             break
-        expect(time.monotonic() < deadline, f"no run was warm in 90 s ({tries} runs); last {brief(r)}")
+        if time.monotonic() >= deadline:
+            journal = sh(["journalctl", "-u", "pycelld.service", "--no-pager", "-n", "60"])[1]
+            raise CheckFailed(f"no run was warm in 90 s ({tries} runs); last {brief(r)}\n" + journal)
         time.sleep(2)
     disk = r.get("disk_used_bytes") or 0
     expect(disk >= 300000, f"a warm run's disk_used_bytes is {disk}, want >= 300000")
