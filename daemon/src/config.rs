@@ -151,17 +151,13 @@ fn slot_sized(concurrent: usize) -> (usize, usize) {
     )
 }
 
-/// This host's CPU count and RAM (MemTotal), as the defaults are sized.
+/// This host's CPU count and RAM, as the defaults are sized. RAM comes from
+/// sysinfo(2), not /proc/meminfo, which pycelld.service cannot read
+/// (`ProcSubset=pid`): a default memory_budget from a 1 GiB guess left the
+/// default warm pool without members on any host.
 pub fn host_resources() -> (usize, u64) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let memory = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
-            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kib * 1024)
-        })
-        .unwrap_or(1 << 30);
+    let memory = nix::sys::sysinfo::sysinfo().map_or(1 << 30, |s| s.ram_total());
     (cores, memory)
 }
 
