@@ -9,9 +9,10 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 
+use nix::fcntl::OFlag;
 use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::SignalFd;
@@ -263,21 +264,12 @@ impl RealSteps<'_> {
         let Some(channel) = self.disk_channel.take() else {
             return Ok(());
         };
-        let fail = |e: std::io::Error| {
+        send_workspace(channel.as_fd(), OFlag::O_PATH).map_err(|e| {
             StepError::new(
                 Step::Rootfs,
                 format!("handing /workspace to the jailer: {e}"),
             )
-        };
-        let dir = nix::fcntl::open(
-            WORKSPACE,
-            nix::fcntl::OFlag::O_PATH
-                | nix::fcntl::OFlag::O_DIRECTORY
-                | nix::fcntl::OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        )
-        .map_err(|e| fail(e.into()))?;
-        pycell_core::fdpass::send_with_fds(channel.as_fd(), b"w", &[dir.as_fd()]).map_err(fail)
+        })
     }
 
     /// For a spec that exports its workspace (the install jail): send a
@@ -290,21 +282,8 @@ impl RealSteps<'_> {
         else {
             return Ok(());
         };
-        let fail = |what: &str, e: std::io::Error| {
-            StepError::new(
-                Step::Loopback,
-                format!("handing out /workspace: {what}: {e}"),
-            )
-        };
-        let dir = nix::fcntl::open(
-            WORKSPACE,
-            nix::fcntl::OFlag::O_RDONLY
-                | nix::fcntl::OFlag::O_DIRECTORY
-                | nix::fcntl::OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        )
-        .map_err(|e| fail("open", e.into()))?;
-        syscall::send_fd(channel.as_fd(), dir.as_fd()).map_err(|e| fail("send", e))
+        send_workspace(channel.as_fd(), OFlag::O_RDONLY)
+            .map_err(|e| StepError::new(Step::Loopback, format!("handing out /workspace: {e}")))
     }
 
     /// With egress: listen on 127.0.0.1:PORT of the jail's loopback and send
@@ -345,6 +324,17 @@ impl RealSteps<'_> {
             Err(e) => Err(StepError::new(step, e.to_string())),
         }
     }
+}
+
+/// Open /workspace (`mode`: `O_PATH` or `O_RDONLY`) and send it, with one
+/// byte, on the unix socket `channel`.
+fn send_workspace(channel: BorrowedFd<'_>, mode: OFlag) -> std::io::Result<()> {
+    let dir = nix::fcntl::open(
+        WORKSPACE,
+        mode | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    syscall::send_fd(channel, dir.as_fd())
 }
 
 fn forwarded_and_child_mask() -> SigSet {

@@ -44,35 +44,41 @@ fn limit(code: FailureCode, message: String, hint: Option<&str>) -> Option<JailF
     })
 }
 
-/// Decide the run's outcome. `Err` means the code never ran (the jail
-/// failed to set up, or the program could not be executed).
-pub(crate) fn classify(seen: &Observed, limits: &JailLimits) -> Result<Outcome, JailFailure> {
-    let mut landlock = None;
-    let mut xattr_writes_refused = false;
+/// What the jail said: its layers once ready (Landlock, whether it refused
+/// xattr writes) and its last message after that. `Err` if it never got
+/// ready.
+fn ready_and_end(
+    seen: &Observed,
+) -> Result<((LandlockReport, bool), Option<&ChildMessage>), JailFailure> {
+    let mut ready = None;
     let mut ended = None;
     for m in &seen.messages {
         match m {
             ChildMessage::Ready {
-                landlock: l,
-                xattr_writes_refused: x,
-            } => {
-                landlock = Some(l.clone());
-                xattr_writes_refused = *x;
-            }
+                landlock,
+                xattr_writes_refused,
+            } => ready = Some((landlock.clone(), *xattr_writes_refused)),
             ChildMessage::SetupFailed(e) => return Err(e.failure()),
             _ => ended = Some(m),
         }
     }
-    let Some(landlock) = landlock else {
-        return Err(JailFailure::new(
+    let ready = ready.ok_or_else(|| {
+        JailFailure::new(
             FailureCode::JailSetupFailed,
             Layer::Jailer,
             format!(
                 "the jail ended before reporting ready (init: {})",
                 seen.init_status
             ),
-        ));
-    };
+        )
+    })?;
+    Ok((ready, ended))
+}
+
+/// Decide the run's outcome. `Err` means the code never ran (the jail
+/// failed to set up, or the program could not be executed).
+pub(crate) fn classify(seen: &Observed, limits: &JailLimits) -> Result<Outcome, JailFailure> {
+    let ((landlock, xattr_writes_refused), ended) = ready_and_end(seen)?;
     let (exit_code, signal) = match ended {
         Some(ChildMessage::Exited { code }) => (Some(*code), None),
         Some(ChildMessage::Signaled { signal }) => (None, Some(*signal)),
