@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use pycell_core::client::{daemon_socket, DaemonClient};
-use pycell_core::info::{DaemonInfo, HostInfo, LayerStatus, PolicySummary};
+use pycell_core::info::{DaemonInfo, HostInfo, LayerStatus, PolicySummary, WarmPoolStatus};
 use pycell_core::resolve::POLICY_DIR;
 
 /// The host's layers as the jailer measures them, plus what embedded mode needs.
@@ -58,6 +58,18 @@ fn print_policies(policies: &[PolicySummary], with_limits: bool) {
     }
 }
 
+fn print_warm_pools(pools: &[WarmPoolStatus]) {
+    if pools.is_empty() {
+        println!("  warm pools: none");
+    }
+    for p in pools {
+        println!(
+            "  warm pool {:?}: {} ready, {} warming up, of {}; jailers {:?}",
+            p.policy, p.ready, p.warming, p.size, p.jailer_pids
+        );
+    }
+}
+
 fn print_layers(layers: &[LayerStatus]) {
     println!("\nisolation layers on this host:");
     for l in layers {
@@ -100,6 +112,7 @@ fn print_daemon_info(socket: &Path, json: bool) -> Result<(), String> {
         "  connections: {} open; at most {}, {} per user",
         d.connections, d.max_connections, d.max_connections_per_uid
     );
+    print_warm_pools(&d.warm_pools);
     print_policies(&info.host.policies, true);
     print_layers(&info.host.layers);
     Ok(())

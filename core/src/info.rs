@@ -143,6 +143,26 @@ pub struct DaemonStatus {
     pub connections: usize,
     /// `START-END`.
     pub uid_range: String,
+    /// The warm pools (`warm_pools` in the config), as the monitor last
+    /// reported them.
+    #[serde(default)]
+    pub warm_pools: Vec<WarmPoolStatus>,
+}
+
+/// One warm pool: the jails pycelld keeps built ahead of runs of a policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmPoolStatus {
+    pub policy: String,
+    /// Members the pool keeps.
+    pub size: usize,
+    /// Members waiting for a run.
+    pub ready: usize,
+    /// Members still being built.
+    pub warming: usize,
+    /// The pids of every member's jailer (ready, warming or stopping),
+    /// each a child of pycelld's monitor: an idle member's processes are
+    /// its jailer's descendants.
+    pub jailer_pids: Vec<i32>,
 }
 
 /// Names of the policy files installed in `dir` (`NAME.toml`), sorted.

@@ -116,6 +116,10 @@ pub enum ToBroker {
     Exited {
         run_id: String,
     },
+    /// The warm pools changed (members started, ready, taken or gone).
+    WarmPools {
+        pools: Vec<pycell_core::info::WarmPoolStatus>,
+    },
     /// The first message, with the listening socket attached, and the
     /// configuration's text: the broker parses what the monitor read (a
     /// missing default file is the empty text, the defaults), never a file
@@ -274,6 +278,7 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
         envs,
         builds: HashMap::new(),
         pools,
+        pools_reported: Vec::new(),
         broker_pid,
         broker_alive: true,
         stopping_since: None,
@@ -397,6 +402,8 @@ struct Monitor {
     builds: HashMap<i32, Build>,
     /// Warm jails waiting for runs.
     pools: Pools,
+    /// What the broker was last told of them.
+    pools_reported: Vec<pycell_core::info::WarmPoolStatus>,
     broker_pid: Pid,
     broker_alive: bool,
     stopping_since: Option<Instant>,
@@ -558,6 +565,16 @@ impl Monitor {
         self.pools.retire_idle();
         let store = self.envs.as_ref().ok().map(|(s, _)| s);
         self.pools.refill(&self.launcher, store);
+        self.report_pools();
+    }
+
+    /// Tell the broker how the pools stand, if that changed.
+    fn report_pools(&mut self) {
+        let now = self.pools.status();
+        if now != self.pools_reported {
+            self.send(&ToBroker::WarmPools { pools: now.clone() });
+            self.pools_reported = now;
+        }
     }
 
     /// A broker that sends what it must not, stalls inside a frame or

@@ -19,6 +19,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use pycell_core::deps::{self, store::EnvInUse, store::EnvStore};
 use pycell_core::events::{read_event, Event};
+use pycell_core::info::WarmPoolStatus;
 use pycell_core::launch::{JailerStderr, Launched, Launcher, PolicyChoice};
 use pycell_core::resolve::Extras;
 use pycell_core::result::{CacheOutcome, EnvReport};
@@ -294,6 +295,11 @@ impl Pools {
         self.members().map(|(pid, _)| *pid).collect()
     }
 
+    /// Each pool's size, members and their jailers, for `pycell info`.
+    pub fn status(&self) -> Vec<WarmPoolStatus> {
+        self.pools.iter().map(Pool::status).collect()
+    }
+
     /// A ready member of `policy` whose jail is exactly `cold` (the run's
     /// own resolved spec), given the run's work; None if there is none or
     /// the member would not take the work (it is then stopped).
@@ -327,6 +333,20 @@ impl Pools {
 }
 
 impl Pool {
+    fn status(&self) -> WarmPoolStatus {
+        let count =
+            |pred: fn(&State) -> bool| self.members.values().filter(|m| pred(&m.state)).count();
+        let mut jailer_pids: Vec<i32> = self.members.keys().copied().collect();
+        jailer_pids.sort_unstable();
+        WarmPoolStatus {
+            policy: self.plan.policy.clone(),
+            size: self.plan.members,
+            ready: count(|s| matches!(s, State::Ready { .. })),
+            warming: count(|s| *s == State::WarmingUp),
+            jailer_pids,
+        }
+    }
+
     fn has_ready(&self) -> bool {
         self.members
             .values()

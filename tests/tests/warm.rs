@@ -324,3 +324,62 @@ fn killing_pycelld_takes_its_warm_jails_along() {
     d.wait(Duration::from_secs(5));
     d.assert_sandbox_gone(Duration::from_secs(15));
 }
+
+/// The pools as `pycell info` shows them, once `ready` members are ready.
+fn pools_when_ready(d: &Daemon, ready: usize) -> pycell_core::info::WarmPoolStatus {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let pools = d.client().info().unwrap().daemon.warm_pools;
+        assert_eq!(pools.len(), 1, "{pools:?}");
+        if pools[0].ready == ready && pools[0].jailer_pids.len() == ready {
+            return pools[0].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{ready} members never ready: {pools:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn pycell_info_shows_each_pool_and_its_members_jailers() {
+    let d = Daemon::start("warm_pools = { default = 2 }\n");
+    let pool = pools_when_ready(&d, 2);
+    assert_eq!(
+        (pool.policy.as_str(), pool.size, pool.warming),
+        ("default", 2, 0)
+    );
+    let procs = pycell_tests::host_processes();
+    let parent = |pid: u32| procs.iter().find(|p| p.pid == pid).map(|p| p.ppid);
+    for jailer in &pool.jailer_pids {
+        assert_eq!(
+            parent(*jailer as u32),
+            Some(d.pid() as u32),
+            "jailer {jailer}"
+        );
+    }
+    // Every sandbox process is an idle member's: a jailer's descendant.
+    let in_member = |mut pid: u32| loop {
+        match parent(pid) {
+            Some(p) if pool.jailer_pids.contains(&(p as i32)) => return true,
+            Some(p) if p > 1 => pid = p,
+            _ => return false,
+        }
+    };
+    let sandbox = d.sandbox_processes();
+    assert_eq!(
+        sandbox.len(),
+        2 * 2,
+        "init and python per member: {sandbox:?}"
+    );
+    assert!(sandbox.iter().all(|p| in_member(p.pid)), "{sandbox:?}");
+    // A member taken by a run leaves the pool; a new one replaces it.
+    warm_daemon_run(&d, &request("pass"));
+    let after = pools_when_ready(&d, 2);
+    let kept = after
+        .jailer_pids
+        .iter()
+        .filter(|p| pool.jailer_pids.contains(p));
+    assert_eq!(kept.count(), 1, "before {pool:?}, after {after:?}");
+}

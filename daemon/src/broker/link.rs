@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pycell_core::framing;
+use pycell_core::info::WarmPoolStatus;
 use pycell_core::protocol::RunRequest;
 use tokio::sync::mpsc;
 
@@ -18,6 +19,7 @@ use crate::sockets;
 /// A reply of the monitor and the descriptors that came with it.
 pub(crate) type Reply = (ToBroker, Vec<OwnedFd>);
 type Pending = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Reply>>>>;
+type Pools = Arc<Mutex<Vec<WarmPoolStatus>>>;
 
 /// The broker's connection to the monitor.
 #[derive(Debug)]
@@ -25,6 +27,8 @@ pub(crate) struct MonitorLink {
     writer: Mutex<StdUnixStream>,
     pending: Pending,
     next_req: AtomicU64,
+    /// The warm pools as the monitor last reported them.
+    pools: Pools,
 }
 
 impl MonitorLink {
@@ -34,13 +38,20 @@ impl MonitorLink {
     pub(crate) fn start(stream: StdUnixStream) -> std::io::Result<Arc<MonitorLink>> {
         let reader = stream.try_clone()?;
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
-        let routes = Arc::clone(&pending);
-        std::thread::spawn(move || route_replies(reader, routes));
+        let pools: Pools = Arc::default();
+        let (routes, reported) = (Arc::clone(&pending), Arc::clone(&pools));
+        std::thread::spawn(move || route_replies(reader, routes, reported));
         Ok(Arc::new(MonitorLink {
             writer: Mutex::new(stream),
             pending,
             next_req: AtomicU64::new(1),
+            pools,
         }))
+    }
+
+    /// The warm pools as the monitor last reported them.
+    pub(crate) fn warm_pools(&self) -> Vec<WarmPoolStatus> {
+        self.pools.lock().map(|p| p.clone()).unwrap_or_default()
     }
 
     pub(crate) fn send(&self, msg: &ToMonitor) -> Result<(), String> {
@@ -100,8 +111,9 @@ pub(crate) fn read_monitor_frame(
     Ok((msg, fds))
 }
 
-/// Read frames from the monitor; route replies to the waiting runs.
-fn route_replies(mut stream: StdUnixStream, pending: Pending) {
+/// Read frames from the monitor; route replies to the waiting runs, keep
+/// the pools' status.
+fn route_replies(mut stream: StdUnixStream, pending: Pending, pools: Pools) {
     loop {
         let (msg, fds) = match read_monitor_frame(&mut stream) {
             Ok(m) => m,
@@ -119,6 +131,12 @@ fn route_replies(mut stream: StdUnixStream, pending: Pending) {
             ToBroker::Spawned { req, .. }
             | ToBroker::Refused { req, .. }
             | ToBroker::Failed { req, .. } => (*req, true),
+            ToBroker::WarmPools { pools: now } => {
+                if let Ok(mut p) = pools.lock() {
+                    *p = now.clone();
+                }
+                continue;
+            }
             ToBroker::Exited { .. } | ToBroker::Handoff { .. } => continue,
         };
         let Ok(mut p) = pending.lock() else { continue };

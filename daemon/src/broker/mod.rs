@@ -223,6 +223,7 @@ impl Broker {
                 max_connections_per_uid: c.max_connections_per_uid,
                 connections: self.connections.count(),
                 uid_range: format!("{}-{}", c.uid_range.start(), c.uid_range.end()),
+                warm_pools: self.link.warm_pools(),
             },
         }
     }

@@ -135,9 +135,9 @@ def brief(result):
 
 # ------------------------------------------------------------ host inspection
 
-def sandbox_processes():
-    """Host processes running under a sandbox uid."""
-    found = []
+def host_processes():
+    """pid -> (ppid, name, uids) for every process on the host."""
+    table = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -146,11 +146,39 @@ def sandbox_processes():
                 status = f.read()
         except OSError:
             continue
-        m = re.search(r"^Uid:\s+(\d+)\s+(\d+)\s+(\d+)", status, re.M)
-        if m and any(int(u) in SANDBOX_UIDS for u in m.groups()):
-            name = re.search(r"^Name:\s+(.*)$", status, re.M)
-            found.append(f"{pid}({name.group(1) if name else '?'}, uid {m.group(1)})")
-    return found
+        fields = dict(re.findall(r"^(PPid|Name|Uid):\s+(.*)$", status, re.M))
+        if len(fields) == 3:
+            table[int(pid)] = (int(fields["PPid"]), fields["Name"], [int(u) for u in fields["Uid"].split()])
+    return table
+
+
+def warm_members(table):
+    """The processes of pycelld's warm-pool members: the descendants of the
+    jailers `pycell info` lists, each of which must be a child of pycelld.
+    Between runs these, and only these, run under sandbox uids. Without an
+    answer from pycelld there are none (every sandbox process counts)."""
+    try:
+        rc, out, _ = sh(["pycell", "info", "--json"])
+        pools = json.loads(out)["daemon"]["warm_pools"] if rc == 0 else []
+    except (OSError, ValueError, KeyError):  # not installed, no pycelld
+        pools = []
+    parent_name = lambda pid: table.get(table.get(pid, (0,))[0], (0, ""))[1]
+    members = {j for p in pools for j in p["jailer_pids"] if parent_name(j) == "pycelld"}
+    grown = True
+    while grown:
+        more = {pid for pid, (ppid, _, _) in table.items() if ppid in members} - members
+        members |= more
+        grown = bool(more)
+    return members
+
+
+def sandbox_processes():
+    """Host processes running under a sandbox uid, other than idle warm-pool
+    members."""
+    table = host_processes()
+    members = warm_members(table)
+    return [f"{pid}({name}, uid {uids[0]})" for pid, (_, name, uids) in sorted(table.items())
+            if any(u in SANDBOX_UIDS for u in uids) and pid not in members]
 
 
 def ours(text):
@@ -160,12 +188,25 @@ def ours(text):
 
 
 def run_cgroups():
-    """Per-run cgroup directories anywhere in the v2 hierarchy (pycell-<uid>-<run>)."""
+    """Per-run cgroup directories anywhere in the v2 hierarchy
+    (pycell-<uid>-<run>), other than those of idle warm-pool members."""
+    table = host_processes()
+    members = set()
+    for pid in warm_members(table):
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                lines = [line.split(":", 2) for line in f.read().splitlines()]
+        except OSError:
+            continue
+        for _, controllers, path in lines:
+            for c in controllers.split(",") if controllers else [""]:
+                members.add(os.path.normpath(f"/sys/fs/cgroup/{c}/{path}"))
     found = []
     for dirpath, dirnames, _ in os.walk("/sys/fs/cgroup"):
         for d in dirnames:
-            if re.match(r"pycell-\d+-", d):
-                found.append(os.path.join(dirpath, d))
+            path = os.path.join(dirpath, d)
+            if re.match(r"pycell-\d+-", d) and not any(m == path or m.startswith(path + "/") for m in members):
+                found.append(path)
     return found
 
 
