@@ -200,6 +200,13 @@ impl Daemon {
         }
     }
 
+    /// The directories of the daemon's cgroup parent, in every hierarchy.
+    pub fn cgroup_parent_dirs(&self) -> Vec<PathBuf> {
+        crate::find_cgroups_named(&self.cgroup_parent)
+            .into_iter()
+            .collect()
+    }
+
     pub fn daemon_cgroups(&self) -> Vec<PathBuf> {
         find_cgroups(|name| name.starts_with("pycell-"))
             .into_iter()

@@ -248,6 +248,7 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
         layout.adopt_own_subtree(crate::config::SUPERVISOR_CGROUP, &config.cgroup_parent)?;
     // Leftovers of an earlier instance that was killed: nothing of ours runs yet.
     layout.remove_stale(&cgroup_parent, "pycell-");
+    let created_cgroups = layout.missing_dirs(&cgroup_parent);
     let launcher = Launcher {
         policy_dir: config.policy_dir.clone(),
         uid_range: config.uid_range.clone(),
@@ -272,6 +273,7 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
     let mut m = Monitor {
         config,
         layout,
+        created_cgroups,
         launcher,
         link,
         runs: HashMap::new(),
@@ -391,6 +393,9 @@ fn start_broker(
 struct Monitor {
     config: Config,
     layout: CgroupLayout,
+    /// The run cgroups' parent directories this instance made (removed
+    /// when it stops).
+    created_cgroups: Vec<PathBuf>,
     /// Prepares and starts runs (the launch path every mode shares).
     launcher: Launcher,
     link: UnixStream,
@@ -975,6 +980,7 @@ impl Monitor {
         let _ = waitpid(self.broker_pid, Some(WaitPidFlag::WNOHANG));
         self.layout
             .remove_stale(&self.launcher.cgroup_parent, "pycell-");
+        self.layout.remove_created(&self.created_cgroups);
         // systemd's socket stays for the next instance (clients wait in
         // its backlog); our own goes with us.
         if let listen::Origin::Bound = self.origin {

@@ -526,6 +526,7 @@ fn sigterm_lets_running_runs_finish_then_exits() {
     // daemon to stop.
     rx.recv_timeout(Duration::from_secs(20))
         .expect("the run started");
+    assert!(!d.cgroup_parent_dirs().is_empty(), "no cgroup parent seen");
     d.signal(nix::sys::signal::Signal::SIGTERM);
     std::thread::sleep(Duration::from_millis(300));
     // No new runs while draining.
@@ -541,6 +542,11 @@ fn sigterm_lets_running_runs_finish_then_exits() {
     assert!(status.success(), "pycelld exit: {status:?}\n{}", d.log());
     assert!(!Path::new(&d.socket()).exists(), "the socket is removed");
     assert!(d.daemon_cgroups().is_empty());
+    let parents = d.cgroup_parent_dirs();
+    assert!(
+        parents.is_empty(),
+        "the cgroup parent it made stays: {parents:?}"
+    );
 }
 
 #[test]

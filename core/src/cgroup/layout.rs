@@ -190,6 +190,32 @@ impl CgroupLayout {
         }
     }
 
+    /// The directories of `parent`, and of its ancestors, that do not exist
+    /// yet in any hierarchy, outermost first: the ones runs under `parent`
+    /// will create. Give them to [`Self::remove_created`] when done, so that
+    /// what was there before (a parent an operator set limits on) stays.
+    pub fn missing_dirs(&self, parent: &str) -> Vec<PathBuf> {
+        let mut missing = Vec::new();
+        for base in self.bases() {
+            let mut dir = base.to_path_buf();
+            for seg in parent.split('/').filter(|s| !s.is_empty()) {
+                dir.push(seg);
+                if !dir.exists() {
+                    missing.push(dir.clone());
+                }
+            }
+        }
+        missing
+    }
+
+    /// Remove the directories [`Self::missing_dirs`] listed, deepest first,
+    /// where they are empty (cgroups still in use stay).
+    pub fn remove_created(&self, dirs: &[PathBuf]) {
+        let mut dirs = dirs.to_vec();
+        dirs.sort_by_key(|d| d.components().count());
+        files::remove_dirs(&dirs);
+    }
+
     /// Remove cgroups under `parent` whose names start with `prefix`, killing
     /// anything still in them. Only call this for a prefix nobody else can be
     /// using (pycell uses the sandbox uid, whose lease the caller holds): they
@@ -355,5 +381,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("other processes too (pids 1)"), "{e}");
+    }
+
+    #[test]
+    fn only_the_parent_dirs_a_daemon_created_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        fs::create_dir_all(b.join("pycelld")).unwrap();
+        let l = CgroupLayout::V1 {
+            memory: a.clone(),
+            pids: b.clone(),
+            cpu: a.clone(),
+            cpuacct: a.clone(),
+            freezer: b.clone(),
+        };
+        // pycelld/runs: both new under a, only runs under b (an operator
+        // made b/pycelld, with limits of its own, say).
+        let missing = l.missing_dirs("pycelld/runs");
+        assert!(missing.contains(&a.join("pycelld")) && missing.contains(&a.join("pycelld/runs")));
+        assert!(!missing.contains(&b.join("pycelld")), "{missing:?}");
+        assert!(missing.contains(&b.join("pycelld/runs")));
+        for d in &missing {
+            fs::create_dir_all(d).unwrap();
+        }
+        fs::create_dir(b.join("pycelld/runs/busy")).unwrap();
+        l.remove_created(&missing);
+        assert!(!a.join("pycelld").exists());
+        assert!(
+            b.join("pycelld/runs/busy").exists(),
+            "a directory in use stays"
+        );
     }
 }
