@@ -221,5 +221,6 @@ impl Drop for Daemon {
             let _ = c.kill();
             let _ = c.wait();
         }
+        crate::remove_cgroup_parent(&self.cgroup_parent, Duration::from_secs(5));
     }
 }

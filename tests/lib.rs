@@ -640,3 +640,21 @@ pub fn find_cgroups(pred: impl Fn(&str) -> bool) -> BTreeSet<PathBuf> {
 pub fn find_cgroups_named(name: &str) -> BTreeSet<PathBuf> {
     find_cgroups(|n| n == name)
 }
+
+/// Remove the (empty) cgroup directories named `name` that a test's
+/// daemon left when it was SIGKILLed, waiting up to `within` for its
+/// jailers to remove their runs' cgroups first. Directories still in use
+/// stay.
+pub fn remove_cgroup_parent(name: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let left: Vec<PathBuf> = find_cgroups_named(name)
+            .into_iter()
+            .filter(|d| fs::remove_dir(d).is_err())
+            .collect();
+        if left.is_empty() || Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
