@@ -13,6 +13,7 @@ use pycell_core::result::{CacheOutcome, EnvReport};
 
 use crate::cli::{EnvArgs, EnvBuildArgs, EnvCommand};
 use crate::run::{ensure_here, forwarded_signals, listed_dependencies, read_code};
+use crate::say::say;
 
 pub fn main(args: &EnvArgs) -> i32 {
     let store = open_store(args.store.as_deref());
@@ -57,13 +58,13 @@ fn line(e: &EnvEntry) -> String {
 fn list(store: &EnvStore, json: bool) -> Result<(), String> {
     let envs = store.list();
     if json {
-        println!(
+        say!(
             "{}",
             serde_json::to_string(&envs).map_err(|e| e.to_string())?
         );
     } else {
         for e in &envs {
-            println!("{}", line(e));
+            say!("{}", line(e));
         }
     }
     Ok(())
@@ -73,7 +74,7 @@ fn gc(store: &EnvStore, max_size: &str, max_age: &str) -> Result<(), String> {
     let size = pycell_policy::parse_size(max_size).map_err(|e| format!("--max-size: {e}"))?;
     let age = pycell_policy::parse_duration(max_age).map_err(|e| format!("--max-age: {e}"))?;
     for e in store.gc(size, age) {
-        println!("removed {}", line(&e));
+        say!("removed {}", line(&e));
     }
     Ok(())
 }
@@ -92,7 +93,7 @@ fn rm(store: &EnvStore, keys: &[String]) -> Result<(), String> {
             ));
         };
         store.remove(&one.meta.key)?;
-        println!("removed {}", one.meta.key);
+        say!("removed {}", one.meta.key);
     }
     Ok(())
 }
@@ -111,14 +112,14 @@ fn build_main(args: &EnvBuildArgs, store: Result<EnvStore, JailFailure>) -> i32 
     };
     if args.json {
         match serde_json::to_string(&outcome) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => say!("{s}"),
             Err(e) => eprintln!("pycell: {e}"),
         }
     }
     match outcome {
         BuildOutcome::Ready { env } => {
             if !args.json {
-                println!("{}", ready_line(&env));
+                say!("{}", ready_line(&env));
             }
             0
         }

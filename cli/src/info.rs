@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use crate::say::say;
 use pycell_core::client::{daemon_socket, DaemonClient};
 use pycell_core::info::{DaemonInfo, HostInfo, LayerStatus, PolicySummary, WarmPoolStatus};
 use pycell_core::resolve::POLICY_DIR;
@@ -34,7 +35,7 @@ pub fn collect_with_mode(mode: String) -> HostInfo {
 }
 
 fn print_policies(policies: &[PolicySummary], with_limits: bool) {
-    println!("\npolicies:");
+    say!("\npolicies:");
     for p in policies {
         let (l, m) = (&p.limits, &p.max);
         let detail = match with_limits {
@@ -49,7 +50,7 @@ fn print_policies(policies: &[PolicySummary], with_limits: bool) {
             ),
             false => p.source.clone(),
         };
-        println!(
+        say!(
             "  {:<14} {} [network: {}; {detail}]",
             p.name,
             p.description,
@@ -60,21 +61,25 @@ fn print_policies(policies: &[PolicySummary], with_limits: bool) {
 
 fn print_warm_pools(pools: &[WarmPoolStatus]) {
     if pools.is_empty() {
-        println!("  warm pools: none");
+        say!("  warm pools: none");
     }
     for p in pools {
-        println!(
+        say!(
             "  warm pool {:?}: {} ready, {} warming up, of {}; jailers {:?}",
-            p.policy, p.ready, p.warming, p.size, p.jailer_pids
+            p.policy,
+            p.ready,
+            p.warming,
+            p.size,
+            p.jailer_pids
         );
     }
 }
 
 fn print_layers(layers: &[LayerStatus]) {
-    println!("\nisolation layers on this host:");
+    say!("\nisolation layers on this host:");
     for l in layers {
         let ok = if l.available { "yes" } else { "NO" };
-        println!("  {:<16} {:<4} {}", l.layer, ok, l.detail);
+        say!("  {:<16} {:<4} {}", l.layer, ok, l.detail);
     }
 }
 
@@ -85,32 +90,38 @@ fn print_daemon_info(socket: &Path, json: bool) -> Result<(), String> {
         .and_then(|mut c| c.info())
         .map_err(|e| e.to_string())?;
     if json {
-        println!(
+        say!(
             "{}",
             serde_json::to_string_pretty(&info).unwrap_or_default()
         );
         return Ok(());
     }
     let d = &info.daemon;
-    println!(
+    say!(
         "pycelld {} (daemon mode, {})",
         info.host.version,
         socket.display()
     );
-    println!(
+    say!(
         "  runs: {} going, {} waiting; at most {} at once, {} per user; sandbox uids {}",
-        d.active_runs, d.queued_runs, d.max_concurrent_runs, d.max_runs_per_uid, d.uid_range
+        d.active_runs,
+        d.queued_runs,
+        d.max_concurrent_runs,
+        d.max_runs_per_uid,
+        d.uid_range
     );
-    println!(
+    say!(
         "  queue: at most {} waiting, each for at most {} s; memory budget {} MiB ({} MiB admitted)",
         d.max_queued_runs,
         d.queue_wait_s,
         d.memory_budget_bytes >> 20,
         d.memory_admitted_bytes >> 20
     );
-    println!(
+    say!(
         "  connections: {} open; at most {}, {} per user",
-        d.connections, d.max_connections, d.max_connections_per_uid
+        d.connections,
+        d.max_connections,
+        d.max_connections_per_uid
     );
     print_warm_pools(&d.warm_pools);
     print_policies(&info.host.policies, true);
@@ -128,16 +139,16 @@ pub fn main(json: bool) -> i32 {
     }
     let info = collect_with_mode(mode_name(socket.as_deref()));
     if json {
-        println!(
+        say!(
             "{}",
             serde_json::to_string_pretty(&info).unwrap_or_default()
         );
         return 0;
     }
-    println!("pycell {} ({} mode)", info.version, info.mode);
+    say!("pycell {} ({} mode)", info.version, info.mode);
     print_policies(&info.policies, false);
     for p in &info.policy_problems {
-        println!("  {:<14} DOES NOT LOAD: {}", p.name, p.message);
+        say!("  {:<14} DOES NOT LOAD: {}", p.name, p.message);
     }
     print_layers(&info.layers);
     0

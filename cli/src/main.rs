@@ -17,6 +17,7 @@ mod info;
 mod mcp_server;
 mod policy_cmd;
 mod run;
+mod say;
 
 use clap::Parser;
 

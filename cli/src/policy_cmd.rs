@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use crate::say::say;
 use pycell_policy::Policy;
 
 pub fn check(files: &[PathBuf]) -> i32 {
@@ -9,7 +10,7 @@ pub fn check(files: &[PathBuf]) -> i32 {
     for f in files {
         match Policy::load(f) {
             Ok(p) => match pycell_seccomp::compile(&p.seccomp_profile) {
-                Ok(_) => println!("{}: ok (policy {})", f.display(), p.name),
+                Ok(_) => say!("{}: ok (policy {})", f.display(), p.name),
                 Err(e) => {
                     failed = true;
                     eprintln!("{}: seccomp.profile: {e}", f.display());

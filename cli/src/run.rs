@@ -33,6 +33,7 @@ use pycell_egress::{Egress, EgressConfig};
 use pycell_policy::Policy;
 
 use crate::cli::RunArgs;
+use crate::say::say;
 
 /// Largest script or stdin we accept from the command line.
 const MAX_INPUT: u64 = pycell_core::protocol::MAX_CODE_BYTES as u64;
@@ -176,7 +177,7 @@ fn prepare_embedded(args: &RunArgs) -> Result<Prepared, JailFailure> {
 pub fn print_spec(args: &RunArgs) -> i32 {
     match prepare_embedded(args) {
         Ok(p) => {
-            println!(
+            say!(
                 "{}",
                 serde_json::to_string_pretty(p.spec()).unwrap_or_default()
             );
@@ -502,7 +503,7 @@ fn stop_requested(signals: &SignalFd) -> bool {
 pub fn emit(json: bool, r: &RunResult) {
     if json {
         match serde_json::to_string(r) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => say!("{s}"),
             Err(e) => eprintln!("pycell: cannot encode the result: {e}"),
         }
         return;

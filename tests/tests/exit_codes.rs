@@ -119,3 +119,19 @@ fn script_args_reach_sys_argv() {
         out.describe()
     );
 }
+
+#[test]
+fn a_reader_that_went_away_ends_pycell_info_quietly() {
+    // `pycell info | head -1`, with head gone before pycell writes.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(pycell_tests::pycell_bin())
+        .arg("info")
+        .env("PYCELL_SOCKET", "")
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
