@@ -139,20 +139,22 @@ pub(crate) fn cpu_clock_from_now(
     (soft, soft.saturating_add(1).min(hard_now))
 }
 
+/// Field `n` (numbered from 1, as in proc(5)) of a `/proc/PID/stat` line,
+/// parsed; the command (field 2) may hold spaces and parentheses.
+fn stat_field<T: std::str::FromStr>(stat: &str, n: usize) -> Option<T> {
+    // What follows the command's last `)` starts at field 3 (state).
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(n.checked_sub(3)?)?.parse().ok()
+}
+
 /// utime + stime (fields 14 and 15) of a `/proc/PID/stat` line.
 pub(crate) fn cpu_ticks(stat: &str) -> Option<u64> {
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // `rest` starts at field 3 (state).
-    let utime: u64 = fields.get(14 - 3)?.parse().ok()?;
-    let stime: u64 = fields.get(15 - 3)?.parse().ok()?;
-    Some(utime + stime)
+    Some(stat_field::<u64>(stat, 14)? + stat_field::<u64>(stat, 15)?)
 }
 
 /// The parent pid (field 4) of a `/proc/PID/stat` line.
 pub(crate) fn parent_pid(stat: &str) -> Option<i32> {
-    let rest = stat.rsplit_once(')')?.1;
-    rest.split_whitespace().nth(4 - 3)?.parse().ok()
+    stat_field(stat, 4)
 }
 
 #[cfg(test)]

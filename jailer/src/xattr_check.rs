@@ -6,7 +6,7 @@
 //! kernels skip that check. On Debian 12's 6.1 the BPF LSM answers the
 //! `inode_setxattr` hook with 0, and the capability check only runs when no
 //! LSM answered. The jail's init asks its own kernel, as the program will
-//! run (no capabilities left, on the jail's /tmp), and where the answer is
+//! run (no capabilities left, in the jail's /workspace), and where the answer is
 //! anything but `EPERM` the seccomp filter refuses every xattr write
 //! ([`pycell_seccomp::KernelGap::SecurityXattrs`]); seccomp cannot read the
 //! attribute's name, so `user.*` goes too on such a kernel.

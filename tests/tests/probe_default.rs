@@ -682,33 +682,22 @@ fn security_and_trusted_xattrs_cannot_be_set() {
     f.finish("extended attributes");
 }
 
-/// The `[env]` table of the shipped default policy: the jail's whole
-/// environment.
+/// The `[env]` table of the shipped default policy (the jail's whole
+/// environment), read with a plain TOML parser rather than pycell's own
+/// policy loader, which the test would then only agree with.
 fn default_policy_env() -> BTreeMap<String, String> {
     let path = repo_root().join("policies/default.toml");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let mut env = BTreeMap::new();
-    let mut in_env = false;
-    for line in text.lines() {
-        let line = line.trim();
-        if line.starts_with('[') {
-            in_env = line == "[env]";
-            continue;
-        }
-        if !in_env || line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (k, v) = line
-            .split_once('=')
-            .unwrap_or_else(|| panic!("unexpected line in [env] of {}: {line}", path.display()));
-        let v = v.trim();
-        let v = v
-            .strip_prefix('"')
-            .and_then(|v| v.strip_suffix('"'))
-            .unwrap_or_else(|| panic!("[env] value is not a plain string: {line}"));
-        env.insert(k.trim().to_string(), v.to_string());
-    }
+    let doc: toml::Table = text
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let env: BTreeMap<String, String> = doc
+        .get("env")
+        .cloned()
+        .unwrap_or_else(|| panic!("no [env] in {}", path.display()))
+        .try_into()
+        .unwrap_or_else(|e| panic!("[env] of {}: {e}", path.display()));
     assert!(
         env.contains_key("PATH"),
         "no [env] PATH found in {}",

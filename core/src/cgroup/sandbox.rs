@@ -338,10 +338,8 @@ impl SandboxCgroup {
 
     /// The processes in the cgroup (host pids; on v1, the memory hierarchy's).
     pub fn processes(&self) -> Vec<Pid> {
-        fs::read_to_string(self.memory.join("cgroup.procs"))
-            .unwrap_or_default()
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
+        files::pids(&self.memory.join("cgroup.procs"))
+            .into_iter()
             .map(Pid::from_raw)
             .collect()
     }
