@@ -9,7 +9,7 @@ use std::process::{Child, Command};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use pycell_core::client::DaemonClient;
+use pycell_protocol::client::DaemonClient;
 
 use crate::{as_test_daemon, find_cgroups, pycelld_bin, require_root};
 

@@ -2,7 +2,7 @@
 //!
 //! With a pycelld socket the daemon runs them (no privilege needed here).
 //! Without one (embedded mode, as root) each run takes the one launch path
-//! of `pycell_core::launch`: the request is resolved under its policy, a
+//! of `pycell_launch::launcher`: the request is resolved under its policy, a
 //! sandbox uid leased, and the single-threaded `pycell-jailer` started with
 //! the spec on its stdin (this process is a multi-threaded tokio program and
 //! never builds a jail itself); its events are decoded and collected into
@@ -31,21 +31,21 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use pycell_core::client::{daemon_socket, ClientError, Stage};
-use pycell_core::codes::{FailureCode, Layer};
-use pycell_core::deps::build::Ensured;
-use pycell_core::events::{read_event_async, Stream};
-pub use pycell_core::launch::RequestError;
-use pycell_core::launch::{
+use pycell_deps::build::Ensured;
+use pycell_egress::{Egress, EgressConfig};
+use pycell_host::uidalloc::UidLease;
+use pycell_launch::events::{read_event_async, Stream};
+pub use pycell_launch::launcher::RequestError;
+use pycell_launch::launcher::{
     append_capped, Collector, JailerEnd, JailerStderr, LaunchError, LaunchedAsync, Launcher,
     PolicyChoice, Prepared, JAILER_STDERR_CAP,
 };
-use pycell_core::protocol::{ErrorCode, RunRequest};
-use pycell_core::report::JailFailure;
-use pycell_core::resolve::Extras;
-use pycell_core::result::RunResult;
-use pycell_core::uidalloc::UidLease;
-use pycell_egress::{Egress, EgressConfig};
+use pycell_launch::resolve::Extras;
+use pycell_protocol::client::{daemon_socket, ClientError, Stage};
+use pycell_protocol::messages::{ErrorCode, RunRequest};
+use pycell_protocol::result::RunResult;
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::report::JailFailure;
 
 /// Sandboxes one server runs at once; further calls wait for a slot. Each
 /// sandbox is bounded by its policy, but a client firing calls in parallel
@@ -213,13 +213,13 @@ impl Backend {
         };
         // The blocking client on a worker thread; each connection it makes
         // leaves its canceller here for `cancel`.
-        let canceller: Arc<std::sync::Mutex<Option<pycell_core::client::Canceller>>> =
+        let canceller: Arc<std::sync::Mutex<Option<pycell_protocol::client::Canceller>>> =
             Arc::default();
         let slot = Arc::clone(&canceller);
         let (tx, mut rx) = mpsc::unbounded_channel::<DaemonEvent>();
         let queued = tx.clone();
         let mut handle = tokio::task::spawn_blocking(move || {
-            pycell_core::client::run_patiently(
+            pycell_protocol::client::run_patiently(
                 &socket,
                 req,
                 |stream, bytes| {

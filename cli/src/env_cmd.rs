@@ -3,13 +3,13 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use pycell_core::codes::FailureCode;
-use pycell_core::deps::build::{open_store, BuildOutcome};
-use pycell_core::deps::store::{EnvEntry, EnvStore};
-use pycell_core::deps::{self, pep723};
-use pycell_core::launch::{Launcher, PolicyChoice};
-use pycell_core::report::JailFailure;
-use pycell_core::result::{CacheOutcome, EnvReport};
+use pycell_deps::build::{open_store, BuildOutcome};
+use pycell_deps::store::{EnvEntry, EnvStore};
+use pycell_deps::{self as deps, pep723};
+use pycell_launch::launcher::{Launcher, PolicyChoice};
+use pycell_protocol::result::{CacheOutcome, EnvReport};
+use pycell_wire::codes::FailureCode;
+use pycell_wire::report::JailFailure;
 
 use crate::cli::{EnvArgs, EnvBuildArgs, EnvCommand};
 use crate::run::{ensure_here, forwarded_signals, listed_dependencies, read_code};

@@ -6,13 +6,13 @@
 use std::path::Path;
 
 use crate::say::say;
-use pycell_core::client::{daemon_socket, DaemonClient};
-use pycell_core::info::{DaemonInfo, HostInfo, LayerStatus, PolicySummary, WarmPoolStatus};
-use pycell_core::resolve::POLICY_DIR;
+use pycell_launch::resolve::POLICY_DIR;
+use pycell_protocol::client::{daemon_socket, DaemonClient};
+use pycell_protocol::info::{DaemonInfo, HostInfo, LayerStatus, PolicySummary, WarmPoolStatus};
 
 /// The host's layers as the jailer measures them, plus what embedded mode needs.
 fn layers() -> Vec<LayerStatus> {
-    let mut v = pycell_jailer::host::layers();
+    let mut v = pycell_launch::layers::layers();
     v.push(LayerStatus::new(
         "root",
         nix::unistd::geteuid().is_root(),
@@ -31,7 +31,7 @@ pub fn mode_name(daemon_socket: Option<&Path>) -> String {
 
 /// Measure everything, for a caller that knows where its runs go.
 pub fn collect_with_mode(mode: String) -> HostInfo {
-    HostInfo::collect(mode, Path::new(POLICY_DIR), layers())
+    pycell_launch::host_info::host_info(mode, Path::new(POLICY_DIR), layers())
 }
 
 fn print_policies(policies: &[PolicySummary], with_limits: bool) {

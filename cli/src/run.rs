@@ -1,6 +1,6 @@
 //! `pycell run`: turn the flags into a [`RunRequest`], then either send it
 //! to pycelld (a socket is configured or listening) or run it embedded:
-//! through the one launch path of `pycell_core::launch`, which starts
+//! through the one launch path of `pycell_launch::launcher`, which starts
 //! `pycell-jailer` (this needs root). The output streams through as it
 //! arrives, or is collected for `--json`; the exit status is the run's.
 
@@ -12,31 +12,31 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
-use pycell_core::client::{daemon_socket, ClientError, Stage};
-use pycell_core::codes::{FailureCode, Layer};
-use pycell_core::deps::{
-    self,
+use pycell_deps::{
+    self as deps,
     build::{Ensured, InstallRunner, ProgressLines},
     store::EnvStore,
     DepsRequest,
 };
-use pycell_core::events::{read_event, Stream};
-use pycell_core::launch::{
+use pycell_egress::{Egress, EgressConfig};
+use pycell_launch::launcher::{
     append_capped, Collector, JailerEnd, JailerStderr, LaunchError, Launched, Launcher,
     PolicyChoice, Prepared, JAILER_STDERR_CAP,
 };
-use pycell_core::protocol::{LimitOverrides, RunRequest};
-use pycell_core::report::{JailFailure, RunStatus};
-use pycell_core::resolve::Extras;
-use pycell_core::result::{CacheOutcome, RunResult};
-use pycell_egress::{Egress, EgressConfig};
+use pycell_launch::resolve::Extras;
 use pycell_policy::Policy;
+use pycell_protocol::client::{daemon_socket, ClientError, Stage};
+use pycell_protocol::messages::{LimitOverrides, RunRequest};
+use pycell_protocol::result::{CacheOutcome, RunResult};
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::events::{read_event, Stream};
+use pycell_wire::report::{JailFailure, RunStatus};
 
 use crate::cli::RunArgs;
 use crate::say::say;
 
 /// Largest script or stdin we accept from the command line.
-const MAX_INPUT: u64 = pycell_core::protocol::MAX_CODE_BYTES as u64;
+const MAX_INPUT: u64 = pycell_protocol::messages::MAX_CODE_BYTES as u64;
 
 fn read_bounded(what: &str, r: impl Read) -> Result<Vec<u8>, String> {
     let mut buf = Vec::new();
@@ -124,7 +124,7 @@ pub(crate) fn listed_dependencies(
         let text = read_file("--requirements ", path)?;
         let text = String::from_utf8(text)
             .map_err(|_| format!("--requirements {}: not UTF-8 text", path.display()))?;
-        deps = pycell_core::deps::requirements_file(&text, &path.display().to_string())
+        deps = pycell_deps::requirements_file(&text, &path.display().to_string())
             .map_err(|m| format!("--requirements {m}"))?;
     }
     deps.extend(with.iter().cloned());
@@ -227,7 +227,7 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
     // shown as it arrives instead. A run that waits for a slot for more
     // than a second says where it is in the queue, on stderr.
     let mut queue = QueueNotice::new();
-    let result = pycell_core::client::run_patiently(
+    let result = pycell_protocol::client::run_patiently(
         socket,
         req,
         |stream, bytes| {

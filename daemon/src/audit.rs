@@ -6,11 +6,12 @@
 //! bytes).
 //! The run's own outcome (exit code, output) goes to its client only.
 
+use crate::link::{EgressLine, PeerIds};
 use std::fs;
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use pycell_core::result::LimitsReport;
+use pycell_protocol::result::LimitsReport;
 use sha2::{Digest, Sha256};
 
 use crate::config::AuditSink;
@@ -31,43 +32,13 @@ enum Sink {
 #[derive(Debug)]
 pub struct RunStart<'a> {
     pub run_id: &'a str,
-    pub peer: crate::monitor::PeerIds,
+    pub peer: PeerIds,
     pub code: &'a str,
     pub policy: &'a str,
     pub limits: &'a LimitsReport,
     pub sandbox_uid: u32,
     /// It went to a warm jail of the pool.
     pub warm: bool,
-}
-
-/// One connection through a run's egress proxy, as the broker reports it
-/// (bounded: every text field is cut to 256 bytes before it is logged).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EgressLine {
-    pub scheme: String,
-    pub host: String,
-    pub port: u16,
-    pub verdict: String,
-    pub reason: Option<String>,
-    pub address: Option<String>,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-}
-
-impl From<&pycell_egress::ConnectionRecord> for EgressLine {
-    fn from(c: &pycell_egress::ConnectionRecord) -> EgressLine {
-        EgressLine {
-            scheme: c.scheme.to_string(),
-            host: c.host.clone(),
-            port: c.port,
-            verdict: c.verdict.to_string(),
-            reason: c.reason.clone(),
-            address: c.address.clone(),
-            bytes_in: c.bytes_in,
-            bytes_out: c.bytes_out,
-        }
-    }
 }
 
 fn cut(s: &str) -> &str {

@@ -172,7 +172,7 @@ impl Default for Config {
             broker_user: "pycell".into(),
             allowed_uids: Vec::new(),
             allowed_groups: vec!["pycell".into()],
-            uid_range: pycell_core::uidalloc::DEFAULT_RANGE,
+            uid_range: pycell_host::uidalloc::DEFAULT_RANGE,
             max_concurrent_runs: concurrent,
             max_runs_per_uid: per_uid,
             max_queued_runs: queued,
@@ -182,7 +182,7 @@ impl Default for Config {
             max_connections_per_uid: 128,
             shutdown_grace: Duration::from_secs(10),
             audit: AuditSink::Stderr,
-            policy_dir: PathBuf::from(pycell_core::resolve::POLICY_DIR),
+            policy_dir: PathBuf::from(pycell_launch::resolve::POLICY_DIR),
             cgroup_parent: "runs".into(),
             env_store: PathBuf::from(DEFAULT_ENV_STORE),
             env_store_max_size: 20 << 30,
@@ -273,7 +273,7 @@ impl Config {
     /// Sandbox uids, quotas and the shutdown grace.
     fn apply_runs(&mut self, raw: &RawConfig, at: &Locator<'_>) -> Result<(), ConfigError> {
         if let Some(r) = &raw.uid_range {
-            self.uid_range = pycell_core::uidalloc::parse_range(r)
+            self.uid_range = pycell_host::uidalloc::parse_range(r)
                 .filter(|r| *r.start() > 0 && *r.end() < u32::MAX)
                 .ok_or_else(|| {
                     at.field(
@@ -405,7 +405,7 @@ impl Config {
             self.policy_dir = d;
         }
         if let Some(p) = raw.cgroup_parent {
-            if !pycell_core::spec::is_plain_relative_path(&p) {
+            if !pycell_wire::spec::is_plain_relative_path(&p) {
                 return Err(at.field(
                     "cgroup_parent",
                     "must be a relative path of plain names".into(),
@@ -474,6 +474,13 @@ impl Locator<'_> {
             .or_else(|| self.text.find(&format!("{key}=")));
         self.invalid(offset, key, message)
     }
+}
+
+/// `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`, in either case.
+pub(crate) fn is_proxy_setting(name: &str) -> bool {
+    ["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"]
+        .iter()
+        .any(|p| name == *p || name == p.to_ascii_lowercase())
 }
 
 #[cfg(test)]
@@ -548,5 +555,27 @@ mod tests {
             "{e}"
         );
         assert!(Config::parse("cgroup_parent = \"../x\"\n", Path::new("c.toml")).is_err());
+    }
+}
+
+#[cfg(test)]
+mod proxy_setting_tests {
+    use super::is_proxy_setting;
+
+    #[test]
+    fn only_the_proxy_variables_reach_the_broker() {
+        for v in [
+            "HTTPS_PROXY",
+            "https_proxy",
+            "NO_PROXY",
+            "no_proxy",
+            "ALL_PROXY",
+            "http_proxy",
+        ] {
+            assert!(is_proxy_setting(v), "{v}");
+        }
+        for v in ["PATH", "HOME", "Https_Proxy", "LD_PRELOAD", "HTTPS_PROXY_X"] {
+            assert!(!is_proxy_setting(v), "{v}");
+        }
     }
 }

@@ -16,16 +16,16 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use pycell_core::codes::FailureCode;
-use pycell_core::deps::build::BuildOutcome;
-use pycell_core::deps::{self, DepsRequest};
-use pycell_core::launch::Launcher;
-use pycell_core::protocol::RunRequest;
-use pycell_core::report::JailFailure;
-use pycell_core::result::EnvReport;
+use pycell_deps::build::BuildOutcome;
+use pycell_deps::{self as deps, DepsRequest};
+use pycell_launch::launcher::Launcher;
+use pycell_protocol::messages::RunRequest;
+use pycell_protocol::result::EnvReport;
+use pycell_wire::codes::FailureCode;
+use pycell_wire::report::JailFailure;
 
 use crate::config::Config;
-use crate::monitor::PeerIds;
+use crate::link::PeerIds;
 
 /// The CLI that builds envs when it is not beside pycelld.
 const INSTALLED_CLI: &str = "/usr/bin/pycell";
@@ -150,7 +150,7 @@ pub fn check_store_path(store: &Path) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     for dir in store.ancestors() {
         let m = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        pycell_core::spec::trusted(m.uid(), m.gid(), m.mode()).map_err(|why| {
+        pycell_wire::spec::trusted(m.uid(), m.gid(), m.mode()).map_err(|why| {
             format!(
                 "{} {why}: the env store and the directories above it must be root's and writable by root only",
                 dir.display()
@@ -163,7 +163,7 @@ pub fn check_store_path(store: &Path) -> Result<(), String> {
 /// The environment variables pycelld passes on to builders besides its own
 /// settings: the proxy settings and `PYCELL_UV`.
 fn passed_to_builders(name: &str) -> bool {
-    name == "PYCELL_UV" || crate::monitor::is_proxy_setting(name)
+    name == "PYCELL_UV" || crate::config::is_proxy_setting(name)
 }
 
 /// `pycell env build` for `deps` under `policy` (pure: unit-tested).

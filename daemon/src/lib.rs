@@ -1,7 +1,7 @@
 //! pycelld: the daemon that serves sandbox runs on a Unix socket. Two
 //! processes: the root [`monitor`] (single-threaded, tiny: it loads the
 //! policy, prepares and starts `pycell-jailer` through the one launch path
-//! of `pycell_core::launch`, kills runs, enforces its own hard deadline and
+//! of `pycell_launch::launcher`, kills runs, enforces its own hard deadline and
 //! writes the [`audit`] log) and the unprivileged [`broker`] (the socket,
 //! the protocol, peer checks, the [`admission`] queue; it decodes each
 //! run's events and builds its result). [`config`] is
@@ -21,6 +21,7 @@ pub mod audit;
 pub mod broker;
 pub mod config;
 pub mod envs;
+pub mod link;
 pub mod listen;
 pub mod monitor;
 pub mod pool;

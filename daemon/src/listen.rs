@@ -58,7 +58,7 @@ pub fn from_systemd(expected: &Path) -> io::Result<Option<UnixListener>> {
             "systemd passed {count} sockets; pycelld.socket must have exactly one ListenStream="
         )));
     }
-    let fd = pycell_jailer::adopt_inherited_fd(LISTEN_FDS_START)?;
+    let fd = pycell_syscall::adopt_inherited_fd(LISTEN_FDS_START)?;
     check_passed(&fd, expected)?;
     Ok(Some(UnixListener::from(fd)))
 }

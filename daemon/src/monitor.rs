@@ -24,111 +24,25 @@ use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{Gid, Group, Pid, Uid, User};
-use pycell_core::cgroup::CgroupLayout;
-use pycell_core::codes::FailureCode;
-use pycell_core::deps::{self, build::Plan, store::EnvInUse, store::EnvStore};
-use pycell_core::framing;
-use pycell_core::launch::{self, JailerStderr, LaunchError, Launched, Launcher, PolicyChoice};
-use pycell_core::protocol::{ErrorCode, RunRequest};
-use pycell_core::report::JailFailure;
-use pycell_core::resolve::Extras;
-use pycell_core::result::{EnvReport, LimitsReport};
-use pycell_core::uidalloc::UidLease;
-use pycell_policy::network::EgressRules;
-use serde::{Deserialize, Serialize};
+use pycell_deps::{self as deps, build::Plan, store::EnvInUse, store::EnvStore};
+use pycell_host::cgroup::CgroupLayout;
+use pycell_host::uidalloc::UidLease;
+use pycell_launch::launcher::{
+    self as launch, JailerStderr, LaunchError, Launched, Launcher, PolicyChoice,
+};
+use pycell_launch::resolve::Extras;
+use pycell_protocol::framing;
+use pycell_protocol::messages::{ErrorCode, RunRequest};
+use pycell_protocol::result::{EnvReport, LimitsReport};
+use pycell_wire::codes::FailureCode;
 
 use crate::audit::{AuditLog, RunStart, StoppedBy};
+use crate::config::is_proxy_setting;
 use crate::config::Config;
 use crate::envs::{Build, Builders};
+use crate::link::{PeerIds, ToBroker, ToMonitor};
 use crate::listen;
 use crate::pool::Pools;
-
-/// Broker → monitor: the only things the broker can ask for.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-pub enum ToMonitor {
-    /// The broker is accepting connections (for readiness).
-    Ready,
-    /// The broker's event loop is turning (sent every second; the
-    /// monitor's systemd watchdog pings depend on it).
-    Alive,
-    /// Start a run for a peer (whose credentials the broker checked).
-    Spawn {
-        req: u64,
-        peer: PeerIds,
-        request: RunRequest,
-    },
-    /// Stop a run (cancel, client gone, shutdown).
-    Kill { run_id: String },
-    /// The client of request `req` is gone or cancelled while its env was
-    /// being built: stop the build.
-    Abandon { req: u64 },
-    /// One connection of a run's egress proxy ended: for the audit log.
-    Egress {
-        run_id: String,
-        connection: crate::audit::EgressLine,
-    },
-}
-
-/// A client's credentials, as the kernel gave them to the broker.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PeerIds {
-    pub uid: u32,
-    pub gid: u32,
-    pub pid: i32,
-}
-
-/// Monitor → broker. `Spawned` carries the read end of the jailer's event
-/// pipe as SCM_RIGHTS (and, with egress, the jailer's stdin socket).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-pub enum ToBroker {
-    Spawned {
-        req: u64,
-        run_id: String,
-        sandbox_uid: u32,
-        policy: String,
-        limits: LimitsReport,
-        /// With egress: the policy's rules; the second descriptor is the
-        /// jailer's stdin, on which it sends the proxy's listener.
-        egress: Option<EgressRules>,
-        /// The env of the run's dependencies, if it has any.
-        env: Option<EnvReport>,
-    },
-    /// The run's env is being built; the descriptor carries the install's
-    /// progress, a line per step. `Spawned`, `Refused` or `Failed` follows.
-    Installing {
-        req: u64,
-    },
-    Refused {
-        req: u64,
-        code: ErrorCode,
-        message: String,
-    },
-    /// The run could not start for a reason its result reports (its
-    /// dependencies could not be installed, say).
-    Failed {
-        req: u64,
-        policy: String,
-        failure: JailFailure,
-    },
-    Exited {
-        run_id: String,
-    },
-    /// The warm pools changed (members started, ready, taken or gone).
-    WarmPools {
-        pools: Vec<pycell_core::info::WarmPoolStatus>,
-    },
-    /// The first message, with the listening socket attached, and the
-    /// configuration's text: the broker parses what the monitor read (a
-    /// missing default file is the empty text, the defaults), never a file
-    /// of its own.
-    Handoff {
-        config_path: PathBuf,
-        config_text: String,
-    },
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum MonitorError {
@@ -145,7 +59,7 @@ pub enum MonitorError {
     #[error("starting the broker: {0}")]
     Broker(io::Error),
     #[error("{0}")]
-    Cgroup(#[from] pycell_core::cgroup::CgroupError),
+    Cgroup(#[from] pycell_host::cgroup::CgroupError),
     #[error("{0}")]
     Jailer(String),
     #[error("{0}")]
@@ -303,14 +217,6 @@ fn open_envs(config: &Config, launcher: &Launcher) -> Result<(EnvStore, Builders
     Ok((store, Builders::new(config, launcher)?))
 }
 
-/// Signals are handled in the serve loop through a signalfd.
-/// `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`, in either case.
-pub(crate) fn is_proxy_setting(name: &str) -> bool {
-    ["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"]
-        .iter()
-        .any(|p| name == *p || name == p.to_ascii_lowercase())
-}
-
 fn block_signals() -> Result<SignalFd, MonitorError> {
     let mut mask = SigSet::empty();
     for s in [
@@ -408,7 +314,7 @@ struct Monitor {
     /// Warm jails waiting for runs.
     pools: Pools,
     /// What the broker was last told of them.
-    pools_reported: Vec<pycell_core::info::WarmPoolStatus>,
+    pools_reported: Vec<pycell_protocol::info::WarmPoolStatus>,
     broker_pid: Pid,
     broker_alive: bool,
     stopping_since: Option<Instant>,
@@ -730,7 +636,7 @@ impl Monitor {
         extras: &Extras,
         env: &Option<(EnvInUse, EnvReport)>,
     ) -> Option<(ToBroker, Vec<OwnedFd>)> {
-        let resolved = pycell_core::resolve::resolve_with(policy, request, extras).ok()?;
+        let resolved = pycell_launch::resolve::resolve_with(policy, request, extras).ok()?;
         let taken = self.pools.take(&policy.name, &resolved.spec)?;
         let mut launched = taken.launched;
         // The run's own limits (its timeout, its output cap), which its
@@ -828,7 +734,7 @@ impl Monitor {
         let plan: Plan = deps::build::plan(&self.launcher, policy, &wanted).map_err(failed)?;
         if let Some(env) = store.lookup(&plan.key) {
             let report = built.unwrap_or_else(|| {
-                deps::build::report(&env, pycell_core::result::CacheOutcome::Hit, 0.0)
+                deps::build::report(&env, pycell_protocol::result::CacheOutcome::Hit, 0.0)
             });
             return Ok(EnvStep::Ready((env, report)));
         }
@@ -1034,26 +940,4 @@ pub(crate) fn refusal(e: LaunchError) -> (ErrorCode, String) {
         },
     };
     (code, e.failure().message)
-}
-
-#[cfg(test)]
-mod proxy_setting_tests {
-    use super::is_proxy_setting;
-
-    #[test]
-    fn only_the_proxy_variables_reach_the_broker() {
-        for v in [
-            "HTTPS_PROXY",
-            "https_proxy",
-            "NO_PROXY",
-            "no_proxy",
-            "ALL_PROXY",
-            "http_proxy",
-        ] {
-            assert!(is_proxy_setting(v), "{v}");
-        }
-        for v in ["PATH", "HOME", "Https_Proxy", "LD_PRELOAD", "HTTPS_PROXY_X"] {
-            assert!(!is_proxy_setting(v), "{v}");
-        }
-    }
 }

@@ -1,7 +1,7 @@
 //! The warm pool, in the monitor: for each policy named in `warm_pools`,
 //! a few jails built ahead of any request, their python started on
 //! pycell's runner with the policy's `[warm] imports` imported, each waiting
-//! for one run (see `pycell_core::runner`). A run whose jail would be
+//! for one run (see `pycell_runner`). A run whose jail would be
 //! exactly a member's (same policy, env, limits: [`runner::fits`]) takes
 //! it; anything else, or an empty pool, goes cold. A member serves one run
 //! and dies with it; refills start at once (backing off when members fail);
@@ -17,15 +17,15 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use pycell_core::deps::{self, store::EnvInUse, store::EnvStore};
-use pycell_core::events::{read_event, Event};
-use pycell_core::info::WarmPoolStatus;
-use pycell_core::launch::{JailerStderr, Launched, Launcher, PolicyChoice};
-use pycell_core::resolve::Extras;
-use pycell_core::result::{CacheOutcome, EnvReport};
-use pycell_core::runner::{self, Work};
-use pycell_core::spec::JailSpec;
+use pycell_deps::{self as deps, store::EnvInUse, store::EnvStore};
+use pycell_launch::launcher::{JailerStderr, Launched, Launcher, PolicyChoice};
+use pycell_launch::resolve::Extras;
 use pycell_policy::Policy;
+use pycell_protocol::info::WarmPoolStatus;
+use pycell_protocol::result::{CacheOutcome, EnvReport};
+use pycell_runner::{self as runner, Work};
+use pycell_wire::events::{read_event, Event};
+use pycell_wire::spec::JailSpec;
 
 use crate::config::Config;
 
@@ -56,8 +56,8 @@ pub fn plan(config: &Config) -> (Vec<PoolPlan>, Vec<String>) {
     let mut plans = Vec::new();
     let mut left = config.memory_budget / 2;
     for (name, &wanted) in &config.warm_pools {
-        let policy = pycell_core::resolve::load_policy_by_name(name, &config.policy_dir)
-            .and_then(|p| pycell_core::resolve::effective_limits(&p, &Default::default()));
+        let policy = pycell_launch::resolve::load_policy_by_name(name, &config.policy_dir)
+            .and_then(|p| pycell_launch::resolve::effective_limits(&p, &Default::default()));
         let memory = match policy {
             Ok(limits) => limits.memory,
             Err(e) => {

@@ -2,12 +2,12 @@
 //! starts the broker with its end of the monitor link as the broker's
 //! stdin, and then sends the listening socket over that link, so no
 //! descriptor is ever adopted by number. Descriptor passing itself is
-//! [`pycell_core::fdpass`].
+//! [`pycell_wire::fdpass`].
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
-pub use pycell_core::fdpass::{recv_with_fds, send_with_fds};
+pub use pycell_wire::fdpass::{recv_with_fds, send_with_fds};
 
 /// The broker's end of the monitor link: a copy of its stdin (close-on-
 /// exec), after which stdin itself is pointed at /dev/null.

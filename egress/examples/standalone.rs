@@ -23,7 +23,7 @@ fn main() {
     let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind");
     println!("{}", listener.local_addr().expect("addr").port());
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
-    pycell_core::fdpass::send_with_fds(ours.as_fd(), b"L", &[listener.as_fd()]).expect("send");
+    pycell_wire::fdpass::send_with_fds(ours.as_fd(), b"L", &[listener.as_fd()]).expect("send");
     let config = EgressConfig {
         policy: "standalone".into(),
         rules,

@@ -27,8 +27,8 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
-use pycell_core::result::NetworkReport;
 use pycell_policy::network::EgressRules;
+use pycell_protocol::result::NetworkReport;
 use tokio::io::Interest;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
@@ -146,7 +146,7 @@ async fn receive_listener(channel: OwnedFd) -> std::io::Result<Option<tokio::net
     loop {
         sock.readable().await?;
         let got = sock.try_io(Interest::READABLE, || {
-            pycell_core::fdpass::recv_with_fds(sock.as_fd(), &mut byte)
+            pycell_wire::fdpass::recv_with_fds(sock.as_fd(), &mut byte)
         });
         match got {
             Ok((_, fds)) => {

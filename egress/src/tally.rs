@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use pycell_core::result::{Denied, HostCount, NetworkReport};
 use pycell_policy::network::EgressLimits;
+use pycell_protocol::result::{Denied, HostCount, NetworkReport};
 
 /// One connection, as the audit log records it when it ends.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]

@@ -21,7 +21,7 @@ fn proxy(rules: EgressRules, upstream: Upstream) -> (Egress, SocketAddr) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-    pycell_core::fdpass::send_with_fds(ours.as_fd(), b"L", &[listener.as_fd()]).unwrap();
+    pycell_wire::fdpass::send_with_fds(ours.as_fd(), b"L", &[listener.as_fd()]).unwrap();
     let config = EgressConfig {
         policy: "test".into(),
         rules,

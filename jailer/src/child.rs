@@ -19,48 +19,20 @@ use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{execve, sethostname, setresgid, setresuid, setsid, Gid, Pid, Uid};
 use pycell_seccomp::{CompiledFilter, KernelGap};
-use serde::{Deserialize, Serialize};
 
 use crate::landlock_rules::{self, Grants};
 use crate::mounts::{self, PreparedSources, RootfsLayout};
 use crate::pipeline::{run_steps, JailSteps, Step, StepError};
+use crate::preflight::Checked;
 use crate::sources::SourceId;
-use crate::supervisor::Checked;
-use crate::syscall::{self, CloneResult};
+use crate::status::{ChildMessage, GO_CGROUP, GO_MAPS};
 use crate::xattr_check;
-use pycell_core::codes::FailureCode;
-use pycell_core::report::LandlockReport;
-use pycell_core::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID, WORKSPACE};
+use pycell_syscall::{self as syscall, CloneResult};
+use pycell_wire::codes::FailureCode;
+use pycell_wire::report::LandlockReport;
+use pycell_wire::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID, WORKSPACE};
 
 pub(crate) const HOSTNAME: &str = "pycell";
-/// Go-pipe bytes from the jailer: uid/gid maps written; cgroup attached.
-pub(crate) const GO_MAPS: u8 = b'M';
-pub(crate) const GO_CGROUP: u8 = b'C';
-
-/// Messages from the jail to the jailer, one JSON object per line on the
-/// status pipe (each well under PIPE_BUF, so lines never interleave).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum ChildMessage {
-    Ready {
-        landlock: LandlockReport,
-        /// The kernel let the jail set `security.*` or `trusted.*`
-        /// attributes, so the filter refuses every xattr write.
-        #[serde(default)]
-        xattr_writes_refused: bool,
-    },
-    SetupFailed(StepError),
-    ExecFailed {
-        message: String,
-    },
-    Exited {
-        code: i32,
-    },
-    Signaled {
-        signal: i32,
-    },
-}
-
 /// Signals init forwards to the program. SIGCHLD is init's own.
 const FORWARDED: &[Signal] = &[
     Signal::SIGINT,

@@ -15,9 +15,9 @@ use landlock::{
     Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 
-use crate::syscall;
-use pycell_core::report::{LandlockReport, LandlockStatus};
-use pycell_core::spec::LandlockSpec;
+use pycell_syscall as syscall;
+use pycell_wire::report::{LandlockReport, LandlockStatus};
+use pycell_wire::spec::LandlockSpec;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LandlockError {
@@ -49,7 +49,7 @@ impl Grants {
     pub fn for_jail(
         spec: &LandlockSpec,
         mount_targets: &[PathBuf],
-        network: pycell_core::spec::NetworkSpec,
+        network: pycell_wire::spec::NetworkSpec,
     ) -> Grants {
         let mut read_exec: Vec<PathBuf> = mount_targets.to_vec();
         read_exec.extend(spec.read_exec.iter().cloned());
@@ -59,7 +59,7 @@ impl Grants {
             .collect();
         read_only.extend(spec.read_only.iter().cloned());
         let mut read_write: Vec<PathBuf> = [
-            pycell_core::spec::WORKSPACE,
+            pycell_wire::spec::WORKSPACE,
             "/tmp",
             "/dev/shm",
             "/dev/null",
@@ -71,8 +71,8 @@ impl Grants {
         .collect();
         read_write.extend(spec.read_write.iter().cloned());
         let connect_tcp = match network {
-            pycell_core::spec::NetworkSpec::Loopback => None,
-            pycell_core::spec::NetworkSpec::Proxy { port } => Some(port),
+            pycell_wire::spec::NetworkSpec::Loopback => None,
+            pycell_wire::spec::NetworkSpec::Proxy { port } => Some(port),
         };
         Grants {
             read_exec,

@@ -1,7 +1,7 @@
 //! The pycell jail: everything between a resolved
-//! [`JailSpec`](pycell_core::spec::JailSpec) and the sandboxed program's
+//! [`JailSpec`](pycell_wire::spec::JailSpec) and the sandboxed program's
 //! `exec`, run by the single-threaded `pycell-jailer` executable
-//! ([`jailer_main`]); and what this host can enforce ([`host`]).
+//! ([`jailer_main`]).
 //!
 //! Threat model: the code that runs in the jail is hostile. It gets a new
 //! user, pid, mount, network, IPC, UTS and cgroup namespace; runs as a host
@@ -10,38 +10,37 @@
 //! is held by cgroup limits. The jailer itself runs as root and trusts only
 //! its spec (which it re-validates) and the host's kernel. It is
 //! single-threaded so that `clone` without a new stack is sound (the clone
-//! functions check it); `unsafe` is confined to the `syscall` module. Any
+//! functions check it); its raw system calls are `pycell_syscall`'s, the
+//! only crate with `unsafe`. Any
 //! layer that cannot be applied refuses the run.
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod capabilities;
 mod child;
-pub mod host;
 mod landlock_rules;
 mod mounts;
 mod ns_settings;
 mod outbox;
 mod outcome;
 mod pipeline;
+mod preflight;
 mod relay;
 mod rlimits;
 mod sources;
+mod status;
 mod supervisor;
-mod syscall;
 mod warm;
 mod xattr_check;
 
 use std::io::{self, Write};
 use std::os::fd::AsFd;
 
-use pycell_core::codes::{FailureCode, Layer};
-use pycell_core::events;
-use pycell_core::report::{JailFailure, JailReport};
-use pycell_core::spec::JailSpec;
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::events;
+use pycell_wire::report::{JailFailure, JailReport};
+use pycell_wire::spec::JailSpec;
 
-pub use syscall::{adopt_inherited_fd, peer_groups};
-
-/// The spec: one frame on stdin (see [`pycell_core::runner`]),
+/// The spec: one frame on stdin (see [`pycell_runner`]),
 /// read unbuffered, so that a warm jail's work, which follows it on the
 /// same stream, is still there for the supervisor.
 fn read_spec() -> Result<JailSpec, String> {
@@ -50,7 +49,7 @@ fn read_spec() -> Result<JailSpec, String> {
         .try_clone_to_owned()
         .map(std::fs::File::from)
         .map_err(|e| format!("reading the spec from stdin: {e}"))?;
-    pycell_core::framing::read_sync_within(&mut stdin, pycell_core::runner::MAX_SPEC_FRAME)
+    pycell_wire::framing::read_sync_within(&mut stdin, pycell_wire::spec::MAX_SPEC_FRAME)
         .map_err(|e| format!("reading the spec from stdin: {e}"))
 }
 

@@ -20,10 +20,10 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::unistd::{chdir, pivot_root};
 
 use crate::sources::{self, SourceId};
-use crate::syscall::{
-    self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
+use pycell_syscall::{
+    self as syscall, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
 };
-use pycell_core::spec::{BindMount, WorkspaceFile, JAIL_GID, JAIL_UID, WORKSPACE};
+use pycell_wire::spec::{BindMount, WorkspaceFile, JAIL_GID, JAIL_UID, WORKSPACE};
 
 /// Staging directory for the new root inside our private mount namespace.
 /// Anything mounted here is invisible outside the namespace.

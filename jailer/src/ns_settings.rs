@@ -13,25 +13,13 @@
 
 use std::fs;
 use std::io;
-use std::path::Path;
 
 use nix::sched::{unshare, CloneFlags};
 use nix::time::{clock_gettime, ClockId};
+pub(crate) use pycell_host::kernel::{memfd_noexec_available, MEMFD_NOEXEC};
 
-/// The per-pid-namespace memfd setting (absent before Linux 6.3).
-pub(crate) const MEMFD_NOEXEC: &str = "/proc/sys/vm/memfd_noexec";
 /// "memfd_create() without MFD_NOEXEC_SEAL gets it; MFD_EXEC is refused".
 const MEMFD_NOEXEC_ENFORCED: &str = "2";
-
-/// Whether this kernel can seal every memfd of a pid namespace
-/// non-executable, and we may set it: /proc/sys is read-only under
-/// systemd's ProtectKernelTunables= (pycelld's unit), and then memfd_create
-/// is refused instead.
-pub(crate) fn memfd_noexec_available() -> bool {
-    let writable = nix::sys::statvfs::statvfs("/proc/sys/vm")
-        .is_ok_and(|s| !s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY));
-    Path::new(MEMFD_NOEXEC).exists() && writable
-}
 
 /// The `/proc/self/timens_offsets` text that moves `monotonic` and
 /// `boottime` back by their whole seconds now, so that they read between 0

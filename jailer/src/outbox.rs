@@ -10,7 +10,7 @@ use std::io;
 use std::os::fd::BorrowedFd;
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
-use pycell_core::events::{self, Stream};
+use pycell_wire::events::{self, Stream};
 
 /// Most bytes kept for a slow reader: the whole output a run may produce
 /// (both streams at their cap), but never more than this.

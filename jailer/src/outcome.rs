@@ -2,11 +2,11 @@
 //! ([`classify`]) the supervisor applies once the jail is gone.
 
 use nix::sys::signal::Signal;
-use pycell_core::codes::{FailureCode, Layer};
-use pycell_core::report::{JailFailure, LandlockReport, RunStatus};
-use pycell_core::spec::JailLimits;
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::report::{JailFailure, LandlockReport, RunStatus};
+use pycell_wire::spec::JailLimits;
 
-use crate::child::ChildMessage;
+use crate::status::ChildMessage;
 
 /// Everything the supervisor saw of a finished run.
 #[derive(Debug, Clone)]
@@ -139,7 +139,7 @@ pub(crate) fn classify(seen: &Observed, limits: &JailLimits) -> Result<Outcome, 
 mod tests {
     use super::*;
     use crate::pipeline::{Step, StepError};
-    use pycell_core::report::LandlockStatus;
+    use pycell_wire::report::LandlockStatus;
 
     fn limits() -> JailLimits {
         JailLimits {

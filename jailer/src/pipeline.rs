@@ -31,8 +31,8 @@
 //!
 //! then the init process forks the program, which execs it.
 
-use pycell_core::codes::{FailureCode, Layer};
-use pycell_core::report::JailFailure;
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::report::JailFailure;
 use serde::{Deserialize, Serialize};
 
 /// Steps of the pipeline, named for error reports and order tests.

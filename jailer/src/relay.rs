@@ -14,13 +14,13 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
-use pycell_core::events::Stream;
-use pycell_core::spec::JailSpec;
+use pycell_wire::events::Stream;
+use pycell_wire::spec::JailSpec;
 
-use crate::child::ChildMessage;
 use crate::outbox::{self, Outbox};
+use crate::status::ChildMessage;
 use crate::warm::{Arrival, Phase, WarmState};
-use pycell_core::cgroup::SandboxCgroup;
+use pycell_host::cgroup::SandboxCgroup;
 
 const CHUNK: usize = 64 * 1024;
 /// How long output may still drain once the jail's init is gone.
@@ -61,7 +61,7 @@ pub(crate) struct Relayed {
 #[derive(Debug)]
 pub(crate) struct WarmEnd {
     pub phase: Phase,
-    pub work: Option<Box<pycell_core::runner::Work>>,
+    pub work: Option<Box<pycell_runner::Work>>,
     /// The jail's CPU use (cgroup, ns) when its work arrived.
     pub cpu_before_ns: u64,
     /// Why its work was refused, if it was.
@@ -163,7 +163,7 @@ struct WarmRelay {
     /// The runner's stdin, held (not yet written) until the work comes.
     runner_stdin: Option<File>,
     steps: std::collections::VecDeque<WarmStep>,
-    work: Option<Box<pycell_core::runner::Work>>,
+    work: Option<Box<pycell_runner::Work>>,
     cpu_before_ns: u64,
     refused: Option<String>,
 }
@@ -226,7 +226,7 @@ impl WarmRelay {
 /// change, and pycelld's jailer has no CAP_SYS_PTRACE to open it anyway.
 fn receive_workspace(channel: &OwnedFd) -> Option<OwnedFd> {
     let mut byte = [0u8; 1];
-    let (_, fds) = pycell_core::fdpass::recv_with_fds(channel.as_fd(), &mut byte).ok()?;
+    let (_, fds) = pycell_wire::fdpass::recv_with_fds(channel.as_fd(), &mut byte).ok()?;
     fds.into_iter().next()
 }
 

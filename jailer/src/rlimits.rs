@@ -10,11 +10,11 @@
 //! would still start it. The seccomp filter stops the jail from changing it.
 
 use nix::unistd::Pid;
-use pycell_core::cgroup::SandboxCgroup;
+use pycell_host::cgroup::SandboxCgroup;
 
-use pycell_core::spec::JailLimits;
+use pycell_wire::spec::JailLimits;
 
-use crate::syscall;
+use pycell_syscall as syscall;
 
 /// One pinned limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -122,7 +122,7 @@ pub(crate) fn walk(
     Ok(walked)
 }
 
-pub(crate) use pycell_core::spec::trusted;
+pub(crate) use pycell_wire::spec::trusted;
 
 /// Host side: check `path` and say where it leads.
 pub(crate) fn check_on_host(path: &Path) -> Result<SourceId, String> {

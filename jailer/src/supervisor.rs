@@ -15,18 +15,19 @@ use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::waitpid;
 use nix::unistd::{pipe2, setgroups, Pid};
-use pycell_core::codes::{FailureCode, Layer};
-use pycell_core::events;
-use pycell_core::report::{CgroupReport, JailFailure, JailReport, Layers, SeccompReport};
-use pycell_core::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID};
-use pycell_seccomp::{CompiledFilter, KernelGap};
+use pycell_seccomp::KernelGap;
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::events;
+use pycell_wire::report::{CgroupReport, JailFailure, JailReport, Layers, SeccompReport};
+use pycell_wire::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID};
 
-use crate::child::{child_main, ChildFds, GO_CGROUP, GO_MAPS};
+use crate::child::{child_main, ChildFds};
 use crate::outcome::{classify, Observed};
+use crate::preflight::{cgroup_failure, preflight, Checked};
 use crate::relay::{self, ParentEnds};
-use crate::sources::{self, SourceId};
-use crate::syscall::{self, CloneResult};
-use pycell_core::cgroup::{self, CgroupLayout, CgroupLimits, SandboxCgroup};
+use crate::status::{GO_CGROUP, GO_MAPS};
+use pycell_host::cgroup::{self, CgroupLayout, CgroupLimits, SandboxCgroup};
+use pycell_syscall::{self as syscall, CloneResult};
 
 /// The namespaces every jail gets (the cgroup one is entered by the child
 /// once it has been moved into its cgroup).
@@ -129,7 +130,7 @@ fn run_checked(
 /// and its spec's limits; for a warm one, its work's arrival and the
 /// limits the work brought.
 struct RunClock {
-    limits: pycell_core::spec::JailLimits,
+    limits: pycell_wire::spec::JailLimits,
     wall: Duration,
     cpu_before_ns: u64,
     waited_ms: Option<f64>,
@@ -191,68 +192,6 @@ fn events_fd() -> std::os::fd::BorrowedFd<'static> {
 
 fn io_failure(what: &'static str) -> impl Fn(io::Error) -> JailFailure {
     move |e| JailFailure::new(FailureCode::JailerIo, Layer::Jailer, format!("{what}: {e}"))
-}
-
-fn cgroup_failure(e: pycell_core::cgroup::CgroupError) -> JailFailure {
-    JailFailure::new(FailureCode::CgroupUnavailable, Layer::Cgroup, e.to_string())
-}
-
-/// What must hold before anything is created: a valid spec, root, a
-/// compilable seccomp profile, a usable cgroup layout.
-/// What preflight established, for the clone.
-pub(crate) struct Checked {
-    pub filter: CompiledFilter,
-    /// What `filter` refuses on top of its profile for this kernel.
-    pub gaps: Vec<KernelGap>,
-    pub layout: CgroupLayout,
-    /// Where each of `spec.mounts` leads, checked on the host.
-    pub sources: Vec<SourceId>,
-}
-
-fn check_sources(spec: &JailSpec) -> Result<Vec<SourceId>, JailFailure> {
-    spec.mounts
-        .iter()
-        .map(|m| {
-            sources::check_on_host(&m.source).map_err(|e| {
-                JailFailure::new(FailureCode::MountsFailed, Layer::Mounts, e)
-                    .with_hint("bind only root-owned directories (/usr, a venv made by root, ...); move or chown the source, or remove the mount from the policy")
-            })
-        })
-        .collect()
-}
-
-fn preflight(spec: &JailSpec) -> Result<Checked, JailFailure> {
-    spec.validate()
-        .map_err(|e| JailFailure::new(FailureCode::InvalidSpec, Layer::Jailer, e.to_string()))?;
-    if !nix::unistd::geteuid().is_root() {
-        return Err(JailFailure::new(
-            FailureCode::NotRoot,
-            Layer::Jailer,
-            "pycell-jailer must run as root (it creates cgroups and maps a sandbox uid)",
-        )
-        .with_hint("run pycell as root, or through the pycelld service"));
-    }
-    let mut filter = pycell_seccomp::compile(&spec.seccomp_profile).map_err(|e| {
-        JailFailure::new(
-            FailureCode::SeccompUnavailable,
-            Layer::Seccomp,
-            e.to_string(),
-        )
-    })?;
-    let mut gaps = Vec::new();
-    if !crate::ns_settings::memfd_noexec_available() {
-        // No per-namespace memfd sealing on this kernel: no memfds at all.
-        filter = filter.with_refused(KernelGap::MemfdExec);
-        gaps.push(KernelGap::MemfdExec);
-    }
-    let layout = CgroupLayout::detect().map_err(cgroup_failure)?;
-    let sources = check_sources(spec)?;
-    Ok(Checked {
-        filter,
-        gaps,
-        layout,
-        sources,
-    })
 }
 
 /// The filter as the jail applied it: the jail's init adds the xattr
@@ -332,8 +271,8 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     let (mut child_fds, go, ends) = pipes().map_err(io_failure("creating pipes"))?;
     child_fds.egress_channel = egress_channel(spec)?;
     let born_in = match layout.version() {
-        pycell_core::report::CgroupVersion::V2 => Some(create_cgroup(spec, layout)?),
-        pycell_core::report::CgroupVersion::V1 => None,
+        pycell_wire::report::CgroupVersion::V2 => Some(create_cgroup(spec, layout)?),
+        pycell_wire::report::CgroupVersion::V1 => None,
     };
     let start = Instant::now();
     let (pid, born_inside) = match clone_jail(born_in.as_ref())? {

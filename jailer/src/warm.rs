@@ -9,8 +9,8 @@
 
 use std::time::Instant;
 
-use pycell_core::framing::frame_len;
-use pycell_core::runner::{Work, MAX_WORK_FRAME, READY_MARKER};
+use pycell_runner::{Work, MAX_WORK_FRAME, READY_MARKER};
+use pycell_wire::framing::frame_len;
 
 /// Warm-up output kept for the jailer's own stderr (when the jail fails
 /// before it is ready).
@@ -160,7 +160,7 @@ pub(crate) fn parent_pid(stat: &str) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pycell_core::framing::encode_within;
+    use pycell_wire::framing::encode_within;
     use std::time::Duration;
 
     fn work() -> Work {

@@ -17,7 +17,7 @@ use std::os::fd::AsFd;
 use nix::fcntl::{open, OFlag};
 use nix::sys::stat::Mode;
 
-use crate::syscall;
+use pycell_syscall as syscall;
 
 /// The attributes tried: the labels the LSMs and IMA/EVM read, one name no
 /// LSM owns (the plain capability check), and `trusted.*`.

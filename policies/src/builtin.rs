@@ -38,6 +38,7 @@ pub fn source(name: &str) -> Option<&'static str> {
 pub fn load(name: &str) -> Result<Policy, PolicyError> {
     let text = source(name).ok_or_else(|| PolicyError::UnknownBuiltin {
         name: name.to_owned(),
+        available: names(),
     })?;
     crate::parse(text, &origin(name), Completeness::Complete)
 }

@@ -38,8 +38,11 @@ pub enum PolicyError {
     },
 
     /// `builtin::load` was asked for a name that is not built in.
-    #[error("no built-in policy named {name:?}; built-in policies: {}", crate::builtin::names().join(", "))]
-    UnknownBuiltin { name: String },
+    #[error("no built-in policy named {name:?}; built-in policies: {}", available.join(", "))]
+    UnknownBuiltin {
+        name: String,
+        available: &'static [&'static str],
+    },
 }
 
 fn display_invalid(

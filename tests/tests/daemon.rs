@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pycell_core::client::{ClientError, DaemonClient, Stage};
-use pycell_core::protocol::{
+use pycell_protocol::client::{ClientError, DaemonClient, Stage};
+use pycell_protocol::messages::{
     ClientMessage, ErrorCode, LimitOverrides, RunRequest, ServerMessage, MAX_FRAME,
     PROTOCOL_VERSION,
 };
@@ -455,11 +455,11 @@ fn two_hundred_runs_at_concurrency_16_from_one_uid_all_succeed_on_defaults() {
     );
 }
 
-type RunHandle = std::thread::JoinHandle<Result<pycell_core::result::RunResult, ClientError>>;
+type RunHandle = std::thread::JoinHandle<Result<pycell_protocol::result::RunResult, ClientError>>;
 
 /// Start a long run on its own connection; return once its output arrived,
 /// with a canceller for that connection.
-fn start_long_run(d: &Daemon) -> (RunHandle, pycell_core::client::Canceller) {
+fn start_long_run(d: &Daemon) -> (RunHandle, pycell_protocol::client::Canceller) {
     let mut c = d.client();
     let canceller = c.canceller().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -658,7 +658,7 @@ fn a_client_that_stops_reading_does_not_keep_its_sandbox_past_the_timeout() {
         .iter()
         .filter_map(|m| match m {
             ServerMessage::Output { data_base64, .. } => Some(
-                pycell_core::protocol::decode_b64(data_base64)
+                pycell_protocol::messages::decode_b64(data_base64)
                     .unwrap()
                     .len(),
             ),

@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use pycell_core::client::{ClientError, Stage};
-use pycell_core::protocol::RunRequest;
-use pycell_core::result::RunResult;
+use pycell_protocol::client::{ClientError, Stage};
+use pycell_protocol::messages::RunRequest;
+use pycell_protocol::result::RunResult;
 use pycell_tests::daemon::Daemon;
 use pycell_tests::{
     descendants_of, pycell_bin, repo_root, run_args, still_alive_after, Outcome, Pycell, Script,

@@ -5,15 +5,15 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use pycell_core::events::{read_event, Event};
-use pycell_core::launch::{Collector, JailerEnd, JailerStderr, Launcher, PolicyChoice};
-use pycell_core::protocol::{LimitOverrides, RunRequest};
-use pycell_core::report::RunStatus;
-use pycell_core::resolve::{self, Extras};
-use pycell_core::result::RunResult;
-use pycell_core::runner;
+use pycell_launch::launcher::{Collector, JailerEnd, JailerStderr, Launcher, PolicyChoice};
+use pycell_launch::resolve::{self, Extras};
+use pycell_protocol::messages::{LimitOverrides, RunRequest};
+use pycell_protocol::result::RunResult;
+use pycell_runner as runner;
 use pycell_tests::daemon::Daemon;
 use pycell_tests::{probe_path, probe_report, pycell_bin, require_root, run_file};
+use pycell_wire::events::{read_event, Event};
+use pycell_wire::report::RunStatus;
 use serde_json::Value;
 
 fn launcher() -> Launcher {
@@ -123,7 +123,7 @@ fn a_warm_jails_timeout_and_cpu_limit_run_from_the_work() {
         (r.status, code),
         (
             RunStatus::Killed,
-            Some(pycell_core::codes::FailureCode::CpuTimeLimit)
+            Some(pycell_wire::codes::FailureCode::CpuTimeLimit)
         ),
         "{r:?}"
     );
@@ -326,7 +326,7 @@ fn killing_pycelld_takes_its_warm_jails_along() {
 }
 
 /// The pools as `pycell info` shows them, once `ready` members are ready.
-fn pools_when_ready(d: &Daemon, ready: usize) -> pycell_core::info::WarmPoolStatus {
+fn pools_when_ready(d: &Daemon, ready: usize) -> pycell_protocol::info::WarmPoolStatus {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let pools = d.client().info().unwrap().daemon.warm_pools;

@@ -30,8 +30,8 @@ use rmcp::service::{Peer, RequestContext, ServerInitializeError};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
 use tokio_util::sync::CancellationToken;
 
-use pycell_core::events::Stream;
-use pycell_core::resolve::POLICY_DIR;
+use pycell_launch::resolve::POLICY_DIR;
+use pycell_wire::events::Stream;
 
 use crate::backend::{Backend, RunEvent};
 use crate::cli::McpArgs;
@@ -54,7 +54,7 @@ pub struct PycellServer {
 
 impl PycellServer {
     pub fn new(backend: Backend, default_policy: String) -> Self {
-        let policy = pycell_core::resolve::load_policy_by_name(
+        let policy = pycell_launch::resolve::load_policy_by_name(
             &default_policy,
             std::path::Path::new(POLICY_DIR),
         )
@@ -142,7 +142,7 @@ fn internal_error(message: &str) -> CallToolResult {
     ))])
 }
 
-fn render_info(info: &pycell_core::info::HostInfo) -> String {
+fn render_info(info: &pycell_protocol::info::HostInfo) -> String {
     let mut t = format!(
         "pycell {} ({} mode)\n\npolicies:\n",
         info.version, info.mode
@@ -364,7 +364,7 @@ pub fn main(args: &McpArgs) -> i32 {
 
 async fn serve(args: &McpArgs) -> i32 {
     if let Err(e) =
-        pycell_core::resolve::load_policy_by_name(&args.policy, std::path::Path::new(POLICY_DIR))
+        pycell_launch::resolve::load_policy_by_name(&args.policy, std::path::Path::new(POLICY_DIR))
     {
         eprintln!("pycell mcp: --policy {}: {e}", args.policy);
         return 2;

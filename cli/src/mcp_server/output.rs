@@ -5,9 +5,9 @@
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use pycell_core::codes::{FailureCode, Layer};
-use pycell_core::report::{CgroupVersion, LandlockStatus, RunStatus};
-use pycell_core::result::{EnvReport, LimitsReport, NetworkReport, RunResult};
+use pycell_protocol::result::{EnvReport, LimitsReport, NetworkReport, RunResult};
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::report::{CgroupVersion, LandlockStatus, RunStatus};
 
 /// How the run ended.
 pub type Status = RunStatus;
@@ -299,7 +299,7 @@ impl RunPythonOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pycell_core::report::{JailFailure, JailReport};
+    use pycell_wire::report::{JailFailure, JailReport};
 
     fn report(status: RunStatus, code: Option<i32>) -> JailReport {
         JailReport {

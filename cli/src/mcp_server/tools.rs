@@ -9,11 +9,11 @@ use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use pycell_core::protocol::RunRequest;
 use pycell_policy::Policy;
+use pycell_protocol::messages::RunRequest;
 
 use super::output::{human_bytes, RunPythonOutput};
-use pycell_core::info::HostInfo;
+use pycell_protocol::info::HostInfo;
 
 pub const RUN_PYTHON: &str = "run_python";
 pub const SANDBOX_INFO: &str = "sandbox_info";

@@ -14,15 +14,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pycell_core::events::{read_event_async, Event, EventError};
-use pycell_core::framing::{self, FrameError};
-use pycell_core::launch::{Collector, JailerEnd};
-use pycell_core::protocol::{
+use pycell_egress::Egress;
+use pycell_launch::events::read_event_async;
+use pycell_launch::launcher::{Collector, JailerEnd};
+use pycell_protocol::framing::{self, FrameError};
+use pycell_protocol::messages::{
     encode_b64, ClientMessage, ErrorCode, RunRequest, ServerMessage, Stream, PROTOCOL_VERSION,
 };
-use pycell_core::report::JailFailure;
-use pycell_core::result::{EnvReport, LimitsReport, RunResult};
-use pycell_egress::Egress;
+use pycell_protocol::result::{EnvReport, LimitsReport, RunResult};
+use pycell_wire::events::{Event, EventError};
+use pycell_wire::report::JailFailure;
 use tokio::net::unix::{pipe, OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
@@ -32,7 +33,7 @@ mod installing;
 
 use super::{Broker, Peer};
 use crate::admission::{Entry, Slot, Waiting};
-use crate::monitor::{ToBroker, ToMonitor};
+use crate::link::{ToBroker, ToMonitor};
 
 /// The first message (`hello`) must come within this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -368,7 +369,7 @@ fn not_started(id: &str, policy: &str, failure: JailFailure) -> ServerMessage {
 
 /// Why a run cancelled before it started did not run: it was `doing` that.
 fn cancelled_before_start(doing: &str) -> JailFailure {
-    use pycell_core::codes::{FailureCode, Layer};
+    use pycell_wire::codes::{FailureCode, Layer};
     let message = format!("cancelled while {doing}; it never started");
     JailFailure::new(FailureCode::Cancelled, Layer::Daemon, message)
 }

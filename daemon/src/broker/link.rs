@@ -8,12 +8,12 @@ use std::os::unix::net::UnixStream as StdUnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use pycell_core::framing;
-use pycell_core::info::WarmPoolStatus;
-use pycell_core::protocol::RunRequest;
+use pycell_protocol::framing;
+use pycell_protocol::info::WarmPoolStatus;
+use pycell_protocol::messages::RunRequest;
 use tokio::sync::mpsc;
 
-use crate::monitor::{PeerIds, ToBroker, ToMonitor};
+use crate::link::{PeerIds, ToBroker, ToMonitor};
 use crate::sockets;
 
 /// A reply of the monitor and the descriptors that came with it.
@@ -101,7 +101,7 @@ pub(crate) fn read_monitor_frame(
         fds.append(&mut f);
     }
     let len = u32::from_be_bytes(head);
-    if len > pycell_core::protocol::MAX_FRAME {
+    if len > pycell_protocol::messages::MAX_FRAME {
         return Err(std::io::Error::other("monitor frame too large"));
     }
     let mut body = vec![0u8; len as usize];

@@ -14,14 +14,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pycell_core::info::{DaemonInfo, DaemonStatus, HostInfo};
-use pycell_core::protocol::{ErrorCode, RunRequest};
+use pycell_protocol::info::{DaemonInfo, DaemonStatus};
+use pycell_protocol::messages::{ErrorCode, RunRequest};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{watch, Notify};
 
 use crate::admission::{Admission, AdmissionLimits, Ask, Refusal};
 use crate::config::Config;
-use crate::monitor::ToBroker;
+use crate::link::ToBroker;
 use link::MonitorLink;
 
 pub(crate) struct Broker {
@@ -49,8 +49,8 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    fn ids(&self) -> crate::monitor::PeerIds {
-        crate::monitor::PeerIds {
+    fn ids(&self) -> crate::link::PeerIds {
+        crate::link::PeerIds {
             uid: self.uid,
             gid: self.gid,
             pid: self.pid,
@@ -152,11 +152,11 @@ impl Broker {
     /// limits out of range or above the policy's ceilings) is refused here,
     /// before it waits; the monitor resolves it again for itself.
     fn ask_for(&self, uid: u32, request: &RunRequest) -> Result<Ask, (ErrorCode, String)> {
-        let limits = pycell_core::resolve::load_policy_by_name(
+        let limits = pycell_launch::resolve::load_policy_by_name(
             request.policy_name(),
             &self.config.policy_dir,
         )
-        .and_then(|p| pycell_core::resolve::effective_limits(&p, &request.limits))
+        .and_then(|p| pycell_launch::resolve::effective_limits(&p, &request.limits))
         .map_err(|e| crate::monitor::refusal(e.into()))?;
         Ok(Ask {
             uid,
@@ -191,9 +191,9 @@ impl Broker {
         let link = Arc::clone(&self.link);
         let run_id = run_id.to_string();
         let audit: pycell_egress::AuditHook = Arc::new(move |c| {
-            let _ = link.send(&crate::monitor::ToMonitor::Egress {
+            let _ = link.send(&crate::link::ToMonitor::Egress {
                 run_id: run_id.clone(),
-                connection: crate::audit::EgressLine::from(c),
+                connection: crate::link::EgressLine::from(c),
             });
         });
         let config = pycell_egress::EgressConfig::from_env(policy, rules);
@@ -204,10 +204,10 @@ impl Broker {
         let c = &self.config;
         let (running, queued, memory) = self.admission.status();
         DaemonInfo {
-            host: HostInfo::collect(
+            host: pycell_launch::host_info::host_info(
                 "daemon".into(),
                 &c.policy_dir,
-                pycell_jailer::host::layers(),
+                pycell_launch::layers::layers(),
             ),
             daemon: DaemonStatus {
                 socket: c.socket.clone(),
@@ -232,7 +232,7 @@ impl Broker {
 /// The peer's credentials and groups as the kernel recorded them.
 fn peer_of(stream: &UnixStream) -> Option<(Peer, Vec<u32>)> {
     let c = stream.peer_cred().ok()?;
-    let groups = pycell_jailer::peer_groups(stream.as_fd()).ok()?;
+    let groups = pycell_syscall::peer_groups(stream.as_fd()).ok()?;
     let peer = Peer {
         uid: c.uid(),
         gid: c.gid(),
@@ -367,9 +367,8 @@ fn spawn_heartbeat(link: Arc<MonitorLink>) {
         loop {
             tick.tick().await;
             let link = Arc::clone(&link);
-            let _ =
-                tokio::task::spawn_blocking(move || link.send(&crate::monitor::ToMonitor::Alive))
-                    .await;
+            let _ = tokio::task::spawn_blocking(move || link.send(&crate::link::ToMonitor::Alive))
+                .await;
         }
     });
 }
@@ -418,7 +417,7 @@ async fn serve(
         }
     };
     let broker = Broker::new(config, allowed_gids, link);
-    let _ = broker.link.send(&crate::monitor::ToMonitor::Ready);
+    let _ = broker.link.send(&crate::link::ToMonitor::Ready);
     spawn_heartbeat(Arc::clone(&broker.link));
     if let Err(e) = accept_until_term(listener, &broker).await {
         eprintln!("pycelld broker: {e}");

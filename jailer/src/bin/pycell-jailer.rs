@@ -1,7 +1,7 @@
 //! `pycell-jailer`: reads one jail spec (a frame: length, then JSON) on stdin, runs it, and writes
 //! event frames (output chunks, then the result) on stdout. Started by every
 //! pycell mode (`pycell run`, `pycell mcp`, pycelld) through the launcher in
-//! `pycell_core::launch`. Single-threaded on purpose: it clones the jail.
+//! `pycell_launch::launcher`. Single-threaded on purpose: it clones the jail.
 #![forbid(unsafe_code)]
 
 fn main() {

@@ -4,8 +4,8 @@
 
 use std::os::fd::OwnedFd;
 
-use pycell_core::deps::build::ProgressLines;
-use pycell_core::protocol::{ClientMessage, ServerMessage};
+use pycell_deps::build::ProgressLines;
+use pycell_protocol::messages::{ClientMessage, ServerMessage};
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
@@ -14,7 +14,7 @@ use tokio::time::timeout;
 use super::{reply_during_run, Conn};
 use crate::broker::link::Reply;
 use crate::broker::Broker;
-use crate::monitor::{ToBroker, ToMonitor};
+use crate::link::{ToBroker, ToMonitor};
 
 /// Longest progress message passed on (a builder's line is far shorter).
 const MAX_MESSAGE: usize = 1000;

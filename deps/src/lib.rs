@@ -1,0 +1,275 @@
+//! A run's dependencies: gathered from its policy, its code's PEP 723 block
+//! and its request, built once by uv in the install jail (see
+//! [`install`]), kept in a content-addressed store (see [`store`]) and
+//! mounted read-only into the run's jail as its venv.
+//!
+//! Threat model: PEP 723 blocks and requirement lists are client input,
+//! parsed here by kept parsers (`toml`, pycell's requirement grammar) with
+//! sizes checked first; wheels are installed by uv inside the install jail
+//! (wheels only, so no build backend runs), and the env is copied out of it
+//! without following a symlink. No `unsafe`.
+#![forbid(unsafe_code)]
+
+pub mod build;
+pub mod install;
+pub mod pep723;
+pub mod store;
+
+use std::path::Path;
+
+use pycell_policy::requirement::{self, Requirement};
+use pycell_policy::Policy;
+use sha2::{Digest, Sha256};
+
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::report::JailFailure;
+
+/// What one run needs installed, merged from every source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DepsRequest {
+    /// The policy's packages, then the script's, then the request's; each
+    /// once.
+    pub requirements: Vec<Requirement>,
+    /// The script's `requires-python`.
+    pub requires_python: Option<String>,
+}
+
+/// A refusal about dependencies.
+pub fn failure(code: FailureCode, message: impl Into<String>) -> JailFailure {
+    JailFailure::new(code, Layer::Dependencies, message)
+}
+
+fn invalid(message: impl Into<String>) -> JailFailure {
+    failure(FailureCode::DepsInvalid, message)
+}
+
+/// The requirements of a requirements file (`pycell run --requirements`):
+/// one per line, `#` comments, `\` continuations; no options (`-r`,
+/// `--index-url`, `-e`: pycell installs from its configured index only).
+/// Errors name the file and line.
+pub fn requirements_file(text: &str, origin: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut pending = String::new();
+    let mut first_line = 0;
+    for (i, raw) in text.lines().enumerate() {
+        let line = match raw.find(" #").or_else(|| raw.starts_with('#').then_some(0)) {
+            Some(at) => &raw[..at],
+            None => raw,
+        };
+        if pending.is_empty() {
+            first_line = i + 1;
+        }
+        match line.trim_end().strip_suffix('\\') {
+            Some(head) => {
+                pending.push_str(head);
+                continue;
+            }
+            None => pending.push_str(line),
+        }
+        let entry = std::mem::take(&mut pending);
+        let entry = entry.trim();
+        if entry.is_empty() {
+            continue;
+        }
+        Requirement::parse(entry).map_err(|m| format!("{origin} line {first_line}: {m}"))?;
+        out.push(entry.to_string());
+    }
+    Ok(out)
+}
+
+/// Everything `policy`'s run of `code` with `listed` dependencies needs, or
+/// `None` when it needs nothing beyond the interpreter.
+pub fn gather(
+    policy: &Policy,
+    code: &str,
+    listed: &[String],
+) -> Result<Option<DepsRequest>, JailFailure> {
+    let script = pep723::parse(code).map_err(|e| {
+        invalid(format!("the script's `# /// script` metadata, {e}"))
+            .with_hint("fix the block (PEP 723: https://peps.python.org/pep-0723/)")
+    })?;
+    let listed = requirement::parse_list(listed)
+        .map_err(|(i, m)| invalid(format!("dependencies[{i}]: {m}")))?;
+    let (script_deps, requires_python) = match script {
+        Some(m) => (m.dependencies, m.requires_python),
+        None => (Vec::new(), None),
+    };
+    let asked = !listed.is_empty() || !script_deps.is_empty();
+    if asked && !policy.dependencies.allow {
+        let names: Vec<String> = script_deps
+            .iter()
+            .chain(&listed)
+            .map(|r| r.to_string())
+            .collect();
+        return Err(failure(
+            FailureCode::DepsNotAllowed,
+            format!(
+                "the run asks for {} but policy {:?} does not allow dependencies",
+                names.join(", "),
+                policy.name
+            ),
+        )
+        .with_hint("use a policy whose [dependencies] allow = true (the shipped `default` does), or drop them"));
+    }
+    let mut requirements: Vec<Requirement> = Vec::new();
+    for r in policy
+        .dependencies
+        .packages
+        .iter()
+        .chain(&script_deps)
+        .chain(&listed)
+    {
+        if !requirements.contains(r) {
+            requirements.push(r.clone());
+        }
+    }
+    if requirements.len() > requirement::MAX_REQUIREMENTS {
+        return Err(invalid(format!(
+            "{} requirements in all; at most {} are allowed",
+            requirements.len(),
+            requirement::MAX_REQUIREMENTS
+        )));
+    }
+    if requirements.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(DepsRequest {
+        requirements,
+        requires_python,
+    }))
+}
+
+/// Hex SHA-256 of `parts`, each length-prefixed (so no two part lists
+/// collide by concatenation).
+pub fn digest<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The key of a request in the store: which env answers it without
+/// resolving again. It covers the interpreter (its real path and file
+/// identity, so an upgraded python gets new envs), the sorted requirements,
+/// `requires-python`, and where the install policy finds wheels.
+pub fn request_key(req: &DepsRequest, interpreter: &Path, source: &str) -> String {
+    let identity = interpreter_identity(interpreter);
+    let mut reqs: Vec<String> = req.requirements.iter().map(|r| r.to_string()).collect();
+    reqs.sort();
+    let reqs = reqs.join("\n");
+    let rp = req.requires_python.clone().unwrap_or_default();
+    digest([
+        b"pycell-request-v1".as_slice(),
+        identity.as_bytes(),
+        reqs.as_bytes(),
+        rp.as_bytes(),
+        source.as_bytes(),
+    ])
+}
+
+/// The interpreter's real path, device, inode, size and mtime.
+fn interpreter_identity(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    match std::fs::metadata(&real) {
+        Ok(m) => format!(
+            "{}:{}:{}:{}:{}",
+            real.display(),
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime()
+        ),
+        Err(_) => real.display().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(extra: &str) -> Policy {
+        let text = format!(
+            "name = \"p\"\ndescription = \"d\"\nnamespaces = [\"user\", \"pid\", \"mount\", \"net\", \"ipc\", \"uts\", \"cgroup\"]\n[interpreter]\npython = \"/usr/bin/python3\"\n{extra}"
+        );
+        Policy::from_toml_str(&text, Path::new("p.toml")).unwrap()
+    }
+
+    #[test]
+    fn sources_merge_in_order_without_repeats() {
+        let p = policy("[dependencies]\nallow = true\npackages = [\"numpy\"]\n");
+        let code = "# /// script\n# dependencies = [\"six\", \"NumPy\"]\n# requires-python = \">=3.9\"\n# ///\n";
+        let r = gather(&p, code, &["six".into(), "attrs>=23".into()])
+            .unwrap()
+            .unwrap();
+        let names: Vec<String> = r.requirements.iter().map(|r| r.to_string()).collect();
+        assert_eq!(names, ["numpy", "six", "attrs>=23"]);
+        assert_eq!(r.requires_python.as_deref(), Some(">=3.9"));
+        assert_eq!(
+            gather(&p, "print(1)", &[])
+                .unwrap()
+                .unwrap()
+                .requirements
+                .len(),
+            1
+        );
+        assert!(gather(&policy(""), "print(1)", &[]).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_policy_without_dependencies_refuses_them_by_name() {
+        let e = gather(
+            &policy(""),
+            "# /// script\n# dependencies = [\"six\"]\n# ///\n",
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(e.code, FailureCode::DepsNotAllowed);
+        assert!(
+            e.message.contains("six") && e.message.contains("\"p\""),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn bad_dependencies_are_invalid_with_where() {
+        let p = policy("[dependencies]\nallow = true\n");
+        let e = gather(&p, "x", &["ok".into(), "bad >> 1".into()]).unwrap_err();
+        assert_eq!(e.code, FailureCode::DepsInvalid);
+        assert!(e.message.starts_with("dependencies[1]: "), "{}", e.message);
+        let e = gather(&p, "\n# /// script\n# dependencies = [1]\n# ///\n", &[]).unwrap_err();
+        assert!(e.message.contains("line 3"), "{}", e.message);
+    }
+
+    #[test]
+    fn requirements_files_skip_comments_and_refuse_options() {
+        let text = "# pinned\nsix==1.17.0  # why\n\nrequests \\\n  >=2\n";
+        assert_eq!(
+            requirements_file(text, "r.txt").unwrap(),
+            ["six==1.17.0", "requests   >=2"]
+        );
+        let e =
+            requirements_file("six\n--extra-index-url https://example.net\n", "r.txt").unwrap_err();
+        assert!(e.starts_with("r.txt line 2: "), "{e}");
+    }
+
+    #[test]
+    fn request_keys_ignore_order_but_not_content() {
+        let r = |names: &[&str]| DepsRequest {
+            requirements: names
+                .iter()
+                .map(|n| Requirement::parse(n).unwrap())
+                .collect(),
+            requires_python: None,
+        };
+        let py = Path::new("/usr/bin/python3");
+        let k = request_key(&r(&["six", "attrs"]), py, "index");
+        assert_eq!(k, request_key(&r(&["attrs", "six"]), py, "index"));
+        assert_ne!(k, request_key(&r(&["six"]), py, "index"));
+        assert_ne!(k, request_key(&r(&["six", "attrs"]), py, "other"));
+        assert_eq!(k.len(), 64);
+    }
+}

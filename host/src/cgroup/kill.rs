@@ -1,0 +1,94 @@
+//! Killing everything in a cgroup: v2 has `cgroup.kill`; v1 has no such
+//! file, so its processes are frozen, signalled one by one through pidfds
+//! (after checking each pid is still a member), and thawed.
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use pycell_wire::report::CgroupVersion;
+
+use super::files;
+
+/// SIGKILL everything in the cgroup at `dir`: v2 with `cgroup.kill`; v1
+/// frozen first (in `freezer`, its directory in the freezer hierarchy), so
+/// that nothing in it can fork or exit while it is being killed, each
+/// process signalled through a pidfd after checking that the pid is still
+/// one of ours, then thawed so the kills take effect; again until empty.
+pub(crate) fn kill_all_in(version: CgroupVersion, dir: &Path, freezer: Option<&Path>) {
+    if version == CgroupVersion::V2 {
+        let _ = files::write(&dir.join("cgroup.kill"), "1");
+        return;
+    }
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+    for _ in 0..50 {
+        let procs = files::pids(&dir.join("cgroup.procs"));
+        if procs.is_empty() {
+            return;
+        }
+        let frozen = freezer.is_some_and(freeze);
+        for p in procs {
+            kill_if_member(p, name.as_deref().unwrap_or_default());
+        }
+        if frozen {
+            let _ = freezer.map(|f| files::write(&f.join("freezer.state"), "THAWED"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Freeze the v1 freezer cgroup at `dir`; true once it reports FROZEN.
+fn freeze(dir: &Path) -> bool {
+    let state = dir.join("freezer.state");
+    if files::write(&state, "FROZEN").is_err() {
+        return false;
+    }
+    for _ in 0..100 {
+        if fs::read_to_string(&state).is_ok_and(|s| s.trim() == "FROZEN") {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    false
+}
+
+/// SIGKILL process `pid` through a pidfd, if it is still in the cgroup
+/// called `name`: a pid read from `cgroup.procs` may have been reused.
+fn kill_if_member(pid: i32, name: &str) {
+    let Some(pid) = rustix::process::Pid::from_raw(pid) else {
+        return;
+    };
+    let Ok(fd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
+        return;
+    };
+    // Read after the pidfd exists: if the pid was reused before, the new
+    // process is not ours; if after, the pidfd's process is gone and the
+    // signal below goes nowhere.
+    let proc_cgroup = format!("/proc/{}/cgroup", pid.as_raw_nonzero());
+    let ours = fs::read_to_string(proc_cgroup).is_ok_and(|text| in_cgroup_named(&text, name));
+    if ours {
+        let _ = rustix::process::pidfd_send_signal(&fd, rustix::process::Signal::KILL);
+    }
+}
+
+/// Whether a /proc/<pid>/cgroup text puts the process in a cgroup named `name`.
+pub(super) fn in_cgroup_named(proc_cgroup: &str, name: &str) -> bool {
+    !name.is_empty()
+        && proc_cgroup.lines().any(|l| {
+            l.rsplit_once(':')
+                .is_some_and(|(_, path)| path.rsplit('/').next() == Some(name))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn membership_is_read_from_the_last_path_segment() {
+        let text = "7:memory:/a/pycell/pycell-5-r-1\n0::/x\n";
+        assert!(in_cgroup_named(text, "pycell-5-r-1"));
+        assert!(!in_cgroup_named(text, "pycell-5-r"));
+        assert!(!in_cgroup_named(text, ""));
+    }
+}

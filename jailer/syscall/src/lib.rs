@@ -1,0 +1,507 @@
+//! The jailer's raw system calls: those `nix` does not wrap. This is the
+//! only code in the workspace allowed to use `unsafe`; every block states
+//! what it relies on. It is a crate of its own, not a module of
+//! `pycell-jailer`, so that pycelld and the client can use the two calls
+//! they need ([`peer_groups`], [`adopt_inherited_fd`]) and `pycell info`
+//! its Landlock probe ([`landlock_abi`]) without linking the jail pipeline.
+//!
+//! A raw `clone` without a new stack is sound only in a single-threaded
+//! process (the child gets a copy of the only thread), so the two clone
+//! functions check the thread count first and refuse otherwise.
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::unistd::Pid;
+
+/// Which side of a `clone` we are on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloneResult {
+    Parent(Pid),
+    Child,
+}
+
+fn cstring(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// The `num_threads` field of `/proc/self/stat` (the 20th; the command name
+/// in parentheses before it may hold spaces).
+fn thread_count(stat: &str) -> Option<u64> {
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(17)?.parse().ok()
+}
+
+/// Refuse to clone unless this process has exactly one thread.
+fn ensure_single_threaded() -> io::Result<()> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    match thread_count(&stat) {
+        Some(1) => Ok(()),
+        n => Err(io::Error::other(format!(
+            "clone without a new stack needs a single-threaded process (threads: {n:?})"
+        ))),
+    }
+}
+
+/// `clone(flags | SIGCHLD)` with fork semantics (child continues on a copy of
+/// the stack). `flags` are `CLONE_NEW*` namespace flags, or 0 for a plain fork.
+/// Refused in a multi-threaded process.
+pub fn clone_fork(namespace_flags: libc::c_int) -> io::Result<CloneResult> {
+    ensure_single_threaded()?;
+    let flags = (namespace_flags | libc::SIGCHLD) as libc::c_ulong;
+    // SAFETY: with a NULL stack pointer clone behaves like fork: the child runs
+    // on a copy-on-write copy of the caller's stack and memory. The caller is
+    // single-threaded (checked just above), so no lock or
+    // allocator state can be held by a thread that does not exist in the
+    // child. No pointers are passed (parent_tid/child_tid/tls are 0).
+    let ret = check(unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    })?;
+    if ret == 0 {
+        Ok(CloneResult::Child)
+    } else {
+        Ok(CloneResult::Parent(Pid::from_raw(ret as libc::pid_t)))
+    }
+}
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
+pub const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
+pub const MOUNT_ATTR_NODEV: u64 = 0x0000_0004;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x0000_0008;
+
+/// `struct mount_attr` from <linux/mount.h> (MOUNT_ATTR_SIZE_VER0).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// `open_tree(path, OPEN_TREE_CLONE [| AT_RECURSIVE])`: a detached copy of the
+/// mount at `path` (a bind mount not yet attached anywhere).
+pub fn open_tree_clone(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
+    open_tree_at(libc::AT_FDCWD, path, recursive, 0)
+}
+
+/// `open_tree(fd, "", AT_EMPTY_PATH | OPEN_TREE_CLONE [| AT_RECURSIVE])`: a
+/// detached copy of the mount tree at the file `fd` was opened on.
+pub fn open_tree_clone_fd(fd: BorrowedFd<'_>, recursive: bool) -> io::Result<OwnedFd> {
+    open_tree_at(
+        fd.as_raw_fd(),
+        Path::new(""),
+        recursive,
+        libc::AT_EMPTY_PATH as libc::c_uint,
+    )
+}
+
+fn open_tree_at(
+    dirfd: RawFd,
+    path: &Path,
+    recursive: bool,
+    extra: libc::c_uint,
+) -> io::Result<OwnedFd> {
+    let c = cstring(path)?;
+    let mut flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | extra;
+    if recursive {
+        flags |= AT_RECURSIVE;
+    }
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call and
+    // `dirfd` is AT_FDCWD or a descriptor the caller keeps open across it; the
+    // kernel returns a new file descriptor that nothing else owns, which we
+    // wrap in an OwnedFd exactly once.
+    let fd = check(unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            dirfd,
+            c.as_ptr(),
+            flags as libc::c_ulong,
+        )
+    })?;
+    // SAFETY: `fd` was just returned by the kernel and is owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `mount_setattr(fd, "", AT_EMPTY_PATH [| AT_RECURSIVE], {attr_set})`.
+/// Only adds flags, so it never trips over flags locked by the kernel.
+pub fn mount_setattr_fd(fd: &OwnedFd, attr_set: u64, recursive: bool) -> io::Result<()> {
+    let mut flags = libc::AT_EMPTY_PATH as libc::c_uint;
+    if recursive {
+        flags |= AT_RECURSIVE;
+    }
+    mount_setattr_raw(fd.as_raw_fd(), c"", flags, attr_set)
+}
+
+/// `mount_setattr(AT_FDCWD, path, flags, {attr_set})`.
+pub fn mount_setattr_path(path: &Path, attr_set: u64, recursive: bool) -> io::Result<()> {
+    let c = cstring(path)?;
+    let flags = if recursive { AT_RECURSIVE } else { 0 };
+    mount_setattr_raw(libc::AT_FDCWD, &c, flags, attr_set)
+}
+
+fn mount_setattr_raw(
+    dirfd: RawFd,
+    path: &std::ffi::CStr,
+    flags: libc::c_uint,
+    attr_set: u64,
+) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `path` is NUL-terminated and `attr` is a properly laid out
+    // `struct mount_attr` that lives across the call; its size is passed so the
+    // kernel reads exactly that many bytes.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            dirfd,
+            path.as_ptr(),
+            flags as libc::c_ulong,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })?;
+    Ok(())
+}
+
+/// `move_mount(fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)`: attach a
+/// detached mount (from `open_tree_clone`) at `target`.
+pub fn move_mount_to(fd: &OwnedFd, target: &Path) -> io::Result<()> {
+    let t = cstring(target)?;
+    // SAFETY: both strings are NUL-terminated and outlive the call; `fd` is a
+    // valid open descriptor borrowed for the duration of the call.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH as libc::c_ulong,
+        )
+    })?;
+    Ok(())
+}
+
+/// Close every descriptor from 3 up except those in `keep`.
+pub fn close_fds_except(keep: &[RawFd]) -> io::Result<()> {
+    let mut keep: Vec<RawFd> = keep.iter().copied().filter(|k| *k >= 3).collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut lo: u32 = 3;
+    for k in keep.into_iter().map(|k| k as u32) {
+        if k > lo {
+            close_range(lo, k - 1)?;
+        }
+        lo = k + 1;
+    }
+    close_range(lo, u32::MAX)
+}
+
+fn close_range(lo: u32, hi: u32) -> io::Result<()> {
+    // SAFETY: close_range only closes descriptors. Its caller (the jail child,
+    // single-threaded, before exec) owns every descriptor in the range and
+    // holds no Rust owner for any of them that is used afterwards: the ones
+    // it keeps are excluded by `close_fds_except`.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            lo as libc::c_uint,
+            hi as libc::c_uint,
+            0 as libc::c_uint,
+        )
+    })?;
+    Ok(())
+}
+
+/// `prlimit(2)`: set `resource` of process `pid` to `soft`/`hard`.
+pub fn prlimit(
+    pid: nix::unistd::Pid,
+    resource: libc::__rlimit_resource_t,
+    soft: u64,
+    hard: u64,
+) -> io::Result<()> {
+    let new = libc::rlimit64 {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: `new` is a valid rlimit64 that lives across the call; the old
+    // value pointer is NULL, so the kernel writes nothing of ours.
+    let r = unsafe { libc::prlimit64(pid.as_raw(), resource, &new, std::ptr::null_mut()) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `_exit(2)`: end the process now, without running exit handlers or
+/// unwinding (the right way out of a forked child).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and touches no memory of ours; it is
+    // async-signal-safe and valid in a forked child.
+    unsafe { libc::_exit(code) }
+}
+
+const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+
+/// The kernel's Landlock ABI version, or the errno explaining its absence
+/// (ENOSYS: not built in; EOPNOTSUPP: built in but disabled at boot).
+pub fn landlock_abi() -> io::Result<u32> {
+    // SAFETY: with a NULL attr pointer, size 0 and the VERSION flag the call
+    // only returns the ABI number; no memory is read or written.
+    let v = check(unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    })?;
+    Ok(v as u32)
+}
+
+const SIOCGIFFLAGS: libc::c_ulong = 0x8913;
+const SIOCSIFFLAGS: libc::c_ulong = 0x8914;
+
+/// `struct ifreq` with the `ifr_flags` member of its union (40 bytes).
+#[repr(C)]
+struct IfreqFlags {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// Set IFF_UP on the interface named `ifname` of the current network
+/// namespace (used for `lo` in a fresh namespace, where it starts down).
+pub fn interface_up(ifname: &str) -> io::Result<()> {
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    let sock = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(io::Error::from)?;
+    let mut req = IfreqFlags {
+        name: [0; libc::IFNAMSIZ],
+        flags: 0,
+        _pad: [0; 22],
+    };
+    let bytes = ifname.as_bytes();
+    if bytes.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "interface name too long",
+        ));
+    }
+    req.name[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: `req` is a properly sized and aligned `struct ifreq` (name +
+    // flags member of the union, padded to the kernel's 40 bytes) that lives
+    // across both calls; `sock` is an open socket we own.
+    check(unsafe {
+        libc::ioctl(
+            sock.as_raw_fd(),
+            SIOCGIFFLAGS as _,
+            &mut req as *mut IfreqFlags,
+        )
+    } as libc::c_long)?;
+    req.flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: as above.
+    check(unsafe {
+        libc::ioctl(
+            sock.as_raw_fd(),
+            SIOCSIFFLAGS as _,
+            &req as *const IfreqFlags,
+        )
+    } as libc::c_long)?;
+    Ok(())
+}
+
+/// Send one byte with `fd` attached on the unix socket `sock`.
+pub fn send_fd(sock: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
+    let fds = [fd.as_raw_fd()];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let iov = [io::IoSlice::new(b"L")];
+    sendmsg::<UnixAddr>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)?;
+    Ok(())
+}
+
+/// SO_PEERGROUPS (asm-generic; the same number on x86_64 and aarch64).
+const SO_PEERGROUPS: libc::c_int = 59;
+
+/// Take ownership of descriptor `raw`, inherited across exec from whoever
+/// started us (systemd's socket activation passes the listening socket as
+/// descriptor 3). Refused unless it is open; made close-on-exec. Call it at
+/// most once per descriptor, before anything else in the process could
+/// have taken it.
+pub fn adopt_inherited_fd(raw: std::os::fd::RawFd) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: fcntl(F_GETFD) on any integer only reads that descriptor's
+    // flags (EBADF if it is not open); it touches no memory of ours.
+    if unsafe { libc::fcntl(raw, libc::F_GETFD) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is open (checked above) and, per this function's
+    // contract, owned by nothing else in this process: it was inherited
+    // across exec and is adopted once, at startup.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    nix::fcntl::fcntl(
+        &fd,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )?;
+    Ok(fd)
+}
+
+/// The supplementary groups of a connected unix socket's peer, as they were
+/// when it connected (`SO_PEERGROUPS`, Linux 4.13): unlike reading
+/// `/proc/<pid>/status`, no race with the peer exiting and its pid being
+/// reused, and no need to see other users' processes.
+pub fn peer_groups(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<u32>> {
+    let mut groups: Vec<libc::gid_t> = vec![0; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: `groups` is a live, writable buffer of `len` bytes; the
+        // kernel writes at most `len` bytes into it and the new length into
+        // `len`, a valid socklen_t.
+        let rc = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let count = len as usize / std::mem::size_of::<libc::gid_t>();
+        if rc == 0 {
+            groups.truncate(count);
+            return Ok(groups);
+        }
+        let err = io::Error::last_os_error();
+        // Too small: the kernel said how much it needs (NGROUPS_MAX caps it).
+        if err.raw_os_error() == Some(libc::ERANGE) && count > groups.len() {
+            groups.resize(count, 0);
+            continue;
+        }
+        return Err(err);
+    }
+}
+
+/// `struct clone_args` (CLONE_ARGS_SIZE_VER2, 88 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// `clone3` with fork semantics that starts the child directly inside the
+/// cgroup v2 directory `cgroup_dir` (CLONE_INTO_CGROUP): no later write to
+/// cgroup.procs, so no wait for the cgroup attach lock.
+pub fn clone_into_cgroup(
+    namespace_flags: libc::c_int,
+    cgroup_dir: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<CloneResult> {
+    ensure_single_threaded()?;
+    let args = CloneArgs {
+        flags: namespace_flags as u32 as u64 | CLONE_INTO_CGROUP,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: cgroup_dir.as_raw_fd() as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: `args` is a valid, fully initialised `struct clone_args` whose
+    // size is passed; no stack is given, so the child runs on a copy of ours
+    // as with fork, which is sound because the caller is single-threaded
+    // (checked just above). The cgroup fd is borrowed for the duration of the call.
+    let ret = check(unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    })?;
+    if ret == 0 {
+        Ok(CloneResult::Child)
+    } else {
+        Ok(CloneResult::Parent(Pid::from_raw(ret as libc::pid_t)))
+    }
+}
+
+/// `fsetxattr(fd, name, value, 0)`: set (create or replace) an extended
+/// attribute on an open file.
+pub fn fsetxattr(fd: BorrowedFd<'_>, name: &str, value: &[u8]) -> io::Result<()> {
+    let name = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains a NUL byte"))?;
+    // SAFETY: `fd` is an open descriptor borrowed for the call; `name` is a
+    // NUL-terminated string and `value` a slice of `value.len()` readable
+    // bytes, both alive until the call returns; the kernel only reads them.
+    check(unsafe {
+        libc::fsetxattr(
+            fd.as_raw_fd(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        ) as libc::c_long
+    })
+    .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_counts_are_read_past_the_command_name() {
+        let stat = "42 (a) b (c) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 3 0 99 0 0";
+        assert_eq!(thread_count(stat), Some(3));
+        assert_eq!(thread_count("garbage"), None);
+    }
+
+    #[test]
+    fn a_multi_threaded_process_may_not_clone() {
+        // The test harness runs tests on threads of its own.
+        let e = clone_fork(0).unwrap_err();
+        assert!(e.to_string().contains("single-threaded"), "{e}");
+    }
+}

@@ -1,0 +1,821 @@
+//! The one launch path, shared by `pycell run`, `pycell mcp` and pycelld:
+//!
+//! ```text
+//! Launcher::load_policy ─> Launcher::prepare ─> Prepared::spawn[_async] ─> Collector ─> RunResult
+//!  (name or file)          (resolve, uid lease,   (pycell-jailer, spec as    (events decoded,
+//!                           run id, spec,          a frame on its stdin, events output capped,
+//!                           validated)             on its stdout)              result built)
+//! ```
+//!
+//! Every mode builds jails the same way: by starting the single-threaded
+//! `pycell-jailer` executable, never by forking itself. The uid lease goes
+//! with the launched jailer and is released only when the caller drops it,
+//! after the jailer has exited.
+
+use std::io::{self, Write};
+use std::ops::RangeInclusive;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use pycell_policy::network::EgressRules;
+use pycell_policy::Policy;
+
+use crate::resolve::{self, ResolveError};
+use pycell_host::uidalloc::{self, UidLease};
+use pycell_protocol::messages::RunRequest;
+use pycell_protocol::result::{LimitsReport, NetworkReport, RunResult};
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::events::{Event, EventError, Stream};
+use pycell_wire::report::{JailFailure, JailReport};
+use pycell_wire::spec::{new_run_id, JailSpec};
+
+/// Where sandbox uid leases are kept (by embedded runs and pycelld alike:
+/// one directory, so the two can never hand out the same uid).
+pub const UID_LOCK_DIR: &str = "/run/pycell/uids";
+/// Where the Debian package installs the jailer.
+pub const INSTALLED_JAILER: &str = "/usr/libexec/pycell/pycell-jailer";
+/// How much of the jailer's own stderr (with [`JailerStderr::Capture`]) is
+/// kept for an error message.
+pub const JAILER_STDERR_CAP: usize = 16 * 1024;
+
+/// Append as much of `bytes` to `buf` as fits under `cap`; true if some of
+/// it did not fit.
+pub fn append_capped(buf: &mut Vec<u8>, bytes: &[u8], cap: usize) -> bool {
+    let room = cap.saturating_sub(buf.len());
+    buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    bytes.len() > room
+}
+
+/// A request that cannot be run as asked: the caller can fix it (as opposed
+/// to a refusal, which is the host's or the operator's problem).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct RequestError {
+    /// The request field at fault: `policy`, `timeout`, `code`, `stdin`, `limits`, `args`.
+    pub field: &'static str,
+    pub problem: String,
+}
+
+impl RequestError {
+    /// The failure a result reports for it (an unknown or unusable policy is
+    /// `invalid_policy`, anything else `invalid_request`).
+    pub fn failure(&self) -> JailFailure {
+        let (code, layer) = if self.field == "policy" {
+            (FailureCode::InvalidPolicy, Layer::Policy)
+        } else {
+            (FailureCode::InvalidRequest, Layer::Request)
+        };
+        JailFailure::new(code, layer, self.to_string())
+    }
+}
+
+/// Why a run did not start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaunchError {
+    /// The caller's request is wrong.
+    Request(RequestError),
+    /// The host or its configuration refuses the run.
+    Refused(JailFailure),
+}
+
+impl LaunchError {
+    pub fn failure(&self) -> JailFailure {
+        match self {
+            LaunchError::Request(e) => e.failure(),
+            LaunchError::Refused(f) => f.clone(),
+        }
+    }
+}
+
+impl From<ResolveError> for LaunchError {
+    fn from(e: ResolveError) -> Self {
+        match e {
+            ResolveError::BadRequest { field, problem } => {
+                LaunchError::Request(RequestError { field, problem })
+            }
+            ResolveError::UnknownPolicy { .. } => LaunchError::Request(RequestError {
+                field: "policy",
+                problem: e.to_string(),
+            }),
+            // An installed file that does not load, or an interpreter that is
+            // not there, is the operator's problem.
+            other => LaunchError::Refused(
+                JailFailure::new(FailureCode::InvalidPolicy, Layer::Policy, other.to_string())
+                    .with_hint("the operator must fix the policy (pycell policy check FILE)"),
+            ),
+        }
+    }
+}
+
+/// How a run names its policy.
+#[derive(Debug, Clone, Copy)]
+pub enum PolicyChoice<'a> {
+    /// An installed policy, else a built-in one (what clients may ask for).
+    Name(&'a str),
+    /// A file of the caller's own (embedded `pycell run --policy FILE` only).
+    File(&'a Path),
+}
+
+impl<'a> PolicyChoice<'a> {
+    /// `--policy NAME|PATH`: a path contains `/` or ends in `.toml`.
+    pub fn from_arg(arg: &'a str) -> PolicyChoice<'a> {
+        if arg.contains('/') || arg.ends_with(".toml") {
+            PolicyChoice::File(Path::new(arg))
+        } else {
+            PolicyChoice::Name(arg)
+        }
+    }
+}
+
+/// Where launches find policies, sandbox uids, cgroups and the jailer.
+#[derive(Debug, Clone)]
+pub struct Launcher {
+    pub policy_dir: PathBuf,
+    pub uid_range: RangeInclusive<u32>,
+    pub uid_lock_dir: PathBuf,
+    /// Parent of the runs' cgroups, relative to the jailer's own cgroup.
+    pub cgroup_parent: String,
+    /// The jailer to start, or why there is none (a run is then refused
+    /// once its request has been checked).
+    pub jailer: Result<PathBuf, JailFailure>,
+}
+
+impl Launcher {
+    /// Embedded mode's launcher: `PYCELL_UID_RANGE`, `PYCELL_JAILER`,
+    /// `PYCELL_POLICY_DIR` (default /etc/pycell/policies) and
+    /// `PYCELL_CGROUP_PARENT` from the environment. Fails only for a
+    /// malformed `PYCELL_UID_RANGE` or `PYCELL_CGROUP_PARENT`.
+    pub fn embedded_from_env() -> Result<Launcher, JailFailure> {
+        let policy_dir = std::env::var_os("PYCELL_POLICY_DIR")
+            .filter(|d| !d.is_empty())
+            .map_or_else(|| PathBuf::from(resolve::POLICY_DIR), PathBuf::from);
+        Ok(Launcher {
+            policy_dir,
+            uid_range: uid_range_from_env()?,
+            uid_lock_dir: PathBuf::from(UID_LOCK_DIR),
+            cgroup_parent: cgroup_parent_from_env()?,
+            jailer: find_jailer(),
+        })
+    }
+
+    pub fn load_policy(&self, choice: PolicyChoice<'_>) -> Result<Policy, LaunchError> {
+        match choice {
+            PolicyChoice::Name(name) => Ok(resolve::load_policy_by_name(name, &self.policy_dir)?),
+            PolicyChoice::File(path) => Policy::load(path).map_err(|e| {
+                LaunchError::Refused(JailFailure::new(
+                    FailureCode::InvalidPolicy,
+                    Layer::Policy,
+                    e.to_string(),
+                ))
+            }),
+        }
+    }
+
+    /// Resolve `request` under `policy`, lease a sandbox uid and give the
+    /// run its id: a validated spec, ready for the jailer.
+    pub fn prepare(&self, policy: &Policy, request: &RunRequest) -> Result<Prepared, LaunchError> {
+        self.prepare_with(policy, request, &resolve::Extras::default())
+    }
+
+    /// [`Launcher::prepare`] with what the launch adds (an env, the install
+    /// jail's mounts and files).
+    pub fn prepare_with(
+        &self,
+        policy: &Policy,
+        request: &RunRequest,
+        extras: &resolve::Extras,
+    ) -> Result<Prepared, LaunchError> {
+        if policy.install.is_some() && !extras.export_workspace {
+            return Err(LaunchError::Request(RequestError {
+                field: "policy",
+                problem: format!(
+                    "policy {:?} is the jail that builds dependency envs (it has an [install] section); runs cannot use it",
+                    policy.name
+                ),
+            }));
+        }
+        let resolved = resolve::resolve_with(policy, request, extras)?;
+        if !nix::unistd::geteuid().is_root() {
+            return Err(LaunchError::Refused(not_root()));
+        }
+        let jailer = self.jailer.clone().map_err(LaunchError::Refused)?;
+        let mut lease = uidalloc::allocate(&self.uid_range, &self.uid_lock_dir).map_err(|e| {
+            LaunchError::Refused(JailFailure::new(
+                FailureCode::UidUnavailable,
+                Layer::Uid,
+                e.to_string(),
+            ))
+        })?;
+        lease.release_after_cgroups(&self.cgroup_parent);
+        let mut spec = resolved.spec;
+        spec.run_id = new_run_id();
+        spec.sandbox_uid = lease.uid;
+        spec.sandbox_gid = lease.gid;
+        spec.cgroup.parent = self.cgroup_parent.clone();
+        spec.validate().map_err(invalid_spec)?;
+        Ok(Prepared {
+            run_id: spec.run_id.clone(),
+            policy: policy.name.clone(),
+            egress: policy.network.egress().cloned(),
+            limits: LimitsReport::from(&resolved.limits),
+            spec,
+            lease,
+            jailer,
+        })
+    }
+}
+
+impl Launcher {
+    /// A warm jail for `policy`'s runs (with `extras`' env): the jail an
+    /// empty request would get, its python started on pycell's runner and
+    /// importing `modules`, waiting for the work of one run (see
+    /// [`crate::runner`]).
+    pub fn prepare_warm(
+        &self,
+        policy: &Policy,
+        extras: &resolve::Extras,
+        modules: &[String],
+    ) -> Result<Prepared, LaunchError> {
+        let mut prepared = self.prepare_with(policy, &RunRequest::default(), extras)?;
+        let spec = pycell_runner::warm_spec(&prepared.spec, modules);
+        spec.validate().map_err(invalid_spec)?;
+        prepared.spec = spec;
+        Ok(prepared)
+    }
+}
+
+/// A spec that fails its own validation: pycell's bug, not the caller's.
+fn invalid_spec(e: pycell_wire::spec::SpecError) -> LaunchError {
+    LaunchError::Refused(JailFailure::new(
+        FailureCode::InvalidSpec,
+        Layer::Jailer,
+        e.to_string(),
+    ))
+}
+
+fn not_root() -> JailFailure {
+    JailFailure::new(
+        FailureCode::NotRoot,
+        Layer::Jailer,
+        "building a sandbox without pycelld needs root (it creates cgroups and maps a sandbox uid)",
+    )
+    .with_hint(
+        "run pycell as root, or install and start the pycelld service (its socket needs no root)",
+    )
+}
+
+/// `PYCELL_CGROUP_PARENT` (plain names separated by `/`, relative to the
+/// cgroup root: pycelld sets it for the env builders it starts, so their
+/// install jails live in its subtree), else [`resolve::CGROUP_PARENT`].
+fn cgroup_parent_from_env() -> Result<String, JailFailure> {
+    match std::env::var("PYCELL_CGROUP_PARENT") {
+        Ok(p) if pycell_wire::spec::is_plain_relative_path(&p) => Ok(p),
+        Ok(p) => Err(JailFailure::new(
+            FailureCode::InvalidConfig,
+            Layer::Cgroup,
+            format!("PYCELL_CGROUP_PARENT={p:?}: expected plain names separated by /"),
+        )),
+        Err(_) => Ok(resolve::CGROUP_PARENT.to_string()),
+    }
+}
+
+/// `PYCELL_UID_RANGE` (`START-END`), else [`uidalloc::DEFAULT_RANGE`].
+pub fn uid_range_from_env() -> Result<RangeInclusive<u32>, JailFailure> {
+    match std::env::var("PYCELL_UID_RANGE") {
+        Ok(s) => uidalloc::parse_range(&s).ok_or_else(|| {
+            JailFailure::new(
+                FailureCode::InvalidConfig,
+                Layer::Uid,
+                format!("PYCELL_UID_RANGE={s:?}: expected START-END"),
+            )
+        }),
+        Err(_) => Ok(uidalloc::DEFAULT_RANGE),
+    }
+}
+
+/// The jailer to start: `$PYCELL_JAILER`, else `pycell-jailer` next to this
+/// executable (a build tree, or pycelld's own directory), else the installed
+/// one. Whichever is chosen must exist.
+pub fn find_jailer() -> Result<PathBuf, JailFailure> {
+    let unavailable = |m: String| {
+        JailFailure::new(FailureCode::JailerUnavailable, Layer::Jailer, m)
+            .with_hint("set PYCELL_JAILER to the path of pycell-jailer")
+    };
+    if let Some(p) = std::env::var_os("PYCELL_JAILER").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(unavailable(format!(
+                "PYCELL_JAILER={} does not exist",
+                p.display()
+            )))
+        };
+    }
+    let beside = std::env::current_exe()
+        .map_err(|e| unavailable(format!("locating this executable: {e}")))?
+        .with_file_name("pycell-jailer");
+    [beside.clone(), PathBuf::from(INSTALLED_JAILER)]
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            unavailable(format!(
+                "pycell-jailer is neither at {} nor at {INSTALLED_JAILER}",
+                beside.display()
+            ))
+        })
+}
+
+/// A run resolved and holding its sandbox uid, ready to start.
+#[derive(Debug)]
+pub struct Prepared {
+    pub run_id: String,
+    pub policy: String,
+    /// The policy's egress rules, when it has network mode `allowlist`.
+    pub egress: Option<EgressRules>,
+    pub limits: LimitsReport,
+    spec: JailSpec,
+    lease: UidLease,
+    jailer: PathBuf,
+}
+
+/// What becomes of the jailer's own stderr (never the sandbox's output,
+/// which comes as events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JailerStderr {
+    /// Ours (pycelld's: the journal).
+    Inherit,
+    /// A pipe, for the caller to read (into an error message).
+    Capture,
+}
+
+/// A started jailer. Dropping it releases the uid: the caller does so only
+/// after the jailer has exited.
+#[derive(Debug)]
+pub struct Started<Child, Events> {
+    pub run_id: String,
+    pub policy: String,
+    pub limits: LimitsReport,
+    pub child: Child,
+    /// The jailer's event stream.
+    pub events: Events,
+    /// With egress: the rules, and our end of the jailer's stdin, on which
+    /// it sends the proxy's listener (for `pycell_egress::Egress::start`).
+    pub egress: Option<(EgressRules, OwnedFd)>,
+    /// A jail that exports its workspace without egress: our end of its
+    /// stdin (see [`Started::take_workspace`]).
+    workspace_channel: Option<OwnedFd>,
+    exports_workspace: bool,
+    /// A warm jail's stream for its work (see [`Started::send_work`]).
+    work: Option<UnixStream>,
+    pub lease: UidLease,
+}
+
+impl<C, E> Started<C, E> {
+    /// The /workspace of a jail whose spec exports it (the install jail),
+    /// as a directory descriptor that outlives the jail; `None` if the jail
+    /// ended before sending it. Blocks until then. Call it before the
+    /// egress proxy starts: the workspace comes first on the same socket.
+    pub fn take_workspace(&mut self) -> io::Result<Option<OwnedFd>> {
+        let channel = match (&self.egress, &self.workspace_channel) {
+            _ if !self.exports_workspace => return Ok(None),
+            (Some((_, c)), _) | (None, Some(c)) => c.as_fd(),
+            (None, None) => return Ok(None),
+        };
+        let mut marker = [0u8; 1];
+        let (_, fds) = pycell_wire::fdpass::recv_with_fds(channel, &mut marker)?;
+        self.exports_workspace = false;
+        Ok(fds.into_iter().next())
+    }
+}
+
+impl<C, E> Started<C, E> {
+    /// Hand a warm jail its run (once: the stream is closed after it).
+    /// The jailer must have reported itself ready first.
+    pub fn send_work(&mut self, work: &pycell_runner::Work) -> io::Result<()> {
+        let mut stream = self.work.take().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a warm jail waiting for work",
+            )
+        })?;
+        let frame = pycell_wire::framing::encode_within(work, pycell_runner::MAX_WORK_FRAME)
+            .map_err(io::Error::other)?;
+        stream.write_all(&frame)?;
+        stream.shutdown(std::net::Shutdown::Write)
+    }
+}
+
+/// A started jailer, for a blocking caller.
+pub type Launched = Started<std::process::Child, std::process::ChildStdout>;
+/// A started jailer, for a tokio caller.
+pub type LaunchedAsync = Started<tokio::process::Child, tokio::process::ChildStdout>;
+
+impl Prepared {
+    pub fn spec(&self) -> &JailSpec {
+        &self.spec
+    }
+
+    /// A result for this run that never started.
+    pub fn refused(&self, f: JailFailure) -> RunResult {
+        RunResult::refused(&self.run_id, &self.policy, f)
+    }
+
+    /// The jailer command: nothing from our environment, the spec on stdin
+    /// (a unix socket, returned: the jailer sends the egress proxy's
+    /// listener back on it), events on stdout.
+    fn command(&self, stderr: JailerStderr) -> io::Result<(Command, UnixStream)> {
+        let (ours, theirs) = UnixStream::pair()?;
+        let mut cmd = Command::new(&self.jailer);
+        cmd.env_clear()
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::piped())
+            .stderr(match stderr {
+                JailerStderr::Inherit => Stdio::inherit(),
+                JailerStderr::Capture => Stdio::piped(),
+            });
+        Ok((cmd, ours))
+    }
+
+    /// The spec as the jailer reads it: one frame.
+    fn spec_frame(&self) -> Result<Vec<u8>, Box<RunResult>> {
+        pycell_wire::framing::encode_within(&self.spec, pycell_wire::spec::MAX_SPEC_FRAME).map_err(
+            |e| {
+                self.refused_boxed(JailFailure::new(
+                    FailureCode::Internal,
+                    Layer::Jailer,
+                    format!("encoding the spec: {e}"),
+                ))
+            },
+        )
+    }
+
+    fn refused_boxed(&self, f: JailFailure) -> Box<RunResult> {
+        Box::new(self.refused(f))
+    }
+
+    fn cannot_start(&self, e: io::Error) -> Box<RunResult> {
+        self.refused_boxed(
+            JailFailure::new(
+                FailureCode::JailerUnavailable,
+                Layer::Jailer,
+                format!("cannot start {}: {e}", self.jailer.display()),
+            )
+            .with_hint("set PYCELL_JAILER to the path of pycell-jailer"),
+        )
+    }
+
+    fn spec_not_taken(&self, e: io::Error) -> Box<RunResult> {
+        self.refused_boxed(JailFailure::new(
+            FailureCode::JailerFailed,
+            Layer::Jailer,
+            format!("pycell-jailer did not take its spec: {e}"),
+        ))
+    }
+
+    /// Start the jailer and hand it the spec. On failure the jailer has been
+    /// killed and reaped, and the result says why.
+    pub fn spawn(self, stderr: JailerStderr) -> Result<Launched, Box<RunResult>> {
+        let frame = self.spec_frame()?;
+        let (mut cmd, mut spec_in) = self.command(stderr).map_err(|e| self.cannot_start(e))?;
+        // A warm jail's work follows its spec on the same stream.
+        let work = match self.spec.warm {
+            true => Some(spec_in.try_clone().map_err(|e| self.cannot_start(e))?),
+            false => None,
+        };
+        let mut child = cmd.spawn().map_err(|e| self.cannot_start(e))?;
+        drop(cmd); // our copy of the jailer's end of the socket
+        let Some(events) = child.stdout.take() else {
+            unreachable!("stdout was configured as a pipe");
+        };
+        let sent = spec_in.write_all(&frame).and_then(|()| match work {
+            Some(_) => Ok(()),
+            None => spec_in.shutdown(std::net::Shutdown::Write),
+        });
+        if let Err(e) = sent {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(self.spec_not_taken(e));
+        }
+        Ok(self.started(child, events, spec_in, work))
+    }
+
+    fn started<C, E>(
+        self,
+        child: C,
+        events: E,
+        spec_in: UnixStream,
+        work: Option<UnixStream>,
+    ) -> Started<C, E> {
+        let exports_workspace = self.spec.export_workspace;
+        let (egress, workspace_channel) = match self.egress {
+            Some(rules) => (Some((rules, OwnedFd::from(spec_in))), None),
+            None if exports_workspace => (None, Some(OwnedFd::from(spec_in))),
+            None => (None, None),
+        };
+        Started {
+            run_id: self.run_id,
+            policy: self.policy,
+            limits: self.limits,
+            child,
+            events,
+            egress,
+            workspace_channel,
+            exports_workspace,
+            work,
+            lease: self.lease,
+        }
+    }
+
+    /// [`Prepared::spawn`] for a tokio caller. Call it from a runtime worker
+    /// (an async task), not a blocking-pool thread: the jailer's parent-death
+    /// signal follows the thread that started it, and idle pool threads exit.
+    pub async fn spawn_async(self, stderr: JailerStderr) -> Result<LaunchedAsync, Box<RunResult>> {
+        use tokio::io::AsyncWriteExt;
+        let frame = self.spec_frame()?;
+        let (cmd, spec_in) = self.command(stderr).map_err(|e| self.cannot_start(e))?;
+        let mut cmd = tokio::process::Command::from(cmd);
+        let mut child = cmd.spawn().map_err(|e| self.cannot_start(e))?;
+        drop(cmd);
+        let Some(events) = child.stdout.take() else {
+            unreachable!("stdout was configured as a pipe");
+        };
+        let sent = async {
+            spec_in.set_nonblocking(true)?;
+            let mut tx = tokio::net::UnixStream::from_std(spec_in)?;
+            tx.write_all(&frame).await?;
+            tx.shutdown().await?;
+            let spec_in = tx.into_std()?;
+            spec_in.set_nonblocking(false)?;
+            Ok::<_, io::Error>(spec_in)
+        };
+        match sent.await {
+            Ok(spec_in) => Ok(self.started(child, events, spec_in, None)),
+            Err(e) => {
+                let _ = child.kill().await;
+                Err(self.spec_not_taken(e))
+            }
+        }
+    }
+}
+
+/// How the jailer process ended, as far as the reader of its events knows.
+#[derive(Debug)]
+pub enum JailerEnd {
+    /// It exited with this status; `stderr` is what it printed (if captured).
+    Exited {
+        status: io::Result<std::process::ExitStatus>,
+        stderr: Vec<u8>,
+    },
+    /// Someone else waits for it (pycelld's monitor).
+    Elsewhere,
+}
+
+/// Builds a run's result from the jailer's events: output kept up to the
+/// run's cap (again: the jailer caps it too), the report, or why there is
+/// none.
+#[derive(Debug)]
+pub struct Collector {
+    run_id: String,
+    policy: String,
+    limits: Option<LimitsReport>,
+    cap: usize,
+    output: [Vec<u8>; 2],
+    truncated: [bool; 2],
+    report: Option<JailReport>,
+    broken: Option<EventError>,
+    network: Option<NetworkReport>,
+}
+
+impl Collector {
+    pub fn new(run_id: &str, policy: &str, limits: Option<LimitsReport>) -> Collector {
+        let cap = limits.as_ref().map_or(usize::MAX, |l| {
+            usize::try_from(l.max_output_bytes).unwrap_or(usize::MAX)
+        });
+        Collector {
+            run_id: run_id.to_string(),
+            policy: policy.to_string(),
+            limits,
+            cap,
+            output: [Vec::new(), Vec::new()],
+            truncated: [false, false],
+            report: None,
+            broken: None,
+            network: None,
+        }
+    }
+
+    /// Take one event. For output, returns the part that was kept (to show
+    /// or forward as it arrives); past the cap that is nothing.
+    pub fn record(&mut self, event: Event) -> Option<(Stream, &[u8])> {
+        let (stream, bytes) = match event {
+            Event::Result(r) => {
+                self.report = Some(*r);
+                return None;
+            }
+            Event::Ready => return None,
+            Event::Output(s, b) => (s, b),
+        };
+        let i = stream as usize;
+        let start = self.output[i].len();
+        self.truncated[i] |= append_capped(&mut self.output[i], &bytes, self.cap);
+        (self.output[i].len() > start).then(|| (stream, &self.output[i][start..]))
+    }
+
+    /// The stream could not be read further: the result will say so (and
+    /// the caller stops the jailer).
+    pub fn broken(&mut self, e: EventError) {
+        self.broken.get_or_insert(e);
+    }
+
+    /// The output of `stream` kept so far (capped).
+    pub fn output(&self, stream: Stream) -> &[u8] {
+        &self.output[stream as usize]
+    }
+
+    /// What the run did through its egress proxy (after the proxy ended).
+    pub fn network(&mut self, report: NetworkReport) {
+        self.network = Some(report);
+    }
+
+    /// Whether the result has arrived.
+    pub fn has_report(&self) -> bool {
+        self.report.is_some()
+    }
+
+    pub fn finish(self, end: JailerEnd) -> RunResult {
+        let Some(mut report) = self.report else {
+            let f = JailFailure::new(
+                FailureCode::JailerFailed,
+                Layer::Jailer,
+                no_result_message(self.broken.as_ref(), &end),
+            );
+            return RunResult::refused(&self.run_id, &self.policy, f);
+        };
+        report.stdout_truncated |= self.truncated[0];
+        report.stderr_truncated |= self.truncated[1];
+        let mut result = RunResult::new(
+            &self.run_id,
+            &self.policy,
+            self.limits,
+            report,
+            &self.output[0],
+            &self.output[1],
+        );
+        result.network = self.network;
+        result
+    }
+}
+
+/// What to tell about a jailer that gave no result.
+fn no_result_message(broken: Option<&EventError>, end: &JailerEnd) -> String {
+    let why = match (broken, end) {
+        (Some(e), _) => format!("its event stream is corrupt ({e})"),
+        (None, JailerEnd::Exited { status: Ok(s), .. }) => {
+            format!("it exited ({s}) without reporting a result")
+        }
+        (None, JailerEnd::Exited { status: Err(e), .. }) => format!("waiting for it failed ({e})"),
+        (None, JailerEnd::Elsewhere) => "it ended without reporting a result".to_string(),
+    };
+    let tail = match end {
+        JailerEnd::Exited { stderr, .. } => String::from_utf8_lossy(stderr).trim().to_string(),
+        JailerEnd::Elsewhere => String::new(),
+    };
+    if tail.is_empty() {
+        format!("pycell-jailer failed: {why}")
+    } else {
+        format!("pycell-jailer failed: {why}; its stderr: {tail}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pycell_wire::report::RunStatus;
+    use std::os::unix::process::ExitStatusExt;
+
+    fn limits(cap: u64) -> LimitsReport {
+        let mut l = LimitsReport::from(&pycell_policy::Limits::default());
+        l.max_output_bytes = cap;
+        l
+    }
+
+    fn ok_report() -> Box<JailReport> {
+        let mut r = JailReport::refused(JailFailure::new(FailureCode::Internal, Layer::Jailer, ""));
+        r.status = RunStatus::Ok;
+        r.error = None;
+        r.exit_code = Some(0);
+        Box::new(r)
+    }
+
+    #[test]
+    fn output_is_capped_per_stream_and_marked_truncated() {
+        let mut c = Collector::new("r-1", "default", Some(limits(4)));
+        let kept = c.record(Event::Output(Stream::Stdout, b"abc".to_vec()));
+        assert_eq!(kept, Some((Stream::Stdout, &b"abc"[..])));
+        let kept = c.record(Event::Output(Stream::Stdout, b"defg".to_vec()));
+        assert_eq!(kept, Some((Stream::Stdout, &b"d"[..])));
+        assert_eq!(c.record(Event::Output(Stream::Stdout, b"h".to_vec())), None);
+        c.record(Event::Output(Stream::Stderr, b"err".to_vec()));
+        c.record(Event::Result(ok_report()));
+        let r = c.finish(JailerEnd::Elsewhere);
+        assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("abcd", "err"));
+        assert!(r.stdout_truncated && !r.stderr_truncated);
+        assert_eq!(r.status, RunStatus::Ok);
+        assert_eq!(r.limits.unwrap().max_output_bytes, 4);
+    }
+
+    #[test]
+    fn a_corrupt_stream_is_reported_as_corrupt() {
+        let mut c = Collector::new("r-1", "default", None);
+        c.broken(EventError::UnknownKind(9));
+        let r = c.finish(JailerEnd::Elsewhere);
+        let e = r.error.unwrap();
+        assert_eq!(
+            (r.status, e.code),
+            (RunStatus::Refused, FailureCode::JailerFailed)
+        );
+        assert!(
+            e.message
+                .contains("event stream is corrupt (unknown event kind 9)"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_jailer_without_a_result_says_how_it_ended() {
+        let c = Collector::new("r-1", "default", None);
+        let end = JailerEnd::Exited {
+            status: Ok(std::process::ExitStatus::from_raw(3 << 8)),
+            stderr: b"no cgroup here\n".to_vec(),
+        };
+        let m = c.finish(end).error.unwrap().message;
+        assert!(
+            m.contains("exit status: 3") && m.contains("its stderr: no cgroup here"),
+            "{m}"
+        );
+        let m = Collector::new("r-1", "p", None).finish(JailerEnd::Elsewhere);
+        assert!(m
+            .error
+            .unwrap()
+            .message
+            .contains("ended without reporting a result"));
+    }
+
+    #[test]
+    fn request_errors_name_their_failure() {
+        let e = RequestError {
+            field: "policy",
+            problem: "no policy named \"x\"".into(),
+        };
+        assert_eq!(e.failure().code, FailureCode::InvalidPolicy);
+        let e = RequestError {
+            field: "timeout",
+            problem: "too long".into(),
+        };
+        assert_eq!(
+            (e.failure().code, e.failure().layer),
+            (FailureCode::InvalidRequest, Layer::Request)
+        );
+        assert_eq!(e.failure().message, "timeout: too long");
+    }
+
+    #[test]
+    fn policy_arguments_with_a_slash_or_toml_suffix_are_files() {
+        assert!(matches!(
+            PolicyChoice::from_arg("default"),
+            PolicyChoice::Name("default")
+        ));
+        assert!(matches!(
+            PolicyChoice::from_arg("./p.toml"),
+            PolicyChoice::File(_)
+        ));
+        assert!(matches!(
+            PolicyChoice::from_arg("p.toml"),
+            PolicyChoice::File(_)
+        ));
+    }
+
+    #[test]
+    fn unknown_policies_are_the_callers_mistake_broken_ones_the_operators() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("broken.toml"), "name = 1\n").unwrap();
+        let l = Launcher {
+            policy_dir: dir.path().to_path_buf(),
+            uid_range: uidalloc::DEFAULT_RANGE,
+            uid_lock_dir: dir.path().join("uids"),
+            cgroup_parent: "pycell".into(),
+            jailer: Ok(PathBuf::from("/nonexistent")),
+        };
+        match l.load_policy(PolicyChoice::Name("nope")) {
+            Err(LaunchError::Request(e)) => assert_eq!(e.field, "policy"),
+            other => panic!("{other:?}"),
+        }
+        match l.load_policy(PolicyChoice::Name("broken")) {
+            Err(LaunchError::Refused(f)) => assert_eq!(f.code, FailureCode::InvalidPolicy),
+            other => panic!("{other:?}"),
+        }
+    }
+}

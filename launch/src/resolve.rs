@@ -1,0 +1,654 @@
+//! From a policy and a [`RunRequest`] to a fully resolved [`JailSpec`]:
+//! which host paths are mounted where, the exact argv and environment, and
+//! every limit in the jailer's units. The first step of every launch (see
+//! [`crate::launch`]).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pycell_policy::{Interpreter, Limits, NetworkMode, Policy};
+use pycell_wire::spec::{
+    BindMount, CgroupSpec, JailLimits, JailSpec, LandlockSpec, NetworkSpec, WorkspaceFile,
+    CA_CERTIFICATES, EGRESS_PROXY_PORT, WORKSPACE,
+};
+
+use pycell_protocol::messages::{LimitOverrides, RunRequest, MAX_CODE_BYTES};
+
+/// Where policies installed by the operator live.
+pub const POLICY_DIR: &str = "/etc/pycell/policies";
+/// In-jail mount point of a venv interpreter.
+pub const VENV_TARGET: &str = "/venv";
+/// Parent of embedded runs' cgroups, relative to the jailer's own cgroup in
+/// each hierarchy (pycelld uses its delegated subtree's `runs` instead).
+pub const CGROUP_PARENT: &str = "pycell";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error("{0}")]
+    Policy(#[from] pycell_policy::PolicyError),
+    #[error("no policy named {name:?}; available: {available}")]
+    UnknownPolicy { name: String, available: String },
+    #[error("{field}: {problem}")]
+    BadRequest {
+        field: &'static str,
+        problem: String,
+    },
+    #[error("{0}")]
+    Interpreter(String),
+}
+
+/// A policy by name: the operator's `<dir>/NAME.toml` if present, else the
+/// built-in copy. Names only: a client never picks a file by path here.
+pub fn load_policy_by_name(name: &str, dir: &Path) -> Result<Policy, ResolveError> {
+    if !pycell_policy::is_valid_name(name) {
+        return Err(ResolveError::BadRequest {
+            field: "policy",
+            problem: format!("{name:?} is not a policy name ([a-z0-9][a-z0-9_-]*)"),
+        });
+    }
+    let installed = dir.join(format!("{name}.toml"));
+    if installed.exists() {
+        return Ok(Policy::load(&installed)?);
+    }
+    if pycell_policy::builtin::source(name).is_some() {
+        return Ok(pycell_policy::builtin::load(name)?);
+    }
+    Err(ResolveError::UnknownPolicy {
+        name: name.to_string(),
+        available: policy_names(dir).join(", "),
+    })
+}
+
+/// Names of the policy files installed in `dir` (`NAME.toml`), sorted.
+fn installed_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.strip_suffix(".toml")?.to_string();
+            pycell_policy::is_valid_name(&name).then_some(name)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// Names of the policies a run may name (installed or built in), sorted.
+pub fn policy_names(dir: &Path) -> Vec<String> {
+    let mut names = installed_names(dir);
+    for b in pycell_policy::builtin::names() {
+        if !names.iter().any(|n| n == b) {
+            names.push((*b).to_string());
+        }
+    }
+    names.sort();
+    names
+}
+
+/// A limit a request may raise: (name, asked, ceiling, how to show it).
+type RaiseCheck<'a> = (&'a str, Option<u64>, u64, fn(u64) -> String);
+
+/// The policy's limits with the request's overrides applied and checked: a
+/// request may lower any limit, and raise one only up to the policy's
+/// ceiling (`[limits.max]`).
+pub fn effective_limits(policy: &Policy, o: &LimitOverrides) -> Result<Limits, ResolveError> {
+    let mut l = policy.limits.clone();
+    let c = &policy.ceilings;
+    if let Some(secs) = o.timeout_s {
+        if !(secs.is_finite()
+            && secs > 0.0
+            && secs <= pycell_policy::MAX_WALL_TIMEOUT.as_secs_f64())
+        {
+            return Err(ResolveError::BadRequest {
+                field: "timeout",
+                problem: format!(
+                    "must be more than 0 and at most {} seconds (got {secs})",
+                    pycell_policy::MAX_WALL_TIMEOUT.as_secs()
+                ),
+            });
+        }
+        l.wall_timeout = Duration::from_secs_f64(secs);
+    }
+    let over = |name: &str, asked: String, ceiling: String| {
+        ResolveError::BadRequest {
+        field: "limits",
+        problem: format!(
+            "{name} {asked} is above what policy {:?} allows ({ceiling}, its [limits.max] {name}); ask for at most that, or use a policy that allows more",
+            policy.name
+        ),
+    }
+    };
+    if l.wall_timeout > c.wall_timeout {
+        let d = pycell_policy::format_duration;
+        return Err(over("timeout", d(l.wall_timeout), d(c.wall_timeout)));
+    }
+    let checks: [RaiseCheck; 4] = [
+        (
+            "memory",
+            o.memory_bytes,
+            c.memory,
+            pycell_policy::format_size,
+        ),
+        ("pids", o.pids.map(u64::from), u64::from(c.pids), |n| {
+            n.to_string()
+        }),
+        ("disk", o.disk_bytes, c.disk, pycell_policy::format_size),
+        (
+            "max_output",
+            o.max_output_bytes,
+            c.max_output,
+            pycell_policy::format_size,
+        ),
+    ];
+    for (name, asked, ceiling, show) in checks {
+        if let Some(asked) = asked.filter(|a| *a > ceiling) {
+            return Err(over(name, show(asked), show(ceiling)));
+        }
+    }
+    if let Some(m) = o.memory_bytes {
+        l.memory = m;
+    }
+    if let Some(p) = o.pids {
+        l.pids = p;
+    }
+    if let Some(d) = o.disk_bytes {
+        l.disk = d;
+    }
+    if let Some(m) = o.max_output_bytes {
+        l.max_output = m;
+    }
+    l.validate().map_err(|problem| ResolveError::BadRequest {
+        field: "limits",
+        problem,
+    })?;
+    Ok(l)
+}
+
+/// The file name the code gets in /workspace: a plain name, else `main.py`.
+pub fn script_name(requested: Option<&str>) -> String {
+    requested
+        .map(|n| {
+            Path::new(n)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+        .filter(|n| !n.is_empty() && n != "." && n != ".." && !n.contains('\0'))
+        .unwrap_or_else(|| "main.py".to_string())
+}
+
+/// Is `path` (host) reachable at the same path inside the jail through one
+/// of `mounts` (which all map source == target for the interpreter's prefix)?
+pub(crate) fn covered(path: &Path, mounts: &[BindMount]) -> bool {
+    mounts
+        .iter()
+        .any(|m| m.source == m.target && path.starts_with(&m.source))
+}
+
+/// The interpreter: argv[0] in the jail and any extra mounts it needs.
+fn interpreter(policy: &Policy, mounts: &mut Vec<BindMount>) -> Result<String, ResolveError> {
+    match &policy.interpreter {
+        Interpreter::HostPython(py) => {
+            let real = std::fs::canonicalize(py).map_err(|e| {
+                ResolveError::Interpreter(format!(
+                    "policy {}: interpreter {}: {e} (install it, e.g. `apt-get install python3`, or point [interpreter] python at an existing one)",
+                    policy.name,
+                    py.display()
+                ))
+            })?;
+            if !covered(py, mounts) || !covered(&real, mounts) {
+                return Err(ResolveError::Interpreter(format!(
+                    "policy {}: interpreter {} (really {}) is not inside any of the policy's [[mounts]]; add a read-only mount of its prefix",
+                    policy.name,
+                    py.display(),
+                    real.display()
+                )));
+            }
+            Ok(py.to_string_lossy().into_owned())
+        }
+        Interpreter::Venv(dir) => {
+            let cfg_path = dir.join("pyvenv.cfg");
+            let cfg = std::fs::read_to_string(&cfg_path).map_err(|e| {
+                ResolveError::Interpreter(format!(
+                    "policy {}: venv {} has no readable pyvenv.cfg ({e}); create it with `uv venv --python /usr/bin/python3 {}`",
+                    policy.name,
+                    dir.display(),
+                    dir.display()
+                ))
+            })?;
+            let home = venv_home(&cfg).ok_or_else(|| {
+                ResolveError::Interpreter(format!("{}: no `home = ...` line", cfg_path.display()))
+            })?;
+            check_venv_home(&cfg_path, &home).map_err(ResolveError::Interpreter)?;
+            let real = std::fs::canonicalize(dir.join("bin/python")).map_err(|e| {
+                ResolveError::Interpreter(format!("venv {}: bin/python: {e}", dir.display()))
+            })?;
+            // The base interpreter the venv points at must be visible at its
+            // own path; mount its prefix read-only if the policy doesn't.
+            for needed in [&home, &real] {
+                if !covered(needed, mounts) {
+                    let prefix = needed
+                        .ancestors()
+                        .find(|a| a.join("lib").is_dir() && a.join("bin").is_dir())
+                        .filter(|prefix| *prefix != Path::new("/"))
+                        .ok_or_else(|| {
+                            ResolveError::Interpreter(format!(
+                                "venv {}: cannot find the prefix of its base interpreter {}",
+                                dir.display(),
+                                needed.display()
+                            ))
+                        })?;
+                    mounts.push(BindMount {
+                        source: prefix.to_path_buf(),
+                        target: prefix.to_path_buf(),
+                    });
+                }
+            }
+            mounts.push(BindMount {
+                source: dir.clone(),
+                target: PathBuf::from(VENV_TARGET),
+            });
+            Ok(format!("{VENV_TARGET}/bin/python"))
+        }
+    }
+}
+
+/// The `home = ...` of a venv's pyvenv.cfg: its base interpreter's directory.
+fn venv_home(cfg: &str) -> Option<PathBuf> {
+    cfg.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim() == "home").then(|| PathBuf::from(v.trim()))
+    })
+}
+
+/// A venv's `home` decides what host directory the jail gets mounted, so it
+/// must be a plain absolute path below `/` (the jailer then insists that it
+/// and every directory above it are root's and writable by no one else).
+pub(crate) fn check_venv_home(cfg: &Path, home: &Path) -> Result<(), String> {
+    let text = home.to_string_lossy();
+    let plain = text.starts_with('/')
+        && text[1..]
+            .split('/')
+            .all(|seg| !seg.is_empty() && seg != "." && seg != "..");
+    if !plain || home == Path::new("/") || home.as_os_str().len() > 4096 {
+        return Err(format!(
+            "{}: home = {} must be the absolute path of the base interpreter's bin directory (no `.`, `..`, not /); recreate the venv with `uv venv --python /usr/bin/python3 DIR`",
+            cfg.display(),
+            home.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Everything but the sandbox uid/gid and run id, which the caller allocates.
+#[derive(Debug)]
+pub struct Resolved {
+    pub spec: JailSpec,
+    pub limits: Limits,
+}
+
+fn bad_request(field: &'static str, problem: impl Into<String>) -> ResolveError {
+    ResolveError::BadRequest {
+        field,
+        problem: problem.into(),
+    }
+}
+
+/// The request's stdin, after checking the sizes and arguments it carries.
+fn checked_input(req: &RunRequest) -> Result<Vec<u8>, ResolveError> {
+    let max_mib = MAX_CODE_BYTES >> 20;
+    if req.code.len() > MAX_CODE_BYTES {
+        let n = req.code.len();
+        return Err(bad_request(
+            "code",
+            format!("{n} bytes is more than the {max_mib} MiB allowed"),
+        ));
+    }
+    let stdin = req.stdin_bytes().map_err(|p| bad_request("stdin", p))?;
+    if stdin.len() > MAX_CODE_BYTES {
+        return Err(bad_request(
+            "stdin",
+            format!("more than the {max_mib} MiB allowed"),
+        ));
+    }
+    if req.args.iter().any(|a| a.contains('\0')) {
+        return Err(bad_request("args", "an argument contains a NUL byte"));
+    }
+    Ok(stdin)
+}
+
+/// The limits in the jailer's units.
+fn jail_limits(l: &Limits) -> JailLimits {
+    JailLimits {
+        wall_timeout_ms: l.wall_timeout.as_millis().max(1) as u64,
+        cpu_time_s: l.cpu_time.as_secs_f64().ceil().max(1.0) as u64,
+        memory_bytes: l.memory,
+        pids: l.pids,
+        cpu_millicores: (l.cpus * 1000.0).round().max(1.0) as u32,
+        open_files: l.open_files,
+        file_size_bytes: l.file_size,
+        disk_bytes: l.disk,
+        max_output_bytes: l.max_output,
+    }
+}
+
+/// What a launch adds to what its policy and request give: the env a run
+/// gets as its venv, the install jail's extra mounts and files.
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    /// A venv from the env store, mounted read-only at [`VENV_TARGET`]; its
+    /// base interpreter is the policy's.
+    pub env: Option<PathBuf>,
+    /// More read-only binds (source == target).
+    pub mounts: Vec<PathBuf>,
+    /// More files in /workspace.
+    pub files: Vec<WorkspaceFile>,
+    /// See [`JailSpec::export_workspace`].
+    pub export_workspace: bool,
+}
+
+/// A store env as the run's interpreter: its pyvenv.cfg must point at the
+/// policy's own interpreter's directory (pycell's install built it so).
+fn env_interpreter(
+    policy: &Policy,
+    env: &Path,
+    mounts: &mut Vec<BindMount>,
+) -> Result<String, ResolveError> {
+    let Interpreter::HostPython(py) = &policy.interpreter else {
+        return Err(ResolveError::Interpreter(format!(
+            "policy {}: a venv policy cannot take an env of installed dependencies",
+            policy.name
+        )));
+    };
+    let cfg_path = env.join("pyvenv.cfg");
+    let cfg = std::fs::read_to_string(&cfg_path)
+        .map_err(|e| ResolveError::Interpreter(format!("{}: {e}", cfg_path.display())))?;
+    let home = venv_home(&cfg);
+    if home.as_deref() != py.parent() {
+        return Err(ResolveError::Interpreter(format!(
+            "{}: built for another interpreter than policy {}'s {}",
+            cfg_path.display(),
+            policy.name,
+            py.display()
+        )));
+    }
+    mounts.push(BindMount {
+        source: env.to_path_buf(),
+        target: PathBuf::from(VENV_TARGET),
+    });
+    Ok(format!("{VENV_TARGET}/bin/python"))
+}
+
+pub fn resolve(policy: &Policy, req: &RunRequest) -> Result<Resolved, ResolveError> {
+    resolve_with(policy, req, &Extras::default())
+}
+
+pub fn resolve_with(
+    policy: &Policy,
+    req: &RunRequest,
+    extras: &Extras,
+) -> Result<Resolved, ResolveError> {
+    let stdin = checked_input(req)?;
+    let limits = effective_limits(policy, &req.limits)?;
+    let mut mounts: Vec<BindMount> = policy
+        .mounts
+        .iter()
+        .map(|m| BindMount {
+            source: m.source.clone(),
+            target: m.target.clone(),
+        })
+        .collect();
+    let python = match &extras.env {
+        Some(env) => {
+            interpreter(policy, &mut mounts)?;
+            env_interpreter(policy, env, &mut mounts)?
+        }
+        None => interpreter(policy, &mut mounts)?,
+    };
+    for extra in &extras.mounts {
+        if !covered(extra, &mounts) {
+            mounts.push(BindMount {
+                source: extra.clone(),
+                target: extra.clone(),
+            });
+        }
+    }
+    if policy.network.egress().is_some() && Path::new(CA_CERTIFICATES).is_dir() {
+        mounts.push(BindMount {
+            source: PathBuf::from(CA_CERTIFICATES),
+            target: PathBuf::from(CA_CERTIFICATES),
+        });
+    }
+    let name = script_name(req.filename.as_deref());
+    // -s: no user site-packages (HOME is the workspace; nothing to find there).
+    let mut argv = vec![python, "-s".to_string(), format!("{WORKSPACE}/{name}")];
+    argv.extend(req.args.iter().cloned());
+    let l = &policy.landlock;
+    let spec = JailSpec {
+        run_id: String::new(),
+        sandbox_uid: 0,
+        sandbox_gid: 0,
+        argv,
+        env: jail_env(policy),
+        files: std::iter::once(WorkspaceFile {
+            name,
+            contents: req.code.clone(),
+        })
+        .chain(extras.files.iter().cloned())
+        .collect(),
+        stdin,
+        mounts,
+        limits: jail_limits(&limits),
+        landlock: LandlockSpec {
+            min_abi: l.min_abi,
+            read_exec: l.read_exec.clone(),
+            read_only: l.read_only.clone(),
+            read_write: l.read_write.clone(),
+        },
+        seccomp_profile: policy.seccomp_profile.clone(),
+        cgroup: CgroupSpec {
+            parent: CGROUP_PARENT.to_string(),
+        },
+        network: match policy.network {
+            NetworkMode::None => NetworkSpec::Loopback,
+            NetworkMode::Allowlist(_) => NetworkSpec::Proxy {
+                port: EGRESS_PROXY_PORT,
+            },
+        },
+        export_workspace: extras.export_workspace,
+        warm: false,
+    };
+    Ok(Resolved { spec, limits })
+}
+
+/// The variables that point HTTP clients (urllib, requests, httpx, aiohttp
+/// with trust_env, pip, uv, curl) at the egress proxy, in both the upper
+/// and lower case spellings that different clients read.
+pub fn proxy_env(port: u16) -> Vec<(String, String)> {
+    let url = format!("http://127.0.0.1:{port}");
+    let mut env = Vec::new();
+    for (name, value) in [
+        ("HTTP_PROXY", url.as_str()),
+        ("HTTPS_PROXY", &url),
+        ("ALL_PROXY", &url),
+        // Nothing bypasses the proxy: a request for a local name reaches it
+        // too, and is answered with a reason.
+        ("NO_PROXY", ""),
+    ] {
+        env.push((name.to_string(), value.to_string()));
+        env.push((name.to_ascii_lowercase(), value.to_string()));
+    }
+    env
+}
+
+/// The policy's environment, plus the proxy's variables (which win) when
+/// it has egress.
+fn jail_env(policy: &Policy) -> Vec<(String, String)> {
+    let proxy = match policy.network {
+        NetworkMode::None => Vec::new(),
+        NetworkMode::Allowlist(_) => proxy_env(EGRESS_PROXY_PORT),
+    };
+    let mut env: Vec<(String, String)> = policy
+        .env
+        .iter()
+        .filter(|(k, _)| !proxy.iter().any(|(p, _)| p == *k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.extend(proxy);
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_names() {
+        assert_eq!(script_name(None), "main.py");
+        assert_eq!(script_name(Some("/a/b/x.py")), "x.py");
+        assert_eq!(script_name(Some("..")), "main.py");
+        assert_eq!(script_name(Some("")), "main.py");
+    }
+
+    #[test]
+    fn policies_are_chosen_by_name_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = load_policy_by_name("../etc/passwd", dir.path()).unwrap_err();
+        assert!(e.to_string().starts_with("policy: "), "{e}");
+        assert!(load_policy_by_name("default", dir.path()).is_ok());
+        let e = load_policy_by_name("nope", dir.path()).unwrap_err();
+        assert!(e.to_string().contains("no policy named \"nope\""), "{e}");
+    }
+
+    #[test]
+    fn overrides_are_range_checked() {
+        let p = pycell_policy::builtin::load("default").unwrap();
+        let o = LimitOverrides {
+            memory_bytes: Some(1024),
+            ..Default::default()
+        };
+        assert!(effective_limits(&p, &o)
+            .unwrap_err()
+            .to_string()
+            .contains("memory"));
+        let o = LimitOverrides {
+            timeout_s: Some(-1.0),
+            ..Default::default()
+        };
+        assert!(effective_limits(&p, &o)
+            .unwrap_err()
+            .to_string()
+            .starts_with("timeout: "));
+        let o = LimitOverrides {
+            timeout_s: Some(2.5),
+            pids: Some(8),
+            ..Default::default()
+        };
+        let l = effective_limits(&p, &o).unwrap();
+        assert_eq!((l.wall_timeout, l.pids), (Duration::from_millis(2500), 8));
+    }
+
+    /// The attempt of the issue: a client asking the default policy for far
+    /// more than it allows is refused, naming each ceiling; up to the
+    /// ceiling is allowed; lowering is always allowed.
+    #[test]
+    fn raising_a_limit_stops_at_the_policy_ceiling() {
+        let p = pycell_policy::builtin::load("default").unwrap();
+        let refused = |o: LimitOverrides| effective_limits(&p, &o).unwrap_err().to_string();
+        let e = refused(LimitOverrides {
+            memory_bytes: Some(64 << 30),
+            ..Default::default()
+        });
+        assert_eq!(e, "limits: memory 64GiB is above what policy \"default\" allows (2GiB, its [limits.max] memory); ask for at most that, or use a policy that allows more");
+        let e = refused(LimitOverrides {
+            timeout_s: Some(80000.0),
+            ..Default::default()
+        });
+        assert!(
+            e.contains("timeout 80000s is above") && e.contains("(10m,"),
+            "{e}"
+        );
+        let e = refused(LimitOverrides {
+            pids: Some(60000),
+            ..Default::default()
+        });
+        assert!(
+            e.contains("pids 60000 is above") && e.contains("(256,"),
+            "{e}"
+        );
+        let e = refused(LimitOverrides {
+            max_output_bytes: Some(8 << 30),
+            ..Default::default()
+        });
+        assert!(
+            e.contains("max_output 8GiB") && e.contains("(16MiB,"),
+            "{e}"
+        );
+        let e = refused(LimitOverrides {
+            disk_bytes: Some(2 << 30),
+            ..Default::default()
+        });
+        assert!(e.contains("disk 2GiB") && e.contains("(1GiB,"), "{e}");
+        let at_ceiling = LimitOverrides {
+            timeout_s: Some(600.0),
+            memory_bytes: Some(2 << 30),
+            pids: Some(256),
+            disk_bytes: Some(1 << 30),
+            max_output_bytes: Some(16 << 20),
+        };
+        let l = effective_limits(&p, &at_ceiling).unwrap();
+        assert_eq!((l.memory, l.pids), (2 << 30, 256));
+        let lower = LimitOverrides {
+            memory_bytes: Some(64 << 20),
+            ..Default::default()
+        };
+        assert_eq!(effective_limits(&p, &lower).unwrap().memory, 64 << 20);
+    }
+
+    /// A policy without `[limits.max]` allows no raising at all.
+    #[test]
+    fn a_policy_without_ceilings_allows_only_lowering() {
+        let text = "name = \"tight\"\ndescription = \"t\"\nnamespaces = [\"user\", \"pid\", \"mount\", \"net\", \"ipc\", \"uts\", \"cgroup\"]\n[interpreter]\npython = \"/usr/bin/python3\"\n";
+        let p = Policy::from_toml_str(text, Path::new("tight.toml")).unwrap();
+        let o = LimitOverrides {
+            pids: Some(65),
+            ..Default::default()
+        };
+        let e = effective_limits(&p, &o).unwrap_err().to_string();
+        assert!(
+            e.contains("pids 65 is above what policy \"tight\" allows (64,"),
+            "{e}"
+        );
+        let o = LimitOverrides {
+            pids: Some(64),
+            ..Default::default()
+        };
+        assert!(effective_limits(&p, &o).is_ok());
+    }
+
+    #[test]
+    fn coverage_is_by_path_prefix() {
+        let m = vec![BindMount {
+            source: "/usr".into(),
+            target: "/usr".into(),
+        }];
+        assert!(covered(Path::new("/usr/bin/python3.11"), &m));
+        assert!(!covered(Path::new("/usrx/bin/python"), &m));
+        assert!(!covered(Path::new("/opt/py/bin/python"), &m));
+    }
+}
+
+#[cfg(test)]
+mod venv_home_tests {
+    use super::*;
+
+    #[test]
+    fn a_venv_home_is_a_plain_absolute_path_below_the_root() {
+        let cfg = Path::new("/v/pyvenv.cfg");
+        assert!(check_venv_home(cfg, Path::new("/usr/bin")).is_ok());
+        for bad in ["/", "usr/bin", "/usr/../etc", "/usr/./bin", ""] {
+            assert!(check_venv_home(cfg, Path::new(bad)).is_err(), "{bad}");
+        }
+    }
+}

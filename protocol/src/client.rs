@@ -1,0 +1,258 @@
+//! A blocking client of pycelld, used by `pycell run`, `pycell info` and
+//! `pycell mcp` (on a worker thread), and where clients find the daemon.
+
+use std::io;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::framing::{self, FrameError};
+use crate::info::DaemonInfo;
+use crate::messages::{
+    decode_b64, ClientMessage, ErrorCode, RunRequest, ServerMessage, Stream, PROTOCOL_VERSION,
+};
+use crate::result::RunResult;
+
+/// Where clients look for the daemon unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/pycell/pycell.sock";
+
+/// The pycelld socket a client should use, if any: `explicit` (a flag), else
+/// `$PYCELL_SOCKET`, else [`DEFAULT_SOCKET`] if it exists. None means no
+/// daemon: the client builds the sandbox itself (embedded mode, as root).
+/// An explicit or configured path is returned even if nothing listens
+/// there, so that connecting to it fails loudly instead of falling back.
+pub fn daemon_socket(explicit: Option<&Path>) -> Option<PathBuf> {
+    let configured = explicit
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("PYCELL_SOCKET").map(PathBuf::from))
+        .filter(|p| !p.as_os_str().is_empty());
+    configured.or_else(|| {
+        let d = Path::new(DEFAULT_SOCKET);
+        d.exists().then(|| d.to_path_buf())
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to pycelld at {path}: {source}")]
+    Connect { path: PathBuf, source: io::Error },
+    #[error("pycelld: {0}")]
+    Frame(#[from] FrameError),
+    #[error("pycelld refused ({code}): {message}")]
+    Refused { code: ErrorCode, message: String },
+    #[error("pycelld sent an unexpected message: {0}")]
+    Unexpected(String),
+}
+
+#[derive(Debug)]
+pub struct DaemonClient {
+    stream: UnixStream,
+}
+
+/// How long a client keeps trying a socket that is missing or refuses
+/// connections (pycelld restarting without systemd's socket activation,
+/// which would keep the socket there and queue the client instead).
+pub const CONNECT_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Connect to `path`, retrying while it is missing or nobody listens, for
+/// at most `patience`.
+pub fn connect_patiently(path: &Path, patience: Duration) -> io::Result<UnixStream> {
+    let give_up = Instant::now() + patience;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match UnixStream::connect(path) {
+            Ok(s) => return Ok(s),
+            Err(e) if retryable(&e) && Instant::now() + pause < give_up => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Errors that a restarting daemon causes, and that go away.
+fn retryable(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+    )
+}
+
+impl DaemonClient {
+    /// Connect (waiting up to [`CONNECT_PATIENCE`] for a restarting
+    /// daemon) and do the version handshake.
+    pub fn connect(path: &Path) -> Result<DaemonClient, ClientError> {
+        let stream =
+            connect_patiently(path, CONNECT_PATIENCE).map_err(|source| ClientError::Connect {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let mut c = DaemonClient { stream };
+        let hello = framing::write_sync(
+            &mut c.stream,
+            &ClientMessage::Hello {
+                version: PROTOCOL_VERSION,
+                client: format!("pycell {}", env!("CARGO_PKG_VERSION")),
+            },
+        );
+        // A daemon that refuses us (unauthorized) says why and hangs up
+        // without reading: its reason may already be waiting even though
+        // our hello could not be written.
+        let reply = framing::read_sync::<ServerMessage>(&mut c.stream);
+        let reply = match (hello, reply) {
+            (_, Ok(r)) => r,
+            (Err(e), Err(_)) => return Err(e.into()),
+            (Ok(()), Err(e)) => return Err(e.into()),
+        };
+        match reply {
+            ServerMessage::Welcome { .. } => Ok(c),
+            ServerMessage::Error { code, message, .. } => {
+                Err(ClientError::Refused { code, message })
+            }
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// A handle that can cancel the current run from another thread.
+    pub fn canceller(&self) -> io::Result<Canceller> {
+        Ok(Canceller {
+            stream: self.stream.try_clone()?,
+        })
+    }
+
+    /// Run `request`, calling `on_output` for each chunk as it arrives.
+    pub fn run(
+        &mut self,
+        request: RunRequest,
+        on_output: impl FnMut(Stream, &[u8]),
+    ) -> Result<RunResult, ClientError> {
+        self.run_queued(request, on_output, |_| {})
+    }
+
+    /// [`DaemonClient::run`], also calling `on_stage` while the run waits
+    /// for a slot, while its dependencies are installed, and when it starts.
+    pub fn run_queued(
+        &mut self,
+        request: RunRequest,
+        mut on_output: impl FnMut(Stream, &[u8]),
+        mut on_stage: impl FnMut(Stage<'_>),
+    ) -> Result<RunResult, ClientError> {
+        framing::write_sync(
+            &mut self.stream,
+            &ClientMessage::Run {
+                id: "1".into(),
+                request,
+            },
+        )?;
+        loop {
+            match framing::read_sync::<ServerMessage>(&mut self.stream)? {
+                ServerMessage::Started { run_id, .. } => on_stage(Stage::Started(&run_id)),
+                ServerMessage::Queued { position, .. } => on_stage(Stage::Queued(position)),
+                ServerMessage::Installing { message, .. } => on_stage(Stage::Installing(&message)),
+                ServerMessage::Output {
+                    stream,
+                    data_base64,
+                    ..
+                } => {
+                    let bytes = decode_b64(&data_base64).map_err(ClientError::Unexpected)?;
+                    on_output(stream, &bytes);
+                }
+                ServerMessage::Result { result, .. } => return Ok(*result),
+                ServerMessage::Error { code, message, .. } => {
+                    // An error about a stray cancel does not end the run.
+                    if code == ErrorCode::NoSuchRun {
+                        continue;
+                    }
+                    return Err(ClientError::Refused { code, message });
+                }
+                other => return Err(ClientError::Unexpected(format!("{other:?}"))),
+            }
+        }
+    }
+
+    pub fn info(&mut self) -> Result<DaemonInfo, ClientError> {
+        framing::write_sync(&mut self.stream, &ClientMessage::Info)?;
+        match framing::read_sync::<ServerMessage>(&mut self.stream)? {
+            ServerMessage::Info { info } => Ok(*info),
+            ServerMessage::Error { code, message, .. } => {
+                Err(ClientError::Refused { code, message })
+            }
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+}
+
+/// Where a daemon run is before its output: what `on_stage` hears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage<'a> {
+    /// Waiting for a slot; 1 goes next.
+    Queued(usize),
+    /// One step of installing the run's dependencies.
+    Installing(&'a str),
+    /// The sandbox is starting, as this run id.
+    Started(&'a str),
+}
+
+/// Connect to `path` and run `request`, starting over on a new connection
+/// while the daemon answers `shutting_down` before the run started (for at
+/// most [`CONNECT_PATIENCE`]): nothing of the run has happened, and a
+/// daemon restarting under socket activation is back within moments.
+/// `on_connected` sees each connection before its run (to take a
+/// [`Canceller`]).
+pub fn run_patiently(
+    path: &Path,
+    request: RunRequest,
+    mut on_output: impl FnMut(Stream, &[u8]),
+    mut on_stage: impl FnMut(Stage<'_>),
+    mut on_connected: impl FnMut(&DaemonClient),
+) -> Result<RunResult, ClientError> {
+    let give_up = Instant::now() + CONNECT_PATIENCE;
+    loop {
+        let mut client = DaemonClient::connect(path)?;
+        on_connected(&client);
+        match client.run_queued(request.clone(), &mut on_output, &mut on_stage) {
+            Err(ClientError::Refused {
+                code: ErrorCode::ShuttingDown,
+                ..
+            }) if Instant::now() < give_up => std::thread::sleep(Duration::from_millis(100)),
+            other => return other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_that_appears_late_is_waited_for_and_a_missing_one_not_forever() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("late.sock");
+        let p = path.clone();
+        let server = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let l = std::os::unix::net::UnixListener::bind(&p).unwrap();
+            l.accept().map(|_| ()).unwrap();
+        });
+        assert!(connect_patiently(&path, Duration::from_secs(5)).is_ok());
+        server.join().unwrap();
+        let started = Instant::now();
+        let e = connect_patiently(&dir.path().join("never.sock"), Duration::from_millis(400))
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+}
+
+#[derive(Debug)]
+pub struct Canceller {
+    stream: UnixStream,
+}
+
+impl Canceller {
+    pub fn cancel(&mut self) -> Result<(), ClientError> {
+        framing::write_sync(&mut self.stream, &ClientMessage::Cancel { id: "1".into() })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,207 @@
+//! Messages between a client (`pycell run`, `pycell mcp`) and the daemon,
+//! and the request shape embedded mode resolves too. On the socket each
+//! message is one JSON object in a length-delimited frame (see
+//! `docs/protocol.md`).
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+use pycell_wire::codes::FailureCode;
+pub use pycell_wire::events::Stream;
+
+/// Bumped on any incompatible change; the handshake refuses a mismatch.
+pub const PROTOCOL_VERSION: u32 = 3;
+/// Largest code (and largest stdin) a request may carry.
+pub const MAX_CODE_BYTES: usize = 16 << 20;
+
+/// Limits a caller may ask for instead of the policy's. Each is checked
+/// against the same ranges as policy files.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitOverrides {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Bytes the run may store in /workspace, /tmp and /dev/shm together
+    /// (`workspace_bytes` is its old name, still accepted).
+    #[serde(alias = "workspace_bytes")]
+    pub disk_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
+}
+
+/// One sandboxed run: what to execute and under which policy.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    /// Python source (UTF-8).
+    pub code: String,
+    /// File name the code gets in /workspace (default `main.py`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filename: Option<String>,
+    /// `sys.argv[1:]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Bytes for the program's stdin, base64 (standard alphabet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin_base64: Option<String>,
+    /// Policy name (default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    #[serde(default)]
+    pub limits: LimitOverrides,
+    /// Packages to install for this run (PEP 508, e.g. `"pandas>=2.2"`),
+    /// besides those of a PEP 723 block in `code`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependencies: Vec<String>,
+}
+
+impl RunRequest {
+    pub fn stdin_bytes(&self) -> Result<Vec<u8>, String> {
+        match &self.stdin_base64 {
+            None => Ok(Vec::new()),
+            Some(s) => base64::engine::general_purpose::STANDARD
+                .decode(s)
+                .map_err(|e| format!("stdin_base64 is not valid base64: {e}")),
+        }
+    }
+
+    pub fn set_stdin(&mut self, bytes: &[u8]) {
+        self.stdin_base64 = if bytes.is_empty() {
+            None
+        } else {
+            Some(base64::engine::general_purpose::STANDARD.encode(bytes))
+        };
+    }
+
+    pub fn policy_name(&self) -> &str {
+        self.policy.as_deref().unwrap_or("default")
+    }
+}
+
+/// Largest frame either side accepts (a maximal request: 16 MiB of code plus
+/// 16 MiB of stdin in base64, with room to spare).
+pub const MAX_FRAME: u32 = 48 << 20;
+
+pycell_wire::named_enum! {
+    /// Stable error codes (part of the protocol; never renamed).
+    pub enum ErrorCode {
+        /// The frame was larger than [`MAX_FRAME`]; the connection is closed.
+        FrameTooLarge = "frame_too_large",
+        /// The frame was not a JSON message of this protocol (garbage, unknown
+        /// type, unknown or missing fields).
+        BadMessage = "bad_message",
+        /// The first message was not `hello`.
+        HandshakeRequired = "handshake_required",
+        /// The client speaks another protocol version.
+        VersionMismatch = "version_mismatch",
+        /// The peer's uid/groups are not allowed to use pycell.
+        Unauthorized = "unauthorized",
+        /// The run could not get a slot: the queue is full, its wait ran out, it
+        /// needs more memory than the daemon's whole budget, or the connection
+        /// caps are reached. Try again later.
+        Busy = "busy",
+        /// The run request is invalid (unknown policy, limits out of range, ...).
+        InvalidRequest = "invalid_request",
+        /// A `run` arrived while this connection already has one going.
+        RunInProgress = "run_in_progress",
+        /// `cancel` named no run of this connection.
+        NoSuchRun = "no_such_run",
+        /// The daemon is shutting down and takes no new runs.
+        ShuttingDown = "shutting_down",
+        /// Something failed inside the daemon.
+        Internal = "internal",
+    }
+}
+
+impl From<ErrorCode> for FailureCode {
+    /// A daemon's refusal, as a run result reports it (the same name).
+    fn from(c: ErrorCode) -> FailureCode {
+        match c {
+            ErrorCode::FrameTooLarge => FailureCode::FrameTooLarge,
+            ErrorCode::BadMessage => FailureCode::BadMessage,
+            ErrorCode::HandshakeRequired => FailureCode::HandshakeRequired,
+            ErrorCode::VersionMismatch => FailureCode::VersionMismatch,
+            ErrorCode::Unauthorized => FailureCode::Unauthorized,
+            ErrorCode::Busy => FailureCode::Busy,
+            ErrorCode::InvalidRequest => FailureCode::InvalidRequest,
+            ErrorCode::RunInProgress => FailureCode::RunInProgress,
+            ErrorCode::NoSuchRun => FailureCode::NoSuchRun,
+            ErrorCode::ShuttingDown => FailureCode::ShuttingDown,
+            ErrorCode::Internal => FailureCode::Internal,
+        }
+    }
+}
+
+/// Client → daemon.
+// One message per frame, decoded and matched at once: the size of the
+// `Run` variant costs nothing worth a Box (and a Box would change every
+// match on it).
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ClientMessage {
+    Hello { version: u32, client: String },
+    Run { id: String, request: RunRequest },
+    Cancel { id: String },
+    Info,
+}
+
+/// Daemon → client.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ServerMessage {
+    Welcome {
+        version: u32,
+        server: String,
+    },
+    /// The run waits for a slot; `position` 1 goes next. Sent when it
+    /// starts waiting and every second while it waits.
+    Queued {
+        id: String,
+        position: usize,
+    },
+    /// The run's dependencies are being installed (its env is not in the
+    /// store yet): one message per step, e.g. "installed six 1.16.0 (1 of
+    /// 1)". Sent after `queued`, before `started`.
+    Installing {
+        id: String,
+        message: String,
+    },
+    Started {
+        id: String,
+        run_id: String,
+    },
+    Output {
+        id: String,
+        stream: Stream,
+        data_base64: String,
+    },
+    Result {
+        id: String,
+        result: Box<crate::result::RunResult>,
+    },
+    Info {
+        info: Box<crate::info::DaemonInfo>,
+    },
+    Error {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+pub fn encode_b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+pub fn decode_b64(s: &str) -> Result<Vec<u8>, String> {
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .map_err(|e| format!("invalid base64: {e}"))
+}

@@ -1,0 +1,198 @@
+//! The structured result of a run, as `pycell run --json` prints it, the
+//! daemon sends it, and the MCP `run_python` tool returns it.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use pycell_wire::report::{exit_code_for, JailFailure, JailReport, Layers, RunStatus};
+
+pub use pycell_policy::LimitsReport;
+
+/// A package in an env.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Package {
+    pub name: String,
+    pub version: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunResult {
+    pub run_id: String,
+    pub status: RunStatus,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub wall_ms: f64,
+    pub cpu_ms: f64,
+    pub peak_memory_bytes: u64,
+    /// Bytes the run stored in /workspace, /tmp and /dev/shm together, as
+    /// counted against its `disk` limit when it ended.
+    #[serde(default)]
+    pub disk_used_bytes: u64,
+    /// The run was handed to a warm jail (pycelld's pool: python already
+    /// started, the policy's modules imported); its clocks started then.
+    #[serde(default)]
+    pub warm: bool,
+    /// How long that warm jail had been ready, waiting for a run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_waited_ms: Option<f64>,
+    pub policy: String,
+    /// The effective limits; null when the run was refused before they were known.
+    pub limits: Option<LimitsReport>,
+    pub layers: Option<Layers>,
+    pub error: Option<JailFailure>,
+    /// What the run did through the egress proxy (policies with network
+    /// mode `allowlist` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkReport>,
+    /// The env of installed dependencies the run had (runs that named
+    /// any, or whose policy has `[dependencies] packages`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<EnvReport>,
+}
+
+/// Whether a run's env was already built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheOutcome {
+    /// Built before; mounted as it was.
+    Hit,
+    /// Built for this run (resolved and installed in the install jail).
+    Miss,
+}
+
+/// The env of installed packages a run got (read-only, at /venv).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct EnvReport {
+    /// The env's key in the store (`pycell env list` shows it).
+    pub key: String,
+    /// Every package in the env, with its version.
+    pub packages: Vec<crate::result::Package>,
+    pub cache: CacheOutcome,
+    /// Time spent resolving and installing (0 on a hit).
+    pub install_ms: f64,
+}
+
+/// A run's egress through the proxy: where it went, what was refused, how
+/// much was relayed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NetworkReport {
+    /// Hosts the run reached, with how many connections each.
+    pub allowed: Vec<HostCount>,
+    /// Requests refused, by host, port and reason.
+    pub denied: Vec<Denied>,
+    /// Allowed requests that still failed (the name did not resolve, the
+    /// host did not answer).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<Denied>,
+    /// Bytes from the hosts to the run, and from the run to the hosts.
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// A per-run limit of the policy that was reached (`max_connections`,
+    /// `max_bytes`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_reached: Option<String>,
+}
+
+impl NetworkReport {
+    /// One line per refused or failed host, and one for a limit reached:
+    /// what a reader should hear about the run's egress.
+    pub fn notes(&self) -> Vec<String> {
+        let line = |verb: &str, d: &Denied| {
+            format!(
+                "network: {verb} {}:{} ({}) x{}",
+                d.host, d.port, d.reason, d.count
+            )
+        };
+        let mut notes: Vec<String> = self.denied.iter().map(|d| line("denied", d)).collect();
+        notes.extend(self.failed.iter().map(|d| line("failed", d)));
+        if let Some(l) = &self.limit_reached {
+            notes.push(format!("network: the policy's network.{l} was reached"));
+        }
+        notes
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct HostCount {
+    pub host: String,
+    pub port: u16,
+    pub count: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Denied {
+    pub host: String,
+    pub port: u16,
+    /// A stable word (docs/errors.md): `not_allowlisted`, `denied_by_rule`,
+    /// `port_not_allowed`, `plain_http_not_allowed`, `scheme_not_allowed`,
+    /// `private_address`, `sni_mismatch`, `not_tls`, `connection_limit`,
+    /// `bad_request`, `incomplete_request`, `client_gone`; for `failed`:
+    /// `dns_failed`, `connect_failed`, `connect_timeout`, `upstream_refused`,
+    /// `upstream_unusable`.
+    pub reason: String,
+    pub count: u64,
+}
+
+impl RunResult {
+    /// Combine the jailer's report with the output collected from it.
+    pub fn new(
+        run_id: &str,
+        policy: &str,
+        limits: Option<LimitsReport>,
+        report: JailReport,
+        stdout: &[u8],
+        stderr: &[u8],
+    ) -> RunResult {
+        RunResult {
+            run_id: run_id.to_string(),
+            status: report.status,
+            exit_code: report.exit_code,
+            signal: report.signal,
+            stdout: String::from_utf8_lossy(stdout).into_owned(),
+            stderr: String::from_utf8_lossy(stderr).into_owned(),
+            stdout_truncated: report.stdout_truncated,
+            stderr_truncated: report.stderr_truncated,
+            wall_ms: report.wall_ms,
+            cpu_ms: report.cpu_ms,
+            peak_memory_bytes: report.peak_memory_bytes,
+            disk_used_bytes: report.disk_used_bytes,
+            warm: report.warm_waited_ms.is_some(),
+            warm_waited_ms: report.warm_waited_ms,
+            policy: policy.to_string(),
+            limits,
+            layers: report.layers,
+            error: report.error,
+            network: None,
+            env: None,
+        }
+    }
+
+    /// A run refused before a jail existed.
+    pub fn refused(run_id: &str, policy: &str, failure: JailFailure) -> RunResult {
+        RunResult::new(run_id, policy, None, JailReport::refused(failure), b"", b"")
+    }
+
+    /// Process exit code for this outcome (see [`exit_code_for`]).
+    pub fn process_exit_code(&self) -> i32 {
+        exit_code_for(self.status, self.exit_code, self.signal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pycell_policy::Limits;
+
+    #[test]
+    fn limits_report_in_the_documented_units() {
+        let v = serde_json::to_value(LimitsReport::from(&Limits::default())).unwrap();
+        assert_eq!(v["wall_timeout_s"], 30.0);
+        assert_eq!(v["memory_bytes"], 512u64 << 20);
+        let back: LimitsReport = serde_json::from_value(v).unwrap();
+        assert_eq!(back, LimitsReport::from(&Limits::default()));
+    }
+}

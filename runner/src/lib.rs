@@ -1,0 +1,217 @@
+//! Warm runs: a jail whose python is started (on pycell's runner,
+//! `runner.py`) before any request exists, and which is then handed one
+//! piece of [`Work`].
+//!
+//! ```text
+//! launcher (pycelld's monitor) ──spec frame──> pycell-jailer ──> jail: python -s -c RUNNER MODULE...
+//!                              <──ready event──               <── imports done, READY on stdout
+//!                              ──work frame──>                ──> runner frame + stdin on its stdin
+//!                              <──output, result──               (runs it as `python -s SCRIPT`)
+//! ```
+//!
+//! The jailer's stdin carries frames ([`pycell_wire::framing`]): a 4-byte
+//! big-endian length, then JSON. A cold spec is one frame and EOF; a warm
+//! one is followed, whenever the launcher has a run for it, by the work
+//! frame. Clocks (wall timeout, CPU time) start when the work arrives.
+//!
+//! Threat model: the runner's text runs inside the jail, after every layer
+//! is applied, on behalf of the untrusted code; the work frame is built by
+//! the launcher and re-validated by the jailer ([`Work::validate`]) before
+//! it reaches the runner. No `unsafe`.
+#![forbid(unsafe_code)]
+
+use serde::{Deserialize, Serialize};
+
+use pycell_wire::spec::{JailSpec, WORKSPACE};
+
+/// The runner's source: a warm jail runs `python -s -c RUNNER MODULE...`.
+pub const RUNNER: &str = include_str!("runner.py");
+
+/// The largest work frame (the same, with room to spare).
+pub const MAX_WORK_FRAME: u64 = 96 << 20;
+
+/// What the runner writes to stdout, after any warm-up output, when it is
+/// ready: the jailer's cue that the jail is warm.
+pub const READY_MARKER: &[u8] = b"\0pycell-warm-ready\0";
+
+/// The argv of a warm jail: the interpreter on the runner, importing
+/// `modules` before it is ready.
+pub fn warm_argv(python: String, modules: &[String]) -> Vec<String> {
+    let mut argv = vec![
+        python,
+        "-s".to_string(),
+        "-c".to_string(),
+        RUNNER.to_string(),
+    ];
+    argv.extend(modules.iter().cloned());
+    argv
+}
+
+/// The warm jail for runs that would get `cold` (a spec resolved for an
+/// empty request): the same jail, with python on the runner importing
+/// `modules`, and no script or stdin yet.
+pub fn warm_spec(cold: &JailSpec, modules: &[String]) -> JailSpec {
+    let mut spec = cold.clone();
+    spec.argv = warm_argv(cold.argv[0].clone(), modules);
+    spec.files.clear();
+    spec.stdin.clear();
+    spec.warm = true;
+    spec
+}
+
+/// Whether a warm jail built from `warm` is exactly the jail `cold` (a
+/// run's resolved spec) describes, but for what a run brings with its
+/// work: its script, arguments, stdin, wall timeout and output cap.
+pub fn fits(warm: &JailSpec, cold: &JailSpec) -> bool {
+    let shape = |s: &JailSpec| {
+        let mut s = s.clone();
+        // What the launcher assigns, not the request.
+        s.run_id.clear();
+        (s.sandbox_uid, s.sandbox_gid) = (0, 0);
+        s.cgroup.parent.clear();
+        s.argv.truncate(1);
+        s.files.clear();
+        s.stdin.clear();
+        s.warm = false;
+        s.limits.wall_timeout_ms = 0;
+        s.limits.max_output_bytes = 0;
+        serde_json::to_value(s).ok()
+    };
+    warm.warm && cold.files.len() == 1 && shape(warm).is_some() && shape(warm) == shape(cold)
+}
+
+/// The work a run resolved as `cold` brings to a warm jail.
+pub fn work_for(cold: &JailSpec) -> Option<Work> {
+    let script = cold.files.first()?;
+    Some(Work {
+        code: script.contents.clone(),
+        filename: script.name.clone(),
+        // argv: python, -s, the script, then the run's arguments.
+        args: cold.argv.get(3..).unwrap_or_default().to_vec(),
+        stdin: cold.stdin.clone(),
+        wall_timeout_ms: cold.limits.wall_timeout_ms,
+        max_output_bytes: cold.limits.max_output_bytes,
+    })
+}
+
+/// One run for a warm jail, from its launcher to its jailer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Work {
+    pub code: String,
+    /// The script's plain file name in /workspace (`main.py`).
+    pub filename: String,
+    /// `sys.argv[1:]`.
+    pub args: Vec<String>,
+    pub stdin: Vec<u8>,
+    /// The run's own wall timeout and output cap (a request may set them;
+    /// every other limit is the jail's, which the launcher matched).
+    pub wall_timeout_ms: u64,
+    pub max_output_bytes: u64,
+}
+
+/// What the runner reads first on its stdin (its own stdin follows).
+#[derive(Serialize)]
+struct RunnerFrame<'a> {
+    path: String,
+    argv: &'a [String],
+    code: &'a str,
+}
+
+impl Work {
+    /// Check what the jailer relies on: a plain file name, no NUL in an
+    /// argument, a positive timeout.
+    pub fn validate(&self) -> Result<(), String> {
+        let n = self.filename.as_str();
+        if n.is_empty() || n.contains('/') || n.contains('\0') || n == "." || n == ".." {
+            return Err(format!("{n:?} is not a plain file name"));
+        }
+        if self.args.iter().any(|a| a.contains('\0')) {
+            return Err("an argument contains a NUL byte".into());
+        }
+        if self.wall_timeout_ms == 0 {
+            return Err("the wall timeout must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The bytes the jailer writes to the runner's stdin: its frame, then
+    /// the run's stdin.
+    pub fn runner_input(&self) -> Vec<u8> {
+        let frame = RunnerFrame {
+            path: format!("{WORKSPACE}/{}", self.filename),
+            argv: &self.args,
+            code: &self.code,
+        };
+        let mut out = pycell_wire::framing::encode_within(&frame, MAX_WORK_FRAME)
+            .expect("a checked work frame fits, and strings serialize");
+        out.extend_from_slice(&self.stdin);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn work() -> Work {
+        Work {
+            code: "print(1)".into(),
+            filename: "main.py".into(),
+            args: vec!["a".into()],
+            stdin: b"in".to_vec(),
+            wall_timeout_ms: 1000,
+            max_output_bytes: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn frames_round_trip_and_refuse_oversize() {
+        use pycell_wire::framing::{encode_within, read_sync_within, FrameError};
+        let buf = encode_within(&work(), MAX_WORK_FRAME).unwrap();
+        let back: Work = read_sync_within(&mut buf.as_slice(), 1 << 20).unwrap();
+        assert_eq!(back, work());
+        let e = read_sync_within::<Work>(&mut buf.as_slice(), 8).unwrap_err();
+        assert!(matches!(e, FrameError::TooLarge(_, 8)), "{e}");
+        let e = read_sync_within::<Work>(&mut &b""[..], 8).unwrap_err();
+        assert!(matches!(e, FrameError::Closed), "{e}");
+        assert!(matches!(
+            encode_within(&work(), 8),
+            Err(FrameError::TooLarge(_, 8))
+        ));
+    }
+
+    #[test]
+    fn the_runner_gets_its_frame_then_the_stdin() {
+        let input = work().runner_input();
+        let len = u32::from_be_bytes(input[..4].try_into().unwrap()) as usize;
+        let frame: serde_json::Value = serde_json::from_slice(&input[4..4 + len]).unwrap();
+        assert_eq!(frame["path"], "/workspace/main.py");
+        assert_eq!(frame["argv"], serde_json::json!(["a"]));
+        assert_eq!(frame["code"], "print(1)");
+        assert_eq!(&input[4 + len..], b"in");
+    }
+
+    #[test]
+    fn work_is_checked() {
+        let mut w = work();
+        w.filename = "../x".into();
+        assert!(w.validate().is_err());
+        let mut w = work();
+        w.args = vec!["a\0b".into()];
+        assert!(w.validate().is_err());
+        let mut w = work();
+        w.wall_timeout_ms = 0;
+        assert!(w.validate().is_err());
+        assert!(work().validate().is_ok());
+    }
+
+    #[test]
+    fn the_runner_marks_ready_as_the_jailer_expects() {
+        let marker = String::from_utf8_lossy(READY_MARKER).replace('\0', "\\0");
+        assert!(RUNNER.contains(&format!("b\"{marker}\"")), "{marker}");
+        let argv = warm_argv("/usr/bin/python3".into(), &["numpy".into()]);
+        assert_eq!(argv[..3], ["/usr/bin/python3", "-s", "-c"]);
+        assert_eq!(argv.last().unwrap(), "numpy");
+    }
+}

@@ -1,0 +1,388 @@
+//! The fully resolved description of one sandbox run, as the jailer receives
+//! it (JSON on stdin). The caller (the CLI in embedded mode, later the daemon's
+//! monitor) resolves a policy into this; the jailer re-validates it anyway,
+//! because it runs as root and must not trust its input's shape.
+
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// In-jail uid/gid of the sandboxed code. It maps to the unique host
+/// `sandbox_uid`/`sandbox_gid`; uid 0 is not mapped at all.
+pub const JAIL_UID: u32 = 1000;
+pub const JAIL_GID: u32 = 1000;
+/// Where the code's files go, and its working directory.
+pub const WORKSPACE: &str = "/workspace";
+
+/// The largest spec frame a jailer reads (code and stdin of 16 MiB each,
+/// the stdin as a JSON list of numbers).
+pub const MAX_SPEC_FRAME: u64 = 64 << 20;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JailSpec {
+    /// `r-` followed by lowercase hex; names the cgroup.
+    pub run_id: String,
+    /// Host uid/gid the code runs as (allocated by the caller, unique per
+    /// concurrent sandbox, not root and not an existing account).
+    pub sandbox_uid: u32,
+    pub sandbox_gid: u32,
+    /// argv of the program exec'd inside the jail; argv[0] is an absolute
+    /// in-jail path.
+    pub argv: Vec<String>,
+    /// The complete environment (nothing is inherited).
+    pub env: Vec<(String, String)>,
+    /// Files written into /workspace before the code starts.
+    pub files: Vec<WorkspaceFile>,
+    /// Bytes fed to the program's stdin (then closed).
+    #[serde(default)]
+    pub stdin: Vec<u8>,
+    /// Read-only bind mounts (host source → in-jail target). A source that is
+    /// a symlink on the host is recreated as the same symlink.
+    pub mounts: Vec<BindMount>,
+    pub limits: JailLimits,
+    pub landlock: LandlockSpec,
+    /// Name of a profile known to the `pycell-seccomp` crate.
+    pub seccomp_profile: String,
+    pub cgroup: CgroupSpec,
+    /// What the jail's network namespace holds besides loopback.
+    #[serde(default)]
+    pub network: NetworkSpec,
+    /// Hand a descriptor of /workspace out on the jailer's stdin socket
+    /// (before the proxy's listener, if any), for the launcher to copy
+    /// what the jail built: the install jail's env.
+    #[serde(default)]
+    pub export_workspace: bool,
+    /// A warm jail: `argv` starts pycell's runner, which waits for its work
+    /// on the jailer's stdin after this spec (see [`crate::runner`]); the
+    /// clocks start when it arrives.
+    #[serde(default)]
+    pub warm: bool,
+}
+
+/// The host's TLS trust store (Debian's ca-certificates), bound read-only
+/// at the same place in jails with egress: the one bind allowed under the
+/// jailer's synthetic /etc, so that HTTPS clients can verify their hosts.
+pub const CA_CERTIFICATES: &str = "/etc/ssl/certs";
+
+/// Where the egress proxy listens inside a jail (on its loopback).
+pub const EGRESS_PROXY_PORT: u16 = 3128;
+
+/// The jail's network namespace: always its own, with no route and no
+/// resolver.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum NetworkSpec {
+    /// Loopback only.
+    #[default]
+    Loopback,
+    /// Loopback, with a listening socket on 127.0.0.1:`port` that the
+    /// jailer makes inside the namespace and hands out on its stdin (a unix
+    /// socket) to whoever runs the egress proxy. Landlock (ABI 4 and up)
+    /// lets the sandbox connect to that port only.
+    Proxy { port: u16 },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceFile {
+    /// A plain file name (no slashes).
+    pub name: String,
+    pub contents: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BindMount {
+    pub source: PathBuf,
+    pub target: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JailLimits {
+    pub wall_timeout_ms: u64,
+    pub cpu_time_s: u64,
+    pub memory_bytes: u64,
+    pub pids: u32,
+    /// cpu.max quota in millicores (1000 = one core).
+    pub cpu_millicores: u32,
+    pub open_files: u64,
+    pub file_size_bytes: u64,
+    /// One tmpfs holds /workspace, /tmp and /dev/shm: their total size.
+    pub disk_bytes: u64,
+    /// Cap for each of stdout and stderr.
+    pub max_output_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LandlockSpec {
+    /// The run is refused if the kernel's Landlock ABI is lower.
+    pub min_abi: u8,
+    pub read_exec: Vec<PathBuf>,
+    pub read_only: Vec<PathBuf>,
+    pub read_write: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CgroupSpec {
+    /// Parent under which the per-run cgroup is created, relative to the
+    /// jailer's own cgroup in each hierarchy (e.g. "pycell").
+    pub parent: String,
+}
+
+/// Why a spec was rejected by [`JailSpec::validate`].
+#[derive(Debug, thiserror::Error)]
+#[error("invalid jail spec: {field}: {problem}")]
+pub struct SpecError {
+    pub field: String,
+    pub problem: String,
+}
+
+fn bad(field: impl Into<String>, problem: impl Into<String>) -> SpecError {
+    SpecError {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+/// Absolute, no `.`/`..`, no NUL.
+pub fn is_clean_absolute(p: &Path) -> bool {
+    p.is_absolute()
+        && !p.as_os_str().as_encoded_bytes().contains(&0)
+        && p.components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+}
+
+/// In-jail paths the jailer builds itself; binds may not cover them.
+const RESERVED_TARGETS: &[&str] = &["/proc", "/dev", "/tmp", WORKSPACE, "/etc"];
+
+/// A fresh run id: `r-` and 16 lowercase hex digits (what
+/// [`JailSpec::validate`] accepts), unique within this process and very
+/// likely across processes (time, pid and a counter mixed).
+pub fn new_run_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mixed = t ^ (u64::from(std::process::id()) << 40) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    format!("r-{mixed:016x}")
+}
+
+/// A cgroup path below some base: plain names (ASCII letters, digits, `-`,
+/// `_`, `.`) separated by single `/`, none of them `.` or `..`.
+/// Owned by root and writable by no one else: the rule for every component
+/// of a bind source, as the host sees it (the jailer checks it; pycelld
+/// checks its env store with it at start).
+pub fn trusted(uid: u32, gid: u32, mode: u32) -> Result<(), String> {
+    if uid != 0 {
+        return Err(format!("is owned by uid {uid}, not root"));
+    }
+    if mode & 0o002 != 0 {
+        return Err(format!("is writable by others (mode {:o})", mode & 0o7777));
+    }
+    if mode & 0o020 != 0 && gid != 0 {
+        return Err(format!(
+            "is writable by group {gid} (mode {:o})",
+            mode & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+pub fn is_plain_relative_path(p: &str) -> bool {
+    !p.is_empty()
+        && p.split('/').all(|seg| {
+            !seg.is_empty()
+                && seg != "."
+                && seg != ".."
+                && seg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        })
+}
+
+impl JailSpec {
+    /// Check every field a jailer relies on; the first problem is the error.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        self.validate_identity()?;
+        self.validate_program()?;
+        self.validate_mounts()?;
+        self.limits.validate()?;
+        self.landlock.validate()?;
+        if !is_plain_relative_path(&self.cgroup.parent) {
+            return Err(bad(
+                "cgroup.parent",
+                "must be a relative path of plain names (letters, digits, - _ .) separated by /",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_identity(&self) -> Result<(), SpecError> {
+        let id_ok = self.run_id.len() <= 40
+            && self.run_id.starts_with("r-")
+            && self.run_id.len() > 2
+            && self.run_id[2..]
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if !id_ok {
+            return Err(bad("run_id", "must be r- followed by lowercase hex"));
+        }
+        if self.sandbox_uid == 0 || self.sandbox_gid == 0 {
+            return Err(bad("sandbox_uid", "the sandbox must not run as root"));
+        }
+        if self.sandbox_uid == u32::MAX || self.sandbox_gid == u32::MAX {
+            return Err(bad("sandbox_uid", "(uid_t)-1 is not a valid id"));
+        }
+        Ok(())
+    }
+
+    /// argv, environment and workspace files.
+    fn validate_program(&self) -> Result<(), SpecError> {
+        match self.argv.first() {
+            Some(a0) if is_clean_absolute(Path::new(a0)) => {}
+            _ => return Err(bad("argv", "argv[0] must be an absolute in-jail path")),
+        }
+        if self.argv.iter().any(|a| a.contains('\0')) {
+            return Err(bad("argv", "contains a NUL byte"));
+        }
+        for (k, v) in &self.env {
+            let key_ok = !k.is_empty()
+                && k.bytes().enumerate().all(|(i, b)| {
+                    b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit())
+                });
+            if !key_ok || v.contains('\0') {
+                return Err(bad(
+                    format!("env.{k}"),
+                    "invalid variable name or NUL in value",
+                ));
+            }
+        }
+        if self.warm && (self.export_workspace || !self.files.is_empty() || !self.stdin.is_empty())
+        {
+            return Err(bad(
+                "warm",
+                "a warm jail gets its script and stdin with its work, and exports nothing",
+            ));
+        }
+        for f in &self.files {
+            let n = f.name.as_str();
+            if n.is_empty() || n.contains('/') || n.contains('\0') || n == "." || n == ".." {
+                return Err(bad("files", format!("{n:?} is not a plain file name")));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_mounts(&self) -> Result<(), SpecError> {
+        for m in &self.mounts {
+            if !is_clean_absolute(&m.source) || !is_clean_absolute(&m.target) {
+                return Err(bad(
+                    "mounts",
+                    format!(
+                        "{} -> {} must be clean absolute paths",
+                        m.source.display(),
+                        m.target.display()
+                    ),
+                ));
+            }
+            let trust_store = m.source == Path::new(CA_CERTIFICATES)
+                && m.target == Path::new(CA_CERTIFICATES)
+                && self.network != NetworkSpec::Loopback;
+            if m.target == Path::new("/")
+                || (RESERVED_TARGETS.iter().any(|r| m.target.starts_with(r)) && !trust_store)
+            {
+                return Err(bad(
+                    "mounts",
+                    format!("target {} is built by the jailer", m.target.display()),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl JailLimits {
+    fn validate(&self) -> Result<(), SpecError> {
+        if self.wall_timeout_ms == 0
+            || self.memory_bytes < (16 << 20)
+            || self.pids == 0
+            || self.cpu_millicores == 0
+        {
+            return Err(bad(
+                "limits",
+                "timeout, memory (>= 16MiB), pids and cpus must be positive",
+            ));
+        }
+        if self.disk_bytes < 4096 || self.open_files < 16 {
+            return Err(bad(
+                "limits",
+                "workspace/tmp sizes and open_files are too small",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl LandlockSpec {
+    fn validate(&self) -> Result<(), SpecError> {
+        let all = self
+            .read_exec
+            .iter()
+            .chain(&self.read_only)
+            .chain(&self.read_write);
+        for p in all {
+            if !is_clean_absolute(p) {
+                return Err(bad(
+                    "landlock",
+                    format!("{} is not a clean absolute path", p.display()),
+                ));
+            }
+        }
+        for p in &self.read_write {
+            if !(p.starts_with(WORKSPACE) || p.starts_with("/tmp")) {
+                return Err(bad(
+                    "landlock.read_write",
+                    format!("{} is outside /workspace and /tmp", p.display()),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_plain_relative_path, new_run_id};
+
+    #[test]
+    fn run_ids_are_what_the_jailer_accepts_and_distinct() {
+        let (a, b) = (new_run_id(), new_run_id());
+        assert_ne!(a, b);
+        for id in [a, b] {
+            assert_eq!(id.len(), 18, "{id}");
+            assert!(id.starts_with("r-"));
+            assert!(id[2..]
+                .bytes()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
+        }
+    }
+
+    #[test]
+    fn cgroup_parents_are_plain_relative_paths() {
+        for ok in ["pycell", "runs", "system.slice/pycelld.service/runs"] {
+            assert!(is_plain_relative_path(ok), "{ok}");
+        }
+        for bad in [
+            "", "/runs", "runs/", "a//b", "..", "a/../b", "./a", "a b", "a/b\n",
+        ] {
+            assert!(!is_plain_relative_path(bad), "{bad:?}");
+        }
+    }
+}
