@@ -28,7 +28,7 @@ import time
 import traceback
 
 PAYLOAD = "/mnt/payload"
-# Sandbox uids: pycell's default range (core/src/uidalloc.rs DEFAULT_RANGE).
+# Sandbox uids: pycell's default range (host/src/uidalloc.rs DEFAULT_RANGE).
 SANDBOX_UIDS = range(1_800_000_000, 1_800_065_536)
 MEMBER = "alice"  # in the socket group
 OUTSIDER = "mallory"  # not in it
