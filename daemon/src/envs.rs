@@ -19,13 +19,12 @@ use nix::unistd::Pid;
 use pycell_deps::build::BuildOutcome;
 use pycell_deps::{self as deps, DepsRequest};
 use pycell_launch::launcher::Launcher;
-use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::EnvReport;
 use pycell_wire::codes::FailureCode;
 use pycell_wire::report::JailFailure;
 
 use crate::config::Config;
-use crate::link::PeerIds;
+use crate::link::{PeerIds, RunOrder};
 
 /// The CLI that builds envs when it is not beside pycelld.
 const INSTALLED_CLI: &str = "/usr/bin/pycell";
@@ -50,7 +49,8 @@ pub struct Builders {
 pub struct Build {
     pub req: u64,
     pub peer: PeerIds,
-    pub request: RunRequest,
+    /// The run to start when the env is built.
+    pub order: Option<RunOrder>,
     pub policy: String,
     pub child: Child,
     started: Instant,
@@ -198,7 +198,7 @@ impl Build {
     pub fn new(
         req: u64,
         peer: PeerIds,
-        request: RunRequest,
+        order: RunOrder,
         policy: String,
         child: Child,
         deadline: Instant,
@@ -206,7 +206,7 @@ impl Build {
         Build {
             req,
             peer,
-            request,
+            order: Some(order),
             policy,
             child,
             started: Instant::now(),
@@ -281,14 +281,10 @@ pub fn read_outcome(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pycell_policy::requirement::Requirement;
 
     fn deps(reqs: &[&str], rp: Option<&str>) -> DepsRequest {
         DepsRequest {
-            requirements: reqs
-                .iter()
-                .map(|r| Requirement::parse(r).unwrap())
-                .collect(),
+            requirements: reqs.iter().map(|r| r.to_string()).collect(),
             requires_python: rp.map(str::to_string),
         }
     }

@@ -12,7 +12,8 @@
 //! untrusted input: sizes are bounded, unknown fields rejected, policies are
 //! chosen by name among the operator's (never by a client-supplied path).
 //! The broker, which parses them, runs unprivileged; the root monitor accepts
-//! only a closed set of typed messages from it and re-resolves every run
+//! only a closed set of typed messages from it ([`link`]), re-checks every
+//! field of a run's order without parsing client input, resolves every run
 //! itself, and the jailer re-validates the resulting spec.
 #![forbid(unsafe_code)]
 

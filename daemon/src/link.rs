@@ -7,10 +7,14 @@
 
 use std::path::PathBuf;
 
+use pycell_deps::DepsRequest;
+use pycell_launch::launcher::LaunchError;
 use pycell_policy::network::EgressRules;
-use pycell_protocol::messages::{ErrorCode, RunRequest};
+use pycell_policy::Policy;
+use pycell_protocol::messages::{ErrorCode, LimitOverrides, RunRequest};
 use pycell_protocol::result::EnvReport;
 use pycell_protocol::result::LimitsReport;
+use pycell_wire::codes::FailureCode;
 use pycell_wire::report::JailFailure;
 use serde::{Deserialize, Serialize};
 
@@ -23,11 +27,12 @@ pub enum ToMonitor {
     /// The broker's event loop is turning (sent every second; the
     /// monitor's systemd watchdog pings depend on it).
     Alive,
-    /// Start a run for a peer (whose credentials the broker checked).
+    /// Start a run for a peer (whose credentials the broker checked), as
+    /// the broker resolved it.
     Spawn {
         req: u64,
         peer: PeerIds,
-        request: RunRequest,
+        order: RunOrder,
     },
     /// Stop a run (cancel, client gone, shutdown).
     Kill { run_id: String },
@@ -39,6 +44,103 @@ pub enum ToMonitor {
         run_id: String,
         connection: EgressLine,
     },
+}
+
+/// A run as the broker resolved it from a client's request: what root
+/// needs to start it, and nothing root has to parse. The broker did the
+/// parsing (the policy's name, the limits against the policy's ceilings,
+/// the PEP 723 block and the requirement lists); the monitor re-checks
+/// each field with a constant amount of work per byte ([`RunOrder::check`])
+/// and never looks inside the code, which it hands to the jailer as it is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunOrder {
+    /// An operator's policy, by name; the monitor loads it itself.
+    pub policy: String,
+    /// Every limit, final: the policy's, with the request's overrides
+    /// applied and checked against its ceilings.
+    pub limits: FinalLimits,
+    /// The program, opaque to root.
+    pub code: String,
+    pub filename: Option<String>,
+    pub args: Vec<String>,
+    pub stdin_base64: Option<String>,
+    /// The run's dependencies, gathered and normalized, if it has any.
+    pub dependencies: Option<DepsRequest>,
+}
+
+/// A run's limits as the broker settled them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FinalLimits {
+    pub timeout_s: f64,
+    pub memory_bytes: u64,
+    pub pids: u32,
+    pub disk_bytes: u64,
+    pub max_output_bytes: u64,
+}
+
+impl FinalLimits {
+    pub fn from_limits(l: &pycell_policy::Limits) -> FinalLimits {
+        FinalLimits {
+            timeout_s: l.wall_timeout.as_secs_f64(),
+            memory_bytes: l.memory,
+            pids: l.pids,
+            disk_bytes: l.disk,
+            max_output_bytes: l.max_output,
+        }
+    }
+}
+
+impl RunOrder {
+    /// The request the launch path resolves: every limit given, so the
+    /// policy's ceilings are checked again, and no dependencies, since
+    /// the env comes from [`RunOrder::dependencies`].
+    pub fn to_request(&self) -> RunRequest {
+        let l = self.limits;
+        RunRequest {
+            code: self.code.clone(),
+            filename: self.filename.clone(),
+            args: self.args.clone(),
+            stdin_base64: self.stdin_base64.clone(),
+            policy: Some(self.policy.clone()),
+            limits: LimitOverrides {
+                timeout_s: Some(l.timeout_s),
+                memory_bytes: Some(l.memory_bytes),
+                pids: Some(l.pids),
+                disk_bytes: Some(l.disk_bytes),
+                max_output_bytes: Some(l.max_output_bytes),
+            },
+            dependencies: Vec::new(),
+        }
+    }
+
+    /// What the monitor checks of an order under the policy it names,
+    /// beyond what the launch path checks (limits, sizes, names): its
+    /// dependencies' bounds, and that the policy lets it have them.
+    pub fn check(&self, policy: &Policy) -> Result<(), JailFailure> {
+        let Some(deps) = &self.dependencies else {
+            return Ok(());
+        };
+        let refused = |m: String| pycell_deps::failure(FailureCode::DepsInvalid, m);
+        deps.check_bounds().map_err(refused)?;
+        let own: Vec<String> = policy
+            .dependencies
+            .packages
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
+        if !policy.dependencies.allow && deps.requirements != own {
+            return Err(pycell_deps::failure(
+                FailureCode::DepsNotAllowed,
+                format!(
+                    "policy {:?} does not allow dependencies beyond its own packages",
+                    policy.name
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A client's credentials, as the kernel gave them to the broker.
@@ -98,6 +200,9 @@ pub enum ToBroker {
     Handoff {
         config_path: PathBuf,
         config_text: String,
+        /// The memory the warm pools' members may use, which admission
+        /// sets aside from `memory_budget` (the monitor plans the pools).
+        warm_reserved_bytes: u64,
     },
 }
 
@@ -128,5 +233,75 @@ impl From<&pycell_egress::ConnectionRecord> for EgressLine {
             bytes_in: c.bytes_in,
             bytes_out: c.bytes_out,
         }
+    }
+}
+
+/// How a run that did not start is refused on the wire.
+pub fn refusal(e: LaunchError) -> (ErrorCode, String) {
+    let code = match &e {
+        LaunchError::Request(_) => ErrorCode::InvalidRequest,
+        LaunchError::Refused(f) => match f.code {
+            FailureCode::UidUnavailable => ErrorCode::Busy,
+            FailureCode::InvalidPolicy => ErrorCode::InvalidRequest,
+            _ => ErrorCode::Internal,
+        },
+    };
+    (code, e.failure().message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(deps: Option<Vec<&str>>) -> RunOrder {
+        RunOrder {
+            policy: "p".into(),
+            limits: FinalLimits::from_limits(&pycell_policy::Limits::default()),
+            code: "print(1)".into(),
+            filename: None,
+            args: Vec::new(),
+            stdin_base64: None,
+            dependencies: deps.map(|d| DepsRequest {
+                requirements: d.into_iter().map(str::to_string).collect(),
+                requires_python: None,
+            }),
+        }
+    }
+
+    fn policy(deps: &str) -> Policy {
+        let text = format!(
+            "name = \"p\"\ndescription = \"d\"\nnamespaces = [\"user\", \"pid\", \"mount\", \"net\", \"ipc\", \"uts\", \"cgroup\"]\n[interpreter]\npython = \"/usr/bin/python3\"\n{deps}"
+        );
+        Policy::from_toml_str(&text, std::path::Path::new("p.toml")).unwrap()
+    }
+
+    #[test]
+    fn root_refuses_dependencies_a_policy_does_not_allow_or_out_of_bounds() {
+        let closed = policy("[dependencies]\npackages = [\"six\"]\n");
+        assert!(order(None).check(&closed).is_ok());
+        assert!(order(Some(vec!["six"])).check(&closed).is_ok());
+        let e = order(Some(vec!["six", "attrs"]))
+            .check(&closed)
+            .unwrap_err();
+        assert_eq!(e.code, FailureCode::DepsNotAllowed);
+        let open = policy("[dependencies]\nallow = true\n");
+        assert!(order(Some(vec!["six", "attrs"])).check(&open).is_ok());
+        let e = order(Some(vec!["six\n--index-url=x"]))
+            .check(&open)
+            .unwrap_err();
+        assert_eq!(e.code, FailureCode::DepsInvalid);
+        let many: Vec<&str> = vec!["six"; 65];
+        assert!(order(Some(many)).check(&open).is_err());
+    }
+
+    #[test]
+    fn an_order_is_resolved_with_every_limit_given_and_no_dependencies() {
+        let o = order(Some(vec!["six"]));
+        let r = o.to_request();
+        assert_eq!(r.policy.as_deref(), Some("p"));
+        assert_eq!(r.limits.memory_bytes, Some(o.limits.memory_bytes));
+        assert_eq!(r.limits.timeout_s, Some(o.limits.timeout_s));
+        assert!(r.dependencies.is_empty());
+        assert_eq!(r.code, "print(1)");
     }
 }

@@ -2,8 +2,10 @@
 //! closed set of [`ToMonitor`] messages from the broker over a socketpair.
 //!
 //! Threat model: the broker handles untrusted clients and may be
-//! compromised. So the monitor never takes a jail spec from it: it gets the
-//! typed run request (bounded, unknown fields rejected) and resolves it
+//! compromised. So the monitor never takes a jail spec from it, and never
+//! parses client input: it gets a run as the broker resolved it (a
+//! [`RunOrder`]: a policy name, final limits, the code as an opaque blob,
+//! normalized requirements), re-checks each field cheaply and resolves it
 //! itself against the operator's policies, exactly as for any client. Its
 //! root powers are used for: creating the socket, sweeping leftover cgroups,
 //! leasing sandbox uids, spawning `pycell-jailer` (which creates the run's
@@ -27,9 +29,7 @@ use nix::unistd::{Gid, Group, Pid, Uid, User};
 use pycell_deps::{self as deps, build::Plan, store::EnvInUse, store::EnvStore};
 use pycell_host::cgroup::CgroupLayout;
 use pycell_host::uidalloc::UidLease;
-use pycell_launch::launcher::{
-    self as launch, JailerStderr, LaunchError, Launched, Launcher, PolicyChoice,
-};
+use pycell_launch::launcher::{self as launch, JailerStderr, Launched, Launcher, PolicyChoice};
 use pycell_launch::resolve::Extras;
 use pycell_protocol::framing;
 use pycell_protocol::messages::{ErrorCode, RunRequest};
@@ -40,7 +40,7 @@ use crate::audit::{AuditLog, RunStart, StoppedBy};
 use crate::config::is_proxy_setting;
 use crate::config::Config;
 use crate::envs::{Build, Builders};
-use crate::link::{PeerIds, ToBroker, ToMonitor};
+use crate::link::{refusal, PeerIds, RunOrder, ToBroker, ToMonitor};
 use crate::listen;
 use crate::pool::Pools;
 
@@ -174,12 +174,13 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
         .map_err(|e| MonitorError::Sys(format!("audit log {:?}: {e}", config.audit)))?;
     let (listener, origin) = listening_socket(&config, ids.socket_gid)?;
     let sfd = block_signals()?;
-    let (link, broker_pid) = start_broker(&config, config_path, &ids, listener)?;
+    let (plans, warnings) = crate::pool::plan(&config);
+    let warm_reserved = crate::pool::reserved_memory(&plans);
+    let (link, broker_pid) = start_broker(&config, config_path, &ids, listener, warm_reserved)?;
     let envs = open_envs(&config, &launcher);
     if let Err(why) = &envs {
         eprintln!("pycelld monitor: runs with dependencies will be refused: {why}");
     }
-    let (plans, warnings) = crate::pool::plan(&config);
     for w in warnings {
         eprintln!("pycelld monitor: {w}");
     }
@@ -258,6 +259,7 @@ fn start_broker(
     config_path: &Path,
     ids: &ResolvedIds,
     listener: UnixListener,
+    warm_reserved_bytes: u64,
 ) -> Result<(UnixStream, Pid), MonitorError> {
     let (mine, theirs) = UnixStream::pair().map_err(MonitorError::Broker)?;
     // The broker execs this binary through a descriptor opened here as root:
@@ -286,6 +288,7 @@ fn start_broker(
     let frame = framing::encode(&ToBroker::Handoff {
         config_path: config_path.to_path_buf(),
         config_text: config.source_text.clone(),
+        warm_reserved_bytes,
     })
     .map_err(|e| MonitorError::Sys(e.to_string()))?;
     crate::sockets::send_with_fds(mine.as_fd(), &frame, &[listener.as_fd()])
@@ -545,7 +548,7 @@ impl Monitor {
                     self.audit.egress(&run_id, &connection);
                 }
             }
-            ToMonitor::Spawn { req, peer, request } => {
+            ToMonitor::Spawn { req, peer, order } => {
                 if self.stopping_since.is_some() {
                     self.send(&ToBroker::Refused {
                         req,
@@ -554,7 +557,7 @@ impl Monitor {
                     });
                     return;
                 }
-                let reply = self.spawn(req, peer, request, None);
+                let reply = self.spawn(req, peer, order, None);
                 self.reply(req, peer, reply);
             }
         }
@@ -587,7 +590,7 @@ impl Monitor {
         &mut self,
         req: u64,
         peer: PeerIds,
-        request: RunRequest,
+        order: RunOrder,
         built: Option<EnvReport>,
     ) -> Reply {
         let refuse = |(code, message)| Box::new(ToBroker::Refused { req, code, message });
@@ -600,9 +603,17 @@ impl Monitor {
         }
         let policy = self
             .launcher
-            .load_policy(PolicyChoice::Name(request.policy_name()))
+            .load_policy(PolicyChoice::Name(&order.policy))
             .map_err(|e| refuse(refusal(e)))?;
-        let env = match self.env_for(req, peer, &policy, &request, built)? {
+        order.check(&policy).map_err(|failure| {
+            Box::new(ToBroker::Failed {
+                req,
+                policy: policy.name.clone(),
+                failure,
+            })
+        })?;
+        let request = order.to_request();
+        let env = match self.env_for(req, peer, &policy, order, built)? {
             EnvStep::Building(reply) => return Ok(reply),
             EnvStep::Ready(env) => Some(env),
             EnvStep::NoDependencies => None,
@@ -710,7 +721,7 @@ impl Monitor {
         req: u64,
         peer: PeerIds,
         policy: &pycell_policy::Policy,
-        request: &RunRequest,
+        order: RunOrder,
         built: Option<EnvReport>,
     ) -> Result<EnvStep, Box<ToBroker>> {
         let failed = |failure| {
@@ -720,9 +731,7 @@ impl Monitor {
                 failure,
             })
         };
-        let Some(wanted) =
-            deps::gather(policy, &request.code, &request.dependencies).map_err(failed)?
-        else {
+        let Some(wanted) = &order.dependencies else {
             return Ok(EnvStep::NoDependencies);
         };
         let (store, builders) = self.envs.as_ref().map_err(|why| {
@@ -731,7 +740,7 @@ impl Monitor {
                 format!("pycelld cannot build dependency envs: {why}"),
             ))
         })?;
-        let plan: Plan = deps::build::plan(&self.launcher, policy, &wanted).map_err(failed)?;
+        let plan: Plan = deps::build::plan(&self.launcher, policy, wanted).map_err(failed)?;
         if let Some(env) = store.lookup(&plan.key) {
             let report = built.unwrap_or_else(|| {
                 deps::build::report(&env, pycell_protocol::result::CacheOutcome::Hit, 0.0)
@@ -744,23 +753,15 @@ impl Monitor {
                 "the env was built, yet the store does not have it (removed meanwhile?); try again",
             )));
         }
-        let (child, progress) = builders.start(&policy.name, &wanted).map_err(|e| {
+        let (child, progress) = builders.start(&policy.name, wanted).map_err(|e| {
             failed(deps::failure(
                 FailureCode::DepsUnavailable,
                 format!("starting the env builder: {e}"),
             ))
         })?;
         let deadline = builders.deadline(plan.install_timeout());
-        // Kept until the build is done (copied only here: most runs
-        // need no build).
-        let build = Build::new(
-            req,
-            peer,
-            request.clone(),
-            policy.name.clone(),
-            child,
-            deadline,
-        );
+        // Kept until the build is done.
+        let build = Build::new(req, peer, order, policy.name.clone(), child, deadline);
         self.builds.insert(build.pid(), build);
         Ok(EnvStep::Building((
             ToBroker::Installing { req },
@@ -773,8 +774,15 @@ impl Monitor {
         let (req, peer) = (build.req, build.peer);
         let reply = match build.outcome(how) {
             Ok(env) => {
-                let request = std::mem::take(&mut build.request);
-                let reply = self.spawn(req, peer, request, Some(env));
+                let order = build.order.take();
+                let reply = match order {
+                    Some(order) => self.spawn(req, peer, order, Some(env)),
+                    None => Err(Box::new(ToBroker::Refused {
+                        req,
+                        code: ErrorCode::Internal,
+                        message: "the build's run was already started".into(),
+                    })),
+                };
                 // After the run holds its env: gc never removes one in use.
                 self.collect_garbage();
                 reply
@@ -927,17 +935,4 @@ fn describe_wait(status: &WaitStatus) -> String {
         WaitStatus::Signaled(_, sig, _) => format!("killed by {sig}"),
         other => format!("{other:?}"),
     }
-}
-
-/// How a run that did not start is refused on the wire.
-pub(crate) fn refusal(e: LaunchError) -> (ErrorCode, String) {
-    let code = match &e {
-        LaunchError::Request(_) => ErrorCode::InvalidRequest,
-        LaunchError::Refused(f) => match f.code {
-            FailureCode::UidUnavailable => ErrorCode::Busy,
-            FailureCode::InvalidPolicy => ErrorCode::InvalidRequest,
-            _ => ErrorCode::Internal,
-        },
-    };
-    (code, e.failure().message)
 }

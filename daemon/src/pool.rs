@@ -403,7 +403,7 @@ fn policy_env(
         after: ENV_RETRY,
         why,
     };
-    let Some(wanted) = deps::gather(policy, "", &[]).map_err(|f| wait(Some(f.message)))? else {
+    let Some(wanted) = deps::for_policy(policy).map_err(|f| wait(Some(f.message)))? else {
         return Ok(None);
     };
     let store = store.ok_or_else(|| wait(Some("pycelld has no env store".into())))?;

@@ -15,23 +15,64 @@ pub mod install;
 pub mod pep723;
 pub mod store;
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use pycell_policy::requirement::{self, Requirement};
 use pycell_policy::Policy;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
 
-/// What one run needs installed, merged from every source.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What one run needs installed, merged from every source: what pycelld's
+/// broker hands its root monitor, which only checks its bounds
+/// ([`DepsRequest::check_bounds`]) and never parses it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DepsRequest {
     /// The policy's packages, then the script's, then the request's; each
-    /// once.
-    pub requirements: Vec<Requirement>,
-    /// The script's `requires-python`.
+    /// once, normalized (a parsed [`Requirement`], printed).
+    pub requirements: Vec<String>,
+    /// The script's `requires-python`, checked.
     pub requires_python: Option<String>,
+}
+
+/// The longest `requires-python` a [`DepsRequest`] may carry.
+pub const MAX_REQUIRES_PYTHON_LEN: usize = 256;
+
+impl DepsRequest {
+    /// The checks root makes of a request the broker gathered: counts and
+    /// lengths, and no control characters; a constant amount of work per
+    /// byte, and nothing parsed.
+    pub fn check_bounds(&self) -> Result<(), String> {
+        let plain = |s: &str| !s.trim().is_empty() && !s.chars().any(char::is_control);
+        if self.requirements.is_empty() || self.requirements.len() > requirement::MAX_REQUIREMENTS {
+            return Err(format!(
+                "{} requirements: a run's env has 1 to {}",
+                self.requirements.len(),
+                requirement::MAX_REQUIREMENTS
+            ));
+        }
+        if let Some((i, _)) = self
+            .requirements
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.len() > requirement::MAX_REQUIREMENT_LEN || !plain(r))
+        {
+            return Err(format!(
+                "requirement {i} is empty, longer than {} bytes, or has a control character",
+                requirement::MAX_REQUIREMENT_LEN
+            ));
+        }
+        match &self.requires_python {
+            Some(rp) if rp.len() > MAX_REQUIRES_PYTHON_LEN || !plain(rp) => Err(format!(
+                "requires-python is empty, longer than {MAX_REQUIRES_PYTHON_LEN} bytes, or has a control character"
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// A refusal about dependencies.
@@ -111,25 +152,14 @@ pub fn gather(
         )
         .with_hint("use a policy whose [dependencies] allow = true (the shipped `default` does), or drop them"));
     }
-    let mut requirements: Vec<Requirement> = Vec::new();
-    for r in policy
-        .dependencies
-        .packages
-        .iter()
-        .chain(&script_deps)
-        .chain(&listed)
-    {
-        if !requirements.contains(r) {
-            requirements.push(r.clone());
-        }
-    }
-    if requirements.len() > requirement::MAX_REQUIREMENTS {
-        return Err(invalid(format!(
-            "{} requirements in all; at most {} are allowed",
-            requirements.len(),
-            requirement::MAX_REQUIREMENTS
-        )));
-    }
+    let requirements = merge(
+        policy
+            .dependencies
+            .packages
+            .iter()
+            .chain(&script_deps)
+            .chain(&listed),
+    )?;
     if requirements.is_empty() {
         return Ok(None);
     }
@@ -137,6 +167,36 @@ pub fn gather(
         requirements,
         requires_python,
     }))
+}
+
+/// What every run of `policy` needs installed (its `[dependencies]
+/// packages`), or `None`: the operator's list only, no client input.
+pub fn for_policy(policy: &Policy) -> Result<Option<DepsRequest>, JailFailure> {
+    let requirements = merge(policy.dependencies.packages.iter())?;
+    Ok((!requirements.is_empty()).then_some(DepsRequest {
+        requirements,
+        requires_python: None,
+    }))
+}
+
+/// Each requirement once, in order, normalized; more than
+/// [`requirement::MAX_REQUIREMENTS`] is refused as soon as it is seen (the
+/// work is linear in what was asked).
+fn merge<'a>(all: impl Iterator<Item = &'a Requirement>) -> Result<Vec<String>, JailFailure> {
+    let mut seen = HashSet::new();
+    let mut merged = Vec::new();
+    for r in all {
+        if seen.insert(r) {
+            merged.push(r.to_string());
+        }
+        if merged.len() > requirement::MAX_REQUIREMENTS {
+            return Err(invalid(format!(
+                "too many requirements: at most {} are allowed (the policy's, the script's and the request's together)",
+                requirement::MAX_REQUIREMENTS
+            )));
+        }
+    }
+    Ok(merged)
 }
 
 /// Hex SHA-256 of `parts`, each length-prefixed (so no two part lists
@@ -156,7 +216,7 @@ pub fn digest<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
 /// `requires-python`, and where the install policy finds wheels.
 pub fn request_key(req: &DepsRequest, interpreter: &Path, source: &str) -> String {
     let identity = interpreter_identity(interpreter);
-    let mut reqs: Vec<String> = req.requirements.iter().map(|r| r.to_string()).collect();
+    let mut reqs = req.requirements.clone();
     reqs.sort();
     let reqs = reqs.join("\n");
     let rp = req.requires_python.clone().unwrap_or_default();
@@ -204,8 +264,7 @@ mod tests {
         let r = gather(&p, code, &["six".into(), "attrs>=23".into()])
             .unwrap()
             .unwrap();
-        let names: Vec<String> = r.requirements.iter().map(|r| r.to_string()).collect();
-        assert_eq!(names, ["numpy", "six", "attrs>=23"]);
+        assert_eq!(r.requirements, ["numpy", "six", "attrs>=23"]);
         assert_eq!(r.requires_python.as_deref(), Some(">=3.9"));
         assert_eq!(
             gather(&p, "print(1)", &[])
@@ -259,10 +318,7 @@ mod tests {
     #[test]
     fn request_keys_ignore_order_but_not_content() {
         let r = |names: &[&str]| DepsRequest {
-            requirements: names
-                .iter()
-                .map(|n| Requirement::parse(n).unwrap())
-                .collect(),
+            requirements: names.iter().map(|n| n.to_string()).collect(),
             requires_python: None,
         };
         let py = Path::new("/usr/bin/python3");
@@ -271,5 +327,54 @@ mod tests {
         assert_ne!(k, request_key(&r(&["six"]), py, "index"));
         assert_ne!(k, request_key(&r(&["six", "attrs"]), py, "other"));
         assert_eq!(k.len(), 64);
+    }
+
+    #[test]
+    fn root_checks_only_the_bounds_of_a_gathered_request() {
+        let ok = DepsRequest {
+            requirements: vec!["six==1.17.0".into()],
+            requires_python: Some(">=3.9".into()),
+        };
+        assert!(ok.check_bounds().is_ok());
+        let with = |reqs: Vec<String>, rp: Option<&str>| DepsRequest {
+            requirements: reqs,
+            requires_python: rp.map(str::to_string),
+        };
+        let too_many = (0..65).map(|i| format!("p{i}")).collect();
+        for bad in [
+            with(Vec::new(), None),
+            with(too_many, None),
+            with(vec!["x".repeat(257)], None),
+            with(vec!["six\n--index-url x".into()], None),
+            with(vec!["six".into()], Some("")),
+            with(vec!["six".into()], Some(">=3\n")),
+        ] {
+            assert!(bad.check_bounds().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_huge_script_block_is_refused_in_linear_time() {
+        let p = policy("[dependencies]\nallow = true\n");
+        let names: Vec<String> = (0..100_000).map(|i| format!("\"p{i}\"")).collect();
+        let code = format!(
+            "# /// script\n# dependencies = [{}]\n# ///\n",
+            names.join(", ")
+        );
+        let e = gather(&p, &code, &[]).unwrap_err();
+        assert_eq!(e.code, FailureCode::DepsInvalid);
+        assert!(
+            e.message.contains("100000 entries; at most 64"),
+            "{}",
+            e.message
+        );
+        let listed: Vec<String> = (0..64).map(|i| format!("q{i}")).collect();
+        let code = "# /// script\n# dependencies = [\"r1\"]\n# ///\n";
+        let e = gather(&p, code, &listed).unwrap_err();
+        assert!(
+            e.message.starts_with("too many requirements"),
+            "{}",
+            e.message
+        );
     }
 }

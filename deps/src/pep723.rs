@@ -12,7 +12,7 @@
 //! followed by a space), up to the last `# ///` line before the first line
 //! that is not such a comment. Errors carry the line number in the script.
 
-use pycell_policy::requirement::Requirement;
+use pycell_policy::requirement::{Requirement, MAX_REQUIREMENTS};
 
 /// What a script's metadata asks for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -128,6 +128,15 @@ pub fn parse(code: &str) -> Result<Option<ScriptMetadata>, MetadataError> {
         let line = block.line_of(key);
         match (key.as_str(), value) {
             ("dependencies", toml::Value::Array(items)) => {
+                if items.len() > MAX_REQUIREMENTS {
+                    return Err(err(
+                        line,
+                        format!(
+                            "dependencies: {} entries; at most {MAX_REQUIREMENTS} are allowed",
+                            items.len()
+                        ),
+                    ));
+                }
                 for item in items {
                     let toml::Value::String(s) = item else {
                         return Err(err(line, "dependencies: every entry must be a string"));

@@ -861,3 +861,99 @@ fn garbage_and_slowloris_connections_do_not_stop_a_well_behaved_client() {
         "{report}"
     );
 }
+
+/// `block` (a PEP 723 block) padded with a comment to just
+/// under the code size limit.
+fn hostile_script(block: &str) -> String {
+    let mut code = block.to_string();
+    let limit = pycell_protocol::messages::MAX_CODE_BYTES;
+    let pad = limit.saturating_sub(code.len() + 4);
+    code.push_str("# ");
+    code.push_str(&"x".repeat(pad));
+    code.push('\n');
+    assert!(code.len() <= limit);
+    code
+}
+
+/// The CPU time `pid` has used, in clock ticks (utime + stime).
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name, which ends with the last ')'.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// Send each hostile request; each must be refused as `deps_invalid`.
+fn refuse_each(d: &Daemon, hostile: &[RunRequest]) {
+    for (i, req) in hostile.iter().enumerate() {
+        match d.client().run(req.clone(), |_, _| {}) {
+            Ok(r) => {
+                let e = r.error.clone();
+                let e = e.unwrap_or_else(|| panic!("hostile request {i} ran: {r:?}"));
+                assert_eq!(e.code.as_str(), "deps_invalid", "request {i}: {e:?}");
+            }
+            Err(e) => panic!("hostile request {i}: {e}\n{}", d.log()),
+        }
+    }
+}
+
+/// Parsing a request is the broker's work, not root's: requests at the
+/// size limits with hostile PEP 723 blocks and dependency lists are
+/// refused with their codes without the root monitor spending CPU on
+/// them, and another client's runs, going on meanwhile, all succeed and
+/// are the only ones that reach root (its audit log).
+#[test]
+fn hostile_dependency_requests_stay_in_the_broker_and_disturb_no_other_run() {
+    let d = Daemon::start("");
+    let names: Vec<String> = (0..1_000_000).map(|i| format!("\"p{i}\"")).collect();
+    let block = format!(
+        "# /// script\n# dependencies = [{}]\n# ///\n",
+        names.join(",")
+    );
+    let nested = format!(
+        "# /// script\n# dependencies = {}{}\n# ///\n",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    let hostile = vec![
+        request(&hostile_script(&block)),
+        request(&hostile_script(&nested)),
+        RunRequest {
+            dependencies: (0..200_000).map(|i| format!("p{i}")).collect(),
+            ..request("print(1)")
+        },
+        RunRequest {
+            dependencies: vec!["x".repeat(1 << 20)],
+            ..request("print(1)")
+        },
+    ];
+    // Alone: the monitor does nothing for them (its own loop turns a few
+    // times a second; parsing megabytes would take it seconds).
+    let before = cpu_ticks(d.pid());
+    refuse_each(&d, &hostile);
+    let spent = cpu_ticks(d.pid()) - before;
+    assert!(
+        spent < 20,
+        "the root monitor spent {spent} ticks on hostile requests"
+    );
+    // With another client's runs going on.
+    let socket = d.socket();
+    let other = std::thread::spawn(move || {
+        (0..20)
+            .map(|i| {
+                let mut c = DaemonClient::connect(&socket).unwrap();
+                let r = c
+                    .run(request(&format!("print({i} * 2)")), |_, _| {})
+                    .unwrap();
+                (r.status.as_str().to_string(), r.stdout.trim().to_string())
+            })
+            .collect::<Vec<_>>()
+    });
+    refuse_each(&d, &hostile);
+    for (i, got) in other.join().unwrap().into_iter().enumerate() {
+        assert_eq!(got, ("ok".to_string(), (i * 2).to_string()));
+    }
+    let starts = d.audit_events("run_start", 20);
+    assert_eq!(starts.len(), 20, "only the other client's runs reach root");
+}

@@ -31,6 +31,7 @@ use tokio::time::{sleep, timeout, Instant};
 
 mod installing;
 
+use super::order::NotOrdered;
 use super::{Broker, Peer};
 use crate::admission::{Entry, Slot, Waiting};
 use crate::link::{ToBroker, ToMonitor};
@@ -395,9 +396,13 @@ async fn start(
     request: &RunRequest,
 ) -> Result<Started, ServerMessage> {
     let internal = |m: String| error(Some(id), ErrorCode::Internal, m);
+    let order = broker.order(request).await.map_err(|n| match n {
+        NotOrdered::Refused(code, message) => error(Some(id), code, message),
+        NotOrdered::Failed { policy, failure } => not_started(id, &policy, failure),
+    })?;
     let (req, replies) = broker
         .link
-        .spawn(peer.ids(), request.clone())
+        .spawn(peer.ids(), order)
         .await
         .map_err(internal)?;
     let ((reply, fds), cancelled) = installing::last_reply(broker, conn, id, req, replies)

@@ -10,10 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use pycell_protocol::framing;
 use pycell_protocol::info::WarmPoolStatus;
-use pycell_protocol::messages::RunRequest;
 use tokio::sync::mpsc;
 
-use crate::link::{PeerIds, ToBroker, ToMonitor};
+use crate::link::{PeerIds, RunOrder, ToBroker, ToMonitor};
 use crate::sockets;
 
 /// A reply of the monitor and the descriptors that came with it.
@@ -69,13 +68,13 @@ impl MonitorLink {
     pub(crate) async fn spawn(
         self: &Arc<Self>,
         peer: PeerIds,
-        request: RunRequest,
+        order: RunOrder,
     ) -> Result<(u64, mpsc::UnboundedReceiver<Reply>), String> {
         let req = self.next_req.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         self.pending.lock().map_err(|_| "poisoned")?.insert(req, tx);
         let link = Arc::clone(self);
-        let msg = ToMonitor::Spawn { req, peer, request };
+        let msg = ToMonitor::Spawn { req, peer, order };
         // Large requests may block on the socket for a moment: not on a
         // runtime worker.
         tokio::task::spawn_blocking(move || link.send(&msg))

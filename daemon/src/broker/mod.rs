@@ -6,6 +6,7 @@
 
 mod connection;
 mod link;
+mod order;
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -21,7 +22,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::admission::{Admission, AdmissionLimits, Ask, Refusal};
 use crate::config::Config;
-use crate::link::ToBroker;
+use crate::link::{RunOrder, ToBroker};
 use link::MonitorLink;
 
 pub(crate) struct Broker {
@@ -157,11 +158,24 @@ impl Broker {
             &self.config.policy_dir,
         )
         .and_then(|p| pycell_launch::resolve::effective_limits(&p, &request.limits))
-        .map_err(|e| crate::monitor::refusal(e.into()))?;
+        .map_err(|e| crate::link::refusal(e.into()))?;
         Ok(Ask {
             uid,
             memory: limits.memory,
         })
+    }
+
+    /// The order for a client's request: its parsing is CPU work on
+    /// untrusted input, done on a blocking thread, off the runtime.
+    async fn order(&self, request: &RunRequest) -> Result<RunOrder, order::NotOrdered> {
+        let dir = self.config.policy_dir.clone();
+        let request = request.clone();
+        tokio::task::spawn_blocking(move || order::order(&dir, &request))
+            .await
+            .unwrap_or_else(|e| {
+                let m = format!("ordering the run: {e}");
+                Err(order::NotOrdered::Refused(ErrorCode::Internal, m))
+            })
     }
 
     fn refusal_message(&self, r: Refusal, ask: Ask) -> String {
@@ -260,7 +274,7 @@ pub fn main(allowed_gids: Vec<u32>) -> i32 {
         eprintln!("pycelld broker: refusing to run as root");
         return 1;
     }
-    let (listener, monitor, config) = match take_handoff() {
+    let handoff = match take_handoff() {
         Ok(h) => h,
         Err(e) => {
             eprintln!("pycelld broker: {e} (--broker is internal: the monitor starts it)");
@@ -281,7 +295,7 @@ pub fn main(allowed_gids: Vec<u32>) -> i32 {
             return 1;
         }
     };
-    rt.block_on(serve(config, listener, monitor, allowed_gids))
+    rt.block_on(serve(handoff, allowed_gids))
 }
 
 /// The soft RLIMIT_NOFILE up to the hard one.
@@ -292,14 +306,25 @@ fn raise_open_files() {
     }
 }
 
+/// What the monitor hands the broker at its start.
+struct Handoff {
+    listener: OwnedFd,
+    /// The monitor link (our stdin).
+    monitor: StdUnixStream,
+    config: Config,
+    /// Memory the warm pools may use, set aside from admission's budget.
+    warm_reserved_bytes: u64,
+}
+
 /// The monitor link (our stdin) and what the monitor sends first over it:
-/// the listening socket and the configuration it read.
-fn take_handoff() -> std::io::Result<(OwnedFd, StdUnixStream, Config)> {
+/// the listening socket, the configuration it read, the pools' memory.
+fn take_handoff() -> std::io::Result<Handoff> {
     let mut link = StdUnixStream::from(crate::sockets::take_stdin_link()?);
     let (msg, fds) = link::read_monitor_frame(&mut link)?;
     let ToBroker::Handoff {
         config_path,
         config_text,
+        warm_reserved_bytes,
     } = msg
     else {
         return Err(std::io::Error::other(
@@ -311,26 +336,35 @@ fn take_handoff() -> std::io::Result<(OwnedFd, StdUnixStream, Config)> {
         .next()
         .ok_or_else(|| std::io::Error::other("the handoff carried no listening socket"))?;
     let config = Config::parse(&config_text, &config_path).map_err(std::io::Error::other)?;
-    Ok((listener, link, config))
+    Ok(Handoff {
+        listener,
+        monitor: link,
+        config,
+        warm_reserved_bytes,
+    })
 }
 
 /// Admission's limits: the configuration's, with the memory the warm
-/// pools' members may use set aside from the budget (the monitor plans the
-/// same pools from the same configuration).
-fn admission_limits(c: &Config) -> AdmissionLimits {
-    let (pools, _) = crate::pool::plan(c);
+/// pools' members may use (as the monitor planned them) set aside from
+/// the budget.
+fn admission_limits(c: &Config, warm_reserved_bytes: u64) -> AdmissionLimits {
     AdmissionLimits {
         max_running: c.max_concurrent_runs,
         max_running_per_uid: c.max_runs_per_uid,
-        memory_budget: c.memory_budget - crate::pool::reserved_memory(&pools),
+        memory_budget: c.memory_budget.saturating_sub(warm_reserved_bytes),
         max_queued: c.max_queued_runs,
     }
 }
 
 impl Broker {
-    fn new(config: Config, allowed_gids: Vec<u32>, link: Arc<MonitorLink>) -> Arc<Broker> {
+    fn new(
+        config: Config,
+        warm_reserved_bytes: u64,
+        allowed_gids: Vec<u32>,
+        link: Arc<MonitorLink>,
+    ) -> Arc<Broker> {
         Arc::new(Broker {
-            admission: Admission::new(admission_limits(&config)),
+            admission: Admission::new(admission_limits(&config, warm_reserved_bytes)),
             connections: Connections {
                 max: config.max_connections,
                 max_per_uid: config.max_connections_per_uid,
@@ -395,12 +429,13 @@ async fn accept_until_term(listener: UnixListener, broker: &Arc<Broker>) -> Resu
     }
 }
 
-async fn serve(
-    config: Config,
-    listener: OwnedFd,
-    monitor: StdUnixStream,
-    allowed_gids: Vec<u32>,
-) -> i32 {
+async fn serve(handoff: Handoff, allowed_gids: Vec<u32>) -> i32 {
+    let Handoff {
+        listener,
+        monitor,
+        config,
+        warm_reserved_bytes,
+    } = handoff;
     let started = (|| {
         let std_listener = std::os::unix::net::UnixListener::from(listener);
         std_listener.set_nonblocking(true)?;
@@ -416,7 +451,7 @@ async fn serve(
             return 1;
         }
     };
-    let broker = Broker::new(config, allowed_gids, link);
+    let broker = Broker::new(config, warm_reserved_bytes, allowed_gids, link);
     let _ = broker.link.send(&crate::link::ToMonitor::Ready);
     spawn_heartbeat(Arc::clone(&broker.link));
     if let Err(e) = accept_until_term(listener, &broker).await {
