@@ -50,7 +50,7 @@ pub struct Build {
     pub req: u64,
     pub peer: PeerIds,
     /// The run to start when the env is built.
-    pub order: Option<RunOrder>,
+    pub order: RunOrder,
     pub policy: String,
     pub child: Child,
     started: Instant,
@@ -206,7 +206,7 @@ impl Build {
         Build {
             req,
             peer,
-            order: Some(order),
+            order,
             policy,
             child,
             started: Instant::now(),

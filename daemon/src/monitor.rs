@@ -774,15 +774,7 @@ impl Monitor {
         let (req, peer) = (build.req, build.peer);
         let reply = match build.outcome(how) {
             Ok(env) => {
-                let order = build.order.take();
-                let reply = match order {
-                    Some(order) => self.spawn(req, peer, order, Some(env)),
-                    None => Err(Box::new(ToBroker::Refused {
-                        req,
-                        code: ErrorCode::Internal,
-                        message: "the build's run was already started".into(),
-                    })),
-                };
+                let reply = self.spawn(req, peer, build.order, Some(env));
                 // After the run holds its env: gc never removes one in use.
                 self.collect_garbage();
                 reply

@@ -33,8 +33,8 @@ mod installing;
 
 use super::order::NotOrdered;
 use super::{Broker, Peer};
-use crate::admission::{Entry, Slot, Waiting};
-use crate::link::{ToBroker, ToMonitor};
+use crate::admission::{Ask, Entry, Slot, Waiting};
+use crate::link::{RunOrder, ToBroker, ToMonitor};
 
 /// The first message (`hello`) must come within this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -266,13 +266,18 @@ async fn run(
     id: String,
     request: RunRequest,
 ) -> bool {
-    let slot = match admit(broker, conn, peer, &id, &request).await {
-        Ok(slot) => slot,
+    let started = async {
+        let order = ordered(broker, &id, request).await?;
+        let slot = admit(broker, conn, peer, &id, &order).await?;
+        Ok::<_, NotStarted>((order, slot))
+    };
+    let (order, slot) = match started.await {
+        Ok(admitted) => admitted,
         Err(NotStarted::Reply(reply)) => return conn.out.send(reply).await,
         Err(NotStarted::ClientGone) => return false,
     };
     let active = broker.active_run();
-    let last = run_admitted(broker, conn, peer, &id, &request).await;
+    let last = run_admitted(broker, conn, peer, &id, order).await;
     // Free the slot before the client hears the run is over, so that its
     // next run finds it free (and a client slow to take the rest of its
     // output does not hold it).
@@ -289,28 +294,49 @@ async fn run(
     true
 }
 
+/// The run as the monitor will be asked for it (see `order.rs`): a
+/// request the broker cannot order is answered here, before it waits for
+/// a slot.
+async fn ordered(
+    broker: &Arc<Broker>,
+    id: &str,
+    request: RunRequest,
+) -> Result<RunOrder, NotStarted> {
+    if broker.stopping() {
+        let msg = "pycelld is shutting down; try again when it is back";
+        return Err(NotStarted::Reply(error(
+            Some(id),
+            ErrorCode::ShuttingDown,
+            msg,
+        )));
+    }
+    broker.order(request).await.map_err(|n| {
+        NotStarted::Reply(match n {
+            NotOrdered::Refused(code, message) => error(Some(id), code, message),
+            NotOrdered::Failed { policy, failure } => not_started(id, &policy, failure),
+        })
+    })
+}
+
 /// A slot for the run: at once, or after waiting in the queue.
 async fn admit(
     broker: &Arc<Broker>,
     conn: &mut Conn,
     peer: Peer,
     id: &str,
-    request: &RunRequest,
+    order: &RunOrder,
 ) -> Result<Slot, NotStarted> {
-    let refuse = |code, msg: String| NotStarted::Reply(error(Some(id), code, msg));
-    if broker.stopping() {
-        return Err(refuse(
-            ErrorCode::ShuttingDown,
-            "pycelld is shutting down; try again when it is back".into(),
-        ));
-    }
-    let ask = broker
-        .ask_for(peer.uid, request)
-        .map_err(|(code, msg)| refuse(code, msg))?;
+    let ask = Ask {
+        uid: peer.uid,
+        memory: order.limits.memory_bytes,
+    };
     match broker.admission.request(ask) {
         Entry::Admitted(slot) => Ok(slot),
-        Entry::Refused(r) => Err(refuse(ErrorCode::Busy, broker.refusal_message(r, ask))),
-        Entry::Waiting(waiting) => wait_turn(broker, conn, id, request, waiting).await,
+        Entry::Refused(r) => {
+            let msg = broker.refusal_message(r, ask);
+            Err(NotStarted::Reply(error(Some(id), ErrorCode::Busy, msg)))
+        }
+        Entry::Waiting(waiting) => wait_turn(broker, conn, id, &order.policy, waiting).await,
     }
 }
 
@@ -321,7 +347,7 @@ async fn wait_turn(
     broker: &Arc<Broker>,
     conn: &mut Conn,
     id: &str,
-    request: &RunRequest,
+    policy: &str,
     mut waiting: Waiting,
 ) -> Result<Slot, NotStarted> {
     let wait = broker.config.queue_wait;
@@ -350,7 +376,7 @@ async fn wait_turn(
                 None => return Err(NotStarted::ClientGone),
                 Some(Ok(ClientMessage::Cancel { id: cid })) if cid == id => {
                     let failure = cancelled_before_start("waiting for a slot");
-                    return Err(NotStarted::Reply(not_started(id, request.policy_name(), failure)));
+                    return Err(NotStarted::Reply(not_started(id, policy, failure)));
                 }
                 Some(other) => {
                     conn.out.offer(reply_during_run(other));
@@ -393,13 +419,9 @@ async fn start(
     conn: &mut Conn,
     peer: Peer,
     id: &str,
-    request: &RunRequest,
+    order: RunOrder,
 ) -> Result<Started, ServerMessage> {
     let internal = |m: String| error(Some(id), ErrorCode::Internal, m);
-    let order = broker.order(request).await.map_err(|n| match n {
-        NotOrdered::Refused(code, message) => error(Some(id), code, message),
-        NotOrdered::Failed { policy, failure } => not_started(id, &policy, failure),
-    })?;
     let (req, replies) = broker
         .link
         .spawn(peer.ids(), order)
@@ -470,9 +492,9 @@ async fn run_admitted(
     conn: &mut Conn,
     peer: Peer,
     id: &str,
-    request: &RunRequest,
+    order: RunOrder,
 ) -> Vec<ServerMessage> {
-    let started = match start(broker, conn, peer, id, request).await {
+    let started = match start(broker, conn, peer, id, order).await {
         Ok(s) => s,
         Err(reply) => return vec![reply],
     };

@@ -148,29 +148,13 @@ impl Broker {
         ActiveRun(self)
     }
 
-    /// What admission needs to know of a request: its uid and the memory
-    /// limit it will run with. A request that cannot run (unknown policy,
-    /// limits out of range or above the policy's ceilings) is refused here,
-    /// before it waits; the monitor resolves it again for itself.
-    fn ask_for(&self, uid: u32, request: &RunRequest) -> Result<Ask, (ErrorCode, String)> {
-        let limits = pycell_launch::resolve::load_policy_by_name(
-            request.policy_name(),
-            &self.config.policy_dir,
-        )
-        .and_then(|p| pycell_launch::resolve::effective_limits(&p, &request.limits))
-        .map_err(|e| crate::link::refusal(e.into()))?;
-        Ok(Ask {
-            uid,
-            memory: limits.memory,
-        })
-    }
-
-    /// The order for a client's request: its parsing is CPU work on
-    /// untrusted input, done on a blocking thread, off the runtime.
-    async fn order(&self, request: &RunRequest) -> Result<RunOrder, order::NotOrdered> {
+    /// The order for a client's request, before it waits for a slot (a
+    /// request that cannot run is refused at once; admission needs its
+    /// memory limit): its parsing is CPU work on untrusted input, done on
+    /// a blocking thread, off the runtime.
+    async fn order(&self, request: RunRequest) -> Result<RunOrder, order::NotOrdered> {
         let dir = self.config.policy_dir.clone();
-        let request = request.clone();
-        tokio::task::spawn_blocking(move || order::order(&dir, &request))
+        tokio::task::spawn_blocking(move || order::order(&dir, request))
             .await
             .unwrap_or_else(|e| {
                 let m = format!("ordering the run: {e}");

@@ -27,7 +27,7 @@ pub(crate) enum NotOrdered {
 }
 
 /// The order for `request` under the operator's policies in `policy_dir`.
-pub(crate) fn order(policy_dir: &Path, request: &RunRequest) -> Result<RunOrder, NotOrdered> {
+pub(crate) fn order(policy_dir: &Path, request: RunRequest) -> Result<RunOrder, NotOrdered> {
     let refused = |e: resolve::ResolveError| {
         let (code, message) = refusal(LaunchError::from(e));
         NotOrdered::Refused(code, message)
@@ -43,12 +43,12 @@ pub(crate) fn order(policy_dir: &Path, request: &RunRequest) -> Result<RunOrder,
             }
         })?;
     Ok(RunOrder {
-        policy: policy.name.clone(),
+        policy: policy.name,
         limits: FinalLimits::from_limits(&limits),
-        code: request.code.clone(),
-        filename: request.filename.clone(),
-        args: request.args.clone(),
-        stdin_base64: request.stdin_base64.clone(),
+        code: request.code,
+        filename: request.filename,
+        args: request.args,
+        stdin_base64: request.stdin_base64,
         dependencies,
     })
 }
@@ -79,7 +79,7 @@ mod tests {
             ..Default::default()
         };
         r.dependencies = vec!["attrs >= 23".into(), "six".into()];
-        let o = order(dir.path(), &r).unwrap();
+        let o = order(dir.path(), r.clone()).unwrap();
         assert_eq!(o.policy, "default");
         assert_eq!(o.limits.timeout_s, 2.5);
         let defaults = pycell_policy::builtin::load("default").unwrap().limits;
@@ -96,7 +96,7 @@ mod tests {
     #[test]
     fn bad_policies_and_limits_are_refused_bad_dependencies_fail() {
         let dir = tempfile::tempdir().unwrap();
-        match order(dir.path(), &request("", "no-such-policy")) {
+        match order(dir.path(), request("", "no-such-policy")) {
             Err(NotOrdered::Refused(ErrorCode::InvalidRequest, m)) => {
                 assert!(m.contains("no policy named"), "{m}")
             }
@@ -105,12 +105,12 @@ mod tests {
         let mut r = request("", "default");
         r.limits.timeout_s = Some(1e9);
         assert!(matches!(
-            order(dir.path(), &r),
+            order(dir.path(), r),
             Err(NotOrdered::Refused(ErrorCode::InvalidRequest, _))
         ));
         let mut r = request("", "default");
         r.dependencies = vec!["bad >> 1".into()];
-        match order(dir.path(), &r) {
+        match order(dir.path(), r) {
             Err(NotOrdered::Failed { policy, failure }) => {
                 assert_eq!(policy, "default");
                 assert_eq!(failure.code, FailureCode::DepsInvalid);
