@@ -17,46 +17,32 @@
 //! (root) but carries the sandbox's output, so frames are size-checked and
 //! output is capped again by the collector.
 
-use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
-use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::process::Child;
 use tokio::sync::{mpsc, Semaphore};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use pycell_deps::build::Ensured;
-use pycell_egress::{Egress, EgressConfig};
-use pycell_host::uidalloc::UidLease;
-use pycell_launch::events::{read_event_async, Stream};
 pub use pycell_launch::launcher::RequestError;
-use pycell_launch::launcher::{
-    append_capped, Collector, JailerEnd, JailerStderr, LaunchError, LaunchedAsync, Launcher,
-    PolicyChoice, Prepared, JAILER_STDERR_CAP,
-};
+use pycell_launch::launcher::{JailerStderr, LaunchError, Launcher, PolicyChoice, Prepared};
 use pycell_launch::resolve::Extras;
+use pycell_launch::supervisor::{supervise, Patience, StoppedBy, PATIENCE};
 use pycell_protocol::client::{daemon_socket, ClientError, Stage};
 use pycell_protocol::messages::{ErrorCode, RunRequest};
 use pycell_protocol::result::RunResult;
 use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::events::Stream;
 use pycell_wire::report::JailFailure;
+
+use crate::embedded::{self, stopped, Installer};
 
 /// Sandboxes one server runs at once; further calls wait for a slot. Each
 /// sandbox is bounded by its policy, but a client firing calls in parallel
 /// must not multiply that without limit (the daemon has its own quotas).
 pub const MAX_CONCURRENT_RUNS: usize = 8;
-/// How long past a run's wall timeout a silent jailer is given before it is
-/// told to stop.
-const JAILER_MARGIN: Duration = Duration::from_secs(30);
-/// How long a jailer told to stop (SIGTERM) has before it is killed.
-const KILL_AFTER: Duration = Duration::from_secs(10);
-
 /// What happens during a run, as it happens.
 #[derive(Debug)]
 pub enum RunEvent<'a> {
@@ -121,9 +107,9 @@ struct Inner {
     slots: Semaphore,
     /// Never use a daemon (`pycell mcp --embedded`).
     embedded_only: bool,
-    /// JAILER_MARGIN and KILL_AFTER (shorter in tests).
-    margin: Duration,
-    kill_after: Duration,
+    /// How long a silent or stopping jailer is given (`PATIENCE`; shorter
+    /// in tests).
+    patience: Patience,
 }
 
 impl Backend {
@@ -133,12 +119,7 @@ impl Backend {
     /// With `embedded_only`, runs never go to a daemon, even if one is
     /// listening.
     pub fn from_env(embedded_only: bool) -> Backend {
-        Backend::new(
-            Launcher::embedded_from_env(),
-            embedded_only,
-            JAILER_MARGIN,
-            KILL_AFTER,
-        )
+        Backend::new(Launcher::embedded_from_env(), embedded_only, PATIENCE)
     }
 
     /// Where runs go: the daemon's socket, if they go to one.
@@ -156,8 +137,7 @@ impl Backend {
     fn new(
         launcher: Result<Launcher, JailFailure>,
         embedded_only: bool,
-        margin: Duration,
-        kill_after: Duration,
+        patience: Patience,
     ) -> Backend {
         Backend {
             inner: Arc::new(Inner {
@@ -166,8 +146,7 @@ impl Backend {
                 tracker: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
                 slots: Semaphore::new(MAX_CONCURRENT_RUNS),
-                margin,
-                kill_after,
+                patience,
             }),
         }
     }
@@ -304,6 +283,7 @@ impl Backend {
     fn prepare(
         &self,
         req: &RunRequest,
+        installer: &mut Installer,
         progress: &mut dyn FnMut(&str),
     ) -> Result<(Prepared, Option<Ensured>), LaunchError> {
         let launcher = self
@@ -312,7 +292,7 @@ impl Backend {
             .as_ref()
             .map_err(|f| LaunchError::Refused(f.clone()))?;
         let policy = launcher.load_policy(PolicyChoice::Name(req.policy_name()))?;
-        let ensured = crate::run::env_for(launcher, &policy, req, None, progress)
+        let ensured = embedded::env_for(launcher, &policy, req, installer, progress)
             .map_err(LaunchError::Refused)?;
         let extras = Extras {
             env: ensured.as_ref().map(|e| e.env.dir.clone()),
@@ -358,10 +338,27 @@ impl Backend {
             Ok(s) => s,
             Err(f) => return refused(f),
         };
+        // One stop path for the install and the run: a cancel, or the
+        // server shutting down.
+        let (stop_tx, stop) = tokio::sync::watch::channel(None);
+        let this = self.clone();
+        let forward = tokio::spawn(async move {
+            let by = tokio::select! {
+                _ = cancel.cancelled() => StoppedBy::Request,
+                _ = this.inner.shutdown.cancelled() => StoppedBy::Shutdown,
+            };
+            let _ = stop_tx.send(Some(by));
+        });
+        let _forwarding = AbortOnDrop(forward);
         let this = self.clone();
         let (tx, mut installing) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let install_stop = stop.clone();
         let preparing = tokio::task::spawn_blocking(move || {
-            this.prepare(&req, &mut |m: &str| {
+            let mut installer = Installer {
+                handle: tokio::runtime::Handle::current(),
+                stop: install_stop,
+            };
+            this.prepare(&req, &mut installer, &mut |m: &str| {
                 let _ = tx.send(m.to_string());
             })
         });
@@ -391,160 +388,25 @@ impl Backend {
             run_id: &launched.run_id,
             sandbox_uid: Some(launched.lease.uid),
         });
-        let mut result = self.supervise(launched, on_event, cancel).await;
+        let (mut result, _) = supervise(
+            launched,
+            self.inner.patience,
+            stopped(stop),
+            |stream, bytes| on_event(RunEvent::Output { stream, bytes }),
+        )
+        .await;
         // The env stayed in use (safe from removal) until here.
         result.env = ensured.map(|e| e.report);
         Ok(result)
     }
-
-    /// Read the jailer's events into the result, stopping it if the call is
-    /// cancelled, the server shuts down, the stream breaks, or it outlives
-    /// its run's wall timeout by [`JAILER_MARGIN`] (the jailer enforces the
-    /// limits itself; this only catches a jailer that stopped responding).
-    async fn supervise(
-        &self,
-        mut l: LaunchedAsync,
-        mut on_event: impl FnMut(RunEvent<'_>) + Send,
-        cancel: CancellationToken,
-    ) -> RunResult {
-        let mut collector = Collector::new(&l.run_id, &l.policy, Some(l.limits.clone()));
-        let egress = l.egress.take().map(|(rules, channel)| {
-            Egress::start(channel, EgressConfig::from_env(&l.policy, rules), None)
-        });
-        let stderr = l
-            .child
-            .stderr
-            .take()
-            .map(|e| tokio::spawn(read_capped(e, JAILER_STDERR_CAP)));
-        let wall = Duration::from_secs_f64(l.limits.wall_timeout_s);
-        let watchdog = tokio::time::sleep_until(Instant::now() + wall + self.inner.margin);
-        tokio::pin!(watchdog);
-        let mut guard = JailerGuard {
-            running: Some((l.child, l.lease)),
-            tracker: self.inner.tracker.clone(),
-        };
-        // Once told to stop (SIGTERM), the jailer has `kill_after` before SIGKILL.
-        let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
-        let mut kill_at: Option<Instant> = None;
-        loop {
-            let stopping = kill_at.is_some();
-            tokio::select! {
-                biased;
-                _ = self.stopped(&cancel), if !stopping => kill_at = Some(guard.terminate(self.inner.kill_after)),
-                _ = &mut watchdog, if !stopping => kill_at = Some(guard.terminate(self.inner.kill_after)),
-                _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if stopping => {
-                    guard.kill();
-                    kill_at = Some(far);
-                }
-                ev = read_event_async(&mut l.events) => match ev {
-                    Ok(Some(ev)) => {
-                        if let Some((stream, bytes)) = collector.record(ev) {
-                            on_event(RunEvent::Output { stream, bytes });
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        collector.broken(e);
-                        guard.terminate(self.inner.kill_after);
-                        break;
-                    }
-                },
-            }
-        }
-        let status = guard.wait(self.inner.kill_after).await;
-        if let Some(egress) = egress {
-            collector.network(egress.finish().await);
-        }
-        let stderr = match stderr {
-            Some(t) => t.await.unwrap_or_default(),
-            None => Vec::new(),
-        };
-        collector.finish(JailerEnd::Exited { status, stderr })
-    }
 }
 
-/// The running jailer and the uid lease it runs under. If the run is
-/// abandoned (its future dropped), the jailer is told to stop and a detached
-/// task waits for it before releasing the lease.
-struct JailerGuard {
-    running: Option<(Child, UidLease)>,
-    tracker: TaskTracker,
-}
+/// Aborts a task when dropped (the run's future was).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
-impl JailerGuard {
-    /// Ask the jailer to kill the sandbox and clean up (SIGTERM; its
-    /// supervisor reports the run as killed). Returns when to kill it if it
-    /// has not gone by then.
-    fn terminate(&self, patience: Duration) -> Instant {
-        if let Some(pid) = self
-            .running
-            .as_ref()
-            .and_then(|(c, _)| c.id())
-            .and_then(|id| i32::try_from(id).ok())
-        {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-        }
-        Instant::now() + patience
-    }
-
-    /// Kill the jailer outright (the sandbox's init loses its parent).
-    fn kill(&mut self) {
-        if let Some((child, _)) = self.running.as_mut() {
-            let _ = child.start_kill();
-        }
-    }
-
-    /// Wait for the jailer to exit (killing it if it takes longer than
-    /// `patience`), then release the uid.
-    async fn wait(&mut self, patience: Duration) -> io::Result<std::process::ExitStatus> {
-        let Some((mut child, lease)) = self.running.take() else {
-            return Err(io::Error::other("no jailer"));
-        };
-        let status = match tokio::time::timeout(patience, child.wait()).await {
-            Ok(status) => status,
-            Err(_) => {
-                let _ = child.start_kill();
-                child.wait().await
-            }
-        };
-        drop(lease);
-        status
-    }
-}
-
-impl Drop for JailerGuard {
+impl Drop for AbortOnDrop {
     fn drop(&mut self) {
-        let Some((mut child, lease)) = self.running.take() else {
-            return;
-        };
-        if let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-        }
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) => {
-                let waiter = self.tracker.track_future(async move {
-                    let _ = child.wait().await;
-                    drop(lease);
-                });
-                h.spawn(waiter);
-            }
-            // No runtime left: the jailer still got SIGTERM (and gets it
-            // again from its parent-death signal when we exit).
-            Err(_) => drop(lease),
-        }
-    }
-}
-
-async fn read_capped(mut r: impl AsyncRead + Unpin, cap: usize) -> Vec<u8> {
-    let mut kept = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        match r.read(&mut chunk).await {
-            Ok(0) | Err(_) => return kept,
-            Ok(n) => {
-                append_capped(&mut kept, &chunk[..n], cap);
-            }
-        }
+        self.0.abort();
     }
 }
 
@@ -590,7 +452,7 @@ mod tests {
         require_root();
         let dir = tempfile::tempdir().unwrap();
         let jailer = fake_jailer(dir.path(), body);
-        let b = Backend::new(with_jailer(jailer), true, JAILER_MARGIN, KILL_AFTER);
+        let b = Backend::new(with_jailer(jailer), true, PATIENCE);
         let r = b.run(print1(), |_| {}, CancellationToken::new()).await;
         r.unwrap().error.expect("an error")
     }
@@ -617,12 +479,11 @@ mod tests {
         // Ignores SIGTERM and never answers: only SIGKILL ends it.
         let jailer = fake_jailer(dir.path(), "trap '' TERM; cat >/dev/null; exec sleep 600");
         let margin = Duration::from_millis(300);
-        let b = Backend::new(
-            with_jailer(jailer),
-            true,
-            margin,
-            Duration::from_millis(300),
-        );
+        let patience = Patience {
+            slack: margin,
+            grace: Duration::from_millis(300),
+        };
+        let b = Backend::new(with_jailer(jailer), true, patience);
         let mut req = print1();
         req.limits.timeout_s = Some(0.2);
         let start = std::time::Instant::now();
@@ -640,14 +501,49 @@ mod tests {
         assert!(e.message.contains("signal: 9"), "{e:?}");
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancel_reaches_an_install_in_progress() {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        // Stands in for the install jail's jailer: it never finishes by
+        // itself, and it ends (143) when told to stop.
+        let jailer = fake_jailer(
+            dir.path(),
+            "trap 'exit 143' TERM; cat >/dev/null; while :; do sleep 0.05; done",
+        );
+        let b = Backend::new(with_jailer(jailer), true, PATIENCE);
+        let req = RunRequest {
+            code: "print(1)".into(),
+            // A request no env in the store answers, so an install starts.
+            dependencies: vec![format!("pycell-never-built-{}==1.0", std::process::id())],
+            ..Default::default()
+        };
+        let cancel = CancellationToken::new();
+        let canceller = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            canceller.cancel();
+        });
+        let r = tokio::time::timeout(Duration::from_secs(60), b.run(req, |_| {}, cancel))
+            .await
+            .expect("the cancel did not reach the install")
+            .unwrap();
+        // The install jail's jailer was told to stop (SIGTERM: 143).
+        let e = r.error.expect("an error");
+        assert_eq!(e.code, FailureCode::JailerFailed, "{e:?}");
+        assert!(
+            e.message.starts_with("the install jail: ") && e.message.contains("exit status: 143"),
+            "{e:?}"
+        );
+    }
+
     #[tokio::test]
     async fn a_missing_jailer_is_a_refusal() {
         require_root();
         let b = Backend::new(
             with_jailer(PathBuf::from("/nonexistent/pycell-jailer")),
             true,
-            JAILER_MARGIN,
-            KILL_AFTER,
+            PATIENCE,
         );
         let r = b
             .run(print1(), |_| {}, CancellationToken::new())

@@ -12,7 +12,8 @@ use pycell_wire::codes::FailureCode;
 use pycell_wire::report::JailFailure;
 
 use crate::cli::{EnvArgs, EnvBuildArgs, EnvCommand};
-use crate::run::{ensure_here, forwarded_signals, listed_dependencies, read_code};
+use crate::embedded::{self, ensure_here};
+use crate::run::{listed_dependencies, read_code};
 use crate::say::say;
 
 pub fn main(args: &EnvArgs) -> i32 {
@@ -184,15 +185,20 @@ fn build(args: &EnvBuildArgs, store: &EnvStore) -> Result<EnvReport, JailFailure
             .map_err(|m| invalid(format!("--requires-python: {m}")))?;
         wanted.requires_python = Some(spec.clone());
     }
-    let signals = forwarded_signals()
-        .map_err(|e| deps::failure(FailureCode::Internal, format!("signalfd: {e}")))?;
+    let internal = |m: String| deps::failure(FailureCode::Internal, m);
+    let stop = embedded::stop_on_signals().map_err(|e| internal(format!("signalfd: {e}")))?;
+    let rt = embedded::runtime().map_err(|e| internal(format!("starting a runtime: {e}")))?;
+    let mut installer = embedded::Installer {
+        handle: rt.handle().clone(),
+        stop,
+    };
     let mut progress = |m: &str| eprintln!("pycell: {m}");
     let ensured = ensure_here(
         &launcher,
         store,
         &policy,
         &wanted,
-        Some(&signals),
+        &mut installer,
         &mut progress,
     )?;
     Ok(ensured.report)

@@ -12,6 +12,7 @@
 
 mod backend;
 mod cli;
+mod embedded;
 mod env_cmd;
 mod info;
 mod mcp_server;

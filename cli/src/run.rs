@@ -5,34 +5,21 @@
 //! arrives, or is collected for `--json`; the exit status is the run's.
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
-use nix::sys::signalfd::{SfdFlags, SignalFd};
-use nix::unistd::Pid;
-use pycell_deps::{
-    self as deps,
-    build::{Ensured, InstallRunner, ProgressLines},
-    store::EnvStore,
-    DepsRequest,
-};
-use pycell_egress::{Egress, EgressConfig};
-use pycell_launch::launcher::{
-    append_capped, Collector, JailerEnd, JailerStderr, LaunchError, Launched, Launcher,
-    PolicyChoice, Prepared, JAILER_STDERR_CAP,
-};
+use pycell_launch::launcher::{LaunchError, Launcher, PolicyChoice, Prepared};
 use pycell_launch::resolve::Extras;
+use pycell_launch::supervisor::PATIENCE;
 use pycell_policy::Policy;
 use pycell_protocol::client::{daemon_socket, ClientError, Stage};
 use pycell_protocol::messages::{LimitOverrides, RunRequest};
-use pycell_protocol::result::{CacheOutcome, RunResult};
+use pycell_protocol::result::RunResult;
 use pycell_wire::codes::{FailureCode, Layer};
-use pycell_wire::events::{read_event, Stream};
+use pycell_wire::events::Stream;
 use pycell_wire::report::{JailFailure, RunStatus};
 
 use crate::cli::RunArgs;
+use crate::embedded;
 use crate::say::say;
 
 /// Largest script or stdin we accept from the command line.
@@ -290,30 +277,34 @@ fn show(stream: Stream, bytes: &[u8]) {
 }
 
 /// An embedded run: launched through pycell-jailer, which this process
-/// supervises until it ends.
+/// supervises until it ends (`pycell_launch::supervisor`).
 fn run_embedded(args: &RunArgs) -> RunResult {
     let run = match embedded_run(args) {
         Ok(r) => r,
         Err(f) => return refused(&args.policy, f),
     };
-    // ^C goes to the whole foreground process group: the jailer passes it to
-    // the program; we must not die of it (the jailer would then kill the
-    // run). SIGTERM/SIGHUP to us are passed to the jailer, which kills the
-    // sandbox and reports the run as killed. The jailer resets its own mask.
-    let signals = match forwarded_signals() {
+    let internal = |what: &str, e: &dyn std::fmt::Display| {
+        let f = JailFailure::new(FailureCode::Internal, Layer::Jailer, format!("{what}: {e}"));
+        refused(&run.policy.name, f)
+    };
+    let stop = match embedded::stop_on_signals() {
         Ok(s) => s,
-        Err(e) => {
-            let m = format!("signalfd: {e}");
-            let f = JailFailure::new(FailureCode::Internal, Layer::Jailer, m);
-            return refused(&run.policy.name, f);
-        }
+        Err(e) => return internal("signalfd", &e),
+    };
+    let rt = match embedded::runtime() {
+        Ok(rt) => rt,
+        Err(e) => return internal("starting a runtime", &e),
+    };
+    let mut installer = embedded::Installer {
+        handle: rt.handle().clone(),
+        stop: stop.clone(),
     };
     let mut progress = |m: &str| eprintln!("pycell: {m}");
-    let ensured = match env_for(
+    let ensured = match embedded::env_for(
         &run.launcher,
         &run.policy,
         &run.req,
-        Some(&signals),
+        &mut installer,
         &mut progress,
     ) {
         Ok(e) => e,
@@ -328,174 +319,14 @@ fn run_embedded(args: &RunArgs) -> RunResult {
         Err(e) => return refused(&run.policy.name, e.failure()),
     };
     let stream = !args.json;
-    let mut result = match prepared.spawn(JailerStderr::Capture) {
-        Ok(launched) => {
-            supervise(launched, Some(&signals), &mut |s, b| {
-                if stream {
-                    show(s, b)
-                }
-            })
-            .0
-        }
-        Err(result) => *result,
-    };
+    let (mut result, _) =
+        embedded::run_here(rt.handle(), prepared, PATIENCE, &stop, &mut |s, b| {
+            if stream {
+                show(s, b)
+            }
+        });
     result.env = ensured.map(|e| e.report);
     result
-}
-
-/// The env of an embedded run's dependencies (built now if it must be,
-/// from this thread, which waits for the install jail), the install's
-/// progress to `progress`; `None` if the run names none.
-pub(crate) fn env_for(
-    launcher: &Launcher,
-    policy: &Policy,
-    req: &RunRequest,
-    signals: Option<&SignalFd>,
-    progress: &mut dyn FnMut(&str),
-) -> Result<Option<Ensured>, JailFailure> {
-    let Some(deps) = deps::gather(policy, &req.code, &req.dependencies)? else {
-        return Ok(None);
-    };
-    let store = deps::build::embedded_store()?;
-    ensure_here(launcher, &store, policy, &deps, signals, progress).map(Some)
-}
-
-/// The env for `deps` from `store`, built by this process if it must be.
-pub(crate) fn ensure_here(
-    launcher: &Launcher,
-    store: &EnvStore,
-    policy: &Policy,
-    deps: &DepsRequest,
-    signals: Option<&SignalFd>,
-    progress: &mut dyn FnMut(&str),
-) -> Result<Ensured, JailFailure> {
-    let mut installer = EmbeddedInstaller { signals };
-    let ensured = deps::build::ensure_env(launcher, store, policy, deps, &mut installer, progress)?;
-    if ensured.report.cache == CacheOutcome::Miss {
-        let secs = ensured.report.install_ms / 1000.0;
-        progress(&format!("dependencies installed in {secs:.1}s"));
-    }
-    Ok(ensured)
-}
-
-/// Runs the install jail from this process, like a run.
-struct EmbeddedInstaller<'a> {
-    signals: Option<&'a SignalFd>,
-}
-
-impl InstallRunner for EmbeddedInstaller<'_> {
-    fn run_install(
-        &mut self,
-        prepared: Prepared,
-        progress: &mut dyn FnMut(&str),
-    ) -> (RunResult, Option<OwnedFd>) {
-        let mut lines = ProgressLines::default();
-        match prepared.spawn(JailerStderr::Capture) {
-            Ok(launched) => supervise(launched, self.signals, &mut |s, b| {
-                if s == Stream::Stdout {
-                    lines.feed(b, progress)
-                }
-            }),
-            Err(result) => (*result, None),
-        }
-    }
-}
-
-pub(crate) fn forwarded_signals() -> nix::Result<SignalFd> {
-    let mut set = SigSet::empty();
-    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-        set.add(s);
-    }
-    nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None)?;
-    SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-}
-
-/// Read the jailer's events until they end (output, as it arrives, to
-/// `on_output`), pass SIGTERM/SIGHUP on to it, then wait for it and build
-/// the result. With it, the jail's /workspace if its spec exports it.
-fn supervise(
-    mut l: Launched,
-    signals: Option<&SignalFd>,
-    on_output: &mut dyn FnMut(Stream, &[u8]),
-) -> (RunResult, Option<OwnedFd>) {
-    let mut collector = Collector::new(&l.run_id, &l.policy, Some(l.limits.clone()));
-    let jailer = Pid::from_raw(l.child.id() as i32);
-    let workspace = l.take_workspace().ok().flatten();
-    let egress = match l.egress.take().map(|(rules, channel)| {
-        Egress::start_on_thread(channel, EgressConfig::from_env(&l.policy, rules), None)
-    }) {
-        Some(Err(e)) => {
-            let _ = l.child.kill();
-            let _ = l.child.wait();
-            let m = format!("starting the egress proxy: {e}");
-            let f = JailFailure::new(FailureCode::NetworkFailed, Layer::Network, m);
-            return (RunResult::refused(&l.run_id, &l.policy, f), None);
-        }
-        Some(Ok(e)) => Some(e),
-        None => None,
-    };
-    let stderr = l.child.stderr.take();
-    // The jailer's own stderr is small (an error message at most); a
-    // thread keeps it from ever blocking the jailer.
-    let stderr_reader = std::thread::spawn(move || stderr.map(read_capped).unwrap_or_default());
-    loop {
-        let mut fds = vec![PollFd::new(l.events.as_fd(), PollFlags::POLLIN)];
-        fds.extend(signals.map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)));
-        let _ = poll(&mut fds, PollTimeout::NONE);
-        let ready: Vec<bool> = fds
-            .iter()
-            .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
-            .collect();
-        let (events_ready, signal_ready) = (ready[0], ready.get(1) == Some(&true));
-        if signals.is_some_and(|s| signal_ready && stop_requested(s)) {
-            let _ = kill(jailer, Signal::SIGTERM);
-        }
-        if !events_ready {
-            continue;
-        }
-        match read_event(&mut l.events) {
-            Ok(Some(ev)) => {
-                if let Some((s, bytes)) = collector.record(ev) {
-                    on_output(s, bytes);
-                }
-            }
-            Ok(None) => break,
-            Err(e) => {
-                collector.broken(e);
-                let _ = l.child.kill();
-                break;
-            }
-        }
-    }
-    let status = l.child.wait();
-    if let Some(egress) = egress {
-        collector.network(egress.finish_blocking());
-    }
-    let stderr = stderr_reader.join().unwrap_or_default();
-    drop(l.lease);
-    (
-        collector.finish(JailerEnd::Exited { status, stderr }),
-        workspace,
-    )
-}
-
-/// The first [`JAILER_STDERR_CAP`] bytes of `r`, read to its end.
-fn read_capped(mut r: impl Read) -> Vec<u8> {
-    let (mut kept, mut chunk) = (Vec::new(), [0u8; 4096]);
-    while let Ok(n @ 1..) = r.read(&mut chunk) {
-        append_capped(&mut kept, &chunk[..n], JAILER_STDERR_CAP);
-    }
-    kept
-}
-
-/// Whether a signal that stops the run arrived (SIGINT only goes to the
-/// program, which the jailer already did for the whole process group).
-fn stop_requested(signals: &SignalFd) -> bool {
-    let mut stop = false;
-    while let Ok(Some(info)) = signals.read_signal() {
-        stop |= info.ssi_signo as i32 != Signal::SIGINT as i32;
-    }
-    stop
 }
 
 /// Print the result: one JSON object, or (streaming mode, where the output

@@ -7,6 +7,7 @@
 //! The run's own outcome (exit code, output) goes to its client only.
 
 use crate::link::{EgressLine, PeerIds};
+use pycell_launch::supervisor::StoppedBy;
 use std::fs;
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -49,27 +50,13 @@ fn cut(s: &str) -> &str {
     &s[..end]
 }
 
-/// Who ended a run's jailer early, if anyone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoppedBy {
-    /// Nobody: it ended by itself (the run's own deadline included).
-    Nobody,
-    /// Its client cancelled or went away.
-    Request,
-    /// The monitor's own hard deadline.
-    Deadline,
-    /// The daemon stopped (or lost its broker).
-    Shutdown,
-}
-
-impl StoppedBy {
-    fn as_str(self) -> Option<&'static str> {
-        match self {
-            StoppedBy::Nobody => None,
-            StoppedBy::Request => Some("request"),
-            StoppedBy::Deadline => Some("monitor_deadline"),
-            StoppedBy::Shutdown => Some("shutdown"),
-        }
+/// How the audit log names who ended a run's jailer early, if anyone.
+fn stopped_by_label(by: StoppedBy) -> Option<&'static str> {
+    match by {
+        StoppedBy::Nobody => None,
+        StoppedBy::Request => Some("request"),
+        StoppedBy::Deadline => Some("monitor_deadline"),
+        StoppedBy::Shutdown => Some("shutdown"),
     }
 }
 
@@ -151,7 +138,7 @@ impl AuditLog {
             "run_id": run_id,
             "wall_ms": wall.as_secs_f64() * 1000.0,
             "jailer": status,
-            "stopped_by": by.as_str(),
+            "stopped_by": stopped_by_label(by),
         }));
     }
 }

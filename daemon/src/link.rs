@@ -153,7 +153,8 @@ pub struct PeerIds {
 }
 
 /// Monitor → broker. `Spawned` carries the read end of the jailer's event
-/// pipe as SCM_RIGHTS (and, with egress, the jailer's stdin socket).
+/// pipe as SCM_RIGHTS (and, when its jail hands descriptors out, as with
+/// egress, the jailer's stdin socket).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ToBroker {
@@ -164,7 +165,8 @@ pub enum ToBroker {
         policy: String,
         limits: LimitsReport,
         /// With egress: the policy's rules; the second descriptor is the
-        /// jailer's stdin, on which it sends the proxy's listener.
+        /// jailer's stdin, on which its jail hands out the proxy's listener
+        /// (`pycell_wire::handout`).
         egress: Option<EgressRules>,
         /// The env of the run's dependencies, if it has any.
         env: Option<EnvReport>,

@@ -28,7 +28,6 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{Gid, Group, Pid, Uid, User};
 use pycell_deps::{self as deps, build::Plan, store::EnvInUse, store::EnvStore};
 use pycell_host::cgroup::CgroupLayout;
-use pycell_host::uidalloc::UidLease;
 use pycell_launch::launcher::{self as launch, JailerStderr, Launched, Launcher, PolicyChoice};
 use pycell_launch::resolve::Extras;
 use pycell_protocol::framing;
@@ -36,13 +35,14 @@ use pycell_protocol::messages::{ErrorCode, RunRequest};
 use pycell_protocol::result::{EnvReport, LimitsReport};
 use pycell_wire::codes::FailureCode;
 
-use crate::audit::{AuditLog, RunStart, StoppedBy};
+use crate::audit::{AuditLog, RunStart};
 use crate::config::is_proxy_setting;
 use crate::config::Config;
 use crate::envs::{Build, Builders};
 use crate::link::{refusal, PeerIds, RunOrder, ToBroker, ToMonitor};
 use crate::listen;
 use crate::pool::Pools;
+use pycell_launch::supervisor::{Escalation, JailerProcess, StoppedBy, PATIENCE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MonitorError {
@@ -68,16 +68,13 @@ pub enum MonitorError {
 
 struct Run {
     run_id: String,
-    child: Child,
-    _lease: UidLease,
+    /// Its jailer and uid lease, its deadline (the run's wall timeout and
+    /// [`PATIENCE`]'s slack) and stop escalation: the supervisor's process
+    /// side, the same as in embedded mode.
+    process: JailerProcess<Child>,
     /// The env of its dependencies: in use (so kept) while the run goes.
     _env: Option<EnvInUse>,
     started: Instant,
-    /// The monitor's own deadline: the run's wall timeout and
-    /// [`HARD_DEADLINE_SLACK`]. A jailer still there then is stopped.
-    deadline: Instant,
-    killed_at: Option<Instant>,
-    stopped_by: StoppedBy,
 }
 
 /// The monitor's answer to a spawn request: a message for the broker and
@@ -92,13 +89,8 @@ enum EnvStep {
     Building((ToBroker, Vec<OwnedFd>)),
 }
 
-/// Time beyond a run's wall timeout that its jailer gets (to start the
-/// jail, and to report and clean up) before the monitor stops it.
-const HARD_DEADLINE_SLACK: Duration = Duration::from_secs(20);
 /// The monitor's loop turns at least this often (deadlines, the watchdog).
 const TICK: Duration = Duration::from_millis(200);
-/// A jailer that ignores SIGTERM this long gets SIGKILL.
-const KILL_GRACE: Duration = Duration::from_secs(5);
 /// A frame from the broker, once begun, must arrive whole within this; a
 /// frame to it must be taken within this. Otherwise the broker is taken
 /// for wedged or compromised, and the service stops (systemd restarts it).
@@ -406,9 +398,7 @@ impl Monitor {
                         let _ = kill(self.broker_pid, Signal::SIGTERM);
                         self.pools.stop_all();
                         for run in self.runs.values_mut() {
-                            if run.stopped_by == StoppedBy::Nobody {
-                                run.stopped_by = StoppedBy::Shutdown;
-                            }
+                            run.process.blame(StoppedBy::Shutdown);
                         }
                     }
                 }
@@ -533,7 +523,7 @@ impl Monitor {
             ToMonitor::Alive => self.broker_seen = Instant::now(),
             ToMonitor::Kill { run_id } => {
                 if let Some(run) = self.runs.values_mut().find(|r| r.run_id == run_id) {
-                    stop(run, StoppedBy::Request);
+                    run.process.stop(StoppedBy::Request);
                 }
             }
             ToMonitor::Abandon { req } => {
@@ -684,10 +674,8 @@ impl Monitor {
         let started = Instant::now();
         let wall = Duration::from_secs_f64(launched.limits.wall_timeout_s);
         let mut fds = vec![OwnedFd::from(launched.events)];
-        let egress = launched.egress.map(|(rules, channel)| {
-            fds.push(channel);
-            rules
-        });
+        fds.extend(launched.handouts);
+        let egress = launched.egress;
         let (env, report) = env.unzip();
         let msg = ToBroker::Spawned {
             req,
@@ -698,17 +686,14 @@ impl Monitor {
             egress,
             env: report,
         };
+        let process = JailerProcess::new(launched.child, launched.lease, wall, PATIENCE);
         self.runs.insert(
-            launched.child.id() as i32,
+            process.pid(),
             Run {
                 run_id: launched.run_id,
-                child: launched.child,
-                _lease: launched.lease,
+                process,
                 _env: env,
                 started,
-                deadline: started + wall + HARD_DEADLINE_SLACK,
-                killed_at: None,
-                stopped_by: StoppedBy::Nobody,
             },
         );
         (msg, fds)
@@ -807,14 +792,13 @@ impl Monitor {
                     if pid == self.broker_pid {
                         self.broker_alive = false;
                     } else if let Some(mut run) = self.runs.remove(&pid.as_raw()) {
-                        // Already reaped by waitpid; Child::wait would fail.
-                        let _ = run.child.try_wait();
+                        run.process.reaped_elsewhere();
                         let how = describe_wait(&status);
                         self.audit.run_ended(
                             &run.run_id,
                             run.started.elapsed(),
                             &how,
-                            run.stopped_by,
+                            run.process.stopped_by(),
                         );
                         // The lease goes (and the run's cgroups with it)
                         // before the broker hears the jailer is gone.
@@ -834,20 +818,15 @@ impl Monitor {
 
     /// Stop jailers past the monitor's own deadline (whatever their
     /// clients or the broker do), and SIGKILL those that ignored a SIGTERM
-    /// for [`KILL_GRACE`].
+    /// for [`PATIENCE`]'s grace.
     fn escalate_kills(&mut self) {
-        let now = Instant::now();
         for run in self.runs.values_mut() {
-            if run.killed_at.is_none() && now >= run.deadline {
+            if run.process.escalate() == Some(Escalation::Stopped) {
                 eprintln!(
                     "pycelld monitor: run {} outlived its timeout by {} s; stopping its jailer",
                     run.run_id,
-                    HARD_DEADLINE_SLACK.as_secs()
+                    PATIENCE.slack.as_secs()
                 );
-                stop(run, StoppedBy::Deadline);
-            }
-            if run.killed_at.is_some_and(|t| t.elapsed() > KILL_GRACE) {
-                let _ = kill(Pid::from_raw(run.child.id() as i32), Signal::SIGKILL);
             }
         }
         for build in self.builds.values_mut() {
@@ -857,7 +836,7 @@ impl Monitor {
 
     fn kill_all_runs(&mut self) {
         for run in self.runs.values_mut() {
-            stop(run, StoppedBy::Shutdown);
+            run.process.stop(StoppedBy::Shutdown);
         }
         for build in self.builds.values_mut() {
             build.stop();
@@ -891,18 +870,6 @@ impl Monitor {
         // its backlog); our own goes with us.
         if let listen::Origin::Bound = self.origin {
             let _ = fs::remove_file(&self.config.socket);
-        }
-    }
-}
-
-/// Ask a run's jailer to stop: it turns SIGTERM into "kill the sandbox,
-/// clean up, report killed". SIGKILL follows if it dawdles.
-fn stop(run: &mut Run, by: StoppedBy) {
-    if run.killed_at.is_none() {
-        let _ = kill(Pid::from_raw(run.child.id() as i32), Signal::SIGTERM);
-        run.killed_at = Some(Instant::now());
-        if run.stopped_by == StoppedBy::Nobody {
-            run.stopped_by = by;
         }
     }
 }

@@ -5,7 +5,7 @@
 //!   cargo run --release -p pycell-egress --example standalone -- 0 tcp://127.0.0.1:9000
 
 use std::io::Read;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use pycell_egress::{Egress, EgressConfig, Upstream};
 use pycell_policy::network::{EgressLimits, EgressRules};
@@ -22,14 +22,12 @@ fn main() {
     let rules = EgressRules::from_texts(&args[1..], no_deny, limits).expect("rules");
     let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind");
     println!("{}", listener.local_addr().expect("addr").port());
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
-    pycell_wire::fdpass::send_with_fds(ours.as_fd(), b"L", &[listener.as_fd()]).expect("send");
     let config = EgressConfig {
         policy: "standalone".into(),
         rules,
         upstream: Ok(Upstream::default()),
     };
-    let egress = Egress::start_on_thread(OwnedFd::from(theirs), config, None).expect("start");
+    let egress = Egress::start_on_thread(OwnedFd::from(listener), config, None).expect("start");
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
     let report = egress.finish_blocking();
     eprintln!("{report:?}");

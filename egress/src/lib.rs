@@ -24,12 +24,11 @@
 //! connections beyond the cap are answered without being read, and a run's
 //! connections end with it. A run can only spend its own budget.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use pycell_policy::network::EgressRules;
 use pycell_protocol::result::NetworkReport;
-use tokio::io::Interest;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
@@ -77,10 +76,10 @@ pub struct Egress {
 }
 
 impl Egress {
-    /// Serve the run whose jailer hands its listener out on `channel`, on
-    /// the current tokio runtime.
-    pub fn start(channel: OwnedFd, config: EgressConfig, audit: Option<AuditHook>) -> Egress {
-        let (egress, serving) = Egress::prepare(channel, config, audit);
+    /// Serve the run whose jail handed out `listener` (its loopback
+    /// listening socket), on the current tokio runtime.
+    pub fn start(listener: OwnedFd, config: EgressConfig, audit: Option<AuditHook>) -> Egress {
+        let (egress, serving) = Egress::prepare(listener, config, audit);
         tokio::spawn(serving);
         egress
     }
@@ -88,14 +87,14 @@ impl Egress {
     /// [`Egress::start`] for a caller without a runtime: the proxy gets a
     /// thread and a runtime of its own, both gone after `finish`.
     pub fn start_on_thread(
-        channel: OwnedFd,
+        listener: OwnedFd,
         config: EgressConfig,
         audit: Option<AuditHook>,
     ) -> std::io::Result<Egress> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let (egress, serving) = Egress::prepare(channel, config, audit);
+        let (egress, serving) = Egress::prepare(listener, config, audit);
         std::thread::Builder::new()
             .name("pycell-egress".into())
             .spawn(move || runtime.block_on(serving))?;
@@ -103,7 +102,7 @@ impl Egress {
     }
 
     fn prepare(
-        channel: OwnedFd,
+        listener: OwnedFd,
         config: EgressConfig,
         audit: Option<AuditHook>,
     ) -> (
@@ -113,7 +112,7 @@ impl Egress {
         let (stop_tx, stop_rx) = oneshot::channel();
         let (report_tx, report_rx) = oneshot::channel();
         let serving = async move {
-            let report = serve(channel, config, audit, stop_rx).await;
+            let report = serve(listener, config, audit, stop_rx).await;
             let _ = report_tx.send(report);
         };
         let egress = Egress {
@@ -136,46 +135,21 @@ impl Egress {
     }
 }
 
-/// The listener the jailer sends (one byte with it attached); None if it
-/// ended without sending one.
-async fn receive_listener(channel: OwnedFd) -> std::io::Result<Option<tokio::net::TcpListener>> {
-    let sock = std::os::unix::net::UnixStream::from(channel);
-    sock.set_nonblocking(true)?;
-    let sock = tokio::net::UnixStream::from_std(sock)?;
-    let mut byte = [0u8; 1];
-    loop {
-        sock.readable().await?;
-        let got = sock.try_io(Interest::READABLE, || {
-            pycell_wire::fdpass::recv_with_fds(sock.as_fd(), &mut byte)
-        });
-        match got {
-            Ok((_, fds)) => {
-                let Some(fd) = fds.into_iter().next() else {
-                    return Ok(None);
-                };
-                let listener = std::net::TcpListener::from(fd);
-                listener.set_nonblocking(true)?;
-                return tokio::net::TcpListener::from_std(listener).map(Some);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    }
+/// The jail's listener (handed out by the jail), for tokio.
+fn tokio_listener(listener: OwnedFd) -> std::io::Result<tokio::net::TcpListener> {
+    let listener = std::net::TcpListener::from(listener);
+    listener.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(listener)
 }
 
 async fn serve(
-    channel: OwnedFd,
+    listener: OwnedFd,
     config: EgressConfig,
     audit: Option<AuditHook>,
     mut stop: oneshot::Receiver<()>,
 ) -> NetworkReport {
     let ctx = Arc::new(conn::Ctx::new(config, audit));
-    let listener = tokio::select! {
-        biased;
-        _ = &mut stop => None,
-        l = receive_listener(channel) => l.ok().flatten(),
-    };
-    let Some(listener) = listener else {
+    let Ok(listener) = tokio_listener(listener) else {
         return ctx.tally.report();
     };
     let mut connections = JoinSet::new();

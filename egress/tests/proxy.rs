@@ -4,7 +4,7 @@
 //! 127.0.0.1 of the test's own namespace.
 
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use pycell_egress::{Egress, EgressConfig, Upstream};
@@ -20,14 +20,12 @@ fn rules(allow: &[String], deny: &[&str], limits: EgressLimits) -> EgressRules {
 fn proxy(rules: EgressRules, upstream: Upstream) -> (Egress, SocketAddr) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-    pycell_wire::fdpass::send_with_fds(ours.as_fd(), b"L", &[listener.as_fd()]).unwrap();
     let config = EgressConfig {
         policy: "test".into(),
         rules,
         upstream: Ok(upstream),
     };
-    (Egress::start(OwnedFd::from(theirs), config, None), addr)
+    (Egress::start(OwnedFd::from(listener), config, None), addr)
 }
 
 /// An HTTP server that answers every request with its request line.

@@ -29,6 +29,7 @@ use crate::status::{ChildMessage, GO_CGROUP, GO_MAPS};
 use crate::xattr_check;
 use pycell_syscall::{self as syscall, CloneResult};
 use pycell_wire::codes::FailureCode;
+use pycell_wire::handout::{self, Handout};
 use pycell_wire::report::LandlockReport;
 use pycell_wire::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID, WORKSPACE};
 
@@ -51,7 +52,7 @@ pub(crate) struct ChildFds {
     pub stdin_read: OwnedFd,
     /// With egress: the jailer's stdin socket, on which the jail sends the
     /// proxy's listener once it has made it on its loopback.
-    pub egress_channel: Option<OwnedFd>,
+    pub handout_channel: Option<OwnedFd>,
     /// The jailer's end of it takes a descriptor of /workspace, which keeps
     /// the run's disk for measuring after the jail is gone.
     pub disk_channel: Option<OwnedFd>,
@@ -64,7 +65,7 @@ struct RealSteps<'a> {
     filter: &'a CompiledFilter,
     source_ids: &'a [SourceId],
     go_read: Option<OwnedFd>,
-    egress_channel: Option<OwnedFd>,
+    handout_channel: Option<OwnedFd>,
     disk_channel: Option<OwnedFd>,
     status: &'a File,
     signal_fd: Option<SignalFd>,
@@ -236,7 +237,7 @@ impl RealSteps<'_> {
         let Some(channel) = self.disk_channel.take() else {
             return Ok(());
         };
-        send_workspace(channel.as_fd(), OFlag::O_PATH).map_err(|e| {
+        hand_out_workspace_on(channel.as_fd(), OFlag::O_PATH).map_err(|e| {
             StepError::new(
                 Step::Rootfs,
                 format!("handing /workspace to the jailer: {e}"),
@@ -244,26 +245,25 @@ impl RealSteps<'_> {
         })
     }
 
-    /// For a spec that exports its workspace (the install jail): send a
-    /// descriptor of /workspace out on the jailer's stdin socket, before
-    /// the proxy's listener. It keeps the tmpfs alive after the jail has
+    /// For a spec that exports its workspace (the install jail): hand a
+    /// descriptor of /workspace out on the jailer's stdin socket. It keeps the tmpfs alive after the jail has
     /// ended, so whoever launched the jail can copy out what it built
     /// (with its own credentials, never following a symlink).
     fn hand_out_workspace(&mut self) -> Result<(), StepError> {
-        let (true, Some(channel)) = (self.spec.export_workspace, self.egress_channel.as_ref())
+        let (true, Some(channel)) = (self.spec.export_workspace, self.handout_channel.as_ref())
         else {
             return Ok(());
         };
-        send_workspace(channel.as_fd(), OFlag::O_RDONLY)
+        hand_out_workspace_on(channel.as_fd(), OFlag::O_RDONLY)
             .map_err(|e| StepError::new(Step::Loopback, format!("handing out /workspace: {e}")))
     }
 
-    /// With egress: listen on 127.0.0.1:PORT of the jail's loopback and send
+    /// With egress: listen on 127.0.0.1:PORT of the jail's loopback and hand
     /// the listener out on the jailer's stdin socket; keep no copy (the
     /// program never sees it, and nothing can listen there again).
     fn hand_out_proxy_listener(&mut self) -> Result<(), StepError> {
         let (NetworkSpec::Proxy { port }, Some(channel)) =
-            (self.spec.network, self.egress_channel.take())
+            (self.spec.network, self.handout_channel.take())
         else {
             return Ok(());
         };
@@ -275,7 +275,7 @@ impl RealSteps<'_> {
         };
         let listener = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
             .map_err(|e| fail("bind", e))?;
-        syscall::send_fd(channel.as_fd(), listener.as_fd())
+        handout::send(channel.as_fd(), Handout::EgressListener, listener.as_fd())
             .map_err(|e| fail("handing it out on the jailer's stdin (a unix socket?)", e))
     }
 
@@ -300,13 +300,13 @@ impl RealSteps<'_> {
 
 /// Open /workspace (`mode`: `O_PATH` or `O_RDONLY`) and send it, with one
 /// byte, on the unix socket `channel`.
-fn send_workspace(channel: BorrowedFd<'_>, mode: OFlag) -> std::io::Result<()> {
+fn hand_out_workspace_on(channel: BorrowedFd<'_>, mode: OFlag) -> std::io::Result<()> {
     let dir = nix::fcntl::open(
         WORKSPACE,
         mode | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )?;
-    syscall::send_fd(channel, dir.as_fd())
+    handout::send(channel, Handout::Workspace, dir.as_fd())
 }
 
 fn forwarded_and_child_mask() -> SigSet {
@@ -345,7 +345,7 @@ pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> !
         filter: &checked.filter,
         source_ids: &checked.sources,
         go_read: Some(fds.go_read),
-        egress_channel: fds.egress_channel,
+        handout_channel: fds.handout_channel,
         disk_channel: fds.disk_channel,
         status: &status,
         signal_fd: None,

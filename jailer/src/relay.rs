@@ -225,9 +225,10 @@ impl WarmRelay {
 /// through /proc/<init>/root: init is not dumpable after its credential
 /// change, and pycelld's jailer has no CAP_SYS_PTRACE to open it anyway.
 fn receive_workspace(channel: &OwnedFd) -> Option<OwnedFd> {
-    let mut byte = [0u8; 1];
-    let (_, fds) = pycell_wire::fdpass::recv_with_fds(channel.as_fd(), &mut byte).ok()?;
-    fds.into_iter().next()
+    match pycell_wire::handout::recv(channel.as_fd()) {
+        Ok(Some((pycell_wire::handout::Handout::Workspace, fd))) => Some(fd),
+        _ => None,
+    }
 }
 
 enum SignalAction {

@@ -269,7 +269,7 @@ struct Jail {
 fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     let layout = &checked.layout;
     let (mut child_fds, go, ends) = pipes().map_err(io_failure("creating pipes"))?;
-    child_fds.egress_channel = egress_channel(spec)?;
+    child_fds.handout_channel = handout_channel(spec)?;
     let born_in = match layout.version() {
         pycell_wire::report::CgroupVersion::V2 => Some(create_cgroup(spec, layout)?),
         pycell_wire::report::CgroupVersion::V1 => None,
@@ -312,11 +312,11 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     }
 }
 
-/// With egress, the jail sends the proxy's listener on our stdin (a unix
-/// socket whose other end belongs to whoever runs the proxy): a copy for the
-/// child. After the clone the child's copy is the only one (see
-/// [`release_stdin`]).
-fn egress_channel(spec: &JailSpec) -> Result<Option<OwnedFd>, JailFailure> {
+/// The jail hands descriptors out on our stdin (a unix socket whose other
+/// end is the launcher's: the proxy's listener, an exported workspace): a
+/// copy for the child. After the clone the child's copy is the only one
+/// (see [`release_stdin`]).
+fn handout_channel(spec: &JailSpec) -> Result<Option<OwnedFd>, JailFailure> {
     if spec.network == NetworkSpec::Loopback && !spec.export_workspace {
         return Ok(None);
     }
@@ -324,7 +324,7 @@ fn egress_channel(spec: &JailSpec) -> Result<Option<OwnedFd>, JailFailure> {
         .as_fd()
         .try_clone_to_owned()
         .map(Some)
-        .map_err(io_failure("duplicating stdin for the egress channel"))
+        .map_err(io_failure("duplicating stdin for the handout channel"))
 }
 
 /// Point our stdin at /dev/null: with egress, the jail's copy of it is then
@@ -421,7 +421,7 @@ fn pipes() -> io::Result<(ChildFds, OwnedFd, ParentEnds)> {
         go_read: go.0,
         status_write: status.1,
         stdin_read: stdin.0,
-        egress_channel: None,
+        handout_channel: None,
         disk_channel: Some(disk_child.into()),
         stdout_write: stdout.1,
         stderr_write: stderr.1,

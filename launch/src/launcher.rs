@@ -14,7 +14,7 @@
 
 use std::io::{self, Write};
 use std::ops::RangeInclusive;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -361,34 +361,15 @@ pub struct Started<Child, Events> {
     pub child: Child,
     /// The jailer's event stream.
     pub events: Events,
-    /// With egress: the rules, and our end of the jailer's stdin, on which
-    /// it sends the proxy's listener (for `pycell_egress::Egress::start`).
-    pub egress: Option<(EgressRules, OwnedFd)>,
-    /// A jail that exports its workspace without egress: our end of its
-    /// stdin (see [`Started::take_workspace`]).
-    workspace_channel: Option<OwnedFd>,
-    exports_workspace: bool,
+    /// With network mode `allowlist`: the policy's rules.
+    pub egress: Option<EgressRules>,
+    /// For a jail that hands descriptors out (the egress proxy's listener,
+    /// an exported workspace): our end of the jailer's stdin, on which
+    /// they come, each named (`pycell_wire::handout`).
+    pub handouts: Option<OwnedFd>,
     /// A warm jail's stream for its work (see [`Started::send_work`]).
     work: Option<UnixStream>,
     pub lease: UidLease,
-}
-
-impl<C, E> Started<C, E> {
-    /// The /workspace of a jail whose spec exports it (the install jail),
-    /// as a directory descriptor that outlives the jail; `None` if the jail
-    /// ended before sending it. Blocks until then. Call it before the
-    /// egress proxy starts: the workspace comes first on the same socket.
-    pub fn take_workspace(&mut self) -> io::Result<Option<OwnedFd>> {
-        let channel = match (&self.egress, &self.workspace_channel) {
-            _ if !self.exports_workspace => return Ok(None),
-            (Some((_, c)), _) | (None, Some(c)) => c.as_fd(),
-            (None, None) => return Ok(None),
-        };
-        let mut marker = [0u8; 1];
-        let (_, fds) = pycell_wire::fdpass::recv_with_fds(channel, &mut marker)?;
-        self.exports_workspace = false;
-        Ok(fds.into_iter().next())
-    }
 }
 
 impl<C, E> Started<C, E> {
@@ -509,28 +490,24 @@ impl Prepared {
         spec_in: UnixStream,
         work: Option<UnixStream>,
     ) -> Started<C, E> {
-        let exports_workspace = self.spec.export_workspace;
-        let (egress, workspace_channel) = match self.egress {
-            Some(rules) => (Some((rules, OwnedFd::from(spec_in))), None),
-            None if exports_workspace => (None, Some(OwnedFd::from(spec_in))),
-            None => (None, None),
-        };
+        let hands_out = self.egress.is_some() || self.spec.export_workspace;
         Started {
             run_id: self.run_id,
             policy: self.policy,
             limits: self.limits,
             child,
             events,
-            egress,
-            workspace_channel,
-            exports_workspace,
+            egress: self.egress,
+            handouts: hands_out.then(|| OwnedFd::from(spec_in)),
             work,
             lease: self.lease,
         }
     }
 
-    /// [`Prepared::spawn`] for a tokio caller. Call it from a runtime worker
-    /// (an async task), not a blocking-pool thread: the jailer's parent-death
+    /// [`Prepared::spawn`] for a tokio caller. Call it from a thread that
+    /// outlives the run: a runtime worker, or a thread that drives the run
+    /// with `block_on` to its end, never from an async task that an idle
+    /// blocking-pool thread runs after it returns: the jailer's parent-death
     /// signal follows the thread that started it, and idle pool threads exit.
     pub async fn spawn_async(self, stderr: JailerStderr) -> Result<LaunchedAsync, Box<RunResult>> {
         use tokio::io::AsyncWriteExt;
@@ -643,6 +620,11 @@ impl Collector {
     /// Whether the result has arrived.
     pub fn has_report(&self) -> bool {
         self.report.is_some()
+    }
+
+    /// Whether the event stream broke off.
+    pub fn is_broken(&self) -> bool {
+        self.broken.is_some()
     }
 
     pub fn finish(self, end: JailerEnd) -> RunResult {

@@ -20,3 +20,4 @@ pub mod host_info;
 pub mod launcher;
 pub mod layers;
 pub mod resolve;
+pub mod supervisor;

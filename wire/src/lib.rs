@@ -1,7 +1,8 @@
 //! What crosses `pycell-jailer`'s pipes, and nothing else: the resolved
 //! jail spec it reads ([`spec`]), the report it ends with ([`report`]) and
 //! its stable failure [`codes`], its event frames ([`events`]), the bounded
-//! JSON frames its stdin carries ([`framing`]), and descriptor passing over
+//! JSON frames its stdin carries ([`framing`]), the descriptors the jail
+//! hands out, each named ([`handout`]), and descriptor passing over
 //! unix sockets ([`fdpass`]).
 //!
 //! Threat model: the jailer (root) and every launcher link this crate. A
@@ -16,5 +17,6 @@ pub mod codes;
 pub mod events;
 pub mod fdpass;
 pub mod framing;
+pub mod handout;
 pub mod report;
 pub mod spec;

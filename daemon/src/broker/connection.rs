@@ -14,15 +14,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pycell_egress::Egress;
-use pycell_launch::events::read_event_async;
 use pycell_launch::launcher::{Collector, JailerEnd};
+use pycell_launch::supervisor::{RunStream, Services};
 use pycell_protocol::framing::{self, FrameError};
 use pycell_protocol::messages::{
     encode_b64, ClientMessage, ErrorCode, RunRequest, ServerMessage, Stream, PROTOCOL_VERSION,
 };
 use pycell_protocol::result::{EnvReport, LimitsReport, RunResult};
-use pycell_wire::events::{Event, EventError};
 use pycell_wire::report::JailFailure;
 use tokio::net::unix::{pipe, OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
@@ -402,13 +400,15 @@ fn cancelled_before_start(doing: &str) -> JailFailure {
 }
 
 /// A run the monitor started: its id, policy and limits, its events, and
-/// its egress proxy (already serving) if it has one.
+/// the jailer's stdin (on which its jail hands out the egress proxy's
+/// listener) with the services for it.
 struct Started {
     run_id: String,
     policy: String,
     limits: LimitsReport,
     events: pipe::Receiver,
-    egress: Option<Egress>,
+    handouts: Option<std::os::fd::OwnedFd>,
+    services: Services,
     env: Option<EnvReport>,
 }
 
@@ -462,23 +462,25 @@ async fn start(
         .next()
         .ok_or_else(|| "the monitor sent no event pipe".to_string())
         .and_then(|fd| pipe::Receiver::from_owned_fd(fd).map_err(|e| e.to_string()));
-    let egress = match (egress, fds.next()) {
-        (None, _) => Ok(None),
-        (Some(rules), Some(channel)) => {
-            Ok(Some(broker.start_egress(&run_id, &policy, rules, channel)))
-        }
-        (Some(_), None) => Err("the monitor sent no egress channel".to_string()),
+    let handouts = fds.next();
+    if egress.is_some() && handouts.is_none() {
+        let _ = broker.link.send(&ToMonitor::Kill { run_id });
+        return Err(internal("the monitor sent no handout channel".into()));
+    }
+    let services = Services {
+        egress: egress.map(|rules| broker.egress_service(&run_id, &policy, rules)),
     };
-    match (events, egress) {
-        (Ok(events), Ok(egress)) => Ok(Started {
+    match events {
+        Ok(events) => Ok(Started {
             run_id,
             policy,
             limits,
             events,
-            egress,
+            handouts,
+            services,
             env,
         }),
-        (Err(m), _) | (_, Err(m)) => {
+        Err(m) => {
             let _ = broker.link.send(&ToMonitor::Kill { run_id });
             Err(internal(m))
         }
@@ -515,26 +517,6 @@ async fn run_admitted(
     relay(conn, id, started, &kill).await
 }
 
-/// Decode the run's events on a task of their own, so that the relay's
-/// `select!` never drops a half-read frame.
-fn start_event_reader(mut events: pipe::Receiver) -> mpsc::Receiver<Result<Event, EventError>> {
-    let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(async move {
-        loop {
-            let ev = match read_event_async(&mut events).await {
-                Ok(Some(ev)) => Ok(ev),
-                Ok(None) => return,
-                Err(e) => Err(e),
-            };
-            let last = ev.is_err();
-            if tx.send(ev).await.is_err() || last {
-                return;
-            }
-        }
-    });
-    rx
-}
-
 /// What a run has streamed to its client.
 struct Streaming {
     /// Bytes of each stream sent as `output` messages.
@@ -552,10 +534,14 @@ async fn relay(
     started: Started,
     kill: &(dyn Fn() + Sync),
 ) -> Vec<ServerMessage> {
-    let mut collector = Collector::new(&started.run_id, &started.policy, Some(started.limits));
+    let collector = Collector::new(&started.run_id, &started.policy, Some(started.limits));
     let env = started.env;
-    let mut events = start_event_reader(started.events);
-    let egress = started.egress;
+    let mut stream = RunStream::start(
+        started.events,
+        collector,
+        started.handouts,
+        started.services,
+    );
     let mut streaming = Streaming {
         sent: [0, 0],
         on: [true, true],
@@ -563,26 +549,13 @@ async fn relay(
     let (mut connection_alive, mut cancelled) = (true, false);
     loop {
         tokio::select! {
-            ev = events.recv() => match ev {
-                Some(Ok(ev)) => {
-                    let Some((s, bytes)) = collector.record(ev) else {
-                        // The result is the last frame: the run is over,
-                        // though its jailer may still be removing its
-                        // cgroup.
-                        if collector.has_report() {
-                            break;
-                        }
-                        continue;
-                    };
-                    if connection_alive {
-                        stream_output(&conn.out, id, &mut streaming, s, bytes);
-                    }
+            out = stream.next_output() => match out {
+                Some((s, bytes)) if connection_alive => {
+                    stream_output(&conn.out, id, &mut streaming, s, &bytes);
                 }
-                Some(Err(e)) => {
-                    collector.broken(e);
-                    kill();
-                    break;
-                }
+                Some(_) => {}
+                // At the result (the run is over, though its jailer may
+                // still be removing its cgroup), or the stream's end.
                 None => break,
             },
             _ = conn.out.closed(), if connection_alive => {
@@ -607,15 +580,16 @@ async fn relay(
             },
         }
     }
-    // The jail is gone: so are its connections.
-    if let Some(egress) = egress {
-        collector.network(egress.finish().await);
+    if stream.broken() {
+        kill();
     }
+    let due = missed(id, &streaming, &stream.collector);
+    // The jail is gone: so are its connections (the egress proxy's report).
+    let (mut result, _) = stream.finish(JailerEnd::Elsewhere).await;
     if !connection_alive {
         return Vec::new();
     }
-    let mut due = missed(id, &streaming, &collector);
-    let mut result = collector.finish(JailerEnd::Elsewhere);
+    let mut due = due;
     result.env = env;
     due.push(ServerMessage::Result {
         id: id.to_string(),

@@ -177,15 +177,16 @@ impl Broker {
         }
     }
 
-    /// What `info` answers: the host as measured now, and our own state.
-    /// Serve a run's egress proxy, each connection audited by the monitor.
-    fn start_egress(
+    /// A run's egress proxy, each connection audited by the monitor.
+    fn egress_service(
         &self,
         run_id: &str,
         policy: &str,
         rules: pycell_policy::network::EgressRules,
-        channel: std::os::fd::OwnedFd,
-    ) -> pycell_egress::Egress {
+    ) -> (
+        pycell_egress::EgressConfig,
+        Option<pycell_egress::AuditHook>,
+    ) {
         let link = Arc::clone(&self.link);
         let run_id = run_id.to_string();
         let audit: pycell_egress::AuditHook = Arc::new(move |c| {
@@ -195,9 +196,10 @@ impl Broker {
             });
         });
         let config = pycell_egress::EgressConfig::from_env(policy, rules);
-        pycell_egress::Egress::start(channel, config, Some(audit))
+        (config, Some(audit))
     }
 
+    /// What `info` answers: the host as measured now, and our own state.
     fn info(&self) -> DaemonInfo {
         let c = &self.config;
         let (running, queued, memory) = self.admission.status();

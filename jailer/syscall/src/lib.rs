@@ -345,16 +345,6 @@ pub fn interface_up(ifname: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// Send one byte with `fd` attached on the unix socket `sock`.
-pub fn send_fd(sock: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<()> {
-    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
-    let fds = [fd.as_raw_fd()];
-    let cmsg = [ControlMessage::ScmRights(&fds)];
-    let iov = [io::IoSlice::new(b"L")];
-    sendmsg::<UnixAddr>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)?;
-    Ok(())
-}
-
 /// SO_PEERGROUPS (asm-generic; the same number on x86_64 and aarch64).
 const SO_PEERGROUPS: libc::c_int = 59;
 

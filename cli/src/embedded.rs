@@ -1,0 +1,146 @@
+//! Runs this process starts itself (embedded mode, as root, no pycelld):
+//! the env of a run's dependencies, built here if it must be, and the way
+//! a launched jailer is supervised and stopped. `pycell run`, `pycell env
+//! build` and embedded `pycell mcp` share it; the supervision itself is
+//! `pycell_launch::supervisor`, the same for every mode.
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use pycell_deps::build::{Ensured, InstallRunner, ProgressLines};
+use pycell_deps::store::EnvStore;
+use pycell_deps::{self as deps, DepsRequest};
+use pycell_launch::launcher::{JailerStderr, Launcher, Prepared};
+use pycell_launch::supervisor::{supervise, Patience, StoppedBy};
+use pycell_policy::Policy;
+use pycell_protocol::messages::RunRequest;
+use pycell_protocol::result::{CacheOutcome, RunResult};
+use pycell_wire::events::Stream;
+use pycell_wire::report::JailFailure;
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+/// Whether, and why, this process's runs are to stop: `None` until then.
+pub(crate) type StopRequest = watch::Receiver<Option<StoppedBy>>;
+
+/// Resolves when `stop` asks for it (never, if nobody can any more).
+pub(crate) async fn stopped(mut stop: StopRequest) -> StoppedBy {
+    let by = stop.wait_for(Option::is_some).await.ok().and_then(|by| *by);
+    match by {
+        Some(by) => by,
+        None => std::future::pending().await,
+    }
+}
+
+/// The stop request of a command-line process: SIGTERM or SIGHUP to us
+/// stop its runs (the jailer then kills the sandbox and reports the run as
+/// killed). ^C goes to the whole foreground process group: the jailer
+/// passes it to the program, and we must not die of it. The three are
+/// blocked here, before any thread exists, so every thread (and the
+/// jailer, which resets its own mask) starts with them blocked, and read
+/// on a thread of their own.
+pub(crate) fn stop_on_signals() -> nix::Result<StopRequest> {
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(s);
+    }
+    nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None)?;
+    let signals = SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC)?;
+    let (tx, rx) = watch::channel(None);
+    std::thread::spawn(move || loop {
+        let mut fds = [PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(&mut fds, PollTimeout::NONE);
+        while let Ok(Some(info)) = signals.read_signal() {
+            // SIGINT only goes to the program, which the jailer did.
+            if info.ssi_signo as i32 != Signal::SIGINT as i32 {
+                let _ = tx.send(Some(StoppedBy::Request));
+            }
+        }
+    });
+    Ok(rx)
+}
+
+/// A runtime for a command-line process's runs: one worker, so that the
+/// calling thread can drive runs with `Handle::block_on` (the jailer's
+/// parent-death signal follows that thread, which lives as long as we do).
+pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+}
+
+/// Start `prepared` and supervise it to its end from this thread (which
+/// must outlive the run), `stop` stopping it; its output to `on_output`.
+pub(crate) fn run_here(
+    handle: &Handle,
+    prepared: Prepared,
+    patience: Patience,
+    stop: &StopRequest,
+    on_output: &mut dyn FnMut(Stream, &[u8]),
+) -> (RunResult, Option<OwnedFd>) {
+    handle.block_on(async {
+        match prepared.spawn_async(JailerStderr::Capture).await {
+            Ok(l) => supervise(l, patience, stopped(stop.clone()), on_output).await,
+            Err(result) => (*result, None),
+        }
+    })
+}
+
+/// Runs the install jail from this process, like a run.
+pub(crate) struct Installer {
+    pub handle: Handle,
+    pub stop: StopRequest,
+}
+
+impl InstallRunner for Installer {
+    fn run_install(
+        &mut self,
+        prepared: Prepared,
+        progress: &mut dyn FnMut(&str),
+    ) -> (RunResult, Option<OwnedFd>) {
+        let mut lines = ProgressLines::default();
+        let patience = pycell_launch::supervisor::PATIENCE;
+        run_here(&self.handle, prepared, patience, &self.stop, &mut |s, b| {
+            if s == Stream::Stdout {
+                lines.feed(b, progress)
+            }
+        })
+    }
+}
+
+/// The env of an embedded run's dependencies (built now if it must be,
+/// from this thread, which waits for the install jail), the install's
+/// progress to `progress`; `None` if the run names none.
+pub(crate) fn env_for(
+    launcher: &Launcher,
+    policy: &Policy,
+    req: &RunRequest,
+    installer: &mut Installer,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Option<Ensured>, JailFailure> {
+    let Some(deps) = deps::gather(policy, &req.code, &req.dependencies)? else {
+        return Ok(None);
+    };
+    let store = deps::build::embedded_store()?;
+    ensure_here(launcher, &store, policy, &deps, installer, progress).map(Some)
+}
+
+/// The env for `deps` from `store`, built by this process if it must be.
+pub(crate) fn ensure_here(
+    launcher: &Launcher,
+    store: &EnvStore,
+    policy: &Policy,
+    deps: &DepsRequest,
+    installer: &mut Installer,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Ensured, JailFailure> {
+    let ensured = deps::build::ensure_env(launcher, store, policy, deps, installer, progress)?;
+    if ensured.report.cache == CacheOutcome::Miss {
+        let secs = ensured.report.install_ms / 1000.0;
+        progress(&format!("dependencies installed in {secs:.1}s"));
+    }
+    Ok(ensured)
+}
