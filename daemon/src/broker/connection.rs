@@ -21,7 +21,7 @@ use pycell_protocol::messages::{
     encode_b64, ClientMessage, ErrorCode, RunRequest, ServerMessage, Stream, PROTOCOL_VERSION,
 };
 use pycell_protocol::result::{EnvReport, LimitsReport, RunResult};
-use pycell_wire::report::JailFailure;
+use pycell_wire::report::{JailFailure, RunStatus};
 use tokio::net::unix::{pipe, OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
@@ -514,7 +514,8 @@ async fn run_admitted(
         kill();
         return Vec::new();
     }
-    relay(conn, id, started, &kill).await
+    let monitor_gone = || broker.link.monitor_gone();
+    relay(conn, id, started, &kill, &monitor_gone).await
 }
 
 /// What a run has streamed to its client.
@@ -533,6 +534,7 @@ async fn relay(
     id: &str,
     started: Started,
     kill: &(dyn Fn() + Sync),
+    monitor_gone: &(dyn Fn() -> bool + Sync),
 ) -> Vec<ServerMessage> {
     let collector = Collector::new(&started.run_id, &started.policy, Some(started.limits));
     let env = started.env;
@@ -586,7 +588,13 @@ async fn relay(
     let due = missed(id, &streaming, &stream.collector);
     // The jail is gone: so are its connections (the egress proxy's report).
     let (mut result, _) = stream.finish(JailerEnd::Elsewhere).await;
-    if !connection_alive {
+    // A run killed though nobody here asked, while the monitor is gone:
+    // its jailer's parent-death signal killed it (the monitor's end of the
+    // link closed before that signal was sent, so this sees it). Its client
+    // hears what every run of a dead monitor ends with: the connection
+    // closes (daemon_failed), not a bare `killed`.
+    let orphaned = result.status == RunStatus::Killed && !cancelled && monitor_gone();
+    if !connection_alive || orphaned {
         return Vec::new();
     }
     let mut due = due;

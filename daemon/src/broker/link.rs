@@ -48,6 +48,13 @@ impl MonitorLink {
         }))
     }
 
+    /// Whether the monitor is gone: its end of the link is closed, as the
+    /// kernel sees it now (a dead monitor's descriptors are closed before
+    /// its children get their parent-death signal).
+    pub(crate) fn monitor_gone(&self) -> bool {
+        self.writer.lock().map_or(true, |w| peer_closed(w.as_fd()))
+    }
+
     /// The warm pools as the monitor last reported them.
     pub(crate) fn warm_pools(&self) -> Vec<WarmPoolStatus> {
         self.pools.lock().map(|p| p.clone()).unwrap_or_default()
@@ -82,6 +89,17 @@ impl MonitorLink {
             .map_err(|e| e.to_string())??;
         Ok((req, rx))
     }
+}
+
+/// Whether the other end of unix socket `sock` is closed (it then reports
+/// POLLHUP, which is always polled).
+fn peer_closed(sock: std::os::fd::BorrowedFd<'_>) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(sock, PollFlags::empty())];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1..))
+        && fds[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLHUP))
 }
 
 /// One frame from the monitor and the descriptors that came with it.
@@ -146,5 +164,20 @@ fn route_replies(mut stream: StdUnixStream, pending: Pending, pools: Pools) {
         if let Some(tx) = tx {
             let _ = tx.send((msg, fds));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_peer_is_seen_without_reading() {
+        let (ours, theirs) = StdUnixStream::pair().unwrap();
+        assert!(!peer_closed(ours.as_fd()));
+        let mut t = theirs;
+        std::io::Write::write_all(&mut t, b"unread").unwrap();
+        drop(t);
+        assert!(peer_closed(ours.as_fd()));
     }
 }
