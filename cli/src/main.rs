@@ -10,7 +10,6 @@
 //! can reach is decided by the jailer from the resolved spec.
 #![forbid(unsafe_code)]
 
-mod backend;
 mod cli;
 mod embedded;
 mod env_cmd;

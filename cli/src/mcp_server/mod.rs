@@ -2,19 +2,20 @@
 //!
 //! It speaks MCP with the official Rust SDK (`rmcp`) on stdin/stdout, offers
 //! the `run_python` and `sandbox_info` tools, and hands each run to the
-//! [`Backend`]. While a run goes it sends progress notifications if the
+//! [`Sandboxes`]. While a run goes it sends progress notifications if the
 //! client asked for them; a client's `notifications/cancelled` kills the
 //! run's sandbox. At the end of stdin it cancels what is still running,
 //! waits for the sandboxes to be cleaned up, and exits.
 //!
 //! Threat model: the client (and the LLM behind it) is untrusted as far as
-//! the sandbox goes: tool arguments are checked here and again by the
-//! backend and the jailer, and nothing it sends runs outside a sandbox. This
+//! the sandbox goes: tool arguments are checked here, again when the run is
+//! prepared, and by the jailer, and nothing it sends runs outside a sandbox. This
 //! process holds no privilege beyond what embedded mode needs to start the
 //! jailer; with the daemon it needs none.
 
 mod eof;
 mod output;
+mod sandboxes;
 mod tools;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,9 +34,9 @@ use tokio_util::sync::CancellationToken;
 use pycell_launch::resolve::POLICY_DIR;
 use pycell_wire::events::Stream;
 
-use crate::backend::{Backend, RunEvent};
 use crate::cli::McpArgs;
 use output::{human_bytes, RunPythonOutput, Status};
+use sandboxes::{RunEvent, Sandboxes};
 
 /// How often a run with a progress token reports progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
@@ -47,13 +48,13 @@ const INSTRUCTIONS: &str = "pycell runs Python code in a locked-down Linux sandb
 /// The MCP server: its tools and where runs go.
 #[derive(Debug, Clone)]
 pub struct PycellServer {
-    backend: Backend,
+    sandboxes: Sandboxes,
     default_policy: String,
     tools: Arc<Vec<Tool>>,
 }
 
 impl PycellServer {
-    pub fn new(backend: Backend, default_policy: String) -> Self {
+    pub fn new(sandboxes: Sandboxes, default_policy: String) -> Self {
         let policy = pycell_launch::resolve::load_policy_by_name(
             &default_policy,
             std::path::Path::new(POLICY_DIR),
@@ -61,7 +62,7 @@ impl PycellServer {
         .ok();
         let tools = tools::tools(&default_policy, policy.as_ref());
         PycellServer {
-            backend,
+            sandboxes,
             default_policy,
             tools: Arc::new(tools),
         }
@@ -79,7 +80,7 @@ impl PycellServer {
         let progress = Arc::new(Progress::default());
         let sink = Arc::clone(&progress);
         let on_event = move |ev: RunEvent<'_>| sink.record(ev);
-        let run = self.backend.run(req, on_event, context.ct.clone());
+        let run = self.sandboxes.run(req, on_event, context.ct.clone());
         let result = match context.meta.get_progress_token() {
             None => run.await,
             Some(token) => {
@@ -109,7 +110,7 @@ impl PycellServer {
     }
 
     async fn sandbox_info(&self) -> CallToolResult {
-        let mode = self.backend.mode();
+        let mode = self.sandboxes.mode();
         match tokio::task::spawn_blocking(move || crate::info::collect_with_mode(mode)).await {
             Ok(info) => {
                 let text = render_info(&info);
@@ -256,7 +257,7 @@ impl Progress {
 }
 
 /// Sends a progress notification when the sandbox starts (or after
-/// [`PROGRESS_EVERY`] if the backend does not say) and then every
+/// [`PROGRESS_EVERY`] if the sandboxes does not say) and then every
 /// [`PROGRESS_EVERY`]; `progress` is the elapsed time in seconds (it only
 /// grows, as MCP requires). Never returns: dropped when the run ends.
 async fn report_progress(
@@ -369,8 +370,8 @@ async fn serve(args: &McpArgs) -> i32 {
         eprintln!("pycell mcp: --policy {}: {e}", args.policy);
         return 2;
     }
-    let backend = Backend::from_env(args.embedded);
-    let server = PycellServer::new(backend.clone(), args.policy.clone());
+    let sandboxes = Sandboxes::from_env(args.embedded);
+    let server = PycellServer::new(sandboxes.clone(), args.policy.clone());
     // The end of stdin means the client is gone: nobody can read the results
     // of runs still going, so stop them at once rather than after rmcp's
     // grace period for in-flight handlers (longer than clients wait for a
@@ -380,7 +381,7 @@ async fn serve(args: &McpArgs) -> i32 {
     let watcher = tokio::spawn(watch_for_the_end(
         eof.clone(),
         stop.clone(),
-        backend.clone(),
+        sandboxes.clone(),
     ));
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
     let transport = (eof::EofSignal::new(stdin, eof), stdout);
@@ -398,7 +399,7 @@ async fn serve(args: &McpArgs) -> i32 {
         Err(e) => Err(format!("the MCP session did not start: {e}")),
     };
     watcher.abort();
-    backend.shutdown(SHUTDOWN_GRACE).await;
+    sandboxes.shutdown(SHUTDOWN_GRACE).await;
     match quit {
         Ok(()) => 0,
         Err(e) => {
@@ -410,7 +411,7 @@ async fn serve(args: &McpArgs) -> i32 {
 
 /// Cancels every run when stdin ends or a termination signal arrives (and,
 /// for a signal, stops the MCP session as well).
-async fn watch_for_the_end(eof: CancellationToken, stop: CancellationToken, backend: Backend) {
+async fn watch_for_the_end(eof: CancellationToken, stop: CancellationToken, sandboxes: Sandboxes) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -419,7 +420,7 @@ async fn watch_for_the_end(eof: CancellationToken, stop: CancellationToken, back
         // Without handlers the signals keep their default action; the
         // jailers' parent-death signal still stops their sandboxes.
         eof.cancelled().await;
-        backend.cancel_all();
+        sandboxes.cancel_all();
         return;
     };
     tokio::select! {
@@ -427,5 +428,5 @@ async fn watch_for_the_end(eof: CancellationToken, stop: CancellationToken, back
         _ = term.recv() => stop.cancel(),
         _ = int.recv() => stop.cancel(),
     }
-    backend.cancel_all();
+    sandboxes.cancel_all();
 }

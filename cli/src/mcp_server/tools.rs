@@ -62,7 +62,7 @@ pub struct ArgumentError(pub String);
 
 const RUN_PYTHON_EXAMPLE: &str = r#"{"code": "import math\nprint(math.factorial(20))"}"#;
 
-/// Parse `run_python`'s arguments into the request the backend runs.
+/// Parse `run_python`'s arguments into the request the sandboxes run.
 pub fn run_python_request(
     args: Option<JsonObject>,
     default_policy: &str,
@@ -119,13 +119,13 @@ pub fn run_python_request(
     Ok(req)
 }
 
-/// The backend's complaint about a request, in the tool's own terms.
-pub fn request_error_message(e: &crate::backend::RequestError) -> String {
+/// The sandboxes' complaint about a request, in the tool's own terms.
+pub fn request_error_message(e: &super::sandboxes::RequestError) -> String {
     let field = match e.field {
         "timeout" => "timeout_s",
         other => other,
     };
-    // The backend's messages name the field themselves for some problems
+    // The sandboxes' messages name the field themselves for some problems
     // ("timeout: must be..."); say it once.
     let problem = e
         .problem

@@ -402,7 +402,7 @@ fn cancelled_before_start(doing: &str) -> JailFailure {
 /// A run the monitor started: its id, policy and limits, its events, and
 /// the jailer's stdin (on which its jail hands out the egress proxy's
 /// listener) with the services for it.
-struct Started {
+struct SpawnedRun {
     run_id: String,
     policy: String,
     limits: LimitsReport,
@@ -420,7 +420,7 @@ async fn start(
     peer: Peer,
     id: &str,
     order: RunOrder,
-) -> Result<Started, ServerMessage> {
+) -> Result<SpawnedRun, ServerMessage> {
     let internal = |m: String| error(Some(id), ErrorCode::Internal, m);
     let (req, replies) = broker
         .link
@@ -471,7 +471,7 @@ async fn start(
         egress: egress.map(|rules| broker.egress_service(&run_id, &policy, rules)),
     };
     match events {
-        Ok(events) => Ok(Started {
+        Ok(events) => Ok(SpawnedRun {
             run_id,
             policy,
             limits,
@@ -532,7 +532,7 @@ struct Streaming {
 async fn relay(
     conn: &mut Conn,
     id: &str,
-    started: Started,
+    started: SpawnedRun,
     kill: &(dyn Fn() + Sync),
     monitor_gone: &(dyn Fn() -> bool + Sync),
 ) -> Vec<ServerMessage> {

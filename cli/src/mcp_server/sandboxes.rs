@@ -1,4 +1,5 @@
-//! Where `pycell mcp`'s runs execute.
+//! Where `pycell mcp`'s runs execute: [`Sandboxes`], the MCP server's
+//! runs and their limits.
 //!
 //! With a pycelld socket the daemon runs them (no privilege needed here).
 //! Without one (embedded mode, as root) each run takes the one launch path
@@ -91,9 +92,9 @@ impl DaemonEvent {
 }
 
 /// Runs requests in sandboxes. Cheap to clone; clones share one set of
-/// in-flight runs, which [`Backend::shutdown`] cancels and waits for.
+/// in-flight runs, which [`Sandboxes::shutdown`] cancels and waits for.
 #[derive(Debug, Clone)]
-pub struct Backend {
+pub struct Sandboxes {
     inner: Arc<Inner>,
 }
 
@@ -112,14 +113,14 @@ struct Inner {
     patience: Patience,
 }
 
-impl Backend {
+impl Sandboxes {
     /// Configuration from the environment (`PYCELL_JAILER`,
     /// `PYCELL_UID_RANGE`). Problems are reported by each run, as a refusal,
     /// so that the MCP server still starts and `sandbox_info` can explain.
     /// With `embedded_only`, runs never go to a daemon, even if one is
     /// listening.
-    pub fn from_env(embedded_only: bool) -> Backend {
-        Backend::new(Launcher::embedded_from_env(), embedded_only, PATIENCE)
+    pub fn from_env(embedded_only: bool) -> Sandboxes {
+        Sandboxes::new(Launcher::embedded_from_env(), embedded_only, PATIENCE)
     }
 
     /// Where runs go: the daemon's socket, if they go to one.
@@ -138,8 +139,8 @@ impl Backend {
         launcher: Result<Launcher, JailFailure>,
         embedded_only: bool,
         patience: Patience,
-    ) -> Backend {
-        Backend {
+    ) -> Sandboxes {
+        Sandboxes {
             inner: Arc::new(Inner {
                 embedded_only,
                 launcher,
@@ -452,7 +453,7 @@ mod tests {
         require_root();
         let dir = tempfile::tempdir().unwrap();
         let jailer = fake_jailer(dir.path(), body);
-        let b = Backend::new(with_jailer(jailer), true, PATIENCE);
+        let b = Sandboxes::new(with_jailer(jailer), true, PATIENCE);
         let r = b.run(print1(), |_| {}, CancellationToken::new()).await;
         r.unwrap().error.expect("an error")
     }
@@ -483,7 +484,7 @@ mod tests {
             slack: margin,
             grace: Duration::from_millis(300),
         };
-        let b = Backend::new(with_jailer(jailer), true, patience);
+        let b = Sandboxes::new(with_jailer(jailer), true, patience);
         let mut req = print1();
         req.limits.timeout_s = Some(0.2);
         let start = std::time::Instant::now();
@@ -511,7 +512,7 @@ mod tests {
             dir.path(),
             "trap 'exit 143' TERM; cat >/dev/null; while :; do sleep 0.05; done",
         );
-        let b = Backend::new(with_jailer(jailer), true, PATIENCE);
+        let b = Sandboxes::new(with_jailer(jailer), true, PATIENCE);
         let req = RunRequest {
             code: "print(1)".into(),
             // A request no env in the store answers, so an install starts.
@@ -540,7 +541,7 @@ mod tests {
     #[tokio::test]
     async fn a_missing_jailer_is_a_refusal() {
         require_root();
-        let b = Backend::new(
+        let b = Sandboxes::new(
             with_jailer(PathBuf::from("/nonexistent/pycell-jailer")),
             true,
             PATIENCE,
@@ -556,7 +557,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unknown_policy_is_the_callers_mistake() {
-        let b = Backend::from_env(true);
+        let b = Sandboxes::from_env(true);
         let req = RunRequest {
             code: "print(1)".into(),
             policy: Some("no-such-policy".into()),
