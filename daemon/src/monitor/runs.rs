@@ -1,0 +1,149 @@
+//! Runs: starting one (cold, or in a warm jail of the pool) and
+//! keeping its jailer within the supervisor's deadline.
+
+use super::*;
+
+impl Monitor {
+    /// Start the run, or its env's build first. `built` is the outcome of
+    /// that build, once it is done.
+    pub(super) fn spawn(
+        &mut self,
+        req: u64,
+        peer: PeerIds,
+        order: RunOrder,
+        built: Option<EnvReport>,
+    ) -> Reply {
+        let refuse = |(code, message)| Box::new(ToBroker::Refused { req, code, message });
+        let cap = self.config.max_concurrent_runs * JAILERS_PER_SLOT;
+        if self.runs.len() + self.builds.len() >= cap {
+            return Err(refuse((
+                ErrorCode::Busy,
+                format!("the monitor already runs {cap} jailers and env builds (twice max_concurrent_runs); try again shortly"),
+            )));
+        }
+        let policy = self
+            .launcher
+            .load_policy(PolicyChoice::Name(&order.policy))
+            .map_err(|e| refuse(refusal(e)))?;
+        order.check(&policy).map_err(|failure| {
+            Box::new(ToBroker::Failed {
+                req,
+                policy: policy.name.clone(),
+                failure,
+            })
+        })?;
+        let request = order.to_request();
+        let env = match self.env_for(req, peer, &policy, order, built)? {
+            EnvStep::Building(reply) => return Ok(reply),
+            EnvStep::Ready(env) => Some(env),
+            EnvStep::NoDependencies => None,
+        };
+        let extras = Extras {
+            env: env.as_ref().map(|(e, _)| e.dir.clone()),
+            ..Extras::default()
+        };
+        if let Some(reply) = self.start_warm(req, peer, &policy, &request, &extras, &env) {
+            return Ok(reply);
+        }
+        let prepared = self
+            .launcher
+            .prepare_with(&policy, &request, &extras)
+            .map_err(|e| refuse(refusal(e)))?;
+        let launched = prepared.spawn(JailerStderr::Inherit).map_err(|r| {
+            let message = r.error.map_or_else(String::new, |e| e.message);
+            refuse((ErrorCode::Internal, message))
+        })?;
+        Ok(self.started(req, peer, launched, env, &request.code, false))
+    }
+
+    /// Hand the run to a warm jail of the pool, if one is exactly the jail
+    /// the run would get.
+    pub(super) fn start_warm(
+        &mut self,
+        req: u64,
+        peer: PeerIds,
+        policy: &pycell_policy::Policy,
+        request: &RunRequest,
+        extras: &Extras,
+        env: &Option<(EnvInUse, EnvReport)>,
+    ) -> Option<(ToBroker, Vec<OwnedFd>)> {
+        let resolved = pycell_launch::resolve::resolve_with(policy, request, extras).ok()?;
+        let taken = self.pools.take(&policy.name, &resolved.spec)?;
+        let mut launched = taken.launched;
+        // The run's own limits (its timeout, its output cap), which its
+        // work carried.
+        launched.limits = LimitsReport::from(&resolved.limits);
+        // The member holds the env; the report is the run's.
+        let env = match (taken.env, env) {
+            (Some((held, _)), Some((_, report))) => Some((held, report.clone())),
+            (held, _) => held,
+        };
+        Some(self.started(req, peer, launched, env, &request.code, true))
+    }
+
+    /// A run's jailer started (cold, or a warm jail given its work): the
+    /// broker's message and descriptors; the run is kept until reaped.
+    pub(super) fn started(
+        &mut self,
+        req: u64,
+        peer: PeerIds,
+        launched: Launched,
+        env: Option<(EnvInUse, EnvReport)>,
+        code: &str,
+        warm: bool,
+    ) -> (ToBroker, Vec<OwnedFd>) {
+        self.audit.run_started(&RunStart {
+            run_id: &launched.run_id,
+            peer,
+            code,
+            policy: &launched.policy,
+            limits: &launched.limits,
+            sandbox_uid: launched.lease.uid,
+            warm,
+        });
+        let started = Instant::now();
+        let wall = Duration::from_secs_f64(launched.limits.wall_timeout_s);
+        let mut fds = vec![OwnedFd::from(launched.events)];
+        fds.extend(launched.handouts);
+        let egress = launched.egress;
+        let (env, report) = env.unzip();
+        let msg = ToBroker::Spawned {
+            req,
+            run_id: launched.run_id.clone(),
+            sandbox_uid: launched.lease.uid,
+            policy: launched.policy,
+            limits: launched.limits,
+            egress,
+            env: report,
+        };
+        let process = JailerProcess::new(launched.child, launched.lease, wall, PATIENCE);
+        self.runs.insert(
+            process.pid(),
+            Run {
+                run_id: launched.run_id,
+                process,
+                _env: env,
+                started,
+            },
+        );
+        (msg, fds)
+    }
+
+    /// Stop jailers past the monitor's own deadline (whatever their
+    /// clients or the broker do), and SIGKILL those that ignored a SIGTERM
+    /// for [`PATIENCE`]'s grace.
+    pub(super) fn escalate_kills(&mut self) {
+        for run in self.runs.values_mut() {
+            if run.process.escalate() == Some(Escalation::Stopped) {
+                eprintln!(
+                    "pycelld monitor: run {} outlived its timeout by {} s; stopping its jailer",
+                    run.run_id,
+                    PATIENCE.slack.as_secs()
+                );
+            }
+        }
+        for build in self.builds.values_mut() {
+            build.escalate();
+        }
+    }
+}
