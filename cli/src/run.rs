@@ -11,7 +11,7 @@ use pycell_launch::launcher::{LaunchError, Launcher, PolicyChoice, Prepared};
 use pycell_launch::resolve::Extras;
 use pycell_launch::supervisor::PATIENCE;
 use pycell_policy::Policy;
-use pycell_protocol::client::{daemon_socket, ClientError, Stage};
+use pycell_protocol::client::{daemon_socket, Stage};
 use pycell_protocol::messages::{LimitOverrides, RunRequest};
 use pycell_protocol::result::RunResult;
 use pycell_wire::codes::{FailureCode, Layer};
@@ -206,10 +206,6 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
         Ok(r) => r,
         Err(m) => return refused(policy, request_failure(m)),
     };
-    let from_daemon = |e: ClientError, otherwise: FailureCode| match e {
-        ClientError::Refused { code, message } => daemon(code.into(), message),
-        e => daemon(otherwise, e.to_string()),
-    };
     // The result carries the (capped) output too; without --json it is
     // shown as it arrives instead. A run that waits for a slot for more
     // than a second says where it is in the queue, on stderr.
@@ -229,14 +225,7 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
         },
         |_| {},
     );
-    let result = result.map_err(|e| match e {
-        e @ ClientError::Connect { .. } => from_daemon(e, FailureCode::DaemonUnavailable),
-        e => from_daemon(e, FailureCode::DaemonFailed),
-    });
-    match result {
-        Ok(r) => r,
-        Err(refused) => refused,
-    }
+    result.unwrap_or_else(|e| e.into_result(policy))
 }
 
 /// Tells the user on stderr that their run waits for a slot, once it has

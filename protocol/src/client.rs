@@ -12,6 +12,8 @@ use crate::messages::{
     decode_b64, ClientMessage, ErrorCode, RunRequest, ServerMessage, Stream, PROTOCOL_VERSION,
 };
 use crate::result::RunResult;
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::report::JailFailure;
 
 /// Where clients look for the daemon unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/pycell/pycell.sock";
@@ -42,6 +44,20 @@ pub enum ClientError {
     Refused { code: ErrorCode, message: String },
     #[error("pycelld sent an unexpected message: {0}")]
     Unexpected(String),
+}
+
+impl ClientError {
+    /// The result of a run this error kept from running: pycelld's own
+    /// refusal with its code, or why it could not be reached
+    /// (`daemon_unavailable`) or broke off (`daemon_failed`).
+    pub fn into_result(self, policy: &str) -> RunResult {
+        let (code, message) = match self {
+            ClientError::Refused { code, message } => (code.into(), message),
+            e @ ClientError::Connect { .. } => (FailureCode::DaemonUnavailable, e.to_string()),
+            e => (FailureCode::DaemonFailed, e.to_string()),
+        };
+        RunResult::refused("", policy, JailFailure::new(code, Layer::Daemon, message))
+    }
 }
 
 #[derive(Debug)]

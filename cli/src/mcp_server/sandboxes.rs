@@ -246,11 +246,7 @@ impl Sandboxes {
                 field: "request",
                 problem: message,
             }),
-            Ok(Err(ClientError::Refused { code, message })) => Ok(refused(code.into(), message)),
-            Ok(Err(e @ ClientError::Connect { .. })) => {
-                Ok(refused(FailureCode::DaemonUnavailable, e.to_string()))
-            }
-            Ok(Err(e)) => Ok(refused(FailureCode::DaemonFailed, e.to_string())),
+            Ok(Err(e)) => Ok(e.into_result(&policy)),
             Err(e) => Ok(refused(FailureCode::Internal, e.to_string())),
         }
     }
