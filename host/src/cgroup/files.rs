@@ -46,15 +46,6 @@ pub(super) fn read_keyed(path: &Path, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The pids listed in a `cgroup.procs` file.
-pub(super) fn pids(path: &Path) -> Vec<i32> {
-    fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
-}
-
 /// `base/rel` for a relative cgroup path, ignoring empty segments.
 pub(super) fn join_rel(base: &Path, rel: &str) -> PathBuf {
     let mut p = base.to_path_buf();

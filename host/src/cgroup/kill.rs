@@ -1,50 +1,49 @@
-//! Killing everything in a cgroup: v2 has `cgroup.kill`; v1 has no such
-//! file, so its processes are frozen, signalled one by one through pidfds
-//! (after checking each pid is still a member), and thawed.
+//! Killing everything in a cgroup: v2 with cgroups-rs's `Cgroup::kill`
+//! (`cgroup.kill`); v1 has no such file and cgroups-rs refuses to kill
+//! there, so this is pycell's own: the processes are frozen (cgroups-rs's
+//! freezer controller), signalled one by one through pidfds after checking
+//! that each pid is still a member, and thawed.
 
 use std::fs;
-use std::path::Path;
 use std::time::Duration;
 
-use pycell_wire::report::CgroupVersion;
+use cgroups_rs::freezer::{FreezerController, FreezerState};
+use cgroups_rs::Cgroup;
 
-use super::files;
-
-/// SIGKILL everything in the cgroup at `dir`: v2 with `cgroup.kill`; v1
-/// frozen first (in `freezer`, its directory in the freezer hierarchy), so
+/// SIGKILL everything in `cg`: v2 with `cgroup.kill`; v1 frozen first, so
 /// that nothing in it can fork or exit while it is being killed, each
 /// process signalled through a pidfd after checking that the pid is still
 /// one of ours, then thawed so the kills take effect; again until empty.
-pub(crate) fn kill_all_in(version: CgroupVersion, dir: &Path, freezer: Option<&Path>) {
-    if version == CgroupVersion::V2 {
-        let _ = files::write(&dir.join("cgroup.kill"), "1");
+pub(crate) fn kill_all_in(cg: &Cgroup) {
+    if cg.v2() {
+        let _ = cg.kill();
         return;
     }
-    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+    let name = cg.path().rsplit('/').next().unwrap_or_default();
+    let freezer: Option<&FreezerController> = cg.controller_of();
     for _ in 0..50 {
-        let procs = files::pids(&dir.join("cgroup.procs"));
+        let procs = cg.procs();
         if procs.is_empty() {
             return;
         }
         let frozen = freezer.is_some_and(freeze);
         for p in procs {
-            kill_if_member(p, name.as_deref().unwrap_or_default());
+            kill_if_member(p.pid as i32, name);
         }
         if frozen {
-            let _ = freezer.map(|f| files::write(&f.join("freezer.state"), "THAWED"));
+            let _ = freezer.map(FreezerController::thaw);
         }
         std::thread::sleep(Duration::from_millis(2));
     }
 }
 
-/// Freeze the v1 freezer cgroup at `dir`; true once it reports FROZEN.
-fn freeze(dir: &Path) -> bool {
-    let state = dir.join("freezer.state");
-    if files::write(&state, "FROZEN").is_err() {
+/// Freeze a v1 freezer cgroup; true once it reports FROZEN.
+fn freeze(freezer: &FreezerController) -> bool {
+    if freezer.freeze().is_err() {
         return false;
     }
     for _ in 0..100 {
-        if fs::read_to_string(&state).is_ok_and(|s| s.trim() == "FROZEN") {
+        if matches!(freezer.state(), Ok(FreezerState::Frozen)) {
             return true;
         }
         std::thread::sleep(Duration::from_millis(1));

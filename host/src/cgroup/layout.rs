@@ -182,14 +182,6 @@ impl CgroupLayout {
         Ok(format!("{own_rel}/{runs}"))
     }
 
-    /// v1: the freezer directory of the run cgroup `name` under `parent`.
-    fn freezer_of(&self, parent: &str, name: &std::ffi::OsStr) -> Option<PathBuf> {
-        match self {
-            CgroupLayout::V1 { freezer, .. } => Some(join_rel(freezer, parent).join(name)),
-            CgroupLayout::V2 { .. } => None,
-        }
-    }
-
     /// The directories of `parent`, and of its ancestors, that do not exist
     /// yet in any hierarchy, outermost first: the ones runs under `parent`
     /// will create. Give them to [`Self::remove_created`] when done, so that
@@ -221,18 +213,31 @@ impl CgroupLayout {
     /// using (pycell uses the sandbox uid, whose lease the caller holds): they
     /// are leftovers of a supervisor that was killed before cleaning up.
     pub fn remove_stale(&self, parent: &str, prefix: &str) {
+        let hierarchy = super::hierarchy::RunHierarchy::new(self);
+        for name in self.names_under(parent, prefix) {
+            let cg = hierarchy.load(parent, &name);
+            super::kill::kill_all_in(&cg);
+            let dirs = super::hierarchy::member_dirs(&cg);
+            files::remove_dirs(&dirs);
+        }
+    }
+
+    /// The names of the cgroups under `parent`, in any hierarchy, that start
+    /// with `prefix`.
+    fn names_under(&self, parent: &str, prefix: &str) -> Vec<String> {
+        let mut names = Vec::new();
         for base in self.bases() {
             let Ok(entries) = fs::read_dir(join_rel(base, parent)) else {
                 continue;
             };
             for e in entries.flatten() {
-                if e.file_name().to_string_lossy().starts_with(prefix) {
-                    let freezer = self.freezer_of(parent, &e.file_name());
-                    super::kill::kill_all_in(self.version(), &e.path(), freezer.as_deref());
-                    files::remove_dirs(&[e.path()]);
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(prefix) && !names.contains(&name) {
+                    names.push(name);
                 }
             }
         }
+        names
     }
 }
 

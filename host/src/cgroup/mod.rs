@@ -1,6 +1,10 @@
 //! cgroups: where the hierarchies are ([`layout`]) and one run's cgroup
 //! with its memory (no swap), pids and CPU limits, accounting and kill
-//! ([`sandbox`]), on cgroup v2 and on the legacy/hybrid v1 layout.
+//! ([`sandbox`]), on cgroup v2 and on the legacy/hybrid v1 layout. A run's
+//! cgroup is a cgroups-rs `Cgroup` on pycell's own hierarchy
+//! ([`hierarchy`]): cgroups-rs sets the limits, attaches, lists, freezes,
+//! kills (v2) and reads the accounting; what it lacks or does in a way
+//! pycell cannot use is pycell's own, each piece saying why where it is.
 //!
 //! v1: one directory per controller hierarchy (memory, pids, cpu, cpuacct),
 //! each created under the jailer's own cgroup in that hierarchy, so we never
@@ -14,6 +18,7 @@
 //! tested on a temporary directory without root.
 
 mod files;
+mod hierarchy;
 mod kill;
 pub mod layout;
 pub mod sandbox;

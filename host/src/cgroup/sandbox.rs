@@ -4,10 +4,16 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use cgroups_rs::cpu::CpuController;
+use cgroups_rs::cpuacct::CpuAcctController;
+use cgroups_rs::memory::MemController;
+use cgroups_rs::pid::PidController;
+use cgroups_rs::{Cgroup, CgroupPid, Controller, MaxValue};
 use nix::unistd::Pid;
 use pycell_wire::report::CgroupVersion;
 
 use super::files::{self, join_rel};
+use super::hierarchy::{member_dirs, RunHierarchy};
 use super::layout::CgroupLayout;
 use super::CgroupError;
 
@@ -29,56 +35,89 @@ pub struct CgroupUsage {
     pub oom_kills: u64,
 }
 
-/// Which hierarchy a control file lives in.
+/// One limit, as pycell means it; [`Limit::apply`] hands it to cgroups-rs,
+/// which names the file for the cgroup version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Hierarchy {
-    Memory,
-    Pids,
-    Cpu,
+enum Limit {
+    /// Pages, page cache and kernel objects (v1), or all memory (v2).
+    Memory(u64),
+    /// v1: memory+swap, set to the memory limit; v2: swap alone, set to 0.
+    Swap(u64),
+    /// v1's separate counter for socket buffers (see [`v1_memory_split`]).
+    SocketBuffers(u64),
+    Pids(u32),
+    Cpu {
+        quota_us: u64,
+        period_us: u64,
+    },
 }
 
-/// One control-file write: the limits as the kernel takes them, in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Write {
-    hierarchy: Hierarchy,
-    file: &'static str,
-    value: String,
-}
-
-fn w(hierarchy: Hierarchy, file: &'static str, value: impl ToString) -> Write {
-    Write {
-        hierarchy,
-        file,
-        value: value.to_string(),
-    }
-}
-
-/// The writes that apply `l`. `memsw`: v1's memory controller can limit
-/// swap (without it the host must have no swap: checked by the caller).
-fn limit_writes(version: CgroupVersion, l: CgroupLimits, memsw: bool) -> Vec<Write> {
-    use Hierarchy::*;
-    let quota = (u64::from(l.cpu_millicores) * CPU_PERIOD_US / 1000).max(1000);
+/// The limits that apply `l`, in the order they must be written. `memsw`:
+/// v1's memory controller can limit swap (without it the host must have no
+/// swap: checked by the caller).
+fn limit_plan(version: CgroupVersion, l: CgroupLimits, memsw: bool) -> Vec<Limit> {
+    let cpu = Limit::Cpu {
+        quota_us: (u64::from(l.cpu_millicores) * CPU_PERIOD_US / 1000).max(1000),
+        period_us: CPU_PERIOD_US,
+    };
     match version {
+        // No swap: the memory limit is the whole budget.
         CgroupVersion::V2 => vec![
-            w(Memory, "memory.max", l.memory_bytes),
-            // No swap: the memory limit is the whole budget.
-            w(Memory, "memory.swap.max", 0),
-            w(Pids, "pids.max", l.pids),
-            w(Cpu, "cpu.max", format!("{quota} {CPU_PERIOD_US}")),
+            Limit::Memory(l.memory_bytes),
+            Limit::Swap(0),
+            Limit::Pids(l.pids),
+            cpu,
         ],
         CgroupVersion::V1 => {
             let (pages, sockets) = v1_memory_split(l.memory_bytes);
-            let mut v = vec![w(Memory, "memory.limit_in_bytes", pages)];
+            let mut v = vec![Limit::Memory(pages)];
             if memsw {
                 // memory+swap = memory: no swap (must come after the limit).
-                v.push(w(Memory, "memory.memsw.limit_in_bytes", pages));
+                v.push(Limit::Swap(pages));
             }
-            v.push(w(Memory, "memory.kmem.tcp.limit_in_bytes", sockets));
-            v.push(w(Pids, "pids.max", l.pids));
-            v.push(w(Cpu, "cpu.cfs_period_us", CPU_PERIOD_US));
-            v.push(w(Cpu, "cpu.cfs_quota_us", quota));
+            v.extend([Limit::SocketBuffers(sockets), Limit::Pids(l.pids), cpu]);
             v
         }
+    }
+}
+
+impl Limit {
+    /// The control file this limit is written to, for messages.
+    fn file(self, version: CgroupVersion) -> &'static str {
+        let v2 = version == CgroupVersion::V2;
+        match self {
+            Limit::Memory(_) if v2 => "memory.max",
+            Limit::Memory(_) => "memory.limit_in_bytes",
+            Limit::Swap(_) if v2 => "memory.swap.max",
+            Limit::Swap(_) => "memory.memsw.limit_in_bytes",
+            Limit::SocketBuffers(_) => "memory.kmem.tcp.limit_in_bytes",
+            Limit::Pids(_) => "pids.max",
+            Limit::Cpu { .. } if v2 => "cpu.max",
+            Limit::Cpu { .. } => "cpu.cfs_quota_us",
+        }
+    }
+
+    fn apply(self, cg: &Cgroup) -> std::io::Result<()> {
+        let missing = || std::io::Error::other("the cgroup has no such controller");
+        let memory = || cg.controller_of::<MemController>().ok_or_else(missing);
+        let bytes = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
+        let set = match self {
+            Limit::Memory(b) => memory()?.set_limit(bytes(b)),
+            Limit::Swap(b) => memory()?.set_memswap_limit(bytes(b)),
+            Limit::SocketBuffers(b) => memory()?.set_tcp_limit(bytes(b)),
+            Limit::Pids(n) => cg
+                .controller_of::<PidController>()
+                .ok_or_else(missing)?
+                .set_pid_max(MaxValue::Value(i64::from(n))),
+            Limit::Cpu {
+                quota_us,
+                period_us,
+            } => cg
+                .controller_of::<CpuController>()
+                .ok_or_else(missing)?
+                .set_cfs_quota_and_period(Some(bytes(quota_us)), Some(period_us)),
+        };
+        set.map_err(io_cause)
     }
 }
 
@@ -99,7 +138,7 @@ pub fn v1_memory_split(memory_bytes: u64) -> (u64, u64) {
 /// long-lived parent of the runs keeps it on, so that runs do not pay for
 /// the patching twice each. Best effort: the run's own limit is what counts.
 fn keep_socket_accounting_on(parent_dir: &Path) {
-    let _ = files::write(&parent_dir.join("memory.kmem.tcp.limit_in_bytes"), "-1");
+    let _ = MemController::new(parent_dir.to_path_buf(), false).set_tcp_limit(-1);
 }
 
 fn swap_total_is_zero() -> bool {
@@ -108,19 +147,14 @@ fn swap_total_is_zero() -> bool {
         .unwrap_or(false)
 }
 
-/// The cgroup(s) of one run. Dropping it kills what is left in it and
-/// removes its directories.
+/// The cgroup(s) of one run, a cgroups-rs [`Cgroup`] on pycell's
+/// [`RunHierarchy`]. Dropping it kills what is left in it and removes its
+/// directories.
 #[derive(Debug)]
 pub struct SandboxCgroup {
     version: CgroupVersion,
     name: String,
-    memory: PathBuf,
-    pids: PathBuf,
-    cpu: PathBuf,
-    /// v1's cpuacct hierarchy (v2 accounts CPU in `cpu`).
-    cpuacct: Option<PathBuf>,
-    /// v1's freezer hierarchy (v2 kills with `cgroup.kill`).
-    freezer: Option<PathBuf>,
+    cgroup: Cgroup,
     /// Every directory created for this run, in creation order.
     dirs: Vec<PathBuf>,
 }
@@ -134,71 +168,31 @@ impl SandboxCgroup {
         name: &str,
         limits: CgroupLimits,
     ) -> Result<SandboxCgroup, CgroupError> {
-        let cg = SandboxCgroup::make_dirs(layout, parent, name)?;
+        let mut cg = SandboxCgroup {
+            version: layout.version(),
+            name: name.to_string(),
+            cgroup: RunHierarchy::new(layout).load(parent, name),
+            dirs: Vec::new(),
+        };
+        make_dirs(layout, parent, name, &mut cg.dirs)?;
         cg.apply(limits)?;
         Ok(cg)
     }
 
-    fn make_dirs(
-        layout: &CgroupLayout,
-        parent: &str,
-        name: &str,
-    ) -> Result<SandboxCgroup, CgroupError> {
-        let mut cg = SandboxCgroup {
-            version: layout.version(),
-            name: name.to_string(),
-            memory: PathBuf::new(),
-            pids: PathBuf::new(),
-            cpu: PathBuf::new(),
-            cpuacct: None,
-            freezer: None,
-            dirs: Vec::new(),
-        };
-        match layout {
-            CgroupLayout::V2 { root, .. } => {
-                let dir = make_v2_dir(root, parent, name, &mut cg.dirs)?;
-                (cg.memory, cg.pids, cg.cpu) = (dir.clone(), dir.clone(), dir);
-            }
-            CgroupLayout::V1 {
-                memory,
-                pids,
-                cpu,
-                cpuacct,
-                freezer,
-            } => {
-                cg.memory = make_v1_dir(memory, parent, name, &mut cg.dirs)?;
-                keep_socket_accounting_on(&join_rel(memory, parent));
-                cg.pids = make_v1_dir(pids, parent, name, &mut cg.dirs)?;
-                cg.cpu = make_v1_dir(cpu, parent, name, &mut cg.dirs)?;
-                cg.cpuacct = Some(make_v1_dir(cpuacct, parent, name, &mut cg.dirs)?);
-                cg.freezer = Some(make_v1_dir(freezer, parent, name, &mut cg.dirs)?);
-            }
-        }
-        Ok(cg)
-    }
-
-    fn dir_of(&self, h: Hierarchy) -> &Path {
-        match h {
-            Hierarchy::Memory => &self.memory,
-            Hierarchy::Pids => &self.pids,
-            Hierarchy::Cpu => &self.cpu,
-        }
-    }
-
     fn apply(&self, limits: CgroupLimits) -> Result<(), CgroupError> {
-        let memsw = self.memory.join("memory.memsw.limit_in_bytes").exists();
+        let dir = self.memory_dir();
+        let memsw = dir.join("memory.memsw.limit_in_bytes").exists();
         if self.version == CgroupVersion::V1 && !memsw && !swap_total_is_zero() {
             return Err(CgroupError::SwapNotLimitable);
         }
-        for write in limit_writes(self.version, limits, memsw) {
-            let dir = self.dir_of(write.hierarchy);
-            files::write(&dir.join(write.file), &write.value).map_err(|source| {
-                CgroupError::SetLimit {
-                    what: write.file,
-                    path: dir.to_path_buf(),
-                    source,
-                }
-            })?;
+        for limit in limit_plan(self.version, limits, memsw) {
+            limit
+                .apply(&self.cgroup)
+                .map_err(|e| CgroupError::SetLimit {
+                    what: limit.file(self.version),
+                    path: dir.clone(),
+                    source: e,
+                })?;
         }
         Ok(())
     }
@@ -211,69 +205,79 @@ impl SandboxCgroup {
         &self.name
     }
 
-    /// The directories a process joins: one on v2, one per hierarchy on v1.
-    fn member_dirs(&self) -> Vec<&Path> {
-        let mut dirs: Vec<&Path> = match (&self.cpuacct, &self.freezer) {
-            (Some(acct), Some(freezer)) => vec![&self.memory, &self.pids, &self.cpu, acct, freezer],
-            _ => vec![&self.memory],
-        };
-        // Co-mounted hierarchies (cpu,cpuacct) share a directory: one write
-        // each, as every cgroup.procs write takes a global lock.
-        dirs.dedup();
-        dirs
+    /// The run's directory in the memory hierarchy (v2: its only one).
+    fn memory_dir(&self) -> PathBuf {
+        self.cgroup
+            .controller_of::<MemController>()
+            .map(|m| m.path().to_path_buf())
+            .unwrap_or_default()
     }
 
     /// Move process `pid` into every hierarchy of this cgroup.
     pub fn attach(&self, pid: Pid) -> Result<(), CgroupError> {
-        for dir in self.member_dirs() {
-            files::write(&dir.join("cgroup.procs"), &pid.to_string()).map_err(|source| {
-                CgroupError::Attach {
+        let task = CgroupPid::from(pid.as_raw() as u64);
+        for dir in member_dirs(&self.cgroup) {
+            let joined = self.cgroup.subsystems().iter().find_map(|s| {
+                let c = s.to_controller();
+                (c.path() == dir).then(|| c.add_task_by_tgid(&task))
+            });
+            if let Some(Err(e)) = joined {
+                return Err(CgroupError::Attach {
                     pid: pid.as_raw(),
-                    path: dir.to_path_buf(),
-                    source,
-                }
-            })?;
+                    path: dir,
+                    source: io_cause(e),
+                });
+            }
         }
         Ok(())
     }
 
-    /// The processes in the cgroup (host pids; on v1, the memory hierarchy's).
+    /// The processes in the cgroup (host pids; on v1, of every hierarchy).
     pub fn processes(&self) -> Vec<Pid> {
-        files::pids(&self.memory.join("cgroup.procs"))
+        self.cgroup
+            .procs()
             .into_iter()
-            .map(Pid::from_raw)
+            .map(|p| Pid::from_raw(p.pid as i32))
             .collect()
     }
 
     /// SIGKILL every process in the cgroup.
     pub fn kill_all(&self) {
-        super::kill::kill_all_in(self.version, &self.memory, self.freezer.as_deref());
+        super::kill::kill_all_in(&self.cgroup);
     }
 
-    /// The run's cgroup directory on v2, opened for `clone3(CLONE_INTO_CGROUP)`.
+    /// The run's cgroup directory on v2, opened for `clone3(CLONE_INTO_CGROUP)`:
+    /// cgroups-rs has no use for a cgroup's descriptor, so it gives none.
     pub fn open_v2_dir(&self) -> Option<fs::File> {
         (self.version == CgroupVersion::V2)
-            .then(|| fs::File::open(&self.memory).ok())
+            .then(|| fs::File::open(self.memory_dir()).ok())
             .flatten()
     }
 
     pub fn usage(&self) -> CgroupUsage {
-        let (peak, events, oom_key) = match self.version {
-            CgroupVersion::V2 => ("memory.peak", "memory.events", "oom_kill"),
-            CgroupVersion::V1 => (
-                "memory.max_usage_in_bytes",
-                "memory.oom_control",
-                "oom_kill",
-            ),
-        };
-        let cpu_ns = match &self.cpuacct {
-            Some(a) => files::read_u64(&a.join("cpuacct.usage")),
-            None => files::read_keyed(&self.cpu.join("cpu.stat"), "usage_usec") * 1000,
-        };
-        CgroupUsage {
-            cpu_ns,
-            peak_memory_bytes: files::read_u64(&self.memory.join(peak)),
-            oom_kills: files::read_keyed(&self.memory.join(events), oom_key),
+        let memory = self.cgroup.controller_of::<MemController>();
+        match self.version {
+            CgroupVersion::V1 => {
+                let stat = memory.map(MemController::memory_stat);
+                let acct = self.cgroup.controller_of::<CpuAcctController>();
+                CgroupUsage {
+                    cpu_ns: acct.map_or(0, |a| a.cpuacct().usage),
+                    peak_memory_bytes: stat.as_ref().map_or(0, |s| s.max_usage_in_bytes),
+                    oom_kills: stat.map_or(0, |s| s.oom_control.oom_kill),
+                }
+            }
+            CgroupVersion::V2 => {
+                let cpu = self.cgroup.controller_of::<CpuController>();
+                let stat = cpu.map(|c| c.cpu().stat).unwrap_or_default();
+                let dir = self.memory_dir();
+                CgroupUsage {
+                    cpu_ns: files::keyed(&stat, "usage_usec") * 1000,
+                    // cgroups-rs's v2 memory stats count no OOM kills and
+                    // panic when a file is unreadable: read the two we need.
+                    peak_memory_bytes: files::read_u64(&dir.join("memory.peak")),
+                    oom_kills: files::read_keyed(&dir.join("memory.events"), "oom_kill"),
+                }
+            }
         }
     }
 }
@@ -283,6 +287,41 @@ impl Drop for SandboxCgroup {
         self.kill_all();
         files::remove_dirs(&self.dirs);
     }
+}
+
+/// The operating system's error under a cgroups-rs error, or its text.
+fn io_cause(e: cgroups_rs::error::Error) -> std::io::Error {
+    let os = std::error::Error::source(&e)
+        .and_then(|c| c.downcast_ref::<std::io::Error>())
+        .and_then(std::io::Error::raw_os_error);
+    match os {
+        Some(code) => std::io::Error::from_raw_os_error(code),
+        None => std::io::Error::other(e.to_string()),
+    }
+}
+
+/// Create the run's directories, one per hierarchy on v1, adding each to
+/// `made` (so that a failure part way leaves them to be removed). pycell's own, not cgroups-rs's `Cgroup::create`: that
+/// one logs and carries on where a v1 directory cannot be made, and on v2
+/// enables every controller the host has along the path, ignoring refusals.
+fn make_dirs(
+    layout: &CgroupLayout,
+    parent: &str,
+    name: &str,
+    made: &mut Vec<PathBuf>,
+) -> Result<(), CgroupError> {
+    match layout {
+        CgroupLayout::V2 { root, .. } => {
+            make_v2_dir(root, parent, name, made)?;
+        }
+        CgroupLayout::V1 { memory, .. } => {
+            for base in layout.bases() {
+                make_v1_dir(base, parent, name, made)?;
+            }
+            keep_socket_accounting_on(&join_rel(memory, parent));
+        }
+    }
+    Ok(())
 }
 
 fn create_err(path: &Path) -> impl FnOnce(std::io::Error) -> CgroupError + '_ {
@@ -298,7 +337,7 @@ fn make_v2_dir(
     parent: &str,
     name: &str,
     made: &mut Vec<PathBuf>,
-) -> Result<PathBuf, CgroupError> {
+) -> Result<(), CgroupError> {
     super::layout::enable_v2_controllers(root)?;
     let mut p = root.to_path_buf();
     for seg in parent.split('/').filter(|s| !s.is_empty()) {
@@ -308,8 +347,8 @@ fn make_v2_dir(
     }
     let dir = p.join(name);
     files::mkdir(&dir).map_err(create_err(&dir))?;
-    made.push(dir.clone());
-    Ok(dir)
+    made.push(dir);
+    Ok(())
 }
 
 /// v1: `<base>/<parent>/<name>` in one hierarchy.
@@ -318,16 +357,16 @@ fn make_v1_dir(
     parent: &str,
     name: &str,
     made: &mut Vec<PathBuf>,
-) -> Result<PathBuf, CgroupError> {
+) -> Result<(), CgroupError> {
     let parent_dir = join_rel(base, parent);
     fs::create_dir_all(&parent_dir).map_err(create_err(&parent_dir))?;
     let dir = parent_dir.join(name);
     files::mkdir(&dir).map_err(create_err(&dir))?;
     // A hierarchy mounted twice (cpu,cpuacct) gives the same directory.
     if !made.contains(&dir) {
-        made.push(dir.clone());
+        made.push(dir);
     }
-    Ok(dir)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -342,40 +381,48 @@ mod tests {
 
     #[test]
     fn v2_limits_are_memory_without_swap_pids_and_a_cpu_quota() {
-        let writes = limit_writes(CgroupVersion::V2, LIMITS, false);
-        let text: Vec<String> = writes
-            .iter()
-            .map(|w| format!("{}={}", w.file, w.value))
-            .collect();
+        let plan = limit_plan(CgroupVersion::V2, LIMITS, false);
+        let cpu = Limit::Cpu {
+            quota_us: 50_000,
+            period_us: 100_000,
+        };
         assert_eq!(
-            text,
+            plan,
             [
-                "memory.max=67108864",
-                "memory.swap.max=0",
-                "pids.max=16",
-                "cpu.max=50000 100000"
+                Limit::Memory(64 << 20),
+                Limit::Swap(0),
+                Limit::Pids(16),
+                cpu
             ]
+        );
+        let files: Vec<&str> = plan.iter().map(|l| l.file(CgroupVersion::V2)).collect();
+        assert_eq!(
+            files,
+            ["memory.max", "memory.swap.max", "pids.max", "cpu.max"]
         );
     }
 
     #[test]
     fn v1_limits_swap_only_when_the_kernel_can_and_after_the_memory_limit() {
-        let with = limit_writes(CgroupVersion::V1, LIMITS, true);
-        assert_eq!(with[0].file, "memory.limit_in_bytes");
-        assert_eq!(with[0].value, (60 << 20).to_string());
-        assert_eq!(with[1].file, "memory.memsw.limit_in_bytes");
-        assert_eq!(with[1].value, (60 << 20).to_string());
-        assert_eq!(with[2].file, "memory.kmem.tcp.limit_in_bytes");
-        assert_eq!(with[2].value, (4 << 20).to_string());
-        let without = limit_writes(CgroupVersion::V1, LIMITS, false);
-        assert!(without
-            .iter()
-            .all(|w| w.file != "memory.memsw.limit_in_bytes"));
-        let quota = without
-            .iter()
-            .find(|w| w.file == "cpu.cfs_quota_us")
-            .unwrap();
-        assert_eq!(quota.value, "50000");
+        let with = limit_plan(CgroupVersion::V1, LIMITS, true);
+        assert_eq!(
+            with[..3],
+            [
+                Limit::Memory(60 << 20),
+                Limit::Swap(60 << 20),
+                Limit::SocketBuffers(4 << 20)
+            ]
+        );
+        assert_eq!(
+            with[1].file(CgroupVersion::V1),
+            "memory.memsw.limit_in_bytes"
+        );
+        let without = limit_plan(CgroupVersion::V1, LIMITS, false);
+        assert!(!without.iter().any(|l| matches!(l, Limit::Swap(_))));
+        assert!(without.contains(&Limit::Cpu {
+            quota_us: 50_000,
+            period_us: 100_000
+        }));
     }
 
     #[test]
@@ -393,8 +440,14 @@ mod tests {
             cpu_millicores: 1,
             ..LIMITS
         };
-        let w = limit_writes(CgroupVersion::V2, l, false);
-        assert_eq!(w[3].value, "1000 100000");
+        let w = limit_plan(CgroupVersion::V2, l, false);
+        assert_eq!(
+            w[3],
+            Limit::Cpu {
+                quota_us: 1000,
+                period_us: 100_000
+            }
+        );
     }
 
     /// A fake v2 cgroupfs: the files the kernel would make, in a temp dir.
@@ -413,12 +466,12 @@ mod tests {
             "memory.max",
             "memory.swap.max",
             "pids.max",
-            "cpu.max",
             "cgroup.procs",
             "cgroup.kill",
         ] {
             fs::write(leaf.join(f), "").unwrap();
         }
+        fs::write(leaf.join("cpu.max"), "max 100000\n").unwrap();
         fs::write(leaf.join("memory.peak"), "12345\n").unwrap();
         fs::write(leaf.join("memory.events"), "oom 1\noom_kill 1\n").unwrap();
         fs::write(leaf.join("cpu.stat"), "usage_usec 250\nuser_usec 200\n").unwrap();
@@ -463,7 +516,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("cg");
         fake_v2(&root, "r");
-        fs::remove_file(root.join("runs/r/memory.swap.max")).unwrap();
+        // cgroupfs refuses to create a control file it does not offer
+        // (EACCES on open); a directory in its place refuses the write here.
+        let swap = root.join("runs/r/memory.swap.max");
+        fs::remove_file(&swap).unwrap();
+        fs::create_dir(&swap).unwrap();
         let layout = CgroupLayout::V2 {
             root: root.clone(),
             proc_self: "/proc/self".into(),
