@@ -208,23 +208,9 @@ impl CgroupLayout {
         files::remove_dirs(&dirs);
     }
 
-    /// Remove cgroups under `parent` whose names start with `prefix`, killing
-    /// anything still in them. Only call this for a prefix nobody else can be
-    /// using (pycell uses the sandbox uid, whose lease the caller holds): they
-    /// are leftovers of a supervisor that was killed before cleaning up.
-    pub fn remove_stale(&self, parent: &str, prefix: &str) {
-        let hierarchy = super::hierarchy::RunHierarchy::new(self);
-        for name in self.names_under(parent, prefix) {
-            let cg = hierarchy.load(parent, &name);
-            super::kill::kill_all_in(&cg);
-            let dirs = super::hierarchy::member_dirs(&cg);
-            files::remove_dirs(&dirs);
-        }
-    }
-
     /// The names of the cgroups under `parent`, in any hierarchy, that start
     /// with `prefix`.
-    fn names_under(&self, parent: &str, prefix: &str) -> Vec<String> {
+    pub(super) fn names_under(&self, parent: &str, prefix: &str) -> Vec<String> {
         let mut names = Vec::new();
         for base in self.bases() {
             let Ok(entries) = fs::read_dir(join_rel(base, parent)) else {

@@ -22,6 +22,7 @@ mod hierarchy;
 mod kill;
 pub mod layout;
 pub mod sandbox;
+mod stale;
 
 use std::io;
 use std::path::PathBuf;
