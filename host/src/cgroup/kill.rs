@@ -8,7 +8,8 @@ use std::fs;
 use std::time::Duration;
 
 use cgroups_rs::freezer::{FreezerController, FreezerState};
-use cgroups_rs::Cgroup;
+use cgroups_rs::memory::MemController;
+use cgroups_rs::{Cgroup, Controller};
 
 /// SIGKILL everything in `cg`: v2 with `cgroup.kill`; v1 frozen first, so
 /// that nothing in it can fork or exit while it is being killed, each
@@ -21,8 +22,11 @@ pub(crate) fn kill_all_in(cg: &Cgroup) {
     }
     let name = cg.path().rsplit('/').next().unwrap_or_default();
     let freezer: Option<&FreezerController> = cg.controller_of();
+    // The memory hierarchy's list (see `SandboxCgroup::processes`):
+    // `Cgroup::procs` would read all five.
+    let memory: Option<&MemController> = cg.controller_of();
     for _ in 0..50 {
-        let procs = cg.procs();
+        let procs = memory.map(|m| m.procs()).unwrap_or_default();
         if procs.is_empty() {
             return;
         }

@@ -3,7 +3,7 @@
 //! ([`sandbox`]), on cgroup v2 and on the legacy/hybrid v1 layout. A run's
 //! cgroup is a cgroups-rs `Cgroup` on pycell's own hierarchy
 //! ([`hierarchy`]): cgroups-rs sets the limits, attaches, lists, freezes,
-//! kills (v2) and reads the accounting; what it lacks or does in a way
+//! kills (v2); what it lacks or does in a way
 //! pycell cannot use is pycell's own, each piece saying why where it is.
 //!
 //! v1: one directory per controller hierarchy (memory, pids, cpu, cpuacct),
