@@ -93,7 +93,7 @@ fn rm(store: &EnvStore, keys: &[String]) -> Result<(), String> {
                 matching.len()
             ));
         };
-        store.remove(&one.meta.key)?;
+        store.remove(&one.meta.key).map_err(|e| e.to_string())?;
         say!("removed {}", one.meta.key);
     }
     Ok(())

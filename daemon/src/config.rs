@@ -239,7 +239,7 @@ impl Config {
     fn apply_access(&mut self, raw: &RawConfig, at: &Locator<'_>) -> Result<(), ConfigError> {
         if let Some(s) = &raw.socket {
             if !s.is_absolute() {
-                return Err(at.field("socket", "must be an absolute path".into()));
+                return Err(at.field("socket", "must be an absolute path"));
             }
             self.socket = s.clone();
         }
@@ -284,14 +284,14 @@ impl Config {
         }
         if let Some(n) = raw.max_concurrent_runs {
             if n == 0 || n > 4096 {
-                return Err(at.field("max_concurrent_runs", "must be 1..=4096".into()));
+                return Err(at.field("max_concurrent_runs", "must be 1..=4096"));
             }
             self.max_concurrent_runs = n;
             (self.max_runs_per_uid, self.max_queued_runs) = slot_sized(n);
         }
         if let Some(n) = raw.max_runs_per_uid {
             if n == 0 {
-                return Err(at.field("max_runs_per_uid", "must be at least 1".into()));
+                return Err(at.field("max_runs_per_uid", "must be at least 1"));
             }
             self.max_runs_per_uid = n;
         }
@@ -309,7 +309,7 @@ impl Config {
             if n > 65536 {
                 return Err(at.field(
                     "max_queued_runs",
-                    "must be 0..=65536 (0: never wait, refuse busy at once)".into(),
+                    "must be 0..=65536 (0: never wait, refuse busy at once)",
                 ));
             }
             self.max_queued_runs = n;
@@ -336,7 +336,7 @@ impl Config {
         ] {
             if let Some(n) = value {
                 if !(1..=65536).contains(&n) {
-                    return Err(at.field(key, "must be 1..=65536".into()));
+                    return Err(at.field(key, "must be 1..=65536"));
                 }
                 *target = n;
             }
@@ -348,7 +348,7 @@ impl Config {
     fn apply_envs(&mut self, raw: &RawConfig, at: &Locator<'_>) -> Result<(), ConfigError> {
         if let Some(p) = &raw.env_store {
             if !p.is_absolute() || p == Path::new("/") {
-                return Err(at.field("env_store", "must be an absolute path below /".into()));
+                return Err(at.field("env_store", "must be an absolute path below /"));
             }
             self.env_store = p.clone();
         }
@@ -396,7 +396,7 @@ impl Config {
                 _ => {
                     return Err(at.field(
                         "audit_log",
-                        "use \"stderr\", \"off\" or an absolute file path".into(),
+                        "use \"stderr\", \"off\" or an absolute file path",
                     ))
                 }
             };
@@ -406,10 +406,7 @@ impl Config {
         }
         if let Some(p) = raw.cgroup_parent {
             if !pycell_wire::spec::is_plain_relative_path(&p) {
-                return Err(at.field(
-                    "cgroup_parent",
-                    "must be a relative path of plain names".into(),
-                ));
+                return Err(at.field("cgroup_parent", "must be a relative path of plain names"));
             }
             if p.split('/').next() == Some(SUPERVISOR_CGROUP) {
                 return Err(at.field(
@@ -427,7 +424,18 @@ impl Config {
 const MAX_WARM_MEMBERS: usize = 64;
 
 /// `memory_budget`: a size ("24GiB") or a share of the host's RAM ("75%").
-fn parse_budget(text: &str, host_memory: u64) -> Result<u64, String> {
+/// Why a memory budget (`admission_memory`) cannot be used.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum BudgetError {
+    #[error("{0:?}: a share must be 1% to 100%")]
+    Share(String),
+    #[error(transparent)]
+    Size(#[from] pycell_policy::UnitError),
+    #[error("{0:?} is less than one run's smallest memory limit (16MiB)")]
+    TooSmall(String),
+}
+
+fn parse_budget(text: &str, host_memory: u64) -> Result<u64, BudgetError> {
     let budget = match text.strip_suffix('%') {
         Some(pct) => {
             let pct: u64 = pct
@@ -435,15 +443,13 @@ fn parse_budget(text: &str, host_memory: u64) -> Result<u64, String> {
                 .parse()
                 .ok()
                 .filter(|p| (1..=100).contains(p))
-                .ok_or_else(|| format!("{text:?}: a share must be 1% to 100%"))?;
+                .ok_or_else(|| BudgetError::Share(text.to_string()))?;
             u64::try_from(u128::from(host_memory) * u128::from(pct) / 100).unwrap_or(u64::MAX)
         }
         None => pycell_policy::parse_size(text)?,
     };
     if budget < pycell_policy::MIN_MEMORY {
-        return Err(format!(
-            "{text:?} is less than one run's smallest memory limit (16MiB)"
-        ));
+        return Err(BudgetError::TooSmall(text.to_string()));
     }
     Ok(budget)
 }
@@ -467,7 +473,8 @@ impl Locator<'_> {
     }
 
     /// An error at the first `key = ...` in the file.
-    fn field(&self, key: &str, message: String) -> ConfigError {
+    fn field(&self, key: &str, message: impl std::fmt::Display) -> ConfigError {
+        let message = message.to_string();
         let offset = self
             .text
             .find(&format!("{key} "))

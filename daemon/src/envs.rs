@@ -61,20 +61,18 @@ pub struct Build {
 impl Builders {
     /// For the monitor's `launcher` and `config`; `pycell` is found beside
     /// this executable, else at /usr/bin/pycell.
-    pub fn new(config: &Config, launcher: &Launcher) -> Result<Builders, String> {
+    pub fn new(config: &Config, launcher: &Launcher) -> Result<Builders, EnvsError> {
         let beside = std::env::current_exe()
-            .map_err(|e| format!("locating pycelld: {e}"))?
+            .map_err(EnvsError::Locate)?
             .with_file_name("pycell");
         let cli = [beside.clone(), PathBuf::from(INSTALLED_CLI)]
             .into_iter()
             .find(|p| p.is_file())
-            .ok_or_else(|| {
-                format!(
-                    "pycell (which builds dependency envs) is neither at {} nor at {INSTALLED_CLI}",
-                    beside.display()
-                )
-            })?;
-        let jailer = launcher.jailer.clone().map_err(|f| f.message)?;
+            .ok_or(EnvsError::NoCli(beside))?;
+        let jailer = launcher
+            .jailer
+            .clone()
+            .map_err(|f| EnvsError::Jailer(f.message))?;
         let uids = format!(
             "{}-{}",
             launcher.uid_range.start(),
@@ -146,18 +144,48 @@ impl Builders {
 /// root only (the jailer's rule for bind sources): whoever else could write
 /// one could swap an env that runs mount. The jailer refuses such mounts
 /// too; this says so at start.
-pub fn check_store_path(store: &Path) -> Result<(), String> {
+pub fn check_store_path(store: &Path) -> Result<(), EnvsError> {
     use std::os::unix::fs::MetadataExt;
     for dir in store.ancestors() {
-        let m = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let m = std::fs::metadata(dir).map_err(|source| EnvsError::Stat {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
         pycell_wire::spec::trusted(m.uid(), m.gid(), m.mode()).map_err(|why| {
-            format!(
-                "{} {why}: the env store and the directories above it must be root's and writable by root only",
-                dir.display()
-            )
+            EnvsError::Untrusted {
+                dir: dir.to_path_buf(),
+                why,
+            }
         })?;
     }
     Ok(())
+}
+
+/// Why pycelld cannot build dependency envs (its runs with dependencies
+/// are then refused with this reason).
+#[derive(Debug, thiserror::Error)]
+pub enum EnvsError {
+    #[error("locating pycelld: {0}")]
+    Locate(std::io::Error),
+    #[error("pycell (which builds dependency envs) is neither at {} nor at {INSTALLED_CLI}", .0.display())]
+    NoCli(PathBuf),
+    #[error("{0}")]
+    Jailer(String),
+    #[error("the env store {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", dir.display())]
+    Stat {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} {why}: the env store and the directories above it must be root's and writable by root only", dir.display())]
+    Untrusted {
+        dir: PathBuf,
+        why: pycell_wire::spec::Untrusted,
+    },
 }
 
 /// The environment variables pycelld passes on to builders besides its own

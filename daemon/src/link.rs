@@ -123,7 +123,7 @@ impl RunOrder {
             return Ok(());
         };
         let refused = |m: String| pycell_deps::failure(FailureCode::DepsInvalid, m);
-        deps.check_bounds().map_err(refused)?;
+        deps.check_bounds().map_err(|e| refused(e.to_string()))?;
         let own: Vec<String> = policy
             .dependencies
             .packages

@@ -206,16 +206,16 @@ fn built_meta(
     deps: &DepsRequest,
     install_ms: f64,
 ) -> Result<EnvMeta, JailFailure> {
-    let broken = |m: String| {
+    let broken = |m: &dyn std::fmt::Display| {
         failure(
             FailureCode::DepsInstallFailed,
             format!("the install's output: {m}"),
         )
     };
-    let text = read_file_at(workspace.as_fd(), "report.json", 1 << 20).map_err(broken)?;
+    let text = read_file_at(workspace.as_fd(), "report.json", 1 << 20).map_err(|e| broken(&e))?;
     let r: InstallReport =
-        serde_json::from_str(&text).map_err(|e| broken(format!("report.json: {e}")))?;
-    let lock = read_file_at(workspace.as_fd(), "lock.txt", 16 << 20).map_err(broken)?;
+        serde_json::from_str(&text).map_err(|e| broken(&format!("report.json: {e}")))?;
+    let lock = read_file_at(workspace.as_fd(), "lock.txt", 16 << 20).map_err(|e| broken(&e))?;
     let key = digest([
         b"pycell-env-v1".as_slice(),
         r.python.as_bytes(),

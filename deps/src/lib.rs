@@ -46,14 +46,10 @@ impl DepsRequest {
     /// The checks root makes of a request the broker gathered: counts and
     /// lengths, and no control characters; a constant amount of work per
     /// byte, and nothing parsed.
-    pub fn check_bounds(&self) -> Result<(), String> {
+    pub fn check_bounds(&self) -> Result<(), BoundsError> {
         let plain = |s: &str| !s.trim().is_empty() && !s.chars().any(char::is_control);
         if self.requirements.is_empty() || self.requirements.len() > requirement::MAX_REQUIREMENTS {
-            return Err(format!(
-                "{} requirements: a run's env has 1 to {}",
-                self.requirements.len(),
-                requirement::MAX_REQUIREMENTS
-            ));
+            return Err(BoundsError::Count(self.requirements.len()));
         }
         if let Some((i, _)) = self
             .requirements
@@ -61,18 +57,26 @@ impl DepsRequest {
             .enumerate()
             .find(|(_, r)| r.len() > requirement::MAX_REQUIREMENT_LEN || !plain(r))
         {
-            return Err(format!(
-                "requirement {i} is empty, longer than {} bytes, or has a control character",
-                requirement::MAX_REQUIREMENT_LEN
-            ));
+            return Err(BoundsError::Requirement(i));
         }
         match &self.requires_python {
-            Some(rp) if rp.len() > MAX_REQUIRES_PYTHON_LEN || !plain(rp) => Err(format!(
-                "requires-python is empty, longer than {MAX_REQUIRES_PYTHON_LEN} bytes, or has a control character"
-            )),
+            Some(rp) if rp.len() > MAX_REQUIRES_PYTHON_LEN || !plain(rp) => {
+                Err(BoundsError::RequiresPython)
+            }
             _ => Ok(()),
         }
     }
+}
+
+/// A dependency request outside the bounds root accepts from the broker.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BoundsError {
+    #[error("{0} requirements: a run's env has 1 to {max}", max = requirement::MAX_REQUIREMENTS)]
+    Count(usize),
+    #[error("requirement {0} is empty, longer than {max} bytes, or has a control character", max = requirement::MAX_REQUIREMENT_LEN)]
+    Requirement(usize),
+    #[error("requires-python is empty, longer than {MAX_REQUIRES_PYTHON_LEN} bytes, or has a control character")]
+    RequiresPython,
 }
 
 /// A refusal about dependencies.

@@ -147,7 +147,7 @@ pub fn parse(code: &str) -> Result<Option<ScriptMetadata>, MetadataError> {
                 }
             }
             ("requires-python", toml::Value::String(s)) => {
-                check_requires_python(s).map_err(|m| err(line, m))?;
+                check_requires_python(s).map_err(|m| err(line, m.to_string()))?;
                 meta.requires_python = Some(s.trim().to_string());
             }
             ("tool", toml::Value::Table(_)) => {}
@@ -168,15 +168,18 @@ pub fn parse(code: &str) -> Result<Option<ScriptMetadata>, MetadataError> {
     Ok(Some(meta))
 }
 
+/// A `requires-python` that is not a version specifier.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("requires-python = {0:?} is not a version specifier (e.g. \">=3.11\")")]
+pub struct BadRequiresPython(pub String);
+
 /// `requires-python`: comma-separated `OP VERSION` clauses.
-pub fn check_requires_python(spec: &str) -> Result<(), String> {
+pub fn check_requires_python(spec: &str) -> Result<(), BadRequiresPython> {
     Requirement::parse(&format!("python{spec}"))
         .ok()
         .filter(|r| !r.rest.is_empty() && !r.rest.contains(';'))
         .map(|_| ())
-        .ok_or_else(|| {
-            format!("requires-python = {spec:?} is not a version specifier (e.g. \">=3.11\")")
-        })
+        .ok_or_else(|| BadRequiresPython(spec.to_string()))
 }
 
 #[cfg(test)]

@@ -178,9 +178,9 @@ impl EnvStore {
         workspace: BorrowedFd<'_>,
         env: &str,
         mut meta: EnvMeta,
-    ) -> Result<EnvInUse, String> {
+    ) -> Result<EnvInUse, StoreError> {
         if !is_key(&meta.key) {
-            return Err(format!("bad env key {:?}", meta.key));
+            return Err(StoreError::BadKey(meta.key));
         }
         let target = self.env_dir(&meta.key);
         if !target.is_dir() {
@@ -196,7 +196,10 @@ impl EnvStore {
                     if target.is_dir() {
                         Ok(()) // someone else published the same env first
                     } else {
-                        Err(format!("publishing {}: {e}", target.display()))
+                        Err(StoreError::io(
+                            format!("publishing {}", target.display()),
+                            e,
+                        ))
                     }
                 })
             });
@@ -204,15 +207,19 @@ impl EnvStore {
                 let _ = fs::remove_dir_all(&staging);
             }
             result?;
-            let json = serde_json::to_vec_pretty(&meta).map_err(|e| e.to_string())?;
-            write_atomic(&self.meta_path(&meta.key), &json)
-                .map_err(|e| format!("writing {}: {e}", self.meta_path(&meta.key).display()))?;
+            let json = serde_json::to_vec_pretty(&meta).map_err(io::Error::other)?;
+            write_atomic(&self.meta_path(&meta.key), &json).map_err(|e| {
+                StoreError::io(
+                    format!("writing {}", self.meta_path(&meta.key).display()),
+                    e,
+                )
+            })?;
         }
         let alias = self.root.join("requests").join(request_key);
         write_atomic(&alias, meta.key.as_bytes())
-            .map_err(|e| format!("writing {}: {e}", alias.display()))?;
+            .map_err(|e| StoreError::io(format!("writing {}", alias.display()), e))?;
         self.use_env(&meta.key)
-            .ok_or_else(|| format!("env {} vanished right after it was published", meta.key))
+            .ok_or(StoreError::Vanished(meta.key))
     }
 
     /// Every env, least recently used first.
@@ -253,15 +260,16 @@ impl EnvStore {
 
     /// Remove env `key` and every request that points at it; refused while
     /// a run uses it.
-    pub fn remove(&self, key: &str) -> Result<(), String> {
+    pub fn remove(&self, key: &str) -> Result<(), StoreError> {
         if !is_key(key) || !self.meta_path(key).exists() {
-            return Err(format!("no env {key:?} in {}", self.root.display()));
+            return Err(StoreError::NoSuchEnv {
+                key: key.to_string(),
+                root: self.root.clone(),
+            });
         }
-        let lock = self
-            .lock_file(&format!("env-{key}"))
-            .map_err(|e| e.to_string())?;
+        let lock = self.lock_file(&format!("env-{key}"))?;
         let _held = Flock::lock(lock, FlockArg::LockExclusiveNonblock)
-            .map_err(|_| format!("env {key} is in use by a run; try again when it has ended"))?;
+            .map_err(|_| StoreError::InUse(key.to_string()))?;
         if let Ok(dir) = fs::read_dir(self.root.join("requests")) {
             for e in dir.flatten() {
                 if fs::read_to_string(e.path()).is_ok_and(|k| k.trim() == key) {
@@ -269,10 +277,11 @@ impl EnvStore {
                 }
             }
         }
-        fs::remove_file(self.meta_path(key)).map_err(|e| e.to_string())?;
+        fs::remove_file(self.meta_path(key))?;
         let dir = self.env_dir(key);
         if dir.exists() {
-            fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
+            fs::remove_dir_all(&dir)
+                .map_err(|e| StoreError::io(format!("removing {}", dir.display()), e))?;
         }
         let _ = fs::remove_file(self.root.join("locks").join(format!("env-{key}")));
         Ok(())
@@ -319,6 +328,40 @@ struct Budget {
     entries: usize,
 }
 
+/// Why the env store could not publish, remove or copy an env.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("bad env key {0:?}")]
+    BadKey(String),
+    #[error("no env {key:?} in {}", root.display())]
+    NoSuchEnv { key: String, root: PathBuf },
+    #[error("env {0} is in use by a run; try again when it has ended")]
+    InUse(String),
+    #[error("env {0} vanished right after it was published")]
+    Vanished(String),
+    #[error("{}: nested deeper than {MAX_DEPTH}", .0.display())]
+    TooDeep(PathBuf),
+    #[error("more than {MAX_ENTRIES} files in the env")]
+    TooManyFiles,
+    #[error("{}: a strange name", .0.display())]
+    StrangeName(PathBuf),
+    #[error("{}: not a file, directory or symlink; an env holds nothing else", .0.display())]
+    NotAFile(PathBuf),
+    /// `what` names the path or the step.
+    #[error("{what}: {source}")]
+    Io { what: String, source: io::Error },
+    #[error("{what}: {source}")]
+    Sys { what: String, source: nix::Error },
+    #[error(transparent)]
+    Os(#[from] io::Error),
+}
+
+impl StoreError {
+    fn io(what: String, source: io::Error) -> StoreError {
+        StoreError::Io { what, source }
+    }
+}
+
 impl Default for Budget {
     fn default() -> Budget {
         Budget {
@@ -327,8 +370,16 @@ impl Default for Budget {
     }
 }
 
-fn nix_io(what: &str) -> impl Fn(nix::Error) -> String + '_ {
-    move |e| format!("{what}: {e}")
+fn nix_io(what: &str) -> impl Fn(nix::Error) -> StoreError + '_ {
+    move |e| StoreError::Sys {
+        what: what.to_string(),
+        source: e,
+    }
+}
+
+/// `path` as the subject of an error.
+fn at(path: &Path) -> impl Fn(io::Error) -> StoreError + '_ {
+    move |e| StoreError::io(path.display().to_string(), e)
 }
 
 /// Copy directory `name` under `parent` (never following a symlink) to
@@ -340,24 +391,26 @@ fn copy_dir_at(
     name: &str,
     dest: &Path,
     budget: &mut Budget,
-) -> Result<u64, String> {
+) -> Result<u64, StoreError> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let dir = openat(parent, name, flags, Mode::empty()).map_err(nix_io(name))?;
     copy_tree(dir, dest, 0, budget)
 }
 
-fn copy_tree(dir: OwnedFd, dest: &Path, depth: usize, budget: &mut Budget) -> Result<u64, String> {
+fn copy_tree(
+    dir: OwnedFd,
+    dest: &Path,
+    depth: usize,
+    budget: &mut Budget,
+) -> Result<u64, StoreError> {
     if depth > MAX_DEPTH {
-        return Err(format!(
-            "{}: nested deeper than {MAX_DEPTH}",
-            dest.display()
-        ));
+        return Err(StoreError::TooDeep(dest.to_path_buf()));
     }
     fs::DirBuilder::new()
         .mode(0o755)
         .create(dest)
-        .map_err(|e| format!("{}: {e}", dest.display()))?;
-    let handle = dir.try_clone().map_err(|e| e.to_string())?;
+        .map_err(at(dest))?;
+    let handle = dir.try_clone()?;
     let mut entries = nix::dir::Dir::from_fd(dir).map_err(nix_io("reading a directory"))?;
     let mut names = Vec::new();
     for entry in entries.iter() {
@@ -372,7 +425,7 @@ fn copy_tree(dir: OwnedFd, dest: &Path, depth: usize, budget: &mut Budget) -> Re
         budget.entries = budget
             .entries
             .checked_sub(1)
-            .ok_or_else(|| format!("more than {MAX_ENTRIES} files in the env"))?;
+            .ok_or(StoreError::TooManyFiles)?;
         total += copy_entry(handle.as_fd(), &name, &dest.join(&name), depth, budget)?;
     }
     Ok(total)
@@ -384,9 +437,9 @@ fn copy_entry(
     dest: &Path,
     depth: usize,
     budget: &mut Budget,
-) -> Result<u64, String> {
+) -> Result<u64, StoreError> {
     if name.contains('/') || name.contains('\0') {
-        return Err(format!("{}: a strange name", dest.display()));
+        return Err(StoreError::StrangeName(dest.to_path_buf()));
     }
     let st = fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).map_err(nix_io(name))?;
     let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
@@ -396,8 +449,7 @@ fn copy_entry(
         copy_tree(sub, dest, depth + 1, budget)
     } else if kind == SFlag::S_IFLNK {
         let target = readlinkat(dir, name).map_err(nix_io(name))?;
-        std::os::unix::fs::symlink(&target, dest)
-            .map_err(|e| format!("{}: {e}", dest.display()))?;
+        std::os::unix::fs::symlink(&target, dest).map_err(at(dest))?;
         Ok(0)
     } else if kind == SFlag::S_IFREG {
         let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
@@ -408,29 +460,25 @@ fn copy_entry(
             .create_new(true)
             .mode(mode)
             .open(dest)
-            .map_err(|e| format!("{}: {e}", dest.display()))?;
-        let copied = io::copy(&mut File::from(src), &mut out)
-            .map_err(|e| format!("{}: {e}", dest.display()))?;
+            .map_err(at(dest))?;
+        let copied = io::copy(&mut File::from(src), &mut out).map_err(at(dest))?;
         out.set_permissions(fs::Permissions::from_mode(mode))
-            .map_err(|e| format!("{}: {e}", dest.display()))?;
+            .map_err(at(dest))?;
         Ok(copied)
     } else {
-        Err(format!(
-            "{}: not a file, directory or symlink; an env holds nothing else",
-            dest.display()
-        ))
+        Err(StoreError::NotAFile(dest.to_path_buf()))
     }
 }
 
 /// Read file `name` of directory `dir` (no symlink), at most `cap` bytes.
-pub fn read_file_at(dir: BorrowedFd<'_>, name: &str, cap: u64) -> Result<String, String> {
+pub fn read_file_at(dir: BorrowedFd<'_>, name: &str, cap: u64) -> Result<String, StoreError> {
     let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let fd = openat(dir, name, flags, Mode::empty()).map_err(nix_io(name))?;
     let mut text = String::new();
     File::from(fd)
         .take(cap)
         .read_to_string(&mut text)
-        .map_err(|e| format!("{name}: {e}"))?;
+        .map_err(|e| StoreError::io(name.to_string(), e))?;
     Ok(text)
 }
 
@@ -502,7 +550,11 @@ mod tests {
         let used = store.publish("r1", fd.as_fd(), "env", meta(&k1)).unwrap();
         drop(store.publish("r2", fd.as_fd(), "env", meta(&k2)).unwrap());
         assert!(store.list().iter().any(|e| e.meta.key == k1 && e.in_use));
-        assert!(store.remove(&k1).unwrap_err().contains("in use"));
+        assert!(store
+            .remove(&k1)
+            .unwrap_err()
+            .to_string()
+            .contains("in use"));
         let removed = store.gc(0, Duration::from_secs(3600));
         assert_eq!(removed.len(), 1);
         assert_eq!(removed[0].meta.key, k2);
@@ -510,7 +562,11 @@ mod tests {
         drop(used);
         store.remove(&k1).unwrap();
         assert!(store.list().is_empty() && !root.path().join("envs").join(&k1).exists());
-        assert!(store.remove(&k1).unwrap_err().contains("no env"));
+        assert!(store
+            .remove(&k1)
+            .unwrap_err()
+            .to_string()
+            .contains("no env"));
     }
 
     #[test]
@@ -526,7 +582,8 @@ mod tests {
         let e = store
             .publish("r", fd.as_fd(), "env", meta(&"c".repeat(64)))
             .unwrap_err();
-        assert!(e.contains("not a file, directory or symlink"), "{e}");
+        assert!(matches!(e, StoreError::NotAFile(_)), "{e}");
+        assert!(e.to_string().contains("not a file, directory or symlink"));
         assert!(store.list().is_empty());
         assert!(fs::read_dir(root.path().join("envs"))
             .unwrap()

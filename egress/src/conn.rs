@@ -100,7 +100,7 @@ struct Refusal {
 }
 
 impl Refusal {
-    fn bad_request(status: u16, line: String) -> Refusal {
+    fn bad_request(status: u16, line: impl std::fmt::Display) -> Refusal {
         Refusal {
             status,
             verdict: "denied",

@@ -37,19 +37,41 @@ fn is_token(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
+/// Why a request head was refused (each message quotes at most 80
+/// characters of the request).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeadError {
+    #[error("the request head is not text")]
+    NotText,
+    #[error("malformed request line {0:?}")]
+    RequestLine(String),
+    #[error("malformed header line {0:?}")]
+    HeaderLine(String),
+    #[error("more than {MAX_HEADERS} headers")]
+    TooManyHeaders,
+    #[error("malformed host:port {0:?}")]
+    Authority(String),
+    #[error("{0:?} has no port: CONNECT needs host:port")]
+    NoPort(String),
+    #[error("an https:// URL must be requested with CONNECT (set HTTPS_PROXY)")]
+    HttpsWithoutConnect,
+    #[error("{0:?} is not an absolute http:// URL: this is pycell's egress proxy, which takes CONNECT host:port or METHOD http://host/path")]
+    NotAbsolute(String),
+}
+
 /// Parse a complete head (through its blank line).
-pub fn parse_head(raw: &[u8]) -> Result<Head, String> {
-    let text = std::str::from_utf8(raw).map_err(|_| "the request head is not text".to_string())?;
+pub fn parse_head(raw: &[u8]) -> Result<Head, HeadError> {
+    let text = std::str::from_utf8(raw).map_err(|_| HeadError::NotText)?;
     let mut lines = text.split("\r\n");
     let line = lines.next().unwrap_or_default();
     let mut parts = line.split(' ');
     let (Some(method), Some(target), Some(version), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
-        return Err(format!("malformed request line {:?}", clip(line)));
+        return Err(HeadError::RequestLine(clip(line)));
     };
     if !is_token(method) || !matches!(version, "HTTP/1.1" | "HTTP/1.0") {
-        return Err(format!("malformed request line {:?}", clip(line)));
+        return Err(HeadError::RequestLine(clip(line)));
     }
     let target = if method == "CONNECT" {
         let (host, port) = authority(target, None)?;
@@ -62,9 +84,9 @@ pub fn parse_head(raw: &[u8]) -> Result<Head, String> {
         let (name, value) = l
             .split_once(':')
             .filter(|(n, _)| is_token(n))
-            .ok_or_else(|| format!("malformed header line {:?}", clip(l)))?;
+            .ok_or_else(|| HeadError::HeaderLine(clip(l)))?;
         if headers.len() == MAX_HEADERS {
-            return Err(format!("more than {MAX_HEADERS} headers"));
+            return Err(HeadError::TooManyHeaders);
         }
         headers.push((name.to_string(), value.trim().to_string()));
     }
@@ -80,8 +102,8 @@ fn clip(s: &str) -> String {
 }
 
 /// `host:port`, `[v6]:port`; `default` when the port is left out.
-fn authority(a: &str, default: Option<u16>) -> Result<(String, u16), String> {
-    let bad = || format!("malformed host:port {:?}", clip(a));
+fn authority(a: &str, default: Option<u16>) -> Result<(String, u16), HeadError> {
+    let bad = || HeadError::Authority(clip(a));
     let (host, port): (String, Option<&str>) = match a.strip_prefix('[') {
         Some(rest) => {
             let (h, after) = rest.split_once(']').ok_or_else(bad)?;
@@ -98,9 +120,7 @@ fn authority(a: &str, default: Option<u16>) -> Result<(String, u16), String> {
     };
     let port = match port {
         Some(p) => p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(bad)?,
-        None => {
-            default.ok_or_else(|| format!("{:?} has no port: CONNECT needs host:port", clip(a)))?
-        }
+        None => default.ok_or_else(|| HeadError::NoPort(clip(a)))?,
     };
     if host.is_empty() || host.contains('@') {
         return Err(bad());
@@ -108,22 +128,15 @@ fn authority(a: &str, default: Option<u16>) -> Result<(String, u16), String> {
     Ok((host, port))
 }
 
-fn absolute(target: &str) -> Result<Target, String> {
+fn absolute(target: &str) -> Result<Target, HeadError> {
     let lower = target
         .get(..8)
         .map(str::to_ascii_lowercase)
         .unwrap_or_default();
     let rest = match () {
         _ if lower.starts_with("http://") => &target[7..],
-        _ if lower.starts_with("https://") => {
-            return Err("an https:// URL must be requested with CONNECT (set HTTPS_PROXY)".to_string())
-        }
-        _ => {
-            return Err(format!(
-                "{:?} is not an absolute http:// URL: this is pycell's egress proxy, which takes CONNECT host:port or METHOD http://host/path",
-                clip(target)
-            ))
-        }
+        _ if lower.starts_with("https://") => return Err(HeadError::HttpsWithoutConnect),
+        _ => return Err(HeadError::NotAbsolute(clip(target))),
     };
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (host, port) = authority(&rest[..end], Some(80))?;
@@ -211,7 +224,7 @@ pub fn status_of(head: &[u8]) -> Option<u16> {
 mod tests {
     use super::*;
 
-    fn head(s: &str) -> Result<Head, String> {
+    fn head(s: &str) -> Result<Head, HeadError> {
         parse_head(s.as_bytes())
     }
 
@@ -284,14 +297,18 @@ mod tests {
             ),
             ("\u{1}\u{2}\r\n\r\n", "malformed request line"),
         ] {
-            let e = head(req).unwrap_err();
+            let e = head(req).unwrap_err().to_string();
             assert!(e.contains(why), "{req:?}: {e}");
         }
-        assert!(parse_head(b"\xff\xfe\r\n\r\n")
-            .unwrap_err()
-            .contains("not text"));
+        assert_eq!(
+            parse_head(b"\xff\xfe\r\n\r\n").unwrap_err(),
+            HeadError::NotText
+        );
         let many = format!("GET http://x/ HTTP/1.1\r\n{}\r\n", "A: b\r\n".repeat(101));
-        assert!(head(&many).unwrap_err().contains("more than 100 headers"));
+        assert_eq!(head(&many).unwrap_err(), HeadError::TooManyHeaders);
+        assert!(HeadError::TooManyHeaders
+            .to_string()
+            .contains("more than 100 headers"));
     }
 
     #[test]

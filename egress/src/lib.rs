@@ -39,7 +39,7 @@ pub mod tls;
 pub mod upstream;
 
 pub use tally::ConnectionRecord;
-pub use upstream::Upstream;
+pub use upstream::{Upstream, UpstreamError};
 
 /// What the proxy serves one run with.
 #[derive(Debug, Clone)]
@@ -49,7 +49,7 @@ pub struct EgressConfig {
     pub rules: EgressRules,
     /// The host's own way out, or why its proxy setting cannot be used
     /// (then every request is answered with that reason).
-    pub upstream: Result<Upstream, String>,
+    pub upstream: Result<Upstream, UpstreamError>,
 }
 
 impl EgressConfig {

@@ -28,31 +28,53 @@ fn var(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<String> {
         .filter(|v| !v.trim().is_empty())
 }
 
+/// Why the host's proxy settings (`HTTPS_PROXY` and the like) cannot be
+/// used; each names the variable and its value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("{name}={url:?}: only http:// proxies are supported")]
+    NotHttp { name: String, url: String },
+    #[error("{name}={url:?}: proxy credentials are not supported")]
+    Credentials { name: String, url: String },
+    #[error("{name}={url:?}: bad port")]
+    Port { name: String, url: String },
+    #[error("{name}={url:?}: no host")]
+    NoHost { name: String, url: String },
+}
+
 /// `http://host:port[/]` (or `host:port`).
-fn parse_proxy_url(name: &str, url: &str) -> Result<ProxyAddr, String> {
+fn parse_proxy_url(name: &str, url: &str) -> Result<ProxyAddr, UpstreamError> {
+    let (name, url_text) = (name.to_string(), url.to_string());
     let rest = url.trim();
     let rest = rest.strip_prefix("http://").unwrap_or(rest);
     if rest.contains("://") {
-        return Err(format!(
-            "{name}={url:?}: only http:// proxies are supported"
-        ));
+        return Err(UpstreamError::NotHttp {
+            name,
+            url: url_text,
+        });
     }
     if rest.contains('@') {
-        return Err(format!(
-            "{name}={url:?}: proxy credentials are not supported"
-        ));
+        return Err(UpstreamError::Credentials {
+            name,
+            url: url_text,
+        });
     }
     let rest = rest.trim_end_matches('/');
     let (host, port) = match rest.rsplit_once(':') {
         Some((h, p)) if !h.is_empty() => (
             h,
-            p.parse::<u16>()
-                .map_err(|_| format!("{name}={url:?}: bad port"))?,
+            p.parse::<u16>().map_err(|_| UpstreamError::Port {
+                name: name.clone(),
+                url: url_text.clone(),
+            })?,
         ),
         _ => (rest, 80),
     };
     if host.is_empty() {
-        return Err(format!("{name}={url:?}: no host"));
+        return Err(UpstreamError::NoHost {
+            name,
+            url: url_text,
+        });
     }
     Ok(ProxyAddr {
         host: host.trim_matches(['[', ']']).to_string(),
@@ -62,13 +84,13 @@ fn parse_proxy_url(name: &str, url: &str) -> Result<ProxyAddr, String> {
 
 impl Upstream {
     /// From this process's environment.
-    pub fn from_env() -> Result<Upstream, String> {
+    pub fn from_env() -> Result<Upstream, UpstreamError> {
         Upstream::from_vars(&|k| std::env::var(k).ok())
     }
 
-    pub fn from_vars(env: &dyn Fn(&str) -> Option<String>) -> Result<Upstream, String> {
+    pub fn from_vars(env: &dyn Fn(&str) -> Option<String>) -> Result<Upstream, UpstreamError> {
         let all = var(env, "ALL_PROXY");
-        let pick = |name: &str| -> Result<Option<ProxyAddr>, String> {
+        let pick = |name: &str| -> Result<Option<ProxyAddr>, UpstreamError> {
             match (var(env, name), &all) {
                 (Some(url), _) => parse_proxy_url(name, &url).map(Some),
                 (None, Some(url)) => parse_proxy_url("ALL_PROXY", url).map(Some),
@@ -115,7 +137,7 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn from(vars: &[(&str, &str)]) -> Result<Upstream, String> {
+    fn from(vars: &[(&str, &str)]) -> Result<Upstream, UpstreamError> {
         let map: HashMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -153,12 +175,15 @@ mod tests {
     fn unusable_proxies_are_refused() {
         assert!(from(&[("HTTPS_PROXY", "socks5://p.example.net:1080")])
             .unwrap_err()
+            .to_string()
             .contains("only http://"));
         assert!(from(&[("HTTPS_PROXY", "http://u:p@p.example.net:1")])
             .unwrap_err()
+            .to_string()
             .contains("credentials"));
         assert!(from(&[("HTTP_PROXY", "http://p.example.net:x")])
             .unwrap_err()
+            .to_string()
             .contains("bad port"));
     }
 }

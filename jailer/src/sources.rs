@@ -156,9 +156,18 @@ mod tests {
     fn only_root_owned_and_not_writable_by_others() {
         assert!(trusted(0, 0, 0o40755).is_ok());
         assert!(trusted(0, 0, 0o40775).is_ok(), "root's group may write");
-        assert!(trusted(1000, 0, 0o40755).unwrap_err().contains("uid 1000"));
-        assert!(trusted(0, 0, 0o41777).unwrap_err().contains("others"));
-        assert!(trusted(0, 50, 0o40775).unwrap_err().contains("group 50"));
+        assert!(trusted(1000, 0, 0o40755)
+            .unwrap_err()
+            .to_string()
+            .contains("uid 1000"));
+        assert!(trusted(0, 0, 0o41777)
+            .unwrap_err()
+            .to_string()
+            .contains("others"));
+        assert!(trusted(0, 50, 0o40775)
+            .unwrap_err()
+            .to_string()
+            .contains("group 50"));
     }
 
     #[test]

@@ -158,10 +158,8 @@ pub fn effective_limits(policy: &Policy, o: &LimitOverrides) -> Result<Limits, R
     if let Some(m) = o.max_output_bytes {
         l.max_output = m;
     }
-    l.validate().map_err(|problem| ResolveError::BadRequest {
-        field: "limits",
-        problem,
-    })?;
+    l.validate()
+        .map_err(|problem| bad_request("limits", problem.to_string()))?;
     Ok(l)
 }
 
@@ -220,7 +218,7 @@ fn interpreter(policy: &Policy, mounts: &mut Vec<BindMount>) -> Result<String, R
             let home = venv_home(&cfg).ok_or_else(|| {
                 ResolveError::Interpreter(format!("{}: no `home = ...` line", cfg_path.display()))
             })?;
-            check_venv_home(&cfg_path, &home).map_err(ResolveError::Interpreter)?;
+            check_venv_home(&cfg_path, &home)?;
             let real = std::fs::canonicalize(dir.join("bin/python")).map_err(|e| {
                 ResolveError::Interpreter(format!("venv {}: bin/python: {e}", dir.display()))
             })?;
@@ -265,18 +263,18 @@ fn venv_home(cfg: &str) -> Option<PathBuf> {
 /// A venv's `home` decides what host directory the jail gets mounted, so it
 /// must be a plain absolute path below `/` (the jailer then insists that it
 /// and every directory above it are root's and writable by no one else).
-pub(crate) fn check_venv_home(cfg: &Path, home: &Path) -> Result<(), String> {
+pub(crate) fn check_venv_home(cfg: &Path, home: &Path) -> Result<(), ResolveError> {
     let text = home.to_string_lossy();
     let plain = text.starts_with('/')
         && text[1..]
             .split('/')
             .all(|seg| !seg.is_empty() && seg != "." && seg != "..");
     if !plain || home == Path::new("/") || home.as_os_str().len() > 4096 {
-        return Err(format!(
+        return Err(ResolveError::Interpreter(format!(
             "{}: home = {} must be the absolute path of the base interpreter's bin directory (no `.`, `..`, not /); recreate the venv with `uv venv --python /usr/bin/python3 DIR`",
             cfg.display(),
             home.display()
-        ));
+        )));
     }
     Ok(())
 }
@@ -305,7 +303,9 @@ fn checked_input(req: &RunRequest) -> Result<Vec<u8>, ResolveError> {
             format!("{n} bytes is more than the {max_mib} MiB allowed"),
         ));
     }
-    let stdin = req.stdin_bytes().map_err(|p| bad_request("stdin", p))?;
+    let stdin = req
+        .stdin_bytes()
+        .map_err(|p| bad_request("stdin", p.to_string()))?;
     if stdin.len() > MAX_CODE_BYTES {
         return Err(bad_request(
             "stdin",

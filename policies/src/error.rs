@@ -125,10 +125,10 @@ pub(crate) struct Diagnostic {
 }
 
 impl Diagnostic {
-    pub(crate) fn at(path: FieldPath, message: impl Into<String>) -> Self {
+    pub(crate) fn at(path: FieldPath, message: impl fmt::Display) -> Self {
         Diagnostic {
             path,
-            message: message.into(),
+            message: message.to_string(),
             span: None,
         }
     }

@@ -40,7 +40,7 @@ pub use types::{
     namespaces, Dependencies, InstallSource, Interpreter, LandlockRules, Namespace, NetworkMode,
     ReadOnlyMount,
 };
-pub use units::{format_duration, format_size, parse_duration, parse_size};
+pub use units::{format_duration, format_size, parse_duration, parse_size, UnitError};
 pub use validate::is_valid_name;
 
 use error::Diagnostic;

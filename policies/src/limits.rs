@@ -77,10 +77,12 @@ impl Default for Limits {
 }
 
 /// A limit outside its range: which field, and what is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LimitError {
-    pub(crate) field: &'static str,
-    pub(crate) message: String,
+/// A limit out of its range: the field and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct LimitError {
+    pub field: &'static str,
+    pub message: String,
 }
 
 impl Limits {
@@ -88,9 +90,8 @@ impl Limits {
     /// override get the same checks as values from a policy file.
     ///
     /// The error names the field, e.g. `memory: must be at least 16MiB (got 1MiB)`.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), LimitError> {
         self.check()
-            .map_err(|e| format!("{}: {}", e.field, e.message))
     }
 
     pub(crate) fn check(&self) -> Result<(), LimitError> {
@@ -378,7 +379,7 @@ mod tests {
         for (set, expected) in cases {
             let mut limits = Limits::default();
             set(&mut limits);
-            assert_eq!(limits.validate().unwrap_err(), expected);
+            assert_eq!(limits.validate().unwrap_err().to_string(), expected);
         }
     }
 

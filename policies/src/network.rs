@@ -128,6 +128,31 @@ pub enum RuleKind {
     Deny,
 }
 
+/// Why a host, a rule or a list of rules could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    #[error("{0:?} is not a host name or IP address (names are ASCII: write internationalized names in punycode, xn--...)")]
+    NotAHost(String),
+    #[error("{0:?}: a tcp:// rule needs a port (tcp://HOST:PORT)")]
+    TcpWithoutPort(String),
+    #[error("unknown scheme {0:?}: use https:// (the default), http:// or tcp://")]
+    UnknownScheme(String),
+    #[error("{0:?}: unclosed \"[\"")]
+    UnclosedBracket(String),
+    #[error("{0:?}: expected \":PORT\" after \"]\"")]
+    AfterBracket(String),
+    #[error("{0:?}: write IPv6 addresses in brackets, [::1]:443")]
+    UnbracketedIpv6(String),
+    #[error("invalid port {0:?}: expected 1 to 65535")]
+    Port(String),
+    #[error("{0:?}: \"*\" may only stand alone or start a pattern (*.example.org)")]
+    Wildcard(String),
+    #[error("{0:?}: expected an IP network, such as 10.0.0.0/8")]
+    NotANetwork(String),
+    #[error("{pattern:?}: prefix length must be 0 to {max}")]
+    PrefixLength { pattern: String, max: u8 },
+}
+
 /// The host a request names: a DNS name or an address literal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Host {
@@ -138,7 +163,7 @@ pub enum Host {
 impl Host {
     /// Parse a request's host (already split from its port): an IP literal
     /// (IPv6 with or without brackets) or a DNS name, which is lowercased.
-    pub fn parse(s: &str) -> Result<Host, String> {
+    pub fn parse(s: &str) -> Result<Host, RuleError> {
         let bare = s
             .strip_prefix('[')
             .and_then(|r| r.strip_suffix(']'))
@@ -162,7 +187,7 @@ impl fmt::Display for Host {
 
 /// A DNS name, lowercased and without a trailing dot: labels of letters,
 /// digits, `-` and `_`, 1 to 63 bytes each, 253 in all.
-fn check_name(s: &str) -> Result<String, String> {
+fn check_name(s: &str) -> Result<String, RuleError> {
     let name = s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase();
     let label_ok = |l: &str| {
         (1..=63).contains(&l.len())
@@ -172,16 +197,14 @@ fn check_name(s: &str) -> Result<String, String> {
             && !l.ends_with('-')
     };
     if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
-        return Err(format!(
-            "{s:?} is not a host name or IP address (names are ASCII: write internationalized names in punycode, xn--...)"
-        ));
+        return Err(RuleError::NotAHost(s.to_string()));
     }
     Ok(name)
 }
 
 impl Rule {
     /// Parse `[SCHEME://]HOST[:PORT]`.
-    pub fn parse(text: &str, kind: RuleKind) -> Result<Rule, String> {
+    pub fn parse(text: &str, kind: RuleKind) -> Result<Rule, RuleError> {
         let (scheme, rest) = match text.split_once("://") {
             Some((s, rest)) => (Some(parse_scheme(s)?), rest),
             None => (None, text),
@@ -197,9 +220,8 @@ impl Rule {
             (RuleKind::Deny, None) => None,
             (RuleKind::Allow, None) => {
                 let s = scheme.expect("allow rules have a scheme");
-                Some(s.default_port().ok_or_else(|| {
-                    format!("{text:?}: a tcp:// rule needs a port (tcp://HOST:PORT)")
-                })?)
+                let port = s.default_port();
+                Some(port.ok_or_else(|| RuleError::TcpWithoutPort(text.to_string()))?)
             }
         };
         Ok(Rule {
@@ -231,19 +253,17 @@ impl Rule {
     }
 }
 
-fn parse_scheme(s: &str) -> Result<Scheme, String> {
+fn parse_scheme(s: &str) -> Result<Scheme, RuleError> {
     match s.to_ascii_lowercase().as_str() {
         "https" => Ok(Scheme::Https),
         "http" => Ok(Scheme::Http),
         "tcp" => Ok(Scheme::Tcp),
-        other => Err(format!(
-            "unknown scheme {other:?}: use https:// (the default), http:// or tcp://"
-        )),
+        other => Err(RuleError::UnknownScheme(other.to_string())),
     }
 }
 
 /// `host`, `host:port`, `[v6]`, `[v6]:port`, `net/len` (no port inside).
-fn split_host_port(s: &str) -> Result<(&str, Option<u16>), String> {
+fn split_host_port(s: &str) -> Result<(&str, Option<u16>), RuleError> {
     if s.contains('/') && !s.starts_with('[') {
         // A network: 10.0.0.0/8 or 10.0.0.0/8:5432; v6 networks go in brackets.
         return match s.rsplit_once(':') {
@@ -254,32 +274,30 @@ fn split_host_port(s: &str) -> Result<(&str, Option<u16>), String> {
     if let Some(rest) = s.strip_prefix('[') {
         let (inner, after) = rest
             .split_once(']')
-            .ok_or_else(|| format!("{s:?}: unclosed \"[\""))?;
+            .ok_or_else(|| RuleError::UnclosedBracket(s.to_string()))?;
         return match after {
             "" => Ok((inner, None)),
             _ => match after.strip_prefix(':') {
                 Some(p) => Ok((inner, Some(parse_port(p)?))),
-                None => Err(format!("{s:?}: expected \":PORT\" after \"]\"")),
+                None => Err(RuleError::AfterBracket(s.to_string())),
             },
         };
     }
     match s.split_once(':') {
         Some((h, p)) if !p.contains(':') => Ok((h, Some(parse_port(p)?))),
-        Some(_) => Err(format!(
-            "{s:?}: write IPv6 addresses in brackets, [::1]:443"
-        )),
+        Some(_) => Err(RuleError::UnbracketedIpv6(s.to_string())),
         None => Ok((s, None)),
     }
 }
 
-fn parse_port(p: &str) -> Result<u16, String> {
+fn parse_port(p: &str) -> Result<u16, RuleError> {
     p.parse::<u16>()
         .ok()
         .filter(|&n| n != 0)
-        .ok_or_else(|| format!("invalid port {p:?}: expected 1 to 65535"))
+        .ok_or_else(|| RuleError::Port(p.to_string()))
 }
 
-fn parse_pattern(h: &str) -> Result<HostPattern, String> {
+fn parse_pattern(h: &str) -> Result<HostPattern, RuleError> {
     if h == "*" {
         return Ok(HostPattern::AnyName);
     }
@@ -287,20 +305,21 @@ fn parse_pattern(h: &str) -> Result<HostPattern, String> {
         return Ok(HostPattern::Below(check_name(suffix)?));
     }
     if h.contains('*') {
-        return Err(format!(
-            "{h:?}: \"*\" may only stand alone or start a pattern (*.example.org)"
-        ));
+        return Err(RuleError::Wildcard(h.to_string()));
     }
     if let Some((addr, len)) = h.split_once('/') {
         let addr: IpAddr = addr
             .parse()
-            .map_err(|_| format!("{h:?}: expected an IP network, such as 10.0.0.0/8"))?;
+            .map_err(|_| RuleError::NotANetwork(h.to_string()))?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = len
             .parse::<u8>()
             .ok()
             .filter(|&n| n <= max)
-            .ok_or_else(|| format!("{h:?}: prefix length must be 0 to {max}"))?;
+            .ok_or_else(|| RuleError::PrefixLength {
+                pattern: h.to_string(),
+                max,
+            })?;
         return Ok(HostPattern::Net(IpNet {
             addr: canonical(addr),
             prefix,
@@ -372,8 +391,8 @@ impl EgressRules {
         allow: &[A],
         deny: &[D],
         limits: EgressLimits,
-    ) -> Result<EgressRules, String> {
-        let parse = |texts: &[&str], kind| -> Result<Vec<Rule>, String> {
+    ) -> Result<EgressRules, RuleError> {
+        let parse = |texts: &[&str], kind| -> Result<Vec<Rule>, RuleError> {
             texts.iter().map(|t| Rule::parse(t, kind)).collect()
         };
         let allow: Vec<&str> = allow.iter().map(AsRef::as_ref).collect();
@@ -562,7 +581,7 @@ mod tests {
 
     #[test]
     fn bad_rules_say_what_is_wrong() {
-        let err = |s: &str| Rule::parse(s, RuleKind::Allow).unwrap_err();
+        let err = |s: &str| Rule::parse(s, RuleKind::Allow).unwrap_err().to_string();
         assert!(err("ftp://x.example.net").contains("unknown scheme \"ftp\""));
         assert!(err("x.example.net:0").contains("invalid port \"0\""));
         assert!(err("x.example.net:99999").contains("invalid port"));

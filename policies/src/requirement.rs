@@ -64,32 +64,74 @@ fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')
 }
 
+/// Why a requirement was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequirementError {
+    #[error("an empty requirement")]
+    Empty,
+    /// Holds the requirement's first 40 characters.
+    #[error("longer than {MAX_REQUIREMENT_LEN} bytes: {0:?}...")]
+    TooLong(String),
+    #[error("{0:?}: options are not requirements; pycell installs from its configured package index only")]
+    Option(String),
+    #[error("{0:?} does not start with a package name (letters, digits, -, _ or .)")]
+    NoName(String),
+    #[error("{0:?}: direct references (name @ URL) are not allowed; pycell installs wheels from its configured package index only")]
+    DirectReference(String),
+    /// A part of the requirement (its extras, a specifier, its marker).
+    #[error("{requirement:?}: {problem}")]
+    Part {
+        requirement: String,
+        problem: PartError,
+    },
+    #[error("{0} requirements; at most {MAX_REQUIREMENTS} are allowed")]
+    TooMany(usize),
+}
+
+/// What is wrong with a part of a requirement.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PartError {
+    #[error(
+        "{0:?} is not a version specifier (use ==, !=, >=, <=, >, <, ~= or ===, e.g. \">=2.2\")"
+    )]
+    NotASpecifier(String),
+    #[error("{clause:?}: {version:?} is not a version")]
+    NotAVersion { clause: String, version: String },
+    #[error("{0:?}: a wildcard is allowed only as a trailing .* after == or !=")]
+    Wildcard(String),
+    #[error("{0:?} is not an environment marker (e.g. python_version < \"3.12\")")]
+    NotAMarker(String),
+    #[error("an extras list `[` is not closed by `]`")]
+    UnclosedExtras,
+    #[error("{0:?} is not an extra's name")]
+    NotAnExtra(String),
+}
+
 const OPERATORS: [&str; 8] = ["===", "~=", "==", "!=", "<=", ">=", "<", ">"];
 
 /// One `OP VERSION` clause, whitespace already removed.
-fn check_clause(clause: &str) -> Result<(), String> {
+fn check_clause(clause: &str) -> Result<(), PartError> {
     let op = OPERATORS
         .iter()
         .find(|op| clause.starts_with(**op))
-        .ok_or_else(|| {
-            format!("{clause:?} is not a version specifier (use ==, !=, >=, <=, >, <, ~= or ===, e.g. \">=2.2\")")
-        })?;
+        .ok_or_else(|| PartError::NotASpecifier(clause.to_string()))?;
     let version = &clause[op.len()..];
     let ok_chars = version
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '*' | '+' | '!' | '-' | '_'));
     if version.is_empty() || !ok_chars {
-        return Err(format!("{clause:?}: {version:?} is not a version"));
+        return Err(PartError::NotAVersion {
+            clause: clause.to_string(),
+            version: version.to_string(),
+        });
     }
     if version.contains('*') && !(matches!(*op, "==" | "!=") && version.ends_with(".*")) {
-        return Err(format!(
-            "{clause:?}: a wildcard is allowed only as a trailing .* after == or !="
-        ));
+        return Err(PartError::Wildcard(clause.to_string()));
     }
     Ok(())
 }
 
-fn check_specifiers(spec: &str) -> Result<String, String> {
+fn check_specifiers(spec: &str) -> Result<String, PartError> {
     let compact: String = spec.chars().filter(|c| !c.is_whitespace()).collect();
     let inner = compact
         .strip_prefix('(')
@@ -104,31 +146,27 @@ fn check_specifiers(spec: &str) -> Result<String, String> {
     Ok(inner.to_string())
 }
 
-fn check_marker(marker: &str) -> Result<String, String> {
+fn check_marker(marker: &str) -> Result<String, PartError> {
     let marker = marker.trim();
     let ok = !marker.is_empty()
         && marker.chars().all(|c| c.is_ascii_graphic() || c == ' ')
         && marker.chars().filter(|c| *c == '(').count()
             == marker.chars().filter(|c| *c == ')').count();
     if !ok {
-        return Err(format!(
-            "{marker:?} is not an environment marker (e.g. python_version < \"3.12\")"
-        ));
+        return Err(PartError::NotAMarker(marker.to_string()));
     }
     Ok(marker.to_string())
 }
 
-fn split_extras(rest: &str) -> Result<(Vec<String>, &str), String> {
+fn split_extras(rest: &str) -> Result<(Vec<String>, &str), PartError> {
     let Some(inner) = rest.strip_prefix('[') else {
         return Ok((Vec::new(), rest));
     };
-    let end = inner
-        .find(']')
-        .ok_or("an extras list `[` is not closed by `]`")?;
+    let end = inner.find(']').ok_or(PartError::UnclosedExtras)?;
     let mut extras = Vec::new();
     for extra in inner[..end].split(',').map(str::trim) {
         if extra.is_empty() || !extra.chars().all(is_name_char) {
-            return Err(format!("{extra:?} is not an extra's name"));
+            return Err(PartError::NotAnExtra(extra.to_string()));
         }
         extras.push(normalize_name(extra));
     }
@@ -139,19 +177,17 @@ fn split_extras(rest: &str) -> Result<(Vec<String>, &str), String> {
 
 impl Requirement {
     /// Parse and check one requirement.
-    pub fn parse(text: &str) -> Result<Requirement, String> {
+    pub fn parse(text: &str) -> Result<Requirement, RequirementError> {
         let text = text.trim();
         if text.is_empty() {
-            return Err("an empty requirement".into());
+            return Err(RequirementError::Empty);
         }
         if text.len() > MAX_REQUIREMENT_LEN {
-            return Err(format!(
-                "longer than {MAX_REQUIREMENT_LEN} bytes: {:?}...",
-                text.chars().take(40).collect::<String>()
-            ));
+            let start = text.chars().take(40).collect();
+            return Err(RequirementError::TooLong(start));
         }
         if text.starts_with('-') {
-            return Err(format!("{text:?}: options are not requirements; pycell installs from its configured package index only"));
+            return Err(RequirementError::Option(text.to_string()));
         }
         let name_end = text.find(|c: char| !is_name_char(c)).unwrap_or(text.len());
         let name = &text[..name_end];
@@ -161,22 +197,23 @@ impl Requirement {
             .zip(name.chars().last())
             .is_some_and(|(a, z)| a.is_ascii_alphanumeric() && z.is_ascii_alphanumeric());
         if !valid_name {
-            return Err(format!(
-                "{text:?} does not start with a package name (letters, digits, -, _ or .)"
-            ));
+            return Err(RequirementError::NoName(text.to_string()));
         }
-        let (extras, rest) =
-            split_extras(text[name_end..].trim_start()).map_err(|m| format!("{text:?}: {m}"))?;
+        let part = |problem| RequirementError::Part {
+            requirement: text.to_string(),
+            problem,
+        };
+        let (extras, rest) = split_extras(text[name_end..].trim_start()).map_err(part)?;
         let (spec, marker) = match rest.split_once(';') {
             Some((s, m)) => (s, Some(m)),
             None => (rest, None),
         };
         if spec.trim_start().starts_with('@') {
-            return Err(format!("{text:?}: direct references (name @ URL) are not allowed; pycell installs wheels from its configured package index only"));
+            return Err(RequirementError::DirectReference(text.to_string()));
         }
-        let mut rest = check_specifiers(spec).map_err(|m| format!("{text:?}: {m}"))?;
+        let mut rest = check_specifiers(spec).map_err(part)?;
         if let Some(m) = marker {
-            let m = check_marker(m).map_err(|e| format!("{text:?}: {e}"))?;
+            let m = check_marker(m).map_err(part)?;
             rest.push_str("; ");
             rest.push_str(&m);
         }
@@ -190,15 +227,9 @@ impl Requirement {
 
 /// Check a list (at most [`MAX_REQUIREMENTS`]), keeping order; errors name
 /// the entry's index.
-pub fn parse_list(items: &[String]) -> Result<Vec<Requirement>, (usize, String)> {
+pub fn parse_list(items: &[String]) -> Result<Vec<Requirement>, (usize, RequirementError)> {
     if items.len() > MAX_REQUIREMENTS {
-        return Err((
-            MAX_REQUIREMENTS,
-            format!(
-                "{} requirements; at most {MAX_REQUIREMENTS} are allowed",
-                items.len()
-            ),
-        ));
+        return Err((MAX_REQUIREMENTS, RequirementError::TooMany(items.len())));
     }
     items
         .iter()
@@ -251,12 +282,13 @@ mod tests {
             ("x[a", "not closed"),
             ("x; ", "environment marker"),
         ] {
-            let e = Requirement::parse(text).unwrap_err();
+            let e = Requirement::parse(text).unwrap_err().to_string();
             assert!(e.contains(needle), "{text:?}: {e}");
         }
         let long = "a".repeat(MAX_REQUIREMENT_LEN + 1);
         assert!(Requirement::parse(&long)
             .unwrap_err()
+            .to_string()
             .contains("longer than"));
     }
 
@@ -265,6 +297,13 @@ mod tests {
         let list = vec!["six".to_string(), "six >> 1".to_string()];
         assert_eq!(parse_list(&list).unwrap_err().0, 1);
         let many = vec!["six".to_string(); MAX_REQUIREMENTS + 1];
-        assert!(parse_list(&many).unwrap_err().1.contains("at most"));
+        let (index, e) = parse_list(&many).unwrap_err();
+        assert_eq!(
+            (index, e),
+            (MAX_REQUIREMENTS, RequirementError::TooMany(65))
+        );
+        assert!(RequirementError::TooMany(65)
+            .to_string()
+            .contains("at most"));
     }
 }

@@ -10,19 +10,32 @@ const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
 const GIB: u64 = 1024 * MIB;
 
+/// Why a size or a duration could not be read; each message is a complete
+/// sentence that names the input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnitError {
+    #[error("invalid size {0:?}: use a number of bytes or a number with a unit (KiB, MiB, GiB; k/M/G also mean 1024-based)")]
+    Size(String),
+    #[error("invalid size {0:?}: too large (at most {max} bytes)", max = u64::MAX)]
+    SizeTooLarge(String),
+    #[error("invalid duration {0:?}: use a number of seconds or a number with a unit (ms, s, m, h), e.g. \"500ms\", \"30s\", \"2m\"")]
+    Duration(String),
+    #[error("invalid duration {0:?}: too large")]
+    DurationTooLarge(String),
+    #[error("invalid size {0}: must not be negative")]
+    NegativeSize(i64),
+    #[error("invalid duration {0}: must not be negative")]
+    NegativeDuration(i64),
+}
+
 /// Parses a size: an integer number of bytes, or an integer followed by a
 /// unit among `k`, `K`, `KiB`, `M`, `MiB`, `G`, `GiB` (all 1024-based).
 /// Spaces between number and unit are allowed.
 ///
 /// The error is a complete sentence that names the input, e.g.
 /// `invalid size "12XB": use a number of bytes or a number with a unit (KiB, MiB, GiB; k/M/G also mean 1024-based)`.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let invalid = || {
-        format!(
-            "invalid size {s:?}: use a number of bytes or a number with a unit \
-             (KiB, MiB, GiB; k/M/G also mean 1024-based)"
-        )
-    };
+pub fn parse_size(s: &str) -> Result<u64, UnitError> {
+    let invalid = || UnitError::Size(s.to_string());
     let trimmed = s.trim();
     let digits_end = trimmed
         .find(|c: char| !c.is_ascii_digit())
@@ -38,7 +51,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "G" | "GiB" => GIB,
         _ => return Err(invalid()),
     };
-    let too_large = || format!("invalid size {s:?}: too large (at most {} bytes)", u64::MAX);
+    let too_large = || UnitError::SizeTooLarge(s.to_string());
     let number: u64 = number.parse().map_err(|_| too_large())?;
     number.checked_mul(multiplier).ok_or_else(too_large)
 }
@@ -46,13 +59,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// Parses a duration: a number of seconds, or a number followed by one of the
 /// units `ms`, `s`, `m` (minutes), `h`. The number may have a fractional part
 /// ("2.5", "1.5h"); a bare number means seconds (so `--timeout 2.5` works).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let invalid = || {
-        format!(
-            "invalid duration {s:?}: use a number of seconds or a number with a unit \
-             (ms, s, m, h), e.g. \"500ms\", \"30s\", \"2m\""
-        )
-    };
+pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
+    let invalid = || UnitError::Duration(s.to_string());
     let trimmed = s.trim();
     let number_end = trimmed
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -73,7 +81,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "h" => 60 * 60 * 1000,
         _ => return Err(invalid()),
     };
-    let too_large = || format!("invalid duration {s:?}: too large");
+    let too_large = || UnitError::DurationTooLarge(s.to_string());
     match fraction {
         None => {
             let n: u64 = whole.parse().map_err(|_| too_large())?;
@@ -143,7 +151,7 @@ mod tests {
     #[test]
     fn bad_sizes() {
         assert_eq!(
-            parse_size("12XB").unwrap_err(),
+            parse_size("12XB").unwrap_err().to_string(),
             "invalid size \"12XB\": use a number of bytes or a number with a unit \
              (KiB, MiB, GiB; k/M/G also mean 1024-based)"
         );
@@ -153,7 +161,7 @@ mod tests {
             assert!(parse_size(bad).is_err(), "{bad:?} should be rejected");
         }
         assert_eq!(
-            parse_size("99999999999999999999").unwrap_err(),
+            parse_size("99999999999999999999").unwrap_err().to_string(),
             "invalid size \"99999999999999999999\": too large (at most 18446744073709551615 bytes)"
         );
         assert!(parse_size("17179869184GiB").is_err());
@@ -175,7 +183,7 @@ mod tests {
     #[test]
     fn bad_durations() {
         assert_eq!(
-            parse_duration("5 days").unwrap_err(),
+            parse_duration("5 days").unwrap_err().to_string(),
             "invalid duration \"5 days\": use a number of seconds or a number with a unit \
              (ms, s, m, h), e.g. \"500ms\", \"30s\", \"2m\""
         );

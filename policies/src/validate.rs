@@ -17,7 +17,7 @@ use crate::raw::{
 use crate::types::{
     Dependencies, InstallSource, Interpreter, LandlockRules, Namespace, NetworkMode, ReadOnlyMount,
 };
-use crate::units::{parse_duration, parse_size};
+use crate::units::{parse_duration, parse_size, UnitError};
 use crate::Policy;
 
 /// Whether every field must be written out. Shipped policies are complete so
@@ -377,20 +377,18 @@ fn check_ceilings(
     Ok(ceilings)
 }
 
-fn duration(q: Quantity) -> std::result::Result<Duration, String> {
+fn duration(q: Quantity) -> std::result::Result<Duration, UnitError> {
     match q {
         Quantity::Integer(n) => u64::try_from(n)
             .map(Duration::from_secs)
-            .map_err(|_| format!("invalid duration {n}: must not be negative")),
+            .map_err(|_| UnitError::NegativeDuration(n)),
         Quantity::Text(s) => parse_duration(&s),
     }
 }
 
-fn size(q: Quantity) -> std::result::Result<u64, String> {
+fn size(q: Quantity) -> std::result::Result<u64, UnitError> {
     match q {
-        Quantity::Integer(n) => {
-            u64::try_from(n).map_err(|_| format!("invalid size {n}: must not be negative"))
-        }
+        Quantity::Integer(n) => u64::try_from(n).map_err(|_| UnitError::NegativeSize(n)),
         Quantity::Text(s) => parse_size(&s),
     }
 }
@@ -557,22 +555,19 @@ fn check_network(
             })?;
     }
     if let Some(q) = raw.max_bytes {
-        limits.max_bytes = size(q)
-            .and_then(|b| match b {
-                0 => Err("must be at least 1 byte".to_owned()),
-                b => Ok(b),
-            })
-            .map_err(|m| Diagnostic::at(path.key("max_bytes"), m))?;
+        let at = || path.key("max_bytes");
+        limits.max_bytes = match size(q).map_err(|e| Diagnostic::at(at(), e))? {
+            0 => return Err(Diagnostic::at(at(), "must be at least 1 byte")),
+            b => b,
+        };
     }
     if let Some(q) = raw.connect_timeout {
-        limits.connect_timeout = duration(q)
-            .and_then(|d| match d {
-                d if d < Duration::from_millis(100) || d > Duration::from_secs(300) => {
-                    Err("must be between 100ms and 5m".to_owned())
-                }
-                d => Ok(d),
-            })
-            .map_err(|m| Diagnostic::at(path.key("connect_timeout"), m))?;
+        let at = || path.key("connect_timeout");
+        let d = duration(q).map_err(|e| Diagnostic::at(at(), e))?;
+        if d < Duration::from_millis(100) || d > Duration::from_secs(300) {
+            return Err(Diagnostic::at(at(), "must be between 100ms and 5m"));
+        }
+        limits.connect_timeout = d;
     }
     Ok(NetworkMode::Allowlist(EgressRules {
         allow: rules(raw.allow, "allow", RuleKind::Allow)?,

@@ -171,7 +171,8 @@ impl DaemonClient {
                     data_base64,
                     ..
                 } => {
-                    let bytes = decode_b64(&data_base64).map_err(ClientError::Unexpected)?;
+                    let bytes = decode_b64(&data_base64)
+                        .map_err(|e| ClientError::Unexpected(e.to_string()))?;
                     on_output(stream, &bytes);
                 }
                 ServerMessage::Result { result, .. } => return Ok(*result),

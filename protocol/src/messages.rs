@@ -61,12 +61,12 @@ pub struct RunRequest {
 }
 
 impl RunRequest {
-    pub fn stdin_bytes(&self) -> Result<Vec<u8>, String> {
+    pub fn stdin_bytes(&self) -> Result<Vec<u8>, BadBase64> {
         match &self.stdin_base64 {
             None => Ok(Vec::new()),
             Some(s) => base64::engine::general_purpose::STANDARD
                 .decode(s)
-                .map_err(|e| format!("stdin_base64 is not valid base64: {e}")),
+                .map_err(|e| BadBase64::Field("stdin_base64", e)),
         }
     }
 
@@ -200,8 +200,17 @@ pub fn encode_b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-pub fn decode_b64(s: &str) -> Result<Vec<u8>, String> {
+/// Bytes that should be base64 and are not.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadBase64 {
+    #[error("{0} is not valid base64: {1}")]
+    Field(&'static str, base64::DecodeError),
+    #[error("invalid base64: {0}")]
+    Data(base64::DecodeError),
+}
+
+pub fn decode_b64(s: &str) -> Result<Vec<u8>, BadBase64> {
     base64::engine::general_purpose::STANDARD
         .decode(s)
-        .map_err(|e| format!("invalid base64: {e}"))
+        .map_err(BadBase64::Data)
 }

@@ -110,6 +110,17 @@ pub struct Work {
     pub max_output_bytes: u64,
 }
 
+/// Why a piece of work was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkError {
+    #[error("{0:?} is not a plain file name")]
+    FileName(String),
+    #[error("an argument contains a NUL byte")]
+    NulInArgument,
+    #[error("the wall timeout must be positive")]
+    NoTimeout,
+}
+
 /// What the runner reads first on its stdin (its own stdin follows).
 #[derive(Serialize)]
 struct RunnerFrame<'a> {
@@ -121,16 +132,16 @@ struct RunnerFrame<'a> {
 impl Work {
     /// Check what the jailer relies on: a plain file name, no NUL in an
     /// argument, a positive timeout.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), WorkError> {
         let n = self.filename.as_str();
         if n.is_empty() || n.contains('/') || n.contains('\0') || n == "." || n == ".." {
-            return Err(format!("{n:?} is not a plain file name"));
+            return Err(WorkError::FileName(n.to_string()));
         }
         if self.args.iter().any(|a| a.contains('\0')) {
-            return Err("an argument contains a NUL byte".into());
+            return Err(WorkError::NulInArgument);
         }
         if self.wall_timeout_ms == 0 {
-            return Err("the wall timeout must be positive".into());
+            return Err(WorkError::NoTimeout);
         }
         Ok(())
     }

@@ -24,7 +24,10 @@ pub enum SeccompError {
 
     /// The profile parsed but breaks one of this crate's rules (see `docs/seccomp.md`).
     #[error("seccomp profile \"{profile}\" is invalid: {reason}")]
-    InvalidProfile { profile: String, reason: String },
+    InvalidProfile {
+        profile: String,
+        reason: crate::profile::ProfileProblem,
+    },
 
     /// The build targets an architecture that has no profile support.
     #[error(

@@ -155,10 +155,7 @@ fn decisions<'p>(
             if unconditional > 0 {
                 return Err(SeccompError::InvalidProfile {
                     profile: name.to_owned(),
-                    reason: format!(
-                        "syscall number {nr} is listed both with and without \"args\" in one \
-                         filter (under two names); seccompiler would drop the unconditional rule"
-                    ),
+                    reason: crate::profile::ProfileProblem::MixedByNumber(nr.into()),
                 });
             }
             let rules = rules.iter().filter_map(|r| r.args.as_deref()).collect();

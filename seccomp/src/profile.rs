@@ -158,84 +158,106 @@ impl<'a> Profile<'a> {
     }
 }
 
+/// Which rule of this crate a profile breaks (see `docs/seccomp.md`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProfileProblem {
+    #[error("it has no \"{MAIN_FILTER}\" filter (the allowlist)")]
+    NoMain,
+    #[error("filter \"{MAIN_FILTER}\" must have match_action \"allow\" (it is the allowlist)")]
+    MainDoesNotAllow,
+    #[error("filter \"{MAIN_FILTER}\" must have an errno as mismatch_action; unlisted syscalls are never allowed")]
+    MainWithoutErrno,
+    #[error(
+        "deny filter \"{0}\" must have mismatch_action \"allow\" and an errno as match_action"
+    )]
+    DenyLayer(String),
+    #[error("filter \"{filter}\", rule {position} ({syscall}) {problem}")]
+    Rule {
+        filter: String,
+        position: usize,
+        syscall: String,
+        problem: RuleProblem,
+    },
+    #[error("syscall number {0} is listed both with and without \"args\" in one filter (under two names); seccompiler would drop the unconditional rule")]
+    MixedByNumber(i64),
+}
+
+/// What is wrong with one rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleProblem {
+    #[error("has no comment; every rule says why it is there")]
+    NoComment,
+    #[error("has an empty \"args\" list; omit \"args\" to match every call")]
+    EmptyArgs,
+    #[error(
+        "has a condition on argument {0} without a comment; name the constant it compares with"
+    )]
+    UncommentedCondition(u8),
+    #[error("compares argument {0} as a dword with a value or mask wider than 32 bits, which seccompiler would truncate")]
+    WideDword(u8),
+    #[error("mixes rules with and without \"args\" for the same syscall; seccompiler would drop the unconditional one")]
+    MixedArgs,
+}
+
 /// `main` exists and is an allowlist: matches allow, the rest gets an errno.
-fn check_main(filters: &BTreeMap<&str, Filter<'_>>) -> Result<(), String> {
-    let main = filters
-        .get(MAIN_FILTER)
-        .ok_or_else(|| format!("it has no \"{MAIN_FILTER}\" filter (the allowlist)"))?;
+fn check_main(filters: &BTreeMap<&str, Filter<'_>>) -> Result<(), ProfileProblem> {
+    let main = filters.get(MAIN_FILTER).ok_or(ProfileProblem::NoMain)?;
     if main.match_action != SeccompAction::Allow {
-        return Err(format!(
-            "filter \"{MAIN_FILTER}\" must have match_action \"allow\" (it is the allowlist)"
-        ));
+        return Err(ProfileProblem::MainDoesNotAllow);
     }
     if !matches!(main.mismatch_action, SeccompAction::Errno(_)) {
-        return Err(format!(
-            "filter \"{MAIN_FILTER}\" must have an errno as mismatch_action; \
-             unlisted syscalls are never allowed"
-        ));
+        return Err(ProfileProblem::MainWithoutErrno);
     }
     Ok(())
 }
 
 /// A deny layer's actions, and every rule of any filter.
-fn check_filter(filter_name: &str, filter: &Filter<'_>) -> Result<(), String> {
+fn check_filter(filter_name: &str, filter: &Filter<'_>) -> Result<(), ProfileProblem> {
     let is_deny_layer = filter_name != MAIN_FILTER;
     if is_deny_layer
         && (filter.mismatch_action != SeccompAction::Allow
             || !matches!(filter.match_action, SeccompAction::Errno(_)))
     {
-        return Err(format!(
-            "deny filter \"{filter_name}\" must have mismatch_action \"allow\" \
-             and an errno as match_action"
-        ));
+        return Err(ProfileProblem::DenyLayer(filter_name.to_string()));
     }
     let mut unconditional = BTreeMap::new();
     for (position, rule) in filter.rules.iter().enumerate() {
-        let at = format!(
-            "filter \"{filter_name}\", rule {position} ({})",
-            rule.syscall
-        );
-        check_rule(rule).map_err(|problem| format!("{at} {problem}"))?;
+        let at = |problem| ProfileProblem::Rule {
+            filter: filter_name.to_string(),
+            position,
+            syscall: rule.syscall.to_string(),
+            problem,
+        };
+        check_rule(rule).map_err(at)?;
         let seen = unconditional
             .entry(rule.syscall)
             .or_insert(rule.args.is_none());
         if *seen != rule.args.is_none() {
-            return Err(format!(
-                "{at} mixes rules with and without \"args\" for the same syscall; \
-                 seccompiler would drop the unconditional one"
-            ));
+            return Err(at(RuleProblem::MixedArgs));
         }
     }
     Ok(())
 }
 
 /// One rule: a comment, and commented conditions seccompiler can express.
-fn check_rule(rule: &Rule<'_>) -> Result<(), String> {
+fn check_rule(rule: &Rule<'_>) -> Result<(), RuleProblem> {
     if rule.comment.as_deref().is_none_or(|c| c.trim().is_empty()) {
-        return Err("has no comment; every rule says why it is there".into());
+        return Err(RuleProblem::NoComment);
     }
     let Some(args) = &rule.args else {
         return Ok(());
     };
     if args.is_empty() {
-        return Err("has an empty \"args\" list; omit \"args\" to match every call".into());
+        return Err(RuleProblem::EmptyArgs);
     }
     if let Some(cond) = args
         .iter()
         .find(|c| c.comment.as_deref().is_none_or(|c| c.trim().is_empty()))
     {
-        return Err(format!(
-            "has a condition on argument {} without a comment; \
-             name the constant it compares with",
-            cond.index
-        ));
+        return Err(RuleProblem::UncommentedCondition(cond.index));
     }
     if let Some(cond) = args.iter().find(|c| c.dword_overflows()) {
-        return Err(format!(
-            "compares argument {} as a dword with a value or mask \
-             wider than 32 bits, which seccompiler would truncate",
-            cond.index
-        ));
+        return Err(RuleProblem::WideDword(cond.index));
     }
     Ok(())
 }

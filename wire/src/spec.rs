@@ -176,21 +176,32 @@ pub fn new_run_id() -> String {
 
 /// A cgroup path below some base: plain names (ASCII letters, digits, `-`,
 /// `_`, `.`) separated by single `/`, none of them `.` or `..`.
+/// Why a path component is not trusted (see [`trusted`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Untrusted {
+    #[error("is owned by uid {0}, not root")]
+    Owner(u32),
+    #[error("is writable by others (mode {0:o})")]
+    WritableByOthers(u32),
+    #[error("is writable by group {gid} (mode {mode:o})")]
+    WritableByGroup { gid: u32, mode: u32 },
+}
+
 /// Owned by root and writable by no one else: the rule for every component
 /// of a bind source, as the host sees it (the jailer checks it; pycelld
 /// checks its env store with it at start).
-pub fn trusted(uid: u32, gid: u32, mode: u32) -> Result<(), String> {
+pub fn trusted(uid: u32, gid: u32, mode: u32) -> Result<(), Untrusted> {
     if uid != 0 {
-        return Err(format!("is owned by uid {uid}, not root"));
+        return Err(Untrusted::Owner(uid));
     }
     if mode & 0o002 != 0 {
-        return Err(format!("is writable by others (mode {:o})", mode & 0o7777));
+        return Err(Untrusted::WritableByOthers(mode & 0o7777));
     }
     if mode & 0o020 != 0 && gid != 0 {
-        return Err(format!(
-            "is writable by group {gid} (mode {:o})",
-            mode & 0o7777
-        ));
+        return Err(Untrusted::WritableByGroup {
+            gid,
+            mode: mode & 0o7777,
+        });
     }
     Ok(())
 }

@@ -426,10 +426,10 @@ async fn start(
         .link
         .spawn(peer.ids(), order)
         .await
-        .map_err(internal)?;
+        .map_err(|e| internal(e.to_string()))?;
     let ((reply, fds), cancelled) = installing::last_reply(broker, conn, id, req, replies)
         .await
-        .map_err(internal)?;
+        .map_err(|e| internal(e.to_string()))?;
     let (run_id, policy, limits, egress, env) = match reply {
         ToBroker::Spawned {
             run_id,

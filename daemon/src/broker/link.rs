@@ -60,12 +60,9 @@ impl MonitorLink {
         self.pools.lock().map(|p| p.clone()).unwrap_or_default()
     }
 
-    pub(crate) fn send(&self, msg: &ToMonitor) -> Result<(), String> {
-        let mut w = self
-            .writer
-            .lock()
-            .map_err(|_| "monitor link poisoned".to_string())?;
-        framing::write_sync(&mut *w, msg).map_err(|e| e.to_string())
+    pub(crate) fn send(&self, msg: &ToMonitor) -> Result<(), LinkError> {
+        let mut w = self.writer.lock().map_err(|_| LinkError::Poisoned)?;
+        Ok(framing::write_sync(&mut *w, msg)?)
     }
 
     /// Ask the monitor to start a run. The replies come on the receiver:
@@ -76,19 +73,31 @@ impl MonitorLink {
         self: &Arc<Self>,
         peer: PeerIds,
         order: RunOrder,
-    ) -> Result<(u64, mpsc::UnboundedReceiver<Reply>), String> {
+    ) -> Result<(u64, mpsc::UnboundedReceiver<Reply>), LinkError> {
         let req = self.next_req.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
-        self.pending.lock().map_err(|_| "poisoned")?.insert(req, tx);
+        self.pending
+            .lock()
+            .map_err(|_| LinkError::Poisoned)?
+            .insert(req, tx);
         let link = Arc::clone(self);
         let msg = ToMonitor::Spawn { req, peer, order };
         // Large requests may block on the socket for a moment: not on a
         // runtime worker.
-        tokio::task::spawn_blocking(move || link.send(&msg))
-            .await
-            .map_err(|e| e.to_string())??;
+        tokio::task::spawn_blocking(move || link.send(&msg)).await??;
         Ok((req, rx))
     }
+}
+
+/// Why a message could not go to the monitor.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LinkError {
+    #[error("monitor link poisoned")]
+    Poisoned,
+    #[error(transparent)]
+    Frame(#[from] framing::FrameError),
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
 }
 
 /// Whether the other end of unix socket `sock` is closed (it then reports

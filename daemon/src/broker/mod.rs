@@ -396,9 +396,12 @@ fn spawn_heartbeat(link: Arc<MonitorLink>) {
 /// Serve connections until SIGTERM. A stop comes first: once told to stop,
 /// take no more connections (under socket activation they wait for the
 /// next instance).
-async fn accept_until_term(listener: UnixListener, broker: &Arc<Broker>) -> Result<(), String> {
+async fn accept_until_term(
+    listener: UnixListener,
+    broker: &Arc<Broker>,
+) -> Result<(), std::io::Error> {
     let kind = tokio::signal::unix::SignalKind::terminate();
-    let mut term = tokio::signal::unix::signal(kind).map_err(|e| e.to_string())?;
+    let mut term = tokio::signal::unix::signal(kind)?;
     loop {
         tokio::select! {
             biased;

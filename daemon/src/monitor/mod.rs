@@ -43,7 +43,7 @@ use pycell_wire::codes::FailureCode;
 use crate::audit::{AuditLog, RunStart};
 use crate::config::is_proxy_setting;
 use crate::config::Config;
-use crate::envs::{Build, Builders};
+use crate::envs::{Build, Builders, EnvsError};
 use crate::link::{refusal, PeerIds, RunOrder, ToBroker, ToMonitor};
 use crate::listen;
 use crate::pool::Pools;
@@ -169,7 +169,7 @@ struct Monitor {
     runs: HashMap<i32, Run>,
     /// Where runs' envs are kept and how they are built, or why they
     /// cannot be (runs that need one are then refused, saying so).
-    envs: Result<(EnvStore, Builders), String>,
+    envs: Result<(EnvStore, Builders), EnvsError>,
     /// Envs being built, by builder pid.
     builds: HashMap<i32, Build>,
     /// Warm jails waiting for runs.

@@ -50,9 +50,11 @@ pub(super) fn clear_cloexec(fd: &impl AsFd) -> Result<(), MonitorError> {
 pub(super) fn open_envs(
     config: &Config,
     launcher: &Launcher,
-) -> Result<(EnvStore, Builders), String> {
-    let store = EnvStore::open(&config.env_store)
-        .map_err(|e| format!("the env store {}: {e}", config.env_store.display()))?;
+) -> Result<(EnvStore, Builders), EnvsError> {
+    let store = EnvStore::open(&config.env_store).map_err(|source| EnvsError::Open {
+        path: config.env_store.clone(),
+        source,
+    })?;
     crate::envs::check_store_path(&config.env_store)?;
     Ok((store, Builders::new(config, launcher)?))
 }

@@ -21,6 +21,11 @@ const MAX_MESSAGE: usize = 1000;
 /// How long the last progress lines get to arrive once the build is over.
 const DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The monitor ended its link before it answered a request.
+#[derive(Debug, thiserror::Error)]
+#[error("the monitor went away")]
+pub(super) struct MonitorGone;
+
 /// The monitor's last reply to request `req` (after any `installing`) and
 /// whether the client cancelled meanwhile.
 pub(super) async fn last_reply(
@@ -29,7 +34,7 @@ pub(super) async fn last_reply(
     id: &str,
     req: u64,
     mut replies: mpsc::UnboundedReceiver<Reply>,
-) -> Result<(Reply, bool), String> {
+) -> Result<(Reply, bool), MonitorGone> {
     let mut progress: Option<mpsc::Receiver<String>> = None;
     let (mut abandoned, mut cancelled) = (false, false);
     let abandon = |abandoned: &mut bool| {
@@ -41,7 +46,7 @@ pub(super) async fn last_reply(
     loop {
         tokio::select! {
             reply = replies.recv() => match reply {
-                None => return Err("the monitor went away".into()),
+                None => return Err(MonitorGone),
                 Some((ToBroker::Installing { .. }, fds)) => {
                     progress = fds.into_iter().next().and_then(|fd| read_progress(fd).ok());
                 }
