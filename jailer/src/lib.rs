@@ -26,6 +26,7 @@ mod pipeline;
 mod preflight;
 mod relay;
 mod rlimits;
+mod session;
 mod sources;
 mod status;
 mod supervisor;

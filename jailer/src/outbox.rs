@@ -73,6 +73,17 @@ impl Outbox {
         self.flush_some()
     }
 
+    /// A session's reply: it goes out whatever the bound (the runner's
+    /// channel bounded it already).
+    pub(crate) fn offer_reply(
+        &mut self,
+        measure: &events::ReplyMeasure,
+        body: &[u8],
+    ) -> io::Result<()> {
+        events::write_reply(&mut self.pending, measure, body)?;
+        self.flush_some()
+    }
+
     pub(crate) fn set_limit(&mut self, limit: usize) {
         self.limit = limit;
     }

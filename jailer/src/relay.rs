@@ -18,13 +18,18 @@ use pycell_wire::events::Stream;
 use pycell_wire::spec::JailSpec;
 
 use crate::outbox::{self, Outbox};
+use crate::session::{ClockAction, SessionRelay, SessionStep};
 use crate::status::ChildMessage;
 use crate::warm::{Arrival, Phase, WarmState};
 use pycell_host::cgroup::SandboxCgroup;
+use pycell_wire::events::ReplyMeasure;
+use pycell_wire::report::SessionEnd;
 
 const CHUNK: usize = 64 * 1024;
 /// How long output may still drain once the jail's init is gone.
 const DRAIN: Duration = Duration::from_secs(2);
+/// Chunks of each stream read at most before a session's reply.
+const DRAIN_ROUNDS: usize = 64;
 
 /// Our ends of the jail's pipes.
 #[derive(Debug)]
@@ -55,6 +60,17 @@ pub(crate) struct Relayed {
     pub unsent: Vec<u8>,
     /// A warm jail: how far it got, and what it was given.
     pub warm: Option<WarmEnd>,
+    /// A session: when it became ready, and why it ended.
+    pub session: Option<SessionEndState>,
+}
+
+/// How a session ended up.
+#[derive(Debug)]
+pub(crate) struct SessionEndState {
+    pub ready_at: Option<Instant>,
+    pub end: Option<SessionEnd>,
+    pub broken: Option<String>,
+    pub warm_up_output: Vec<u8>,
 }
 
 /// How a warm jail ended up.
@@ -100,11 +116,26 @@ pub(crate) fn run(
                 }
             }
         }
+        let mut session_due = None;
+        if relay.session.is_some() {
+            match relay.session_steps(spec, pid, cgroup)? {
+                Some(SessionEnd::Closed | SessionEnd::Protocol) => {
+                    cancelled = true;
+                    kill_jail();
+                }
+                Some(_) => {
+                    timed_out = true;
+                    kill_jail();
+                }
+                None => {}
+            }
+            session_due = relay.session_clock(now, pid, &mut deadline);
+        }
         if !timed_out && deadline.is_some_and(|d| now >= d) {
             timed_out = true;
             kill_jail();
         }
-        let wait = match (timed_out, deadline) {
+        let wait = match (timed_out, deadline.into_iter().chain(session_due).min()) {
             (true, _) => PollTimeout::from(100u16),
             (false, Some(d)) => PollTimeout::try_from(d - now).unwrap_or(PollTimeout::MAX),
             (false, None) => PollTimeout::NONE,
@@ -140,6 +171,12 @@ pub(crate) fn run(
         truncated: relay.truncated,
         disk_used_bytes,
         warm: relay.warm.map(WarmRelay::end),
+        session: relay.session.map(|s| SessionEndState {
+            ready_at: s.clocks.ready_at(),
+            end: s.end,
+            broken: s.broken,
+            warm_up_output: s.warm.warm_up_output,
+        }),
         unsent: relay.outbox.into_unsent(),
     })
 }
@@ -274,6 +311,7 @@ struct Relay {
     disk: Option<OwnedFd>,
     outbox: Outbox,
     warm: Option<WarmRelay>,
+    session: Option<SessionRelay>,
 }
 
 /// Which descriptor a poll slot stands for.
@@ -285,23 +323,33 @@ enum Slot {
     Stdin,
     Events,
     Work,
+    Requests,
+    Runner,
 }
 
 impl Relay {
     fn new(spec: &JailSpec, ends: ParentEnds, outbox: Outbox) -> Relay {
-        let (stdin, warm) = match ends.work {
-            Some(channel) => (None, Some(WarmRelay::new(channel, ends.stdin_write))),
-            None => {
-                let stdin = (!spec.stdin.is_empty()).then(|| {
+        let (mut stdin, mut warm, mut session) = (None, None, None);
+        match (ends.work, spec.session) {
+            (Some(channel), Some(clocks)) => {
+                // Output is drained, not waited for, before each reply.
+                for out in [&ends.stdout_read, &ends.stderr_read] {
+                    let _ =
+                        nix::fcntl::fcntl(out, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+                }
+                session = Some(SessionRelay::new(clocks, channel, ends.stdin_write));
+            }
+            (Some(channel), None) => warm = Some(WarmRelay::new(channel, ends.stdin_write)),
+            (None, _) => {
+                stdin = (!spec.stdin.is_empty()).then(|| {
                     let _ = nix::fcntl::fcntl(
                         &ends.stdin_write,
                         nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK),
                     );
                     File::from(ends.stdin_write)
                 });
-                (stdin, None)
             }
-        };
+        }
         Relay {
             stdin,
             stdin_data: spec.stdin.clone(),
@@ -320,6 +368,7 @@ impl Relay {
             disk: None,
             outbox,
             warm,
+            session,
         }
     }
 
@@ -334,7 +383,12 @@ impl Relay {
         };
         let work = w.work.as_ref().expect("work arrived");
         w.cpu_before_ns = cgroup.usage().cpu_ns;
-        if let Err(e) = crate::rlimits::restart_cpu_clock(pid, cgroup, spec.limits.cpu_time_s) {
+        if let Err(e) = crate::rlimits::restart_cpu_clock(
+            pid,
+            cgroup,
+            spec.limits.cpu_time_s,
+            spec.limits.cpu_time_s,
+        ) {
             w.refused = Some(format!("restarting the CPU clock: {e}"));
             return Some(WarmStep::Abandoned);
         }
@@ -347,6 +401,107 @@ impl Relay {
         Some(WarmStep::Started(Duration::from_millis(
             work.wall_timeout_ms,
         )))
+    }
+
+    /// Act on what a session's channels brought: a request begins (its
+    /// CPU clock restarts, its output cap applies), a reply goes out with
+    /// what the request cost, after the output it printed. Returns why
+    /// the session ended, when it has.
+    fn session_steps(
+        &mut self,
+        spec: &JailSpec,
+        pid: Pid,
+        cgroup: &SandboxCgroup,
+    ) -> io::Result<Option<SessionEnd>> {
+        let mut ended = None;
+        while let Some(step) = self.session.as_mut().and_then(|s| s.steps.pop_front()) {
+            match step {
+                SessionStep::Ready => self.outbox.offer_ready()?,
+                SessionStep::Begin(op) => self.begin_request(spec, &op, pid, cgroup),
+                SessionStep::Reply(body) => self.send_reply(&body, cgroup)?,
+                SessionStep::End(why) => ended = Some(why),
+            }
+        }
+        Ok(ended)
+    }
+
+    fn begin_request(
+        &mut self,
+        spec: &JailSpec,
+        op: &pycell_runner::session::SessionOp,
+        pid: Pid,
+        cgroup: &SandboxCgroup,
+    ) {
+        let Some(s) = self.session.as_mut() else {
+            return;
+        };
+        s.cpu_before_ns = cgroup.usage().cpu_ns;
+        // A program that is gone has no clock to restart: the jail ends.
+        let _ =
+            crate::rlimits::restart_cpu_clock(pid, cgroup, op.cpu_time_s, spec.limits.cpu_time_s);
+        s.clocks
+            .begin(Instant::now(), Duration::from_millis(op.wall_timeout_ms));
+        self.sent = [0, 0];
+        self.truncated = [false, false];
+        self.cap = op.max_output_bytes;
+        self.outbox
+            .set_limit(outbox::pending_limit(op.max_output_bytes));
+    }
+
+    /// The reply, after the output the request left in the pipes (the
+    /// runner flushed its own before replying; a program that keeps
+    /// printing is read for a bounded while, the rest follows later).
+    fn send_reply(&mut self, body: &[u8], cgroup: &SandboxCgroup) -> io::Result<()> {
+        for _ in 0..DRAIN_ROUNDS {
+            let (out, err) = (self.read_output(0)?, self.read_output(1)?);
+            if !out && !err {
+                break;
+            }
+        }
+        let Some(s) = self.session.as_mut() else {
+            return Ok(());
+        };
+        let (took, interrupted) = s.clocks.end_request(Instant::now());
+        let usage = cgroup.usage();
+        let measure = ReplyMeasure {
+            wall_ms: took.as_secs_f64() * 1000.0,
+            cpu_ms: usage.cpu_ns.saturating_sub(s.cpu_before_ns) as f64 / 1e6,
+            memory_bytes: cgroup.memory_now(),
+            peak_memory_bytes: usage.peak_memory_bytes,
+            stdout_truncated: self.truncated[0],
+            stderr_truncated: self.truncated[1],
+            interrupted,
+        };
+        self.outbox.offer_reply(&measure, body)
+    }
+
+    /// A session's clocks: an overdue request is interrupted, an overdue
+    /// session ended (at the next round). Returns when they are next due;
+    /// once ready, the warm-up deadline no longer applies.
+    fn session_clock(
+        &mut self,
+        now: Instant,
+        pid: Pid,
+        deadline: &mut Option<Instant>,
+    ) -> Option<Instant> {
+        let s = self.session.as_mut()?;
+        if s.end.is_some() {
+            return None;
+        }
+        if s.clocks.is_ready() {
+            *deadline = None;
+        }
+        match s.clocks.due(now) {
+            Some(ClockAction::Interrupt) => {
+                let _ = kill(pid, Signal::SIGINT);
+            }
+            Some(ClockAction::End(why)) => {
+                s.ended(why, None);
+                return Some(now);
+            }
+            None => {}
+        }
+        s.clocks.next_due()
     }
 
     fn open(&self) -> bool {
@@ -371,12 +526,25 @@ impl Relay {
             match slot {
                 Slot::Signals => signal = true,
                 Slot::Status => self.read_status(),
-                Slot::Output(i) => self.read_output(i)?,
+                Slot::Output(i) => {
+                    self.read_output(i)?;
+                }
                 Slot::Stdin => self.write_stdin(),
                 Slot::Events => self.outbox.flush_some()?,
                 Slot::Work => {
                     if let Some(w) = self.warm.as_mut() {
                         w.read_channel();
+                    }
+                }
+                Slot::Requests => {
+                    if let Some(s) = self.session.as_mut() {
+                        s.read_requests();
+                    }
+                }
+                Slot::Runner => {
+                    if let Some(s) = self.session.as_mut() {
+                        s.write_runner();
+                        s.read_runner();
                     }
                 }
             }
@@ -409,6 +577,18 @@ impl Relay {
         if let Some(f) = self.warm.as_ref().and_then(|w| w.channel.as_ref()) {
             fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
             slots.push(Slot::Work);
+        }
+        if let Some(s) = &self.session {
+            if let Some(fd) = s.requests_fd() {
+                fds.push(PollFd::new(fd, PollFlags::POLLIN));
+                slots.push(Slot::Requests);
+            }
+            if let Some((fd, writing)) = s.runner_fd() {
+                let mut want = PollFlags::POLLIN;
+                want.set(PollFlags::POLLOUT, writing);
+                fds.push(PollFd::new(fd, want));
+                slots.push(Slot::Runner);
+            }
         }
         let wait = match self.drain_deadline {
             Some(_) => PollTimeout::from(50u16),
@@ -454,15 +634,18 @@ impl Relay {
             .unwrap_or(0)
     }
 
-    fn read_output(&mut self, i: usize) -> io::Result<()> {
+    /// Read one chunk of stdout (0) or stderr (1); false if there was
+    /// nothing to read (a session's pipes do not block).
+    fn read_output(&mut self, i: usize) -> io::Result<bool> {
         let mut buf = vec![0u8; CHUNK];
         let Some(f) = self.outs[i].as_mut() else {
-            return Ok(());
+            return Ok(false);
         };
         let n = match f.read(&mut buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
             Ok(0) | Err(_) => {
                 self.outs[i] = None;
-                return Ok(());
+                return Ok(false);
             }
             Ok(n) => n,
         };
@@ -471,7 +654,11 @@ impl Relay {
                 w.steps.push_back(WarmStep::Ready);
                 self.outbox.offer_ready()?;
             }
-            return Ok(());
+            return Ok(true);
+        }
+        if let Some(s) = self.session.as_mut().filter(|s| !s.clocks.is_ready()) {
+            s.warm_up_output(i == 0, &buf[..n], Instant::now());
+            return Ok(true);
         }
         let room = self.cap.saturating_sub(self.sent[i]) as usize;
         if n > room {
@@ -491,7 +678,7 @@ impl Relay {
         }
         // Past the cap we keep reading and discarding, so the program is not
         // blocked on a full pipe; the timeout bounds how long that goes on.
-        Ok(())
+        Ok(true)
     }
 
     fn write_stdin(&mut self) {

@@ -99,10 +99,15 @@ pub(crate) fn apply(pid: Pid, limits: &JailLimits, warm: bool) -> Result<(), Str
 /// /proc/<init>/task/*/children: init is not dumpable after its credential
 /// change, so under pycelld.service (no CAP_SYS_PTRACE, `ProtectProc=
 /// invisible`) its /proc directory is hidden from the jailer.
+///
+/// `jail_cpu_time_s` is the CPU time the jail started with (its hard
+/// limit): a run's own for a warm jail, the whole session's for a
+/// session, whose requests each get `cpu_time_s` from there.
 pub(crate) fn restart_cpu_clock(
     init: Pid,
     cgroup: &SandboxCgroup,
     cpu_time_s: u64,
+    jail_cpu_time_s: u64,
 ) -> Result<(), String> {
     let program = cgroup
         .processes()
@@ -118,7 +123,7 @@ pub(crate) fn restart_cpu_clock(
         .ok()
         .flatten()
         .unwrap_or(100) as u64;
-    let hard = cpu_seconds_hard(cpu_time_s);
+    let hard = cpu_seconds_hard(jail_cpu_time_s);
     let (soft, hard) = crate::warm::cpu_clock_from_now(used, ticks, cpu_time_s, hard);
     syscall::prlimit(program, libc::RLIMIT_CPU, soft, hard)
         .map_err(|e| format!("prlimit(RLIMIT_CPU, {soft}/{hard}): {e}"))

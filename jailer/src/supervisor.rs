@@ -89,7 +89,11 @@ fn run_checked(
         .write_all(&relayed.unsent)
         .map_err(io_failure("writing output"))?;
     let usage = jail.cgroup.usage();
-    let run = warm_run(spec, relayed.warm.as_ref(), end)?;
+    let run = match &relayed.session {
+        Some(session) => session_run(spec, session, end)?,
+        None => warm_run(spec, relayed.warm.as_ref(), end)?,
+    };
+    let session_end = relayed.session.as_ref().and_then(|s| s.end);
     let seen = Observed {
         timed_out: relayed.timed_out,
         cancelled: relayed.cancelled,
@@ -97,7 +101,10 @@ fn run_checked(
         messages: relayed.messages,
         init_status: format!("{:?}", relayed.init_status),
     };
-    let outcome = classify(&seen, &run.limits)?;
+    let mut outcome = classify(&seen, &run.limits)?;
+    if let (Some(why), Some(clocks)) = (session_end, spec.session) {
+        outcome.error = crate::session::end_failure(why, &clocks).or(outcome.error);
+    }
     let report = JailReport {
         status: outcome.status,
         exit_code: outcome.exit_code,
@@ -109,6 +116,7 @@ fn run_checked(
         peak_memory_bytes: usage.peak_memory_bytes,
         disk_used_bytes: relayed.disk_used_bytes,
         warm_waited_ms: run.waited_ms,
+        session_end,
         layers: Some(Layers {
             namespaces: NAMESPACES.iter().map(|s| s.to_string()).collect(),
             sandbox_uid: spec.sandbox_uid,
@@ -181,6 +189,37 @@ fn warm_run(
             "the warm jail was stopped before it got work".into(),
         )),
     }
+}
+
+/// A session's clock, from when it became ready. One that never got
+/// ready did not run: refused, its warm-up output on our stderr.
+fn session_run(
+    spec: &JailSpec,
+    session: &relay::SessionEndState,
+    since_start: Duration,
+) -> Result<RunClock, JailFailure> {
+    if let Some(why) = &session.broken {
+        eprintln!("pycell-jailer: session {}: {why}", spec.run_id);
+    }
+    let Some(ready_at) = session.ready_at else {
+        let output = String::from_utf8_lossy(&session.warm_up_output);
+        eprintln!(
+            "pycell-jailer: session {} ended while warming up; its output:\n{}",
+            spec.run_id,
+            output.trim_end()
+        );
+        return Err(JailFailure::new(
+            FailureCode::JailSetupFailed,
+            Layer::Jailer,
+            "the session's jail ended before it was ready (its warm-up output is in the jailer's stderr)",
+        ));
+    };
+    Ok(RunClock {
+        limits: spec.limits.clone(),
+        wall: ready_at.elapsed().min(since_start),
+        cpu_before_ns: 0,
+        waited_ms: None,
+    })
 }
 
 /// The event stream: our stdout (`events` buffers in front of it; nothing
@@ -268,7 +307,8 @@ struct Jail {
 /// the child is killed and reaped and the cgroup removed.
 fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     let layout = &checked.layout;
-    let (mut child_fds, go, ends) = pipes().map_err(io_failure("creating pipes"))?;
+    let (mut child_fds, go, ends) =
+        pipes(spec.session.is_some()).map_err(io_failure("creating pipes"))?;
     child_fds.handout_channel = handout_channel(spec)?;
     let born_in = match layout.version() {
         pycell_wire::report::CgroupVersion::V2 => Some(create_cgroup(spec, layout)?),
@@ -409,10 +449,18 @@ fn write_id_maps(pid: Pid, spec: &JailSpec) -> io::Result<()> {
 }
 
 /// The jail's pipes: the child's ends, our go-pipe end, our other ends.
-/// Each side drops the other's after the clone.
-fn pipes() -> io::Result<(ChildFds, OwnedFd, ParentEnds)> {
+/// Each side drops the other's after the clone. A session's stdin is a
+/// socket: its runner reads requests and writes replies on it.
+fn pipes(session: bool) -> io::Result<(ChildFds, OwnedFd, ParentEnds)> {
     let p = || pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from);
-    let (go, status, stdin, stdout, stderr) = (p()?, p()?, p()?, p()?, p()?);
+    let (go, status, stdout, stderr) = (p()?, p()?, p()?, p()?);
+    let stdin: (OwnedFd, OwnedFd) = match session {
+        true => {
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+            (theirs.into(), ours.into())
+        }
+        false => p()?,
+    };
     // Close-on-exec on both ends (std's socketpair sets it); ours never
     // blocks: the descriptor is there before the jail says it is ready.
     let (disk_ours, disk_child) = std::os::unix::net::UnixStream::pair()?;

@@ -373,6 +373,12 @@ pub struct Started<Child, Events> {
 }
 
 impl<C, E> Started<C, E> {
+    /// A session's request stream (the jailer's stdin, after its spec),
+    /// for its driver to own.
+    pub fn take_work_stream(&mut self) -> Option<UnixStream> {
+        self.work.take()
+    }
+
     /// Hand a warm jail its run (once: the stream is closed after it).
     /// The jailer must have reported itself ready first.
     pub fn send_work(&mut self, work: &pycell_runner::Work) -> io::Result<()> {
@@ -519,17 +525,25 @@ impl Prepared {
         let Some(events) = child.stdout.take() else {
             unreachable!("stdout was configured as a pipe");
         };
+        let warm = self.spec.warm;
         let sent = async {
             spec_in.set_nonblocking(true)?;
             let mut tx = tokio::net::UnixStream::from_std(spec_in)?;
             tx.write_all(&frame).await?;
-            tx.shutdown().await?;
+            // A warm jail's work (a session's requests) follows its spec.
+            if !warm {
+                tx.shutdown().await?;
+            }
             let spec_in = tx.into_std()?;
             spec_in.set_nonblocking(false)?;
-            Ok::<_, io::Error>(spec_in)
+            let work = match warm {
+                true => Some(spec_in.try_clone()?),
+                false => None,
+            };
+            Ok::<_, io::Error>((spec_in, work))
         };
         match sent.await {
-            Ok(spec_in) => Ok(self.started(child, events, spec_in, None)),
+            Ok((spec_in, work)) => Ok(self.started(child, events, spec_in, work)),
             Err(e) => {
                 let _ = child.kill().await;
                 Err(self.spec_not_taken(e))
@@ -592,7 +606,7 @@ impl Collector {
                 self.report = Some(*r);
                 return None;
             }
-            Event::Ready => return None,
+            Event::Ready | Event::Reply(..) => return None,
             Event::Output(s, b) => (s, b),
         };
         let i = stream as usize;

@@ -26,7 +26,7 @@ use nix::unistd::Pid;
 use pycell_egress::{AuditHook, Egress, EgressConfig};
 use pycell_host::uidalloc::UidLease;
 use pycell_protocol::result::RunResult;
-use pycell_wire::events::{Event, EventError, Stream};
+use pycell_wire::events::{Event, EventError, ReplyMeasure, Stream};
 use pycell_wire::fdpass::recv_with_fds;
 use pycell_wire::handout::{self, Handout};
 use tokio::io::{AsyncRead, AsyncReadExt, Interest};
@@ -336,6 +336,18 @@ impl Handouts {
     }
 }
 
+/// What a jailer's stream brings besides its result.
+#[derive(Debug)]
+pub enum StreamItem {
+    /// Output kept for the run (already capped).
+    Output(Stream, Vec<u8>),
+    /// A warm jail (a session's) is ready.
+    Ready,
+    /// A session's reply: what the jailer measured, and the runner's
+    /// bytes (untrusted).
+    Reply(ReplyMeasure, Vec<u8>),
+}
+
 /// The stream side of a started jailer: its events, decoded on a task of
 /// their own (so a `select!` never drops a half-read frame), the result
 /// collector, and its services, started as the jail hands out what they
@@ -377,12 +389,25 @@ impl RunStream {
     /// the stream ends (`None`): at the result, at its end, or broken (the
     /// caller then stops the jailer: see [`RunStream::broken`]).
     pub async fn next_output(&mut self) -> Option<(Stream, Vec<u8>)> {
+        loop {
+            match self.next_item().await? {
+                StreamItem::Output(s, bytes) => return Some((s, bytes)),
+                // Runs get no replies; a jailer that sends one anyway is
+                // not listened to.
+                StreamItem::Ready | StreamItem::Reply(..) => {}
+            }
+        }
+    }
+
+    /// The next item for the run or session, until the stream ends
+    /// (`None`), as [`RunStream::next_output`].
+    pub async fn next_item(&mut self) -> Option<StreamItem> {
         while !self.ended {
             let handing_out = self.handouts.as_ref().is_some_and(|h| !h.ended);
             tokio::select! {
                 ev = self.events.recv() => {
-                    if let Some(out) = self.record(ev) {
-                        return Some(out);
+                    if let Some(item) = self.record(ev) {
+                        return Some(item);
                     }
                 }
                 handed = next_handout(&mut self.handouts), if handing_out => {
@@ -395,11 +420,15 @@ impl RunStream {
         None
     }
 
-    fn record(&mut self, ev: Option<Result<Event, EventError>>) -> Option<(Stream, Vec<u8>)> {
+    fn record(&mut self, ev: Option<Result<Event, EventError>>) -> Option<StreamItem> {
         match ev {
+            Some(Ok(Event::Reply(measure, body))) => {
+                return Some(StreamItem::Reply(measure, body));
+            }
+            Some(Ok(Event::Ready)) => return Some(StreamItem::Ready),
             Some(Ok(ev)) => {
                 if let Some((s, bytes)) = self.collector.record(ev) {
-                    return Some((s, bytes.to_vec()));
+                    return Some(StreamItem::Output(s, bytes.to_vec()));
                 }
                 // The result is the last frame: the run is over, though
                 // its jailer may still be removing its cgroup.
@@ -473,7 +502,9 @@ fn read_events(
 
 /// The first [`JAILER_STDERR_CAP`] bytes of the jailer's stderr, read to
 /// its end on a task of its own (so it never blocks the jailer).
-fn read_stderr(stderr: Option<tokio::process::ChildStderr>) -> tokio::task::JoinHandle<Vec<u8>> {
+pub(crate) fn read_stderr(
+    stderr: Option<tokio::process::ChildStderr>,
+) -> tokio::task::JoinHandle<Vec<u8>> {
     tokio::spawn(async move {
         let mut kept = Vec::new();
         let Some(mut pipe) = stderr else {

@@ -4,7 +4,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use pycell_wire::report::{exit_code_for, JailFailure, JailReport, Layers, RunStatus};
+use pycell_wire::report::{exit_code_for, JailFailure, JailReport, Layers, RunStatus, SessionEnd};
 
 pub use pycell_policy::LimitsReport;
 
@@ -39,6 +39,9 @@ pub struct RunResult {
     /// How long that warm jail had been ready, waiting for a run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_waited_ms: Option<f64>,
+    /// A session's jail: why it ended, if its jailer or launcher ended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_end: Option<SessionEnd>,
     pub policy: String,
     /// The effective limits; null when the run was refused before they were known.
     pub limits: Option<LimitsReport>,
@@ -162,6 +165,7 @@ impl RunResult {
             disk_used_bytes: report.disk_used_bytes,
             warm: report.warm_waited_ms.is_some(),
             warm_waited_ms: report.warm_waited_ms,
+            session_end: report.session_end,
             policy: policy.to_string(),
             limits,
             layers: report.layers,

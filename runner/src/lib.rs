@@ -20,6 +20,8 @@
 //! it reaches the runner. No `unsafe`.
 #![forbid(unsafe_code)]
 
+pub mod session;
+
 use serde::{Deserialize, Serialize};
 
 use pycell_wire::spec::{JailSpec, WORKSPACE};

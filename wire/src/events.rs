@@ -20,10 +20,15 @@ const KIND_STDOUT: u8 = 1;
 const KIND_STDERR: u8 = 2;
 const KIND_RESULT: u8 = 3;
 const KIND_READY: u8 = 4;
+const KIND_REPLY: u8 = 5;
 /// A frame's header: its kind, then its payload's length.
 pub const HEADER_LEN: usize = 5;
-/// Larger frames are a protocol error (output chunks are at most 64 KiB).
-pub const MAX_FRAME: u32 = 4 << 20;
+/// Larger frames are a protocol error (output chunks are at most 64 KiB;
+/// a session's reply, at most [`MAX_REPLY`] and its measurements).
+pub const MAX_FRAME: u32 = MAX_REPLY + (64 << 10);
+/// The largest reply a session's runner may give to one request (a file
+/// read, a cell's images), in bytes.
+pub const MAX_REPLY: u32 = 16 << 20;
 
 /// Which of the program's output streams a chunk came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +45,28 @@ pub enum Event {
     /// A warm jail is ready for its work (see `pycell_runner`); it
     /// comes before any output.
     Ready,
+    /// A session's answer to one request: what the jailer measured, and
+    /// the runner's reply, as the runner wrote it (untrusted bytes: the
+    /// jailer does not parse them). The request's output came before it.
+    Reply(ReplyMeasure, Vec<u8>),
+}
+
+/// What the jailer measured of one session request.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReplyMeasure {
+    /// From the request reaching the runner to its reply.
+    pub wall_ms: f64,
+    /// CPU time of the whole jail (every process) meanwhile.
+    pub cpu_ms: f64,
+    /// The jail's memory when the reply came, and its peak so far.
+    pub memory_bytes: u64,
+    pub peak_memory_bytes: u64,
+    /// Output of this request past the cap was dropped.
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// It overran its wall timeout and was interrupted (SIGINT, which a
+    /// cell sees as KeyboardInterrupt).
+    pub interrupted: bool,
 }
 
 /// Why the event stream cannot be read further.
@@ -55,6 +82,8 @@ pub enum EventError {
     UnknownKind(u8),
     #[error("the result frame is not a report: {0}")]
     BadResult(serde_json::Error),
+    #[error("a reply frame without its measurements")]
+    BadReply,
 }
 
 /// The payload length a header announces, if it is within [`MAX_FRAME`].
@@ -75,8 +104,24 @@ pub fn decode_frame(kind: u8, payload: Vec<u8>) -> Result<Event, EventError> {
         KIND_RESULT => serde_json::from_slice(&payload)
             .map(|r| Event::Result(Box::new(r)))
             .map_err(EventError::BadResult),
+        KIND_REPLY => decode_reply(payload),
         k => Err(EventError::UnknownKind(k)),
     }
+}
+
+/// A reply's payload: the measurements' length (u32, little-endian), the
+/// measurements (JSON), the runner's bytes.
+fn decode_reply(mut payload: Vec<u8>) -> Result<Event, EventError> {
+    let head: [u8; 4] = payload
+        .get(..4)
+        .and_then(|h| h.try_into().ok())
+        .ok_or(EventError::BadReply)?;
+    let end = 4usize.saturating_add(u32::from_le_bytes(head) as usize);
+    let measure = payload
+        .get(4..end)
+        .and_then(|m| serde_json::from_slice(m).ok())
+        .ok_or(EventError::BadReply)?;
+    Ok(Event::Reply(measure, payload.split_off(end)))
 }
 
 /// A read that stopped inside a frame is a corrupt stream, not an end.
@@ -129,6 +174,20 @@ pub fn write_ready<W: Write + ?Sized>(w: &mut W) -> io::Result<()> {
     write_frame(w, KIND_READY, &[])
 }
 
+/// A session's reply to one request (`body` at most [`MAX_REPLY`] bytes).
+pub fn write_reply<W: Write + ?Sized>(
+    w: &mut W,
+    measure: &ReplyMeasure,
+    body: &[u8],
+) -> io::Result<()> {
+    let head = serde_json::to_vec(measure).map_err(io::Error::other)?;
+    let mut payload = Vec::with_capacity(4 + head.len() + body.len());
+    payload.extend_from_slice(&(head.len() as u32).to_le_bytes());
+    payload.extend_from_slice(&head);
+    payload.extend_from_slice(body);
+    write_frame(w, KIND_REPLY, &payload)
+}
+
 /// The result: the last frame of a run.
 pub fn write_result<W: Write + ?Sized>(w: &mut W, report: &JailReport) -> io::Result<()> {
     let json = serde_json::to_vec(report).map_err(io::Error::other)?;
@@ -172,6 +231,32 @@ mod tests {
             events.push(e);
         }
         check_sample(events);
+    }
+
+    #[test]
+    fn a_reply_keeps_its_measurements_apart_from_the_runners_bytes() {
+        let m = ReplyMeasure {
+            wall_ms: 1.5,
+            memory_bytes: 7,
+            interrupted: true,
+            ..Default::default()
+        };
+        let mut buf = Vec::new();
+        write_reply(&mut buf, &m, b"{\"cell\":1}").unwrap();
+        match read_event(&mut &buf[..]).unwrap().unwrap() {
+            Event::Reply(got, body) => {
+                assert_eq!(got, m);
+                assert_eq!(body, b"{\"cell\":1}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A payload that lies about its measurements' length.
+        let mut bad = vec![KIND_REPLY, 6, 0, 0, 0];
+        bad.extend_from_slice(&[200, 0, 0, 0, b'{', b'}']);
+        assert!(matches!(
+            read_event(&mut &bad[..]),
+            Err(EventError::BadReply)
+        ));
     }
 
     #[test]

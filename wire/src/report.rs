@@ -36,6 +36,35 @@ impl RunStatus {
     }
 }
 
+/// Why a session's jail ended, when its jailer ended it (or its launcher
+/// closed it); other ends (memory, a crash) are the report's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionEnd {
+    /// Its launcher ended it (closed its request stream).
+    Closed,
+    /// No request came for its idle timeout.
+    Idle,
+    /// It reached its maximum lifetime.
+    Lifetime,
+    /// A cell overran its wall timeout and did not stop when interrupted.
+    CellTimeout,
+    /// Its launcher or its runner broke the session's protocol.
+    Protocol,
+}
+
+impl SessionEnd {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionEnd::Closed => "closed",
+            SessionEnd::Idle => "idle",
+            SessionEnd::Lifetime => "lifetime",
+            SessionEnd::CellTimeout => "cell_timeout",
+            SessionEnd::Protocol => "protocol",
+        }
+    }
+}
+
 /// Why a run was refused, or ended other than by itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JailFailure {
@@ -148,6 +177,9 @@ pub struct JailReport {
     /// A warm jail's run: how long the jail had waited for it, ready.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_waited_ms: Option<f64>,
+    /// A session's jail: why it ended, if its jailer (or launcher) ended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_end: Option<SessionEnd>,
     pub layers: Option<Layers>,
     pub error: Option<JailFailure>,
 }
@@ -166,6 +198,7 @@ impl JailReport {
             peak_memory_bytes: 0,
             disk_used_bytes: 0,
             warm_waited_ms: None,
+            session_end: None,
             layers: None,
             error: Some(failure),
         }

@@ -58,6 +58,24 @@ pub struct JailSpec {
     /// clocks start when it arrives.
     #[serde(default)]
     pub warm: bool,
+    /// A session: a warm jail whose runner serves requests (cells, file
+    /// operations) one at a time, for as long as the session lives (see
+    /// `pycell_runner::session`). Needs `warm`.
+    #[serde(default)]
+    pub session: Option<SessionSpec>,
+}
+
+/// A session's clocks, which its jailer keeps: the jail ends when it has
+/// been idle (no request in flight) for `idle_timeout_ms`, at the latest
+/// `lifetime_ms` after it became ready, and when a cell that was told to
+/// stop (SIGINT, at its wall timeout) has not answered `cell_grace_ms`
+/// later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSpec {
+    pub idle_timeout_ms: u64,
+    pub lifetime_ms: u64,
+    pub cell_grace_ms: u64,
 }
 
 /// The host's TLS trust store (Debian's ca-certificates), bound read-only
@@ -281,6 +299,14 @@ impl JailSpec {
                 "warm",
                 "a warm jail gets its script and stdin with its work, and exports nothing",
             ));
+        }
+        if let Some(s) = &self.session {
+            if !self.warm {
+                return Err(bad("session", "a session's jail is a warm jail"));
+            }
+            if s.idle_timeout_ms == 0 || s.lifetime_ms == 0 || s.cell_grace_ms == 0 {
+                return Err(bad("session", "its timeouts must be positive"));
+            }
         }
         for f in &self.files {
             let n = f.name.as_str();

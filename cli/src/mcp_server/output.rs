@@ -313,6 +313,7 @@ mod tests {
             peak_memory_bytes: 8_839_168,
             disk_used_bytes: 4096,
             warm_waited_ms: None,
+            session_end: None,
             layers: None,
             error: None,
         }

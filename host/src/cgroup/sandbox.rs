@@ -280,6 +280,18 @@ impl SandboxCgroup {
     }
 }
 
+impl SandboxCgroup {
+    /// The memory the run's processes use now (a session's, between
+    /// requests): one file read.
+    pub fn memory_now(&self) -> u64 {
+        let file = match self.version {
+            CgroupVersion::V1 => "memory.usage_in_bytes",
+            CgroupVersion::V2 => "memory.current",
+        };
+        files::read_u64(&self.memory_dir().join(file))
+    }
+}
+
 impl Drop for SandboxCgroup {
     fn drop(&mut self) {
         self.kill_all();

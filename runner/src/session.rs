@@ -1,0 +1,302 @@
+//! Sessions: a warm jail whose runner (`python -s -c RUNNER
+//! --pycell-session MODULE...`) stays alive and serves requests one at a
+//! time, like a Jupyter kernel: cells run in one persistent `__main__`, and
+//! files are written, read and listed in /workspace.
+//!
+//! ```text
+//! launcher ──SessionOp──> pycell-jailer ──request──> runner (socket as its stdin)
+//!          <──output events, then a Reply event──    <──reply── (stdout, stderr as pipes)
+//! ```
+//!
+//! The launcher's [`SessionOp`] carries the request and its clocks (wall
+//! timeout, CPU allowance, output cap); the jailer passes the request on as
+//! a frame of its own on the runner's channel, which is not the program's
+//! stdout: what a cell prints cannot forge or end its result. The runner's
+//! reply comes back as untrusted bytes that the jailer only measures and
+//! forwards ([`pycell_wire::events::Event::Reply`]); the launcher parses
+//! it ([`RunnerReply`]), never anything running as root.
+
+use serde::{Deserialize, Serialize};
+
+use pycell_wire::spec::{JailSpec, SessionSpec};
+
+use crate::RUNNER;
+
+/// The runner's argument that starts a session.
+pub const SESSION_FLAG: &str = "--pycell-session";
+
+/// The largest request frame (a file write of [`MAX_FILE_BYTES`] in base64,
+/// or a cell's code, with room to spare).
+pub const MAX_REQUEST_FRAME: u64 = 24 << 20;
+
+/// The largest file a session moves in or out in one request.
+pub const MAX_FILE_BYTES: u64 = 8 << 20;
+
+/// The argv of a session's jail: the interpreter on the runner, in
+/// session mode, importing `modules` before it is ready.
+pub fn session_argv(python: String, modules: &[String]) -> Vec<String> {
+    let mut argv = vec![
+        python,
+        "-s".to_string(),
+        "-c".to_string(),
+        RUNNER.to_string(),
+        SESSION_FLAG.to_string(),
+    ];
+    argv.extend(modules.iter().cloned());
+    argv
+}
+
+/// The jail of a session whose runs would get `cold` (a spec resolved for
+/// an empty request): the warm jail, in session mode, with `clocks`. Its
+/// RLIMIT_CPU is the whole session's (one CPU-second per second of its
+/// lifetime); each cell gets its own allowance from there.
+pub fn session_spec(cold: &JailSpec, modules: &[String], clocks: SessionSpec) -> JailSpec {
+    let mut spec = crate::warm_spec(cold, modules);
+    spec.argv = session_argv(cold.argv[0].clone(), modules);
+    spec.limits.cpu_time_s = clocks.lifetime_ms.div_ceil(1000).max(1);
+    spec.limits.wall_timeout_ms = clocks.lifetime_ms;
+    spec.session = Some(clocks);
+    spec
+}
+
+/// One request for a session, from its launcher to its jailer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionOp {
+    /// Past it, the runner gets SIGINT (KeyboardInterrupt in a cell); if
+    /// it has not answered the session's grace later, the session ends.
+    pub wall_timeout_ms: u64,
+    /// CPU seconds the runner may use for this request (RLIMIT_CPU from
+    /// now: SIGXCPU, which a cell also sees as KeyboardInterrupt).
+    pub cpu_time_s: u64,
+    /// Cap for each of stdout and stderr during this request.
+    pub max_output_bytes: u64,
+    pub request: SessionRequest,
+}
+
+/// What the runner is asked to do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SessionRequest {
+    /// Run `code` as the next cell in the session's `__main__`.
+    Cell { code: String, limits: CellLimits },
+    /// Write `data` (base64) to `path` in /workspace, creating its
+    /// directories.
+    Write { path: String, data: String },
+    /// Read `path` in /workspace, if it has at most `max_bytes`.
+    Read { path: String, max_bytes: u64 },
+    /// List the directory `path` in /workspace.
+    List { path: String, max_entries: u32 },
+}
+
+/// What a cell's reply may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellLimits {
+    /// Characters of the last expression's repr.
+    pub value_chars: u32,
+    /// Changed files listed.
+    pub files: u32,
+    /// Largest edge of an image sent back, in pixels.
+    pub image_edge: u32,
+    /// Total size of the images sent back, in bytes (PNG).
+    pub image_bytes: u64,
+}
+
+impl Default for CellLimits {
+    fn default() -> CellLimits {
+        CellLimits {
+            value_chars: 16 << 10,
+            files: 100,
+            image_edge: 1024,
+            image_bytes: 1 << 20,
+        }
+    }
+}
+
+/// Why a request was refused before it reached the runner.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionOpError {
+    #[error("the wall timeout, CPU allowance and output cap must be positive")]
+    Zero,
+    #[error("a path contains a NUL byte")]
+    NulInPath,
+    #[error("a read of {0} bytes is more than the {MAX_FILE_BYTES} a session moves at once")]
+    ReadTooLarge(u64),
+}
+
+impl SessionOp {
+    /// Check what the jailer relies on.
+    pub fn validate(&self) -> Result<(), SessionOpError> {
+        if self.wall_timeout_ms == 0 || self.cpu_time_s == 0 || self.max_output_bytes == 0 {
+            return Err(SessionOpError::Zero);
+        }
+        match &self.request {
+            SessionRequest::Cell { .. } => Ok(()),
+            SessionRequest::Write { path, .. } | SessionRequest::List { path, .. }
+                if path.contains('\0') =>
+            {
+                Err(SessionOpError::NulInPath)
+            }
+            SessionRequest::Read { path, .. } if path.contains('\0') => {
+                Err(SessionOpError::NulInPath)
+            }
+            SessionRequest::Read { max_bytes, .. } if *max_bytes > MAX_FILE_BYTES => {
+                Err(SessionOpError::ReadTooLarge(*max_bytes))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The frame the jailer writes on the runner's channel: a 4-byte
+    /// big-endian length, then the request's JSON.
+    pub fn runner_frame(&self) -> Vec<u8> {
+        pycell_wire::framing::encode_within(&self.request, MAX_REQUEST_FRAME)
+            .expect("a request that came in a frame fits in one")
+    }
+}
+
+/// A runner's reply, as the launcher reads it: every field any request's
+/// reply may have (the runner is inside the jail, so nothing here is
+/// trusted beyond its shape; sizes were bounded by the jailer).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct RunnerReply {
+    /// The request could not be served as asked (a path outside the
+    /// workspace, a file too big): the reason.
+    #[serde(default)]
+    pub refused: Option<String>,
+    /// A cell: its number in the session.
+    #[serde(default)]
+    pub cell: Option<u64>,
+    #[serde(default)]
+    pub value: Option<String>,
+    #[serde(default)]
+    pub value_truncated: bool,
+    #[serde(default)]
+    pub error: Option<CellError>,
+    #[serde(default)]
+    pub files: Vec<ChangedFile>,
+    #[serde(default)]
+    pub files_truncated: bool,
+    #[serde(default)]
+    pub images: Vec<ReplyImage>,
+    #[serde(default)]
+    pub images_omitted: u32,
+    /// A file operation: the path it resolved to, and the file's size.
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub size: Option<u64>,
+    /// A read: the file's bytes in base64.
+    #[serde(default)]
+    pub data: Option<String>,
+    /// A listing.
+    #[serde(default)]
+    pub entries: Vec<DirEntry>,
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+/// The exception a cell ended with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellError {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub message: String,
+    /// As python prints it, without the runner's frames.
+    pub traceback: String,
+}
+
+/// A file a cell or run created or changed in /workspace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChangedFile {
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+    pub created: bool,
+}
+
+/// An image for the caller: a figure left open, or a PNG or JPEG written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplyImage {
+    /// Where the full-size image is in /workspace.
+    pub path: String,
+    /// PNG, base64, scaled to the request's `image_edge`.
+    pub png: String,
+    pub width: u32,
+    pub height: u32,
+}
+
+/// One entry of a listing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    /// `file`, `directory`, `symlink` or `other`.
+    pub kind: String,
+    pub size: u64,
+    /// Seconds since the epoch.
+    pub mtime: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(request: SessionRequest) -> SessionOp {
+        SessionOp {
+            wall_timeout_ms: 1000,
+            cpu_time_s: 1,
+            max_output_bytes: 1024,
+            request,
+        }
+    }
+
+    #[test]
+    fn the_runner_gets_the_request_alone_tagged_by_its_op() {
+        let cell = op(SessionRequest::Cell {
+            code: "x = 1".into(),
+            limits: CellLimits::default(),
+        });
+        let frame = cell.runner_frame();
+        let len = u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize;
+        let v: serde_json::Value = serde_json::from_slice(&frame[4..4 + len]).unwrap();
+        assert_eq!(v["op"], "cell");
+        assert_eq!(v["code"], "x = 1");
+        assert_eq!(v["limits"]["image_edge"], 1024);
+        assert!(v.get("wall_timeout_ms").is_none(), "{v}");
+    }
+
+    #[test]
+    fn bad_requests_are_refused_before_the_runner() {
+        let mut zero = op(SessionRequest::List {
+            path: String::new(),
+            max_entries: 10,
+        });
+        zero.wall_timeout_ms = 0;
+        assert_eq!(zero.validate(), Err(SessionOpError::Zero));
+        let nul = op(SessionRequest::Write {
+            path: "a\0b".into(),
+            data: String::new(),
+        });
+        assert_eq!(nul.validate(), Err(SessionOpError::NulInPath));
+        let big = op(SessionRequest::Read {
+            path: "a".into(),
+            max_bytes: MAX_FILE_BYTES + 1,
+        });
+        assert!(matches!(
+            big.validate(),
+            Err(SessionOpError::ReadTooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn a_reply_reads_whatever_fields_its_request_has() {
+        let r: RunnerReply = serde_json::from_str(
+            r#"{"cell": 2, "value": "42", "value_truncated": false, "files": [], "images": [], "images_omitted": 0, "id": null}"#,
+        )
+        .unwrap();
+        assert_eq!((r.cell, r.value.as_deref()), (Some(2), Some("42")));
+        let r: RunnerReply = serde_json::from_str(r#"{"refused": "no"}"#).unwrap();
+        assert_eq!(r.refused.as_deref(), Some("no"));
+    }
+}
