@@ -27,6 +27,7 @@ mod limits;
 pub mod network;
 mod raw;
 pub mod requirement;
+pub mod session;
 mod types;
 mod units;
 mod validate;
@@ -36,6 +37,7 @@ pub use limits::{
     LimitCeilings, LimitCeilingsReport, Limits, LimitsReport, CPUS_RANGE, MAX_MAX_OUTPUT,
     MAX_WALL_TIMEOUT, MIN_MAX_OUTPUT, MIN_MEMORY, MIN_TMPFS_SIZE, OPEN_FILES_RANGE, PIDS_RANGE,
 };
+pub use session::SessionSettings;
 pub use types::{
     namespaces, Dependencies, InstallSource, Interpreter, LandlockRules, Namespace, NetworkMode,
     ReadOnlyMount,
@@ -76,6 +78,8 @@ pub struct Policy {
     /// `[warm] imports`: modules a warm jail of this policy (pycelld's
     /// pool) imports before its run arrives.
     pub warm_imports: Vec<String>,
+    /// `[session]`: sessions' clocks, count and transfers.
+    pub session: SessionSettings,
 }
 
 impl Policy {

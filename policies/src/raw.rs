@@ -28,6 +28,18 @@ pub(crate) struct RawPolicy {
     pub(crate) dependencies: Option<RawDependencies>,
     pub(crate) install: Option<RawInstall>,
     pub(crate) warm: Option<RawWarm>,
+    pub(crate) session: Option<RawSession>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSession {
+    pub(crate) idle_timeout: Option<Quantity>,
+    pub(crate) lifetime: Option<Quantity>,
+    pub(crate) per_uid: Option<i64>,
+    pub(crate) max_file: Option<Quantity>,
+    pub(crate) image_edge: Option<i64>,
+    pub(crate) image_bytes: Option<Quantity>,
 }
 
 #[derive(Debug, Default, Deserialize)]

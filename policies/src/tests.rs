@@ -172,7 +172,7 @@ fn unknown_field_lists_the_known_ones() {
         error_with("[network]", "[netwrok]"),
         "policies/custom.toml:20:2: netwrok: unknown field \"netwrok\"; expected one of: \
          name, description, namespaces, interpreter, limits, network, mounts, landlock, seccomp, env, \
-         dependencies, install, warm"
+         dependencies, install, warm, session"
     );
 }
 
@@ -668,4 +668,29 @@ fn warm_imports_are_module_names_listed_once() {
     assert!(e.contains("listed twice"), "{e}");
     let e = minimal_with("[warm]\npreload = []\n").unwrap_err();
     assert!(e.contains("preload"), "{e}");
+}
+
+#[test]
+fn session_settings_default_and_are_checked() {
+    let p = minimal_with("").unwrap();
+    assert_eq!(p.session, crate::SessionSettings::default());
+    assert_eq!(p.session.idle_timeout, std::time::Duration::from_secs(600));
+    let p =
+        minimal_with("[session]\nidle_timeout = \"30s\"\nper_uid = 0\nimage_bytes = 0\n").unwrap();
+    assert_eq!(p.session.idle_timeout.as_secs(), 30);
+    assert_eq!((p.session.per_uid, p.session.image_bytes), (0, 0));
+    let e = minimal_with("[session]\nidle_timeout = \"2h\"\n").unwrap_err();
+    assert!(
+        e.contains("session.idle_timeout") && e.contains("longer than the lifetime"),
+        "{e}"
+    );
+    let e = minimal_with("[session]\nmax_file = \"9MiB\"\n").unwrap_err();
+    assert!(
+        e.contains("session.max_file") && e.contains("between"),
+        "{e}"
+    );
+    let e = minimal_with("[session]\nimage_edge = 4\n").unwrap_err();
+    assert!(e.contains("session.image_edge"), "{e}");
+    let e = minimal_with("[session]\nkeep = 1\n").unwrap_err();
+    assert!(e.contains("keep"), "{e}");
 }

@@ -100,6 +100,8 @@ pub(crate) fn validate(
         raw.warm.unwrap_or_default().imports.unwrap_or_default(),
         &root.key("warm").key("imports"),
     )?;
+    let session =
+        crate::session::check_session(raw.session.unwrap_or_default(), &root.key("session"))?;
 
     Ok(Policy {
         name,
@@ -115,6 +117,7 @@ pub(crate) fn validate(
         dependencies,
         install,
         warm_imports,
+        session,
     })
 }
 
@@ -377,7 +380,7 @@ fn check_ceilings(
     Ok(ceilings)
 }
 
-fn duration(q: Quantity) -> std::result::Result<Duration, UnitError> {
+pub(crate) fn duration(q: Quantity) -> std::result::Result<Duration, UnitError> {
     match q {
         Quantity::Integer(n) => u64::try_from(n)
             .map(Duration::from_secs)
@@ -386,7 +389,7 @@ fn duration(q: Quantity) -> std::result::Result<Duration, UnitError> {
     }
 }
 
-fn size(q: Quantity) -> std::result::Result<u64, UnitError> {
+pub(crate) fn size(q: Quantity) -> std::result::Result<u64, UnitError> {
     match q {
         Quantity::Integer(n) => u64::try_from(n).map_err(|_| UnitError::NegativeSize(n)),
         Quantity::Text(s) => parse_size(&s),

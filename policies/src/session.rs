@@ -1,0 +1,122 @@
+//! `[session]`: how long a session of this policy may live and idle, how
+//! many a uid may hold, and what it moves in and out (files, images).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Diagnostic, FieldPath};
+use crate::limits::between;
+use crate::raw::{Quantity, RawSession};
+use crate::validate::{duration, size};
+
+/// The largest file a session moves in one request (the protocol's bound).
+pub const MAX_FILE_CEILING: u64 = 8 << 20;
+
+/// A policy's session settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSettings {
+    /// A session with no request for this long is ended.
+    pub idle_timeout: Duration,
+    /// Every session is ended this long after it started.
+    pub lifetime: Duration,
+    /// Sessions one uid (or one `pycell mcp`) may hold at once.
+    pub per_uid: u32,
+    /// The largest file written or read in one request.
+    pub max_file: u64,
+    /// Images sent back are scaled to at most this many pixels a side.
+    pub image_edge: u32,
+    /// The images of one result together, in bytes (PNG).
+    pub image_bytes: u64,
+}
+
+impl Default for SessionSettings {
+    fn default() -> SessionSettings {
+        SessionSettings {
+            idle_timeout: Duration::from_secs(600),
+            lifetime: Duration::from_secs(3600),
+            per_uid: 4,
+            max_file: MAX_FILE_CEILING,
+            image_edge: 1024,
+            image_bytes: 1 << 20,
+        }
+    }
+}
+
+const IDLE_RANGE: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(86_400));
+const LIFETIME_RANGE: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(7 * 86_400));
+const PER_UID_RANGE: (i64, i64) = (0, 1024);
+const IMAGE_EDGE_RANGE: (i64, i64) = (16, 8192);
+const IMAGE_BYTES_RANGE: (u64, u64) = (0, 16 << 20);
+
+fn secs(d: Duration) -> String {
+    format!("{}s", d.as_secs())
+}
+
+fn within_duration(
+    q: Quantity,
+    range: (Duration, Duration),
+    at: &FieldPath,
+) -> Result<Duration, Diagnostic> {
+    let d = duration(q).map_err(|e| Diagnostic::at(at.clone(), e))?;
+    if d < range.0 || d > range.1 {
+        return Err(Diagnostic::at(
+            at.clone(),
+            between((secs(range.0), secs(range.1)), secs(d)),
+        ));
+    }
+    Ok(d)
+}
+
+fn within_int(n: i64, range: (i64, i64), at: &FieldPath) -> Result<u32, Diagnostic> {
+    if n < range.0 || n > range.1 {
+        return Err(Diagnostic::at(at.clone(), between(range, n)));
+    }
+    Ok(n as u32)
+}
+
+fn within_size(q: Quantity, range: (u64, u64), at: &FieldPath) -> Result<u64, Diagnostic> {
+    let n = size(q).map_err(|e| Diagnostic::at(at.clone(), e))?;
+    if n < range.0 || n > range.1 {
+        return Err(Diagnostic::at(at.clone(), between(range, n)));
+    }
+    Ok(n)
+}
+
+/// `[session]`, each field left out taking its default.
+pub(crate) fn check_session(
+    raw: RawSession,
+    path: &FieldPath,
+) -> Result<SessionSettings, Diagnostic> {
+    let mut s = SessionSettings::default();
+    if let Some(q) = raw.idle_timeout {
+        s.idle_timeout = within_duration(q, IDLE_RANGE, &path.key("idle_timeout"))?;
+    }
+    if let Some(q) = raw.lifetime {
+        s.lifetime = within_duration(q, LIFETIME_RANGE, &path.key("lifetime"))?;
+    }
+    if s.idle_timeout > s.lifetime {
+        return Err(Diagnostic::at(
+            path.key("idle_timeout"),
+            format!(
+                "{} is longer than the lifetime ({}): a session never idles longer than it lives",
+                secs(s.idle_timeout),
+                secs(s.lifetime)
+            ),
+        ));
+    }
+    if let Some(n) = raw.per_uid {
+        s.per_uid = within_int(n, PER_UID_RANGE, &path.key("per_uid"))?;
+    }
+    if let Some(q) = raw.max_file {
+        s.max_file = within_size(q, (1, MAX_FILE_CEILING), &path.key("max_file"))?;
+    }
+    if let Some(n) = raw.image_edge {
+        s.image_edge = within_int(n, IMAGE_EDGE_RANGE, &path.key("image_edge"))?;
+    }
+    if let Some(q) = raw.image_bytes {
+        s.image_bytes = within_size(q, IMAGE_BYTES_RANGE, &path.key("image_bytes"))?;
+    }
+    Ok(s)
+}
