@@ -20,4 +20,5 @@ pub mod host_info;
 pub mod launcher;
 pub mod layers;
 pub mod resolve;
+pub mod session;
 pub mod supervisor;

@@ -458,6 +458,7 @@ pub fn resolve_with(
         },
         export_workspace: extras.export_workspace,
         warm: false,
+        session: None,
     };
     Ok(Resolved { spec, limits })
 }

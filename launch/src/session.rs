@@ -1,0 +1,505 @@
+//! Sessions, on the launcher's side: a started session jail (see
+//! `pycell_runner::session`) driven by a task of its own, which owns both
+//! halves of its jailer ([`JailerProcess`], [`RunStream`]) and its request
+//! stream, and which callers reach through a [`Session`] handle.
+//!
+//! Requests are served one at a time, in order: a request made while
+//! another runs waits in a queue of [`MAX_QUEUED`], beyond which it is
+//! refused ([`SessionError::Busy`]). When the session ends (its caller ends
+//! it, its jailer's clocks do, its memory runs out, ...) every waiting
+//! caller, and every later one, gets [`SessionEnded`], which says why. The
+//! runner's replies are parsed here, outside the jail's privilege: they are
+//! the sandbox's bytes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pycell_protocol::result::RunResult;
+use pycell_runner::session::{RunnerReply, SessionOp, MAX_REQUEST_FRAME};
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::events::ReplyMeasure;
+use pycell_wire::report::JailFailure;
+use pycell_wire::report::{RunStatus, SessionEnd};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::launcher::{append_capped, Collector, JailerEnd, LaunchedAsync};
+use crate::supervisor::{
+    read_stderr, JailerProcess, Patience, RunStream, Services, StoppedBy, StreamItem,
+};
+
+/// Requests that may wait behind the one running.
+pub const MAX_QUEUED: usize = 8;
+
+/// A request's answer: the runner's reply, the output the request
+/// printed (capped), and what the jailer measured.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub reply: RunnerReply,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub measure: ReplyMeasure,
+}
+
+/// Why a session is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    /// Its caller ended it.
+    Ended,
+    /// Idle for its idle timeout.
+    Idle,
+    /// Its maximum lifetime passed.
+    Lifetime,
+    /// A cell overran its timeout and ignored KeyboardInterrupt.
+    CellTimeout,
+    /// Its memory limit was reached.
+    Oom,
+    /// Its python exited (a cell called `os._exit`, or crashed it).
+    Exited,
+    /// It was killed: the server shut down, or a limit (CPU time) killed it.
+    Killed,
+    /// It could not start, or its jailer failed.
+    Failed,
+}
+
+impl EndReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::Ended => "ended",
+            EndReason::Idle => "idle_timeout",
+            EndReason::Lifetime => "lifetime",
+            EndReason::CellTimeout => "cell_timeout",
+            EndReason::Oom => "oom",
+            EndReason::Exited => "exited",
+            EndReason::Killed => "killed",
+            EndReason::Failed => "failed",
+        }
+    }
+}
+
+/// A session that is over, and why: the same for every caller.
+#[derive(Debug, Clone)]
+pub struct SessionEnded {
+    pub reason: EndReason,
+    pub message: String,
+    /// The session jail's own result (its layers, its peak memory).
+    pub result: Arc<RunResult>,
+}
+
+impl SessionEnded {
+    /// Why the session whose jail ended with `result` is over.
+    pub fn from_result(result: RunResult) -> SessionEnded {
+        let (reason, message) = end_of(&result);
+        SessionEnded {
+            reason,
+            message,
+            result: Arc::new(result),
+        }
+    }
+}
+
+/// The reason and message for a session jail's result (pure).
+fn end_of(r: &RunResult) -> (EndReason, String) {
+    let said = r.error.as_ref().map(|e| e.message.clone());
+    let with = |reason: EndReason, fallback: &str| {
+        (reason, said.clone().unwrap_or_else(|| fallback.to_string()))
+    };
+    match (r.session_end, r.status) {
+        (_, RunStatus::Refused) => with(EndReason::Failed, "the session could not start"),
+        (_, RunStatus::Oom) => with(
+            EndReason::Oom,
+            "the session reached its memory limit and was killed",
+        ),
+        (Some(SessionEnd::Closed), _) => (EndReason::Ended, "the session was ended".into()),
+        (Some(SessionEnd::Idle), _) => with(EndReason::Idle, "the session was idle too long"),
+        (Some(SessionEnd::Lifetime), _) => {
+            with(EndReason::Lifetime, "the session's lifetime ran out")
+        }
+        (Some(SessionEnd::CellTimeout), _) => with(
+            EndReason::CellTimeout,
+            "a cell ignored KeyboardInterrupt past its timeout",
+        ),
+        (Some(SessionEnd::Protocol), _) => with(EndReason::Failed, "the session's channel broke"),
+        (None, RunStatus::Ok | RunStatus::Error) => (
+            EndReason::Exited,
+            match (r.exit_code, r.signal) {
+                (Some(c), _) => format!("the session's python exited with status {c}"),
+                (_, Some(s)) => format!("the session's python was killed by signal {s}"),
+                _ => "the session's python exited".to_string(),
+            },
+        ),
+        (None, RunStatus::Killed | RunStatus::Timeout) => {
+            with(EndReason::Killed, "the session was killed")
+        }
+    }
+}
+
+/// Why a request got no answer.
+#[derive(Debug, Clone)]
+pub enum SessionError {
+    /// The session is over (before or during the request).
+    Ended(SessionEnded),
+    /// [`MAX_QUEUED`] requests already wait.
+    Busy,
+}
+
+struct Call {
+    op: SessionOp,
+    answer: oneshot::Sender<Result<Answer, SessionEnded>>,
+}
+
+/// A live session. Cheap to clone; clones share the session. Dropping
+/// every clone ends it.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub run_id: String,
+    pub policy: String,
+    pub sandbox_uid: u32,
+    calls: mpsc::Sender<Call>,
+    close: CancellationToken,
+    ended: watch::Receiver<Option<SessionEnded>>,
+}
+
+impl std::fmt::Debug for Call {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Call").finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// Drive `launched` (a session jail's jailer, just spawned) as a
+    /// session: wait until its runner is ready (at most `ready_within`),
+    /// then serve requests. `stop` resolving kills it (a server shutting
+    /// down). `Err` is why it never became ready, its jailer already
+    /// reaped.
+    pub async fn start(
+        mut launched: LaunchedAsync,
+        services: Services,
+        patience: Patience,
+        ready_within: Duration,
+        stop: CancellationToken,
+    ) -> Result<Session, SessionEnded> {
+        let collector = Collector::new(&launched.run_id, &launched.policy, None);
+        let requests = launched
+            .take_work_stream()
+            .and_then(|s| s.set_nonblocking(true).ok().map(|()| s))
+            .and_then(|s| tokio::net::UnixStream::from_std(s).ok());
+        let stderr = read_stderr(launched.child.stderr.take());
+        let wall = Duration::from_secs_f64(launched.limits.wall_timeout_s);
+        let mut process = JailerProcess::new(launched.child, launched.lease, wall, patience);
+        let mut stream = RunStream::start(launched.events, collector, launched.handouts, services);
+        let (run_id, policy) = (launched.run_id, launched.policy);
+        let sandbox_uid = process.uid().unwrap_or(0);
+        let ready = match requests {
+            Some(r) => wait_ready(&mut stream, ready_within).await.then_some(r),
+            None => None,
+        };
+        let Some(requests) = ready else {
+            process.stop(StoppedBy::Nobody);
+            let status = process.wait().await;
+            let stderr = stderr.await.unwrap_or_default();
+            let (result, _) = stream.finish(JailerEnd::Exited { status, stderr }).await;
+            return Err(not_ready(result));
+        };
+        let (calls, calls_rx) = mpsc::channel(MAX_QUEUED);
+        let (ended_tx, ended) = watch::channel(None);
+        let close = CancellationToken::new();
+        let driver = Driver {
+            process,
+            stream,
+            requests: Some(requests),
+            calls: calls_rx,
+            close: close.clone(),
+            stop,
+            in_flight: None,
+            stray: [Vec::new(), Vec::new()],
+        };
+        tokio::spawn(driver.run(stderr, ended_tx));
+        Ok(Session {
+            run_id,
+            policy,
+            sandbox_uid,
+            calls,
+            close,
+            ended,
+        })
+    }
+
+    /// Serve `op` when the requests before it are done.
+    pub async fn request(&self, op: SessionOp) -> Result<Answer, SessionError> {
+        if let Some(e) = self.ended() {
+            return Err(SessionError::Ended(e));
+        }
+        let (answer, answered) = oneshot::channel();
+        match self.calls.try_send(Call { op, answer }) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => return Err(SessionError::Busy),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                return Err(SessionError::Ended(self.wait_ended().await))
+            }
+        }
+        match answered.await {
+            Ok(r) => r.map_err(SessionError::Ended),
+            Err(_) => Err(SessionError::Ended(self.wait_ended().await)),
+        }
+    }
+
+    /// Why the session is over, if it is.
+    pub fn ended(&self) -> Option<SessionEnded> {
+        self.ended.borrow().clone()
+    }
+
+    /// End the session (what runs is killed) and wait until its jail is
+    /// gone: its processes, cgroup and sandbox uid.
+    pub async fn end(&self) -> SessionEnded {
+        self.close.cancel();
+        self.wait_ended().await
+    }
+
+    async fn wait_ended(&self) -> SessionEnded {
+        let mut ended = self.ended.clone();
+        let got = match ended.wait_for(Option::is_some).await {
+            Ok(e) => e.clone(),
+            // The driver sends its end before it drops the sender.
+            Err(_) => None,
+        };
+        got.unwrap_or_else(|| {
+            let f = JailFailure::new(
+                FailureCode::Internal,
+                Layer::Jailer,
+                "the session's driver is gone",
+            );
+            SessionEnded::from_result(RunResult::refused(&self.run_id, &self.policy, f))
+        })
+    }
+}
+
+/// Wait for the jail's ready event; false if the stream ended first or
+/// it took longer than `within`.
+async fn wait_ready(stream: &mut RunStream, within: Duration) -> bool {
+    let ready = async {
+        loop {
+            match stream.next_item().await {
+                Some(StreamItem::Ready) => return true,
+                Some(_) => {}
+                None => return false,
+            }
+        }
+    };
+    tokio::time::timeout(within, ready).await.unwrap_or(false)
+}
+
+fn not_ready(result: RunResult) -> SessionEnded {
+    let mut ended = SessionEnded::from_result(result);
+    if ended.reason != EndReason::Failed {
+        ended.reason = EndReason::Failed;
+        ended.message = "the session's python did not get ready in time".to_string();
+    }
+    ended
+}
+
+/// The request running, and the output it printed so far.
+struct InFlight {
+    answer: oneshot::Sender<Result<Answer, SessionEnded>>,
+    output: [Vec<u8>; 2],
+    cap: usize,
+}
+
+/// The task that owns a session's jailer.
+struct Driver {
+    process: JailerProcess<tokio::process::Child>,
+    stream: RunStream,
+    /// Until the session is being ended: dropping it is the jailer's cue.
+    requests: Option<tokio::net::UnixStream>,
+    calls: mpsc::Receiver<Call>,
+    close: CancellationToken,
+    stop: CancellationToken,
+    in_flight: Option<InFlight>,
+    /// Output that came between requests: the next one gets it.
+    stray: [Vec<u8>; 2],
+}
+
+impl Driver {
+    async fn run(
+        mut self,
+        stderr: tokio::task::JoinHandle<Vec<u8>>,
+        ended_tx: watch::Sender<Option<SessionEnded>>,
+    ) {
+        let mut stopping = false;
+        loop {
+            let accepting = self.in_flight.is_none() && self.requests.is_some();
+            tokio::select! {
+                _ = self.stop.cancelled(), if !stopping => {
+                    stopping = true;
+                    self.process.stop(StoppedBy::Shutdown);
+                }
+                _ = self.close.cancelled(), if self.requests.is_some() => {
+                    self.requests = None;
+                }
+                _ = tokio::time::sleep_until(self.process.next_due()) => {
+                    self.process.escalate();
+                }
+                call = self.calls.recv(), if accepting => match call {
+                    Some(call) => self.send(call).await,
+                    // Every handle is gone: end the session.
+                    None => self.requests = None,
+                },
+                item = self.stream.next_item() => match item {
+                    Some(item) => self.take(item),
+                    None => break,
+                },
+            }
+        }
+        if self.stream.broken() {
+            self.process.stop(StoppedBy::Nobody);
+        }
+        let status = self.process.wait().await;
+        let stderr = stderr.await.unwrap_or_default();
+        let (result, _) = self
+            .stream
+            .finish(JailerEnd::Exited { status, stderr })
+            .await;
+        let ended = SessionEnded::from_result(result);
+        let _ = ended_tx.send(Some(ended.clone()));
+        if let Some(f) = self.in_flight.take() {
+            let _ = f.answer.send(Err(ended.clone()));
+        }
+        self.calls.close();
+        while let Ok(call) = self.calls.try_recv() {
+            let _ = call.answer.send(Err(ended.clone()));
+        }
+    }
+
+    /// Hand a request to the jailer; it is in flight until its reply.
+    async fn send(&mut self, call: Call) {
+        let frame = match pycell_wire::framing::encode_within(&call.op, MAX_REQUEST_FRAME) {
+            Ok(f) => f,
+            Err(e) => {
+                // Checked by the caller's limits; a bug if it happens.
+                let f = JailFailure::new(
+                    FailureCode::Internal,
+                    Layer::Jailer,
+                    format!("encoding the request: {e}"),
+                );
+                let _ = call
+                    .answer
+                    .send(Err(SessionEnded::from_result(RunResult::refused(
+                        "", "", f,
+                    ))));
+                return;
+            }
+        };
+        let Some(requests) = self.requests.as_mut() else {
+            return;
+        };
+        if requests.write_all(&frame).await.is_err() {
+            // The jailer is gone or going: its result says why.
+            self.requests = None;
+        }
+        let cap = usize::try_from(call.op.max_output_bytes).unwrap_or(usize::MAX);
+        let mut output = std::mem::take(&mut self.stray);
+        for o in &mut output {
+            o.truncate(cap);
+        }
+        self.in_flight = Some(InFlight {
+            answer: call.answer,
+            output,
+            cap,
+        });
+    }
+
+    fn take(&mut self, item: StreamItem) {
+        match item {
+            StreamItem::Output(stream, bytes) => {
+                let i = stream as usize;
+                match self.in_flight.as_mut() {
+                    Some(f) => {
+                        append_capped(&mut f.output[i], &bytes, f.cap);
+                    }
+                    None => {
+                        append_capped(&mut self.stray[i], &bytes, STRAY_CAP);
+                    }
+                }
+            }
+            StreamItem::Reply(measure, body) => {
+                let Some(f) = self.in_flight.take() else {
+                    return;
+                };
+                let [stdout, stderr] = f.output;
+                let answer = match serde_json::from_slice::<RunnerReply>(&body) {
+                    Ok(reply) => Answer {
+                        reply,
+                        stdout,
+                        stderr,
+                        measure,
+                    },
+                    Err(e) => Answer {
+                        reply: RunnerReply {
+                            refused: Some(format!(
+                                "the session's runner gave an unreadable reply: {e}"
+                            )),
+                            ..RunnerReply::default()
+                        },
+                        stdout,
+                        stderr,
+                        measure,
+                    },
+                };
+                let _ = f.answer.send(Ok(answer));
+            }
+            StreamItem::Ready => {}
+        }
+    }
+}
+
+/// Output kept between requests, for the next one.
+const STRAY_CAP: usize = 64 << 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(status: RunStatus, end: Option<SessionEnd>) -> RunResult {
+        let mut r = RunResult::refused(
+            "r-1",
+            "default",
+            JailFailure::new(FailureCode::Internal, Layer::Jailer, ""),
+        );
+        r.status = status;
+        r.error = None;
+        r.session_end = end;
+        r
+    }
+
+    #[test]
+    fn a_session_says_why_it_ended() {
+        let r = |s, e| end_of(&result(s, e)).0;
+        assert_eq!(
+            r(RunStatus::Killed, Some(SessionEnd::Closed)),
+            EndReason::Ended
+        );
+        assert_eq!(
+            r(RunStatus::Timeout, Some(SessionEnd::Idle)),
+            EndReason::Idle
+        );
+        assert_eq!(
+            r(RunStatus::Timeout, Some(SessionEnd::CellTimeout)),
+            EndReason::CellTimeout
+        );
+        // Memory wins over the clocks: an OOM kill is what happened.
+        assert_eq!(r(RunStatus::Oom, Some(SessionEnd::Closed)), EndReason::Oom);
+        assert_eq!(r(RunStatus::Ok, None), EndReason::Exited);
+        assert_eq!(r(RunStatus::Killed, None), EndReason::Killed);
+        let mut refused = result(RunStatus::Refused, None);
+        refused.error = Some(JailFailure::new(
+            FailureCode::Internal,
+            Layer::Jailer,
+            "why",
+        ));
+        assert_eq!(end_of(&refused), (EndReason::Failed, "why".to_string()));
+        let mut exited = result(RunStatus::Error, None);
+        exited.exit_code = Some(3);
+        assert!(end_of(&exited).1.contains("status 3"));
+    }
+}
