@@ -22,6 +22,8 @@ use serde_json::Value;
 
 #[path = "daemon_harness.rs"]
 pub mod daemon;
+#[path = "sdk.rs"]
+pub mod sdk;
 
 /// Default host-side guard for one `pycell` invocation: a hang fails the test
 /// instead of stalling the suite.

@@ -246,6 +246,41 @@ impl Launcher {
     }
 }
 
+impl Launcher {
+    /// A session's jail for `policy` (with `request`'s limits and
+    /// `extras`' env): the warm jail, its runner in session mode importing
+    /// the policy's `[warm] imports`, its clocks from `[session]`. The
+    /// result's limits are each cell's.
+    pub fn prepare_session(
+        &self,
+        policy: &Policy,
+        request: &RunRequest,
+        extras: &resolve::Extras,
+    ) -> Result<Prepared, LaunchError> {
+        let mut prepared = self.prepare_with(policy, request, extras)?;
+        let clocks = session_clocks(&policy.session);
+        let spec =
+            pycell_runner::session::session_spec(&prepared.spec, &policy.warm_imports, clocks);
+        spec.validate().map_err(invalid_spec)?;
+        prepared.spec = spec;
+        Ok(prepared)
+    }
+}
+
+/// How long a cell that was interrupted at its timeout may take to stop
+/// before its session is killed.
+pub const CELL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A policy's session settings as the jailer's clocks.
+pub fn session_clocks(s: &pycell_policy::SessionSettings) -> pycell_wire::spec::SessionSpec {
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    pycell_wire::spec::SessionSpec {
+        idle_timeout_ms: ms(s.idle_timeout),
+        lifetime_ms: ms(s.lifetime),
+        cell_grace_ms: ms(CELL_GRACE),
+    }
+}
+
 /// A spec that fails its own validation: pycell's bug, not the caller's.
 fn invalid_spec(e: pycell_wire::spec::SpecError) -> LaunchError {
     LaunchError::Refused(JailFailure::new(

@@ -21,4 +21,5 @@ pub mod launcher;
 pub mod layers;
 pub mod resolve;
 pub mod session;
+pub mod session_table;
 pub mod supervisor;

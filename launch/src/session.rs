@@ -135,6 +135,15 @@ fn end_of(r: &RunResult) -> (EndReason, String) {
     }
 }
 
+/// A session's outer clocks, for its launcher's watchdog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionTiming {
+    /// How long its python may take to get ready (its imports).
+    pub ready_within: Duration,
+    /// Its lifetime once ready (the jailer ends it then).
+    pub lifetime: Duration,
+}
+
 /// Why a request got no answer.
 #[derive(Debug, Clone)]
 pub enum SessionError {
@@ -158,6 +167,7 @@ pub struct Session {
     pub sandbox_uid: u32,
     calls: mpsc::Sender<Call>,
     close: CancellationToken,
+    interrupt: Arc<tokio::sync::Notify>,
     ended: watch::Receiver<Option<SessionEnded>>,
 }
 
@@ -177,7 +187,7 @@ impl Session {
         mut launched: LaunchedAsync,
         services: Services,
         patience: Patience,
-        ready_within: Duration,
+        timing: SessionTiming,
         stop: CancellationToken,
     ) -> Result<Session, SessionEnded> {
         let collector = Collector::new(&launched.run_id, &launched.policy, None);
@@ -186,13 +196,17 @@ impl Session {
             .and_then(|s| s.set_nonblocking(true).ok().map(|()| s))
             .and_then(|s| tokio::net::UnixStream::from_std(s).ok());
         let stderr = read_stderr(launched.child.stderr.take());
-        let wall = Duration::from_secs_f64(launched.limits.wall_timeout_s);
+        // The jailer keeps the session's clocks; this watchdog only
+        // catches a jailer that stopped answering.
+        let wall = timing.ready_within + timing.lifetime;
         let mut process = JailerProcess::new(launched.child, launched.lease, wall, patience);
         let mut stream = RunStream::start(launched.events, collector, launched.handouts, services);
         let (run_id, policy) = (launched.run_id, launched.policy);
         let sandbox_uid = process.uid().unwrap_or(0);
         let ready = match requests {
-            Some(r) => wait_ready(&mut stream, ready_within).await.then_some(r),
+            Some(r) => wait_ready(&mut stream, timing.ready_within)
+                .await
+                .then_some(r),
             None => None,
         };
         let Some(requests) = ready else {
@@ -205,7 +219,9 @@ impl Session {
         let (calls, calls_rx) = mpsc::channel(MAX_QUEUED);
         let (ended_tx, ended) = watch::channel(None);
         let close = CancellationToken::new();
+        let interrupt = Arc::new(tokio::sync::Notify::new());
         let driver = Driver {
+            interrupt: Arc::clone(&interrupt),
             process,
             stream,
             requests: Some(requests),
@@ -222,8 +238,14 @@ impl Session {
             sandbox_uid,
             calls,
             close,
+            interrupt,
             ended,
         })
+    }
+
+    /// Interrupt what runs (KeyboardInterrupt in a cell), as ^C would.
+    pub fn interrupt(&self) {
+        self.interrupt.notify_waiters();
     }
 
     /// Serve `op` when the requests before it are done.
@@ -315,6 +337,7 @@ struct Driver {
     calls: mpsc::Receiver<Call>,
     close: CancellationToken,
     stop: CancellationToken,
+    interrupt: Arc<tokio::sync::Notify>,
     in_flight: Option<InFlight>,
     /// Output that came between requests: the next one gets it.
     stray: [Vec<u8>; 2],
@@ -339,6 +362,12 @@ impl Driver {
                 }
                 _ = tokio::time::sleep_until(self.process.next_due()) => {
                     self.process.escalate();
+                }
+                _ = self.interrupt.notified(), if self.in_flight.is_some() => {
+                    // Not reaped before this loop ends: the pid is the jailer's.
+                    // It passes SIGINT on to the jail's program.
+                    let pid = nix::unistd::Pid::from_raw(self.process.pid());
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
                 }
                 call = self.calls.recv(), if accepting => match call {
                     Some(call) => self.send(call).await,

@@ -8,159 +8,19 @@
 
 #![forbid(unsafe_code)]
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use pycell_tests::{compact, output_guarded, pycell_bin, repo_root, require_root};
+use pycell_tests::compact;
+use pycell_tests::sdk::{num, sdk_report, Checks};
 use serde_json::Value;
 
 /// The whole script takes ~10 s here; a hang must fail, not stall CI.
 const GUARD: Duration = Duration::from_secs(420);
 
-fn tools_python() -> PathBuf {
-    let p = std::env::var_os("PYCELL_TEST_TOOLS_PYTHON")
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| {
-        panic!(
-            "PYCELL_TEST_TOOLS_PYTHON is not set: it names the python of the tools venv that has the MCP SDK (.cache/tools/bin/python); run the tests with scripts/test, which installs it and sets this"
-        )
-    });
-    let p = PathBuf::from(p);
-    assert!(
-        p.exists(),
-        "PYCELL_TEST_TOOLS_PYTHON={} does not exist: run scripts/setup (or scripts/test)",
-        p.display()
-    );
-    p
-}
-
-/// Run the SDK client script; its stdout is one JSON report.
-fn sdk_report() -> Value {
-    require_root();
-    let python = tools_python();
-    let script = repo_root().join("tests/mcp/sdk_client.py");
-    let child = Command::new(&python)
-        .arg(&script)
-        .arg("--pycell")
-        .arg(pycell_bin())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {} {}: {e}", python.display(), script.display()));
-    let g = output_guarded(child, GUARD);
-    let (status, stdout, stderr) = (g.status, g.stdout, g.stderr);
-    let tail = |s: &str| s[s.len().saturating_sub(6000)..].to_string();
-    let Some(status) = status else {
-        panic!(
-            "the SDK client did not finish within {GUARD:?}\nstderr:\n{}",
-            tail(&stderr)
-        );
-    };
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
-        panic!(
-            "the SDK client ({status}) did not print one JSON report ({e})\nstdout:\n{}\nstderr:\n{}",
-            tail(&stdout),
-            tail(&stderr)
-        )
-    })
-}
-
-/// Collects failed checks so that one run reports all of them.
-struct Checks<'a> {
-    report: &'a Value,
-    failures: Vec<String>,
-}
-
-impl<'a> Checks<'a> {
-    /// The report's entry for a step; a step that raised is one failure.
-    fn step(&mut self, name: &str) -> Option<&'a Value> {
-        let v = self.report.get(name);
-        match v {
-            None => {
-                self.failures
-                    .push(format!("{name}: step missing from the report"));
-                None
-            }
-            Some(v) if v.get("exception").is_some() => {
-                self.failures.push(format!(
-                    "{name}: raised {}\n{}",
-                    v["exception"],
-                    v["traceback"].as_str().unwrap_or_default()
-                ));
-                None
-            }
-            Some(v) => Some(v),
-        }
-    }
-
-    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
-        if !ok {
-            self.failures.push(what());
-        }
-    }
-
-    fn eq(&mut self, step: &str, v: &Value, pointer: &str, want: Value) {
-        let got = v.pointer(pointer).cloned().unwrap_or(Value::Null);
-        self.check(got == want, || {
-            format!(
-                "{step}{pointer}: expected {want}, got {got}\n  in {}",
-                compact(v, 3000)
-            )
-        });
-    }
-
-    fn contains(&mut self, step: &str, v: &Value, pointer: &str, needle: &str) {
-        let got = v.pointer(pointer).and_then(Value::as_str).unwrap_or("");
-        self.check(got.contains(needle), || {
-            let shown: String = got.chars().take(600).collect();
-            format!(
-                "{step}{pointer}: expected a string containing {needle:?}, got {shown:?}\n  in {}",
-                compact(v, 3000)
-            )
-        });
-    }
-
-    /// A run_python result: not a tool error, valid against the outputSchema.
-    fn run_result(&mut self, step: &str, v: &Value, status: &str) {
-        self.eq(step, v, "/is_error", Value::Bool(false));
-        self.eq(step, v, "/schema_errors", Value::Array(vec![]));
-        self.eq(step, v, "/structured/status", status.into());
-        self.contains(step, v, "/text", &format!("status: {status}"));
-    }
-
-    /// A bad-arguments call: a tool error whose text says what to fix.
-    fn tool_error(&mut self, step: &str, v: &Value, needles: &[&str]) {
-        self.eq(step, v, "/is_error", Value::Bool(true));
-        for n in needles {
-            self.contains(step, v, "/text", n);
-        }
-    }
-
-    fn finish(self) {
-        assert!(
-            self.failures.is_empty(),
-            "{} check(s) failed:\n\n{}",
-            self.failures.len(),
-            self.failures.join("\n\n")
-        );
-    }
-}
-
-fn num(v: &Value, pointer: &str) -> f64 {
-    v.pointer(pointer)
-        .and_then(Value::as_f64)
-        .unwrap_or(f64::NAN)
-}
-
 #[test]
 fn the_official_python_sdk_drives_pycell_mcp() {
-    let report = sdk_report();
-    let mut c = Checks {
-        report: &report,
-        failures: Vec::new(),
-    };
+    let report = sdk_report("sdk_client.py", GUARD);
+    let mut c = Checks::new(&report);
     let r = &report;
 
     // The session as a whole (a failure here explains missing steps below).
@@ -218,9 +78,27 @@ fn the_official_python_sdk_drives_pycell_mcp() {
             "tools",
             v,
             "/names",
-            serde_json::json!(["run_python", "sandbox_info"]),
+            serde_json::json!([
+                "run_python",
+                "sandbox_info",
+                "session_start",
+                "write_file",
+                "read_file",
+                "list_files",
+                "session_end",
+                "session_list"
+            ]),
         );
-        for tool in ["run_python", "sandbox_info"] {
+        for tool in [
+            "run_python",
+            "sandbox_info",
+            "session_start",
+            "write_file",
+            "read_file",
+            "list_files",
+            "session_end",
+            "session_list",
+        ] {
             for key in ["input_schema_problems", "output_schema_problems"] {
                 c.eq(
                     "tools",

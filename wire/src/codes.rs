@@ -141,6 +141,22 @@ named_enum! {
         /// This host cannot build envs (no uv, an env store it cannot write).
         DepsUnavailable = "deps_unavailable",
 
+        // Sessions (a jail whose python lives across calls).
+        /// The handle names no session of the caller's (never one, or another uid's).
+        UnknownSession = "unknown_session",
+        /// The session ended (by its caller, its idle timeout or its lifetime, or a restart of pycelld).
+        SessionGone = "session_gone",
+        /// The session was killed (a cell ignored KeyboardInterrupt, its memory ran out, its python died).
+        SessionKilled = "session_killed",
+        /// The session already has as many calls waiting as it queues.
+        SessionBusy = "session_busy",
+        /// The caller holds as many sessions as the policy allows.
+        TooManySessions = "too_many_sessions",
+        /// Sessions are not offered here (turned off by the policy, or not by this server).
+        SessionsUnavailable = "sessions_unavailable",
+        /// A file operation was refused: a path outside /workspace, a symlink, a file too big.
+        FileRefused = "file_refused",
+
         // The daemon, as its clients report it (the protocol's error codes,
         // under the same names).
         /// No pycelld answers on the socket.
@@ -213,6 +229,8 @@ named_enum! {
         Exec = "exec",
         /// Resolving and installing the run's dependencies.
         Dependencies = "dependencies",
+        /// A session (a jail whose python lives across calls) and its calls.
+        Sessions = "sessions",
     }
 }
 
@@ -239,7 +257,8 @@ impl Layer {
             | Layer::Request
             | Layer::Uid
             | Layer::Jailer
-            | Layer::Daemon => FailureCode::JailerFailed,
+            | Layer::Daemon
+            | Layer::Sessions => FailureCode::JailerFailed,
             Layer::Dependencies => FailureCode::DepsInstallFailed,
         }
     }

@@ -13,9 +13,12 @@
 //! process holds no privilege beyond what embedded mode needs to start the
 //! jailer; with the daemon it needs none.
 
+mod cell_output;
 mod eof;
 mod output;
 mod sandboxes;
+mod session_tools;
+mod sessions;
 mod tools;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,7 +46,7 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// How long, after stdin ends, runs still going get to be killed and cleaned up.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-const INSTRUCTIONS: &str = "pycell runs Python code in a locked-down Linux sandbox: call run_python with the code (each call is a fresh sandbox with no state from earlier calls and no network beyond the hosts its policy allowlists; print what you want to see). Call sandbox_info to see the policies (limits, network) you can choose and what isolation this host enforces.";
+const INSTRUCTIONS: &str = "pycell runs Python code in a locked-down Linux sandbox: call run_python with the code (each call is a fresh sandbox with no state from earlier calls and no network beyond the hosts its policy allowlists; print what you want to see). For work that builds up over several steps, call session_start and pass its handle as run_python's `session`: variables, imports and files then persist between calls, a cell's last expression is shown, and matplotlib figures come back as images; move files with write_file, read_file and list_files, and call session_end when done. Call sandbox_info to see the policies (limits, network) you can choose and what isolation this host enforces.";
 
 /// The MCP server: its tools and where runs go.
 #[derive(Debug, Clone)]
@@ -60,7 +63,8 @@ impl PycellServer {
             std::path::Path::new(POLICY_DIR),
         )
         .ok();
-        let tools = tools::tools(&default_policy, policy.as_ref());
+        let mut tools = tools::tools(&default_policy, policy.as_ref());
+        tools.extend(session_tools::session_tools());
         PycellServer {
             sandboxes,
             default_policy,
@@ -73,8 +77,17 @@ impl PycellServer {
         params: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        let req = match tools::run_python_request(params.arguments, &self.default_policy) {
-            Ok(r) => r,
+        let req = match tools::run_python_call(params.arguments, &self.default_policy) {
+            Ok(tools::RunPythonCall::Run(r)) => r,
+            Ok(tools::RunPythonCall::Cell {
+                session,
+                code,
+                timeout,
+            }) => {
+                return self
+                    .run_cell(&session, code, timeout, context.ct.clone())
+                    .await
+            }
             Err(e) => return argument_error(&e.0),
         };
         let progress = Arc::new(Progress::default());
@@ -332,15 +345,25 @@ impl ServerHandler for PycellServer {
         let result = match request.name.as_ref() {
             tools::RUN_PYTHON => self.run_python(request, context).await,
             tools::SANDBOX_INFO => self.sandbox_info().await,
+            session_tools::SESSION_START => self.session_start(request.arguments).await,
+            session_tools::WRITE_FILE => {
+                self.write_file(request.arguments, context.ct.clone()).await
+            }
+            session_tools::READ_FILE => self.read_file(request.arguments, context.ct.clone()).await,
+            session_tools::LIST_FILES => {
+                self.list_files(request.arguments, context.ct.clone()).await
+            }
+            session_tools::SESSION_END => self.session_end(request.arguments).await,
+            session_tools::SESSION_LIST => self.session_list(),
             other => {
+                let names: Vec<String> = self.tools.iter().map(|t| t.name.to_string()).collect();
                 return Err(McpError::invalid_params(
                     format!(
-                        "no tool named {other:?}; pycell offers {} and {}",
-                        tools::RUN_PYTHON,
-                        tools::SANDBOX_INFO
+                        "no tool named {other:?}; pycell offers {}",
+                        names.join(", ")
                     ),
                     None,
-                ))
+                ));
             }
         };
         Ok(result.into())

@@ -6,6 +6,8 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use pycell_protocol::result::{EnvReport, LimitsReport, NetworkReport, RunResult};
+
+use super::cell_output::CellInfo;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::{CgroupVersion, LandlockStatus, RunStatus};
 
@@ -109,6 +111,11 @@ pub struct RunPythonOutput {
     /// for this call ("miss"), and the install time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub env: Option<EnvReport>,
+    /// A session cell (run_python with `session`): its number, the last
+    /// expression's value, its exception, the files it changed and the
+    /// images it made; absent for a one-shot run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cell: Option<CellInfo>,
 }
 
 /// Hints written for a `pycell run` user name its flags; say what to change
@@ -136,6 +143,7 @@ impl From<RunResult> for RunPythonOutput {
         RunPythonOutput {
             network: r.network,
             env: r.env,
+            cell: None,
             run_id: r.run_id,
             status: r.status,
             exit_code: r.exit_code,
@@ -269,7 +277,11 @@ impl RunPythonOutput {
             self.stderr_truncated,
             cap,
         );
-        if self.stdout.is_empty() && self.stderr.is_empty() {
+        let has_value = self
+            .cell
+            .as_ref()
+            .is_some_and(|c| c.value.is_some() || c.exception.is_some());
+        if self.stdout.is_empty() && self.stderr.is_empty() && !has_value {
             match self.status {
                 Status::Ok | Status::Error => {
                     text.push_str("(no output: print what you want to see)\n")
@@ -277,6 +289,9 @@ impl RunPythonOutput {
                 Status::Refused => {}
                 _ => text.push_str("(no output)\n"),
             }
+        }
+        if let Some(c) = &self.cell {
+            super::cell_output::render_cell(c, &mut text);
         }
         for note in self.network.iter().flat_map(NetworkReport::notes) {
             text.push_str(&format!("{note}\n"));

@@ -38,7 +38,9 @@ use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
 use pycell_wire::report::JailFailure;
 
+use super::sessions::SessionInfo;
 use crate::embedded::{self, stopped, Installer};
+use pycell_launch::session_table::SessionTable;
 
 /// Sandboxes one server runs at once; further calls wait for a slot. Each
 /// sandbox is bounded by its policy, but a client firing calls in parallel
@@ -111,6 +113,8 @@ struct Inner {
     /// How long a silent or stopping jailer is given (`PATIENCE`; shorter
     /// in tests).
     patience: Patience,
+    /// Open sessions (embedded mode), by handle.
+    sessions: std::sync::Mutex<SessionTable<SessionInfo>>,
 }
 
 impl Sandboxes {
@@ -148,6 +152,7 @@ impl Sandboxes {
                 shutdown: CancellationToken::new(),
                 slots: Semaphore::new(MAX_CONCURRENT_RUNS),
                 patience,
+                sessions: Default::default(),
             }),
         }
     }
@@ -265,12 +270,32 @@ impl Sandboxes {
         self.inner.shutdown.cancel();
     }
 
-    /// Cancel every run in flight and wait (at most `grace`) for their
-    /// jailers to clean up and exit. New runs are refused afterwards.
+    /// Cancel every run in flight, end every session, and wait (at most
+    /// `grace`) for their jailers to clean up and exit. New runs are
+    /// refused afterwards.
     pub async fn shutdown(&self, grace: Duration) {
         self.inner.shutdown.cancel();
         self.inner.tracker.close();
-        let _ = tokio::time::timeout(grace, self.inner.tracker.wait()).await;
+        let runs = tokio::time::timeout(grace, self.inner.tracker.wait());
+        let (_, ()) = tokio::join!(runs, self.end_all_sessions(grace));
+    }
+
+    pub(super) fn sessions(
+        &self,
+    ) -> Result<std::sync::MutexGuard<'_, SessionTable<SessionInfo>>, ()> {
+        self.inner.sessions.lock().map_err(|_| ())
+    }
+
+    pub(super) fn patience(&self) -> Patience {
+        self.inner.patience
+    }
+
+    pub(super) fn shutdown_token(&self) -> &CancellationToken {
+        &self.inner.shutdown
+    }
+
+    pub(super) fn launcher(&self) -> Result<&Launcher, JailFailure> {
+        self.inner.launcher.as_ref().map_err(Clone::clone)
     }
 
     /// Load the policy, get the env of the run's dependencies (installing

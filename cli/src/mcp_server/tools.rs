@@ -48,11 +48,15 @@ pub struct RunPythonArgs {
     #[serde(default)]
     #[schemars(with = "Vec<String>", transform = no_default)]
     pub dependencies: Option<Vec<String>>,
+    /// A session's handle (from session_start): the code runs as that session's next cell, with its variables, imports and files; the value of a last expression is returned. policy, stdin and dependencies do not apply (the session has its own). Default: a fresh one-shot sandbox.
+    #[serde(default)]
+    #[schemars(with = "String", transform = no_default)]
+    pub session: Option<String>,
 }
 
 /// An absent optional argument means "the policy's (or server's) default",
 /// which no JSON value spells; `"default": null` would contradict the type.
-fn no_default(schema: &mut schemars::Schema) {
+pub(super) fn no_default(schema: &mut schemars::Schema) {
     schema.remove("default");
 }
 
@@ -62,11 +66,54 @@ pub struct ArgumentError(pub String);
 
 const RUN_PYTHON_EXAMPLE: &str = r#"{"code": "import math\nprint(math.factorial(20))"}"#;
 
+/// A `run_python` call: a one-shot run's request, or a session's cell.
+#[derive(Debug)]
+pub enum RunPythonCall {
+    Run(RunRequest),
+    Cell {
+        session: String,
+        code: String,
+        timeout: Option<std::time::Duration>,
+    },
+}
+
+/// Parse `run_python`'s arguments: a cell when they name a session.
+pub fn run_python_call(
+    args: Option<JsonObject>,
+    default_policy: &str,
+) -> Result<RunPythonCall, ArgumentError> {
+    let mut a = parse_run_python(args)?;
+    let Some(session) = a.session.take() else {
+        return Ok(RunPythonCall::Run(request_from(a, default_policy)));
+    };
+    let given = [
+        ("policy", a.policy.is_some()),
+        ("stdin", a.stdin.is_some()),
+        ("dependencies", a.dependencies.is_some()),
+    ];
+    if let Some((field, _)) = given.iter().find(|(_, given)| *given) {
+        return Err(ArgumentError(format!(
+            "`{field}` does not apply to a session's cell: the session has its own (fixed by session_start); leave it out"
+        )));
+    }
+    Ok(RunPythonCall::Cell {
+        session,
+        code: a.code,
+        timeout: a.timeout_s.map(std::time::Duration::from_secs_f64),
+    })
+}
+
 /// Parse `run_python`'s arguments into the request the sandboxes run.
+#[cfg(test)]
 pub fn run_python_request(
     args: Option<JsonObject>,
     default_policy: &str,
 ) -> Result<RunRequest, ArgumentError> {
+    parse_run_python(args).map(|a| request_from(a, default_policy))
+}
+
+/// `run_python`'s arguments, each checked.
+fn parse_run_python(args: Option<JsonObject>) -> Result<RunPythonArgs, ArgumentError> {
     let value = serde_json::Value::Object(args.unwrap_or_default());
     let a: RunPythonArgs = serde_json::from_value(value).map_err(|e| {
         let msg = e.to_string();
@@ -75,10 +122,10 @@ pub fn run_python_request(
                 "missing required argument `code`: the Python source to run, e.g. {RUN_PYTHON_EXAMPLE}"
             )
         } else if msg.starts_with("unknown field") {
-            format!("{msg}; run_python takes code (required), timeout_s, policy, stdin and dependencies")
+            format!("{msg}; run_python takes code (required), timeout_s, policy, stdin, dependencies and session")
         } else {
             format!(
-                "invalid arguments: {msg}; expected code (string, required), timeout_s (number of seconds), policy (string), stdin (string), e.g. {RUN_PYTHON_EXAMPLE}"
+                "invalid arguments: {msg}; expected code (string, required), timeout_s (number of seconds), policy (string), stdin (string), session (string), e.g. {RUN_PYTHON_EXAMPLE}"
             )
         })
     })?;
@@ -106,6 +153,10 @@ pub fn run_python_request(
             )));
         }
     }
+    Ok(a)
+}
+
+fn request_from(a: RunPythonArgs, default_policy: &str) -> RunRequest {
     let mut req = RunRequest {
         code: a.code,
         policy: Some(a.policy.unwrap_or_else(|| default_policy.to_string())),
@@ -116,7 +167,7 @@ pub fn run_python_request(
     if let Some(s) = a.stdin {
         req.set_stdin(s.as_bytes());
     }
-    Ok(req)
+    req
 }
 
 /// The sandboxes' complaint about a request, in the tool's own terms.
@@ -160,7 +211,9 @@ fn run_python_description(default_policy: &str, policy: Option<&Policy>) -> Stri
     format!(
         r#"Run Python 3 code in a fresh, isolated Linux sandbox and return what it printed.
 
-Every call starts a new, empty sandbox: nothing (variables, files, installed packages) carries over between calls, so put everything a task needs into one `code` string. The code runs as __main__ from /workspace/main.py with /workspace as its working directory. It has the standard library and the packages of the policy's interpreter, no network unless its policy grants some (the default policy has none, not even DNS), and it cannot see or change the host. You get its stdout and stderr, not the value of the last expression: print what you want to see.
+Without `session`, every call starts a new, empty sandbox: nothing (variables, files, installed packages) carries over between calls, so put everything a task needs into one `code` string. The code runs as __main__ from /workspace/main.py with /workspace as its working directory. It has the standard library and the packages of the policy's interpreter, no network unless its policy grants some (the default policy has none, not even DNS), and it cannot see or change the host. You get its stdout and stderr, not the value of the last expression: print what you want to see.
+
+With `session` (a handle from session_start), the code runs as the next cell of that session, as in a Jupyter notebook: variables, imports and /workspace files of earlier cells are there, the repr of a last expression comes back (cell.value), an exception comes back with its traceback (cell.exception, status "error"), and matplotlib figures left open come back as images (their files are under /workspace/figures). A cell over timeout_s gets KeyboardInterrupt and the session goes on; a cell that ignores it kills the session (error code session_killed).
 
 Network: under a policy whose network is "allowlist" (sandbox_info lists each policy's network_allow), the sandbox reaches the allowed hosts over HTTP(S) through pycell's proxy, which HTTP_PROXY/HTTPS_PROXY point at: urllib, requests, httpx, pip and uv use it as they are (aiohttp needs trust_env=True). There is no DNS and no direct connection in the sandbox, so other libraries and raw sockets cannot get out. A host that is not allowed gets HTTP 403 whose status line says why and what is allowed (urllib: "Tunnel connection failed: 403 pycell egress proxy: CONNECT host:443 denied ..."); the result's `network` lists the hosts reached and the requests denied.
 
@@ -252,7 +305,7 @@ fn drop_rust_number_formats(v: &mut serde_json::Value) {
 }
 
 /// A generated schema in its most portable spelling (see the two passes above).
-fn portable(schema: Arc<JsonObject>) -> Arc<JsonObject> {
+pub(super) fn portable(schema: Arc<JsonObject>) -> Arc<JsonObject> {
     let mut v = serde_json::Value::Object(schema.as_ref().clone());
     split_nullable_types(&mut v);
     drop_rust_number_formats(&mut v);

@@ -1,0 +1,237 @@
+//! A session cell's result, as `run_python` with `session` returns it: the
+//! same shape as a run's ([`RunPythonOutput`]), with what only a cell has
+//! under `cell` (the last expression's value, the exception, the files it
+//! changed, its images), and its images as MCP image content beside the
+//! text.
+
+use base64::Engine;
+use rmcp::model::ContentBlock;
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use pycell_launch::session::Answer;
+use pycell_runner::session::{ChangedFile, ReplyImage};
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::report::RunStatus;
+
+use super::output::{ErrorInfo, RunPythonOutput};
+
+/// What a session cell has beyond a run's result.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct CellInfo {
+    /// The session the cell ran in.
+    pub session: String,
+    /// The cell's number in its session (1, 2, ...); 0 if it never ran.
+    pub number: u64,
+    /// The repr of the cell's last expression, as a Python REPL shows it
+    /// (absent when the cell ends with a statement, or the value is None).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// True if the value's repr was longer than the cap and was cut.
+    pub value_truncated: bool,
+    /// The exception the cell ended with, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exception: Option<CellException>,
+    /// Files in /workspace the cell created or changed.
+    pub files: Vec<FileChange>,
+    /// True if more files changed than are listed.
+    pub files_truncated: bool,
+    /// Images returned as image content, in order: figures the cell left
+    /// open and PNG/JPEG files it wrote, scaled down.
+    pub images: Vec<ImageInfo>,
+    /// Images not returned because the result's image budget was used up
+    /// (their files are listed; read them with read_file).
+    pub images_omitted: u32,
+    /// The session's memory when the cell ended, in bytes.
+    pub memory_bytes: u64,
+}
+
+/// The exception a cell ended with.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct CellException {
+    /// Its class, e.g. `ZeroDivisionError`, `KeyboardInterrupt`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub message: String,
+    /// As python prints it, frames of the cell only.
+    pub traceback: String,
+}
+
+/// A file a cell created or changed.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct FileChange {
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+    /// True if the file is new.
+    pub created: bool,
+}
+
+/// An image in the result's content.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ImageInfo {
+    /// Where the full-size image is in /workspace (read it with read_file).
+    pub path: String,
+    /// Size of the image as sent, in pixels.
+    pub width: u32,
+    pub height: u32,
+    /// Size of the PNG sent, in bytes.
+    pub png_bytes: u64,
+}
+
+impl From<&ChangedFile> for FileChange {
+    fn from(f: &ChangedFile) -> FileChange {
+        FileChange {
+            path: f.path.clone(),
+            size: f.size,
+            sha256: f.sha256.clone(),
+            created: f.created,
+        }
+    }
+}
+
+fn image_info(i: &ReplyImage) -> ImageInfo {
+    ImageInfo {
+        path: i.path.clone(),
+        width: i.width,
+        height: i.height,
+        png_bytes: (i.png.len() as u64 * 3) / 4,
+    }
+}
+
+/// A cell's answer as `run_python`'s result, and the image content to
+/// send with it. `timeout_s` is the cell's wall timeout.
+pub fn cell_result(
+    session: &str,
+    run_id: &str,
+    policy: &str,
+    timeout_s: f64,
+    a: Answer,
+) -> (RunPythonOutput, Vec<ContentBlock>) {
+    let m = &a.measure;
+    let r = &a.reply;
+    let status = match (&r.refused, m.interrupted, &r.error) {
+        (Some(_), _, _) => RunStatus::Error,
+        (None, true, _) => RunStatus::Timeout,
+        (None, false, Some(_)) => RunStatus::Error,
+        (None, false, None) => RunStatus::Ok,
+    };
+    let error = match (&r.refused, status) {
+        (Some(why), _) => Some(ErrorInfo {
+            code: FailureCode::Internal,
+            layer: Layer::Sessions,
+            message: why.clone(),
+            hint: None,
+        }),
+        (None, RunStatus::Timeout) => Some(ErrorInfo {
+            code: FailureCode::Timeout,
+            layer: Layer::Limits,
+            message: format!("the cell ran past its timeout of {timeout_s} s and was interrupted (KeyboardInterrupt); the session goes on, with everything the cell did before"),
+            hint: Some("pass a larger timeout_s, or do the work in smaller cells".into()),
+        }),
+        _ => None,
+    };
+    let images: Vec<ContentBlock> = r
+        .images
+        .iter()
+        .filter(|i| {
+            base64::engine::general_purpose::STANDARD
+                .decode(&i.png)
+                .is_ok()
+        })
+        .map(|i| ContentBlock::image(i.png.clone(), "image/png"))
+        .collect();
+    let out = RunPythonOutput {
+        run_id: run_id.to_string(),
+        status,
+        exit_code: None,
+        signal: None,
+        stdout: String::from_utf8_lossy(&a.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&a.stderr).into_owned(),
+        stdout_truncated: m.stdout_truncated,
+        stderr_truncated: m.stderr_truncated,
+        duration_ms: m.wall_ms,
+        cpu_ms: m.cpu_ms,
+        peak_memory_bytes: m.peak_memory_bytes,
+        disk_used_bytes: 0,
+        warm: true,
+        policy: policy.to_string(),
+        limits: None,
+        layers: None,
+        error,
+        network: None,
+        env: None,
+        cell: Some(CellInfo {
+            session: session.to_string(),
+            number: r.cell.unwrap_or(0),
+            value: r.value.clone(),
+            value_truncated: r.value_truncated,
+            exception: r.error.as_ref().map(|e| CellException {
+                kind: e.kind.clone(),
+                message: e.message.clone(),
+                traceback: e.traceback.clone(),
+            }),
+            files: r.files.iter().map(FileChange::from).collect(),
+            files_truncated: r.files_truncated,
+            images: r.images.iter().map(image_info).collect(),
+            images_omitted: r.images_omitted,
+            memory_bytes: m.memory_bytes,
+        }),
+    };
+    (out, images)
+}
+
+/// The cell part of a result for a cell that never ran (its session
+/// was over).
+pub fn no_cell(session: &str) -> CellInfo {
+    CellInfo {
+        session: session.to_string(),
+        number: 0,
+        value: None,
+        value_truncated: false,
+        exception: None,
+        files: vec![],
+        files_truncated: false,
+        images: vec![],
+        images_omitted: 0,
+        memory_bytes: 0,
+    }
+}
+
+/// A cell's part of the text content: the value, the exception, the
+/// files and images.
+pub fn render_cell(c: &CellInfo, text: &mut String) {
+    if let Some(e) = &c.exception {
+        text.push_str(&format!("\n--- exception ---\n{}", e.traceback));
+        if !e.traceback.ends_with('\n') {
+            text.push('\n');
+        }
+    }
+    if let Some(v) = &c.value {
+        let cut = if c.value_truncated {
+            " [truncated]"
+        } else {
+            ""
+        };
+        text.push_str(&format!("\nOut[{}]: {v}{cut}\n", c.number));
+    }
+    for f in &c.files {
+        let verb = if f.created { "created" } else { "changed" };
+        text.push_str(&format!("file {verb}: {} ({} bytes)\n", f.path, f.size));
+    }
+    if c.files_truncated {
+        text.push_str("(more files changed; list_files shows them)\n");
+    }
+    for i in &c.images {
+        text.push_str(&format!(
+            "image: {} (sent at {}x{})\n",
+            i.path, i.width, i.height
+        ));
+    }
+    if c.images_omitted > 0 {
+        text.push_str(&format!(
+            "{} more images were not sent (over the result's image budget); read them with read_file\n",
+            c.images_omitted
+        ));
+    }
+}

@@ -1,0 +1,709 @@
+//! The session tools of `pycell mcp`: `session_start`, `write_file`,
+//! `read_file`, `list_files`, `session_end`, `session_list` (and
+//! `run_python`'s `session` argument, handled with it): their arguments,
+//! descriptions, output schemas and handlers.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use rmcp::handler::server::common::{schema_for_empty_input, schema_for_input, schema_for_output};
+use rmcp::model::{
+    CallToolResult, ContentBlock, JsonObject, ResourceContents, Tool, ToolAnnotations,
+};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use pycell_protocol::messages::RunRequest;
+use pycell_protocol::result::{EnvReport, LimitsReport};
+use pycell_runner::session::SessionRequest;
+
+use super::cell_output::cell_result;
+use super::output::{human_bytes, ErrorInfo, RunPythonOutput};
+use super::sessions::{cell_limits, file_bytes, SessionFailure};
+use super::tools::portable;
+use super::PycellServer;
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::report::RunStatus;
+
+pub const SESSION_START: &str = "session_start";
+pub const WRITE_FILE: &str = "write_file";
+pub const READ_FILE: &str = "read_file";
+pub const LIST_FILES: &str = "list_files";
+pub const SESSION_END: &str = "session_end";
+pub const SESSION_LIST: &str = "session_list";
+
+/// Arguments of `session_start`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionStartArgs {
+    /// Policy the session runs under (see sandbox_info). Default: the server's default policy.
+    #[serde(default)]
+    #[schemars(with = "String", transform = super::tools::no_default)]
+    pub policy: Option<String>,
+    /// Packages the session has, as pip requirement strings, e.g. ["pandas>=2.2"]. Fixed for the session's life. Default: none.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>", transform = super::tools::no_default)]
+    pub dependencies: Option<Vec<String>>,
+}
+
+/// Arguments of `write_file`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WriteFileArgs {
+    /// The session's handle (from session_start).
+    pub session: String,
+    /// Where the file goes: a path relative to /workspace (e.g. "data/input.csv"), or an absolute one under /workspace. Missing directories are created.
+    pub path: String,
+    /// The file's text (UTF-8). Give this or content_base64.
+    #[serde(default)]
+    #[schemars(with = "String", transform = super::tools::no_default)]
+    pub content: Option<String>,
+    /// The file's bytes in base64, for binary files. Give this or content.
+    #[serde(default)]
+    #[schemars(with = "String", transform = super::tools::no_default)]
+    pub content_base64: Option<String>,
+}
+
+/// Arguments of `read_file`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadFileArgs {
+    /// The session's handle (from session_start).
+    pub session: String,
+    /// The file: a path relative to /workspace, or an absolute one under it.
+    pub path: String,
+}
+
+/// Arguments of `list_files`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListFilesArgs {
+    /// The session's handle (from session_start).
+    pub session: String,
+    /// The directory, relative to /workspace. Default: /workspace itself.
+    #[serde(default)]
+    #[schemars(with = "String", transform = super::tools::no_default)]
+    pub path: Option<String>,
+}
+
+/// Arguments of `session_end`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionEndArgs {
+    /// The session's handle (from session_start).
+    pub session: String,
+}
+
+/// What `session_start` returns.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct SessionStartOutput {
+    /// The handle: pass it as `session` to run_python, write_file, read_file, list_files and session_end.
+    pub session: String,
+    pub policy: String,
+    /// Host uid the session's code runs as (unique to it, no account has it).
+    pub sandbox_uid: u32,
+    /// Each cell's limits (wall_timeout_s is a cell's default timeout); memory, processes and disk hold for the whole session.
+    pub limits: LimitsReport,
+    /// A session with no call for this long is ended.
+    pub idle_timeout_s: f64,
+    /// The session is ended this long after it started.
+    pub lifetime_s: f64,
+    /// The largest file write_file and read_file move at once, in bytes.
+    pub max_file_bytes: u64,
+    /// The session's packages (when it has dependencies).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub env: Option<EnvReport>,
+}
+
+/// What `write_file` returns.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct WriteFileOutput {
+    pub session: String,
+    /// The file's absolute path in the sandbox.
+    pub path: String,
+    pub size: u64,
+}
+
+/// What `read_file` returns (the bytes also come as content: text, an image, or an embedded resource).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ReadFileOutput {
+    pub session: String,
+    pub path: String,
+    pub size: u64,
+    /// `image/png`, `image/jpeg`, `text/plain` or `application/octet-stream`.
+    pub mime_type: String,
+    /// The file's text, when it is UTF-8 text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The file's bytes in base64, when it is not text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_base64: Option<String>,
+}
+
+/// One entry of `list_files`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct FileEntry {
+    pub name: String,
+    /// `file`, `directory`, `symlink` or `other`.
+    pub kind: String,
+    pub size: u64,
+    /// Last modification, seconds since the epoch.
+    pub mtime: f64,
+}
+
+/// What `list_files` returns.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ListFilesOutput {
+    pub session: String,
+    pub path: String,
+    pub entries: Vec<FileEntry>,
+    /// True if the directory has more entries than are listed.
+    pub truncated: bool,
+}
+
+/// What `session_end` returns.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct SessionEndOutput {
+    pub session: String,
+    /// `ended` when this call ended it; otherwise why it had already ended.
+    pub reason: String,
+    pub message: String,
+    /// The session's peak memory, in bytes.
+    pub peak_memory_bytes: u64,
+}
+
+/// One session of `session_list`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct SessionSummary {
+    pub session: String,
+    pub policy: String,
+    /// Seconds since it started.
+    pub age_s: f64,
+    /// Seconds since its last call.
+    pub idle_s: f64,
+    /// Seconds left before its idle timeout ends it.
+    pub expires_in_s: f64,
+}
+
+/// What `session_list` returns.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct SessionListOutput {
+    pub sessions: Vec<SessionSummary>,
+}
+
+fn parse<T: serde::de::DeserializeOwned>(
+    tool: &str,
+    args: Option<JsonObject>,
+    example: &str,
+) -> Result<T, String> {
+    serde_json::from_value(serde_json::Value::Object(args.unwrap_or_default()))
+        .map_err(|e| format!("{tool}: invalid arguments: {e}; e.g. {example}"))
+}
+
+/// A tool call that failed with a stable code: a result with isError, the
+/// code and what to do in its text.
+pub fn failure(tool: &str, f: &SessionFailure) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(format!(
+        "{tool} failed ({}): {}",
+        f.code, f.message
+    ))])
+}
+
+fn structured<T: Serialize>(value: &T, text: String, extra: Vec<ContentBlock>) -> CallToolResult {
+    match serde_json::to_value(value) {
+        Ok(v) => {
+            let mut r = CallToolResult::structured(v);
+            let mut content = vec![ContentBlock::text(text)];
+            content.extend(extra);
+            r.content = content;
+            r.is_error = Some(false);
+            r
+        }
+        Err(e) => CallToolResult::error(vec![ContentBlock::text(format!(
+            "pycell mcp failed: cannot encode the result: {e}"
+        ))]),
+    }
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+impl PycellServer {
+    pub(super) async fn session_start(&self, args: Option<JsonObject>) -> CallToolResult {
+        let a: SessionStartArgs = match parse(SESSION_START, args, r#"{"policy": "data-science"}"#)
+        {
+            Ok(a) => a,
+            Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
+        };
+        let req = RunRequest {
+            policy: Some(a.policy.unwrap_or_else(|| self.default_policy.clone())),
+            dependencies: a.dependencies.unwrap_or_default(),
+            ..RunRequest::default()
+        };
+        match self.sandboxes.start_session(req).await {
+            Ok(s) => {
+                let p = &s.entry.info.policy;
+                let out = SessionStartOutput {
+                    session: s.handle.clone(),
+                    policy: p.name.clone(),
+                    sandbox_uid: s.entry.session.sandbox_uid,
+                    limits: s.entry.info.limits.clone(),
+                    idle_timeout_s: secs(p.session.idle_timeout),
+                    lifetime_s: secs(p.session.lifetime),
+                    max_file_bytes: p.session.max_file,
+                    env: s.entry.info.env_report(),
+                };
+                let text = format!(
+                    "session {} started (policy {}): pass it as `session` to run_python, write_file, read_file, list_files and session_end. Variables, imports and /workspace files persist between its cells. It ends after {} s without a call, or {} s after it started.",
+                    out.session, out.policy, out.idle_timeout_s, out.lifetime_s
+                );
+                structured(&out, text, vec![])
+            }
+            Err(f) => failure(SESSION_START, &f),
+        }
+    }
+
+    /// `run_python` with `session`: the code runs as the session's next cell.
+    pub(super) async fn run_cell(
+        &self,
+        session: &str,
+        code: String,
+        timeout: Option<Duration>,
+        cancel: CancellationToken,
+    ) -> CallToolResult {
+        let entry = match self.sandboxes.session(session) {
+            Ok(e) => e,
+            Err(f) => return failure(super::tools::RUN_PYTHON, &f),
+        };
+        let limits = cell_limits(&entry.info.policy);
+        let timeout_s = secs(timeout.unwrap_or(entry.info.policy.limits.wall_timeout));
+        let request = SessionRequest::Cell { code, limits };
+        let asked = self
+            .sandboxes
+            .session_request(session, request, timeout, cancel);
+        match asked.await {
+            Ok((entry, answer)) => {
+                let (out, images) = cell_result(
+                    session,
+                    &entry.session.run_id,
+                    &entry.info.policy.name,
+                    timeout_s,
+                    answer,
+                );
+                let text = out.render();
+                structured(&out, text, images)
+            }
+            Err(f)
+                if matches!(
+                    f.code,
+                    FailureCode::SessionKilled | FailureCode::SessionGone
+                ) =>
+            {
+                killed_cell(session, &entry.session.run_id, &entry.info.policy.name, &f)
+            }
+            Err(f) => failure(super::tools::RUN_PYTHON, &f),
+        }
+    }
+
+    pub(super) async fn write_file(
+        &self,
+        args: Option<JsonObject>,
+        cancel: CancellationToken,
+    ) -> CallToolResult {
+        let a: WriteFileArgs = match parse(
+            WRITE_FILE,
+            args,
+            r#"{"session": "s-...", "path": "data.csv", "content": "a,b\n1,2\n"}"#,
+        ) {
+            Ok(a) => a,
+            Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
+        };
+        let bytes = match file_bytes(a.content, a.content_base64) {
+            Ok(b) => b,
+            Err(m) => {
+                return CallToolResult::error(vec![ContentBlock::text(format!(
+                    "{WRITE_FILE}: {m}"
+                ))])
+            }
+        };
+        let entry = match self.sandboxes.session(&a.session) {
+            Ok(e) => e,
+            Err(f) => return failure(WRITE_FILE, &f),
+        };
+        let max = entry.info.policy.session.max_file;
+        if bytes.len() as u64 > max {
+            return failure(WRITE_FILE, &too_big(bytes.len() as u64, max));
+        }
+        let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
+        let request = SessionRequest::Write { path: a.path, data };
+        match self
+            .sandboxes
+            .session_request(&a.session, request, None, cancel)
+            .await
+        {
+            Ok((_, answer)) => match answer.reply.refused {
+                Some(why) => failure(WRITE_FILE, &refused(why)),
+                None => {
+                    let out = WriteFileOutput {
+                        session: a.session,
+                        path: answer.reply.path.unwrap_or_default(),
+                        size: answer.reply.size.unwrap_or(0),
+                    };
+                    let text = format!("wrote {} ({})", out.path, human_bytes(out.size));
+                    structured(&out, text, vec![])
+                }
+            },
+            Err(f) => failure(WRITE_FILE, &f),
+        }
+    }
+
+    pub(super) async fn read_file(
+        &self,
+        args: Option<JsonObject>,
+        cancel: CancellationToken,
+    ) -> CallToolResult {
+        let a: ReadFileArgs = match parse(
+            READ_FILE,
+            args,
+            r#"{"session": "s-...", "path": "figures/cell-2-figure-1.png"}"#,
+        ) {
+            Ok(a) => a,
+            Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
+        };
+        let entry = match self.sandboxes.session(&a.session) {
+            Ok(e) => e,
+            Err(f) => return failure(READ_FILE, &f),
+        };
+        let request = SessionRequest::Read {
+            path: a.path,
+            max_bytes: entry.info.policy.session.max_file,
+        };
+        match self
+            .sandboxes
+            .session_request(&a.session, request, None, cancel)
+            .await
+        {
+            Ok((_, answer)) => match answer.reply.refused {
+                Some(why) => failure(READ_FILE, &refused(why)),
+                None => read_result(&a.session, answer.reply),
+            },
+            Err(f) => failure(READ_FILE, &f),
+        }
+    }
+
+    pub(super) async fn list_files(
+        &self,
+        args: Option<JsonObject>,
+        cancel: CancellationToken,
+    ) -> CallToolResult {
+        let a: ListFilesArgs = match parse(
+            LIST_FILES,
+            args,
+            r#"{"session": "s-...", "path": "figures"}"#,
+        ) {
+            Ok(a) => a,
+            Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
+        };
+        let request = SessionRequest::List {
+            path: a.path.unwrap_or_default(),
+            max_entries: MAX_LISTED,
+        };
+        match self
+            .sandboxes
+            .session_request(&a.session, request, None, cancel)
+            .await
+        {
+            Ok((_, answer)) => match answer.reply.refused {
+                Some(why) => failure(LIST_FILES, &refused(why)),
+                None => {
+                    let r = answer.reply;
+                    let out = ListFilesOutput {
+                        session: a.session,
+                        path: r.path.unwrap_or_default(),
+                        entries: r
+                            .entries
+                            .into_iter()
+                            .map(|e| FileEntry {
+                                name: e.name,
+                                kind: e.kind,
+                                size: e.size,
+                                mtime: e.mtime,
+                            })
+                            .collect(),
+                        truncated: r.truncated,
+                    };
+                    let text = render_listing(&out);
+                    structured(&out, text, vec![])
+                }
+            },
+            Err(f) => failure(LIST_FILES, &f),
+        }
+    }
+
+    pub(super) async fn session_end(&self, args: Option<JsonObject>) -> CallToolResult {
+        let a: SessionEndArgs = match parse(SESSION_END, args, r#"{"session": "s-..."}"#) {
+            Ok(a) => a,
+            Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
+        };
+        match self.sandboxes.end_session(&a.session).await {
+            Ok((_, ended)) => {
+                let out = SessionEndOutput {
+                    session: a.session,
+                    reason: ended.reason.as_str().to_string(),
+                    message: ended.message.clone(),
+                    peak_memory_bytes: ended.result.peak_memory_bytes,
+                };
+                let text = format!("session {} ended: {}", out.session, out.message);
+                structured(&out, text, vec![])
+            }
+            Err(f) => failure(SESSION_END, &f),
+        }
+    }
+
+    pub(super) fn session_list(&self) -> CallToolResult {
+        let now = Instant::now();
+        let sessions: Vec<SessionSummary> = self
+            .sandboxes
+            .list_sessions()
+            .into_iter()
+            .map(|(handle, e)| {
+                let idle = now - e.last_used;
+                SessionSummary {
+                    session: handle,
+                    policy: e.info.policy.name.clone(),
+                    age_s: secs(now - e.started),
+                    idle_s: secs(idle),
+                    expires_in_s: secs(e.info.policy.session.idle_timeout.saturating_sub(idle)),
+                }
+            })
+            .collect();
+        let mut text = format!("{} open sessions\n", sessions.len());
+        for s in &sessions {
+            text.push_str(&format!(
+                "{} (policy {}): started {:.0} s ago, idle {:.0} s\n",
+                s.session, s.policy, s.age_s, s.idle_s
+            ));
+        }
+        structured(&SessionListOutput { sessions }, text, vec![])
+    }
+}
+
+/// Entries `list_files` returns at most.
+const MAX_LISTED: u32 = 1000;
+
+fn too_big(size: u64, max: u64) -> SessionFailure {
+    SessionFailure {
+        code: FailureCode::FileRefused,
+        message: format!(
+            "the file is {}, more than the {} the policy's [session] max_file allows at once",
+            human_bytes(size),
+            human_bytes(max)
+        ),
+    }
+}
+
+fn refused(why: String) -> SessionFailure {
+    SessionFailure {
+        code: FailureCode::FileRefused,
+        message: why,
+    }
+}
+
+/// A cell whose session ended under it: a result that says so.
+fn killed_cell(session: &str, run_id: &str, policy: &str, f: &SessionFailure) -> CallToolResult {
+    let status = if f.message.contains("(oom)") {
+        RunStatus::Oom
+    } else {
+        RunStatus::Killed
+    };
+    let out = RunPythonOutput {
+        run_id: run_id.to_string(),
+        status,
+        exit_code: None,
+        signal: None,
+        stdout: String::new(),
+        stderr: String::new(),
+        stdout_truncated: false,
+        stderr_truncated: false,
+        duration_ms: 0.0,
+        cpu_ms: 0.0,
+        peak_memory_bytes: 0,
+        disk_used_bytes: 0,
+        warm: true,
+        policy: policy.to_string(),
+        limits: None,
+        layers: None,
+        error: Some(ErrorInfo {
+            code: f.code,
+            layer: Layer::Sessions,
+            message: f.message.clone(),
+            hint: Some("start a new session with session_start".into()),
+        }),
+        network: None,
+        env: None,
+        cell: Some(super::cell_output::no_cell(session)),
+    };
+    let mut r = structured(&out, out.render(), vec![]);
+    r.is_error = Some(true);
+    r
+}
+
+/// `read_file`'s result: text as text, PNG and JPEG as an image, other
+/// bytes as an embedded resource; the structured part says which.
+fn read_result(session: &str, r: pycell_runner::session::RunnerReply) -> CallToolResult {
+    let path = r.path.unwrap_or_default();
+    let b64 = r.data.unwrap_or_default();
+    let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(&b64) else {
+        return failure(
+            READ_FILE,
+            &refused("the session sent back bytes that are not base64".into()),
+        );
+    };
+    let mime = mime_of(&bytes);
+    let uri = format!("file://{path}");
+    let (text, content_base64, extra) = match (mime, std::str::from_utf8(&bytes)) {
+        ("image/png" | "image/jpeg", _) => (
+            None,
+            Some(b64.clone()),
+            vec![ContentBlock::image(b64, mime)],
+        ),
+        (_, Ok(t)) => (
+            Some(t.to_string()),
+            None,
+            vec![ContentBlock::embedded_text(uri, t)],
+        ),
+        (_, Err(_)) => (
+            None,
+            Some(b64.clone()),
+            vec![ContentBlock::resource(
+                ResourceContents::BlobResourceContents {
+                    uri,
+                    mime_type: Some(mime.to_string()),
+                    blob: b64,
+                    meta: None,
+                },
+            )],
+        ),
+    };
+    let mime = if text.is_some() { "text/plain" } else { mime };
+    let out = ReadFileOutput {
+        session: session.to_string(),
+        size: bytes.len() as u64,
+        path,
+        mime_type: mime.to_string(),
+        text,
+        content_base64,
+    };
+    let summary = format!(
+        "{} ({}, {})",
+        out.path,
+        human_bytes(out.size),
+        out.mime_type
+    );
+    structured(&out, summary, extra)
+}
+
+fn mime_of(bytes: &[u8]) -> &'static str {
+    if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        "image/png"
+    } else if bytes.starts_with(&[0xff, 0xd8, 0xff]) {
+        "image/jpeg"
+    } else {
+        "application/octet-stream"
+    }
+}
+
+fn render_listing(out: &ListFilesOutput) -> String {
+    let mut t = format!("{} ({} entries)\n", out.path, out.entries.len());
+    for e in &out.entries {
+        let slash = if e.kind == "directory" { "/" } else { "" };
+        t.push_str(&format!("  {}{slash}  {}\n", e.name, human_bytes(e.size)));
+    }
+    if out.truncated {
+        t.push_str("  (more entries not listed)\n");
+    }
+    t
+}
+
+const SESSION_START_DESCRIPTION: &str = r#"Start a session: a sandbox whose Python interpreter stays alive between calls, like a Jupyter kernel. Pass the returned handle as `session` to run_python to run code as the session's next cell: variables, imports and files in /workspace persist from cell to cell, and a cell's last expression is shown as its value (as in a REPL). Use write_file/read_file/list_files to move files in and out, and session_end when done. Figures a cell leaves open (matplotlib) come back as images. Dependencies are fixed when the session starts. A session ends when idle for its idle timeout or at its lifetime (both in the result); later calls with its handle say session_gone. Example: {"policy": "data-science"} returns {"session": "s-3f2a...", "idle_timeout_s": 600, ...}."#;
+
+const WRITE_FILE_DESCRIPTION: &str = r#"Write a file into a session's /workspace (text in `content`, or bytes in `content_base64`), creating missing directories; code in the session's cells then reads it (e.g. pandas.read_csv("data.csv")). Paths are relative to /workspace; paths outside it, `..` and symlinks are refused. Example: {"session": "s-3f2a...", "path": "data.csv", "content": "x,y\n1,2\n"}."#;
+
+const READ_FILE_DESCRIPTION: &str = r#"Read a file from a session's /workspace: text comes back as text, PNG and JPEG as an image you can see, other bytes as an embedded resource (also base64 in the structured result). Use it for a figure's full-size file (run_python lists figures under cell.images and cell.files) or for results a cell wrote. Example: {"session": "s-3f2a...", "path": "figures/cell-2-figure-1.png"}."#;
+
+const LIST_FILES_DESCRIPTION: &str = r#"List a directory of a session's /workspace: names, kinds (file, directory, symlink, other), sizes and modification times. Example: {"session": "s-3f2a...", "path": "figures"}."#;
+
+const SESSION_END_DESCRIPTION: &str = r#"End a session: its interpreter, files and processes are gone, and its handle is no longer valid. Example: {"session": "s-3f2a..."}."#;
+
+const SESSION_LIST_DESCRIPTION: &str = r#"List the open sessions of this server: handle, policy, age, time since the last call, and time left before the idle timeout ends each. Takes no arguments. Example: {} returns {"sessions": [{"session": "s-3f2a...", "policy": "default", "age_s": 42.0, ...}]}."#;
+
+fn tool<I: JsonSchema + 'static, O: JsonSchema + 'static>(
+    name: &'static str,
+    title: &'static str,
+    description: &'static str,
+    read_only: bool,
+) -> Tool {
+    let input = portable(schema_for_input::<I>().expect("arguments are a struct"));
+    Tool::new(name, description, input)
+        .with_title(title)
+        .with_raw_output_schema(portable(schema_for_output::<O>()))
+        .with_annotations(
+            ToolAnnotations::with_title(title)
+                .read_only(read_only)
+                .destructive(false)
+                .idempotent(read_only)
+                .open_world(false),
+        )
+}
+
+/// The session tools.
+pub fn session_tools() -> Vec<Tool> {
+    let list = Tool::new(
+        SESSION_LIST,
+        SESSION_LIST_DESCRIPTION,
+        schema_for_empty_input(),
+    )
+    .with_title("List open sessions")
+    .with_raw_output_schema(portable(schema_for_output::<SessionListOutput>()))
+    .with_annotations(
+        ToolAnnotations::with_title("List open sessions")
+            .read_only(true)
+            .idempotent(true)
+            .open_world(false),
+    );
+    vec![
+        tool::<SessionStartArgs, SessionStartOutput>(
+            SESSION_START,
+            "Start a Python session",
+            SESSION_START_DESCRIPTION,
+            false,
+        ),
+        tool::<WriteFileArgs, WriteFileOutput>(
+            WRITE_FILE,
+            "Write a file into a session",
+            WRITE_FILE_DESCRIPTION,
+            false,
+        ),
+        tool::<ReadFileArgs, ReadFileOutput>(
+            READ_FILE,
+            "Read a file from a session",
+            READ_FILE_DESCRIPTION,
+            true,
+        ),
+        tool::<ListFilesArgs, ListFilesOutput>(
+            LIST_FILES,
+            "List a session's files",
+            LIST_FILES_DESCRIPTION,
+            true,
+        ),
+        tool::<SessionEndArgs, SessionEndOutput>(
+            SESSION_END,
+            "End a session",
+            SESSION_END_DESCRIPTION,
+            false,
+        ),
+        list,
+    ]
+}

@@ -1,0 +1,246 @@
+"""Drive `pycell mcp`'s sessions with the official MCP Python SDK and report
+what happened (one JSON object on stdout; tests/tests/mcp_sessions.rs makes
+the assertions).
+
+    .cache/tools/bin/python tests/mcp/sdk_sessions.py --pycell target/debug/pycell
+
+Steps: state across cells (x = 41, then x + 1), imports and files; an
+exception; a cell over its timeout (KeyboardInterrupt, the session goes
+on); a binary file round trip; input files for cells; path refusals; a
+pandas + matplotlib plot under data-science as a PNG within the edge and
+size limits; session_list; a cell that ignores
+KeyboardInterrupt (the session is killed, the next call says so); another
+session's state kept apart; session_end freeing the sandbox uid's processes
+and cgroups; too many sessions; unknown handles; stdin closing with
+sessions open. Every step is bounded in time; host scans are as in
+sdk_client.py.
+"""
+
+import argparse
+import base64
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+
+import anyio
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sdk_client import REPORT, call, cgroups_of_uid, processes_with_uid, step  # noqa: E402
+
+SERVER_ARGS = ["mcp", "--embedded"]
+
+
+def structured(r):
+    return (r or {}).get("structured") or {}
+
+
+def png_size(data):
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        return None
+    return struct.unpack(">II", data[16:24])
+
+
+async def basics(session, schemas):
+    out = {}
+    start = await call(session, schemas, {}, name="session_start")
+    out["start"] = start
+    h = structured(start).get("session")
+    out["handle"] = h
+    out["uid"] = structured(start).get("sandbox_uid")
+    out["assign"] = await call(session, schemas, {"session": h, "code": "x = 41"})
+    out["value"] = await call(session, schemas, {"session": h, "code": "x + 1"})
+    out["import"] = await call(session, schemas, {"session": h, "code": "import json\nopen('state.json', 'w').write(json.dumps({'x': x}))"})
+    out["import_used"] = await call(session, schemas, {"session": h, "code": "print(json.load(open('state.json')))"})
+    out["raises"] = await call(session, schemas, {"session": h, "code": "def f():\n    return 1 / 0\nf()"})
+    out["after_exception"] = await call(session, schemas, {"session": h, "code": "x"})
+    out["forged_marker"] = await call(
+        session,
+        schemas,
+        {"session": h, "code": "import sys\nsys.stdout.buffer.write(b'\\x00\\x00\\x00\\x10{\"cell\": 999}\\x00pycell-warm-ready\\x00')\nx"},
+    )
+    out["timeout"] = await call(session, schemas, {"session": h, "code": "import time\nfor i in range(100):\n    time.sleep(0.1)", "timeout_s": 1})
+    out["after_timeout"] = await call(session, schemas, {"session": h, "code": "i"})
+    blob = bytes(range(256)) * 40
+    out["write_binary"] = await call(session, schemas, {"session": h, "path": "data/blob.bin", "content_base64": base64.b64encode(blob).decode()}, name="write_file")
+    rb = await call(session, schemas, {"session": h, "path": "data/blob.bin"}, name="read_file")
+    got = base64.b64decode(structured(rb).get("content_base64") or "")
+    out["read_binary"] = {"result": rb, "exact": got == blob, "len": len(got)}
+    out["write_text"] = await call(session, schemas, {"session": h, "path": "in.csv", "content": "a,b\n1,2\n3,4\n"}, name="write_file")
+    out["cell_reads_input"] = await call(session, schemas, {"session": h, "code": "import csv\nrows = list(csv.DictReader(open('in.csv')))\nlen(rows)"})
+    out["list"] = await call(session, schemas, {"session": h}, name="list_files")
+    out["outside"] = await call(session, schemas, {"session": h, "path": "../etc/passwd"}, name="read_file")
+    out["absolute_outside"] = await call(session, schemas, {"session": h, "path": "/etc/passwd"}, name="read_file")
+    await call(session, schemas, {"session": h, "code": "import os\nos.symlink('/etc/passwd', 'link')"})
+    out["symlink"] = await call(session, schemas, {"session": h, "path": "link"}, name="read_file")
+    out["changed_files"] = await call(session, schemas, {"session": h, "code": "open('out.txt', 'w').write('hello')\nopen('in.csv', 'a').write('5,6\\n')"})
+    out["no_args"] = await call(session, schemas, {"session": h, "code": "1", "dependencies": ["x"]})
+    out["list_sessions"] = await call(session, schemas, {}, name="session_list")
+    out["end"] = await call(session, schemas, {"session": h}, name="session_end")
+    time.sleep(0.2)
+    uid = out["uid"]
+    out["left_after_end"] = {
+        "processes": processes_with_uid(uid) if uid else "no uid",
+        "cgroups": cgroups_of_uid(uid) if uid else "no uid",
+    }
+    out["after_end"] = await call(session, schemas, {"session": h, "code": "x"})
+    out["unknown"] = await call(session, schemas, {"session": "s-" + "0" * 32, "code": "x"})
+    return out
+
+
+async def isolation(session, schemas):
+    a = structured(await call(session, schemas, {}, name="session_start")).get("session")
+    b = structured(await call(session, schemas, {}, name="session_start")).get("session")
+    await call(session, schemas, {"session": a, "code": "secret = 'a'"})
+    out = {"handles_differ": a != b}
+    out["b_sees"] = await call(session, schemas, {"session": b, "code": "secret"})
+    out["b_files"] = await call(session, schemas, {"session": b}, name="list_files")
+    await call(session, schemas, {"session": a}, name="session_end")
+    await call(session, schemas, {"session": b}, name="session_end")
+    return out
+
+
+async def too_many(session, schemas):
+    handles = []
+    results = []
+    for _ in range(5):
+        r = await call(session, schemas, {}, name="session_start")
+        results.append(r)
+        h = structured(r).get("session")
+        if h:
+            handles.append(h)
+    out = {"started": len(handles), "fifth": results[-1]}
+    for h in handles:
+        await call(session, schemas, {"session": h}, name="session_end")
+    return out
+
+
+async def stubborn(session, schemas):
+    started = structured(await call(session, schemas, {}, name="session_start"))
+    h, uid = started.get("session"), started.get("sandbox_uid")
+    out = {"uid": uid}
+    out["cell"] = await call(
+        session,
+        schemas,
+        {"session": h, "code": "import time\nwhile True:\n    try:\n        time.sleep(10)\n    except KeyboardInterrupt:\n        pass", "timeout_s": 1},
+    )
+    out["next"] = await call(session, schemas, {"session": h, "code": "1"})
+    time.sleep(0.2)
+    out["left"] = {"processes": processes_with_uid(uid) if uid else "no uid", "cgroups": cgroups_of_uid(uid) if uid else "no uid"}
+    return out
+
+
+async def plot(session, schemas, policy):
+    start = await call(session, schemas, {"policy": policy}, name="session_start")
+    h = structured(start).get("session")
+    code = (
+        "import pandas as pd\nimport matplotlib.pyplot as plt\n"
+        "df = pd.DataFrame({'x': range(50), 'y': [i * i for i in range(50)]})\n"
+        "fig, ax = plt.subplots(figsize=(16, 12), dpi=100)\nax.plot(df.x, df.y)\n"
+        "df.describe().loc['mean', 'y']"
+    )
+    r = await session.call_tool("run_python", {"session": h, "code": code, "timeout_s": 120})
+    images = [c for c in r.content if getattr(c, "type", "") == "image"]
+    sizes = []
+    for im in images:
+        data = base64.b64decode(im.data)
+        sizes.append({"mime": im.mime_type, "bytes": len(data), "size": png_size(data)})
+    sc = r.structured_content or {}
+    out = {
+        "start": start,
+        "is_error": r.is_error,
+        "status": sc.get("status"),
+        "value": (sc.get("cell") or {}).get("value"),
+        "cell_images": (sc.get("cell") or {}).get("images"),
+        "images": sizes,
+        "stderr": (sc.get("stderr") or "")[-2000:],
+        "text": "".join(getattr(c, "text", "") for c in r.content)[-2000:],
+    }
+    full = await call(session, schemas, {"session": h, "path": ((sc.get("cell") or {}).get("images") or [{}])[0].get("path", "none")}, name="read_file")
+    out["full_size"] = {"is_error": full.get("is_error"), "mime": structured(full).get("mime_type"), "size": structured(full).get("size")}
+    await call(session, schemas, {"session": h}, name="session_end")
+    return out
+
+
+async def session_flow(pycell):
+    schemas = {}
+    params = StdioServerParameters(command=pycell, args=SERVER_ARGS, env=dict(os.environ))
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            for t in (await session.list_tools()).tools:
+                schemas[t.name] = t.output_schema
+            await step("basics", lambda: basics(session, schemas), timeout=120)
+            await step("isolation", lambda: isolation(session, schemas))
+            await step("too_many", lambda: too_many(session, schemas))
+            await step("stubborn", lambda: stubborn(session, schemas))
+            # data-science's packages (numpy, pandas, matplotlib) come from
+            # the package index into the embedded env store, once.
+            await step("plot", lambda: plot(session, schemas, "data-science"), timeout=300)
+    return {"completed": True}
+
+
+def eof_with_sessions(pycell):
+    """Open two sessions over raw JSON-RPC, note their uids, close stdin:
+    the server must exit and leave nothing of them."""
+    p = subprocess.Popen([pycell, *SERVER_ARGS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    n = [0]
+
+    def send(method, params=None, notify=False):
+        msg = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            msg["params"] = params
+        if not notify:
+            n[0] += 1
+            msg["id"] = n[0]
+        p.stdin.write((json.dumps(msg) + "\n").encode())
+        p.stdin.flush()
+        if notify:
+            return None
+        while True:
+            line = p.stdout.readline()
+            if not line:
+                return None
+            m = json.loads(line)
+            if m.get("id") == n[0]:
+                return m
+
+    send("initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}})
+    send("notifications/initialized", notify=True)
+    uids = []
+    for _ in range(2):
+        r = send("tools/call", {"name": "session_start", "arguments": {}})
+        h = r["result"]["structuredContent"]["session"]
+        uids.append(r["result"]["structuredContent"]["sandbox_uid"])
+        send("tools/call", {"name": "run_python", "arguments": {"session": h, "code": "x = 1"}})
+    t0 = time.monotonic()
+    p.stdin.close()
+    try:
+        rc = p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = "hung"
+    time.sleep(0.2)
+    return {
+        "uids": uids,
+        "exit": rc,
+        "exit_s": time.monotonic() - t0,
+        "left": {str(u): {"processes": processes_with_uid(u), "cgroups": cgroups_of_uid(u)} for u in uids},
+    }
+
+
+async def main():
+    await step("flow", lambda: session_flow(ARGS.pycell), timeout=600)
+    await step("eof", lambda: anyio.to_thread.run_sync(eof_with_sessions, ARGS.pycell), timeout=90)
+    print(json.dumps(REPORT))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pycell", required=True)
+    ARGS = ap.parse_args()
+    anyio.run(main)

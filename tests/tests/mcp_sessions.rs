@@ -1,0 +1,240 @@
+//! Sessions of embedded `pycell mcp`, driven by the official MCP Python SDK
+//! (tests/mcp/sdk_sessions.py reports; the assertions are here): state
+//! across cells, files in and out, plots as images, timeouts, a session
+//! killed by a cell that ignores KeyboardInterrupt, isolation between
+//! sessions, limits, bad handles and paths, and nothing left behind after
+//! session_end or the end of stdin.
+//!
+//! Needs root (embedded mode builds real jails), the tools venv's python in
+//! PYCELL_TEST_TOOLS_PYTHON, and the package index for the data-science
+//! env (installed once into the embedded env store).
+
+#![forbid(unsafe_code)]
+
+use std::time::Duration;
+
+use pycell_tests::sdk::{num, sdk_report, Checks};
+use serde_json::{json, Value};
+
+/// About 15 s with the data-science env cached, a minute or two without.
+const GUARD: Duration = Duration::from_secs(720);
+
+fn nothing_left(c: &mut Checks, step: &str, v: &Value, pointer: &str) {
+    c.eq(step, v, &format!("{pointer}/processes"), json!([]));
+    c.eq(step, v, &format!("{pointer}/cgroups"), json!([]));
+}
+
+fn cell_ok(c: &mut Checks, step: &str, v: &Value, value: Option<&str>) {
+    c.run_result(step, v, "ok");
+    if let Some(want) = value {
+        c.eq(step, v, "/structured/cell/value", want.into());
+    }
+}
+
+fn check_state_and_errors(c: &mut Checks, b: &Value) {
+    let s = "basics";
+    c.eq(s, &b["start"], "/is_error", Value::Bool(false));
+    c.eq(s, &b["start"], "/schema_errors", json!([]));
+    c.check(
+        b["handle"]
+            .as_str()
+            .is_some_and(|h| h.len() == 34 && h.starts_with("s-")),
+        || {
+            format!(
+                "basics: the handle is not s- and 32 hex digits: {}",
+                b["handle"]
+            )
+        },
+    );
+    c.check(num(b, "/uid") > 0.0, || {
+        format!("basics: no sandbox uid: {}", b["uid"])
+    });
+    cell_ok(c, s, &b["assign"], None);
+    c.eq(s, &b["assign"], "/structured/cell/number", json!(1));
+    cell_ok(c, s, &b["value"], Some("42"));
+    c.contains(s, &b["value"], "/text", "Out[2]: 42");
+    cell_ok(c, s, &b["import_used"], None);
+    c.eq(
+        s,
+        &b["import_used"],
+        "/structured/stdout",
+        "{'x': 41}\n".into(),
+    );
+    c.run_result(s, &b["raises"], "error");
+    c.eq(
+        s,
+        &b["raises"],
+        "/structured/cell/exception/type",
+        "ZeroDivisionError".into(),
+    );
+    c.contains(
+        s,
+        &b["raises"],
+        "/structured/cell/exception/traceback",
+        "File \"<cell 5>\", line 2, in f",
+    );
+    c.check(
+        !b["raises"]["structured"]["cell"]["exception"]["traceback"]
+            .as_str()
+            .unwrap_or("")
+            .contains("<string>"),
+        || "basics: the runner's frames show in the traceback".into(),
+    );
+    cell_ok(c, s, &b["after_exception"], Some("41"));
+    // Output that looks like the runner's frames and markers is output.
+    cell_ok(c, s, &b["forged_marker"], Some("41"));
+    c.contains(
+        s,
+        &b["forged_marker"],
+        "/structured/stdout",
+        "pycell-warm-ready",
+    );
+    c.run_result(s, &b["timeout"], "timeout");
+    c.eq(
+        s,
+        &b["timeout"],
+        "/structured/cell/exception/type",
+        "KeyboardInterrupt".into(),
+    );
+    c.eq(s, &b["timeout"], "/structured/error/code", "timeout".into());
+    // The interrupted loop got some way; the session kept its state.
+    c.eq(s, &b["after_timeout"], "/is_error", Value::Bool(false));
+    c.check(
+        b["after_timeout"]["structured"]["cell"]["value"]
+            .as_str()
+            .and_then(|v| v.parse::<u32>().ok())
+            .is_some_and(|i| (1..100).contains(&i)),
+        || {
+            format!(
+                "basics: the loop variable after the interrupt: {}",
+                b["after_timeout"]
+            )
+        },
+    );
+}
+
+fn check_files(c: &mut Checks, b: &Value) {
+    let s = "basics";
+    c.eq(s, &b["write_binary"], "/structured/size", json!(10240));
+    c.eq(s, &b["read_binary"], "/exact", Value::Bool(true));
+    c.eq(s, &b["read_binary"], "/result/schema_errors", json!([]));
+    cell_ok(c, s, &b["cell_reads_input"], Some("2"));
+    c.eq(s, &b["list"], "/is_error", Value::Bool(false));
+    let names: Vec<&str> = b["list"]["structured"]["entries"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|e| e["name"].as_str()).collect())
+        .unwrap_or_default();
+    for n in ["data", "in.csv", "state.json"] {
+        c.check(names.contains(&n), || {
+            format!("basics: {n} not listed: {names:?}")
+        });
+    }
+    for (step, needle) in [
+        ("outside", "'..' is not allowed"),
+        ("absolute_outside", "outside /workspace"),
+        ("symlink", "symlink"),
+    ] {
+        c.tool_error(s, &b[step], &["file_refused", needle]);
+    }
+    let changed: Vec<&str> = b["changed_files"]["structured"]["cell"]["files"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|f| f["path"].as_str()).collect())
+        .unwrap_or_default();
+    c.eq(
+        s,
+        &json!(changed),
+        "",
+        json!(["/workspace/in.csv", "/workspace/out.txt"]),
+    );
+    c.tool_error(s, &b["no_args"], &["`dependencies` does not apply"]);
+    c.eq(
+        s,
+        &b["list_sessions"],
+        "/structured/sessions/0/session",
+        b["handle"].clone(),
+    );
+    c.eq(s, &b["end"], "/structured/reason", "ended".into());
+    nothing_left(c, s, b, "/left_after_end");
+    c.tool_error(s, &b["after_end"], &["session_gone"]);
+    c.tool_error(s, &b["unknown"], &["unknown_session", "session_start"]);
+}
+
+#[test]
+fn sessions_keep_state_move_files_show_plots_and_leave_nothing_behind() {
+    let report = sdk_report("sdk_sessions.py", GUARD);
+    let mut c = Checks::new(&report);
+    if let Some(v) = c.step("flow") {
+        c.eq("flow", v, "/completed", Value::Bool(true));
+    }
+    if let Some(b) = c.step("basics") {
+        check_state_and_errors(&mut c, b);
+        check_files(&mut c, b);
+    }
+    if let Some(v) = c.step("isolation") {
+        c.eq("isolation", v, "/handles_differ", Value::Bool(true));
+        c.eq(
+            "isolation",
+            v,
+            "/b_sees/structured/cell/exception/type",
+            "NameError".into(),
+        );
+        c.eq("isolation", v, "/b_files/structured/entries", json!([]));
+    }
+    if let Some(v) = c.step("too_many") {
+        c.eq("too_many", v, "/started", json!(4));
+        c.tool_error(
+            "too_many",
+            &v["fifth"],
+            &["too_many_sessions", "per_uid = 4"],
+        );
+    }
+    if let Some(v) = c.step("stubborn") {
+        c.eq("stubborn", v, "/cell/is_error", Value::Bool(true));
+        c.eq("stubborn", v, "/cell/schema_errors", json!([]));
+        c.eq(
+            "stubborn",
+            v,
+            "/cell/structured/error/code",
+            "session_killed".into(),
+        );
+        c.contains(
+            "stubborn",
+            v,
+            "/cell/structured/error/message",
+            "cell_timeout",
+        );
+        c.tool_error("stubborn", &v["next"], &["session_killed", "cell_timeout"]);
+        nothing_left(&mut c, "stubborn", v, "/left");
+    }
+    if let Some(v) = c.step("plot") {
+        c.eq("plot", v, "/is_error", Value::Bool(false));
+        c.eq("plot", v, "/status", "ok".into());
+        c.eq("plot", v, "/value", "np.float64(808.5)".into());
+        // A 1600x1200 figure comes back scaled to the 1024 px edge, as PNG,
+        // within the 1 MiB budget; its full-size file is readable.
+        c.eq("plot", v, "/images/0/mime", "image/png".into());
+        c.eq("plot", v, "/images/0/size", json!([1024, 768]));
+        c.check(num(v, "/images/0/bytes") < (1 << 20) as f64, || {
+            format!("plot: the image is over 1 MiB: {}", v["images"])
+        });
+        c.contains(
+            "plot",
+            v,
+            "/cell_images/0/path",
+            "/workspace/figures/cell-1-figure-1.png",
+        );
+        c.eq("plot", v, "/full_size/mime", "image/png".into());
+    }
+    if let Some(v) = c.step("eof") {
+        c.eq("eof", v, "/exit", json!(0));
+        c.check(v["uids"].as_array().is_some_and(|u| u.len() == 2), || {
+            format!("eof: two sessions were not started: {v}")
+        });
+        for (uid, left) in v["left"].as_object().into_iter().flatten() {
+            c.eq("eof", left, "/processes", json!([]));
+            c.eq("eof", left, "/cgroups", json!([]));
+            let _ = uid;
+        }
+    }
+    c.finish();
+}
