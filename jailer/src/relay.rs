@@ -67,7 +67,9 @@ pub(crate) struct Relayed {
 /// How a session ended up.
 #[derive(Debug)]
 pub(crate) struct SessionEndState {
-    pub ready_at: Option<Instant>,
+    /// Its runner got ready; its first request came then.
+    pub ready: bool,
+    pub started_at: Option<Instant>,
     pub end: Option<SessionEnd>,
     pub broken: Option<String>,
     pub warm_up_output: Vec<u8>,
@@ -172,7 +174,8 @@ pub(crate) fn run(
         disk_used_bytes,
         warm: relay.warm.map(WarmRelay::end),
         session: relay.session.map(|s| SessionEndState {
-            ready_at: s.clocks.ready_at(),
+            ready: s.clocks.is_ready(),
+            started_at: s.clocks.started_at(),
             end: s.end,
             broken: s.broken,
             warm_up_output: s.warm.warm_up_output,
@@ -488,7 +491,8 @@ impl Relay {
         if s.end.is_some() {
             return None;
         }
-        if s.clocks.is_ready() {
+        // From its first request on, the session's own clocks bound it.
+        if s.clocks.started_at().is_some() {
             *deadline = None;
         }
         match s.clocks.due(now) {

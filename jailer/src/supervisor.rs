@@ -191,8 +191,8 @@ fn warm_run(
     }
 }
 
-/// A session's clock, from when it became ready. One that never got
-/// ready did not run: refused, its warm-up output on our stderr.
+/// A session's clock, from its first request. One that never got ready
+/// did not run: refused, its warm-up output on our stderr.
 fn session_run(
     spec: &JailSpec,
     session: &relay::SessionEndState,
@@ -201,7 +201,7 @@ fn session_run(
     if let Some(why) = &session.broken {
         eprintln!("pycell-jailer: session {}: {why}", spec.run_id);
     }
-    let Some(ready_at) = session.ready_at else {
+    if !session.ready {
         let output = String::from_utf8_lossy(&session.warm_up_output);
         eprintln!(
             "pycell-jailer: session {} ended while warming up; its output:\n{}",
@@ -213,10 +213,12 @@ fn session_run(
             Layer::Jailer,
             "the session's jail ended before it was ready (its warm-up output is in the jailer's stderr)",
         ));
-    };
+    }
     Ok(RunClock {
         limits: spec.limits.clone(),
-        wall: ready_at.elapsed().min(since_start),
+        wall: session
+            .started_at
+            .map_or(Duration::ZERO, |t| t.elapsed().min(since_start)),
         cpu_before_ns: 0,
         waited_ms: None,
     })

@@ -15,13 +15,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pycell_protocol::result::RunResult;
-use pycell_runner::session::{RunnerReply, SessionOp, MAX_REQUEST_FRAME};
+use pycell_runner::session::{RunnerReply, SessionOp, SessionRequest, MAX_REQUEST_FRAME};
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::ReplyMeasure;
 use pycell_wire::report::JailFailure;
 use pycell_wire::report::{RunStatus, SessionEnd};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::launcher::{append_capped, Collector, JailerEnd, LaunchedAsync};
@@ -177,43 +178,151 @@ impl std::fmt::Debug for Call {
     }
 }
 
-impl Session {
-    /// Drive `launched` (a session jail's jailer, just spawned) as a
-    /// session: wait until its runner is ready (at most `ready_within`),
-    /// then serve requests. `stop` resolving kills it (a server shutting
-    /// down). `Err` is why it never became ready, its jailer already
-    /// reaped.
-    pub async fn start(
+/// Whoever holds a session's jailer process: the embedded launcher owns
+/// it ([`OwnedJailer`]); in pycelld the root monitor does, and the broker
+/// asks it over its link.
+pub trait JailerControl: Send + 'static {
+    /// Stop the session (the jailer kills its jail and reports `killed`).
+    fn stop(&mut self);
+    /// Pass SIGINT to what runs (KeyboardInterrupt in a cell).
+    fn interrupt(&mut self);
+    /// When [`JailerControl::escalate`] is next due; `None` if the
+    /// watchdog is elsewhere.
+    fn next_due(&self) -> Option<Instant>;
+    fn escalate(&mut self);
+    /// The stream ended: how the jailer ended, once it has.
+    fn finish(self) -> impl std::future::Future<Output = JailerEnd> + Send;
+}
+
+/// The embedded launcher's own jailer: its process half and its stderr.
+#[derive(Debug)]
+pub struct OwnedJailer {
+    process: JailerProcess<tokio::process::Child>,
+    stderr: tokio::task::JoinHandle<Vec<u8>>,
+}
+
+impl JailerControl for OwnedJailer {
+    fn stop(&mut self) {
+        self.process.stop(StoppedBy::Shutdown);
+    }
+
+    fn interrupt(&mut self) {
+        // Not reaped before `finish`: the pid is still the jailer's.
+        let pid = nix::unistd::Pid::from_raw(self.process.pid());
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        Some(self.process.next_due())
+    }
+
+    fn escalate(&mut self) {
+        self.process.escalate();
+    }
+
+    async fn finish(mut self) -> JailerEnd {
+        let status = self.process.wait().await;
+        let stderr = self.stderr.await.unwrap_or_default();
+        JailerEnd::Exited { status, stderr }
+    }
+}
+
+/// A session jail's jailer, started: what its session is driven with.
+#[derive(Debug)]
+pub struct SessionParts<C> {
+    pub run_id: String,
+    pub policy: String,
+    pub sandbox_uid: u32,
+    pub stream: RunStream,
+    /// The jailer's stdin, on which requests go.
+    pub requests: std::os::unix::net::UnixStream,
+    pub control: C,
+}
+
+impl SessionParts<OwnedJailer> {
+    /// The parts of a session jail the embedded launcher just spawned.
+    pub fn embedded(
         mut launched: LaunchedAsync,
         services: Services,
         patience: Patience,
         timing: SessionTiming,
-        stop: CancellationToken,
-    ) -> Result<Session, SessionEnded> {
+    ) -> Result<SessionParts<OwnedJailer>, Box<RunResult>> {
         let collector = Collector::new(&launched.run_id, &launched.policy, None);
-        let requests = launched
-            .take_work_stream()
-            .and_then(|s| s.set_nonblocking(true).ok().map(|()| s))
-            .and_then(|s| tokio::net::UnixStream::from_std(s).ok());
+        let requests = launched.take_work_stream();
         let stderr = read_stderr(launched.child.stderr.take());
         // The jailer keeps the session's clocks; this watchdog only
         // catches a jailer that stopped answering.
         let wall = timing.ready_within + timing.lifetime;
-        let mut process = JailerProcess::new(launched.child, launched.lease, wall, patience);
-        let mut stream = RunStream::start(launched.events, collector, launched.handouts, services);
-        let (run_id, policy) = (launched.run_id, launched.policy);
+        let process = JailerProcess::new(launched.child, launched.lease, wall, patience);
+        let stream = RunStream::start(launched.events, collector, launched.handouts, services);
         let sandbox_uid = process.uid().unwrap_or(0);
+        let control = OwnedJailer { process, stderr };
+        let Some(requests) = requests else {
+            let f = JailFailure::new(
+                FailureCode::Internal,
+                Layer::Jailer,
+                "a session jail without its request stream",
+            );
+            return Err(Box::new(RunResult::refused(
+                &launched.run_id,
+                &launched.policy,
+                f,
+            )));
+        };
+        Ok(SessionParts {
+            run_id: launched.run_id,
+            policy: launched.policy,
+            sandbox_uid,
+            stream,
+            requests,
+            control,
+        })
+    }
+}
+
+/// The request that starts a session's clocks (its jailer keeps them from
+/// its first request): a listing of nothing.
+fn first_request() -> SessionOp {
+    SessionOp {
+        wall_timeout_ms: 10_000,
+        cpu_time_s: 1,
+        max_output_bytes: 1,
+        request: SessionRequest::List {
+            path: String::new(),
+            max_entries: 0,
+        },
+    }
+}
+
+impl Session {
+    /// Drive a session jail's jailer as a session: wait until its runner
+    /// is ready (at most `ready_within`), start its clocks, then serve
+    /// requests. `stop` resolving kills it (a server shutting down). `Err`
+    /// is why it never became ready, its jailer already gone.
+    pub async fn start<C: JailerControl>(
+        parts: SessionParts<C>,
+        ready_within: Duration,
+        stop: CancellationToken,
+    ) -> Result<Session, SessionEnded> {
+        let SessionParts {
+            run_id,
+            policy,
+            sandbox_uid,
+            mut stream,
+            requests,
+            mut control,
+        } = parts;
+        let requests = requests
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::UnixStream::from_std(requests));
         let ready = match requests {
-            Some(r) => wait_ready(&mut stream, timing.ready_within)
-                .await
-                .then_some(r),
-            None => None,
+            Ok(r) => wait_ready(&mut stream, ready_within).await.then_some(r),
+            Err(_) => None,
         };
         let Some(requests) = ready else {
-            process.stop(StoppedBy::Nobody);
-            let status = process.wait().await;
-            let stderr = stderr.await.unwrap_or_default();
-            let (result, _) = stream.finish(JailerEnd::Exited { status, stderr }).await;
+            control.stop();
+            let end = control.finish().await;
+            let (result, _) = stream.finish(end).await;
             return Err(not_ready(result));
         };
         let (calls, calls_rx) = mpsc::channel(MAX_QUEUED);
@@ -222,7 +331,7 @@ impl Session {
         let interrupt = Arc::new(tokio::sync::Notify::new());
         let driver = Driver {
             interrupt: Arc::clone(&interrupt),
-            process,
+            control,
             stream,
             requests: Some(requests),
             calls: calls_rx,
@@ -231,8 +340,8 @@ impl Session {
             in_flight: None,
             stray: [Vec::new(), Vec::new()],
         };
-        tokio::spawn(driver.run(stderr, ended_tx));
-        Ok(Session {
+        tokio::spawn(driver.run(ended_tx));
+        let session = Session {
             run_id,
             policy,
             sandbox_uid,
@@ -240,7 +349,12 @@ impl Session {
             close,
             interrupt,
             ended,
-        })
+        };
+        match session.request(first_request()).await {
+            Ok(_) => Ok(session),
+            Err(SessionError::Ended(e)) => Err(e),
+            Err(SessionError::Busy) => unreachable!("the first request waits behind none"),
+        }
     }
 
     /// Interrupt what runs (KeyboardInterrupt in a cell), as ^C would.
@@ -329,8 +443,8 @@ struct InFlight {
 }
 
 /// The task that owns a session's jailer.
-struct Driver {
-    process: JailerProcess<tokio::process::Child>,
+struct Driver<C> {
+    control: C,
     stream: RunStream,
     /// Until the session is being ended: dropping it is the jailer's cue.
     requests: Option<tokio::net::UnixStream>,
@@ -343,31 +457,25 @@ struct Driver {
     stray: [Vec<u8>; 2],
 }
 
-impl Driver {
-    async fn run(
-        mut self,
-        stderr: tokio::task::JoinHandle<Vec<u8>>,
-        ended_tx: watch::Sender<Option<SessionEnded>>,
-    ) {
+impl<C: JailerControl> Driver<C> {
+    async fn run(mut self, ended_tx: watch::Sender<Option<SessionEnded>>) {
         let mut stopping = false;
         loop {
             let accepting = self.in_flight.is_none() && self.requests.is_some();
+            let due = self.control.next_due();
             tokio::select! {
                 _ = self.stop.cancelled(), if !stopping => {
                     stopping = true;
-                    self.process.stop(StoppedBy::Shutdown);
+                    self.control.stop();
                 }
                 _ = self.close.cancelled(), if self.requests.is_some() => {
                     self.requests = None;
                 }
-                _ = tokio::time::sleep_until(self.process.next_due()) => {
-                    self.process.escalate();
+                _ = sleep_until_some(due), if due.is_some() => {
+                    self.control.escalate();
                 }
                 _ = self.interrupt.notified(), if self.in_flight.is_some() => {
-                    // Not reaped before this loop ends: the pid is the jailer's.
-                    // It passes SIGINT on to the jail's program.
-                    let pid = nix::unistd::Pid::from_raw(self.process.pid());
-                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+                    self.control.interrupt();
                 }
                 call = self.calls.recv(), if accepting => match call {
                     Some(call) => self.send(call).await,
@@ -381,14 +489,10 @@ impl Driver {
             }
         }
         if self.stream.broken() {
-            self.process.stop(StoppedBy::Nobody);
+            self.control.stop();
         }
-        let status = self.process.wait().await;
-        let stderr = stderr.await.unwrap_or_default();
-        let (result, _) = self
-            .stream
-            .finish(JailerEnd::Exited { status, stderr })
-            .await;
+        let end = self.control.finish().await;
+        let (result, _) = self.stream.finish(end).await;
         let ended = SessionEnded::from_result(result);
         let _ = ended_tx.send(Some(ended.clone()));
         if let Some(f) = self.in_flight.take() {
@@ -479,6 +583,13 @@ impl Driver {
             }
             StreamItem::Ready => {}
         }
+    }
+}
+
+async fn sleep_until_some(due: Option<Instant>) {
+    match due {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 

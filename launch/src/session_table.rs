@@ -17,25 +17,30 @@ use crate::session::{EndReason, Session, SessionEnded};
 /// Ended sessions remembered, for their handles' next calls.
 const REMEMBERED_ENDS: usize = 1024;
 
-/// A new session handle.
-pub fn new_handle() -> std::io::Result<String> {
-    let mut bytes = [0u8; 16];
+/// Bytes of a handle that name the server instance that made it.
+const INSTANCE_BYTES: usize = 4;
+
+fn random<const N: usize>() -> std::io::Result<[u8; N]> {
+    let mut bytes = [0u8; N];
     getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
-    Ok(handle_from(bytes))
+    Ok(bytes)
 }
 
-fn handle_from(bytes: [u8; 16]) -> String {
-    let mut s = String::with_capacity(34);
-    s.push_str("s-");
-    for b in bytes {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A handle of server instance `instance`: `s-`, the instance in 8 hex
+/// digits, then 128 random bits in 32. The instance part is not secret;
+/// it tells a handle of a server that has since restarted (whose sessions
+/// ended with it) from one that never was.
+fn handle_from(instance: &str, bytes: [u8; 16]) -> String {
+    format!("s-{instance}{}", hex(&bytes))
 }
 
 /// Whether `s` has a handle's shape (checked before any lookup).
 pub fn is_handle(s: &str) -> bool {
-    s.len() == 34
+    s.len() == 2 + 2 * (INSTANCE_BYTES + 16)
         && s.starts_with("s-")
         && s[2..]
             .bytes()
@@ -60,11 +65,16 @@ pub enum Lookup {
     Unknown,
     /// It was, and it ended.
     Gone(SessionEnded),
+    /// It was a handle of an earlier instance of this server, which ended
+    /// its sessions when it stopped.
+    Restarted,
 }
 
 /// The table.
 #[derive(Debug)]
 pub struct SessionTable<T> {
+    /// This server instance, in hex (see [`handle_from`]).
+    instance: String,
     live: HashMap<String, Entry<T>>,
     ended: HashMap<String, (u32, SessionEnded)>,
     ended_order: VecDeque<String>,
@@ -72,7 +82,12 @@ pub struct SessionTable<T> {
 
 impl<T> Default for SessionTable<T> {
     fn default() -> Self {
+        // Without randomness, handles cannot be made anyway.
+        let instance = random::<INSTANCE_BYTES>()
+            .map(|b| hex(&b))
+            .unwrap_or_default();
         SessionTable {
+            instance,
             live: HashMap::new(),
             ended: HashMap::new(),
             ended_order: VecDeque::new(),
@@ -81,6 +96,22 @@ impl<T> Default for SessionTable<T> {
 }
 
 impl<T: Clone> SessionTable<T> {
+    /// A new, unguessable handle of this server instance.
+    pub fn new_handle(&self) -> std::io::Result<String> {
+        if self.instance.is_empty() {
+            return Err(std::io::Error::other(
+                "no randomness for this server's instance",
+            ));
+        }
+        Ok(handle_from(&self.instance, random::<16>()?))
+    }
+
+    /// Whether `handle` is of an earlier instance of this server (which
+    /// ended its sessions when it stopped).
+    fn of_an_earlier_instance(&self, handle: &str) -> bool {
+        is_handle(handle) && !handle[2..].starts_with(&self.instance)
+    }
+
     /// Live sessions of `owner`.
     pub fn count(&self, owner: u32) -> usize {
         self.live.values().filter(|e| e.owner == owner).count()
@@ -103,6 +134,7 @@ impl<T: Clone> SessionTable<T> {
         }
         match self.ended.get(handle) {
             Some((o, ended)) if *o == owner => Err(Lookup::Gone(ended.clone())),
+            _ if self.of_an_earlier_instance(handle) => Err(Lookup::Restarted),
             _ => Err(Lookup::Unknown),
         }
     }
@@ -154,6 +186,10 @@ pub fn lookup_message(l: &Lookup, handle: &str) -> (FailureCode, String) {
             FailureCode::UnknownSession,
             format!("there is no session {handle:?}: start one with session_start (session_list shows yours)"),
         ),
+        Lookup::Restarted => (
+            FailureCode::SessionGone,
+            format!("session {handle} is over (restarted): the server that held it (pycelld, or the pycell mcp process) was restarted, which ends its sessions; start a new one with session_start"),
+        ),
         Lookup::Gone(e)
             if matches!(
                 e.reason,
@@ -185,19 +221,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn handles_are_128_random_bits_in_hex() {
-        let a = new_handle().unwrap();
-        let b = new_handle().unwrap();
+    fn handles_are_128_random_bits_after_the_instance() {
+        let t: SessionTable<()> = SessionTable::default();
+        let a = t.new_handle().unwrap();
+        let b = t.new_handle().unwrap();
         assert!(is_handle(&a) && is_handle(&b), "{a} {b}");
         assert_ne!(a, b);
-        assert_eq!(handle_from([0xab; 16]), format!("s-{}", "ab".repeat(16)));
+        assert_eq!(a[..10], b[..10], "the same instance");
+        assert_eq!(
+            handle_from("0011aabb", [0xab; 16]),
+            format!("s-0011aabb{}", "ab".repeat(16))
+        );
         for bad in [
             "",
             "s-",
-            "s-ABABABABABABABABABABABABABABABAB",
-            "x-abababababababababababababababab",
+            &a[..41],
+            &a.to_uppercase(),
+            &format!("x{}", &a[1..]),
         ] {
             assert!(!is_handle(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_handle_of_an_earlier_instance_is_gone_and_a_made_up_one_unknown() {
+        let mut t: SessionTable<()> = SessionTable::default();
+        let ours = t.new_handle().unwrap();
+        let earlier = SessionTable::<()>::default().new_handle().unwrap();
+        assert!(matches!(t.get(0, &earlier), Err(Lookup::Restarted)));
+        assert!(matches!(t.get(0, &ours), Err(Lookup::Unknown)));
+        assert!(matches!(t.get(0, "s-nonsense"), Err(Lookup::Unknown)));
+        let (code, message) = lookup_message(&Lookup::Restarted, &earlier);
+        assert_eq!(code, FailureCode::SessionGone);
+        assert!(message.contains("restarted"), "{message}");
     }
 }

@@ -38,10 +38,10 @@ fn check_state_and_errors(c: &mut Checks, b: &Value) {
     c.check(
         b["handle"]
             .as_str()
-            .is_some_and(|h| h.len() == 34 && h.starts_with("s-")),
+            .is_some_and(|h| h.len() == 42 && h.starts_with("s-")),
         || {
             format!(
-                "basics: the handle is not s- and 32 hex digits: {}",
+                "basics: the handle is not s- and 40 hex digits: {}",
                 b["handle"]
             )
         },

@@ -11,7 +11,7 @@ use base64::Engine;
 use pycell_deps::build::Ensured;
 use pycell_launch::launcher::{JailerStderr, LaunchError, PolicyChoice};
 use pycell_launch::resolve::Extras;
-use pycell_launch::session::{Answer, Session, SessionError, SessionTiming};
+use pycell_launch::session::{Answer, Session, SessionError, SessionParts, SessionTiming};
 use pycell_launch::session_table::{self, Entry, Lookup};
 use pycell_launch::supervisor::Services;
 use pycell_policy::Policy;
@@ -127,25 +127,30 @@ impl Sandboxes {
             ready_within: READY_WITHIN,
             lifetime: policy.session.lifetime,
         };
-        let session = Session::start(
-            launched,
-            services,
-            self.patience(),
-            timing,
-            self.shutdown_token().child_token(),
-        )
-        .await
-        .map_err(|e| {
-            let code = e
-                .result
-                .error
-                .as_ref()
-                .map_or(FailureCode::JailSetupFailed, |f| f.code);
-            SessionFailure::new(code, e.message)
-        })?;
-        let handle = session_table::new_handle().map_err(|e| {
-            SessionFailure::new(FailureCode::Internal, format!("a session handle: {e}"))
-        })?;
+        let parts =
+            SessionParts::embedded(launched, services, self.patience(), timing).map_err(|r| {
+                SessionFailure::new(
+                    FailureCode::Internal,
+                    r.error.map(|e| e.message).unwrap_or_default(),
+                )
+            })?;
+        let session = Session::start(parts, READY_WITHIN, self.shutdown_token().child_token())
+            .await
+            .map_err(|e| {
+                let code = e
+                    .result
+                    .error
+                    .as_ref()
+                    .map_or(FailureCode::JailSetupFailed, |f| f.code);
+                SessionFailure::new(code, e.message)
+            })?;
+        let handle = self
+            .sessions()
+            .map_err(|()| "the session table is poisoned".to_string())
+            .and_then(|t| t.new_handle().map_err(|e| e.to_string()))
+            .map_err(|e| {
+                SessionFailure::new(FailureCode::Internal, format!("a session handle: {e}"))
+            })?;
         let now = Instant::now();
         let entry = Entry {
             session,

@@ -92,7 +92,7 @@ impl SessionRelay {
     /// Output before ready: kept aside; the marker makes the jail ready.
     pub fn warm_up_output(&mut self, stdout: bool, bytes: &[u8], now: Instant) {
         if self.warm.warm_up_output(stdout, bytes, now) {
-            self.clocks.ready(now);
+            self.clocks.ready();
             self.steps.push_back(SessionStep::Ready);
         }
     }

@@ -142,13 +142,15 @@ struct InFlight {
     interrupted_at: Option<Instant>,
 }
 
-/// A session's clocks: none run while it warms up; from ready on, its
-/// lifetime, and its idle timeout between requests or a request's wall
-/// timeout and grace.
+/// A session's clocks: none run while it warms up and waits for its first
+/// request (a pooled session jail waits for its session; the spec's wall
+/// timeout bounds that); from its first request on, its lifetime, and its
+/// idle timeout between requests or a request's wall timeout and grace.
 #[derive(Debug, Clone)]
 pub(crate) struct Clocks {
     spec: SessionSpec,
-    ready_at: Option<Instant>,
+    ready: bool,
+    started_at: Option<Instant>,
     idle_since: Option<Instant>,
     request: Option<InFlight>,
 }
@@ -161,23 +163,24 @@ impl Clocks {
     pub fn new(spec: SessionSpec) -> Clocks {
         Clocks {
             spec,
-            ready_at: None,
+            ready: false,
+            started_at: None,
             idle_since: None,
             request: None,
         }
     }
 
-    pub fn ready(&mut self, now: Instant) {
-        self.ready_at = Some(now);
-        self.idle_since = Some(now);
-    }
-
-    pub fn ready_at(&self) -> Option<Instant> {
-        self.ready_at
+    pub fn ready(&mut self) {
+        self.ready = true;
     }
 
     pub fn is_ready(&self) -> bool {
-        self.ready_at.is_some()
+        self.ready
+    }
+
+    /// When the session's first request came (its clocks started).
+    pub fn started_at(&self) -> Option<Instant> {
+        self.started_at
     }
 
     pub fn busy(&self) -> bool {
@@ -186,6 +189,7 @@ impl Clocks {
 
     /// A request reached the runner, with `wall` to answer.
     pub fn begin(&mut self, now: Instant, wall: Duration) {
+        self.started_at.get_or_insert(now);
         self.request = Some(InFlight {
             since: now,
             wall,
@@ -205,7 +209,7 @@ impl Clocks {
 
     /// When the next action is due (`None`: no clock runs).
     pub fn next_due(&self) -> Option<Instant> {
-        let end = self.ready_at? + ms(self.spec.lifetime_ms);
+        let end = self.started_at? + ms(self.spec.lifetime_ms);
         let next = match (self.request, self.idle_since) {
             (Some(r), _) => match r.interrupted_at {
                 None => r.since + r.wall,
@@ -219,8 +223,8 @@ impl Clocks {
 
     /// What is due at `now`, marking an interruption as done.
     pub fn due(&mut self, now: Instant) -> Option<ClockAction> {
-        let ready_at = self.ready_at?;
-        if now >= ready_at + ms(self.spec.lifetime_ms) {
+        let started_at = self.started_at?;
+        if now >= started_at + ms(self.spec.lifetime_ms) {
             return Some(ClockAction::End(SessionEnd::Lifetime));
         }
         let grace = ms(self.spec.cell_grace_ms);
@@ -292,17 +296,27 @@ mod tests {
     }
 
     #[test]
-    fn no_clock_runs_while_warming_up() {
+    fn no_clock_runs_before_the_first_request() {
         let mut c = Clocks::new(spec());
         assert_eq!(c.next_due(), None);
+        c.ready();
         assert_eq!(c.due(Instant::now() + ms(1_000_000)), None);
+        assert_eq!(c.started_at(), None);
+    }
+
+    /// Ready, and its first (empty) request answered at `t0`: the clocks run.
+    fn started(t0: Instant) -> Clocks {
+        let mut c = Clocks::new(spec());
+        c.ready();
+        c.begin(t0, ms(1_000));
+        c.end_request(t0);
+        c
     }
 
     #[test]
     fn an_idle_session_ends_after_its_idle_timeout_and_every_one_at_its_lifetime() {
         let t0 = Instant::now();
-        let mut c = Clocks::new(spec());
-        c.ready(t0);
+        let mut c = started(t0);
         assert_eq!(c.next_due(), Some(t0 + ms(10_000)));
         assert_eq!(c.due(t0 + ms(9_999)), None);
         assert_eq!(
@@ -310,8 +324,7 @@ mod tests {
             Some(ClockAction::End(SessionEnd::Idle))
         );
         // Requests keep it alive, but not past its lifetime.
-        let mut c = Clocks::new(spec());
-        c.ready(t0);
+        let mut c = started(t0);
         for k in 0..10 {
             let at = t0 + ms(k * 6_000);
             assert_eq!(c.due(at), None, "{k}");
@@ -327,8 +340,7 @@ mod tests {
     #[test]
     fn a_request_over_its_timeout_is_interrupted_then_ends_the_session_after_the_grace() {
         let t0 = Instant::now();
-        let mut c = Clocks::new(spec());
-        c.ready(t0);
+        let mut c = started(t0);
         c.begin(t0, ms(3_000));
         assert!(c.busy());
         // Idle time does not count while a request runs.
@@ -343,8 +355,7 @@ mod tests {
         );
         // One that answers within the grace goes on, and says it was
         // interrupted.
-        let mut c = Clocks::new(spec());
-        c.ready(t0);
+        let mut c = started(t0);
         c.begin(t0, ms(3_000));
         c.due(t0 + ms(3_000));
         assert_eq!(c.end_request(t0 + ms(3_500)), (ms(3_500), true));
