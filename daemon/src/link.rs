@@ -36,6 +36,8 @@ pub enum ToMonitor {
     },
     /// Stop a run (cancel, client gone, shutdown).
     Kill { run_id: String },
+    /// Pass SIGINT to a session's running cell (its caller cancelled it).
+    Interrupt { run_id: String },
     /// The client of request `req` is gone or cancelled while its env was
     /// being built: stop the build.
     Abandon { req: u64 },
@@ -67,6 +69,11 @@ pub struct RunOrder {
     pub stdin_base64: Option<String>,
     /// The run's dependencies, gathered and normalized, if it has any.
     pub dependencies: Option<DepsRequest>,
+    /// A session's jail (see `pycell_runner::session`), not a run's: its
+    /// code is empty, and the jailer's stdin goes to the broker, which
+    /// sends the session's requests on it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub session: bool,
 }
 
 /// A run's limits as the broker settled them.
@@ -119,6 +126,16 @@ impl RunOrder {
     /// beyond what the launch path checks (limits, sizes, names): its
     /// dependencies' bounds, and that the policy lets it have them.
     pub fn check(&self, policy: &Policy) -> Result<(), JailFailure> {
+        if self.session && (policy.session.per_uid == 0 || !self.code.is_empty()) {
+            return Err(JailFailure::new(
+                FailureCode::SessionsUnavailable,
+                pycell_wire::codes::Layer::Sessions,
+                format!(
+                    "policy {:?} has no sessions ([session] per_uid = 0)",
+                    policy.name
+                ),
+            ));
+        }
         let Some(deps) = &self.dependencies else {
             return Ok(());
         };
@@ -267,6 +284,7 @@ mod tests {
                 requirements: d.into_iter().map(str::to_string).collect(),
                 requires_python: None,
             }),
+            session: false,
         }
     }
 

@@ -17,7 +17,6 @@ use std::time::Duration;
 use pycell_protocol::result::RunResult;
 use pycell_runner::session::{RunnerReply, SessionOp, SessionRequest, MAX_REQUEST_FRAME};
 use pycell_wire::codes::{FailureCode, Layer};
-use pycell_wire::events::ReplyMeasure;
 use pycell_wire::report::JailFailure;
 use pycell_wire::report::{RunStatus, SessionEnd};
 use tokio::io::AsyncWriteExt;
@@ -33,15 +32,9 @@ use crate::supervisor::{
 /// Requests that may wait behind the one running.
 pub const MAX_QUEUED: usize = 8;
 
-/// A request's answer: the runner's reply, the output the request
-/// printed (capped), and what the jailer measured.
-#[derive(Debug, Clone)]
-pub struct Answer {
-    pub reply: RunnerReply,
-    pub stdout: Vec<u8>,
-    pub stderr: Vec<u8>,
-    pub measure: ReplyMeasure,
-}
+/// A request's answer (the protocol's: the embedded server and pycelld's
+/// broker answer alike).
+pub use pycell_protocol::session::SessionAnswer as Answer;
 
 /// Why a session is over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -393,7 +386,8 @@ impl Session {
         self.wait_ended().await
     }
 
-    async fn wait_ended(&self) -> SessionEnded {
+    /// Wait until the session is over, and say why.
+    pub async fn wait_ended(&self) -> SessionEnded {
         let mut ended = self.ended.clone();
         let got = match ended.wait_for(Option::is_some).await {
             Ok(e) => e.clone(),
@@ -559,7 +553,7 @@ impl<C: JailerControl> Driver<C> {
                 let Some(f) = self.in_flight.take() else {
                     return;
                 };
-                let [stdout, stderr] = f.output;
+                let [stdout, stderr] = f.output.map(|o| String::from_utf8_lossy(&o).into_owned());
                 let answer = match serde_json::from_slice::<RunnerReply>(&body) {
                     Ok(reply) => Answer {
                         reply,

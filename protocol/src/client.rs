@@ -12,6 +12,9 @@ use crate::messages::{
     decode_b64, ClientMessage, ErrorCode, RunRequest, ServerMessage, Stream, PROTOCOL_VERSION,
 };
 use crate::result::RunResult;
+use crate::session::{
+    SessionAnswer, SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
+};
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
 
@@ -44,6 +47,14 @@ pub enum ClientError {
     Refused { code: ErrorCode, message: String },
     #[error("pycelld sent an unexpected message: {0}")]
     Unexpected(String),
+    /// What was asked could not be done, for this reason (a session whose
+    /// dependencies could not be installed, say).
+    #[error("{}", .0.message)]
+    Failed(JailFailure),
+}
+
+fn unexpected(m: ServerMessage) -> ClientError {
+    ClientError::Unexpected(format!("{m:?}"))
 }
 
 impl ClientError {
@@ -53,6 +64,7 @@ impl ClientError {
     pub fn into_result(self, policy: &str) -> RunResult {
         let (code, message) = match self {
             ClientError::Refused { code, message } => (code.into(), message),
+            ClientError::Failed(f) => (f.code, f.message),
             e @ ClientError::Connect { .. } => (FailureCode::DaemonUnavailable, e.to_string()),
             e => (FailureCode::DaemonFailed, e.to_string()),
         };
@@ -184,6 +196,99 @@ impl DaemonClient {
                     return Err(ClientError::Refused { code, message });
                 }
                 other => return Err(ClientError::Unexpected(format!("{other:?}"))),
+            }
+        }
+    }
+
+    /// Start a session (its dependencies installed first, if need be:
+    /// `on_stage` hears the install and the queue as for a run).
+    pub fn session_start(
+        &mut self,
+        request: SessionStartRequest,
+        mut on_stage: impl FnMut(Stage<'_>),
+    ) -> Result<SessionInfo, ClientError> {
+        let msg = ClientMessage::SessionStart {
+            id: "1".into(),
+            request,
+        };
+        framing::write_sync(&mut self.stream, &msg)?;
+        loop {
+            match self.next_reply()? {
+                ServerMessage::SessionStarted { session, .. } => return Ok(*session),
+                ServerMessage::Queued { position, .. } => on_stage(Stage::Queued(position)),
+                ServerMessage::Installing { message, .. } => on_stage(Stage::Installing(&message)),
+                // A session that could not start, with a run's result.
+                ServerMessage::Result { result, .. } => {
+                    let e = result.error.unwrap_or_else(|| {
+                        JailFailure::new(
+                            FailureCode::Internal,
+                            Layer::Daemon,
+                            "the session did not start",
+                        )
+                    });
+                    return Err(ClientError::Failed(e));
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
+    }
+
+    /// A call in session `session`: its answer once served.
+    pub fn session_call(
+        &mut self,
+        session: &str,
+        call: SessionCall,
+        timeout_s: Option<f64>,
+    ) -> Result<SessionAnswer, ClientError> {
+        let msg = ClientMessage::Session {
+            id: "1".into(),
+            session: session.to_string(),
+            call,
+            timeout_s,
+        };
+        framing::write_sync(&mut self.stream, &msg)?;
+        match self.next_reply()? {
+            ServerMessage::SessionAnswer { answer, .. } => Ok(*answer),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// End session `session`, once its jail is gone.
+    pub fn session_end(&mut self, session: &str) -> Result<SessionEndInfo, ClientError> {
+        let msg = ClientMessage::SessionEnd {
+            id: "1".into(),
+            session: session.to_string(),
+        };
+        framing::write_sync(&mut self.stream, &msg)?;
+        match self.next_reply()? {
+            ServerMessage::SessionEnded { ended, .. } => Ok(ended),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// This uid's open sessions.
+    pub fn session_list(&mut self) -> Result<Vec<SessionSummary>, ClientError> {
+        let msg = ClientMessage::SessionList { id: "1".into() };
+        framing::write_sync(&mut self.stream, &msg)?;
+        match self.next_reply()? {
+            ServerMessage::Sessions { sessions, .. } => Ok(sessions),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The next message, an error (other than about a stray cancel) as
+    /// `Err`.
+    fn next_reply(&mut self) -> Result<ServerMessage, ClientError> {
+        loop {
+            match framing::read_sync::<ServerMessage>(&mut self.stream)? {
+                ServerMessage::Error {
+                    code: ErrorCode::NoSuchRun,
+                    ..
+                } => continue,
+                ServerMessage::Error { code, message, .. } => {
+                    return Err(ClientError::Refused { code, message })
+                }
+                other => return Ok(other),
             }
         }
     }

@@ -1,8 +1,8 @@
 //! pycell's client/daemon protocol: its messages ([`messages`]: the run
 //! request, its limit overrides, stable error codes), length-delimited
 //! frames with the protocol's bound ([`framing`]), the structured run
-//! result every mode returns ([`result`]), what a host offers
-//! ([`info`]), and a blocking client with daemon socket discovery
+//! result every mode returns ([`result`]), sessions ([`session`]), what a
+//! host offers ([`info`]), and a blocking client with daemon socket discovery
 //! ([`client`]).
 //!
 //! Threat model: requests are untrusted input from any local user the
@@ -16,3 +16,4 @@ pub mod framing;
 pub mod info;
 pub mod messages;
 pub mod result;
+pub mod session;

@@ -10,7 +10,7 @@ use pycell_wire::codes::FailureCode;
 pub use pycell_wire::events::Stream;
 
 /// Bumped on any incompatible change; the handshake refuses a mismatch.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// Largest code (and largest stdin) a request may carry.
 pub const MAX_CODE_BYTES: usize = 16 << 20;
 
@@ -115,6 +115,20 @@ pycell_wire::named_enum! {
         ShuttingDown = "shutting_down",
         /// Something failed inside the daemon.
         Internal = "internal",
+        /// The handle names no session of the caller's uid.
+        UnknownSession = "unknown_session",
+        /// The session ended (its caller, its idle timeout or lifetime, a restart).
+        SessionGone = "session_gone",
+        /// The session was killed (a cell ignored KeyboardInterrupt, memory, its python died).
+        SessionKilled = "session_killed",
+        /// The session already has as many calls waiting as it queues.
+        SessionBusy = "session_busy",
+        /// The uid holds as many sessions as the policy allows.
+        TooManySessions = "too_many_sessions",
+        /// Sessions are turned off for the policy.
+        SessionsUnavailable = "sessions_unavailable",
+        /// A file operation was refused (a path outside /workspace, too big).
+        FileRefused = "file_refused",
     }
 }
 
@@ -133,6 +147,13 @@ impl From<ErrorCode> for FailureCode {
             ErrorCode::NoSuchRun => FailureCode::NoSuchRun,
             ErrorCode::ShuttingDown => FailureCode::ShuttingDown,
             ErrorCode::Internal => FailureCode::Internal,
+            ErrorCode::UnknownSession => FailureCode::UnknownSession,
+            ErrorCode::SessionGone => FailureCode::SessionGone,
+            ErrorCode::SessionKilled => FailureCode::SessionKilled,
+            ErrorCode::SessionBusy => FailureCode::SessionBusy,
+            ErrorCode::TooManySessions => FailureCode::TooManySessions,
+            ErrorCode::SessionsUnavailable => FailureCode::SessionsUnavailable,
+            ErrorCode::FileRefused => FailureCode::FileRefused,
         }
     }
 }
@@ -145,10 +166,43 @@ impl From<ErrorCode> for FailureCode {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ClientMessage {
-    Hello { version: u32, client: String },
-    Run { id: String, request: RunRequest },
-    Cancel { id: String },
+    Hello {
+        version: u32,
+        client: String,
+    },
+    Run {
+        id: String,
+        request: RunRequest,
+    },
+    Cancel {
+        id: String,
+    },
     Info,
+    /// Start a session; `session_started` answers.
+    SessionStart {
+        id: String,
+        request: crate::session::SessionStartRequest,
+    },
+    /// A call in session `session` (a cell, a file operation), queued
+    /// behind the session's earlier calls; `session_answer` answers. A
+    /// `cancel` with this id interrupts it (KeyboardInterrupt in a cell).
+    Session {
+        id: String,
+        session: String,
+        call: crate::session::SessionCall,
+        /// A cell's wall timeout (default: the policy's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_s: Option<f64>,
+    },
+    /// End a session; `session_ended` answers once its jail is gone.
+    SessionEnd {
+        id: String,
+        session: String,
+    },
+    /// The uid's open sessions; `sessions` answers.
+    SessionList {
+        id: String,
+    },
 }
 
 /// Daemon → client.
@@ -187,6 +241,22 @@ pub enum ServerMessage {
     },
     Info {
         info: Box<crate::info::DaemonInfo>,
+    },
+    SessionStarted {
+        id: String,
+        session: Box<crate::session::SessionInfo>,
+    },
+    SessionAnswer {
+        id: String,
+        answer: Box<crate::session::SessionAnswer>,
+    },
+    SessionEnded {
+        id: String,
+        ended: crate::session::SessionEndInfo,
+    },
+    Sessions {
+        id: String,
+        sessions: Vec<crate::session::SessionSummary>,
     },
     Error {
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -159,7 +159,7 @@ impl SessionOp {
 /// A runner's reply, as the launcher reads it: every field any request's
 /// reply may have (the runner is inside the jail, so nothing here is
 /// trusted beyond its shape; sizes were bounded by the jailer).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunnerReply {
     /// The request could not be served as asked (a path outside the
     /// workspace, a file too big): the reason.

@@ -28,6 +28,7 @@ use tokio::sync::mpsc;
 use tokio::time::{sleep, timeout, Instant};
 
 mod installing;
+mod session_calls;
 
 use super::order::NotOrdered;
 use super::{Broker, Peer};
@@ -214,6 +215,21 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: UnixStream) {
                 conn.out.send(e).await
             }
             ClientMessage::Run { id, request } => run(&broker, &mut conn, peer, id, request).await,
+            ClientMessage::SessionStart { id, request } => {
+                session_calls::start_session(&broker, &mut conn, peer, id, request).await
+            }
+            ClientMessage::Session {
+                id,
+                session,
+                call,
+                timeout_s,
+            } => session_calls::call(&broker, &mut conn, peer, id, session, call, timeout_s).await,
+            ClientMessage::SessionEnd { id, session } => {
+                session_calls::end(&broker, &mut conn, peer, id, session).await
+            }
+            ClientMessage::SessionList { id } => {
+                session_calls::list(&broker, &mut conn, peer, id).await
+            }
         };
         if !going {
             return;
@@ -404,6 +420,7 @@ fn cancelled_before_start(doing: &str) -> JailFailure {
 /// listener) with the services for it.
 struct SpawnedRun {
     run_id: String,
+    sandbox_uid: u32,
     policy: String,
     limits: LimitsReport,
     events: pipe::Receiver,
@@ -430,15 +447,16 @@ async fn start(
     let ((reply, fds), cancelled) = installing::last_reply(broker, conn, id, req, replies)
         .await
         .map_err(|e| internal(e.to_string()))?;
-    let (run_id, policy, limits, egress, env) = match reply {
+    let (run_id, sandbox_uid, policy, limits, egress, env) = match reply {
         ToBroker::Spawned {
             run_id,
+            sandbox_uid,
             policy,
             limits,
             egress,
             env,
             ..
-        } => (run_id, policy, limits, egress, env),
+        } => (run_id, sandbox_uid, policy, limits, egress, env),
         ToBroker::Refused { code, message, .. } => return Err(error(Some(id), code, message)),
         ToBroker::Failed {
             policy, failure, ..
@@ -473,6 +491,7 @@ async fn start(
     match events {
         Ok(events) => Ok(SpawnedRun {
             run_id,
+            sandbox_uid,
             policy,
             limits,
             events,
@@ -655,7 +674,7 @@ fn reply_during_run(msg: Incoming) -> ServerMessage {
         Ok(_) => error(
             None,
             ErrorCode::BadMessage,
-            "only cancel is accepted while a run is going",
+            "only cancel is accepted while a run or session call is going on this connection",
         ),
         Err(reply) => reply,
     }

@@ -7,6 +7,7 @@
 mod connection;
 mod link;
 mod order;
+mod sessions;
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -38,6 +39,10 @@ pub(crate) struct Broker {
     /// Becomes true when the daemon stops: new runs are refused, waiting
     /// ones give up.
     stop: watch::Sender<bool>,
+    /// Open sessions, by handle (see `sessions`).
+    sessions: sessions::Sessions,
+    /// Cancelled when the daemon stops: every session is killed.
+    session_stop: tokio_util::sync::CancellationToken,
 }
 
 /// Credentials of a connected peer, as the kernel recorded them when it
@@ -362,6 +367,8 @@ impl Broker {
             active: AtomicUsize::new(0),
             idle: Notify::new(),
             stop: watch::channel(false).0,
+            sessions: Default::default(),
+            session_stop: Default::default(),
         })
     }
 
@@ -369,6 +376,8 @@ impl Broker {
     /// grace period.
     async fn drain(&self) {
         self.stop.send_replace(true);
+        // Sessions end with the daemon that holds them.
+        self.end_all_sessions(self.config.shutdown_grace).await;
         let deadline = Instant::now() + self.config.shutdown_grace;
         while self.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
             let left = deadline.saturating_duration_since(Instant::now());

@@ -50,6 +50,7 @@ pub(crate) fn order(policy_dir: &Path, request: RunRequest) -> Result<RunOrder, 
         args: request.args,
         stdin_base64: request.stdin_base64,
         dependencies,
+        session: false,
     })
 }
 

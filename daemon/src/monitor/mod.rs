@@ -190,6 +190,7 @@ struct Monitor {
 
 mod builds;
 mod runs;
+pub(crate) use runs::SESSION_READY_WITHIN;
 mod serve;
 mod setup;
 

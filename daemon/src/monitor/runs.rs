@@ -1,7 +1,11 @@
-//! Runs: starting one (cold, or in a warm jail of the pool) and
-//! keeping its jailer within the supervisor's deadline.
+//! Runs: starting one (cold, or in a warm jail of the pool) or a
+//! session's jail, and keeping its jailer within the supervisor's
+//! deadline.
 
 use super::*;
+
+/// How long a session's python may take to get ready (its imports).
+pub(crate) const SESSION_READY_WITHIN: Duration = Duration::from_secs(60);
 
 impl Monitor {
     /// Start the run, or its env's build first. `built` is the outcome of
@@ -33,6 +37,7 @@ impl Monitor {
             })
         })?;
         let request = order.to_request();
+        let session = order.session;
         let env = match self.env_for(req, peer, &policy, order, built)? {
             EnvStep::Building(reply) => return Ok(reply),
             EnvStep::Ready(env) => Some(env),
@@ -42,6 +47,9 @@ impl Monitor {
             env: env.as_ref().map(|(e, _)| e.dir.clone()),
             ..Extras::default()
         };
+        if session {
+            return self.start_session(req, peer, &policy, &request, &extras, env);
+        }
         if let Some(reply) = self.start_warm(req, peer, &policy, &request, &extras, &env) {
             return Ok(reply);
         }
@@ -54,6 +62,37 @@ impl Monitor {
             refuse((ErrorCode::Internal, message))
         })?;
         Ok(self.started(req, peer, launched, env, &request.code, false))
+    }
+
+    /// Start a session's jail. Its jailer keeps the session's clocks; the
+    /// monitor's deadline (its warm-up and lifetime, and the slack) only
+    /// catches a jailer that stopped answering. Its stdin goes to the
+    /// broker too, which sends the session's requests on it.
+    fn start_session(
+        &mut self,
+        req: u64,
+        peer: PeerIds,
+        policy: &pycell_policy::Policy,
+        request: &RunRequest,
+        extras: &Extras,
+        env: Option<(EnvInUse, EnvReport)>,
+    ) -> Reply {
+        let refuse = |(code, message)| Box::new(ToBroker::Refused { req, code, message });
+        let prepared = self
+            .launcher
+            .prepare_session(policy, request, extras)
+            .map_err(|e| refuse(refusal(e)))?;
+        let mut launched = prepared.spawn(JailerStderr::Inherit).map_err(|r| {
+            let message = r.error.map_or_else(String::new, |e| e.message);
+            refuse((ErrorCode::Internal, message))
+        })?;
+        let requests = launched.take_work_stream().map(OwnedFd::from);
+        let wall = SESSION_READY_WITHIN + policy.session.lifetime;
+        let (msg, mut fds) = self.started_for(req, peer, launched, env, "", false, wall);
+        if fds.len() == 1 {
+            fds.extend(requests);
+        }
+        Ok((msg, fds))
     }
 
     /// Hand the run to a warm jail of the pool, if one is exactly the jail
@@ -92,6 +131,23 @@ impl Monitor {
         code: &str,
         warm: bool,
     ) -> (ToBroker, Vec<OwnedFd>) {
+        let wall = Duration::from_secs_f64(launched.limits.wall_timeout_s);
+        self.started_for(req, peer, launched, env, code, warm, wall)
+    }
+
+    /// [`Monitor::started`], with the monitor's deadline for its jailer
+    /// `wall` (and the slack) from now.
+    #[allow(clippy::too_many_arguments)]
+    fn started_for(
+        &mut self,
+        req: u64,
+        peer: PeerIds,
+        launched: Launched,
+        env: Option<(EnvInUse, EnvReport)>,
+        code: &str,
+        warm: bool,
+        wall: Duration,
+    ) -> (ToBroker, Vec<OwnedFd>) {
         self.audit.run_started(&RunStart {
             run_id: &launched.run_id,
             peer,
@@ -102,7 +158,6 @@ impl Monitor {
             warm,
         });
         let started = Instant::now();
-        let wall = Duration::from_secs_f64(launched.limits.wall_timeout_s);
         let mut fds = vec![OwnedFd::from(launched.events)];
         fds.extend(launched.handouts);
         let egress = launched.egress;

@@ -165,6 +165,14 @@ impl Monitor {
                     run.process.stop(StoppedBy::Request);
                 }
             }
+            ToMonitor::Interrupt { run_id } => {
+                if let Some(run) = self.runs.values().find(|r| r.run_id == run_id) {
+                    // Not reaped (it is in `runs`): the pid is the jailer's,
+                    // which passes SIGINT to its jail's program.
+                    let pid = nix::unistd::Pid::from_raw(run.process.pid());
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+                }
+            }
             ToMonitor::Abandon { req } => {
                 if let Some(build) = self.builds.values_mut().find(|b| b.req == req) {
                     build.stop();

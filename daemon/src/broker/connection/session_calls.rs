@@ -1,0 +1,156 @@
+//! Session messages on a connection: `session_start` (ordered, admitted and
+//! started as a run is, then driven by the broker), `session` calls (the
+//! connection waits for the answer, a `cancel` with the call's id
+//! interrupts it), `session_end` and `session_list`.
+
+use std::sync::Arc;
+
+use pycell_protocol::messages::{ClientMessage, ErrorCode, ServerMessage};
+use pycell_protocol::session::{SessionCall, SessionStartRequest};
+
+use super::{admit, ordered, reply_during_run, start, Conn, NotStarted};
+use crate::broker::sessions::{refusal, start_request};
+use crate::broker::{Broker, Peer};
+use crate::link::ToMonitor;
+
+/// `session_start`: false if the connection is finished.
+pub(super) async fn start_session(
+    broker: &Arc<Broker>,
+    conn: &mut Conn,
+    peer: Peer,
+    id: String,
+    request: SessionStartRequest,
+) -> bool {
+    let reply = match started(broker, conn, peer, &id, request).await {
+        Ok(reply) => reply,
+        Err(NotStarted::Reply(reply)) => reply,
+        Err(NotStarted::ClientGone) => return false,
+    };
+    conn.out.send(reply).await
+}
+
+async fn started(
+    broker: &Arc<Broker>,
+    conn: &mut Conn,
+    peer: Peer,
+    id: &str,
+    request: SessionStartRequest,
+) -> Result<ServerMessage, NotStarted> {
+    let refuse = |r| NotStarted::Reply(refusal(id, r));
+    let policy = broker
+        .session_policy(request.policy_name())
+        .map_err(refuse)?;
+    let per_uid = policy.session.per_uid as usize;
+    if per_uid == 0 {
+        let m = format!(
+            "policy {:?} has no sessions ([session] per_uid = 0)",
+            policy.name
+        );
+        return Err(refuse((ErrorCode::SessionsUnavailable, m)));
+    }
+    let held = broker.sessions_held(peer.uid);
+    if held >= per_uid {
+        let m = format!("uid {} holds {held} sessions, the most policy {:?} allows ([session] per_uid = {per_uid}); end one with session_end", peer.uid, policy.name);
+        return Err(refuse((ErrorCode::TooManySessions, m)));
+    }
+    let mut order = ordered(broker, id, start_request(&request)).await?;
+    order.session = true;
+    let slot = admit(broker, conn, peer, id, &order).await?;
+    let spawned = start(broker, conn, peer, id, order)
+        .await
+        .map_err(NotStarted::Reply)?;
+    let Some(requests) = spawned.handouts else {
+        let _ = broker.link.send(&ToMonitor::Kill {
+            run_id: spawned.run_id,
+        });
+        return Err(refuse((
+            ErrorCode::Internal,
+            "the monitor sent no request stream for the session".into(),
+        )));
+    };
+    let parts = (spawned.events, requests, spawned.services);
+    let info = broker
+        .open_session(
+            peer.uid,
+            spawned.run_id,
+            spawned.sandbox_uid,
+            policy,
+            spawned.limits,
+            spawned.env,
+            parts,
+            slot,
+        )
+        .await
+        .map_err(refuse)?;
+    Ok(ServerMessage::SessionStarted {
+        id: id.to_string(),
+        session: Box::new(info),
+    })
+}
+
+/// A `session` call: answered when the session has served it. False if
+/// the connection is finished.
+pub(super) async fn call(
+    broker: &Arc<Broker>,
+    conn: &mut Conn,
+    peer: Peer,
+    id: String,
+    handle: String,
+    call: SessionCall,
+    timeout_s: Option<f64>,
+) -> bool {
+    let (session, op) = match broker.session_op(peer.uid, &handle, call, timeout_s) {
+        Ok(s) => s,
+        Err(r) => return conn.out.send(refusal(&id, r)).await,
+    };
+    let asked = session.request(op);
+    tokio::pin!(asked);
+    let answered = loop {
+        tokio::select! {
+            a = &mut asked => break a,
+            msg = conn.inbox.recv() => match msg {
+                // The session outlives its callers: the call goes on, and
+                // its answer is dropped.
+                None => {
+                    let _ = asked.await;
+                    return false;
+                }
+                Some(Ok(ClientMessage::Cancel { id: cid })) if cid == id => session.interrupt(),
+                Some(other) => {
+                    conn.out.offer(reply_during_run(other));
+                }
+            },
+        }
+    };
+    let reply = match answered {
+        Ok(answer) => ServerMessage::SessionAnswer {
+            id,
+            answer: Box::new(answer),
+        },
+        Err(e) => refusal(&id, broker.session_error(&handle, e)),
+    };
+    conn.out.send(reply).await
+}
+
+/// `session_end`.
+pub(super) async fn end(
+    broker: &Arc<Broker>,
+    conn: &mut Conn,
+    peer: Peer,
+    id: String,
+    handle: String,
+) -> bool {
+    let reply = match broker.end_session(peer.uid, &handle).await {
+        Ok(ended) => ServerMessage::SessionEnded { id, ended },
+        Err(r) => refusal(&id, r),
+    };
+    conn.out.send(reply).await
+}
+
+/// `session_list`.
+pub(super) async fn list(broker: &Arc<Broker>, conn: &mut Conn, peer: Peer, id: String) -> bool {
+    let sessions = broker.list_sessions(peer.uid);
+    conn.out
+        .send(ServerMessage::Sessions { id, sessions })
+        .await
+}

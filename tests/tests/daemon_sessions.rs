@@ -1,0 +1,290 @@
+//! Sessions through a real pycelld (root monitor, unprivileged broker),
+//! over the daemon protocol: state across calls and connections, files,
+//! timeouts, ownership by uid, idle expiry, admission, and what is left
+//! when a session ends or a pycelld process is SIGKILLed (nothing).
+
+#![forbid(unsafe_code)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use pycell_protocol::client::{ClientError, DaemonClient};
+use pycell_protocol::messages::ErrorCode;
+use pycell_protocol::session::{SessionAnswer, SessionCall, SessionStartRequest};
+use pycell_tests::daemon::Daemon;
+
+fn cell(c: &mut DaemonClient, s: &str, code: &str) -> SessionAnswer {
+    c.session_call(s, SessionCall::Cell { code: code.into() }, None)
+        .unwrap_or_else(|e| panic!("cell {code:?}: {e}"))
+}
+
+fn start(d: &Daemon, policy: Option<&str>) -> pycell_protocol::session::SessionInfo {
+    let req = SessionStartRequest {
+        policy: policy.map(str::to_string),
+        ..Default::default()
+    };
+    d.client()
+        .session_start(req, |_| {})
+        .unwrap_or_else(|e| panic!("session_start: {e}\n{}", d.log()))
+}
+
+fn refused_code(r: Result<SessionAnswer, ClientError>) -> (ErrorCode, String) {
+    match r {
+        Err(ClientError::Refused { code, message }) => (code, message),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// A raw client as uid `uid` (python, through setpriv): one session call
+/// with `handle`; prints the daemon's reply.
+fn call_as(d: &Daemon, uid: u32, handle: &str) -> serde_json::Value {
+    let script = d.dir.path().join("other_uid.py");
+    std::fs::write(&script, RAW_CLIENT).unwrap();
+    let out = Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+            "/usr/bin/python3",
+        ])
+        .arg(&script)
+        .arg(d.socket())
+        .arg(handle)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {stdout}\n{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            d.log()
+        )
+    })
+}
+
+const RAW_CLIENT: &str = r#"
+import json, socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+def send(m):
+    b = json.dumps(m).encode()
+    s.sendall(struct.pack(">I", len(b)) + b)
+def recv():
+    n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+    return json.loads(s.recv(n, socket.MSG_WAITALL))
+send({"type": "hello", "version": 4, "client": "other uid"})
+recv()
+send({"type": "session", "id": "1", "session": sys.argv[2], "call": {"op": "cell", "code": "x"}})
+print(json.dumps(recv()))
+"#;
+
+#[test]
+fn a_session_keeps_state_across_calls_and_connections_and_belongs_to_its_uid() {
+    const OTHER: u32 = 4261;
+    let d = Daemon::start(&format!(
+        "socket_mode = \"0666\"\nallowed_uids = [{OTHER}]\n"
+    ));
+    let info = start(&d, None);
+    let s = info.session.clone();
+    assert!(info.sandbox_uid >= d.uid_base, "{info:?}");
+    let mut c = d.client();
+    assert!(cell(&mut c, &s, "x = 41").reply.error.is_none());
+    // A new connection of the same uid: the session is still there.
+    let mut c2 = d.client();
+    let a = cell(&mut c2, &s, "x + 1");
+    assert_eq!(a.reply.value.as_deref(), Some("42"), "{a:?}");
+    assert_eq!(a.reply.cell, Some(2));
+    let a = cell(&mut c2, &s, "print('out'); 1/0");
+    assert_eq!(a.stdout, "out\n");
+    assert_eq!(
+        a.reply.error.as_ref().map(|e| e.kind.as_str()),
+        Some("ZeroDivisionError")
+    );
+    // Files in and out, exact bytes.
+    let bytes: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&bytes);
+    let w = c2
+        .session_call(
+            &s,
+            SessionCall::Write {
+                path: "d/b.bin".into(),
+                data_base64: b64.clone(),
+            },
+            None,
+        )
+        .unwrap();
+    assert_eq!(w.reply.size, Some(5000), "{w:?}");
+    let r = c2
+        .session_call(
+            &s,
+            SessionCall::Read {
+                path: "d/b.bin".into(),
+            },
+            None,
+        )
+        .unwrap();
+    assert_eq!(r.reply.data.as_deref(), Some(b64.as_str()));
+    let r = c2
+        .session_call(
+            &s,
+            SessionCall::Read {
+                path: "../etc/passwd".into(),
+            },
+            None,
+        )
+        .unwrap();
+    assert!(
+        r.reply.refused.as_deref().unwrap_or("").contains("'..'"),
+        "{r:?}"
+    );
+    // A cell over its timeout is interrupted; the session goes on.
+    let t = c2
+        .session_call(
+            &s,
+            SessionCall::Cell {
+                code: "import time\ntime.sleep(30)".into(),
+            },
+            Some(0.5),
+        )
+        .unwrap();
+    assert!(t.measure.interrupted, "{t:?}");
+    assert_eq!(
+        t.reply.error.as_ref().map(|e| e.kind.as_str()),
+        Some("KeyboardInterrupt")
+    );
+    assert_eq!(cell(&mut c2, &s, "x").reply.value.as_deref(), Some("41"));
+    // Another uid: the answer an unknown handle gets.
+    let made_up_handle = format!("{}{}", &s[..10], "0".repeat(32));
+    let foreign = call_as(&d, OTHER, &s);
+    let made_up = call_as(&d, OTHER, &made_up_handle);
+    assert_eq!(foreign["type"], "error", "{foreign}");
+    assert_eq!(foreign["code"], "unknown_session", "{foreign}");
+    assert_eq!(made_up["code"], "unknown_session", "{made_up}");
+    assert_eq!(
+        foreign["message"].as_str().unwrap().replace(&s, "H"),
+        made_up["message"]
+            .as_str()
+            .unwrap()
+            .replace(&made_up_handle, "H"),
+        "a foreign handle and a made-up one must read alike"
+    );
+    // The session's memory counts in admission while it lives.
+    let during = d.client().info().unwrap().daemon;
+    assert!(
+        during.memory_admitted_bytes >= info.limits.memory_bytes,
+        "{during:?}"
+    );
+    let listed = d.client().session_list().unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].session, s);
+    let ended = d.client().session_end(&s).unwrap();
+    assert_eq!(ended.reason, "ended");
+    d.assert_sandbox_gone(Duration::from_secs(10));
+    let after = d.client().info().unwrap().daemon;
+    assert_eq!(after.memory_admitted_bytes, 0, "{after:?}");
+    let (code, message) = refused_code(d.client().session_call(
+        &s,
+        SessionCall::Cell { code: "x".into() },
+        None,
+    ));
+    assert_eq!(code, ErrorCode::SessionGone, "{message}");
+}
+
+#[test]
+fn an_idle_session_ends_by_itself_and_says_why() {
+    let policies = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        policies.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let text = pycell_policy::builtin::source("default")
+        .unwrap()
+        .replace("name = \"default\"", "name = \"quick\"")
+        .replace("idle_timeout = \"10m\"", "idle_timeout = \"1s\"")
+        .replace("per_uid = 4", "per_uid = 1");
+    std::fs::write(policies.path().join("quick.toml"), text).unwrap();
+    let d = Daemon::start(&format!("policy_dir = \"{}\"\n", policies.path().display()));
+    let info = start(&d, Some("quick"));
+    // One session per uid under this policy.
+    let second = d.client().session_start(
+        SessionStartRequest {
+            policy: Some("quick".into()),
+            ..Default::default()
+        },
+        |_| {},
+    );
+    assert!(
+        matches!(
+            &second,
+            Err(ClientError::Refused {
+                code: ErrorCode::TooManySessions,
+                ..
+            })
+        ),
+        "{second:?}"
+    );
+    let t = Instant::now();
+    d.assert_sandbox_gone(Duration::from_secs(10));
+    assert!(
+        t.elapsed() >= Duration::from_millis(500),
+        "ended before its idle timeout"
+    );
+    let (code, message) = refused_code(d.client().session_call(
+        &info.session,
+        SessionCall::Cell { code: "1".into() },
+        None,
+    ));
+    assert_eq!(code, ErrorCode::SessionGone, "{message}");
+    assert!(message.contains("idle"), "{message}");
+    // Its slot is free again: a new session starts.
+    start(&d, Some("quick"));
+}
+
+#[test]
+fn a_killed_pycelld_leaves_no_session_behind_and_its_handles_answer_session_gone() {
+    let mut d = Daemon::start("");
+    let info = start(&d, None);
+    let handle = info.session.clone();
+    let mut c = d.client();
+    // A cell running when the daemon dies.
+    let running = std::thread::spawn(move || {
+        let code = SessionCall::Cell {
+            code: "import time\ntime.sleep(60)".into(),
+        };
+        c.session_call(&info.session, code, Some(120.0))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    d.signal(nix::sys::signal::Signal::SIGKILL);
+    d.wait(Duration::from_secs(10));
+    d.assert_sandbox_gone(Duration::from_secs(10));
+    let heard = running.join().unwrap();
+    assert!(
+        heard.is_err(),
+        "the client must hear the daemon failed: {heard:?}"
+    );
+    // A new pycelld did not make the handle: it answers session_gone.
+    let d2 = Daemon::start("");
+    let call = SessionCall::Cell { code: "1".into() };
+    let (code, message) = refused_code(d2.client().session_call(&handle, call, None));
+    assert_eq!(code, ErrorCode::SessionGone, "{message}");
+    assert!(message.contains("restarted"), "{message}");
+}
+
+#[test]
+fn a_killed_broker_ends_its_sessions() {
+    let d = Daemon::start("");
+    start(&d, None);
+    let broker = pycell_tests::children_of(d.pid() as u32)
+        .into_iter()
+        .find(|p| p.uids.iter().all(|u| *u != 0))
+        .unwrap_or_else(|| panic!("no unprivileged broker under the monitor\n{}", d.log()));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(broker.pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    d.assert_sandbox_gone(Duration::from_secs(15));
+}
