@@ -30,6 +30,11 @@ pub fn tools_python() -> PathBuf {
 /// Run the SDK script `tests/mcp/NAME` (within `guard`); its stdout is
 /// one JSON report.
 pub fn sdk_report(name: &str, guard: Duration) -> Value {
+    sdk_report_with(name, &[], guard)
+}
+
+/// [`sdk_report`], with `args` after `--pycell PATH`.
+pub fn sdk_report_with(name: &str, args: &[&str], guard: Duration) -> Value {
     require_root();
     let python = tools_python();
     let script = repo_root().join("tests/mcp").join(name);
@@ -37,6 +42,7 @@ pub fn sdk_report(name: &str, guard: Duration) -> Value {
         .arg(&script)
         .arg("--pycell")
         .arg(pycell_bin())
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -323,6 +323,8 @@ impl Session {
         let close = CancellationToken::new();
         let interrupt = Arc::new(tokio::sync::Notify::new());
         let driver = Driver {
+            run_id: run_id.clone(),
+            policy: policy.clone(),
             interrupt: Arc::clone(&interrupt),
             control,
             stream,
@@ -434,10 +436,13 @@ struct InFlight {
     answer: oneshot::Sender<Result<Answer, SessionEnded>>,
     output: [Vec<u8>; 2],
     cap: usize,
+    timeout_s: f64,
 }
 
 /// The task that owns a session's jailer.
 struct Driver<C> {
+    run_id: String,
+    policy: String,
     control: C,
     stream: RunStream,
     /// Until the session is being ended: dropping it is the jailer's cue.
@@ -533,6 +538,7 @@ impl<C: JailerControl> Driver<C> {
             answer: call.answer,
             output,
             cap,
+            timeout_s: call.op.wall_timeout_ms as f64 / 1000.0,
         });
     }
 
@@ -554,24 +560,21 @@ impl<C: JailerControl> Driver<C> {
                     return;
                 };
                 let [stdout, stderr] = f.output.map(|o| String::from_utf8_lossy(&o).into_owned());
-                let answer = match serde_json::from_slice::<RunnerReply>(&body) {
-                    Ok(reply) => Answer {
-                        reply,
-                        stdout,
-                        stderr,
-                        measure,
-                    },
-                    Err(e) => Answer {
-                        reply: RunnerReply {
-                            refused: Some(format!(
-                                "the session's runner gave an unreadable reply: {e}"
-                            )),
-                            ..RunnerReply::default()
-                        },
-                        stdout,
-                        stderr,
-                        measure,
-                    },
+                let reply =
+                    serde_json::from_slice::<RunnerReply>(&body).unwrap_or_else(|e| RunnerReply {
+                        refused: Some(format!(
+                            "the session's runner gave an unreadable reply: {e}"
+                        )),
+                        ..RunnerReply::default()
+                    });
+                let answer = Answer {
+                    run_id: self.run_id.clone(),
+                    policy: self.policy.clone(),
+                    timeout_s: f.timeout_s,
+                    reply,
+                    stdout,
+                    stderr,
+                    measure,
                 };
                 let _ = f.answer.send(Ok(answer));
             }

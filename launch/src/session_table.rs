@@ -8,7 +8,10 @@
 //! owners.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use pycell_protocol::session::SessionCall;
+use pycell_runner::session::{CellLimits, SessionOp, SessionRequest};
 
 use pycell_wire::codes::FailureCode;
 
@@ -215,6 +218,71 @@ pub fn lookup_message(l: &Lookup, handle: &str) -> (FailureCode, String) {
         ),
     }
 }
+
+/// The request a session call makes under `policy`: a cell's clocks (its
+/// `timeout_s`, if given, within the policy's ceiling) and reply limits,
+/// a file's size bound. `max_output` is the session's output cap. `Err`
+/// is the call's refusal (`invalid_request`, `file_refused`).
+pub fn op_for(
+    policy: &pycell_policy::Policy,
+    max_output: u64,
+    call: SessionCall,
+    timeout_s: Option<f64>,
+) -> Result<SessionOp, (FailureCode, String)> {
+    let ceiling = policy.ceilings.wall_timeout.as_secs_f64();
+    let wall = match timeout_s {
+        None => policy.limits.wall_timeout,
+        Some(t) if t.is_finite() && t > 0.0 && t <= ceiling => Duration::from_secs_f64(t),
+        Some(t) => {
+            return Err((
+                FailureCode::InvalidRequest,
+                format!("timeout_s must be more than 0 and at most the policy's ceiling of {ceiling} s (got {t})"),
+            ))
+        }
+    };
+    let s = &policy.session;
+    let request = match call {
+        SessionCall::Cell { code } => SessionRequest::Cell {
+            code,
+            limits: CellLimits {
+                image_edge: s.image_edge,
+                image_bytes: s.image_bytes,
+                ..CellLimits::default()
+            },
+        },
+        SessionCall::Write { path, data_base64 } => {
+            // The size, before decoding: base64 is 4/3 of it.
+            let size = (data_base64.len() as u64 / 4) * 3;
+            if size > s.max_file + 2 {
+                return Err((
+                    FailureCode::FileRefused,
+                    format!("the file is about {size} bytes, more than the {} the policy's [session] max_file allows at once", s.max_file),
+                ));
+            }
+            SessionRequest::Write {
+                path,
+                data: data_base64,
+            }
+        }
+        SessionCall::Read { path } => SessionRequest::Read {
+            path,
+            max_bytes: s.max_file,
+        },
+        SessionCall::List { path } => SessionRequest::List {
+            path,
+            max_entries: MAX_LISTED,
+        },
+    };
+    Ok(SessionOp {
+        wall_timeout_ms: u64::try_from(wall.as_millis()).unwrap_or(u64::MAX).max(1),
+        cpu_time_s: policy.limits.cpu_time.as_secs().max(1),
+        max_output_bytes: max_output,
+        request,
+    })
+}
+
+/// Entries a listing returns at most.
+pub const MAX_LISTED: u32 = 1000;
 
 #[cfg(test)]
 mod tests {

@@ -53,6 +53,8 @@ pub enum SessionCall {
 pub struct SessionInfo {
     /// The handle to name in later messages.
     pub session: String,
+    /// The session jail's run id (in the audit log).
+    pub run_id: String,
     pub policy: String,
     pub sandbox_uid: u32,
     /// Each cell's limits (memory, pids and disk hold for the session).
@@ -70,6 +72,11 @@ pub struct SessionInfo {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionAnswer {
+    /// The session jail's run id, and its policy.
+    pub run_id: String,
+    pub policy: String,
+    /// The call's wall timeout, in seconds.
+    pub timeout_s: f64,
     pub reply: RunnerReply,
     pub stdout: String,
     pub stderr: String,

@@ -166,9 +166,18 @@ async def plot(session, schemas, policy):
     return out
 
 
+def server_params(pycell):
+    """`pycell mcp`: embedded, or through the pycelld at --socket."""
+    env = dict(os.environ)
+    if ARGS.socket:
+        env["PYCELL_SOCKET"] = ARGS.socket
+        return StdioServerParameters(command=pycell, args=["mcp"], env=env)
+    return StdioServerParameters(command=pycell, args=SERVER_ARGS, env=env)
+
+
 async def session_flow(pycell):
     schemas = {}
-    params = StdioServerParameters(command=pycell, args=SERVER_ARGS, env=dict(os.environ))
+    params = server_params(pycell)
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
             await session.initialize()
@@ -180,7 +189,8 @@ async def session_flow(pycell):
             await step("stubborn", lambda: stubborn(session, schemas))
             # data-science's packages (numpy, pandas, matplotlib) come from
             # the package index into the embedded env store, once.
-            await step("plot", lambda: plot(session, schemas, "data-science"), timeout=300)
+            if not ARGS.socket:
+                await step("plot", lambda: plot(session, schemas, "data-science"), timeout=300)
     return {"completed": True}
 
 
@@ -233,8 +243,30 @@ def eof_with_sessions(pycell):
     }
 
 
+async def outlives(pycell):
+    """Through pycelld a session outlives the pycell mcp that started it:
+    another pycell mcp process (the same uid) finds its state."""
+    schemas = {}
+    async with stdio_client(server_params(pycell)) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            h = structured(await call(session, schemas, {}, name="session_start")).get("session")
+            await call(session, schemas, {"session": h, "code": "kept = 'yes'"})
+    async with stdio_client(server_params(pycell)) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            later = await call(session, schemas, {"session": h, "code": "kept"})
+            listed = await call(session, schemas, {}, name="session_list")
+            end = await call(session, schemas, {"session": h}, name="session_end")
+    return {"later": later, "listed": listed, "end": end}
+
+
 async def main():
     await step("flow", lambda: session_flow(ARGS.pycell), timeout=600)
+    if ARGS.socket:
+        await step("outlives", lambda: outlives(ARGS.pycell), timeout=120)
+        print(json.dumps(REPORT))
+        return
     await step("eof", lambda: anyio.to_thread.run_sync(eof_with_sessions, ARGS.pycell), timeout=90)
     print(json.dumps(REPORT))
 
@@ -242,5 +274,6 @@ async def main():
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--pycell", required=True)
+    ap.add_argument("--socket", help="a pycelld socket: pycell mcp goes through it")
     ARGS = ap.parse_args()
     anyio.run(main)

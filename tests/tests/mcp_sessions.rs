@@ -13,7 +13,8 @@
 
 use std::time::Duration;
 
-use pycell_tests::sdk::{num, sdk_report, Checks};
+use pycell_tests::daemon::Daemon;
+use pycell_tests::sdk::{num, sdk_report, sdk_report_with, Checks};
 use serde_json::{json, Value};
 
 /// About 15 s with the data-science env cached, a minute or two without.
@@ -159,16 +160,15 @@ fn check_files(c: &mut Checks, b: &Value) {
     c.tool_error(s, &b["unknown"], &["unknown_session", "session_start"]);
 }
 
-#[test]
-fn sessions_keep_state_move_files_show_plots_and_leave_nothing_behind() {
-    let report = sdk_report("sdk_sessions.py", GUARD);
-    let mut c = Checks::new(&report);
+/// The checks both modes share: state, files, isolation, limits, a killed
+/// session.
+fn check_flow(c: &mut Checks) {
     if let Some(v) = c.step("flow") {
         c.eq("flow", v, "/completed", Value::Bool(true));
     }
     if let Some(b) = c.step("basics") {
-        check_state_and_errors(&mut c, b);
-        check_files(&mut c, b);
+        check_state_and_errors(c, b);
+        check_files(c, b);
     }
     if let Some(v) = c.step("isolation") {
         c.eq("isolation", v, "/handles_differ", Value::Bool(true));
@@ -204,8 +204,15 @@ fn sessions_keep_state_move_files_show_plots_and_leave_nothing_behind() {
             "cell_timeout",
         );
         c.tool_error("stubborn", &v["next"], &["session_killed", "cell_timeout"]);
-        nothing_left(&mut c, "stubborn", v, "/left");
+        nothing_left(c, "stubborn", v, "/left");
     }
+}
+
+#[test]
+fn sessions_keep_state_move_files_show_plots_and_leave_nothing_behind() {
+    let report = sdk_report("sdk_sessions.py", GUARD);
+    let mut c = Checks::new(&report);
+    check_flow(&mut c);
     if let Some(v) = c.step("plot") {
         c.eq("plot", v, "/is_error", Value::Bool(false));
         c.eq("plot", v, "/status", "ok".into());
@@ -230,11 +237,39 @@ fn sessions_keep_state_move_files_show_plots_and_leave_nothing_behind() {
         c.check(v["uids"].as_array().is_some_and(|u| u.len() == 2), || {
             format!("eof: two sessions were not started: {v}")
         });
-        for (uid, left) in v["left"].as_object().into_iter().flatten() {
+        for left in v["left"].as_object().into_iter().flatten().map(|(_, l)| l) {
             c.eq("eof", left, "/processes", json!([]));
             c.eq("eof", left, "/cgroups", json!([]));
-            let _ = uid;
         }
     }
     c.finish();
+}
+
+/// The same tools through pycelld: the daemon holds the sessions, which
+/// outlive the `pycell mcp` process that started them.
+#[test]
+fn sessions_through_pycelld_work_alike_and_outlive_their_mcp_server() {
+    let d = Daemon::start("");
+    let socket = d.socket();
+    let report = sdk_report_with(
+        "sdk_sessions.py",
+        &["--socket", socket.to_str().expect("a UTF-8 socket path")],
+        GUARD,
+    );
+    let mut c = Checks::new(&report);
+    check_flow(&mut c);
+    if let Some(v) = c.step("outlives") {
+        c.eq(
+            "outlives",
+            v,
+            "/later/structured/cell/value",
+            "'yes'".into(),
+        );
+        c.eq("outlives", v, "/end/structured/reason", "ended".into());
+    }
+    if !c.failures.is_empty() {
+        c.failures.push(format!("pycelld's log:\n{}", d.log()));
+    }
+    c.finish();
+    d.assert_sandbox_gone(Duration::from_secs(10));
 }

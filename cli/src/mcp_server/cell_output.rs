@@ -100,14 +100,9 @@ fn image_info(i: &ReplyImage) -> ImageInfo {
 }
 
 /// A cell's answer as `run_python`'s result, and the image content to
-/// send with it. `timeout_s` is the cell's wall timeout.
-pub fn cell_result(
-    session: &str,
-    run_id: &str,
-    policy: &str,
-    timeout_s: f64,
-    a: Answer,
-) -> (RunPythonOutput, Vec<ContentBlock>) {
+/// send with it.
+pub fn cell_result(session: &str, a: Answer) -> (RunPythonOutput, Vec<ContentBlock>) {
+    let timeout_s = a.timeout_s;
     let m = &a.measure;
     let r = &a.reply;
     let status = match (&r.refused, m.interrupted, &r.error) {
@@ -142,7 +137,7 @@ pub fn cell_result(
         .map(|i| ContentBlock::image(i.png.clone(), "image/png"))
         .collect();
     let out = RunPythonOutput {
-        run_id: run_id.to_string(),
+        run_id: a.run_id.clone(),
         status,
         exit_code: None,
         signal: None,
@@ -155,7 +150,7 @@ pub fn cell_result(
         peak_memory_bytes: m.peak_memory_bytes,
         disk_used_bytes: 0,
         warm: true,
-        policy: policy.to_string(),
+        policy: a.policy.clone(),
         limits: None,
         layers: None,
         error,

@@ -354,7 +354,7 @@ impl ServerHandler for PycellServer {
                 self.list_files(request.arguments, context.ct.clone()).await
             }
             session_tools::SESSION_END => self.session_end(request.arguments).await,
-            session_tools::SESSION_LIST => self.session_list(),
+            session_tools::SESSION_LIST => self.session_list().await,
             other => {
                 let names: Vec<String> = self.tools.iter().map(|t| t.name.to_string()).collect();
                 return Err(McpError::invalid_params(

@@ -38,7 +38,7 @@ use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
 use pycell_wire::report::JailFailure;
 
-use super::sessions::SessionInfo;
+use super::sessions::SessionHeld;
 use crate::embedded::{self, stopped, Installer};
 use pycell_launch::session_table::SessionTable;
 
@@ -114,7 +114,7 @@ struct Inner {
     /// in tests).
     patience: Patience,
     /// Open sessions (embedded mode), by handle.
-    sessions: std::sync::Mutex<SessionTable<SessionInfo>>,
+    sessions: std::sync::Mutex<SessionTable<SessionHeld>>,
 }
 
 impl Sandboxes {
@@ -282,7 +282,7 @@ impl Sandboxes {
 
     pub(super) fn sessions(
         &self,
-    ) -> Result<std::sync::MutexGuard<'_, SessionTable<SessionInfo>>, ()> {
+    ) -> Result<std::sync::MutexGuard<'_, SessionTable<SessionHeld>>, ()> {
         self.inner.sessions.lock().map_err(|_| ())
     }
 

@@ -3,7 +3,7 @@
 //! `run_python`'s `session` argument, handled with it): their arguments,
 //! descriptions, output schemas and handlers.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 use rmcp::handler::server::common::{schema_for_empty_input, schema_for_input, schema_for_output};
@@ -14,13 +14,12 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::{EnvReport, LimitsReport};
-use pycell_runner::session::SessionRequest;
+use pycell_protocol::session::{SessionCall, SessionStartRequest};
 
 use super::cell_output::cell_result;
 use super::output::{human_bytes, ErrorInfo, RunPythonOutput};
-use super::sessions::{cell_limits, file_bytes, SessionFailure};
+use super::sessions::SessionFailure;
 use super::tools::portable;
 use super::PycellServer;
 use pycell_wire::codes::{FailureCode, Layer};
@@ -226,10 +225,6 @@ fn structured<T: Serialize>(value: &T, text: String, extra: Vec<ContentBlock>) -
     }
 }
 
-fn secs(d: Duration) -> f64 {
-    d.as_secs_f64()
-}
-
 impl PycellServer {
     pub(super) async fn session_start(&self, args: Option<JsonObject>) -> CallToolResult {
         let a: SessionStartArgs = match parse(SESSION_START, args, r#"{"policy": "data-science"}"#)
@@ -237,23 +232,22 @@ impl PycellServer {
             Ok(a) => a,
             Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
         };
-        let req = RunRequest {
+        let req = SessionStartRequest {
             policy: Some(a.policy.unwrap_or_else(|| self.default_policy.clone())),
             dependencies: a.dependencies.unwrap_or_default(),
-            ..RunRequest::default()
+            ..SessionStartRequest::default()
         };
         match self.sandboxes.start_session(req).await {
-            Ok(s) => {
-                let p = &s.entry.info.policy;
+            Ok(i) => {
                 let out = SessionStartOutput {
-                    session: s.handle.clone(),
-                    policy: p.name.clone(),
-                    sandbox_uid: s.entry.session.sandbox_uid,
-                    limits: s.entry.info.limits.clone(),
-                    idle_timeout_s: secs(p.session.idle_timeout),
-                    lifetime_s: secs(p.session.lifetime),
-                    max_file_bytes: p.session.max_file,
-                    env: s.entry.info.env_report(),
+                    session: i.session,
+                    policy: i.policy,
+                    sandbox_uid: i.sandbox_uid,
+                    limits: i.limits,
+                    idle_timeout_s: i.idle_timeout_s,
+                    lifetime_s: i.lifetime_s,
+                    max_file_bytes: i.max_file_bytes,
+                    env: i.env,
                 };
                 let text = format!(
                     "session {} started (policy {}): pass it as `session` to run_python, write_file, read_file, list_files and session_end. Variables, imports and /workspace files persist between its cells. It ends after {} s without a call, or {} s after it started.",
@@ -273,25 +267,15 @@ impl PycellServer {
         timeout: Option<Duration>,
         cancel: CancellationToken,
     ) -> CallToolResult {
-        let entry = match self.sandboxes.session(session) {
-            Ok(e) => e,
-            Err(f) => return failure(super::tools::RUN_PYTHON, &f),
-        };
-        let limits = cell_limits(&entry.info.policy);
-        let timeout_s = secs(timeout.unwrap_or(entry.info.policy.limits.wall_timeout));
-        let request = SessionRequest::Cell { code, limits };
-        let asked = self
+        let call = SessionCall::Cell { code };
+        let timeout_s = timeout.map(|t| t.as_secs_f64());
+        match self
             .sandboxes
-            .session_request(session, request, timeout, cancel);
-        match asked.await {
-            Ok((entry, answer)) => {
-                let (out, images) = cell_result(
-                    session,
-                    &entry.session.run_id,
-                    &entry.info.policy.name,
-                    timeout_s,
-                    answer,
-                );
+            .session_call(session, call, timeout_s, cancel)
+            .await
+        {
+            Ok(answer) => {
+                let (out, images) = cell_result(session, answer);
                 let text = out.render();
                 structured(&out, text, images)
             }
@@ -301,9 +285,30 @@ impl PycellServer {
                     FailureCode::SessionKilled | FailureCode::SessionGone
                 ) =>
             {
-                killed_cell(session, &entry.session.run_id, &entry.info.policy.name, &f)
+                killed_cell(session, &f)
             }
             Err(f) => failure(super::tools::RUN_PYTHON, &f),
+        }
+    }
+
+    /// A file operation's answer, or the failure to show.
+    async fn file_call(
+        &self,
+        tool: &str,
+        session: &str,
+        call: SessionCall,
+        cancel: CancellationToken,
+    ) -> Result<pycell_runner::session::RunnerReply, CallToolResult> {
+        match self
+            .sandboxes
+            .session_call(session, call, None, cancel)
+            .await
+        {
+            Ok(answer) => match answer.reply.refused {
+                Some(why) => Err(failure(tool, &refused(why))),
+                None => Ok(answer.reply),
+            },
+            Err(f) => Err(failure(tool, &f)),
         }
     }
 
@@ -328,34 +333,22 @@ impl PycellServer {
                 ))])
             }
         };
-        let entry = match self.sandboxes.session(&a.session) {
-            Ok(e) => e,
-            Err(f) => return failure(WRITE_FILE, &f),
+        let data_base64 = base64::engine::general_purpose::STANDARD.encode(&bytes);
+        let call = SessionCall::Write {
+            path: a.path,
+            data_base64,
         };
-        let max = entry.info.policy.session.max_file;
-        if bytes.len() as u64 > max {
-            return failure(WRITE_FILE, &too_big(bytes.len() as u64, max));
-        }
-        let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
-        let request = SessionRequest::Write { path: a.path, data };
-        match self
-            .sandboxes
-            .session_request(&a.session, request, None, cancel)
-            .await
-        {
-            Ok((_, answer)) => match answer.reply.refused {
-                Some(why) => failure(WRITE_FILE, &refused(why)),
-                None => {
-                    let out = WriteFileOutput {
-                        session: a.session,
-                        path: answer.reply.path.unwrap_or_default(),
-                        size: answer.reply.size.unwrap_or(0),
-                    };
-                    let text = format!("wrote {} ({})", out.path, human_bytes(out.size));
-                    structured(&out, text, vec![])
-                }
-            },
-            Err(f) => failure(WRITE_FILE, &f),
+        match self.file_call(WRITE_FILE, &a.session, call, cancel).await {
+            Ok(reply) => {
+                let out = WriteFileOutput {
+                    session: a.session,
+                    path: reply.path.unwrap_or_default(),
+                    size: reply.size.unwrap_or(0),
+                };
+                let text = format!("wrote {} ({})", out.path, human_bytes(out.size));
+                structured(&out, text, vec![])
+            }
+            Err(r) => r,
         }
     }
 
@@ -372,24 +365,10 @@ impl PycellServer {
             Ok(a) => a,
             Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
         };
-        let entry = match self.sandboxes.session(&a.session) {
-            Ok(e) => e,
-            Err(f) => return failure(READ_FILE, &f),
-        };
-        let request = SessionRequest::Read {
-            path: a.path,
-            max_bytes: entry.info.policy.session.max_file,
-        };
-        match self
-            .sandboxes
-            .session_request(&a.session, request, None, cancel)
-            .await
-        {
-            Ok((_, answer)) => match answer.reply.refused {
-                Some(why) => failure(READ_FILE, &refused(why)),
-                None => read_result(&a.session, answer.reply),
-            },
-            Err(f) => failure(READ_FILE, &f),
+        let call = SessionCall::Read { path: a.path };
+        match self.file_call(READ_FILE, &a.session, call, cancel).await {
+            Ok(reply) => read_result(&a.session, reply),
+            Err(r) => r,
         }
     }
 
@@ -406,39 +385,30 @@ impl PycellServer {
             Ok(a) => a,
             Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
         };
-        let request = SessionRequest::List {
+        let call = SessionCall::List {
             path: a.path.unwrap_or_default(),
-            max_entries: MAX_LISTED,
         };
-        match self
-            .sandboxes
-            .session_request(&a.session, request, None, cancel)
-            .await
-        {
-            Ok((_, answer)) => match answer.reply.refused {
-                Some(why) => failure(LIST_FILES, &refused(why)),
-                None => {
-                    let r = answer.reply;
-                    let out = ListFilesOutput {
-                        session: a.session,
-                        path: r.path.unwrap_or_default(),
-                        entries: r
-                            .entries
-                            .into_iter()
-                            .map(|e| FileEntry {
-                                name: e.name,
-                                kind: e.kind,
-                                size: e.size,
-                                mtime: e.mtime,
-                            })
-                            .collect(),
-                        truncated: r.truncated,
-                    };
-                    let text = render_listing(&out);
-                    structured(&out, text, vec![])
-                }
-            },
-            Err(f) => failure(LIST_FILES, &f),
+        match self.file_call(LIST_FILES, &a.session, call, cancel).await {
+            Ok(r) => {
+                let out = ListFilesOutput {
+                    session: a.session,
+                    path: r.path.unwrap_or_default(),
+                    entries: r
+                        .entries
+                        .into_iter()
+                        .map(|e| FileEntry {
+                            name: e.name,
+                            kind: e.kind,
+                            size: e.size,
+                            mtime: e.mtime,
+                        })
+                        .collect(),
+                    truncated: r.truncated,
+                };
+                let text = render_listing(&out);
+                structured(&out, text, vec![])
+            }
+            Err(r) => r,
         }
     }
 
@@ -448,12 +418,12 @@ impl PycellServer {
             Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
         };
         match self.sandboxes.end_session(&a.session).await {
-            Ok((_, ended)) => {
+            Ok(e) => {
                 let out = SessionEndOutput {
-                    session: a.session,
-                    reason: ended.reason.as_str().to_string(),
-                    message: ended.message.clone(),
-                    peak_memory_bytes: ended.result.peak_memory_bytes,
+                    session: e.session,
+                    reason: e.reason,
+                    message: e.message,
+                    peak_memory_bytes: e.peak_memory_bytes,
                 };
                 let text = format!("session {} ended: {}", out.session, out.message);
                 structured(&out, text, vec![])
@@ -462,23 +432,20 @@ impl PycellServer {
         }
     }
 
-    pub(super) fn session_list(&self) -> CallToolResult {
-        let now = Instant::now();
-        let sessions: Vec<SessionSummary> = self
-            .sandboxes
-            .list_sessions()
-            .into_iter()
-            .map(|(handle, e)| {
-                let idle = now - e.last_used;
-                SessionSummary {
-                    session: handle,
-                    policy: e.info.policy.name.clone(),
-                    age_s: secs(now - e.started),
-                    idle_s: secs(idle),
-                    expires_in_s: secs(e.info.policy.session.idle_timeout.saturating_sub(idle)),
-                }
-            })
-            .collect();
+    pub(super) async fn session_list(&self) -> CallToolResult {
+        let sessions: Vec<SessionSummary> = match self.sandboxes.list_sessions().await {
+            Ok(l) => l
+                .into_iter()
+                .map(|s| SessionSummary {
+                    session: s.session,
+                    policy: s.policy,
+                    age_s: s.age_s,
+                    idle_s: s.idle_s,
+                    expires_in_s: s.expires_in_s,
+                })
+                .collect(),
+            Err(f) => return failure(SESSION_LIST, &f),
+        };
         let mut text = format!("{} open sessions\n", sessions.len());
         for s in &sessions {
             text.push_str(&format!(
@@ -490,17 +457,14 @@ impl PycellServer {
     }
 }
 
-/// Entries `list_files` returns at most.
-const MAX_LISTED: u32 = 1000;
-
-fn too_big(size: u64, max: u64) -> SessionFailure {
-    SessionFailure {
-        code: FailureCode::FileRefused,
-        message: format!(
-            "the file is {}, more than the {} the policy's [session] max_file allows at once",
-            human_bytes(size),
-            human_bytes(max)
-        ),
+/// A file's bytes for `write_file`: `content`, or `content_base64` decoded.
+fn file_bytes(text: Option<String>, b64: Option<String>) -> Result<Vec<u8>, String> {
+    match (text, b64) {
+        (Some(t), None) => Ok(t.into_bytes()),
+        (None, Some(b)) => base64::engine::general_purpose::STANDARD
+            .decode(b.trim())
+            .map_err(|e| format!("`content_base64` is not base64: {e}")),
+        _ => Err("give exactly one of `content` (text) and `content_base64` (bytes)".into()),
     }
 }
 
@@ -512,14 +476,14 @@ fn refused(why: String) -> SessionFailure {
 }
 
 /// A cell whose session ended under it: a result that says so.
-fn killed_cell(session: &str, run_id: &str, policy: &str, f: &SessionFailure) -> CallToolResult {
+fn killed_cell(session: &str, f: &SessionFailure) -> CallToolResult {
     let status = if f.message.contains("(oom)") {
         RunStatus::Oom
     } else {
         RunStatus::Killed
     };
     let out = RunPythonOutput {
-        run_id: run_id.to_string(),
+        run_id: String::new(),
         status,
         exit_code: None,
         signal: None,
@@ -532,7 +496,7 @@ fn killed_cell(session: &str, run_id: &str, policy: &str, f: &SessionFailure) ->
         peak_memory_bytes: 0,
         disk_used_bytes: 0,
         warm: true,
-        policy: policy.to_string(),
+        policy: String::new(),
         limits: None,
         layers: None,
         error: Some(ErrorInfo {

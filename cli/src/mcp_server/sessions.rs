@@ -1,25 +1,31 @@
-//! Sessions in embedded `pycell mcp`: jails whose python stays alive
-//! between calls (`pycell_launch::session`), held in a table by handle for
-//! as long as this process lives, at most the policy's `[session] per_uid`
-//! of them at once. Each call names its session; a cell is the next request
-//! in that session's queue. Through pycelld, the daemon holds them instead.
+//! Where `pycell mcp`'s sessions live. With a pycelld socket, pycelld holds
+//! them (they outlive this process; each call is a request over the
+//! socket). Without one (embedded mode, as root), this process does: jails
+//! whose python stays alive between calls (`pycell_launch::session`), in a
+//! table by handle for as long as this process lives, at most the policy's
+//! `[session] per_uid` of them at once. Both answer in the protocol's
+//! terms (`pycell_protocol::session`), so the tools do not know which.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use pycell_deps::build::Ensured;
-use pycell_launch::launcher::{JailerStderr, LaunchError, PolicyChoice};
+use pycell_launch::launcher::{JailerStderr, LaunchError, PolicyChoice, Prepared};
 use pycell_launch::resolve::Extras;
-use pycell_launch::session::{Answer, Session, SessionError, SessionParts, SessionTiming};
+use pycell_launch::session::{Session, SessionError, SessionParts, SessionTiming};
 use pycell_launch::session_table::{self, Entry, Lookup};
 use pycell_launch::supervisor::Services;
 use pycell_policy::Policy;
+use pycell_protocol::client::{ClientError, DaemonClient};
 use pycell_protocol::messages::RunRequest;
-use pycell_protocol::result::{EnvReport, LimitsReport};
-use pycell_runner::session::{CellLimits, SessionOp, SessionRequest};
+use pycell_protocol::result::LimitsReport;
+use pycell_protocol::session::{
+    SessionAnswer, SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
+};
 use pycell_wire::codes::FailureCode;
 use pycell_wire::report::JailFailure;
+use tokio_util::sync::CancellationToken;
 
 use super::sandboxes::{RequestError, Sandboxes};
 use crate::embedded::Installer;
@@ -28,19 +34,13 @@ use crate::embedded::Installer;
 /// and get ready.
 const READY_WITHIN: Duration = Duration::from_secs(60);
 
-/// What the server keeps of a session besides the session itself.
+/// What this process keeps of an embedded session besides the session.
 #[derive(Debug, Clone)]
-pub struct SessionInfo {
+pub struct SessionHeld {
     pub policy: Arc<Policy>,
     pub limits: LimitsReport,
     /// Its env, held in use (safe from removal) while the session lives.
     pub env: Option<Arc<Ensured>>,
-}
-
-impl SessionInfo {
-    pub fn env_report(&self) -> Option<EnvReport> {
-        self.env.as_ref().map(|e| e.report.clone())
-    }
 }
 
 /// A session call that could not be served; `code` is stable.
@@ -51,7 +51,7 @@ pub struct SessionFailure {
 }
 
 impl SessionFailure {
-    fn new(code: FailureCode, message: impl Into<String>) -> SessionFailure {
+    pub fn new(code: FailureCode, message: impl Into<String>) -> SessionFailure {
         SessionFailure {
             code,
             message: message.into(),
@@ -65,13 +65,17 @@ impl SessionFailure {
         }
         SessionFailure::new(f.code, message)
     }
-}
 
-/// A started session, as `session_start` reports it.
-#[derive(Debug, Clone)]
-pub struct Started {
-    pub handle: String,
-    pub entry: Entry<SessionInfo>,
+    fn from_client(e: ClientError) -> SessionFailure {
+        match e {
+            ClientError::Refused { code, message } => SessionFailure::new(code.into(), message),
+            ClientError::Failed(f) => SessionFailure::refused(&f),
+            e @ ClientError::Connect { .. } => {
+                SessionFailure::new(FailureCode::DaemonUnavailable, e.to_string())
+            }
+            e => SessionFailure::new(FailureCode::DaemonFailed, e.to_string()),
+        }
+    }
 }
 
 /// The uid that owns embedded sessions: this process's.
@@ -79,41 +83,61 @@ fn owner() -> u32 {
     nix::unistd::getuid().as_raw()
 }
 
+/// A blocking daemon request on a worker thread.
+async fn via_daemon<T: Send + 'static>(
+    socket: PathBuf,
+    ask: impl FnOnce(&mut DaemonClient) -> Result<T, ClientError> + Send + 'static,
+) -> Result<T, SessionFailure> {
+    let done = tokio::task::spawn_blocking(move || {
+        let mut c = DaemonClient::connect(&socket)?;
+        ask(&mut c)
+    })
+    .await;
+    match done {
+        Ok(r) => r.map_err(SessionFailure::from_client),
+        Err(e) => Err(SessionFailure::new(FailureCode::Internal, e.to_string())),
+    }
+}
+
 impl Sandboxes {
-    /// Start a session for `req` (its policy, dependencies and limits;
-    /// its code is ignored).
-    pub async fn start_session(&self, req: RunRequest) -> Result<Started, SessionFailure> {
-        if self.daemon().is_some() {
-            return Err(SessionFailure::new(
-                FailureCode::SessionsUnavailable,
-                "sessions through pycelld are not available in this version; run `pycell mcp --embedded` as root for sessions",
-            ));
+    /// Start a session for `req` (its policy, dependencies and limits).
+    pub async fn start_session(
+        &self,
+        req: SessionStartRequest,
+    ) -> Result<SessionInfo, SessionFailure> {
+        if let Some(socket) = self.daemon() {
+            return via_daemon(socket, move |c| c.session_start(req, |_| {})).await;
         }
-        let (prepared, policy, ensured) = self.prepare_session(req).await?;
-        let held = self.sessions().map(|t| t.count(owner())).unwrap_or(0);
-        if held >= policy.session.per_uid as usize {
-            return Err(SessionFailure::new(
-                FailureCode::TooManySessions,
-                format!(
-                    "{held} sessions are open, the most policy {:?} allows ([session] per_uid = {}); end one with session_end (session_list shows them)",
-                    policy.name, policy.session.per_uid
-                ),
-            ));
+        let run_req = RunRequest {
+            policy: req.policy,
+            limits: req.limits,
+            dependencies: req.dependencies,
+            ..RunRequest::default()
+        };
+        let (prepared, policy, ensured) = self.prepare_session(run_req).await?;
+        let per_uid = policy.session.per_uid as usize;
+        if self.sessions().map(|t| t.count(owner())).unwrap_or(0) >= per_uid {
+            return Err(too_many(&policy));
         }
+        let session = self.launch_session(prepared, &policy).await?;
+        self.admit(session, policy, ensured).await
+    }
+
+    async fn launch_session(
+        &self,
+        prepared: Prepared,
+        policy: &Policy,
+    ) -> Result<(Session, LimitsReport), SessionFailure> {
         let limits = prepared.limits.clone();
         let egress = prepared.egress.clone();
         let launched = prepared
             .spawn_async(JailerStderr::Capture)
             .await
             .map_err(|r| {
-                let f = r.error.clone().unwrap_or_else(|| {
-                    JailFailure::new(
-                        FailureCode::Internal,
-                        pycell_wire::codes::Layer::Jailer,
-                        "the session's jail did not start",
-                    )
-                });
-                SessionFailure::refused(&f)
+                SessionFailure::new(
+                    r.error.as_ref().map_or(FailureCode::Internal, |e| e.code),
+                    r.error.map(|e| e.message).unwrap_or_default(),
+                )
             })?;
         let services = Services {
             egress: egress.map(|rules| {
@@ -144,42 +168,52 @@ impl Sandboxes {
                     .map_or(FailureCode::JailSetupFailed, |f| f.code);
                 SessionFailure::new(code, e.message)
             })?;
-        let handle = self
-            .sessions()
-            .map_err(|()| "the session table is poisoned".to_string())
-            .and_then(|t| t.new_handle().map_err(|e| e.to_string()))
-            .map_err(|e| {
-                SessionFailure::new(FailureCode::Internal, format!("a session handle: {e}"))
-            })?;
+        Ok((session, limits))
+    }
+
+    /// Into the table, counted again as it goes in (another start may
+    /// have finished meanwhile).
+    async fn admit(
+        &self,
+        (session, limits): (Session, LimitsReport),
+        policy: Policy,
+        ensured: Option<Ensured>,
+    ) -> Result<SessionInfo, SessionFailure> {
         let now = Instant::now();
+        let policy = Arc::new(policy);
         let entry = Entry {
-            session,
+            session: session.clone(),
             owner: owner(),
             started: now,
             last_used: now,
-            info: SessionInfo {
-                policy: Arc::new(policy),
-                limits,
+            info: SessionHeld {
+                policy: Arc::clone(&policy),
+                limits: limits.clone(),
                 env: ensured.map(Arc::new),
             },
         };
-        // Counted again as it goes in: another start may have finished
-        // meanwhile.
         let admitted = match self.sessions() {
-            Ok(mut t) if t.count(owner()) < entry.info.policy.session.per_uid as usize => {
-                t.insert(handle.clone(), entry.clone());
-                true
-            }
-            _ => false,
+            Ok(mut t) if t.count(owner()) < policy.session.per_uid as usize => t
+                .new_handle()
+                .ok()
+                .inspect(|h| t.insert(h.clone(), entry.clone())),
+            _ => None,
         };
-        if !admitted {
-            entry.session.end().await;
-            return Err(SessionFailure::new(
-                FailureCode::TooManySessions,
-                "another session started meanwhile and took the last one the policy allows; end one with session_end",
-            ));
-        }
-        Ok(Started { handle, entry })
+        let Some(handle) = admitted else {
+            session.end().await;
+            return Err(too_many(&policy));
+        };
+        Ok(SessionInfo {
+            session: handle,
+            run_id: session.run_id.clone(),
+            policy: policy.name.clone(),
+            sandbox_uid: session.sandbox_uid,
+            limits,
+            idle_timeout_s: policy.session.idle_timeout.as_secs_f64(),
+            lifetime_s: policy.session.lifetime.as_secs_f64(),
+            max_file_bytes: policy.session.max_file,
+            env: entry.info.env.as_ref().map(|e| e.report.clone()),
+        })
     }
 
     /// Policy, env and spec for a session: blocking work, on a thread of
@@ -187,7 +221,7 @@ impl Sandboxes {
     async fn prepare_session(
         &self,
         req: RunRequest,
-    ) -> Result<(pycell_launch::launcher::Prepared, Policy, Option<Ensured>), SessionFailure> {
+    ) -> Result<(Prepared, Policy, Option<Ensured>), SessionFailure> {
         let launcher = self
             .launcher()
             .map_err(|f| SessionFailure::refused(&f))?
@@ -195,6 +229,15 @@ impl Sandboxes {
         let stop = tokio::sync::watch::channel(None).1;
         let prepared = tokio::task::spawn_blocking(move || {
             let policy = launcher.load_policy(PolicyChoice::Name(req.policy_name()))?;
+            if policy.session.per_uid == 0 {
+                return Ok(Err(SessionFailure::new(
+                    FailureCode::SessionsUnavailable,
+                    format!(
+                        "policy {:?} has no sessions ([session] per_uid = 0)",
+                        policy.name
+                    ),
+                )));
+            }
             let mut installer = Installer {
                 handle: tokio::runtime::Handle::current(),
                 stop,
@@ -207,11 +250,11 @@ impl Sandboxes {
                 ..Extras::default()
             };
             let prepared = launcher.prepare_session(&policy, &req, &extras)?;
-            Ok::<_, LaunchError>((prepared, policy, ensured))
+            Ok::<_, LaunchError>(Ok((prepared, policy, ensured)))
         })
         .await;
         match prepared {
-            Ok(Ok(p)) => Ok(p),
+            Ok(Ok(p)) => p,
             Ok(Err(LaunchError::Request(e))) => Err(request_failure(&e)),
             Ok(Err(LaunchError::Refused(f))) => Err(SessionFailure::refused(&f)),
             Err(e) => Err(SessionFailure::new(
@@ -221,36 +264,39 @@ impl Sandboxes {
         }
     }
 
-    /// The live session `handle` of this process.
-    pub fn session(&self, handle: &str) -> Result<Entry<SessionInfo>, SessionFailure> {
+    /// The live embedded session `handle` of this process.
+    fn session(&self, handle: &str) -> Result<Entry<SessionHeld>, SessionFailure> {
         let looked = match self.sessions() {
             Ok(mut t) => t.get(owner(), handle),
             Err(_) => Err(Lookup::Unknown),
         };
-        looked.map_err(|l| {
-            let (code, message) = session_table::lookup_message(&l, handle);
-            SessionFailure::new(code, message)
-        })
+        looked.map_err(|l| gone(&l, handle))
     }
 
-    /// Serve `request` in session `handle`, with the policy's clocks (the
-    /// wall timeout `timeout`, if given). A cancelled call interrupts it.
-    pub async fn session_request(
+    /// `call` in session `handle`, with the policy's clocks (the wall
+    /// timeout `timeout_s`, if given). A cancelled call is interrupted
+    /// (KeyboardInterrupt in a cell); its answer still comes.
+    pub async fn session_call(
         &self,
         handle: &str,
-        request: SessionRequest,
-        timeout: Option<Duration>,
-        cancel: tokio_util::sync::CancellationToken,
-    ) -> Result<(Entry<SessionInfo>, Answer), SessionFailure> {
+        call: SessionCall,
+        timeout_s: Option<f64>,
+        cancel: CancellationToken,
+    ) -> Result<SessionAnswer, SessionFailure> {
+        if let Some(socket) = self.daemon() {
+            return self
+                .daemon_call(socket, handle, call, timeout_s, cancel)
+                .await;
+        }
         let entry = self.session(handle)?;
-        let limits = &entry.info.policy.limits;
-        let op = SessionOp {
-            wall_timeout_ms: millis(timeout.unwrap_or(limits.wall_timeout)),
-            cpu_time_s: limits.cpu_time.as_secs().max(1),
-            max_output_bytes: limits.max_output,
-            request,
-        };
-        let session = entry.session.clone();
+        let op = session_table::op_for(
+            &entry.info.policy,
+            entry.info.limits.max_output_bytes,
+            call,
+            timeout_s,
+        )
+        .map_err(|(code, m)| SessionFailure::new(code, m))?;
+        let session = entry.session;
         let asked = session.request(op);
         tokio::pin!(asked);
         let answered = tokio::select! {
@@ -260,62 +306,129 @@ impl Sandboxes {
                 asked.await
             }
         };
-        match answered {
-            Ok(a) => Ok((entry, a)),
-            Err(SessionError::Busy) => Err(SessionFailure::new(
-                FailureCode::SessionBusy,
-                format!(
-                    "session {handle} already has {} calls waiting; wait for them to finish",
-                    pycell_launch::session::MAX_QUEUED
-                ),
-            )),
-            Err(SessionError::Ended(ended)) => {
+        answered.map_err(|e| match e {
+            SessionError::Busy => busy(handle),
+            SessionError::Ended(ended) => {
                 if let Ok(mut t) = self.sessions() {
                     t.forget(handle, ended.clone());
                 }
-                let (code, message) = session_table::lookup_message(&Lookup::Gone(ended), handle);
-                Err(SessionFailure::new(code, message))
+                gone(&Lookup::Gone(ended), handle)
+            }
+        })
+    }
+
+    async fn daemon_call(
+        &self,
+        socket: PathBuf,
+        handle: &str,
+        call: SessionCall,
+        timeout_s: Option<f64>,
+        cancel: CancellationToken,
+    ) -> Result<SessionAnswer, SessionFailure> {
+        let handle = handle.to_string();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let asked = via_daemon(socket, move |c| {
+            let _ = tx.send(c.canceller());
+            c.session_call(&handle, call, timeout_s)
+        });
+        tokio::pin!(asked);
+        tokio::select! {
+            a = &mut asked => a,
+            _ = cancel.cancelled() => {
+                if let Ok(Ok(mut canceller)) = rx.await {
+                    let _ = canceller.cancel();
+                }
+                asked.await
             }
         }
     }
 
     /// End session `handle` and wait until its jail is gone.
-    pub async fn end_session(
-        &self,
-        handle: &str,
-    ) -> Result<(Entry<SessionInfo>, pycell_launch::session::SessionEnded), SessionFailure> {
+    pub async fn end_session(&self, handle: &str) -> Result<SessionEndInfo, SessionFailure> {
+        if let Some(socket) = self.daemon() {
+            let h = handle.to_string();
+            return via_daemon(socket, move |c| c.session_end(&h)).await;
+        }
         let entry = self.session(handle)?;
         let ended = entry.session.end().await;
         if let Ok(mut t) = self.sessions() {
             t.forget(handle, ended.clone());
         }
-        Ok((entry, ended))
+        Ok(SessionEndInfo {
+            session: handle.to_string(),
+            reason: ended.reason.as_str().to_string(),
+            message: ended.message.clone(),
+            peak_memory_bytes: ended.result.peak_memory_bytes,
+        })
     }
 
-    /// This process's live sessions.
-    pub fn list_sessions(&self) -> Vec<(String, Entry<SessionInfo>)> {
-        self.sessions()
+    /// The open sessions (this process's, or this uid's in pycelld).
+    pub async fn list_sessions(&self) -> Result<Vec<SessionSummary>, SessionFailure> {
+        if let Some(socket) = self.daemon() {
+            return via_daemon(socket, |c| c.session_list()).await;
+        }
+        let now = Instant::now();
+        let listed = self
+            .sessions()
             .map(|mut t| t.list(owner()))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        Ok(listed
+            .into_iter()
+            .map(|(handle, e)| {
+                let idle = now - e.last_used;
+                SessionSummary {
+                    session: handle,
+                    policy: e.info.policy.name.clone(),
+                    age_s: (now - e.started).as_secs_f64(),
+                    idle_s: idle.as_secs_f64(),
+                    expires_in_s: e
+                        .info
+                        .policy
+                        .session
+                        .idle_timeout
+                        .saturating_sub(idle)
+                        .as_secs_f64(),
+                }
+            })
+            .collect())
     }
 
-    /// End every session (the server is stopping), waiting at most `grace`.
+    /// End every embedded session (the server is stopping), waiting at
+    /// most `grace`. Sessions in pycelld outlive this process.
     pub(super) async fn end_all_sessions(&self, grace: Duration) {
         let all = self.sessions().map(|t| t.all()).unwrap_or_default();
-        let ends = all.iter().map(|s| s.end());
-        let _ = tokio::time::timeout(grace, futures_join_all(ends)).await;
+        let _ = tokio::time::timeout(grace, async {
+            for s in all {
+                s.end().await;
+            }
+        })
+        .await;
     }
 }
 
-/// Wait for every future (a handful: the open sessions).
-async fn futures_join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) {
-    for f in futures {
-        f.await;
-    }
+fn too_many(policy: &Policy) -> SessionFailure {
+    SessionFailure::new(
+        FailureCode::TooManySessions,
+        format!(
+            "the most sessions policy {:?} allows ([session] per_uid = {}) are open; end one with session_end (session_list shows them)",
+            policy.name, policy.session.per_uid
+        ),
+    )
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+fn busy(handle: &str) -> SessionFailure {
+    SessionFailure::new(
+        FailureCode::SessionBusy,
+        format!(
+            "session {handle} already has {} calls waiting; wait for them to finish",
+            pycell_launch::session::MAX_QUEUED
+        ),
+    )
+}
+
+fn gone(l: &Lookup, handle: &str) -> SessionFailure {
+    let (code, message) = session_table::lookup_message(l, handle);
+    SessionFailure::new(code, message)
 }
 
 fn request_failure(e: &RequestError) -> SessionFailure {
@@ -323,24 +436,4 @@ fn request_failure(e: &RequestError) -> SessionFailure {
         FailureCode::InvalidRequest,
         super::tools::request_error_message(e),
     )
-}
-
-/// What a cell's reply may hold, under `policy`.
-pub fn cell_limits(policy: &Policy) -> CellLimits {
-    CellLimits {
-        image_edge: policy.session.image_edge,
-        image_bytes: policy.session.image_bytes,
-        ..CellLimits::default()
-    }
-}
-
-/// A file's bytes for `write_file`: `text`, or `base64` decoded.
-pub fn file_bytes(text: Option<String>, b64: Option<String>) -> Result<Vec<u8>, String> {
-    match (text, b64) {
-        (Some(t), None) => Ok(t.into_bytes()),
-        (None, Some(b)) => base64::engine::general_purpose::STANDARD
-            .decode(b.trim())
-            .map_err(|e| format!("`content_base64` is not base64: {e}")),
-        _ => Err("give exactly one of `content` (text) and `content_base64` (bytes)".into()),
-    }
 }

@@ -21,7 +21,7 @@ use pycell_protocol::result::{EnvReport, LimitsReport};
 use pycell_protocol::session::{
     SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
 };
-use pycell_runner::session::{CellLimits, SessionOp, SessionRequest};
+use pycell_runner::session::SessionOp;
 use pycell_wire::codes::FailureCode;
 use tokio::time::Instant as TokioInstant;
 
@@ -193,6 +193,7 @@ impl Broker {
         let policy = Arc::new(policy);
         let info = SessionInfo {
             session: handle.clone(),
+            run_id: run_id.clone(),
             policy: policy.name.clone(),
             sandbox_uid,
             limits: limits.clone(),
@@ -247,57 +248,9 @@ impl Broker {
         timeout_s: Option<f64>,
     ) -> Result<(Session, SessionOp), Refused> {
         let entry = self.session_of(uid, handle)?;
-        let p = &entry.info.policy;
-        let wall = match timeout_s {
-            None => p.limits.wall_timeout,
-            Some(t) if t.is_finite() && t > 0.0 && t <= p.ceilings.wall_timeout.as_secs_f64() => {
-                Duration::from_secs_f64(t)
-            }
-            Some(t) => {
-                return Err(refused(
-                    FailureCode::InvalidRequest,
-                    format!("timeout_s must be more than 0 and at most the policy's ceiling of {} s (got {t})", p.ceilings.wall_timeout.as_secs_f64()),
-                ))
-            }
-        };
-        let request = match call {
-            SessionCall::Cell { code } => SessionRequest::Cell {
-                code,
-                limits: CellLimits {
-                    image_edge: p.session.image_edge,
-                    image_bytes: p.session.image_bytes,
-                    ..CellLimits::default()
-                },
-            },
-            SessionCall::Write { path, data_base64 } => {
-                // Its size, before anything else: base64 is 4/3 of it.
-                let size = data_base64.len() as u64 / 4 * 3;
-                if size > p.session.max_file + 3 {
-                    return Err(refused(
-                        FailureCode::FileRefused,
-                        format!("the file is about {size} bytes, more than the {} the policy's [session] max_file allows at once", p.session.max_file),
-                    ));
-                }
-                SessionRequest::Write {
-                    path,
-                    data: data_base64,
-                }
-            }
-            SessionCall::Read { path } => SessionRequest::Read {
-                path,
-                max_bytes: p.session.max_file,
-            },
-            SessionCall::List { path } => SessionRequest::List {
-                path,
-                max_entries: 1000,
-            },
-        };
-        let op = SessionOp {
-            wall_timeout_ms: u64::try_from(wall.as_millis()).unwrap_or(u64::MAX).max(1),
-            cpu_time_s: p.limits.cpu_time.as_secs().max(1),
-            max_output_bytes: entry.info.limits.max_output_bytes,
-            request,
-        };
+        let max_output = entry.info.limits.max_output_bytes;
+        let op = session_table::op_for(&entry.info.policy, max_output, call, timeout_s)
+            .map_err(|(code, message)| refused(code, message))?;
         Ok((entry.session, op))
     }
 
