@@ -31,6 +31,17 @@ pub enum Command {
     /// sandboxes are built through pycell-jailer by this process (embedded
     /// mode), which needs root.
     Mcp(McpArgs),
+    /// Sessions: a sandbox whose Python stays alive between commands, like
+    /// a Jupyter kernel (variables, imports and /workspace files persist).
+    ///
+    /// A session outlives one command, so it lives in pycelld: these
+    /// commands need the daemon. `pycell repl` needs none.
+    Session(SessionArgs),
+    /// An interactive Python prompt on a session: each line (or block) runs
+    /// in the sandbox as a cell, values and errors show as in python's own
+    /// prompt, with line editing and history. ^C interrupts a cell; ^D ends
+    /// the session.
+    Repl(ReplArgs),
     /// Work with policy files.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -170,6 +181,111 @@ pub struct RunArgs {
     pub socket: Option<PathBuf>,
     /// Run embedded (this process starts pycell-jailer; needs root) even if
     /// pycelld is running.
+    #[arg(long, conflicts_with = "socket")]
+    pub embedded: bool,
+}
+
+/// Where a session lives.
+#[derive(Debug, Args, Clone)]
+pub struct DaemonArgs {
+    /// pycelld socket to use (default: $PYCELL_SOCKET, else
+    /// /run/pycell/pycell.sock).
+    #[arg(long, value_name = "PATH", env = "PYCELL_SOCKET", global = true)]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct SessionArgs {
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
+    #[command(subcommand)]
+    pub command: SessionCommand,
+}
+
+/// How a session is started: its policy, packages and limits.
+#[derive(Debug, Args, Clone)]
+pub struct SessionStartArgs {
+    /// Policy name (installed or built in).
+    #[arg(long, default_value = "default")]
+    pub policy: String,
+    /// A package the session has (repeatable), e.g. --with "pandas>=2.2".
+    #[arg(long = "with", value_name = "PKG")]
+    pub with: Vec<String>,
+    /// Memory limit of the whole session, e.g. 1GiB.
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    /// Each cell's default wall-clock timeout in seconds.
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Start a session; prints its handle (or one JSON object with --json).
+    Start {
+        #[command(flatten)]
+        how: SessionStartArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a file (or code on stdin with "-", or --code) as the session's
+    /// next cell: its output, then the value of a last expression. Exit
+    /// status: 0; 1 if the cell raised; 124 if it was interrupted at its
+    /// timeout; 125 if the session refused (e.g. it ended).
+    Run {
+        session: String,
+        /// The code's file, or "-" for stdin.
+        #[arg(required_unless_present = "code")]
+        file: Option<PathBuf>,
+        /// The code itself.
+        #[arg(long, conflicts_with = "file")]
+        code: Option<String>,
+        /// Wall-clock timeout of this cell in seconds.
+        #[arg(long, value_name = "SECS")]
+        timeout: Option<f64>,
+        /// Print the answer as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy a local file into the session's /workspace.
+    Put {
+        session: String,
+        local: PathBuf,
+        /// Its path in /workspace (default: the local file's name).
+        remote: Option<String>,
+    },
+    /// Copy a file of the session's /workspace out ("-" or no LOCAL: stdout).
+    Get {
+        session: String,
+        remote: String,
+        local: Option<PathBuf>,
+    },
+    /// List a directory of the session's /workspace.
+    Ls {
+        session: String,
+        #[arg(default_value = "")]
+        path: String,
+    },
+    /// End a session: its processes and files are gone.
+    End { session: String },
+    /// Your open sessions.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `pycell repl`.
+#[derive(Debug, Args, Clone)]
+pub struct ReplArgs {
+    #[command(flatten)]
+    pub how: SessionStartArgs,
+    /// pycelld socket to use. Without it (and without PYCELL_SOCKET), the
+    /// repl uses /run/pycell/pycell.sock if it exists, else holds its
+    /// session itself (embedded, as root).
+    #[arg(long, value_name = "PATH", env = "PYCELL_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// Hold the session in this process (needs root) even if pycelld runs.
     #[arg(long, conflicts_with = "socket")]
     pub embedded: bool,
 }

@@ -16,8 +16,10 @@ mod env_cmd;
 mod info;
 mod mcp_server;
 mod policy_cmd;
+mod repl;
 mod run;
 mod say;
+mod session_cmd;
 
 use clap::Parser;
 
@@ -26,6 +28,8 @@ fn main() {
     let code = match cli.command {
         cli::Command::Run(args) => run::main(&args),
         cli::Command::Mcp(args) => mcp_server::main(&args),
+        cli::Command::Session(args) => session_cmd::main(&args),
+        cli::Command::Repl(args) => repl::main(&args),
         cli::Command::Policy(cli::PolicyCommand::Check { files }) => policy_cmd::check(&files),
         cli::Command::Env(args) => env_cmd::main(&args),
         cli::Command::Info { json } => info::main(json),

@@ -451,6 +451,11 @@ impl Prepared {
     fn command(&self, stderr: JailerStderr) -> io::Result<(Command, UnixStream)> {
         let (ours, theirs) = UnixStream::pair()?;
         let mut cmd = Command::new(&self.jailer);
+        if self.spec.session.is_some() {
+            // A session's cells are interrupted by its launcher, never by
+            // a terminal's ^C (which would reach its jailer too).
+            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        }
         cmd.env_clear()
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::piped())

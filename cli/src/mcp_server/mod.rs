@@ -39,7 +39,8 @@ use pycell_wire::events::Stream;
 
 use crate::cli::McpArgs;
 use output::{human_bytes, RunPythonOutput, Status};
-use sandboxes::{RunEvent, Sandboxes};
+use sandboxes::RunEvent;
+pub(crate) use sandboxes::Sandboxes;
 
 /// How often a run with a progress token reports progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
