@@ -1,0 +1,193 @@
+"""Sessions through pycelld (issue 27), against baselines of the same run.
+
+Run by bench/run with the tools venv's python (it needs the MCP SDK), with
+bench/run's pycelld. Rows, medians:
+
+  - per cell over the raw protocol: `x += 1` as a `session` message on one
+    connection, against a `session_list` round trip on the same connection
+    (the protocol's floor: a frame each way through the broker);
+  - per cell over MCP: run_python with `session` through `pycell mcp` on
+    the daemon, against a `session_list` tool call (MCP's floor);
+  - session_start (the jail built, python ready, its clocks started), and
+    session_end (its jail gone), against a cold `pycell run print(1)`
+    through the same daemon;
+  - idle memory of a session (its cgroup's, after one cell), under default
+    and data-science.
+
+Targets: a cell <= 1 ms over the raw protocol and <= 2 ms per MCP call;
+session_start <= 10 ms with a warm jail free.
+"""
+import argparse
+import asyncio
+import json
+import os
+import socket as sk
+import statistics
+import struct
+import subprocess
+import sys
+import time
+
+
+class Raw:
+    """The daemon protocol, by hand: 4-byte big-endian length, JSON."""
+
+    def __init__(self, path):
+        self.s = sk.socket(sk.AF_UNIX)
+        self.s.connect(path)
+        self.send({"type": "hello", "version": 4, "client": "bench/sessions.py"})
+        self.recv()
+
+    def send(self, m):
+        b = json.dumps(m).encode()
+        self.s.sendall(struct.pack(">I", len(b)) + b)
+
+    def recv(self):
+        n = struct.unpack(">I", self.s.recv(4, sk.MSG_WAITALL))[0]
+        return json.loads(self.s.recv(n, sk.MSG_WAITALL))
+
+    def ask(self, m):
+        self.send(m)
+        while True:
+            r = self.recv()
+            if r["type"] not in ("queued", "installing"):
+                return r
+
+
+def start(raw, policy):
+    r = raw.ask({"type": "session_start", "id": "1", "request": {"policy": policy}})
+    if r["type"] != "session_started":
+        raise SystemExit(f"bench/sessions.py: session_start under {policy}: {r}")
+    return r["session"]
+
+
+def cell(raw, handle, code):
+    r = raw.ask({"type": "session", "id": "1", "session": handle, "call": {"op": "cell", "code": code}})
+    if r["type"] != "session_answer" or r["answer"]["reply"].get("error"):
+        raise SystemExit(f"bench/sessions.py: a cell failed: {r}")
+    return r["answer"]
+
+
+def end(raw, handle):
+    r = raw.ask({"type": "session_end", "id": "1", "session": handle})
+    if r["type"] != "session_ended":
+        raise SystemExit(f"bench/sessions.py: session_end: {r}")
+
+
+def timed(f):
+    t0 = time.perf_counter()
+    f()
+    return (time.perf_counter() - t0) * 1000
+
+
+def raw_cells(sock, runs):
+    raw = Raw(sock)
+    h = start(raw, "default")["session"]
+    cell(raw, h, "x = 0")
+    floor, cells = [], []
+    for i in range(runs + 10):
+        f = timed(lambda: raw.ask({"type": "session_list", "id": "1"}))
+        c = timed(lambda: cell(raw, h, "x += 1"))
+        if i >= 10:
+            floor.append(f)
+            cells.append(c)
+    end(raw, h)
+    return floor, cells
+
+
+def starts(sock, pycell, runs):
+    raw = Raw(sock)
+    cold, started, ended = [], [], []
+    for i in range(runs + 2):
+        t0 = time.perf_counter()
+        subprocess.run([pycell, "run", "--socket", sock, "-"], input=b"print(1)\n", stdout=subprocess.DEVNULL, check=True)
+        c = (time.perf_counter() - t0) * 1000
+        t0 = time.perf_counter()
+        h = start(raw, "default")["session"]
+        s = (time.perf_counter() - t0) * 1000
+        e = timed(lambda: end(raw, h))
+        if i >= 2:
+            cold.append(c)
+            started.append(s)
+            ended.append(e)
+    return cold, started, ended
+
+
+def idle_memory(sock, policy):
+    raw = Raw(sock)
+    info = start(raw, policy)
+    a = cell(raw, info["session"], "pass")
+    end(raw, info["session"])
+    return a["measure"]["memory_bytes"]
+
+
+async def mcp_cells(pycell, sock, runs):
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    env = dict(os.environ, PYCELL_SOCKET=sock)
+    params = StdioServerParameters(command=pycell, args=["mcp"], env=env)
+    floor, cells = [], []
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            r = await session.call_tool("session_start", {})
+            h = r.structured_content["session"]
+            await session.call_tool("run_python", {"session": h, "code": "x = 0"})
+            for i in range(runs + 10):
+                t0 = time.perf_counter()
+                await session.call_tool("session_list", {})
+                f = (time.perf_counter() - t0) * 1000
+                t0 = time.perf_counter()
+                r = await session.call_tool("run_python", {"session": h, "code": "x += 1"})
+                c = (time.perf_counter() - t0) * 1000
+                if r.is_error or r.structured_content.get("status") != "ok":
+                    raise SystemExit(f"bench/sessions.py: an MCP cell failed: {r}")
+                if i >= 10:
+                    floor.append(f)
+                    cells.append(c)
+            await session.call_tool("session_end", {"session": h})
+    return floor, cells
+
+
+def med(xs):
+    return statistics.median(xs)
+
+
+def row(name, ms, base=None):
+    ratio = f"{med(ms) / med(base):6.2f}x" if base else "  (base)"
+    print(f"  {name:<52} {med(ms):8.2f} ms  {ratio}")
+
+
+def target(ok, what):
+    print(f"  {'PASS' if ok else 'MISS'}  {what}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pycell", required=True)
+    ap.add_argument("--socket", required=True)
+    ap.add_argument("--runs", type=int, default=100)
+    a = ap.parse_args()
+    print(f"sessions through pycelld; medians over {a.runs} calls (after 10 warm-up ones)")
+    floor, cells = raw_cells(a.socket, a.runs)
+    row("raw protocol: session_list round trip", floor)
+    row("raw protocol: cell `x += 1`", cells, floor)
+    mfloor, mcells = asyncio.run(mcp_cells(a.pycell, a.socket, a.runs))
+    row("MCP: session_list call", mfloor)
+    row("MCP: run_python `x += 1` in a session", mcells, mfloor)
+    n = max(5, a.runs // 10)
+    cold, started, ended = starts(a.socket, a.pycell, n)
+    row(f"pycell run print(1), cold, through pycelld ({n} runs)", cold)
+    row("session_start (jail built, python ready)", started, cold)
+    row("session_end (jail gone)", ended, cold)
+    for policy in ("default", "data-science"):
+        print(f"  idle memory of a session under {policy}: {idle_memory(a.socket, policy) / 2**20:.1f} MiB")
+    print("targets:")
+    target(med(cells) <= 1.0, f"a cell over the raw protocol <= 1 ms: {med(cells):.2f} ms")
+    target(med(mcells) <= 2.0, f"a cell per MCP call <= 2 ms: {med(mcells):.2f} ms")
+    target(med(started) <= 10.0, f"session_start <= 10 ms (no warm session jail pool yet: every start builds its jail): {med(started):.2f} ms")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
