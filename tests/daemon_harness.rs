@@ -69,6 +69,10 @@ impl Daemon {
             true => config,
             false => format!("{config}\nwarm_pools = {{}}\n"),
         };
+        let config = match extra_config.contains("session_pools") {
+            true => config,
+            false => format!("{config}\nsession_pools = {{}}\n"),
+        };
         let config = match extra_config.contains("env_store") {
             true => config,
             false => format!("{config}\nenv_store = \"{}/envs\"\n", dir.path().display()),

@@ -42,6 +42,7 @@ struct RawConfig {
     env_store_max_size: Option<String>,
     env_max_age: Option<String>,
     warm_pools: Option<std::collections::BTreeMap<String, usize>>,
+    session_pools: Option<std::collections::BTreeMap<String, usize>>,
     warm_idle: Option<String>,
 }
 
@@ -102,6 +103,8 @@ pub struct Config {
     /// Warm jails kept per policy (default: 2 of `default`); see
     /// `crate::pool`.
     pub warm_pools: std::collections::BTreeMap<String, usize>,
+    /// Session jails kept ready per policy (for `session_start`).
+    pub session_pools: std::collections::BTreeMap<String, usize>,
     /// A warm jail unused this long is replaced by a fresh one.
     pub warm_idle: Duration,
     /// The text this configuration was parsed from (empty for the built-in
@@ -188,6 +191,7 @@ impl Default for Config {
             env_store_max_size: 20 << 30,
             env_max_age: Duration::from_secs(30 * 24 * 3600),
             warm_pools: [("default".to_string(), 2)].into_iter().collect(),
+            session_pools: [("default".to_string(), 1)].into_iter().collect(),
             warm_idle: Duration::from_secs(600),
             source_text: String::new(),
         }
@@ -366,18 +370,12 @@ impl Config {
     /// The warm pools.
     fn apply_warm(&mut self, raw: &RawConfig, at: &Locator<'_>) -> Result<(), ConfigError> {
         if let Some(pools) = &raw.warm_pools {
-            for (name, &n) in pools {
-                if !pycell_policy::is_valid_name(name) {
-                    return Err(at.field("warm_pools", format!("{name:?} is not a policy name")));
-                }
-                if n > MAX_WARM_MEMBERS {
-                    return Err(at.field(
-                        "warm_pools",
-                        format!("{name} = {n}: at most {MAX_WARM_MEMBERS} warm jails per policy"),
-                    ));
-                }
-            }
+            check_pools("warm_pools", pools, at)?;
             self.warm_pools = pools.clone();
+        }
+        if let Some(pools) = &raw.session_pools {
+            check_pools("session_pools", pools, at)?;
+            self.session_pools = pools.clone();
         }
         if let Some(i) = &raw.warm_idle {
             self.warm_idle =
@@ -488,6 +486,27 @@ pub(crate) fn is_proxy_setting(name: &str) -> bool {
     ["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"]
         .iter()
         .any(|p| name == *p || name == p.to_ascii_lowercase())
+}
+
+/// A pools table (`warm_pools`, `session_pools`): policy names, sizes
+/// within bounds.
+fn check_pools(
+    key: &'static str,
+    pools: &std::collections::BTreeMap<String, usize>,
+    at: &Locator<'_>,
+) -> Result<(), ConfigError> {
+    for (name, &n) in pools {
+        if !pycell_policy::is_valid_name(name) {
+            return Err(at.field(key, format!("{name:?} is not a policy name")));
+        }
+        if n > MAX_WARM_MEMBERS {
+            return Err(at.field(
+                key,
+                format!("{name} = {n}: at most {MAX_WARM_MEMBERS} warm jails per policy"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

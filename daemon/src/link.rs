@@ -187,6 +187,10 @@ pub enum ToBroker {
         egress: Option<EgressRules>,
         /// The env of the run's dependencies, if it has any.
         env: Option<EnvReport>,
+        /// A jail of the pool, already ready (a session's: its ready event
+        /// was read by the monitor).
+        #[serde(default)]
+        ready: bool,
     },
     /// The run's env is being built; the descriptor carries the install's
     /// progress, a line per step. `Spawned`, `Refused` or `Failed` follows.

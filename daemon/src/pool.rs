@@ -5,7 +5,9 @@
 //! exactly a member's (same policy, env, limits: [`runner::fits`]) takes
 //! it; anything else, or an empty pool, goes cold. A member serves one run
 //! and dies with it; refills start at once (backing off when members fail);
-//! members idle for `warm_idle` are retired and replaced.
+//! members idle for `warm_idle` are retired and replaced. Pools named in
+//! `session_pools` keep session jails the same way (see
+//! `pycell_runner::session`), each taken whole by one `session_start`.
 //!
 //! Memory: every member's memory limit is set aside from the broker's
 //! admission budget ([`plan`] caps the pools at half of it), so the budget
@@ -46,6 +48,8 @@ pub struct PoolPlan {
     pub policy: String,
     pub members: usize,
     pub member_memory: u64,
+    /// Session jails (`session_pools`), not run jails (`warm_pools`).
+    pub sessions: bool,
 }
 
 /// The pools `config` asks for, cut so that their members' memory takes at
@@ -55,13 +59,20 @@ pub fn plan(config: &Config) -> (Vec<PoolPlan>, Vec<String>) {
     let mut warnings = Vec::new();
     let mut plans = Vec::new();
     let mut left = config.memory_budget / 2;
-    for (name, &wanted) in &config.warm_pools {
+    let runs = config.warm_pools.iter().map(|(n, w)| (n, *w, false));
+    let sessions = config.session_pools.iter().map(|(n, w)| (n, *w, true));
+    for (name, wanted, for_sessions) in runs.chain(sessions) {
+        let key = if for_sessions {
+            "session_pools"
+        } else {
+            "warm_pools"
+        };
         let policy = pycell_launch::resolve::load_policy_by_name(name, &config.policy_dir)
             .and_then(|p| pycell_launch::resolve::effective_limits(&p, &Default::default()));
         let memory = match policy {
             Ok(limits) => limits.memory,
             Err(e) => {
-                warnings.push(format!("warm_pools: policy {name:?} gets no pool: {e}"));
+                warnings.push(format!("{key}: policy {name:?} gets no pool: {e}"));
                 continue;
             }
         };
@@ -69,7 +80,7 @@ pub fn plan(config: &Config) -> (Vec<PoolPlan>, Vec<String>) {
         let members = wanted.min(affordable);
         if members < wanted {
             warnings.push(format!(
-                "warm_pools: policy {name:?} gets {members} members, not {wanted}: members may take at most half of memory_budget"
+                "{key}: policy {name:?} gets {members} members, not {wanted}: members may take at most half of memory_budget"
             ));
         }
         left -= members as u64 * memory;
@@ -78,6 +89,7 @@ pub fn plan(config: &Config) -> (Vec<PoolPlan>, Vec<String>) {
                 policy: name.clone(),
                 members,
                 member_memory: memory,
+                sessions: for_sessions,
             });
         }
     }
@@ -175,7 +187,7 @@ impl Pools {
                 continue;
             }
             while pool.members.len() < pool.plan.members && now >= pool.not_before {
-                match start_member(launcher, store, &pool.plan.policy) {
+                match start_member(launcher, store, &pool.plan) {
                     Ok(m) => {
                         pool.members.insert(m.launched.child.id() as i32, m);
                     }
@@ -305,7 +317,10 @@ impl Pools {
     /// the member would not take the work (it is then stopped).
     pub fn take(&mut self, policy: &str, cold: &JailSpec) -> Option<Taken> {
         let work: Work = runner::work_for(cold)?;
-        let pool = self.pools.iter_mut().find(|p| p.plan.policy == policy)?;
+        let pool = self
+            .pools
+            .iter_mut()
+            .find(|p| p.plan.policy == policy && !p.plan.sessions)?;
         let pid = pool
             .members
             .iter()
@@ -332,6 +347,36 @@ impl Pools {
     }
 }
 
+impl Pools {
+    /// A ready session jail of `policy` that is exactly `wanted` (the
+    /// session's own spec: `pycell_runner::session::session_spec`). Its
+    /// request stream goes to the broker with it; the broker's first
+    /// request starts its clocks.
+    pub fn take_session(&mut self, policy: &str, wanted: &JailSpec) -> Option<Taken> {
+        let pool = self
+            .pools
+            .iter_mut()
+            .find(|p| p.plan.policy == policy && p.plan.sessions)?;
+        let pid = pool
+            .members
+            .iter()
+            .filter_map(|(pid, m)| match m.state {
+                State::Ready { since } if runner::session::fits_session(&m.spec, wanted) => {
+                    Some((since, *pid))
+                }
+                _ => None,
+            })
+            .min()
+            .map(|(_, pid)| pid)?;
+        let member = pool.members.remove(&pid)?;
+        self.last_take = Some(Instant::now());
+        Some(Taken {
+            launched: member.launched,
+            env: member.env,
+        })
+    }
+}
+
 impl Pool {
     fn status(&self) -> WarmPoolStatus {
         let count =
@@ -340,6 +385,7 @@ impl Pool {
         jailer_pids.sort_unstable();
         WarmPoolStatus {
             policy: self.plan.policy.clone(),
+            sessions: self.plan.sessions,
             size: self.plan.members,
             ready: count(|s| matches!(s, State::Ready { .. })),
             warming: count(|s| *s == State::WarmingUp),
@@ -363,23 +409,25 @@ struct Retry {
 fn start_member(
     launcher: &Launcher,
     store: Option<&EnvStore>,
-    policy: &str,
+    plan: &PoolPlan,
 ) -> Result<Member, Retry> {
     let fail = |why: String| Retry {
         after: MAX_BACKOFF,
         why: Some(why),
     };
     let policy = launcher
-        .load_policy(PolicyChoice::Name(policy))
+        .load_policy(PolicyChoice::Name(&plan.policy))
         .map_err(|e| fail(e.failure().message))?;
     let env = policy_env(launcher, store, &policy)?;
     let extras = Extras {
         env: env.as_ref().map(|(e, _)| e.dir.clone()),
         ..Extras::default()
     };
-    let prepared = launcher
-        .prepare_warm(&policy, &extras, &policy.warm_imports)
-        .map_err(|e| fail(e.failure().message))?;
+    let prepared = match plan.sessions {
+        true => launcher.prepare_session(&policy, &Default::default(), &extras),
+        false => launcher.prepare_warm(&policy, &extras, &policy.warm_imports),
+    }
+    .map_err(|e| fail(e.failure().message))?;
     let spec = prepared.spec().clone();
     let launched = prepared
         .spawn(JailerStderr::Inherit)
@@ -426,6 +474,7 @@ fn stop(m: &mut Member) {
 fn config_with(pools: &[(&str, usize)], budget: u64, policy_dir: &std::path::Path) -> Config {
     Config {
         warm_pools: pools.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+        session_pools: Default::default(),
         memory_budget: budget,
         policy_dir: policy_dir.to_path_buf(),
         ..Config::default()
@@ -452,7 +501,8 @@ mod tests {
             vec![PoolPlan {
                 policy: "data-science".into(),
                 members: 1,
-                member_memory: 1 << 30
+                member_memory: 1 << 30,
+                sessions: false,
             }]
         );
         assert!(reserved_memory(&plans) <= 1 << 30);

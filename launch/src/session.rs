@@ -230,6 +230,9 @@ pub struct SessionParts<C> {
     /// The jailer's stdin, on which requests go.
     pub requests: std::os::unix::net::UnixStream,
     pub control: C,
+    /// Its runner is known to be ready already (a jail of a pool, whose
+    /// ready event its pool read).
+    pub ready: bool,
 }
 
 impl SessionParts<OwnedJailer> {
@@ -269,6 +272,7 @@ impl SessionParts<OwnedJailer> {
             stream,
             requests,
             control,
+            ready: false,
         })
     }
 }
@@ -304,11 +308,13 @@ impl Session {
             mut stream,
             requests,
             mut control,
+            ready: already,
         } = parts;
         let requests = requests
             .set_nonblocking(true)
             .and_then(|()| tokio::net::UnixStream::from_std(requests));
         let ready = match requests {
+            Ok(r) if already => Some(r),
             Ok(r) => wait_ready(&mut stream, ready_within).await.then_some(r),
             Err(_) => None,
         };

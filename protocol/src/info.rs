@@ -135,6 +135,10 @@ pub struct DaemonStatus {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WarmPoolStatus {
     pub policy: String,
+    /// True for a pool of session jails (`session_pools`), false for one
+    /// of run jails (`warm_pools`).
+    #[serde(default)]
+    pub sessions: bool,
     /// Members the pool keeps.
     pub size: usize,
     /// Members waiting for a run.

@@ -59,6 +59,20 @@ pub fn session_spec(cold: &JailSpec, modules: &[String], clocks: SessionSpec) ->
     spec
 }
 
+/// Whether a session jail built ahead (`member`) is exactly the jail a
+/// session would get (`wanted`, from [`session_spec`]), but for what the
+/// launcher assigns (its run id, sandbox uid, cgroup parent).
+pub fn fits_session(member: &JailSpec, wanted: &JailSpec) -> bool {
+    let shape = |s: &JailSpec| {
+        let mut s = s.clone();
+        s.run_id.clear();
+        (s.sandbox_uid, s.sandbox_gid) = (0, 0);
+        s.cgroup.parent.clear();
+        serde_json::to_value(s).ok()
+    };
+    member.session.is_some() && shape(member).is_some() && shape(member) == shape(wanted)
+}
+
 /// One request for a session, from its launcher to its jailer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

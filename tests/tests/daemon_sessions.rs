@@ -288,3 +288,55 @@ fn a_killed_broker_ends_its_sessions() {
     .unwrap();
     d.assert_sandbox_gone(Duration::from_secs(15));
 }
+
+/// The pool's session jail of `policy`: its jailer pids once one is ready.
+fn ready_session_pool(d: &Daemon) -> Vec<i32> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let pools = d.client().info().unwrap().daemon.warm_pools;
+        if let Some(p) = pools.iter().find(|p| p.sessions && p.ready > 0) {
+            return p.jailer_pids.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no session jail got ready: {pools:?}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_session_takes_a_ready_jail_of_the_session_pool() {
+    let d = Daemon::start("session_pools = { default = 1 }\n");
+    let before = ready_session_pool(&d);
+    let info = start(&d, None);
+    let mut c = d.client();
+    assert_eq!(
+        cell(&mut c, &info.session, "x = 6 * 7\nx")
+            .reply
+            .value
+            .as_deref(),
+        Some("42")
+    );
+    // The member was taken (its jailer is the session's now); the pool
+    // starts another.
+    let after = d.client().info().unwrap().daemon.warm_pools;
+    let pool = after.iter().find(|p| p.sessions).unwrap();
+    assert!(
+        before.iter().all(|pid| !pool.jailer_pids.contains(pid)),
+        "the pool still has its member {before:?}: {pool:?}"
+    );
+    // A session with other limits does not fit the pool's jail: built anew.
+    let req = SessionStartRequest {
+        limits: pycell_protocol::messages::LimitOverrides {
+            memory_bytes: Some(256 << 20),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let other = d.client().session_start(req, |_| {}).unwrap();
+    assert_eq!(other.limits.memory_bytes, 256 << 20);
+    d.client().session_end(&info.session).unwrap();
+    d.client().session_end(&other.session).unwrap();
+}

@@ -421,6 +421,8 @@ fn cancelled_before_start(doing: &str) -> JailFailure {
 struct SpawnedRun {
     run_id: String,
     sandbox_uid: u32,
+    /// A pooled session jail, ready already.
+    ready: bool,
     policy: String,
     limits: LimitsReport,
     events: pipe::Receiver,
@@ -447,7 +449,7 @@ async fn start(
     let ((reply, fds), cancelled) = installing::last_reply(broker, conn, id, req, replies)
         .await
         .map_err(|e| internal(e.to_string()))?;
-    let (run_id, sandbox_uid, policy, limits, egress, env) = match reply {
+    let (run_id, sandbox_uid, policy, limits, egress, env, ready) = match reply {
         ToBroker::Spawned {
             run_id,
             sandbox_uid,
@@ -455,8 +457,9 @@ async fn start(
             limits,
             egress,
             env,
+            ready,
             ..
-        } => (run_id, sandbox_uid, policy, limits, egress, env),
+        } => (run_id, sandbox_uid, policy, limits, egress, env, ready),
         ToBroker::Refused { code, message, .. } => return Err(error(Some(id), code, message)),
         ToBroker::Failed {
             policy, failure, ..
@@ -492,6 +495,7 @@ async fn start(
         Ok(events) => Ok(SpawnedRun {
             run_id,
             sandbox_uid,
+            ready,
             policy,
             limits,
             events,

@@ -134,10 +134,11 @@ impl Broker {
             tokio::net::unix::pipe::Receiver,
             std::os::fd::OwnedFd,
             pycell_launch::supervisor::Services,
+            bool,
         ),
         slot: Slot,
     ) -> Result<SessionInfo, Refused> {
-        let (events, requests, services) = stream_parts;
+        let (events, requests, services, ready) = stream_parts;
         let kill = || {
             let _ = self.link.send(&ToMonitor::Kill {
                 run_id: run_id.clone(),
@@ -165,6 +166,7 @@ impl Broker {
                 link: Arc::clone(&self.link),
                 run_id: run_id.clone(),
             },
+            ready,
         };
         let stop = self.session_stop.child_token();
         let session = Session::start(parts, READY_WITHIN, stop)

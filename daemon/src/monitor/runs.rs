@@ -78,21 +78,51 @@ impl Monitor {
         env: Option<(EnvInUse, EnvReport)>,
     ) -> Reply {
         let refuse = |(code, message)| Box::new(ToBroker::Refused { req, code, message });
-        let prepared = self
-            .launcher
-            .prepare_session(policy, request, extras)
-            .map_err(|e| refuse(refusal(e)))?;
-        let mut launched = prepared.spawn(JailerStderr::Inherit).map_err(|r| {
-            let message = r.error.map_or_else(String::new, |e| e.message);
-            refuse((ErrorCode::Internal, message))
-        })?;
+        let (mut launched, env, pooled) = match self.take_session_jail(policy, request, extras) {
+            // The member holds the env; the report is the session's.
+            Some(taken) => {
+                let env = match (taken.env, env) {
+                    (Some((held, _)), Some((_, report))) => Some((held, report)),
+                    (held, _) => held,
+                };
+                (taken.launched, env, true)
+            }
+            None => {
+                let prepared = self
+                    .launcher
+                    .prepare_session(policy, request, extras)
+                    .map_err(|e| refuse(refusal(e)))?;
+                let launched = prepared.spawn(JailerStderr::Inherit).map_err(|r| {
+                    let message = r.error.map_or_else(String::new, |e| e.message);
+                    refuse((ErrorCode::Internal, message))
+                })?;
+                (launched, env, false)
+            }
+        };
         let requests = launched.take_work_stream().map(OwnedFd::from);
         let wall = SESSION_READY_WITHIN + policy.session.lifetime;
-        let (msg, mut fds) = self.started_for(req, peer, launched, env, "", false, wall);
+        let (msg, mut fds) = self.started_for(req, peer, launched, env, "", pooled, wall);
         if fds.len() == 1 {
             fds.extend(requests);
         }
         Ok((msg, fds))
+    }
+
+    /// A session jail of the pool that is exactly the session's, with its
+    /// limits as the session's.
+    fn take_session_jail(
+        &mut self,
+        policy: &pycell_policy::Policy,
+        request: &RunRequest,
+        extras: &Extras,
+    ) -> Option<crate::pool::Taken> {
+        let resolved = pycell_launch::resolve::resolve_with(policy, request, extras).ok()?;
+        let clocks = pycell_launch::launcher::session_clocks(&policy.session);
+        let wanted =
+            pycell_runner::session::session_spec(&resolved.spec, &policy.warm_imports, clocks);
+        let mut taken = self.pools.take_session(&policy.name, &wanted)?;
+        taken.launched.limits = LimitsReport::from(&resolved.limits);
+        Some(taken)
     }
 
     /// Hand the run to a warm jail of the pool, if one is exactly the jail
@@ -170,6 +200,7 @@ impl Monitor {
             limits: launched.limits,
             egress,
             env: report,
+            ready: warm,
         };
         let process = JailerProcess::new(launched.child, launched.lease, wall, PATIENCE);
         self.runs.insert(

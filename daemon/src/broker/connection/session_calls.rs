@@ -68,7 +68,7 @@ async fn started(
             "the monitor sent no request stream for the session".into(),
         )));
     };
-    let parts = (spawned.events, requests, spawned.services);
+    let parts = (spawned.events, requests, spawned.services, spawned.ready);
     let info = broker
         .open_session(
             peer.uid,
