@@ -194,9 +194,9 @@ async def session_flow(pycell):
     return {"completed": True}
 
 
-def eof_with_sessions(pycell):
-    """Open two sessions over raw JSON-RPC, note their uids, close stdin:
-    the server must exit and leave nothing of them."""
+def eof_with_sessions(pycell, kill=False):
+    """Open two sessions over raw JSON-RPC, note their uids, close stdin
+    (or SIGKILL the server): it must exit and leave nothing of them."""
     p = subprocess.Popen([pycell, *SERVER_ARGS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     n = [0]
 
@@ -228,13 +228,19 @@ def eof_with_sessions(pycell):
         uids.append(r["result"]["structuredContent"]["sandbox_uid"])
         send("tools/call", {"name": "run_python", "arguments": {"session": h, "code": "x = 1"}})
     t0 = time.monotonic()
-    p.stdin.close()
+    if kill:
+        p.kill()
+    else:
+        p.stdin.close()
     try:
         rc = p.wait(timeout=30)
     except subprocess.TimeoutExpired:
         p.kill()
         rc = "hung"
-    time.sleep(0.2)
+    # The jailers stop their jails when their parent goes: give them time.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(processes_with_uid(u) or cgroups_of_uid(u) for u in uids):
+        time.sleep(0.1)
     return {
         "uids": uids,
         "exit": rc,
@@ -268,6 +274,7 @@ async def main():
         print(json.dumps(REPORT))
         return
     await step("eof", lambda: anyio.to_thread.run_sync(eof_with_sessions, ARGS.pycell), timeout=90)
+    await step("killed", lambda: anyio.to_thread.run_sync(eof_with_sessions, ARGS.pycell, True), timeout=90)
     print(json.dumps(REPORT))
 
 

@@ -340,3 +340,87 @@ fn a_session_takes_a_ready_jail_of_the_session_pool() {
     d.client().session_end(&info.session).unwrap();
     d.client().session_end(&other.session).unwrap();
 }
+
+#[test]
+fn a_killed_jailer_kills_its_session_and_a_killed_client_does_not() {
+    let d = Daemon::start("");
+    let info = start(&d, None);
+    let h = info.session.clone();
+    // A client SIGKILLed in the middle of a cell: the session is its
+    // uid's, not the connection's, and goes on.
+    let script = d.dir.path().join("client.py");
+    std::fs::write(&script, RAW_CLIENT_CELL).unwrap();
+    let mut client = Command::new("/usr/bin/python3")
+        .arg(&script)
+        .arg(d.socket())
+        .arg(&h)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    client.kill().unwrap();
+    client.wait().unwrap();
+    let mut c = d.client();
+    let a = cell(&mut c, &h, "slept");
+    assert_eq!(a.reply.value.as_deref(), Some("True"), "{a:?}");
+    // Its jailer SIGKILLed: the session is over, and nothing is left.
+    let jailer = pycell_tests::descendants_of(d.pid() as u32)
+        .into_iter()
+        .find(|p| p.name == "pycell-jailer")
+        .unwrap_or_else(|| panic!("no jailer under the monitor\n{}", d.log()));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(jailer.pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    d.assert_sandbox_gone(Duration::from_secs(10));
+    let (code, message) = refused_code(d.client().session_call(
+        &h,
+        SessionCall::Cell { code: "1".into() },
+        None,
+    ));
+    assert_eq!(code, ErrorCode::SessionKilled, "{message}");
+}
+
+/// A raw client that runs one slow cell in session argv[2] and waits.
+const RAW_CLIENT_CELL: &str = r#"
+import json, socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+def send(m):
+    b = json.dumps(m).encode()
+    s.sendall(struct.pack(">I", len(b)) + b)
+def recv():
+    n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+    return json.loads(s.recv(n, socket.MSG_WAITALL))
+send({"type": "hello", "version": 4, "client": "killed client"})
+recv()
+send({"type": "session", "id": "1", "session": sys.argv[2], "call": {"op": "cell", "code": "import time\ntime.sleep(1.5)\nslept = True"}})
+recv()
+"#;
+
+#[test]
+fn a_session_over_its_memory_limit_is_killed_and_says_oom() {
+    let d = Daemon::start("");
+    let req = SessionStartRequest {
+        limits: pycell_protocol::messages::LimitOverrides {
+            memory_bytes: Some(96 << 20),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let info = d.client().session_start(req, |_| {}).unwrap();
+    let mut c = d.client();
+    let hog = c.session_call(
+        &info.session,
+        SessionCall::Cell {
+            code: "x = bytearray(400 << 20)".into(),
+        },
+        None,
+    );
+    let (code, message) = refused_code(hog);
+    assert_eq!(code, ErrorCode::SessionKilled, "{message}");
+    assert!(message.contains("(oom)"), "{message}");
+    d.assert_sandbox_gone(Duration::from_secs(10));
+}

@@ -232,14 +232,16 @@ fn sessions_keep_state_move_files_show_plots_and_leave_nothing_behind() {
         );
         c.eq("plot", v, "/full_size/mime", "image/png".into());
     }
-    if let Some(v) = c.step("eof") {
-        c.eq("eof", v, "/exit", json!(0));
-        c.check(v["uids"].as_array().is_some_and(|u| u.len() == 2), || {
-            format!("eof: two sessions were not started: {v}")
-        });
-        for left in v["left"].as_object().into_iter().flatten().map(|(_, l)| l) {
-            c.eq("eof", left, "/processes", json!([]));
-            c.eq("eof", left, "/cgroups", json!([]));
+    for (step, exit) in [("eof", json!(0)), ("killed", json!(-9))] {
+        if let Some(v) = c.step(step) {
+            c.eq(step, v, "/exit", exit);
+            c.check(v["uids"].as_array().is_some_and(|u| u.len() == 2), || {
+                format!("{step}: two sessions were not started: {v}")
+            });
+            for left in v["left"].as_object().into_iter().flatten().map(|(_, l)| l) {
+                c.eq(step, left, "/processes", json!([]));
+                c.eq(step, left, "/cgroups", json!([]));
+            }
         }
     }
     c.finish();
