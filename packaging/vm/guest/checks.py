@@ -624,6 +624,35 @@ def check_daemon_warm():
     return f"warm after {tries} run(s): {r.get('wall_ms'):.0f} ms, waited {r.get('warm_waited_ms') or 0:.0f} ms ready, disk {disk} bytes"
 
 
+def check_daemon_session():
+    """A session through the installed service, as a member of the pycell
+    group: state across commands (each its own connection), a file in and
+    out, and nothing of it left once it ends."""
+    def session(*args, input=None):
+        return sh(["pycell", "session", *args], user=MEMBER, input=input)
+
+    rc, handle, err = session("start")
+    expect(rc == 0 and handle.startswith("s-"), f"session start: exit {rc}, {handle!r} {err[-400:]!r}")
+    handle = handle.strip()
+    rc, _, err = session("run", handle, "--code", "x = 41")
+    expect(rc == 0, f"the first cell: exit {rc}, {err[-400:]!r}")
+    rc, out, err = session("run", handle, "-", input="x + 1\n")
+    expect((rc, out) == (0, "42\n"), f"the second cell: exit {rc}, {out!r}, {err[-400:]!r}")
+    rc, _, err = session("run", handle, "--code", "open('out.txt', 'w').write('from the sandbox')")
+    expect(rc == 0, f"writing a file: exit {rc}, {err[-400:]!r}")
+    rc, out, err = session("get", handle, "out.txt")
+    expect((rc, out) == (0, "from the sandbox"), f"session get: exit {rc}, {out!r}, {err[-400:]!r}")
+    rc, out, err = session("get", handle, "../etc/shadow")
+    expect(rc == 125 and "'..'" in err, f"a path outside /workspace: exit {rc}, {err[-400:]!r}")
+    rc, _, err = session("end", handle)
+    expect(rc == 0, f"session end: exit {rc}, {err[-400:]!r}")
+    left = wait_until(lambda: not sandbox_processes(), 15)
+    expect(left, f"processes left after session end: {sandbox_processes()}")
+    rc, _, err = session("run", handle, "--code", "x")
+    expect(rc == 125 and "session_gone" in err, f"a call after the end: exit {rc}, {err[-400:]!r}")
+    return f"session {handle[:12]}...: 42, a file out, nothing left after its end"
+
+
 def check_outsider_refused():
     rc, out, err = sh(["pycell", "run", "--json", "-"], input=PRINT_1, user=OUTSIDER)
     expect(rc != 0, f"{OUTSIDER} (not in group pycell) ran code: exit {rc}, {out[-300:]!r}")
@@ -882,6 +911,7 @@ def main():
         checks += [("service-active", lambda: (make_users(), check_service_active())[1])]
         checks += limit_checks("daemon", [], MEMBER)
         checks += [("daemon-warm", check_daemon_warm), ("escape-daemon", check_escape_daemon)]
+        checks += [("daemon-session", check_daemon_session)]
         checks += [("daemon-outsider-refused", check_outsider_refused)]
         checks += [("daemon-cgroups-delegated", check_cgroups_delegated)]
         checks += [("daemon-egress", check_egress), ("daemon-deps", check_deps)]
