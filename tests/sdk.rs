@@ -10,6 +10,18 @@ use serde_json::Value;
 
 use crate::{compact, output_guarded, pycell_bin, repo_root, require_root};
 
+/// The tools `pycell mcp` lists, in order.
+pub const TOOLS: [&str; 8] = [
+    "run_python",
+    "sandbox_info",
+    "session_start",
+    "write_file",
+    "read_file",
+    "list_files",
+    "session_end",
+    "session_list",
+];
+
 pub fn tools_python() -> PathBuf {
     let p = std::env::var_os("PYCELL_TEST_TOOLS_PYTHON")
         .filter(|v| !v.is_empty())

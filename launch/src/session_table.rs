@@ -10,7 +10,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use pycell_protocol::session::SessionCall;
+use pycell_protocol::session::{SessionCall, SessionEndInfo, SessionSummary};
 use pycell_runner::session::{CellLimits, SessionOp, SessionRequest};
 
 use pycell_wire::codes::FailureCode;
@@ -180,6 +180,52 @@ impl<T: Clone> SessionTable<T> {
     pub fn all(&self) -> Vec<Session> {
         self.live.values().map(|e| e.session.clone()).collect()
     }
+}
+
+/// What a server keeps of a session that says its policy.
+pub trait HeldPolicy {
+    fn policy(&self) -> &pycell_policy::Policy;
+}
+
+impl<T: Clone + HeldPolicy> SessionTable<T> {
+    /// `owner`'s live sessions as `session_list` shows them.
+    pub fn summaries(&mut self, owner: u32) -> Vec<SessionSummary> {
+        let now = Instant::now();
+        self.list(owner)
+            .into_iter()
+            .map(|(handle, e)| {
+                let idle = now - e.last_used;
+                let idle_timeout = e.info.policy().session.idle_timeout;
+                SessionSummary {
+                    session: handle,
+                    policy: e.info.policy().name.clone(),
+                    age_s: (now - e.started).as_secs_f64(),
+                    idle_s: idle.as_secs_f64(),
+                    expires_in_s: idle_timeout.saturating_sub(idle).as_secs_f64(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// A session that ended, as `session_end` reports it.
+pub fn end_info(handle: &str, ended: &SessionEnded) -> SessionEndInfo {
+    SessionEndInfo {
+        session: handle.to_string(),
+        reason: ended.reason.as_str().to_string(),
+        message: ended.message.clone(),
+        peak_memory_bytes: ended.result.peak_memory_bytes,
+    }
+}
+
+/// End `sessions` (their server is stopping), waiting at most `grace`.
+pub async fn end_every(sessions: Vec<Session>, grace: Duration) {
+    let _ = tokio::time::timeout(grace, async {
+        for s in sessions {
+            s.end().await;
+        }
+    })
+    .await;
 }
 
 /// What a call with a handle that names no live session is told.

@@ -11,6 +11,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
 use crate::types::Namespace;
+use crate::units::{parse_duration, parse_size, UnitError};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -192,5 +193,22 @@ impl<'de> Deserialize<'de> for Quantity {
             }
         }
         deserializer.deserialize_any(QuantityVisitor)
+    }
+}
+
+/// A duration as written: whole seconds, or text with a unit.
+pub(crate) fn duration(q: Quantity) -> Result<std::time::Duration, UnitError> {
+    match q {
+        Quantity::Integer(n) => u64::try_from(n)
+            .map(std::time::Duration::from_secs)
+            .map_err(|_| UnitError::NegativeDuration(n)),
+        Quantity::Text(s) => parse_duration(&s),
+    }
+}
+
+pub(crate) fn size(q: Quantity) -> Result<u64, UnitError> {
+    match q {
+        Quantity::Integer(n) => u64::try_from(n).map_err(|_| UnitError::NegativeSize(n)),
+        Quantity::Text(s) => parse_size(&s),
     }
 }

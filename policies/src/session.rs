@@ -7,8 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Diagnostic, FieldPath};
 use crate::limits::between;
-use crate::raw::{Quantity, RawSession};
-use crate::validate::{duration, size};
+use crate::raw::{duration, size, Quantity, RawSession};
 
 /// The largest file a session moves in one request (the protocol's bound).
 pub const MAX_FILE_CEILING: u64 = 8 << 20;

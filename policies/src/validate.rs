@@ -10,14 +10,14 @@ use std::time::Duration;
 use crate::error::{Diagnostic, FieldPath};
 use crate::limits::{between, LimitCeilings, Limits, OPEN_FILES_RANGE, PIDS_RANGE};
 use crate::network::{EgressLimits, EgressRules, Host, Rule, RuleKind, Scheme};
+use crate::raw::{duration, size};
 use crate::raw::{
-    Quantity, RawCeilings, RawDependencies, RawInstall, RawLandlock, RawLimits, RawMount,
-    RawNetwork, RawNetworkMode, RawPolicy, RawSeccomp,
+    RawCeilings, RawDependencies, RawInstall, RawLandlock, RawLimits, RawMount, RawNetwork,
+    RawNetworkMode, RawPolicy, RawSeccomp,
 };
 use crate::types::{
     Dependencies, InstallSource, Interpreter, LandlockRules, Namespace, NetworkMode, ReadOnlyMount,
 };
-use crate::units::{parse_duration, parse_size, UnitError};
 use crate::Policy;
 
 /// Whether every field must be written out. Shipped policies are complete so
@@ -378,22 +378,6 @@ fn check_ceilings(
         ));
     }
     Ok(ceilings)
-}
-
-pub(crate) fn duration(q: Quantity) -> std::result::Result<Duration, UnitError> {
-    match q {
-        Quantity::Integer(n) => u64::try_from(n)
-            .map(Duration::from_secs)
-            .map_err(|_| UnitError::NegativeDuration(n)),
-        Quantity::Text(s) => parse_duration(&s),
-    }
-}
-
-pub(crate) fn size(q: Quantity) -> std::result::Result<u64, UnitError> {
-    match q {
-        Quantity::Integer(n) => u64::try_from(n).map_err(|_| UnitError::NegativeSize(n)),
-        Quantity::Text(s) => parse_size(&s),
-    }
 }
 
 fn check_mounts(raw: Vec<RawMount>, path: &FieldPath) -> Result<Vec<ReadOnlyMount>> {

@@ -14,6 +14,7 @@
 pub mod client;
 pub mod framing;
 pub mod info;
+pub mod limits;
 pub mod messages;
 pub mod result;
 pub mod session;

@@ -14,25 +14,7 @@ pub const PROTOCOL_VERSION: u32 = 4;
 /// Largest code (and largest stdin) a request may carry.
 pub const MAX_CODE_BYTES: usize = 16 << 20;
 
-/// Limits a caller may ask for instead of the policy's. Each is checked
-/// against the same ranges as policy files.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitOverrides {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout_s: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pids: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    /// Bytes the run may store in /workspace, /tmp and /dev/shm together
-    /// (`workspace_bytes` is its old name, still accepted).
-    #[serde(alias = "workspace_bytes")]
-    pub disk_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_output_bytes: Option<u64>,
-}
+pub use crate::limits::LimitOverrides;
 
 /// One sandboxed run: what to execute and under which policy.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use pycell_runner::session::RunnerReply;
 use pycell_wire::events::ReplyMeasure;
 
-use crate::messages::LimitOverrides;
+use crate::limits::LimitOverrides;
 use crate::result::{EnvReport, LimitsReport};
 
 /// `session_start`: the session's policy, limits and dependencies (fixed
@@ -47,21 +47,27 @@ pub enum SessionCall {
     List { path: String },
 }
 
-/// A started session, as `session_started` reports it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A started session, as `session_started` reports it (and MCP's
+/// `session_start`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionInfo {
-    /// The handle to name in later messages.
+    /// The handle: name it in later calls (MCP: pass it as `session` to run_python, write_file, read_file, list_files and session_end).
     pub session: String,
     /// The session jail's run id (in the audit log).
     pub run_id: String,
     pub policy: String,
+    /// Host uid the session's code runs as (unique to it, no account has it).
     pub sandbox_uid: u32,
-    /// Each cell's limits (memory, pids and disk hold for the session).
+    /// Each cell's limits (wall_timeout_s is a cell's default timeout); memory, processes and disk hold for the whole session.
     pub limits: LimitsReport,
+    /// A session with no call for this long is ended.
     pub idle_timeout_s: f64,
+    /// The session is ended this long after it started.
     pub lifetime_s: f64,
+    /// The largest file moved in or out at once, in bytes.
     pub max_file_bytes: u64,
+    /// The session's packages (when it has dependencies).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<EnvReport>,
 }
@@ -84,23 +90,26 @@ pub struct SessionAnswer {
 }
 
 /// A session that ended, as `session_ended` reports it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionEndInfo {
     pub session: String,
     /// `ended` when this call ended it; else why it had ended.
     pub reason: String,
     pub message: String,
+    /// The session's peak memory, in bytes.
     pub peak_memory_bytes: u64,
 }
 
 /// One session of `sessions`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionSummary {
     pub session: String,
     pub policy: String,
+    /// Seconds since it started.
     pub age_s: f64,
+    /// Seconds since its last call.
     pub idle_s: f64,
     /// Seconds left before the idle timeout ends it.
     pub expires_in_s: f64,

@@ -106,21 +106,7 @@ fn inspector_lists_portable_tool_schemas() {
         .as_array()
         .map(|a| a.iter().filter_map(|t| t["name"].as_str()).collect())
         .unwrap_or_default();
-    assert_eq!(
-        names,
-        [
-            "run_python",
-            "sandbox_info",
-            "session_start",
-            "write_file",
-            "read_file",
-            "list_files",
-            "session_end",
-            "session_list"
-        ],
-        "{}",
-        o.describe()
-    );
+    assert_eq!(names, pycell_tests::sdk::TOOLS, "{}", o.describe());
     for t in v["tools"].as_array().into_iter().flatten() {
         assert_eq!(t["inputSchema"]["type"], "object", "{t}");
         assert_eq!(t["outputSchema"]["type"], "object", "{t}");

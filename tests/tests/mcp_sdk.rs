@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use pycell_tests::compact;
-use pycell_tests::sdk::{num, sdk_report, Checks};
+use pycell_tests::sdk::{num, sdk_report, Checks, TOOLS};
 use serde_json::Value;
 
 /// The whole script takes ~10 s here; a hang must fail, not stall CI.
@@ -74,31 +74,8 @@ fn the_official_python_sdk_drives_pycell_mcp() {
 
     // Tools and their schemas.
     if let Some(v) = c.step("tools") {
-        c.eq(
-            "tools",
-            v,
-            "/names",
-            serde_json::json!([
-                "run_python",
-                "sandbox_info",
-                "session_start",
-                "write_file",
-                "read_file",
-                "list_files",
-                "session_end",
-                "session_list"
-            ]),
-        );
-        for tool in [
-            "run_python",
-            "sandbox_info",
-            "session_start",
-            "write_file",
-            "read_file",
-            "list_files",
-            "session_end",
-            "session_list",
-        ] {
+        c.eq("tools", v, "/names", serde_json::json!(TOOLS));
+        for tool in TOOLS {
             for key in ["input_schema_problems", "output_schema_problems"] {
                 c.eq(
                     "tools",

@@ -1,20 +1,11 @@
-//! A session cell's result, as `run_python` with `session` returns it: the
-//! same shape as a run's ([`RunPythonOutput`]), with what only a cell has
-//! under `cell` (the last expression's value, the exception, the files it
-//! changed, its images), and its images as MCP image content beside the
-//! text.
+//! What only a session cell's result has, under `cell` of `run_python`'s
+//! result (the last expression's value, the exception, the files it
+//! changed, its images), and its part of the text.
 
-use base64::Engine;
-use rmcp::model::ContentBlock;
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use pycell_launch::session::Answer;
 use pycell_runner::session::{ChangedFile, ReplyImage};
-use pycell_wire::codes::{FailureCode, Layer};
-use pycell_wire::report::RunStatus;
-
-use super::output::{ErrorInfo, RunPythonOutput};
 
 /// What a session cell has beyond a run's result.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -90,90 +81,13 @@ impl From<&ChangedFile> for FileChange {
     }
 }
 
-fn image_info(i: &ReplyImage) -> ImageInfo {
+pub fn image_info(i: &ReplyImage) -> ImageInfo {
     ImageInfo {
         path: i.path.clone(),
         width: i.width,
         height: i.height,
         png_bytes: (i.png.len() as u64 * 3) / 4,
     }
-}
-
-/// A cell's answer as `run_python`'s result, and the image content to
-/// send with it.
-pub fn cell_result(session: &str, a: Answer) -> (RunPythonOutput, Vec<ContentBlock>) {
-    let timeout_s = a.timeout_s;
-    let m = &a.measure;
-    let r = &a.reply;
-    let status = match (&r.refused, m.interrupted, &r.error) {
-        (Some(_), _, _) => RunStatus::Error,
-        (None, true, _) => RunStatus::Timeout,
-        (None, false, Some(_)) => RunStatus::Error,
-        (None, false, None) => RunStatus::Ok,
-    };
-    let error = match (&r.refused, status) {
-        (Some(why), _) => Some(ErrorInfo {
-            code: FailureCode::Internal,
-            layer: Layer::Sessions,
-            message: why.clone(),
-            hint: None,
-        }),
-        (None, RunStatus::Timeout) => Some(ErrorInfo {
-            code: FailureCode::Timeout,
-            layer: Layer::Limits,
-            message: format!("the cell ran past its timeout of {timeout_s} s and was interrupted (KeyboardInterrupt); the session goes on, with everything the cell did before"),
-            hint: Some("pass a larger timeout_s, or do the work in smaller cells".into()),
-        }),
-        _ => None,
-    };
-    let images: Vec<ContentBlock> = r
-        .images
-        .iter()
-        .filter(|i| {
-            base64::engine::general_purpose::STANDARD
-                .decode(&i.png)
-                .is_ok()
-        })
-        .map(|i| ContentBlock::image(i.png.clone(), "image/png"))
-        .collect();
-    let out = RunPythonOutput {
-        run_id: a.run_id.clone(),
-        status,
-        exit_code: None,
-        signal: None,
-        stdout: a.stdout.clone(),
-        stderr: a.stderr.clone(),
-        stdout_truncated: m.stdout_truncated,
-        stderr_truncated: m.stderr_truncated,
-        duration_ms: m.wall_ms,
-        cpu_ms: m.cpu_ms,
-        peak_memory_bytes: m.peak_memory_bytes,
-        disk_used_bytes: 0,
-        warm: true,
-        policy: a.policy.clone(),
-        limits: None,
-        layers: None,
-        error,
-        network: None,
-        env: None,
-        cell: Some(CellInfo {
-            session: session.to_string(),
-            number: r.cell.unwrap_or(0),
-            value: r.value.clone(),
-            value_truncated: r.value_truncated,
-            exception: r.error.as_ref().map(|e| CellException {
-                kind: e.kind.clone(),
-                message: e.message.clone(),
-                traceback: e.traceback.clone(),
-            }),
-            files: r.files.iter().map(FileChange::from).collect(),
-            files_truncated: r.files_truncated,
-            images: r.images.iter().map(image_info).collect(),
-            images_omitted: r.images_omitted,
-            memory_bytes: m.memory_bytes,
-        }),
-    };
-    (out, images)
 }
 
 /// The cell part of a result for a cell that never ran (its session

@@ -38,9 +38,10 @@ use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
 use pycell_wire::report::JailFailure;
 
-use super::sessions::SessionHeld;
 use crate::embedded::{self, stopped, Installer};
 use pycell_launch::session_table::SessionTable;
+use pycell_policy::Policy;
+use pycell_protocol::result::LimitsReport;
 
 /// Sandboxes one server runs at once; further calls wait for a slot. Each
 /// sandbox is bounded by its policy, but a client firing calls in parallel
@@ -91,6 +92,15 @@ impl DaemonEvent {
             }
         }
     }
+}
+
+/// What this process keeps of an embedded session besides the session.
+#[derive(Debug, Clone)]
+pub struct SessionHeld {
+    pub policy: Arc<Policy>,
+    pub limits: LimitsReport,
+    /// Its env, held in use (safe from removal) while the session lives.
+    pub env: Option<Arc<Ensured>>,
 }
 
 /// Runs requests in sandboxes. Cheap to clone; clones share one set of

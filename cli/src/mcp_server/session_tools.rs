@@ -14,14 +14,16 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use pycell_protocol::result::{EnvReport, LimitsReport};
-use pycell_protocol::session::{SessionCall, SessionStartRequest};
+use pycell_protocol::session::{
+    SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
+};
 
-use super::cell_output::cell_result;
+use super::cell_output::{image_info, CellException, CellInfo, FileChange};
 use super::output::{human_bytes, ErrorInfo, RunPythonOutput};
 use super::sessions::SessionFailure;
 use super::tools::portable;
 use super::PycellServer;
+use pycell_launch::session::Answer;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::RunStatus;
 
@@ -94,26 +96,8 @@ pub struct SessionEndArgs {
     pub session: String,
 }
 
-/// What `session_start` returns.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct SessionStartOutput {
-    /// The handle: pass it as `session` to run_python, write_file, read_file, list_files and session_end.
-    pub session: String,
-    pub policy: String,
-    /// Host uid the session's code runs as (unique to it, no account has it).
-    pub sandbox_uid: u32,
-    /// Each cell's limits (wall_timeout_s is a cell's default timeout); memory, processes and disk hold for the whole session.
-    pub limits: LimitsReport,
-    /// A session with no call for this long is ended.
-    pub idle_timeout_s: f64,
-    /// The session is ended this long after it started.
-    pub lifetime_s: f64,
-    /// The largest file write_file and read_file move at once, in bytes.
-    pub max_file_bytes: u64,
-    /// The session's packages (when it has dependencies).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub env: Option<EnvReport>,
-}
+/// What `session_start` returns: the protocol's description of a session.
+type SessionStartOutput = SessionInfo;
 
 /// What `write_file` returns.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -162,28 +146,7 @@ pub struct ListFilesOutput {
 }
 
 /// What `session_end` returns.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct SessionEndOutput {
-    pub session: String,
-    /// `ended` when this call ended it; otherwise why it had already ended.
-    pub reason: String,
-    pub message: String,
-    /// The session's peak memory, in bytes.
-    pub peak_memory_bytes: u64,
-}
-
-/// One session of `session_list`.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct SessionSummary {
-    pub session: String,
-    pub policy: String,
-    /// Seconds since it started.
-    pub age_s: f64,
-    /// Seconds since its last call.
-    pub idle_s: f64,
-    /// Seconds left before its idle timeout ends it.
-    pub expires_in_s: f64,
-}
+type SessionEndOutput = SessionEndInfo;
 
 /// What `session_list` returns.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -238,17 +201,7 @@ impl PycellServer {
             ..SessionStartRequest::default()
         };
         match self.sandboxes.start_session(req).await {
-            Ok(i) => {
-                let out = SessionStartOutput {
-                    session: i.session,
-                    policy: i.policy,
-                    sandbox_uid: i.sandbox_uid,
-                    limits: i.limits,
-                    idle_timeout_s: i.idle_timeout_s,
-                    lifetime_s: i.lifetime_s,
-                    max_file_bytes: i.max_file_bytes,
-                    env: i.env,
-                };
+            Ok(out) => {
                 let text = format!(
                     "session {} started (policy {}): pass it as `session` to run_python, write_file, read_file, list_files and session_end. Variables, imports and /workspace files persist between its cells. It ends after {} s without a call, or {} s after it started.",
                     out.session, out.policy, out.idle_timeout_s, out.lifetime_s
@@ -418,13 +371,7 @@ impl PycellServer {
             Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
         };
         match self.sandboxes.end_session(&a.session).await {
-            Ok(e) => {
-                let out = SessionEndOutput {
-                    session: e.session,
-                    reason: e.reason,
-                    message: e.message,
-                    peak_memory_bytes: e.peak_memory_bytes,
-                };
+            Ok(out) => {
                 let text = format!("session {} ended: {}", out.session, out.message);
                 structured(&out, text, vec![])
             }
@@ -433,17 +380,8 @@ impl PycellServer {
     }
 
     pub(super) async fn session_list(&self) -> CallToolResult {
-        let sessions: Vec<SessionSummary> = match self.sandboxes.list_sessions().await {
-            Ok(l) => l
-                .into_iter()
-                .map(|s| SessionSummary {
-                    session: s.session,
-                    policy: s.policy,
-                    age_s: s.age_s,
-                    idle_s: s.idle_s,
-                    expires_in_s: s.expires_in_s,
-                })
-                .collect(),
+        let sessions = match self.sandboxes.list_sessions().await {
+            Ok(l) => l,
             Err(f) => return failure(SESSION_LIST, &f),
         };
         let mut text = format!("{} open sessions\n", sessions.len());
@@ -670,4 +608,81 @@ pub fn session_tools() -> Vec<Tool> {
         ),
         list,
     ]
+}
+
+/// A cell's answer as `run_python`'s result, and the image content to
+/// send with it.
+pub fn cell_result(session: &str, a: Answer) -> (RunPythonOutput, Vec<ContentBlock>) {
+    let timeout_s = a.timeout_s;
+    let m = &a.measure;
+    let r = &a.reply;
+    let status = match (&r.refused, m.interrupted, &r.error) {
+        (Some(_), _, _) => RunStatus::Error,
+        (None, true, _) => RunStatus::Timeout,
+        (None, false, Some(_)) => RunStatus::Error,
+        (None, false, None) => RunStatus::Ok,
+    };
+    let error = match (&r.refused, status) {
+        (Some(why), _) => Some(ErrorInfo {
+            code: FailureCode::Internal,
+            layer: Layer::Sessions,
+            message: why.clone(),
+            hint: None,
+        }),
+        (None, RunStatus::Timeout) => Some(ErrorInfo {
+            code: FailureCode::Timeout,
+            layer: Layer::Limits,
+            message: format!("the cell ran past its timeout of {timeout_s} s and was interrupted (KeyboardInterrupt); the session goes on, with everything the cell did before"),
+            hint: Some("pass a larger timeout_s, or do the work in smaller cells".into()),
+        }),
+        _ => None,
+    };
+    let images: Vec<ContentBlock> = r
+        .images
+        .iter()
+        .filter(|i| {
+            base64::engine::general_purpose::STANDARD
+                .decode(&i.png)
+                .is_ok()
+        })
+        .map(|i| ContentBlock::image(i.png.clone(), "image/png"))
+        .collect();
+    let out = RunPythonOutput {
+        run_id: a.run_id.clone(),
+        status,
+        exit_code: None,
+        signal: None,
+        stdout: a.stdout.clone(),
+        stderr: a.stderr.clone(),
+        stdout_truncated: m.stdout_truncated,
+        stderr_truncated: m.stderr_truncated,
+        duration_ms: m.wall_ms,
+        cpu_ms: m.cpu_ms,
+        peak_memory_bytes: m.peak_memory_bytes,
+        disk_used_bytes: 0,
+        warm: true,
+        policy: a.policy.clone(),
+        limits: None,
+        layers: None,
+        error,
+        network: None,
+        env: None,
+        cell: Some(CellInfo {
+            session: session.to_string(),
+            number: r.cell.unwrap_or(0),
+            value: r.value.clone(),
+            value_truncated: r.value_truncated,
+            exception: r.error.as_ref().map(|e| CellException {
+                kind: e.kind.clone(),
+                message: e.message.clone(),
+                traceback: e.traceback.clone(),
+            }),
+            files: r.files.iter().map(FileChange::from).collect(),
+            files_truncated: r.files_truncated,
+            images: r.images.iter().map(image_info).collect(),
+            images_omitted: r.images_omitted,
+            memory_bytes: m.memory_bytes,
+        }),
+    };
+    (out, images)
 }

@@ -27,20 +27,17 @@ use pycell_wire::codes::FailureCode;
 use pycell_wire::report::JailFailure;
 use tokio_util::sync::CancellationToken;
 
-use super::sandboxes::{RequestError, Sandboxes};
+use super::sandboxes::{RequestError, Sandboxes, SessionHeld};
 use crate::embedded::Installer;
 
 /// How long a session's python may take to import its policy's modules
 /// and get ready.
 const READY_WITHIN: Duration = Duration::from_secs(60);
 
-/// What this process keeps of an embedded session besides the session.
-#[derive(Debug, Clone)]
-pub struct SessionHeld {
-    pub policy: Arc<Policy>,
-    pub limits: LimitsReport,
-    /// Its env, held in use (safe from removal) while the session lives.
-    pub env: Option<Arc<Ensured>>,
+impl session_table::HeldPolicy for SessionHeld {
+    fn policy(&self) -> &Policy {
+        &self.policy
+    }
 }
 
 /// A session call that could not be served; `code` is stable.
@@ -354,12 +351,7 @@ impl Sandboxes {
         if let Ok(mut t) = self.sessions() {
             t.forget(handle, ended.clone());
         }
-        Ok(SessionEndInfo {
-            session: handle.to_string(),
-            reason: ended.reason.as_str().to_string(),
-            message: ended.message.clone(),
-            peak_memory_bytes: ended.result.peak_memory_bytes,
-        })
+        Ok(session_table::end_info(handle, &ended))
     }
 
     /// The open sessions (this process's, or this uid's in pycelld).
@@ -367,42 +359,17 @@ impl Sandboxes {
         if let Some(socket) = self.daemon() {
             return via_daemon(socket, |c| c.session_list()).await;
         }
-        let now = Instant::now();
-        let listed = self
+        Ok(self
             .sessions()
-            .map(|mut t| t.list(owner()))
-            .unwrap_or_default();
-        Ok(listed
-            .into_iter()
-            .map(|(handle, e)| {
-                let idle = now - e.last_used;
-                SessionSummary {
-                    session: handle,
-                    policy: e.info.policy.name.clone(),
-                    age_s: (now - e.started).as_secs_f64(),
-                    idle_s: idle.as_secs_f64(),
-                    expires_in_s: e
-                        .info
-                        .policy
-                        .session
-                        .idle_timeout
-                        .saturating_sub(idle)
-                        .as_secs_f64(),
-                }
-            })
-            .collect())
+            .map(|mut t| t.summaries(owner()))
+            .unwrap_or_default())
     }
 
     /// End every embedded session (the server is stopping), waiting at
     /// most `grace`. Sessions in pycelld outlive this process.
     pub(super) async fn end_all_sessions(&self, grace: Duration) {
         let all = self.sessions().map(|t| t.all()).unwrap_or_default();
-        let _ = tokio::time::timeout(grace, async {
-            for s in all {
-                s.end().await;
-            }
-        })
-        .await;
+        session_table::end_every(all, grace).await;
     }
 }
 

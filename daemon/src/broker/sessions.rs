@@ -16,7 +16,7 @@ use pycell_launch::session::{JailerControl, Session, SessionError, SessionParts}
 use pycell_launch::session_table::{self, Entry, Lookup, SessionTable};
 use pycell_launch::supervisor::RunStream;
 use pycell_policy::Policy;
-use pycell_protocol::messages::{ErrorCode, RunRequest, ServerMessage};
+use pycell_protocol::messages::{ErrorCode, RunRequest};
 use pycell_protocol::result::{EnvReport, LimitsReport};
 use pycell_protocol::session::{
     SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
@@ -32,6 +32,12 @@ use crate::link::ToMonitor;
 
 /// How long a session's python may take to get ready.
 const READY_WITHIN: Duration = crate::monitor::SESSION_READY_WITHIN;
+
+impl session_table::HeldPolicy for Held {
+    fn policy(&self) -> &Policy {
+        &self.policy
+    }
+}
 
 /// What the broker keeps of a session besides the session itself.
 #[derive(Debug, Clone)]
@@ -287,56 +293,20 @@ impl Broker {
         if let Ok(mut t) = self.sessions.lock() {
             t.forget(handle, ended.clone());
         }
-        Ok(SessionEndInfo {
-            session: handle.to_string(),
-            reason: ended.reason.as_str().to_string(),
-            message: ended.message.clone(),
-            peak_memory_bytes: ended.result.peak_memory_bytes,
-        })
+        Ok(session_table::end_info(handle, &ended))
     }
 
     pub(crate) fn list_sessions(&self, uid: u32) -> Vec<SessionSummary> {
-        let now = Instant::now();
-        let listed = self
-            .sessions
+        self.sessions
             .lock()
-            .map(|mut t| t.list(uid))
-            .unwrap_or_default();
-        listed
-            .into_iter()
-            .map(|(handle, e)| {
-                let idle = now - e.last_used;
-                SessionSummary {
-                    session: handle,
-                    policy: e.info.policy.name.clone(),
-                    age_s: (now - e.started).as_secs_f64(),
-                    idle_s: idle.as_secs_f64(),
-                    expires_in_s: e
-                        .info
-                        .policy
-                        .session
-                        .idle_timeout
-                        .saturating_sub(idle)
-                        .as_secs_f64(),
-                }
-            })
-            .collect()
+            .map(|mut t| t.summaries(uid))
+            .unwrap_or_default()
     }
 
     /// End every session (pycelld stops), waiting at most `grace`.
     pub(crate) async fn end_all_sessions(&self, grace: Duration) {
         self.session_stop.cancel();
         let all = self.sessions.lock().map(|t| t.all()).unwrap_or_default();
-        let _ = tokio::time::timeout(grace, async {
-            for s in all {
-                s.end().await;
-            }
-        })
-        .await;
+        session_table::end_every(all, grace).await;
     }
-}
-
-/// The reply for a session message refused.
-pub(crate) fn refusal(id: &str, (code, message): Refused) -> ServerMessage {
-    super::connection::error(Some(id), code, message)
 }

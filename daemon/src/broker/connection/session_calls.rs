@@ -8,8 +8,8 @@ use std::sync::Arc;
 use pycell_protocol::messages::{ClientMessage, ErrorCode, ServerMessage};
 use pycell_protocol::session::{SessionCall, SessionStartRequest};
 
-use super::{admit, ordered, reply_during_run, start, Conn, NotStarted};
-use crate::broker::sessions::{refusal, start_request};
+use super::{admit, error, ordered, reply_during_run, start, Conn, NotStarted};
+use crate::broker::sessions::{start_request, Refused};
 use crate::broker::{Broker, Peer};
 use crate::link::ToMonitor;
 
@@ -153,4 +153,9 @@ pub(super) async fn list(broker: &Arc<Broker>, conn: &mut Conn, peer: Peer, id: 
     conn.out
         .send(ServerMessage::Sessions { id, sessions })
         .await
+}
+
+/// The reply for a session message refused.
+fn refusal(id: &str, (code, message): Refused) -> ServerMessage {
+    error(Some(id), code, message)
 }
