@@ -10,8 +10,8 @@ bench/run's pycelld. Rows, medians:
     the daemon, against a `session_list` tool call (MCP's floor);
   - session_start with a session jail of the pool ready (pycelld's
     `session_pools`, paced so that the pool refills), and session_end (its
-    jail gone), against a cold `pycell run print(1)` through the same
-    daemon;
+    jail gone), against `pycell run print(1)` through the same daemon
+    (warm, from its run pool);
   - idle memory of a session (its cgroup's, after one cell), under default
     and data-science.
 
@@ -191,7 +191,7 @@ def main():
     row("MCP: run_python `x += 1` in a session", mcells, mfloor)
     n = max(5, a.runs // 10)
     cold, started, ended = starts(a.socket, a.pycell, n)
-    row(f"pycell run print(1), cold, through pycelld ({n} runs)", cold)
+    row(f"pycell run print(1) through pycelld ({n} runs)", cold)
     row("session_start (a pooled jail taken, clocks started)", started, cold)
     row("session_end (jail gone)", ended, cold)
     for policy in ("default", "data-science"):

@@ -61,7 +61,7 @@ pub struct JailSpec {
     /// A session: a warm jail whose runner serves requests (cells, file
     /// operations) one at a time, for as long as the session lives (see
     /// `pycell_runner::session`). Needs `warm`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionSpec>,
 }
 
