@@ -96,6 +96,7 @@ fn request(args: &RunArgs) -> Result<RunRequest, String> {
         policy: Some(args.policy.clone()),
         limits: limit_flags(args)?,
         dependencies: listed_dependencies(args.requirements.as_deref(), &args.with)?,
+        files: Vec::new(),
     };
     req.set_stdin(&stdin);
     Ok(req)

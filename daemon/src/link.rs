@@ -67,6 +67,10 @@ pub struct RunOrder {
     pub filename: Option<String>,
     pub args: Vec<String>,
     pub stdin_base64: Option<String>,
+    /// Files for /workspace, opaque to root too (bounded and named as
+    /// the launch path checks).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<pycell_protocol::messages::InputFile>,
     /// The run's dependencies, gathered and normalized, if it has any.
     pub dependencies: Option<DepsRequest>,
     /// A session's jail (see `pycell_runner::session`), not a run's: its
@@ -119,6 +123,7 @@ impl RunOrder {
                 max_output_bytes: Some(l.max_output_bytes),
             },
             dependencies: Vec::new(),
+            files: self.files.clone(),
         }
     }
 
@@ -284,6 +289,7 @@ mod tests {
             filename: None,
             args: Vec::new(),
             stdin_base64: None,
+            files: Vec::new(),
             dependencies: deps.map(|d| DepsRequest {
                 requirements: d.into_iter().map(str::to_string).collect(),
                 requires_python: None,

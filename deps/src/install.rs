@@ -117,10 +117,7 @@ pub fn job(
         extras: Extras {
             env: None,
             mounts,
-            files: vec![WorkspaceFile {
-                name: "requirements.in".to_string(),
-                contents: requirements,
-            }],
+            files: vec![WorkspaceFile::text("requirements.in", requirements)],
             export_workspace: true,
         },
         source,

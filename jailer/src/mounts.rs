@@ -392,7 +392,7 @@ fn mount_disk(dev: &Path, layout: &RootfsLayout<'_>) -> Result<(), MountError> {
     fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o1777))
         .map_err(err("chmod 1777 /tmp"))?;
     for f in layout.files {
-        write_file(&ws.join(&f.name), f.contents.as_bytes(), 0o644)?;
+        write_file(&ws.join(&f.name), f.bytes(), 0o644)?;
     }
     for (from, to) in [
         (&ws, staged(Path::new(WORKSPACE))),

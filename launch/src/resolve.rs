@@ -12,7 +12,9 @@ use pycell_wire::spec::{
     CA_CERTIFICATES, EGRESS_PROXY_PORT, WORKSPACE,
 };
 
-use pycell_protocol::messages::{LimitOverrides, RunRequest, MAX_CODE_BYTES};
+use pycell_protocol::messages::{
+    decode_b64, LimitOverrides, RunRequest, MAX_CODE_BYTES, MAX_INPUT_FILES,
+};
 
 /// Where policies installed by the operator live.
 pub const POLICY_DIR: &str = "/etc/pycell/policies";
@@ -318,6 +320,51 @@ fn checked_input(req: &RunRequest) -> Result<Vec<u8>, ResolveError> {
     Ok(stdin)
 }
 
+/// The request's input files, checked: plain names, none the script's,
+/// each once, at most [`MAX_INPUT_FILES`], [`MAX_CODE_BYTES`] together.
+fn input_files(req: &RunRequest) -> Result<Vec<WorkspaceFile>, ResolveError> {
+    if req.files.len() > MAX_INPUT_FILES {
+        return Err(bad_request(
+            "files",
+            format!("{} files; at most {MAX_INPUT_FILES}", req.files.len()),
+        ));
+    }
+    let encoded: usize = req.files.iter().map(|f| f.data_base64.len()).sum();
+    if encoded / 4 * 3 > MAX_CODE_BYTES {
+        return Err(bad_request(
+            "files",
+            format!(
+                "more than the {} MiB allowed together",
+                MAX_CODE_BYTES >> 20
+            ),
+        ));
+    }
+    let script = script_name(req.filename.as_deref());
+    let mut files = Vec::with_capacity(req.files.len());
+    for f in &req.files {
+        let n = f.name.as_str();
+        let plain =
+            !n.is_empty() && n.len() <= 255 && !n.contains(['/', '\0']) && n != "." && n != "..";
+        if !plain {
+            return Err(bad_request("files", format!("{n:?} is not a plain file name (no '/'): input files go directly into /workspace")));
+        }
+        if n == script || files.iter().any(|w: &WorkspaceFile| w.name == n) {
+            return Err(bad_request(
+                "files",
+                format!("{n:?} is given twice (or is the script's own name)"),
+            ));
+        }
+        let data =
+            decode_b64(&f.data_base64).map_err(|e| bad_request("files", format!("{n:?}: {e}")))?;
+        files.push(WorkspaceFile {
+            name: n.to_string(),
+            contents: String::new(),
+            data,
+        });
+    }
+    Ok(files)
+}
+
 /// The limits in the jailer's units.
 fn jail_limits(l: &Limits) -> JailLimits {
     JailLimits {
@@ -431,12 +478,10 @@ pub fn resolve_with(
         sandbox_gid: 0,
         argv,
         env: jail_env(policy),
-        files: std::iter::once(WorkspaceFile {
-            name,
-            contents: req.code.clone(),
-        })
-        .chain(extras.files.iter().cloned())
-        .collect(),
+        files: std::iter::once(WorkspaceFile::text(name, req.code.clone()))
+            .chain(input_files(req)?)
+            .chain(extras.files.iter().cloned())
+            .collect(),
         stdin,
         mounts,
         limits: jail_limits(&limits),
@@ -503,6 +548,40 @@ fn jail_env(policy: &Policy) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pycell_protocol::messages::{encode_b64, InputFile};
+
+    fn with_files(names: &[&str]) -> RunRequest {
+        RunRequest {
+            files: names
+                .iter()
+                .map(|n| InputFile {
+                    name: n.to_string(),
+                    data_base64: encode_b64(b"\x00\xffbytes"),
+                })
+                .collect(),
+            ..RunRequest::default()
+        }
+    }
+
+    #[test]
+    fn input_files_are_plain_names_once_with_their_bytes() {
+        let files = input_files(&with_files(&["a.csv", "b.bin"])).unwrap();
+        assert_eq!(files.len(), 2);
+        assert_eq!(files[1].bytes(), b"\x00\xffbytes");
+        for bad in [&["d/a.csv"][..], &[".."], &[""], &["a", "a"], &["main.py"]] {
+            let e = input_files(&with_files(bad)).unwrap_err();
+            assert!(
+                matches!(e, ResolveError::BadRequest { field: "files", .. }),
+                "{bad:?}: {e}"
+            );
+        }
+        let mut r = with_files(&["a"]);
+        r.files[0].data_base64 = "not base64!".into();
+        assert!(input_files(&r).is_err());
+        let many: Vec<String> = (0..=MAX_INPUT_FILES).map(|i| format!("f{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(input_files(&with_files(&many)).is_err());
+    }
 
     #[test]
     fn script_names() {

@@ -40,7 +40,21 @@ pub struct RunRequest {
     /// besides those of a PEP 723 block in `code`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dependencies: Vec<String>,
+    /// Files put into /workspace before the code runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<InputFile>,
 }
+
+/// A file for /workspace: a plain name (no `/`), its bytes in base64.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputFile {
+    pub name: String,
+    pub data_base64: String,
+}
+
+/// Most input files a run may have.
+pub const MAX_INPUT_FILES: usize = 64;
 
 impl RunRequest {
     pub fn stdin_bytes(&self) -> Result<Vec<u8>, BadBase64> {

@@ -92,6 +92,20 @@ async def basics(session, schemas):
     return out
 
 
+async def input_files(session, schemas):
+    """A one-shot run_python with input files: text and bytes, read by name."""
+    blob = bytes(range(256))
+    files = [
+        {"path": "in.csv", "content": "a,b\n1,2\n3,4\n"},
+        {"path": "blob.bin", "content_base64": base64.b64encode(blob).decode()},
+    ]
+    code = "import csv\nrows = list(csv.DictReader(open('in.csv')))\nprint(len(rows), open('blob.bin', 'rb').read() == bytes(range(256)))"
+    out = {"ok": await call(session, schemas, {"code": code, "files": files})}
+    out["nested"] = await call(session, schemas, {"code": "1", "files": [{"path": "d/x.csv", "content": ""}]})
+    out["both"] = await call(session, schemas, {"code": "1", "files": [{"path": "x", "content": "a", "content_base64": "YQ=="}]})
+    return out
+
+
 async def isolation(session, schemas):
     a = structured(await call(session, schemas, {}, name="session_start")).get("session")
     b = structured(await call(session, schemas, {}, name="session_start")).get("session")
@@ -185,6 +199,7 @@ async def session_flow(pycell):
                 schemas[t.name] = t.output_schema
             await step("basics", lambda: basics(session, schemas), timeout=120)
             await step("isolation", lambda: isolation(session, schemas))
+            await step("input_files", lambda: input_files(session, schemas))
             await step("too_many", lambda: too_many(session, schemas))
             await step("stubborn", lambda: stubborn(session, schemas))
             # data-science's packages (numpy, pandas, matplotlib) come from

@@ -180,6 +180,12 @@ fn check_flow(c: &mut Checks) {
         );
         c.eq("isolation", v, "/b_files/structured/entries", json!([]));
     }
+    if let Some(v) = c.step("input_files") {
+        c.run_result("input_files", &v["ok"], "ok");
+        c.eq("input_files", v, "/ok/structured/stdout", "2 True\n".into());
+        c.tool_error("input_files", &v["nested"], &["not a plain file name"]);
+        c.tool_error("input_files", &v["both"], &["exactly one of"]);
+    }
     if let Some(v) = c.step("too_many") {
         c.eq("too_many", v, "/started", json!(4));
         c.tool_error(

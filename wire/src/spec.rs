@@ -106,7 +106,30 @@ pub enum NetworkSpec {
 pub struct WorkspaceFile {
     /// A plain file name (no slashes).
     pub name: String,
+    /// The file's text; or
     pub contents: String,
+    /// its bytes, for a file that is not text (a run's input files).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data: Vec<u8>,
+}
+
+impl WorkspaceFile {
+    /// A text file.
+    pub fn text(name: impl Into<String>, contents: impl Into<String>) -> WorkspaceFile {
+        WorkspaceFile {
+            name: name.into(),
+            contents: contents.into(),
+            data: Vec::new(),
+        }
+    }
+
+    /// What the file holds.
+    pub fn bytes(&self) -> &[u8] {
+        match self.data.is_empty() {
+            true => self.contents.as_bytes(),
+            false => &self.data,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -308,10 +331,16 @@ impl JailSpec {
                 return Err(bad("session", "its timeouts must be positive"));
             }
         }
-        for f in &self.files {
+        for (i, f) in self.files.iter().enumerate() {
             let n = f.name.as_str();
             if n.is_empty() || n.contains('/') || n.contains('\0') || n == "." || n == ".." {
                 return Err(bad("files", format!("{n:?} is not a plain file name")));
+            }
+            if !f.contents.is_empty() && !f.data.is_empty() {
+                return Err(bad("files", format!("{n:?} has both text and bytes")));
+            }
+            if self.files[..i].iter().any(|o| o.name == f.name) {
+                return Err(bad("files", format!("{n:?} is given twice")));
             }
         }
         Ok(())

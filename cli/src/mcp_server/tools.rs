@@ -10,7 +10,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use pycell_policy::Policy;
-use pycell_protocol::messages::RunRequest;
+use pycell_protocol::messages::{encode_b64, InputFile, RunRequest};
 
 use super::output::{human_bytes, RunPythonOutput};
 use pycell_protocol::info::HostInfo;
@@ -48,10 +48,30 @@ pub struct RunPythonArgs {
     #[serde(default)]
     #[schemars(with = "Vec<String>", transform = no_default)]
     pub dependencies: Option<Vec<String>>,
+    /// Files to put into /workspace before the code runs, e.g. [{"path": "data.csv", "content": "x,y\n1,2\n"}]: each a plain file name (no '/') with `content` (text) or `content_base64` (bytes); the code reads them by name. At most 64 files, 4 MiB together. Default: none.
+    #[serde(default)]
+    #[schemars(with = "Vec<InputFileArg>", transform = no_default)]
+    pub files: Option<Vec<InputFileArg>>,
     /// A session's handle (from session_start): the code runs as that session's next cell, with its variables, imports and files; the value of a last expression is returned. policy, stdin and dependencies do not apply (the session has its own). Default: a fresh one-shot sandbox.
     #[serde(default)]
     #[schemars(with = "String", transform = no_default)]
     pub session: Option<String>,
+}
+
+/// One input file of `run_python`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputFileArg {
+    /// A plain file name in /workspace, e.g. "data.csv".
+    pub path: String,
+    /// The file's text. Give this or content_base64.
+    #[serde(default)]
+    #[schemars(with = "String", transform = no_default)]
+    pub content: Option<String>,
+    /// The file's bytes in base64. Give this or content.
+    #[serde(default)]
+    #[schemars(with = "String", transform = no_default)]
+    pub content_base64: Option<String>,
 }
 
 /// An absent optional argument means "the policy's (or server's) default",
@@ -84,12 +104,13 @@ pub fn run_python_call(
 ) -> Result<RunPythonCall, ArgumentError> {
     let mut a = parse_run_python(args)?;
     let Some(session) = a.session.take() else {
-        return Ok(RunPythonCall::Run(request_from(a, default_policy)));
+        return request_from(a, default_policy).map(RunPythonCall::Run);
     };
     let given = [
         ("policy", a.policy.is_some()),
         ("stdin", a.stdin.is_some()),
         ("dependencies", a.dependencies.is_some()),
+        ("files", a.files.is_some()),
     ];
     if let Some((field, _)) = given.iter().find(|(_, given)| *given) {
         return Err(ArgumentError(format!(
@@ -109,7 +130,7 @@ pub fn run_python_request(
     args: Option<JsonObject>,
     default_policy: &str,
 ) -> Result<RunRequest, ArgumentError> {
-    parse_run_python(args).map(|a| request_from(a, default_policy))
+    parse_run_python(args).and_then(|a| request_from(a, default_policy))
 }
 
 /// `run_python`'s arguments, each checked.
@@ -122,7 +143,7 @@ fn parse_run_python(args: Option<JsonObject>) -> Result<RunPythonArgs, ArgumentE
                 "missing required argument `code`: the Python source to run, e.g. {RUN_PYTHON_EXAMPLE}"
             )
         } else if msg.starts_with("unknown field") {
-            format!("{msg}; run_python takes code (required), timeout_s, policy, stdin, dependencies and session")
+            format!("{msg}; run_python takes code (required), timeout_s, policy, stdin, dependencies, files and session")
         } else {
             format!(
                 "invalid arguments: {msg}; expected code (string, required), timeout_s (number of seconds), policy (string), stdin (string), session (string), e.g. {RUN_PYTHON_EXAMPLE}"
@@ -156,18 +177,51 @@ fn parse_run_python(args: Option<JsonObject>) -> Result<RunPythonArgs, ArgumentE
     Ok(a)
 }
 
-fn request_from(a: RunPythonArgs, default_policy: &str) -> RunRequest {
+fn request_from(a: RunPythonArgs, default_policy: &str) -> Result<RunRequest, ArgumentError> {
+    let files = input_files(a.files.unwrap_or_default())?;
     let mut req = RunRequest {
         code: a.code,
         policy: Some(a.policy.unwrap_or_else(|| default_policy.to_string())),
         dependencies: a.dependencies.unwrap_or_default(),
+        files,
         ..Default::default()
     };
     req.limits.timeout_s = a.timeout_s;
     if let Some(s) = a.stdin {
         req.set_stdin(s.as_bytes());
     }
-    req
+    Ok(req)
+}
+
+/// `files` as the request carries them: each with one of its contents,
+/// all of them within [`MAX_CODE_BYTES`].
+fn input_files(files: Vec<InputFileArg>) -> Result<Vec<InputFile>, ArgumentError> {
+    let mut total = 0usize;
+    let mut out = Vec::with_capacity(files.len());
+    for f in files {
+        let data_base64 = match (f.content, f.content_base64) {
+            (Some(t), None) => encode_b64(t.as_bytes()),
+            (None, Some(b)) => b,
+            _ => {
+                return Err(ArgumentError(format!(
+                "files: {:?}: give exactly one of `content` (text) and `content_base64` (bytes)",
+                f.path
+            )))
+            }
+        };
+        total += data_base64.len() / 4 * 3;
+        if total > MAX_CODE_BYTES {
+            return Err(ArgumentError(format!(
+                "files: more than the {} allowed together; make large data inside the program",
+                human_bytes(MAX_CODE_BYTES as u64)
+            )));
+        }
+        out.push(InputFile {
+            name: f.path,
+            data_base64,
+        });
+    }
+    Ok(out)
 }
 
 /// The sandboxes' complaint about a request, in the tool's own terms.

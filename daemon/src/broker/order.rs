@@ -49,6 +49,7 @@ pub(crate) fn order(policy_dir: &Path, request: RunRequest) -> Result<RunOrder, 
         filename: request.filename,
         args: request.args,
         stdin_base64: request.stdin_base64,
+        files: request.files,
         dependencies,
         session: false,
     })
