@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 mod capabilities;
+mod changed;
 mod child;
 mod landlock_rules;
 mod mounts;

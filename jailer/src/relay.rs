@@ -55,6 +55,9 @@ pub(crate) struct Relayed {
     pub truncated: [bool; 2],
     /// Bytes used on the jail's writable tmpfs when it ended.
     pub disk_used_bytes: u64,
+    /// The jail's /workspace (`O_PATH`), if it got ready: its tmpfs
+    /// outlives the jail while this is held.
+    pub workspace: Option<OwnedFd>,
     /// Event frames the reader had not taken when the jail ended: they go
     /// out (blocking) before the result.
     pub unsent: Vec<u8>,
@@ -165,6 +168,7 @@ pub(crate) fn run(
         init_status = waitpid(pid, None).ok();
     }
     let disk_used_bytes = relay.disk_used();
+    let workspace = relay.disk.take();
     Ok(Relayed {
         timed_out,
         cancelled,
@@ -172,6 +176,7 @@ pub(crate) fn run(
         messages: relay.messages(),
         truncated: relay.truncated,
         disk_used_bytes,
+        workspace,
         warm: relay.warm.map(WarmRelay::end),
         session: relay.session.map(|s| SessionEndState {
             ready: s.clocks.is_ready(),
@@ -629,11 +634,11 @@ impl Relay {
     }
 
     /// Bytes in use on the jail's writable tmpfs (0 if it never got ready).
-    fn disk_used(&mut self) -> u64 {
-        let Some(fd) = self.disk.take() else {
+    fn disk_used(&self) -> u64 {
+        let Some(fd) = self.disk.as_ref() else {
             return 0;
         };
-        nix::sys::statvfs::fstatvfs(&fd)
+        nix::sys::statvfs::fstatvfs(fd)
             .map(|s| (s.blocks() - s.blocks_free()) * s.fragment_size())
             .unwrap_or(0)
     }

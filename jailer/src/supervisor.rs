@@ -19,7 +19,7 @@ use pycell_seccomp::KernelGap;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events;
 use pycell_wire::report::{CgroupReport, JailFailure, JailReport, Layers, SeccompReport};
-use pycell_wire::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID};
+use pycell_wire::spec::{JailSpec, NetworkSpec, WorkspaceFile, JAIL_GID, JAIL_UID};
 
 use crate::child::{child_main, ChildFds};
 use crate::outcome::{classify, Observed};
@@ -89,6 +89,13 @@ fn run_checked(
         .write_all(&relayed.unsent)
         .map_err(io_failure("writing output"))?;
     let usage = jail.cgroup.usage();
+    // The jail is gone: what it left in /workspace can be looked at.
+    let changes = match (&relayed.workspace, &relayed.session) {
+        (Some(ws), None) if !spec.export_workspace => {
+            crate::changed::changed_files(ws.as_fd(), &run_inputs(spec, relayed.warm.as_ref()))
+        }
+        _ => crate::changed::Changes::default(),
+    };
     let run = match &relayed.session {
         Some(session) => session_run(spec, session, end)?,
         None => warm_run(spec, relayed.warm.as_ref(), end)?,
@@ -117,6 +124,8 @@ fn run_checked(
         disk_used_bytes: relayed.disk_used_bytes,
         warm_waited_ms: run.waited_ms,
         session_end,
+        files: changes.files,
+        files_truncated: changes.truncated,
         layers: Some(Layers {
             namespaces: NAMESPACES.iter().map(|s| s.to_string()).collect(),
             sandbox_uid: spec.sandbox_uid,
@@ -132,6 +141,18 @@ fn run_checked(
         error: outcome.error,
     };
     Ok((report, jail.cgroup))
+}
+
+/// The files a run was given in /workspace: its spec's, or a warm jail's
+/// script, which came with its work.
+fn run_inputs(spec: &JailSpec, warm: Option<&relay::WarmEnd>) -> Vec<WorkspaceFile> {
+    match warm.and_then(|w| w.work.as_ref()) {
+        Some(work) => vec![WorkspaceFile::text(
+            work.filename.clone(),
+            work.code.clone(),
+        )],
+        None => spec.files.clone(),
+    }
 }
 
 /// What the report counts from, and against: for a cold jail, its start

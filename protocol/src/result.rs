@@ -4,7 +4,9 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use pycell_wire::report::{exit_code_for, JailFailure, JailReport, Layers, RunStatus, SessionEnd};
+use pycell_wire::report::{
+    exit_code_for, ChangedFile, JailFailure, JailReport, Layers, RunStatus, SessionEnd,
+};
 
 pub use pycell_policy::LimitsReport;
 
@@ -42,6 +44,13 @@ pub struct RunResult {
     /// A session's jail: why it ended, if its jailer or launcher ended it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_end: Option<SessionEnd>,
+    /// The files the run created or changed in /workspace (its input
+    /// files, as given, are not listed), at most 100.
+    #[serde(default)]
+    pub files: Vec<ChangedFile>,
+    /// More files changed than are listed.
+    #[serde(default)]
+    pub files_truncated: bool,
     pub policy: String,
     /// The effective limits; null when the run was refused before they were known.
     pub limits: Option<LimitsReport>,
@@ -166,6 +175,8 @@ impl RunResult {
             warm: report.warm_waited_ms.is_some(),
             warm_waited_ms: report.warm_waited_ms,
             session_end: report.session_end,
+            files: report.files,
+            files_truncated: report.files_truncated,
             policy: policy.to_string(),
             limits,
             layers: report.layers,

@@ -221,14 +221,7 @@ pub struct CellError {
     pub traceback: String,
 }
 
-/// A file a cell or run created or changed in /workspace.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChangedFile {
-    pub path: String,
-    pub size: u64,
-    pub sha256: String,
-    pub created: bool,
-}
+pub use pycell_wire::report::ChangedFile;
 
 /// An image for the caller: a figure left open, or a PNG or JPEG written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -137,7 +137,7 @@ fn check_files(c: &mut Checks, b: &Value) {
     ] {
         c.tool_error(s, &b[step], &["file_refused", needle]);
     }
-    let changed: Vec<&str> = b["changed_files"]["structured"]["cell"]["files"]
+    let changed: Vec<&str> = b["changed_files"]["structured"]["files"]
         .as_array()
         .map(|a| a.iter().filter_map(|f| f["path"].as_str()).collect())
         .unwrap_or_default();

@@ -36,6 +36,18 @@ impl RunStatus {
     }
 }
 
+/// A file a run (or a session's cell) created or changed in /workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ChangedFile {
+    pub path: String,
+    pub size: u64,
+    /// Its contents' sha256, in hex; absent when it was not read (the
+    /// run's files were larger together than what is hashed).
+    pub sha256: Option<String>,
+    /// True if the file is new.
+    pub created: bool,
+}
+
 /// Why a session's jail ended, when its jailer ended it (or its launcher
 /// closed it); other ends (memory, a crash) are the report's status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -180,6 +192,13 @@ pub struct JailReport {
     /// A session's jail: why it ended, if its jailer (or launcher) ended it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_end: Option<SessionEnd>,
+    /// The files the run created or changed in /workspace (a run's
+    /// inputs, as given, are not listed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<ChangedFile>,
+    /// More files changed than are listed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub files_truncated: bool,
     pub layers: Option<Layers>,
     pub error: Option<JailFailure>,
 }
@@ -199,6 +218,8 @@ impl JailReport {
             disk_used_bytes: 0,
             warm_waited_ms: None,
             session_end: None,
+            files: Vec::new(),
+            files_truncated: false,
             layers: None,
             error: Some(failure),
         }

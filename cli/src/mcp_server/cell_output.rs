@@ -23,10 +23,6 @@ pub struct CellInfo {
     /// The exception the cell ended with, if it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exception: Option<CellException>,
-    /// Files in /workspace the cell created or changed.
-    pub files: Vec<FileChange>,
-    /// True if more files changed than are listed.
-    pub files_truncated: bool,
     /// Images returned as image content, in order: figures the cell left
     /// open and PNG/JPEG files it wrote, scaled down.
     pub images: Vec<ImageInfo>,
@@ -53,7 +49,8 @@ pub struct CellException {
 pub struct FileChange {
     pub path: String,
     pub size: u64,
-    pub sha256: String,
+    /// Its sha256 in hex (absent when the run's files were too large together to read).
+    pub sha256: Option<String>,
     /// True if the file is new.
     pub created: bool,
 }
@@ -99,8 +96,6 @@ pub fn no_cell(session: &str) -> CellInfo {
         value: None,
         value_truncated: false,
         exception: None,
-        files: vec![],
-        files_truncated: false,
         images: vec![],
         images_omitted: 0,
         memory_bytes: 0,
@@ -123,13 +118,6 @@ pub fn render_cell(c: &CellInfo, text: &mut String) {
             ""
         };
         text.push_str(&format!("\nOut[{}]: {v}{cut}\n", c.number));
-    }
-    for f in &c.files {
-        let verb = if f.created { "created" } else { "changed" };
-        text.push_str(&format!("file {verb}: {} ({} bytes)\n", f.path, f.size));
-    }
-    if c.files_truncated {
-        text.push_str("(more files changed; list_files shows them)\n");
     }
     for i in &c.images {
         text.push_str(&format!(

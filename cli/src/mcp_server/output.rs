@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use pycell_protocol::result::{EnvReport, LimitsReport, NetworkReport, RunResult};
 
-use super::cell_output::CellInfo;
+use super::cell_output::{CellInfo, FileChange};
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::{CgroupVersion, LandlockStatus, RunStatus};
 
@@ -111,6 +111,12 @@ pub struct RunPythonOutput {
     /// for this call ("miss"), and the install time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub env: Option<EnvReport>,
+    /// The files the run created or changed in /workspace (path, size,
+    /// sha256, created), at most 100; read them in a session, or print
+    /// them. A session cell lists the files it changed.
+    pub files: Vec<FileChange>,
+    /// True if more files changed than are listed.
+    pub files_truncated: bool,
     /// A session cell (run_python with `session`): its number, the last
     /// expression's value, its exception, the files it changed and the
     /// images it made; absent for a one-shot run.
@@ -143,6 +149,8 @@ impl From<RunResult> for RunPythonOutput {
         RunPythonOutput {
             network: r.network,
             env: r.env,
+            files: r.files.iter().map(FileChange::from).collect(),
+            files_truncated: r.files_truncated,
             cell: None,
             run_id: r.run_id,
             status: r.status,
@@ -293,6 +301,13 @@ impl RunPythonOutput {
         if let Some(c) = &self.cell {
             super::cell_output::render_cell(c, &mut text);
         }
+        for f in &self.files {
+            let verb = if f.created { "created" } else { "changed" };
+            text.push_str(&format!("file {verb}: {} ({} bytes)\n", f.path, f.size));
+        }
+        if self.files_truncated {
+            text.push_str("(more files changed)\n");
+        }
         for note in self.network.iter().flat_map(NetworkReport::notes) {
             text.push_str(&format!("{note}\n"));
         }
@@ -329,6 +344,8 @@ mod tests {
             disk_used_bytes: 4096,
             warm_waited_ms: None,
             session_end: None,
+            files: Vec::new(),
+            files_truncated: false,
             layers: None,
             error: None,
         }

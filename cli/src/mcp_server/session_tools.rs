@@ -445,6 +445,8 @@ fn killed_cell(session: &str, f: &SessionFailure) -> CallToolResult {
         }),
         network: None,
         env: None,
+        files: Vec::new(),
+        files_truncated: false,
         cell: Some(super::cell_output::no_cell(session)),
     };
     let mut r = structured(&out, out.render(), vec![]);
@@ -533,7 +535,7 @@ const SESSION_START_DESCRIPTION: &str = r#"Start a session: a sandbox whose Pyth
 
 const WRITE_FILE_DESCRIPTION: &str = r#"Write a file into a session's /workspace (text in `content`, or bytes in `content_base64`), creating missing directories; code in the session's cells then reads it (e.g. pandas.read_csv("data.csv")). Paths are relative to /workspace; paths outside it, `..` and symlinks are refused. Example: {"session": "s-3f2a...", "path": "data.csv", "content": "x,y\n1,2\n"}."#;
 
-const READ_FILE_DESCRIPTION: &str = r#"Read a file from a session's /workspace: text comes back as text, PNG and JPEG as an image you can see, other bytes as an embedded resource (also base64 in the structured result). Use it for a figure's full-size file (run_python lists figures under cell.images and cell.files) or for results a cell wrote. Example: {"session": "s-3f2a...", "path": "figures/cell-2-figure-1.png"}."#;
+const READ_FILE_DESCRIPTION: &str = r#"Read a file from a session's /workspace: text comes back as text, PNG and JPEG as an image you can see, other bytes as an embedded resource (also base64 in the structured result). Use it for a figure's full-size file (run_python lists figures under cell.images and files) or for results a cell wrote. Example: {"session": "s-3f2a...", "path": "figures/cell-2-figure-1.png"}."#;
 
 const LIST_FILES_DESCRIPTION: &str = r#"List a directory of a session's /workspace: names, kinds (file, directory, symlink, other), sizes and modification times. Example: {"session": "s-3f2a...", "path": "figures"}."#;
 
@@ -667,6 +669,8 @@ pub fn cell_result(session: &str, a: Answer) -> (RunPythonOutput, Vec<ContentBlo
         error,
         network: None,
         env: None,
+        files: r.files.iter().map(FileChange::from).collect(),
+        files_truncated: r.files_truncated,
         cell: Some(CellInfo {
             session: session.to_string(),
             number: r.cell.unwrap_or(0),
@@ -677,8 +681,6 @@ pub fn cell_result(session: &str, a: Answer) -> (RunPythonOutput, Vec<ContentBlo
                 message: e.message.clone(),
                 traceback: e.traceback.clone(),
             }),
-            files: r.files.iter().map(FileChange::from).collect(),
-            files_truncated: r.files_truncated,
             images: r.images.iter().map(image_info).collect(),
             images_omitted: r.images_omitted,
             memory_bytes: m.memory_bytes,
