@@ -64,8 +64,13 @@ fn print_warm_pools(pools: &[WarmPoolStatus]) {
         say!("  warm pools: none");
     }
     for p in pools {
+        let kind = if p.sessions {
+            "session pool"
+        } else {
+            "warm pool"
+        };
         say!(
-            "  warm pool {:?}: {} ready, {} warming up, of {}; jailers {:?}",
+            "  {kind} {:?}: {} ready, {} warming up, of {}; jailers {:?}",
             p.policy,
             p.ready,
             p.warming,
