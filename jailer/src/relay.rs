@@ -102,45 +102,14 @@ pub(crate) fn run(
 ) -> io::Result<Relayed> {
     let outbox = Outbox::new(events, outbox::pending_limit(spec.limits.max_output_bytes))?;
     let mut relay = Relay::new(spec, ends, outbox);
-    let (mut timed_out, mut cancelled) = (false, false);
+    let jail = JailRef { pid, cgroup };
+    let mut stopped = Stopped::default();
     let mut deadline = Some(deadline);
     let mut init_status = None;
-    let kill_jail = || {
-        let _ = kill(pid, Signal::SIGKILL);
-        cgroup.kill_all();
-    };
     while relay.open() {
         let now = Instant::now();
-        while let Some(step) = relay.warm_step(spec, pid, cgroup) {
-            match step {
-                WarmStep::Ready => deadline = None,
-                WarmStep::Started(wall) => deadline = Some(now + wall),
-                WarmStep::Abandoned => {
-                    cancelled = true;
-                    kill_jail();
-                }
-            }
-        }
-        let mut session_due = None;
-        if relay.session.is_some() {
-            match relay.session_steps(spec, pid, cgroup)? {
-                Some(SessionEnd::Closed | SessionEnd::Protocol) => {
-                    cancelled = true;
-                    kill_jail();
-                }
-                Some(_) => {
-                    timed_out = true;
-                    kill_jail();
-                }
-                None => {}
-            }
-            session_due = relay.session_clock(now, pid, &mut deadline);
-        }
-        if !timed_out && deadline.is_some_and(|d| now >= d) {
-            timed_out = true;
-            kill_jail();
-        }
-        let wait = match (timed_out, deadline.into_iter().chain(session_due).min()) {
+        let due = relay.tend(spec, &jail, now, &mut deadline, &mut stopped)?;
+        let wait = match (stopped.timed_out, due) {
             (true, _) => PollTimeout::from(100u16),
             (false, Some(d)) => PollTimeout::try_from(d - now).unwrap_or(PollTimeout::MAX),
             (false, None) => PollTimeout::NONE,
@@ -152,10 +121,7 @@ pub(crate) fn run(
                 SignalAction::Interrupt => {
                     let _ = kill(pid, Signal::SIGINT);
                 }
-                SignalAction::Stop => {
-                    cancelled = true;
-                    kill_jail();
-                }
+                SignalAction::Stop => stopped.cancel(&jail),
             }
         }
         if init_status.is_none() && relay.status.is_none() {
@@ -167,26 +133,39 @@ pub(crate) fn run(
     if init_status.is_none() {
         init_status = waitpid(pid, None).ok();
     }
-    let disk_used_bytes = relay.disk_used();
-    let workspace = relay.disk.take();
-    Ok(Relayed {
-        timed_out,
-        cancelled,
-        init_status,
-        messages: relay.messages(),
-        truncated: relay.truncated,
-        disk_used_bytes,
-        workspace,
-        warm: relay.warm.map(WarmRelay::end),
-        session: relay.session.map(|s| SessionEndState {
-            ready: s.clocks.is_ready(),
-            started_at: s.clocks.started_at(),
-            end: s.end,
-            broken: s.broken,
-            warm_up_output: s.warm.warm_up_output,
-        }),
-        unsent: relay.outbox.into_unsent(),
-    })
+    Ok(relay.finish(init_status, stopped))
+}
+
+/// The jail, as the relay stops it.
+struct JailRef<'a> {
+    pid: Pid,
+    cgroup: &'a SandboxCgroup,
+}
+
+impl JailRef<'_> {
+    fn kill(&self) {
+        let _ = kill(self.pid, Signal::SIGKILL);
+        self.cgroup.kill_all();
+    }
+}
+
+/// Why the relay stopped the jail, if it did.
+#[derive(Debug, Default)]
+struct Stopped {
+    timed_out: bool,
+    cancelled: bool,
+}
+
+impl Stopped {
+    fn cancel(&mut self, jail: &JailRef<'_>) {
+        self.cancelled = true;
+        jail.kill();
+    }
+
+    fn time_out(&mut self, jail: &JailRef<'_>) {
+        self.timed_out = true;
+        jail.kill();
+    }
 }
 
 /// What became of a warm jail since the relay last asked.
@@ -511,6 +490,61 @@ impl Relay {
             None => {}
         }
         s.clocks.next_due()
+    }
+
+    /// Act on the clocks and on what the warm or session channels
+    /// brought; returns when the next clock is due.
+    fn tend(
+        &mut self,
+        spec: &JailSpec,
+        jail: &JailRef<'_>,
+        now: Instant,
+        deadline: &mut Option<Instant>,
+        stopped: &mut Stopped,
+    ) -> io::Result<Option<Instant>> {
+        while let Some(step) = self.warm_step(spec, jail.pid, jail.cgroup) {
+            match step {
+                WarmStep::Ready => *deadline = None,
+                WarmStep::Started(wall) => *deadline = Some(now + wall),
+                WarmStep::Abandoned => stopped.cancel(jail),
+            }
+        }
+        let mut session_due = None;
+        if self.session.is_some() {
+            match self.session_steps(spec, jail.pid, jail.cgroup)? {
+                Some(SessionEnd::Closed | SessionEnd::Protocol) => stopped.cancel(jail),
+                Some(_) => stopped.time_out(jail),
+                None => {}
+            }
+            session_due = self.session_clock(now, jail.pid, deadline);
+        }
+        if !stopped.timed_out && deadline.is_some_and(|d| now >= d) {
+            stopped.time_out(jail);
+        }
+        Ok(deadline.iter().copied().chain(session_due).min())
+    }
+
+    /// What the relay saw, once the jail is gone.
+    fn finish(mut self, init_status: Option<WaitStatus>, stopped: Stopped) -> Relayed {
+        let disk_used_bytes = self.disk_used();
+        Relayed {
+            timed_out: stopped.timed_out,
+            cancelled: stopped.cancelled,
+            init_status,
+            messages: self.messages(),
+            truncated: self.truncated,
+            disk_used_bytes,
+            workspace: self.disk.take(),
+            warm: self.warm.map(WarmRelay::end),
+            session: self.session.map(|s| SessionEndState {
+                ready: s.clocks.is_ready(),
+                started_at: s.clocks.started_at(),
+                end: s.end,
+                broken: s.broken,
+                warm_up_output: s.warm.warm_up_output,
+            }),
+            unsent: self.outbox.into_unsent(),
+        }
     }
 
     fn open(&self) -> bool {

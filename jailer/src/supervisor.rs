@@ -89,13 +89,7 @@ fn run_checked(
         .write_all(&relayed.unsent)
         .map_err(io_failure("writing output"))?;
     let usage = jail.cgroup.usage();
-    // The jail is gone: what it left in /workspace can be looked at.
-    let changes = match (&relayed.workspace, &relayed.session) {
-        (Some(ws), None) if !spec.export_workspace => {
-            crate::changed::changed_files(ws.as_fd(), &run_inputs(spec, relayed.warm.as_ref()))
-        }
-        _ => crate::changed::Changes::default(),
-    };
+    let changes = run_changes(spec, &relayed);
     let run = match &relayed.session {
         Some(session) => session_run(spec, session, end)?,
         None => warm_run(spec, relayed.warm.as_ref(), end)?,
@@ -126,21 +120,43 @@ fn run_checked(
         session_end,
         files: changes.files,
         files_truncated: changes.truncated,
-        layers: Some(Layers {
-            namespaces: NAMESPACES.iter().map(|s| s.to_string()).collect(),
-            sandbox_uid: spec.sandbox_uid,
-            landlock: outcome.landlock,
-            seccomp: seccomp_report(spec, &checked, outcome.xattr_writes_refused),
-            cgroup: CgroupReport {
-                version: jail.cgroup.version(),
-                name: jail.cgroup.name().to_string(),
-            },
-            no_new_privs: true,
-            capabilities: "none".to_string(),
-        }),
+        layers: Some(layers(spec, &checked, &outcome, &jail.cgroup)),
         error: outcome.error,
     };
     Ok((report, jail.cgroup))
+}
+
+/// The layers the jail had, as the report says them.
+fn layers(
+    spec: &JailSpec,
+    checked: &Checked,
+    outcome: &crate::outcome::Outcome,
+    cgroup: &SandboxCgroup,
+) -> Layers {
+    Layers {
+        namespaces: NAMESPACES.iter().map(|s| s.to_string()).collect(),
+        sandbox_uid: spec.sandbox_uid,
+        landlock: outcome.landlock.clone(),
+        seccomp: seccomp_report(spec, checked, outcome.xattr_writes_refused),
+        cgroup: CgroupReport {
+            version: cgroup.version(),
+            name: cgroup.name().to_string(),
+        },
+        no_new_privs: true,
+        capabilities: "none".to_string(),
+    }
+}
+
+/// What a run (not a session: its cells report theirs) left changed in
+/// /workspace, looked at once the jail is gone; the install jail's
+/// workspace is its env, not a run's output.
+fn run_changes(spec: &JailSpec, relayed: &relay::Relayed) -> crate::changed::Changes {
+    match (&relayed.workspace, &relayed.session) {
+        (Some(ws), None) if !spec.export_workspace => {
+            crate::changed::changed_files(ws.as_fd(), &run_inputs(spec, relayed.warm.as_ref()))
+        }
+        _ => crate::changed::Changes::default(),
+    }
 }
 
 /// The files a run was given in /workspace: its spec's, or a warm jail's

@@ -82,6 +82,15 @@ pub struct SessionEnded {
 }
 
 impl SessionEnded {
+    /// The failure code of a session that ended before it could serve:
+    /// its jail's own, else `jail_setup_failed`.
+    pub fn code(&self) -> FailureCode {
+        self.result
+            .error
+            .as_ref()
+            .map_or(FailureCode::JailSetupFailed, |f| f.code)
+    }
+
     /// Why the session whose jail ended with `result` is over.
     pub fn from_result(result: RunResult) -> SessionEnded {
         let (reason, message) = end_of(&result);

@@ -10,7 +10,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use pycell_protocol::session::{SessionCall, SessionEndInfo, SessionSummary};
+use pycell_protocol::result::{EnvReport, LimitsReport};
+use pycell_protocol::session::{SessionCall, SessionEndInfo, SessionInfo, SessionSummary};
 use pycell_runner::session::{CellLimits, SessionOp, SessionRequest};
 
 use pycell_wire::codes::FailureCode;
@@ -116,8 +117,12 @@ impl<T: Clone> SessionTable<T> {
     }
 
     /// Live sessions of `owner`.
+    /// Live sessions of `owner` (ended ones not yet forgotten do not count).
     pub fn count(&self, owner: u32) -> usize {
-        self.live.values().filter(|e| e.owner == owner).count()
+        self.live
+            .values()
+            .filter(|e| e.owner == owner && e.session.ended().is_none())
+            .count()
     }
 
     pub fn insert(&mut self, handle: String, entry: Entry<T>) {
@@ -188,6 +193,27 @@ pub trait HeldPolicy {
 }
 
 impl<T: Clone + HeldPolicy> SessionTable<T> {
+    /// A session just started for `owner`, in the table under a new handle
+    /// if `owner` holds fewer than its policy's `[session] per_uid` (counted
+    /// as it goes in: another start may have finished meanwhile); `None`
+    /// if not, or if no handle could be made.
+    pub fn admit(&mut self, owner: u32, session: Session, info: T) -> Option<String> {
+        if self.count(owner) >= info.policy().session.per_uid as usize {
+            return None;
+        }
+        let handle = self.new_handle().ok()?;
+        let now = Instant::now();
+        let entry = Entry {
+            session,
+            owner,
+            started: now,
+            last_used: now,
+            info,
+        };
+        self.insert(handle.clone(), entry);
+        Some(handle)
+    }
+
     /// `owner`'s live sessions as `session_list` shows them.
     pub fn summaries(&mut self, owner: u32) -> Vec<SessionSummary> {
         let now = Instant::now();
@@ -206,6 +232,34 @@ impl<T: Clone + HeldPolicy> SessionTable<T> {
             })
             .collect()
     }
+}
+
+/// A started session as `session_start` reports it.
+pub fn session_info(
+    handle: String,
+    session: &Session,
+    policy: &pycell_policy::Policy,
+    limits: LimitsReport,
+    env: Option<EnvReport>,
+) -> SessionInfo {
+    SessionInfo {
+        session: handle,
+        run_id: session.run_id.clone(),
+        policy: policy.name.clone(),
+        sandbox_uid: session.sandbox_uid,
+        limits,
+        idle_timeout_s: policy.session.idle_timeout.as_secs_f64(),
+        lifetime_s: policy.session.lifetime.as_secs_f64(),
+        max_file_bytes: policy.session.max_file,
+        env,
+    }
+}
+
+/// Call `forget` with why `session` ended, once it has (on a task of its
+/// own): what keeps a table from holding ended sessions, and what they
+/// hold (an admission slot, an env), until someone asks.
+pub fn when_ended(session: Session, forget: impl FnOnce(SessionEnded) + Send + 'static) {
+    tokio::spawn(async move { forget(session.wait_ended().await) });
 }
 
 /// A session that ended, as `session_end` reports it.

@@ -85,9 +85,10 @@ fn within_size(q: Quantity, range: (u64, u64), at: &FieldPath) -> Result<u64, Di
 
 /// `[session]`, each field left out taking its default.
 pub(crate) fn check_session(
-    raw: RawSession,
+    raw: Option<RawSession>,
     path: &FieldPath,
 ) -> Result<SessionSettings, Diagnostic> {
+    let raw = raw.unwrap_or_default();
     let mut s = SessionSettings::default();
     if let Some(q) = raw.idle_timeout {
         s.idle_timeout = within_duration(q, IDLE_RANGE, &path.key("idle_timeout"))?;

@@ -96,12 +96,8 @@ pub(crate) fn validate(
         None => None,
         Some(i) => Some(check_install(i, &network, &root.key("install"))?),
     };
-    let warm_imports = check_warm_imports(
-        raw.warm.unwrap_or_default().imports.unwrap_or_default(),
-        &root.key("warm").key("imports"),
-    )?;
-    let session =
-        crate::session::check_session(raw.session.unwrap_or_default(), &root.key("session"))?;
+    let warm_imports = check_warm(raw.warm, &root.key("warm"))?;
+    let session = crate::session::check_session(raw.session, &root.key("session"))?;
 
     Ok(Policy {
         name,
@@ -119,6 +115,12 @@ pub(crate) fn validate(
         warm_imports,
         session,
     })
+}
+
+/// `[warm]`: its imports (none when it is absent).
+fn check_warm(raw: Option<crate::raw::RawWarm>, path: &FieldPath) -> Result<Vec<String>> {
+    let imports = raw.unwrap_or_default().imports.unwrap_or_default();
+    check_warm_imports(imports, &path.key("imports"))
 }
 
 /// Most modules `[warm] imports` may name.

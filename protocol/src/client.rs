@@ -295,12 +295,9 @@ impl DaemonClient {
 
     pub fn info(&mut self) -> Result<DaemonInfo, ClientError> {
         framing::write_sync(&mut self.stream, &ClientMessage::Info)?;
-        match framing::read_sync::<ServerMessage>(&mut self.stream)? {
+        match self.next_reply()? {
             ServerMessage::Info { info } => Ok(*info),
-            ServerMessage::Error { code, message, .. } => {
-                Err(ClientError::Refused { code, message })
-            }
-            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+            other => Err(unexpected(other)),
         }
     }
 }

@@ -40,18 +40,30 @@ def _pycell_warm_up(modules):
     os.write(1, b"\0pycell-warm-ready\0")
 
 
-def _pycell_read_exactly(n):
+def _pycell_read_exactly(fd, n):
+    """`n` bytes from `fd`, or None if it ends first."""
     import os
 
     chunks = []
     while n > 0:
-        chunk = os.read(0, min(n, 1 << 20))
+        chunk = os.read(fd, min(n, 1 << 20))
         if not chunk:
-            # Nobody will send work any more (the member was retired).
-            os._exit(0)
+            return None
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
+
+
+def _pycell_read_work_frame():
+    """The work frame on stdin; exit if it never comes (nobody will send
+    work any more: the member was retired)."""
+    import os
+
+    head = _pycell_read_exactly(0, 4)
+    frame = head and _pycell_read_exactly(0, int.from_bytes(head, "big"))
+    if frame is None:
+        os._exit(0)
+    return frame
 
 
 def _pycell_run():
@@ -64,8 +76,7 @@ def _pycell_run():
     # again); what the run makes is told apart by its generation at exit.
     gc.collect()
     gc.freeze()
-    head = _pycell_read_exactly(4)
-    status, interrupted = _pycell_main(_pycell_read_exactly(int.from_bytes(head, "big")))
+    status, interrupted = _pycell_main(_pycell_read_work_frame())
     _pycell_exit(status, interrupted)
 
 
@@ -235,23 +246,11 @@ def _pycell_session_main():
 
 
 def _pycell_read_frame(fd):
+    """The next request on the session's channel (JSON), or None at its end."""
     import json
-    import os
 
-    def exactly(n):
-        chunks = []
-        while n > 0:
-            chunk = os.read(fd, min(n, 1 << 20))
-            if not chunk:
-                return None
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
-
-    head = exactly(4)
-    if head is None:
-        return None
-    body = exactly(int.from_bytes(head, "big"))
+    head = _pycell_read_exactly(fd, 4)
+    body = head and _pycell_read_exactly(fd, int.from_bytes(head, "big"))
     return None if body is None else json.loads(body)
 
 

@@ -100,7 +100,7 @@ pub struct SessionHeld {
     pub policy: Arc<Policy>,
     pub limits: LimitsReport,
     /// Its env, held in use (safe from removal) while the session lives.
-    pub env: Option<Arc<Ensured>>,
+    pub _env: Option<Arc<Ensured>>,
 }
 
 /// Runs requests in sandboxes. Cheap to clone; clones share one set of

@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pycell_deps::build::Ensured;
 use pycell_launch::launcher::{JailerStderr, LaunchError, PolicyChoice, Prepared};
@@ -157,60 +157,42 @@ impl Sandboxes {
             })?;
         let session = Session::start(parts, READY_WITHIN, self.shutdown_token().child_token())
             .await
-            .map_err(|e| {
-                let code = e
-                    .result
-                    .error
-                    .as_ref()
-                    .map_or(FailureCode::JailSetupFailed, |f| f.code);
-                SessionFailure::new(code, e.message)
-            })?;
+            .map_err(|e| SessionFailure::new(e.code(), e.message))?;
         Ok((session, limits))
     }
 
-    /// Into the table, counted again as it goes in (another start may
-    /// have finished meanwhile).
+    /// Into the table (counted again as it goes in: another start may
+    /// have finished meanwhile), out of it once it ends.
     async fn admit(
         &self,
         (session, limits): (Session, LimitsReport),
         policy: Policy,
         ensured: Option<Ensured>,
     ) -> Result<SessionInfo, SessionFailure> {
-        let now = Instant::now();
         let policy = Arc::new(policy);
-        let entry = Entry {
-            session: session.clone(),
-            owner: owner(),
-            started: now,
-            last_used: now,
-            info: SessionHeld {
-                policy: Arc::clone(&policy),
-                limits: limits.clone(),
-                env: ensured.map(Arc::new),
-            },
+        let env = ensured.as_ref().map(|e| e.report.clone());
+        let held = SessionHeld {
+            policy: Arc::clone(&policy),
+            limits: limits.clone(),
+            _env: ensured.map(Arc::new),
         };
-        let admitted = match self.sessions() {
-            Ok(mut t) if t.count(owner()) < policy.session.per_uid as usize => t
-                .new_handle()
-                .ok()
-                .inspect(|h| t.insert(h.clone(), entry.clone())),
-            _ => None,
-        };
+        let admitted = self
+            .sessions()
+            .ok()
+            .and_then(|mut t| t.admit(owner(), session.clone(), held));
         let Some(handle) = admitted else {
             session.end().await;
             return Err(too_many(&policy));
         };
-        Ok(SessionInfo {
-            session: handle,
-            run_id: session.run_id.clone(),
-            policy: policy.name.clone(),
-            sandbox_uid: session.sandbox_uid,
-            limits,
-            idle_timeout_s: policy.session.idle_timeout.as_secs_f64(),
-            lifetime_s: policy.session.lifetime.as_secs_f64(),
-            max_file_bytes: policy.session.max_file,
-            env: entry.info.env.as_ref().map(|e| e.report.clone()),
-        })
+        let (sandboxes, h) = (self.clone(), handle.clone());
+        session_table::when_ended(session.clone(), move |ended| {
+            if let Ok(mut t) = sandboxes.sessions() {
+                t.forget(&h, ended);
+            }
+        });
+        Ok(session_table::session_info(
+            handle, &session, &policy, limits, env,
+        ))
     }
 
     /// Policy, env and spec for a session: blocking work, on a thread of

@@ -418,17 +418,17 @@ fn cancelled_before_start(doing: &str) -> JailFailure {
 /// A run the monitor started: its id, policy and limits, its events, and
 /// the jailer's stdin (on which its jail hands out the egress proxy's
 /// listener) with the services for it.
-struct SpawnedRun {
-    run_id: String,
-    sandbox_uid: u32,
+pub(super) struct SpawnedRun {
+    pub(super) run_id: String,
+    pub(super) sandbox_uid: u32,
     /// A pooled session jail, ready already.
-    ready: bool,
-    policy: String,
-    limits: LimitsReport,
-    events: pipe::Receiver,
-    handouts: Option<std::os::fd::OwnedFd>,
-    services: Services,
-    env: Option<EnvReport>,
+    pub(super) ready: bool,
+    pub(super) policy: String,
+    pub(super) limits: LimitsReport,
+    pub(super) events: pipe::Receiver,
+    pub(super) handouts: Option<std::os::fd::OwnedFd>,
+    pub(super) services: Services,
+    pub(super) env: Option<EnvReport>,
 }
 
 /// Ask the monitor to start the run (its env built first, if need be);

@@ -8,7 +8,7 @@
 //! on time even if the broker does not ask.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pycell_launch::launcher::Collector;
 use pycell_launch::launcher::JailerEnd;
@@ -17,7 +17,7 @@ use pycell_launch::session_table::{self, Entry, Lookup, SessionTable};
 use pycell_launch::supervisor::RunStream;
 use pycell_policy::Policy;
 use pycell_protocol::messages::{ErrorCode, RunRequest};
-use pycell_protocol::result::{EnvReport, LimitsReport};
+use pycell_protocol::result::LimitsReport;
 use pycell_protocol::session::{
     SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
 };
@@ -25,6 +25,7 @@ use pycell_runner::session::SessionOp;
 use pycell_wire::codes::FailureCode;
 use tokio::time::Instant as TokioInstant;
 
+use super::connection::SpawnedRun;
 use super::link::MonitorLink;
 use super::Broker;
 use crate::admission::Slot;
@@ -125,115 +126,83 @@ impl Broker {
         })
     }
 
-    /// A session started by the monitor for `uid`: driven here until it
-    /// ends, in the table until then.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn open_session(
+    /// A session the monitor started for `uid`: driven here, and in the
+    /// table (holding its admission slot) until it ends.
+    pub(super) async fn open_session(
         self: &Arc<Self>,
         uid: u32,
-        run_id: String,
-        sandbox_uid: u32,
+        spawned: SpawnedRun,
         policy: Policy,
-        limits: LimitsReport,
-        env: Option<EnvReport>,
-        stream_parts: (
-            tokio::net::unix::pipe::Receiver,
-            std::os::fd::OwnedFd,
-            pycell_launch::supervisor::Services,
-            bool,
-        ),
         slot: Slot,
     ) -> Result<SessionInfo, Refused> {
-        let (events, requests, services, ready) = stream_parts;
-        let kill = || {
-            let _ = self.link.send(&ToMonitor::Kill {
-                run_id: run_id.clone(),
-            });
+        let (limits, env) = (spawned.limits.clone(), spawned.env.clone());
+        let parts = self.session_parts(spawned)?;
+        let session = Session::start(parts, READY_WITHIN, self.session_stop.child_token())
+            .await
+            .map_err(|e| refused(e.code(), e.message))?;
+        let policy = Arc::new(policy);
+        let held = Held {
+            policy: Arc::clone(&policy),
+            limits: limits.clone(),
+            _slot: Arc::new(slot),
+        };
+        let admitted = self
+            .sessions
+            .lock()
+            .ok()
+            .and_then(|mut t| t.admit(uid, session.clone(), held));
+        let Some(handle) = admitted else {
+            session.end().await;
+            let m = format!("uid {uid} holds the most sessions policy {:?} allows ([session] per_uid = {}): another session started meanwhile", policy.name, policy.session.per_uid);
+            return Err(refused(FailureCode::TooManySessions, m));
+        };
+        let (broker, h) = (Arc::clone(self), handle.clone());
+        session_table::when_ended(session.clone(), move |ended| {
+            if let Ok(mut t) = broker.sessions.lock() {
+                t.forget(&h, ended);
+            }
+        });
+        Ok(session_table::session_info(
+            handle, &session, &policy, limits, env,
+        ))
+    }
+
+    /// What a session's driver takes: the jailer's events and stdin (the
+    /// request stream, and with egress the handout channel too), its
+    /// services, and the monitor as its jailer's keeper.
+    fn session_parts(&self, spawned: SpawnedRun) -> Result<SessionParts<MonitorJailer>, Refused> {
+        let control = MonitorJailer {
+            link: Arc::clone(&self.link),
+            run_id: spawned.run_id.clone(),
+        };
+        let fail = |mut control: MonitorJailer, m: String| {
+            control.stop();
+            refused(FailureCode::Internal, m)
+        };
+        let Some(requests) = spawned.handouts else {
+            return Err(fail(
+                control,
+                "the monitor sent no request stream for the session".into(),
+            ));
         };
         let requests = std::os::unix::net::UnixStream::from(requests);
-        let handouts = match services.egress.is_some() {
+        let handouts = match spawned.services.egress.is_some() {
             true => match requests.try_clone() {
                 Ok(h) => Some(std::os::fd::OwnedFd::from(h)),
-                Err(e) => {
-                    kill();
-                    return Err(refused(FailureCode::Internal, e.to_string()));
-                }
+                Err(e) => return Err(fail(control, e.to_string())),
             },
             false => None,
         };
-        let collector = Collector::new(&run_id, &policy.name, None);
-        let parts = SessionParts {
-            run_id: run_id.clone(),
-            policy: policy.name.clone(),
-            sandbox_uid,
-            stream: RunStream::start(events, collector, handouts, services),
+        let collector = Collector::new(&spawned.run_id, &spawned.policy, None);
+        Ok(SessionParts {
+            run_id: spawned.run_id,
+            policy: spawned.policy,
+            sandbox_uid: spawned.sandbox_uid,
+            stream: RunStream::start(spawned.events, collector, handouts, spawned.services),
             requests,
-            control: MonitorJailer {
-                link: Arc::clone(&self.link),
-                run_id: run_id.clone(),
-            },
-            ready,
-        };
-        let stop = self.session_stop.child_token();
-        let session = Session::start(parts, READY_WITHIN, stop)
-            .await
-            .map_err(|e| {
-                refused(
-                    e.result
-                        .error
-                        .as_ref()
-                        .map_or(FailureCode::JailSetupFailed, |f| f.code),
-                    e.message,
-                )
-            })?;
-        let made = self.sessions.lock().ok().and_then(|t| t.new_handle().ok());
-        let handle = match made {
-            Some(h) => h,
-            None => {
-                session.end().await;
-                return Err(refused(
-                    FailureCode::Internal,
-                    "no session handle could be made",
-                ));
-            }
-        };
-        let now = Instant::now();
-        let policy = Arc::new(policy);
-        let info = SessionInfo {
-            session: handle.clone(),
-            run_id: run_id.clone(),
-            policy: policy.name.clone(),
-            sandbox_uid,
-            limits: limits.clone(),
-            idle_timeout_s: policy.session.idle_timeout.as_secs_f64(),
-            lifetime_s: policy.session.lifetime.as_secs_f64(),
-            max_file_bytes: policy.session.max_file,
-            env: env.clone(),
-        };
-        let entry = Entry {
-            session: session.clone(),
-            owner: uid,
-            started: now,
-            last_used: now,
-            info: Held {
-                policy,
-                limits,
-                _slot: Arc::new(slot),
-            },
-        };
-        if let Ok(mut t) = self.sessions.lock() {
-            t.insert(handle.clone(), entry);
-        }
-        // Out of the table (and its slot freed) as soon as it ends,
-        // whoever asks.
-        let broker = Arc::clone(self);
-        tokio::spawn(async move {
-            let ended = session.wait_ended().await;
-            if let Ok(mut t) = broker.sessions.lock() {
-                t.forget(&handle, ended);
-            }
-        });
-        Ok(info)
+            control,
+            ready: spawned.ready,
+        })
     }
 
     fn session_of(&self, uid: u32, handle: &str) -> Result<Entry<Held>, Refused> {

@@ -79,12 +79,8 @@ impl Monitor {
     ) -> Reply {
         let refuse = |(code, message)| Box::new(ToBroker::Refused { req, code, message });
         let (mut launched, env, pooled) = match self.take_session_jail(policy, request, extras) {
-            // The member holds the env; the report is the session's.
             Some(taken) => {
-                let env = match (taken.env, env) {
-                    (Some((held, _)), Some((_, report))) => Some((held, report)),
-                    (held, _) => held,
-                };
+                let env = member_env(taken.env, env.map(|(_, report)| report));
                 (taken.launched, env, true)
             }
             None => {
@@ -142,11 +138,7 @@ impl Monitor {
         // The run's own limits (its timeout, its output cap), which its
         // work carried.
         launched.limits = LimitsReport::from(&resolved.limits);
-        // The member holds the env; the report is the run's.
-        let env = match (taken.env, env) {
-            (Some((held, _)), Some((_, report))) => Some((held, report.clone())),
-            (held, _) => held,
-        };
+        let env = member_env(taken.env, env.as_ref().map(|(_, report)| report.clone()));
         Some(self.started(req, peer, launched, env, &request.code, true))
     }
 
@@ -231,5 +223,17 @@ impl Monitor {
         for build in self.builds.values_mut() {
             build.escalate();
         }
+    }
+}
+
+/// The env of a run or session given a pool's member: the member holds
+/// it (in use), the report is the request's (`hit`, its install time).
+fn member_env(
+    held: Option<(EnvInUse, EnvReport)>,
+    report: Option<EnvReport>,
+) -> Option<(EnvInUse, EnvReport)> {
+    match (held, report) {
+        (Some((env, _)), Some(report)) => Some((env, report)),
+        (held, _) => held,
     }
 }

@@ -11,7 +11,6 @@ use pycell_protocol::session::{SessionCall, SessionStartRequest};
 use super::{admit, error, ordered, reply_during_run, start, Conn, NotStarted};
 use crate::broker::sessions::{start_request, Refused};
 use crate::broker::{Broker, Peer};
-use crate::link::ToMonitor;
 
 /// `session_start`: false if the connection is finished.
 pub(super) async fn start_session(
@@ -59,27 +58,8 @@ async fn started(
     let spawned = start(broker, conn, peer, id, order)
         .await
         .map_err(NotStarted::Reply)?;
-    let Some(requests) = spawned.handouts else {
-        let _ = broker.link.send(&ToMonitor::Kill {
-            run_id: spawned.run_id,
-        });
-        return Err(refuse((
-            ErrorCode::Internal,
-            "the monitor sent no request stream for the session".into(),
-        )));
-    };
-    let parts = (spawned.events, requests, spawned.services, spawned.ready);
     let info = broker
-        .open_session(
-            peer.uid,
-            spawned.run_id,
-            spawned.sandbox_uid,
-            policy,
-            spawned.limits,
-            spawned.env,
-            parts,
-            slot,
-        )
+        .open_session(peer.uid, spawned, policy, slot)
         .await
         .map_err(refuse)?;
     Ok(ServerMessage::SessionStarted {
