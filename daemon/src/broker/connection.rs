@@ -20,7 +20,7 @@ use pycell_protocol::framing::{self, FrameError};
 use pycell_protocol::messages::{
     encode_b64, ClientMessage, ErrorCode, RunRequest, ServerMessage, Stream, PROTOCOL_VERSION,
 };
-use pycell_protocol::result::{EnvReport, LimitsReport, RunResult};
+use pycell_protocol::result::RunResult;
 use pycell_wire::report::{JailFailure, RunStatus};
 use tokio::net::unix::{pipe, OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
@@ -31,7 +31,7 @@ mod installing;
 mod session_calls;
 
 use super::order::NotOrdered;
-use super::{Broker, Peer};
+use super::{Broker, Peer, SpawnedRun};
 use crate::admission::{Ask, Entry, Slot, Waiting};
 use crate::link::{RunOrder, ToBroker, ToMonitor};
 
@@ -413,22 +413,6 @@ fn cancelled_before_start(doing: &str) -> JailFailure {
     use pycell_wire::codes::{FailureCode, Layer};
     let message = format!("cancelled while {doing}; it never started");
     JailFailure::new(FailureCode::Cancelled, Layer::Daemon, message)
-}
-
-/// A run the monitor started: its id, policy and limits, its events, and
-/// the jailer's stdin (on which its jail hands out the egress proxy's
-/// listener) with the services for it.
-pub(super) struct SpawnedRun {
-    pub(super) run_id: String,
-    pub(super) sandbox_uid: u32,
-    /// A pooled session jail, ready already.
-    pub(super) ready: bool,
-    pub(super) policy: String,
-    pub(super) limits: LimitsReport,
-    pub(super) events: pipe::Receiver,
-    pub(super) handouts: Option<std::os::fd::OwnedFd>,
-    pub(super) services: Services,
-    pub(super) env: Option<EnvReport>,
 }
 
 /// Ask the monitor to start the run (its env built first, if need be);

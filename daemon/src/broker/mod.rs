@@ -45,6 +45,22 @@ pub(crate) struct Broker {
     session_stop: tokio_util::sync::CancellationToken,
 }
 
+/// A run the monitor started: its id, policy and limits, its events, and
+/// the jailer's stdin (on which its jail hands out the egress proxy's
+/// listener) with the services for it.
+pub(crate) struct SpawnedRun {
+    pub(crate) run_id: String,
+    pub(crate) sandbox_uid: u32,
+    /// A pooled session jail, ready already.
+    pub(crate) ready: bool,
+    pub(crate) policy: String,
+    pub(crate) limits: pycell_protocol::result::LimitsReport,
+    pub(crate) events: tokio::net::unix::pipe::Receiver,
+    pub(crate) handouts: Option<std::os::fd::OwnedFd>,
+    pub(crate) services: pycell_launch::supervisor::Services,
+    pub(crate) env: Option<pycell_protocol::result::EnvReport>,
+}
+
 /// Credentials of a connected peer, as the kernel recorded them when it
 /// connected (SO_PEERCRED).
 #[derive(Debug, Clone, Copy)]

@@ -25,9 +25,8 @@ use pycell_runner::session::SessionOp;
 use pycell_wire::codes::FailureCode;
 use tokio::time::Instant as TokioInstant;
 
-use super::connection::SpawnedRun;
 use super::link::MonitorLink;
-use super::Broker;
+use super::{Broker, SpawnedRun};
 use crate::admission::Slot;
 use crate::link::ToMonitor;
 
