@@ -231,6 +231,9 @@ pub enum ToBroker {
         /// The memory the warm pools' members may use, which admission
         /// sets aside from `memory_budget` (the monitor plans the pools).
         warm_reserved_bytes: u64,
+        /// The pools as planned, none of their members ready yet: what
+        /// `pycell info` shows until the monitor's first report.
+        pools: Vec<pycell_protocol::info::WarmPoolStatus>,
     },
 }
 

@@ -33,11 +33,15 @@ pub(crate) struct MonitorLink {
 impl MonitorLink {
     /// Start routing the monitor's replies (on a thread of its own: the
     /// link is a blocking socket). When the monitor goes, so does the
-    /// broker: nothing can run without it.
-    pub(crate) fn start(stream: StdUnixStream) -> std::io::Result<Arc<MonitorLink>> {
+    /// broker: nothing can run without it. `planned` is what the pools
+    /// are until the monitor first reports them.
+    pub(crate) fn start(
+        stream: StdUnixStream,
+        planned: Vec<WarmPoolStatus>,
+    ) -> std::io::Result<Arc<MonitorLink>> {
         let reader = stream.try_clone()?;
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
-        let pools: Pools = Arc::default();
+        let pools: Pools = Arc::new(Mutex::new(planned));
         let (routes, reported) = (Arc::clone(&pending), Arc::clone(&pools));
         std::thread::spawn(move || route_replies(reader, routes, reported));
         Ok(Arc::new(MonitorLink {

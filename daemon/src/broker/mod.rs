@@ -321,6 +321,8 @@ struct Handoff {
     config: Config,
     /// Memory the warm pools may use, set aside from admission's budget.
     warm_reserved_bytes: u64,
+    /// The pools as planned, until the monitor reports them.
+    pools: Vec<pycell_protocol::info::WarmPoolStatus>,
 }
 
 /// The monitor link (our stdin) and what the monitor sends first over it:
@@ -332,6 +334,7 @@ fn take_handoff() -> std::io::Result<Handoff> {
         config_path,
         config_text,
         warm_reserved_bytes,
+        pools,
     } = msg
     else {
         return Err(std::io::Error::other(
@@ -348,6 +351,7 @@ fn take_handoff() -> std::io::Result<Handoff> {
         monitor: link,
         config,
         warm_reserved_bytes,
+        pools,
     })
 }
 
@@ -449,13 +453,14 @@ async fn serve(handoff: Handoff, allowed_gids: Vec<u32>) -> i32 {
         monitor,
         config,
         warm_reserved_bytes,
+        pools,
     } = handoff;
     let started = (|| {
         let std_listener = std::os::unix::net::UnixListener::from(listener);
         std_listener.set_nonblocking(true)?;
         Ok::<_, std::io::Error>((
             UnixListener::from_std(std_listener)?,
-            MonitorLink::start(monitor)?,
+            MonitorLink::start(monitor, pools)?,
         ))
     })();
     let (listener, link) = match started {

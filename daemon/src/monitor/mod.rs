@@ -123,7 +123,16 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
     let sfd = block_signals()?;
     let (plans, warnings) = crate::pool::plan(&config);
     let warm_reserved = crate::pool::reserved_memory(&plans);
-    let (link, broker_pid) = start_broker(&config, config_path, &ids, listener, warm_reserved)?;
+    let pools = Pools::new(plans, config.warm_idle);
+    let pools_reported = pools.status();
+    let (link, broker_pid) = start_broker(
+        &config,
+        config_path,
+        &ids,
+        listener,
+        warm_reserved,
+        pools_reported.clone(),
+    )?;
     let envs = open_envs(&config, &launcher);
     if let Err(why) = &envs {
         eprintln!("pycelld monitor: runs with dependencies will be refused: {why}");
@@ -131,7 +140,6 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
     for w in warnings {
         eprintln!("pycelld monitor: {w}");
     }
-    let pools = Pools::new(plans, config.warm_idle);
     let mut m = Monitor {
         config,
         layout,
@@ -142,7 +150,7 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
         envs,
         builds: HashMap::new(),
         pools,
-        pools_reported: Vec::new(),
+        pools_reported,
         broker_pid,
         broker_alive: true,
         stopping_since: None,

@@ -101,6 +101,7 @@ pub(super) fn start_broker(
     ids: &ResolvedIds,
     listener: UnixListener,
     warm_reserved_bytes: u64,
+    pools: Vec<pycell_protocol::info::WarmPoolStatus>,
 ) -> Result<(UnixStream, Pid), MonitorError> {
     let (mine, theirs) = UnixStream::pair().map_err(MonitorError::Broker)?;
     // The broker execs this binary through a descriptor opened here as root:
@@ -130,6 +131,7 @@ pub(super) fn start_broker(
         config_path: config_path.to_path_buf(),
         config_text: config.source_text.clone(),
         warm_reserved_bytes,
+        pools,
     })
     .map_err(|e| MonitorError::Sys(e.to_string()))?;
     crate::sockets::send_with_fds(mine.as_fd(), &frame, &[listener.as_fd()])
