@@ -27,6 +27,7 @@ mod pipeline;
 mod preflight;
 mod relay;
 mod rlimits;
+mod run_images;
 mod session;
 mod sources;
 mod status;

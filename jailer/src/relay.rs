@@ -18,6 +18,7 @@ use pycell_wire::events::Stream;
 use pycell_wire::spec::JailSpec;
 
 use crate::outbox::{self, Outbox};
+use crate::run_images::BackChannel;
 use crate::session::{ClockAction, SessionRelay, SessionStep};
 use crate::status::ChildMessage;
 use crate::warm::{Arrival, Phase, WarmState};
@@ -299,6 +300,8 @@ struct Relay {
     outbox: Outbox,
     warm: Option<WarmRelay>,
     session: Option<SessionRelay>,
+    /// A python run's way back (its images), on its stdin socket.
+    back: Option<BackChannel>,
 }
 
 /// Which descriptor a poll slot stands for.
@@ -312,11 +315,16 @@ enum Slot {
     Work,
     Requests,
     Runner,
+    Back,
 }
 
 impl Relay {
     fn new(spec: &JailSpec, ends: ParentEnds, outbox: Outbox) -> Relay {
         let (mut stdin, mut warm, mut session) = (None, None, None);
+        let back = match (spec.images, spec.session) {
+            (Some(_), None) => BackChannel::new(&ends.stdin_write).ok(),
+            _ => None,
+        };
         match (ends.work, spec.session) {
             (Some(channel), Some(clocks)) => {
                 // Output is drained, not waited for, before each reply.
@@ -356,6 +364,7 @@ impl Relay {
             outbox,
             warm,
             session,
+            back,
         }
     }
 
@@ -527,6 +536,12 @@ impl Relay {
     /// What the relay saw, once the jail is gone.
     fn finish(mut self, init_status: Option<WaitStatus>, stopped: Stopped) -> Relayed {
         let disk_used_bytes = self.disk_used();
+        // The run's images go before its result.
+        if let Some(body) = self.back.take().and_then(BackChannel::take_frame) {
+            let _ = self
+                .outbox
+                .offer_reply(&pycell_wire::events::ReplyMeasure::default(), &body);
+        }
         Relayed {
             timed_out: stopped.timed_out,
             cancelled: stopped.cancelled,
@@ -558,7 +573,15 @@ impl Relay {
     /// holds the output pipes dies with it, so EOF comes soon. Bound it anyway.
     fn start_drain(&mut self) {
         self.drain_deadline = Some(Instant::now() + DRAIN);
+        self.end_stdin();
+    }
+
+    /// Nothing more goes to the program's stdin: it sees its end.
+    fn end_stdin(&mut self) {
         self.stdin = None;
+        if let Some(b) = &self.back {
+            b.end_stdin();
+        }
     }
 
     /// One poll round. Returns true if the signalfd is readable.
@@ -590,6 +613,11 @@ impl Relay {
                         s.read_runner();
                     }
                 }
+                Slot::Back => {
+                    if let Some(b) = self.back.as_mut() {
+                        b.read();
+                    }
+                }
             }
         }
         Ok(signal)
@@ -612,6 +640,10 @@ impl Relay {
         if let Some(f) = &self.stdin {
             fds.push(PollFd::new(f.as_fd(), PollFlags::POLLOUT));
             slots.push(Slot::Stdin);
+        }
+        if let Some(fd) = self.back.as_ref().and_then(BackChannel::fd) {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
+            slots.push(Slot::Back);
         }
         if self.outbox.waiting() > 0 {
             fds.push(PollFd::new(self.outbox.fd(), PollFlags::POLLOUT));
@@ -730,11 +762,11 @@ impl Relay {
             Ok(n) => {
                 self.stdin_pos += n;
                 if self.stdin_pos >= self.stdin_data.len() {
-                    self.stdin = None;
+                    self.end_stdin();
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(_) => self.stdin = None,
+            Err(_) => self.end_stdin(),
         }
     }
 

@@ -346,8 +346,8 @@ struct Jail {
 /// the child is killed and reaped and the cgroup removed.
 fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     let layout = &checked.layout;
-    let (mut child_fds, go, ends) =
-        pipes(spec.session.is_some()).map_err(io_failure("creating pipes"))?;
+    let (mut child_fds, go, ends) = pipes(spec.session.is_some() || spec.images.is_some())
+        .map_err(io_failure("creating pipes"))?;
     child_fds.handout_channel = handout_channel(spec)?;
     let born_in = match layout.version() {
         pycell_wire::report::CgroupVersion::V2 => Some(create_cgroup(spec, layout)?),
@@ -488,12 +488,13 @@ fn write_id_maps(pid: Pid, spec: &JailSpec) -> io::Result<()> {
 }
 
 /// The jail's pipes: the child's ends, our go-pipe end, our other ends.
-/// Each side drops the other's after the clone. A session's stdin is a
-/// socket: its runner reads requests and writes replies on it.
-fn pipes(session: bool) -> io::Result<(ChildFds, OwnedFd, ParentEnds)> {
+/// Each side drops the other's after the clone. The stdin of a session or
+/// a python run is a socket: a session's runner reads requests and writes
+/// replies on it, a run's sends back its images.
+fn pipes(stdin_socket: bool) -> io::Result<(ChildFds, OwnedFd, ParentEnds)> {
     let p = || pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from);
     let (go, status, stdout, stderr) = (p()?, p()?, p()?, p()?);
-    let stdin: (OwnedFd, OwnedFd) = match session {
+    let stdin: (OwnedFd, OwnedFd) = match stdin_socket {
         true => {
             let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
             (theirs.into(), ours.into())

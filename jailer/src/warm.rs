@@ -171,6 +171,7 @@ mod tests {
             stdin: vec![],
             wall_timeout_ms: 5000,
             max_output_bytes: 1024,
+            images: None,
         }
     }
 

@@ -28,7 +28,7 @@ use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::{LimitsReport, NetworkReport, RunResult};
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::{Event, EventError, Stream};
-use pycell_wire::report::{JailFailure, JailReport};
+use pycell_wire::report::{JailFailure, JailReport, RunImages};
 use pycell_wire::spec::{new_run_id, JailSpec};
 
 /// Where sandbox uid leases are kept (by embedded runs and pycelld alike:
@@ -467,16 +467,17 @@ impl Prepared {
     }
 
     /// The spec as the jailer reads it: one frame.
+    /// The spec the jailer gets: a cold python run's on the runner.
     fn spec_frame(&self) -> Result<Vec<u8>, Box<RunResult>> {
-        pycell_wire::framing::encode_within(&self.spec, pycell_wire::spec::MAX_SPEC_FRAME).map_err(
-            |e| {
-                self.refused_boxed(JailFailure::new(
-                    FailureCode::Internal,
-                    Layer::Jailer,
-                    format!("encoding the spec: {e}"),
-                ))
-            },
-        )
+        let on_runner = pycell_runner::cold_on_runner(&self.spec);
+        let spec = on_runner.as_ref().unwrap_or(&self.spec);
+        pycell_wire::framing::encode_within(spec, pycell_wire::spec::MAX_SPEC_FRAME).map_err(|e| {
+            self.refused_boxed(JailFailure::new(
+                FailureCode::Internal,
+                Layer::Jailer,
+                format!("encoding the spec: {e}"),
+            ))
+        })
     }
 
     fn refused_boxed(&self, f: JailFailure) -> Box<RunResult> {
@@ -618,6 +619,7 @@ pub struct Collector {
     report: Option<JailReport>,
     broken: Option<EventError>,
     network: Option<NetworkReport>,
+    images: RunImages,
 }
 
 impl Collector {
@@ -635,6 +637,7 @@ impl Collector {
             report: None,
             broken: None,
             network: None,
+            images: RunImages::default(),
         }
     }
 
@@ -664,6 +667,12 @@ impl Collector {
     /// The output of `stream` kept so far (capped).
     pub fn output(&self, stream: Stream) -> &[u8] {
         &self.output[stream as usize]
+    }
+
+    /// The images the run's runner sent back (untrusted bytes from the
+    /// jail: only well-formed PNGs under /workspace are kept).
+    pub fn images(&mut self, body: &[u8]) {
+        self.images = checked_images(body);
     }
 
     /// What the run did through its egress proxy (after the proxy ended).
@@ -701,8 +710,32 @@ impl Collector {
             &self.output[1],
         );
         result.network = self.network;
+        result.images = self.images.images;
+        result.images_omitted = self.images.images_omitted;
         result
     }
+}
+
+/// A run's images as its runner sent them, checked.
+fn checked_images(body: &[u8]) -> RunImages {
+    let mut sent = serde_json::from_slice::<RunImages>(body).unwrap_or_default();
+    keep_valid_images(&mut sent.images, &mut sent.images_omitted);
+    sent
+}
+
+/// Keep each image the runner (in the jail) sent only if it is a PNG (in
+/// base64) with a path in /workspace; the others count as omitted.
+pub fn keep_valid_images(images: &mut Vec<pycell_wire::report::Image>, omitted: &mut u32) {
+    use base64::Engine;
+    let is_png = |i: &pycell_wire::report::Image| {
+        i.path.starts_with("/workspace/")
+            && base64::engine::general_purpose::STANDARD
+                .decode(&i.png)
+                .is_ok_and(|b| b.starts_with(b"\x89PNG\r\n\x1a\n"))
+    };
+    let before = images.len();
+    images.retain(is_png);
+    *omitted = omitted.saturating_add((before - images.len()) as u32);
 }
 
 /// What to tell about a jailer that gave no result.

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use pycell_policy::{Interpreter, Limits, NetworkMode, Policy};
 use pycell_wire::spec::{
-    BindMount, CgroupSpec, JailLimits, JailSpec, LandlockSpec, NetworkSpec, WorkspaceFile,
-    CA_CERTIFICATES, EGRESS_PROXY_PORT, WORKSPACE,
+    BindMount, CgroupSpec, ImageLimits, JailLimits, JailSpec, LandlockSpec, NetworkSpec,
+    WorkspaceFile, CA_CERTIFICATES, EGRESS_PROXY_PORT, WORKSPACE,
 };
 
 use pycell_protocol::messages::{
@@ -504,8 +504,18 @@ pub fn resolve_with(
         export_workspace: extras.export_workspace,
         warm: false,
         session: None,
+        // An install jail runs uv, not the runner.
+        images: (!extras.export_workspace).then(|| image_limits(&policy.images)),
     };
     Ok(Resolved { spec, limits })
+}
+
+/// A policy's `[images]` as the runner takes them.
+pub fn image_limits(s: &pycell_policy::ImageSettings) -> ImageLimits {
+    ImageLimits {
+        max_edge: s.max_edge,
+        max_bytes: s.max_bytes,
+    }
 }
 
 /// The variables that point HTTP clients (urllib, requests, httpx, aiohttp

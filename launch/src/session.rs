@@ -575,13 +575,14 @@ impl<C: JailerControl> Driver<C> {
                     return;
                 };
                 let [stdout, stderr] = f.output.map(|o| String::from_utf8_lossy(&o).into_owned());
-                let reply =
+                let mut reply =
                     serde_json::from_slice::<RunnerReply>(&body).unwrap_or_else(|e| RunnerReply {
                         refused: Some(format!(
                             "the session's runner gave an unreadable reply: {e}"
                         )),
                         ..RunnerReply::default()
                     });
+                crate::launcher::keep_valid_images(&mut reply.images, &mut reply.images_omitted);
                 let answer = Answer {
                     run_id: self.run_id.clone(),
                     policy: self.policy.clone(),

@@ -345,8 +345,7 @@ pub fn op_for(
         SessionCall::Cell { code } => SessionRequest::Cell {
             code,
             limits: CellLimits {
-                image_edge: s.image_edge,
-                image_bytes: s.image_bytes,
+                images: crate::resolve::image_limits(&policy.images),
                 ..CellLimits::default()
             },
         },

@@ -392,9 +392,9 @@ impl RunStream {
         loop {
             match self.next_item().await? {
                 StreamItem::Output(s, bytes) => return Some((s, bytes)),
-                // Runs get no replies; a jailer that sends one anyway is
-                // not listened to.
-                StreamItem::Ready | StreamItem::Reply(..) => {}
+                // A run's one reply: the images its runner sent back.
+                StreamItem::Reply(_, body) => self.collector.images(&body),
+                StreamItem::Ready => {}
             }
         }
     }

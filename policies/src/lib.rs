@@ -37,7 +37,7 @@ pub use limits::{
     LimitCeilings, LimitCeilingsReport, Limits, LimitsReport, CPUS_RANGE, MAX_MAX_OUTPUT,
     MAX_WALL_TIMEOUT, MIN_MAX_OUTPUT, MIN_MEMORY, MIN_TMPFS_SIZE, OPEN_FILES_RANGE, PIDS_RANGE,
 };
-pub use session::SessionSettings;
+pub use session::{ImageSettings, SessionSettings};
 pub use types::{
     namespaces, Dependencies, InstallSource, Interpreter, LandlockRules, Namespace, NetworkMode,
     ReadOnlyMount,
@@ -80,6 +80,8 @@ pub struct Policy {
     pub warm_imports: Vec<String>,
     /// `[session]`: sessions' clocks, count and transfers.
     pub session: SessionSettings,
+    /// `[images]`: how large the images a result carries may be.
+    pub images: ImageSettings,
 }
 
 impl Policy {

@@ -30,6 +30,7 @@ pub(crate) struct RawPolicy {
     pub(crate) install: Option<RawInstall>,
     pub(crate) warm: Option<RawWarm>,
     pub(crate) session: Option<RawSession>,
+    pub(crate) images: Option<RawImages>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -39,8 +40,13 @@ pub(crate) struct RawSession {
     pub(crate) lifetime: Option<Quantity>,
     pub(crate) per_uid: Option<i64>,
     pub(crate) max_file: Option<Quantity>,
-    pub(crate) image_edge: Option<i64>,
-    pub(crate) image_bytes: Option<Quantity>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawImages {
+    pub(crate) max_edge: Option<i64>,
+    pub(crate) max_bytes: Option<Quantity>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,5 +1,6 @@
 //! `[session]`: how long a session of this policy may live and idle, how
-//! many a uid may hold, and what it moves in and out (files, images).
+//! many a uid may hold, and how large a file it moves in or out; and
+//! `[images]`: how large the images a run or cell sends back may be.
 
 use std::time::Duration;
 
@@ -7,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Diagnostic, FieldPath};
 use crate::limits::between;
-use crate::raw::{duration, size, Quantity, RawSession};
+use crate::raw::{duration, size, Quantity, RawImages, RawSession};
 
 /// The largest file a session moves in one request (the protocol's bound).
 pub const MAX_FILE_CEILING: u64 = 8 << 20;
@@ -23,10 +24,24 @@ pub struct SessionSettings {
     pub per_uid: u32,
     /// The largest file written or read in one request.
     pub max_file: u64,
-    /// Images sent back are scaled to at most this many pixels a side.
-    pub image_edge: u32,
-    /// The images of one result together, in bytes (PNG).
-    pub image_bytes: u64,
+}
+
+/// A policy's `[images]`: figures a run or cell leaves open, and PNG or
+/// JPEG files it writes, come back scaled to at most `max_edge` pixels a
+/// side, at most `max_bytes` of PNG per result together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageSettings {
+    pub max_edge: u32,
+    pub max_bytes: u64,
+}
+
+impl Default for ImageSettings {
+    fn default() -> ImageSettings {
+        ImageSettings {
+            max_edge: 1024,
+            max_bytes: 1 << 20,
+        }
+    }
 }
 
 impl Default for SessionSettings {
@@ -36,8 +51,6 @@ impl Default for SessionSettings {
             lifetime: Duration::from_secs(3600),
             per_uid: 4,
             max_file: MAX_FILE_CEILING,
-            image_edge: 1024,
-            image_bytes: 1 << 20,
         }
     }
 }
@@ -112,11 +125,21 @@ pub(crate) fn check_session(
     if let Some(q) = raw.max_file {
         s.max_file = within_size(q, (1, MAX_FILE_CEILING), &path.key("max_file"))?;
     }
-    if let Some(n) = raw.image_edge {
-        s.image_edge = within_int(n, IMAGE_EDGE_RANGE, &path.key("image_edge"))?;
+    Ok(s)
+}
+
+/// `[images]`, each field left out taking its default.
+pub(crate) fn check_images(
+    raw: Option<RawImages>,
+    path: &FieldPath,
+) -> Result<ImageSettings, Diagnostic> {
+    let raw = raw.unwrap_or_default();
+    let mut s = ImageSettings::default();
+    if let Some(n) = raw.max_edge {
+        s.max_edge = within_int(n, IMAGE_EDGE_RANGE, &path.key("max_edge"))?;
     }
-    if let Some(q) = raw.image_bytes {
-        s.image_bytes = within_size(q, IMAGE_BYTES_RANGE, &path.key("image_bytes"))?;
+    if let Some(q) = raw.max_bytes {
+        s.max_bytes = within_size(q, IMAGE_BYTES_RANGE, &path.key("max_bytes"))?;
     }
     Ok(s)
 }

@@ -172,7 +172,7 @@ fn unknown_field_lists_the_known_ones() {
         error_with("[network]", "[netwrok]"),
         "policies/custom.toml:20:2: netwrok: unknown field \"netwrok\"; expected one of: \
          name, description, namespaces, interpreter, limits, network, mounts, landlock, seccomp, env, \
-         dependencies, install, warm, session"
+         dependencies, install, warm, session, images"
     );
 }
 
@@ -675,10 +675,9 @@ fn session_settings_default_and_are_checked() {
     let p = minimal_with("").unwrap();
     assert_eq!(p.session, crate::SessionSettings::default());
     assert_eq!(p.session.idle_timeout, std::time::Duration::from_secs(600));
-    let p =
-        minimal_with("[session]\nidle_timeout = \"30s\"\nper_uid = 0\nimage_bytes = 0\n").unwrap();
+    let p = minimal_with("[session]\nidle_timeout = \"30s\"\nper_uid = 0\n").unwrap();
     assert_eq!(p.session.idle_timeout.as_secs(), 30);
-    assert_eq!((p.session.per_uid, p.session.image_bytes), (0, 0));
+    assert_eq!(p.session.per_uid, 0);
     let e = minimal_with("[session]\nidle_timeout = \"2h\"\n").unwrap_err();
     assert!(
         e.contains("session.idle_timeout") && e.contains("longer than the lifetime"),
@@ -689,8 +688,23 @@ fn session_settings_default_and_are_checked() {
         e.contains("session.max_file") && e.contains("between"),
         "{e}"
     );
-    let e = minimal_with("[session]\nimage_edge = 4\n").unwrap_err();
-    assert!(e.contains("session.image_edge"), "{e}");
     let e = minimal_with("[session]\nkeep = 1\n").unwrap_err();
     assert!(e.contains("keep"), "{e}");
+}
+
+#[test]
+fn image_settings_default_and_are_checked() {
+    let p = minimal_with("").unwrap();
+    assert_eq!((p.images.max_edge, p.images.max_bytes), (1024, 1 << 20));
+    let p = minimal_with("[images]\nmax_edge = 512\nmax_bytes = 0\n").unwrap();
+    assert_eq!((p.images.max_edge, p.images.max_bytes), (512, 0));
+    let e = minimal_with("[images]\nmax_edge = 4\n").unwrap_err();
+    assert!(
+        e.contains("images.max_edge") && e.contains("between"),
+        "{e}"
+    );
+    let e = minimal_with("[images]\nmax_bytes = \"17MiB\"\n").unwrap_err();
+    assert!(e.contains("images.max_bytes"), "{e}");
+    let e = minimal_with("[session]\nimage_edge = 1024\n").unwrap_err();
+    assert!(e.contains("image_edge"), "{e}");
 }

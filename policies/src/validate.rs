@@ -98,6 +98,7 @@ pub(crate) fn validate(
     };
     let warm_imports = check_warm(raw.warm, &root.key("warm"))?;
     let session = crate::session::check_session(raw.session, &root.key("session"))?;
+    let images = crate::session::check_images(raw.images, &root.key("images"))?;
 
     Ok(Policy {
         name,
@@ -114,6 +115,7 @@ pub(crate) fn validate(
         install,
         warm_imports,
         session,
+        images,
     })
 }
 

@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use pycell_wire::report::{
-    exit_code_for, ChangedFile, JailFailure, JailReport, Layers, RunStatus, SessionEnd,
+    exit_code_for, ChangedFile, Image, JailFailure, JailReport, Layers, RunStatus, SessionEnd,
 };
 
 pub use pycell_policy::LimitsReport;
@@ -51,6 +51,15 @@ pub struct RunResult {
     /// More files changed than are listed.
     #[serde(default)]
     pub files_truncated: bool,
+    /// Figures the run left open (matplotlib; saved under
+    /// /workspace/figures) and PNG or JPEG files it wrote, as PNG scaled
+    /// to the policy's `[images]` bounds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<Image>,
+    /// Images not sent because the result's image budget was used up
+    /// (their files are listed).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub images_omitted: u32,
     pub policy: String,
     /// The effective limits; null when the run was refused before they were known.
     pub limits: Option<LimitsReport>,
@@ -64,6 +73,10 @@ pub struct RunResult {
     /// any, or whose policy has `[dependencies] packages`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<EnvReport>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Whether a run's env was already built.
@@ -177,6 +190,8 @@ impl RunResult {
             session_end: report.session_end,
             files: report.files,
             files_truncated: report.files_truncated,
+            images: Vec::new(),
+            images_omitted: 0,
             policy: policy.to_string(),
             limits,
             layers: report.layers,

@@ -24,10 +24,23 @@ pub mod session;
 
 use serde::{Deserialize, Serialize};
 
-use pycell_wire::spec::{JailSpec, WORKSPACE};
+use pycell_wire::spec::{ImageLimits, JailSpec, WORKSPACE};
 
-/// The runner's source: a warm jail runs `python -s -c RUNNER MODULE...`.
-pub const RUNNER: &str = include_str!("runner.py");
+/// The runner's source: every python run starts on it (`python -s -c
+/// RUNNER --pycell-run` cold, `python -s -c RUNNER MODULE...` warm). Its
+/// core is compiled at start; its images and session parts are kept as
+/// text, compiled when needed (see `runner.py`).
+pub const RUNNER: &str = concat!(
+    include_str!("runner.py"),
+    "\n\n_PYCELL_PARTS = {\n    \"images\": r'''\n",
+    include_str!("media.py"),
+    "''',\n    \"session\": r'''\n",
+    include_str!("session.py"),
+    "''',\n}\n\n_pycell_start()\n",
+);
+
+/// The flag that makes the runner serve one cold run (no warm-up).
+pub const COLD_FLAG: &str = "--pycell-run";
 
 /// The largest work frame (the same, with room to spare).
 pub const MAX_WORK_FRAME: u64 = 96 << 20;
@@ -47,6 +60,30 @@ pub fn warm_argv(python: String, modules: &[String]) -> Vec<String> {
     ];
     argv.extend(modules.iter().cloned());
     argv
+}
+
+/// The jail `cold` describes, its python started on the runner, which
+/// gets the run's script and stdin as work right away: how every cold
+/// python run starts, so that it runs as a warm one does and sends back
+/// its images. None for what is not a python run (no image limits: an
+/// install jail), or not cold.
+pub fn cold_on_runner(cold: &JailSpec) -> Option<JailSpec> {
+    if cold.warm || cold.session.is_some() || cold.images.is_none() {
+        return None;
+    }
+    let work = work_for(cold)?;
+    let mut spec = cold.clone();
+    // The script stays among the jail's files: the frame names it.
+    spec.argv = vec![
+        cold.argv[0].clone(),
+        "-s".to_string(),
+        "-c".to_string(),
+        RUNNER.to_string(),
+        COLD_FLAG.to_string(),
+    ];
+    spec.stdin = work.frame(false);
+    spec.stdin.extend_from_slice(&work.stdin);
+    Some(spec)
 }
 
 /// The warm jail for runs that would get `cold` (a spec resolved for an
@@ -93,6 +130,7 @@ pub fn work_for(cold: &JailSpec) -> Option<Work> {
         stdin: cold.stdin.clone(),
         wall_timeout_ms: cold.limits.wall_timeout_ms,
         max_output_bytes: cold.limits.max_output_bytes,
+        images: cold.images,
     })
 }
 
@@ -110,6 +148,9 @@ pub struct Work {
     /// every other limit is the jail's, which the launcher matched).
     pub wall_timeout_ms: u64,
     pub max_output_bytes: u64,
+    /// The images the runner sends back when the code is done.
+    #[serde(default)]
+    pub images: Option<ImageLimits>,
 }
 
 /// Why a piece of work was refused.
@@ -128,7 +169,9 @@ pub enum WorkError {
 struct RunnerFrame<'a> {
     path: String,
     argv: &'a [String],
-    code: &'a str,
+    /// None: the script is at `path` already.
+    code: Option<&'a str>,
+    images: Option<ImageLimits>,
 }
 
 impl Work {
@@ -151,15 +194,22 @@ impl Work {
     /// The bytes the jailer writes to the runner's stdin: its frame, then
     /// the run's stdin.
     pub fn runner_input(&self) -> Vec<u8> {
+        let mut out = self.frame(true);
+        out.extend_from_slice(&self.stdin);
+        out
+    }
+
+    /// The runner's frame, with the script's text or without (when it is
+    /// in the workspace already).
+    fn frame(&self, with_code: bool) -> Vec<u8> {
         let frame = RunnerFrame {
             path: format!("{WORKSPACE}/{}", self.filename),
             argv: &self.args,
-            code: &self.code,
+            code: with_code.then_some(self.code.as_str()),
+            images: self.images,
         };
-        let mut out = pycell_wire::framing::encode_within(&frame, MAX_WORK_FRAME)
-            .expect("a checked work frame fits, and strings serialize");
-        out.extend_from_slice(&self.stdin);
-        out
+        pycell_wire::framing::encode_within(&frame, MAX_WORK_FRAME)
+            .expect("a checked work frame fits, and strings serialize")
     }
 }
 
@@ -175,6 +225,10 @@ mod tests {
             stdin: b"in".to_vec(),
             wall_timeout_ms: 1000,
             max_output_bytes: 1 << 20,
+            images: Some(ImageLimits {
+                max_edge: 64,
+                max_bytes: 4096,
+            }),
         }
     }
 
@@ -202,6 +256,7 @@ mod tests {
         assert_eq!(frame["path"], "/workspace/main.py");
         assert_eq!(frame["argv"], serde_json::json!(["a"]));
         assert_eq!(frame["code"], "print(1)");
+        assert_eq!(frame["images"]["max_edge"], 64);
         assert_eq!(&input[4 + len..], b"in");
     }
 
@@ -217,6 +272,63 @@ mod tests {
         w.wall_timeout_ms = 0;
         assert!(w.validate().is_err());
         assert!(work().validate().is_ok());
+    }
+
+    #[test]
+    fn the_runner_is_one_argument_and_its_parts_compile() {
+        // MAX_ARG_STRLEN: one argument of execve.
+        assert!(RUNNER.len() < 128 << 10, "{}", RUNNER.len());
+        for part in [include_str!("media.py"), include_str!("session.py")] {
+            assert!(!part.contains("'''"), "a part would end its quotes");
+        }
+        let check = r#"
+import sys
+src = sys.stdin.read()
+core, start = src.rsplit("_pycell_start()", 1)
+assert start.strip() == "", "the runner ends by starting"
+ns = {}
+exec(compile(core, "<string>", "exec"), ns)
+for name, part in ns["_PYCELL_PARTS"].items():
+    compile(part, "<string>", "exec")
+print(sorted(ns["_PYCELL_PARTS"]))
+"#;
+        let out = python(&["-c", check], RUNNER.as_bytes());
+        assert_eq!(out, "['images', 'session']\n");
+    }
+
+    #[test]
+    fn a_cold_run_reads_its_frame_then_runs_the_script_with_its_stdin() {
+        let dir = std::env::temp_dir().join(format!("pycell-runner-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut w = work();
+        w.code = "import sys\nprint(sys.argv[1:], sys.stdin.read())\n".into();
+        w.images = None;
+        let frame = RunnerFrame {
+            path: dir.join("main.py").display().to_string(),
+            argv: &w.args,
+            code: Some(&w.code),
+            images: None,
+        };
+        let mut input = pycell_wire::framing::encode_within(&frame, MAX_WORK_FRAME).unwrap();
+        input.extend_from_slice(b"in");
+        let out = python(&["-s", "-c", RUNNER, COLD_FLAG], &input);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(out, "['a'] in\n");
+    }
+
+    fn python(args: &[&str], stdin: &[u8]) -> String {
+        use std::io::Write;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new("python3")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
     }
 
     #[test]

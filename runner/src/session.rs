@@ -18,7 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use pycell_wire::spec::{JailSpec, SessionSpec};
+use pycell_wire::spec::{ImageLimits, JailSpec, SessionSpec};
 
 use crate::RUNNER;
 
@@ -111,10 +111,8 @@ pub struct CellLimits {
     pub value_chars: u32,
     /// Changed files listed.
     pub files: u32,
-    /// Largest edge of an image sent back, in pixels.
-    pub image_edge: u32,
-    /// Total size of the images sent back, in bytes (PNG).
-    pub image_bytes: u64,
+    /// The images sent back.
+    pub images: ImageLimits,
 }
 
 impl Default for CellLimits {
@@ -122,8 +120,10 @@ impl Default for CellLimits {
         CellLimits {
             value_chars: 16 << 10,
             files: 100,
-            image_edge: 1024,
-            image_bytes: 1 << 20,
+            images: ImageLimits {
+                max_edge: 1024,
+                max_bytes: 1 << 20,
+            },
         }
     }
 }
@@ -193,7 +193,7 @@ pub struct RunnerReply {
     #[serde(default)]
     pub files_truncated: bool,
     #[serde(default)]
-    pub images: Vec<ReplyImage>,
+    pub images: Vec<Image>,
     #[serde(default)]
     pub images_omitted: u32,
     /// A file operation: the path it resolved to, and the file's size.
@@ -223,16 +223,7 @@ pub struct CellError {
 
 pub use pycell_wire::report::ChangedFile;
 
-/// An image for the caller: a figure left open, or a PNG or JPEG written.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ReplyImage {
-    /// Where the full-size image is in /workspace.
-    pub path: String,
-    /// PNG, base64, scaled to the request's `image_edge`.
-    pub png: String,
-    pub width: u32,
-    pub height: u32,
-}
+pub use pycell_wire::report::Image;
 
 /// One entry of a listing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -269,7 +260,7 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&frame[4..4 + len]).unwrap();
         assert_eq!(v["op"], "cell");
         assert_eq!(v["code"], "x = 1");
-        assert_eq!(v["limits"]["image_edge"], 1024);
+        assert_eq!(v["limits"]["images"]["max_edge"], 1024);
         assert!(v.get("wall_timeout_ms").is_none(), "{v}");
     }
 

@@ -8,7 +8,8 @@ Steps: state across cells (x = 41, then x + 1), imports and files; an
 exception; a cell over its timeout (KeyboardInterrupt, the session goes
 on); a binary file round trip; input files for cells; path refusals; a
 pandas + matplotlib plot under data-science as a PNG within the edge and
-size limits; session_list; a cell that ignores
+size limits, in a cell and in one-shot runs (over the budget too);
+session_list; a cell that ignores
 KeyboardInterrupt (the session is killed, the next call says so); another
 session's state kept apart; session_end freeing the sandbox uid's processes
 and cgroups; too many sessions; unknown handles; stdin closing with
@@ -30,7 +31,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sdk_client import REPORT, call, cgroups_of_uid, processes_with_uid, step  # noqa: E402
+from sdk_client import REPORT, call, cgroups_of_uid, processes_with_uid, step, summarize  # noqa: E402
 
 SERVER_ARGS = ["mcp", "--embedded"]
 
@@ -169,14 +170,45 @@ async def plot(session, schemas, policy):
         "is_error": r.is_error,
         "status": sc.get("status"),
         "value": (sc.get("cell") or {}).get("value"),
-        "cell_images": (sc.get("cell") or {}).get("images"),
+        "result_images": sc.get("images"),
         "images": sizes,
         "stderr": (sc.get("stderr") or "")[-2000:],
         "text": "".join(getattr(c, "text", "") for c in r.content)[-2000:],
     }
-    full = await call(session, schemas, {"session": h, "path": ((sc.get("cell") or {}).get("images") or [{}])[0].get("path", "none")}, name="read_file")
+    full = await call(session, schemas, {"session": h, "path": (sc.get("images") or [{}])[0].get("path", "none")}, name="read_file")
     out["full_size"] = {"is_error": full.get("is_error"), "mime": structured(full).get("mime_type"), "size": structured(full).get("size")}
     await call(session, schemas, {"session": h}, name="session_end")
+    return out
+
+
+async def plot_run(session, schemas, policy):
+    """One-shot runs: a figure left open and a large PNG saved come back
+    scaled down, with their paths; figures over the budget are counted."""
+    code = (
+        "import matplotlib.pyplot as plt\n"
+        "fig, ax = plt.subplots(figsize=(16, 12), dpi=100)\nax.plot([1, 2, 3], [3, 1, 2])\n"
+        "plt.savefig('big.png', dpi=200)\n"
+        "print('plotted')"
+    )
+    r = await session.call_tool("run_python", {"code": code, "policy": policy, "timeout_s": 120})
+    out = {"shown": summarize(r, schemas.get("run_python"))}
+    out["content"] = [
+        {"mime": c.mime_type, "size": png_size(base64.b64decode(c.data)), "bytes": len(base64.b64decode(c.data))}
+        for c in r.content
+        if getattr(c, "type", "") == "image"
+    ]
+    noise = (
+        "import numpy as np\nimport matplotlib.pyplot as plt\nrng = np.random.default_rng(1)\n"
+        "for _ in range(3):\n    plt.figure(figsize=(10, 10), dpi=100)\n    plt.imshow(rng.random((1000, 1000, 3)))\n"
+    )
+    r = await session.call_tool("run_python", {"code": noise, "policy": policy, "timeout_s": 120})
+    sc = r.structured_content or {}
+    out["over_budget"] = {
+        "status": sc.get("status"),
+        "sent": len(sc.get("images") or []),
+        "omitted": sc.get("images_omitted"),
+        "content_bytes": sum(len(base64.b64decode(c.data)) for c in r.content if getattr(c, "type", "") == "image"),
+    }
     return out
 
 
@@ -206,6 +238,7 @@ async def session_flow(pycell):
             # the package index into the embedded env store, once.
             if not ARGS.socket:
                 await step("plot", lambda: plot(session, schemas, "data-science"), timeout=300)
+                await step("plot_run", lambda: plot_run(session, schemas, "data-science"), timeout=300)
     return {"completed": True}
 
 

@@ -214,6 +214,48 @@ fn check_flow(c: &mut Checks) {
     }
 }
 
+/// One-shot runs: the figure left open (1600x1200) and the PNG saved at
+/// 3200x2400 both come back at the 1024 px edge, with their paths and the
+/// structured result naming them; three noise figures that cannot all fit
+/// the 1 MiB budget are partly omitted, and what is sent stays within it.
+fn check_plot_run(c: &mut Checks, v: &Value) {
+    let s = "plot_run";
+    c.eq(s, v, "/shown/structured/status", "ok".into());
+    c.eq(s, v, "/shown/structured/stdout", "plotted\n".into());
+    c.eq(
+        s,
+        v,
+        "/shown/structured/images/0/path",
+        "/workspace/figures/figure-1.png".into(),
+    );
+    c.eq(
+        s,
+        v,
+        "/shown/structured/images/1/path",
+        "/workspace/big.png".into(),
+    );
+    c.eq(s, v, "/shown/structured/images/1/width", json!(1024));
+    c.eq(s, v, "/shown/schema_errors", json!([]));
+    c.eq(s, v, "/content/0/mime", "image/png".into());
+    c.eq(s, v, "/content/0/size", json!([1024, 768]));
+    c.eq(s, v, "/content/1/size", json!([1024, 768]));
+    c.eq(s, v, "/over_budget/status", "ok".into());
+    c.check(
+        num(v, "/over_budget/omitted") >= 1.0
+            && num(v, "/over_budget/sent") + num(v, "/over_budget/omitted") == 3.0,
+        || {
+            format!(
+                "{s}: three figures, some over the budget: {}",
+                v["over_budget"]
+            )
+        },
+    );
+    c.check(
+        num(v, "/over_budget/content_bytes") <= (1 << 20) as f64,
+        || format!("{s}: the images sent are over 1 MiB: {}", v["over_budget"]),
+    );
+}
+
 #[test]
 fn sessions_keep_state_move_files_show_plots_and_leave_nothing_behind() {
     let report = sdk_report("sdk_sessions.py", GUARD);
@@ -233,10 +275,13 @@ fn sessions_keep_state_move_files_show_plots_and_leave_nothing_behind() {
         c.contains(
             "plot",
             v,
-            "/cell_images/0/path",
+            "/result_images/0/path",
             "/workspace/figures/cell-1-figure-1.png",
         );
         c.eq("plot", v, "/full_size/mime", "image/png".into());
+    }
+    if let Some(v) = c.step("plot_run") {
+        check_plot_run(&mut c, v);
     }
     for (step, exit) in [("eof", json!(0)), ("killed", json!(-9))] {
         if let Some(v) = c.step(step) {

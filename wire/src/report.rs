@@ -48,6 +48,30 @@ pub struct ChangedFile {
     pub created: bool,
 }
 
+/// An image for the caller: a figure a run or cell left open, or a PNG or
+/// JPEG file it wrote, as the runner made it in the jail (untrusted: only
+/// its shape is checked).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Image {
+    /// Where the full-size image is in /workspace.
+    pub path: String,
+    /// PNG, base64, scaled to at most the policy's `[images] max_edge`.
+    pub png: String,
+    /// Its size as sent, in pixels.
+    pub width: u32,
+    pub height: u32,
+}
+
+/// What a run's runner sends back when its code is done: the images it
+/// made, and how many did not fit the result's image budget.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunImages {
+    #[serde(default)]
+    pub images: Vec<Image>,
+    #[serde(default)]
+    pub images_omitted: u32,
+}
+
 /// Why a session's jail ended, when its jailer ended it (or its launcher
 /// closed it); other ends (memory, a crash) are the report's status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -63,6 +63,21 @@ pub struct JailSpec {
     /// `pycell_runner::session`). Needs `warm`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionSpec>,
+    /// A python run on pycell's runner, which sends back the figures it
+    /// leaves open and the image files it writes, within these limits (on
+    /// its stdin, then a socket: see `pycell_runner`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<ImageLimits>,
+}
+
+/// How large the images a run sends back may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageLimits {
+    /// The longest side of an image, in pixels.
+    pub max_edge: u32,
+    /// All of one result's images together, in bytes of PNG.
+    pub max_bytes: u64,
 }
 
 /// A session's clocks, which its jailer keeps: the jail ends when it has

@@ -1,11 +1,12 @@
 //! What only a session cell's result has, under `cell` of `run_python`'s
-//! result (the last expression's value, the exception, the files it
-//! changed, its images), and its part of the text.
+//! result (the last expression's value, the exception), and its part of
+//! the text; and what runs and cells both have: the files they changed,
+//! the images they made.
 
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use pycell_runner::session::{ChangedFile, ReplyImage};
+use pycell_runner::session::{ChangedFile, Image};
 
 /// What a session cell has beyond a run's result.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -23,12 +24,6 @@ pub struct CellInfo {
     /// The exception the cell ended with, if it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exception: Option<CellException>,
-    /// Images returned as image content, in order: figures the cell left
-    /// open and PNG/JPEG files it wrote, scaled down.
-    pub images: Vec<ImageInfo>,
-    /// Images not returned because the result's image budget was used up
-    /// (their files are listed; read them with read_file).
-    pub images_omitted: u32,
     /// The session's memory when the cell ended, in bytes.
     pub memory_bytes: u64,
 }
@@ -78,7 +73,7 @@ impl From<&ChangedFile> for FileChange {
     }
 }
 
-pub fn image_info(i: &ReplyImage) -> ImageInfo {
+pub fn image_info(i: &Image) -> ImageInfo {
     ImageInfo {
         path: i.path.clone(),
         width: i.width,
@@ -96,14 +91,11 @@ pub fn no_cell(session: &str) -> CellInfo {
         value: None,
         value_truncated: false,
         exception: None,
-        images: vec![],
-        images_omitted: 0,
         memory_bytes: 0,
     }
 }
 
-/// A cell's part of the text content: the value, the exception, the
-/// files and images.
+/// A cell's part of the text content: the value, the exception.
 pub fn render_cell(c: &CellInfo, text: &mut String) {
     if let Some(e) = &c.exception {
         text.push_str(&format!("\n--- exception ---\n{}", e.traceback));
@@ -119,16 +111,28 @@ pub fn render_cell(c: &CellInfo, text: &mut String) {
         };
         text.push_str(&format!("\nOut[{}]: {v}{cut}\n", c.number));
     }
-    for i in &c.images {
+}
+
+/// The images' part of the text content.
+pub fn render_images(images: &[ImageInfo], omitted: u32, text: &mut String) {
+    for i in images {
         text.push_str(&format!(
             "image: {} (sent at {}x{})\n",
             i.path, i.width, i.height
         ));
     }
-    if c.images_omitted > 0 {
+    if omitted > 0 {
         text.push_str(&format!(
-            "{} more images were not sent (over the result's image budget); read them with read_file\n",
-            c.images_omitted
+            "{omitted} more images were not sent (over the result's image budget); their files are listed\n"
         ));
     }
+}
+
+/// The images as MCP image content, in order (each a PNG the launcher
+/// checked).
+pub fn image_content(images: &[Image]) -> Vec<rmcp::model::ContentBlock> {
+    images
+        .iter()
+        .map(|i| rmcp::model::ContentBlock::image(i.png.clone(), "image/png"))
+        .collect()
 }

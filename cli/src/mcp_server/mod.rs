@@ -38,7 +38,7 @@ use pycell_launch::resolve::POLICY_DIR;
 use pycell_wire::events::Stream;
 
 use crate::cli::McpArgs;
-use output::{human_bytes, RunPythonOutput, Status};
+use output::{human_bytes, RunPythonOutput};
 use sandboxes::RunEvent;
 pub(crate) use sandboxes::Sandboxes;
 
@@ -107,17 +107,8 @@ impl PycellServer {
         };
         match result {
             Ok(r) => {
-                let out = RunPythonOutput::from(r);
-                let text = out.render();
-                let is_error = out.status == Status::Refused;
-                let value = match serde_json::to_value(&out) {
-                    Ok(v) => v,
-                    Err(e) => return internal_error(&format!("cannot encode the result: {e}")),
-                };
-                let mut result = CallToolResult::structured(value);
-                result.content = vec![ContentBlock::text(text)];
-                result.is_error = Some(is_error);
-                result
+                let images = cell_output::image_content(&r.images);
+                RunPythonOutput::from(r).tool_result(images)
             }
             Err(e) => argument_error(&tools::request_error_message(&e)),
         }

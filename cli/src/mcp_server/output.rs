@@ -7,7 +7,9 @@ use serde::Serialize;
 
 use pycell_protocol::result::{EnvReport, LimitsReport, NetworkReport, RunResult};
 
-use super::cell_output::{CellInfo, FileChange};
+use rmcp::model::{CallToolResult, ContentBlock};
+
+use super::cell_output::{image_info, CellInfo, FileChange, ImageInfo};
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::{CgroupVersion, LandlockStatus, RunStatus};
 
@@ -117,9 +119,15 @@ pub struct RunPythonOutput {
     pub files: Vec<FileChange>,
     /// True if more files changed than are listed.
     pub files_truncated: bool,
+    /// Images returned as image content, in order: figures the code left
+    /// open (matplotlib; saved full size under /workspace/figures) and
+    /// PNG/JPEG files it wrote, scaled down to the policy's bounds.
+    pub images: Vec<ImageInfo>,
+    /// Images not returned because the result's image budget was used up
+    /// (their files are listed).
+    pub images_omitted: u32,
     /// A session cell (run_python with `session`): its number, the last
-    /// expression's value, its exception, the files it changed and the
-    /// images it made; absent for a one-shot run.
+    /// expression's value, its exception; absent for a one-shot run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cell: Option<CellInfo>,
 }
@@ -151,6 +159,8 @@ impl From<RunResult> for RunPythonOutput {
             env: r.env,
             files: r.files.iter().map(FileChange::from).collect(),
             files_truncated: r.files_truncated,
+            images: r.images.iter().map(image_info).collect(),
+            images_omitted: r.images_omitted,
             cell: None,
             run_id: r.run_id,
             status: r.status,
@@ -248,6 +258,23 @@ fn push_stream(text: &mut String, name: &str, body: &str, truncated: bool, cap: 
 }
 
 impl RunPythonOutput {
+    /// The tool result: this as structured content, its text, then
+    /// `images` as image content; an error only if it was refused.
+    pub fn tool_result(&self, images: Vec<ContentBlock>) -> CallToolResult {
+        match serde_json::to_value(self) {
+            Ok(v) => {
+                let mut r = CallToolResult::structured(v);
+                r.content = vec![ContentBlock::text(self.render())];
+                r.content.extend(images);
+                r.is_error = Some(self.status == Status::Refused);
+                r
+            }
+            Err(e) => CallToolResult::error(vec![ContentBlock::text(format!(
+                "pycell mcp failed: cannot encode the result: {e}"
+            ))]),
+        }
+    }
+
     /// The text content of the tool result: one status line, then the
     /// output streams, then what went wrong and what to do about it.
     pub fn render(&self) -> String {
@@ -308,6 +335,7 @@ impl RunPythonOutput {
         if self.files_truncated {
             text.push_str("(more files changed)\n");
         }
+        super::cell_output::render_images(&self.images, self.images_omitted, &mut text);
         for note in self.network.iter().flat_map(NetworkReport::notes) {
             text.push_str(&format!("{note}\n"));
         }

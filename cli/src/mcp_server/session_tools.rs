@@ -228,9 +228,8 @@ impl PycellServer {
             .await
         {
             Ok(answer) => {
-                let (out, images) = cell_result(session, answer);
-                let text = out.render();
-                structured(&out, text, images)
+                let images = super::cell_output::image_content(&answer.reply.images);
+                cell_result(session, answer).tool_result(images)
             }
             Err(f)
                 if matches!(
@@ -447,9 +446,11 @@ fn killed_cell(session: &str, f: &SessionFailure) -> CallToolResult {
         env: None,
         files: Vec::new(),
         files_truncated: false,
+        images: Vec::new(),
+        images_omitted: 0,
         cell: Some(super::cell_output::no_cell(session)),
     };
-    let mut r = structured(&out, out.render(), vec![]);
+    let mut r = out.tool_result(vec![]);
     r.is_error = Some(true);
     r
 }
@@ -614,7 +615,7 @@ pub fn session_tools() -> Vec<Tool> {
 
 /// A cell's answer as `run_python`'s result, and the image content to
 /// send with it.
-pub fn cell_result(session: &str, a: Answer) -> (RunPythonOutput, Vec<ContentBlock>) {
+pub fn cell_result(session: &str, a: Answer) -> RunPythonOutput {
     let timeout_s = a.timeout_s;
     let m = &a.measure;
     let r = &a.reply;
@@ -639,17 +640,7 @@ pub fn cell_result(session: &str, a: Answer) -> (RunPythonOutput, Vec<ContentBlo
         }),
         _ => None,
     };
-    let images: Vec<ContentBlock> = r
-        .images
-        .iter()
-        .filter(|i| {
-            base64::engine::general_purpose::STANDARD
-                .decode(&i.png)
-                .is_ok()
-        })
-        .map(|i| ContentBlock::image(i.png.clone(), "image/png"))
-        .collect();
-    let out = RunPythonOutput {
+    RunPythonOutput {
         run_id: a.run_id.clone(),
         status,
         exit_code: None,
@@ -681,10 +672,9 @@ pub fn cell_result(session: &str, a: Answer) -> (RunPythonOutput, Vec<ContentBlo
                 message: e.message.clone(),
                 traceback: e.traceback.clone(),
             }),
-            images: r.images.iter().map(image_info).collect(),
-            images_omitted: r.images_omitted,
             memory_bytes: m.memory_bytes,
         }),
-    };
-    (out, images)
+        images: r.images.iter().map(image_info).collect(),
+        images_omitted: r.images_omitted,
+    }
 }

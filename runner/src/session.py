@@ -1,0 +1,377 @@
+# ---- Sessions -------------------------------------------------------------
+#
+# Compiled when a session's runner starts (see _pycell_load).
+#
+# `python -s -c RUNNER --pycell-session [MODULE ...]`: after warm-up and
+# READY, stdin is the session's channel (a socket to the jailer; the
+# program's own stdin becomes /dev/null). On it come requests, one frame
+# each (4-byte big-endian length, JSON), and for each a reply goes back the
+# same way: cells run in one persistent __main__, as a REPL runs them, and
+# files are written, read and listed in /workspace. The program's output
+# goes to stdout and stderr as in a run; stdout and stderr are flushed
+# before a reply, so a cell's output is in the jailer's pipes before its
+# result. SIGINT (the jailer's per-cell timeout) raises KeyboardInterrupt in
+# a cell and is ignored between cells.
+
+
+def _pycell_session(modules):
+    import os
+    import signal
+
+    _pycell_warm_up(modules)
+    channel = _pycell_take_stdin()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    main = _pycell_session_main()
+    state = {"cells": 0}
+    while True:
+        request = _pycell_read_frame(channel)
+        if request is None:
+            os._exit(0)
+        reply = _pycell_serve(main, state, request)
+        _pycell_flush_std()
+        _pycell_write_frame(channel, reply)
+
+
+def _pycell_take_stdin():
+    """The channel, moved off fd 0 to a descriptor closed on exec; fd 0
+    becomes /dev/null, so that code reading stdin sees its end."""
+    import fcntl
+    import os
+
+    channel = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 100)
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return channel
+
+
+def _pycell_session_main():
+    """A fresh __main__, as the interactive interpreter has it."""
+    import builtins
+    import sys
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    sys.argv = [""]
+    sys.path[0] = ""
+    return main
+
+
+def _pycell_read_frame(fd):
+    """The next request on the session's channel (JSON), or None at its end."""
+    import json
+
+    body = _pycell_read_frame_bytes(fd)
+    return None if body is None else json.loads(body)
+
+
+def _pycell_flush_std():
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            pass
+
+
+def _pycell_serve(main, state, request):
+    op = request.get("op")
+    try:
+        if op == "cell":
+            state["cells"] += 1
+            reply = _pycell_cell(main, state["cells"], request)
+        elif op == "write":
+            reply = _pycell_write_file(request)
+        elif op == "read":
+            reply = _pycell_read_file(request)
+        elif op == "list":
+            reply = _pycell_list_files(request)
+        else:
+            reply = {"refused": "unknown request %r" % (op,)}
+    except _PycellRefusal as e:
+        reply = {"refused": str(e)}
+    return reply
+
+
+class _PycellRefusal(Exception):
+    """A request the session cannot serve as asked (a path outside the
+    workspace, a file too big): told to the caller, the session goes on."""
+
+
+def _pycell_cell(main, number, request):
+    """Run a cell's code in `main`; the value of a last expression, or the
+    exception, as a REPL shows them."""
+    import signal
+
+    code = request["code"]
+    limits = request.get("limits", {})
+    name = "<cell %d>" % number
+    before = _pycell_snapshot()
+    value, error = None, None
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGXCPU, _pycell_cpu_allowance_reached)
+    try:
+        value = _pycell_exec_cell(main, code, name)
+    except BaseException as e:
+        error = e
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGXCPU, signal.SIG_IGN)
+    _pycell_flush_std()
+    reply = {"cell": number}
+    if error is not None:
+        reply["error"] = _pycell_describe_error(error)
+    elif value is not None:
+        text = _pycell_repr(value)
+        cap = limits.get("value_chars", 16384)
+        reply["value"] = text[:cap]
+        reply["value_truncated"] = len(text) > cap
+    figures = _pycell_save_figures("cell-%d-figure" % number)
+    reply.update(_pycell_changes(before, limits))
+    reply["images"], reply["images_omitted"] = _pycell_images(
+        figures, reply["files"], limits["images"]
+    )
+    return reply
+
+
+def _pycell_cpu_allowance_reached(signum, frame):
+    raise KeyboardInterrupt("the cell used up its CPU time allowance")
+
+
+def _pycell_exec_cell(main, code, name):
+    import ast
+    import linecache
+
+    linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+    try:
+        tree = ast.parse(code, name, "exec")
+    except SyntaxError as e:
+        # Shown as python shows one: the cell's line, not the parser's frames.
+        raise e.with_traceback(None) from None
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, name, "exec", dont_inherit=True), main.__dict__)
+    if last is None:
+        return None
+    value = eval(compile(last, name, "eval", dont_inherit=True), main.__dict__)
+    if value is not None:
+        main.__dict__["_"] = value
+    return value
+
+
+def _pycell_repr(value):
+    try:
+        return repr(value)
+    except BaseException as e:
+        return "<repr failed: %s: %s>" % (type(e).__name__, e)
+
+
+def _pycell_describe_error(e):
+    """The exception with its traceback, without the runner's frames."""
+    import traceback
+
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+        tb = tb.tb_next
+    try:
+        text = "".join(traceback.format_exception(type(e), e, tb))
+    except BaseException:
+        text = "<the traceback could not be formatted>"
+    try:
+        message = str(e)
+    except BaseException:
+        message = "<str failed>"
+    return {
+        "type": type(e).__name__,
+        "message": _pycell_clip(message, _PYCELL_ERROR_CHARS),
+        "traceback": _pycell_clip(text, _PYCELL_ERROR_CHARS),
+    }
+
+
+# What an error's message and traceback may take of a reply, each.
+_PYCELL_ERROR_CHARS = 32768
+
+
+def _pycell_clip(text, cap):
+    if len(text) <= cap:
+        return text
+    half = cap // 2
+    return text[:half] + "\n[... %d characters cut ...]\n" % (len(text) - cap) + text[-half:]
+
+
+# ---- Files in /workspace ----------------------------------------------------
+
+
+def _pycell_parts(path):
+    """The components of `path` below /workspace; refused if it leaves it."""
+    if not isinstance(path, str) or "\0" in path:
+        raise _PycellRefusal("a path must be a string without NUL bytes")
+    rel = path
+    if path.startswith("/"):
+        prefix = _PYCELL_WORKSPACE + "/"
+        if path == _PYCELL_WORKSPACE:
+            rel = ""
+        elif path.startswith(prefix):
+            rel = path[len(prefix):]
+        else:
+            raise _PycellRefusal(
+                "%r is outside /workspace: give a path relative to it, or under it" % path
+            )
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise _PycellRefusal("%r: '..' is not allowed; paths stay inside /workspace" % path)
+    return parts
+
+
+def _pycell_open_dir(parts, create=False):
+    """A descriptor of /workspace/<parts...>, no component a symlink."""
+    import os
+
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(_PYCELL_WORKSPACE, flags)
+    try:
+        for part in parts:
+            if create:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                child = os.open(part, flags, dir_fd=fd)
+            except OSError as e:
+                raise _PycellRefusal(_pycell_why(part, e))
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _pycell_why(part, e):
+    import errno
+
+    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        return "%r is a symlink or not a directory (paths stay inside /workspace)" % part
+    if e.errno == errno.ENOENT:
+        return "%r does not exist" % part
+    return "%r: %s" % (part, e.strerror)
+
+
+def _pycell_open_file(path, write):
+    import os
+    import stat
+
+    parts = _pycell_parts(path)
+    if not parts:
+        raise _PycellRefusal("%r is the workspace itself, not a file" % path)
+    dir_fd = _pycell_open_dir(parts[:-1], create=write)
+    try:
+        flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        flags |= (os.O_WRONLY | os.O_CREAT | os.O_TRUNC) if write else os.O_RDONLY
+        try:
+            fd = os.open(parts[-1], flags, 0o644, dir_fd=dir_fd)
+        except OSError as e:
+            raise _PycellRefusal(_pycell_why(parts[-1], e))
+    finally:
+        os.close(dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _PycellRefusal("%r is not a regular file" % path)
+    return fd
+
+
+def _pycell_write_file(request):
+    import base64
+    import os
+
+    data = base64.b64decode(request["data"], validate=True)
+    fd = _pycell_open_file(request["path"], write=True)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as e:
+        raise _PycellRefusal("writing %r: %s" % (request["path"], e.strerror))
+    finally:
+        os.close(fd)
+    return {"path": _pycell_display(request["path"]), "size": len(data)}
+
+
+def _pycell_read_file(request):
+    import base64
+    import os
+
+    cap = int(request["max_bytes"])
+    fd = _pycell_open_file(request["path"], write=False)
+    try:
+        size = os.fstat(fd).st_size
+        if size > cap:
+            raise _PycellRefusal(
+                "%r is %d bytes, more than the %d a read may return" % (request["path"], size, cap)
+            )
+        chunks, left = [], cap + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > cap:
+        raise _PycellRefusal("%r grew past %d bytes while read" % (request["path"], cap))
+    return {
+        "path": _pycell_display(request["path"]),
+        "size": len(data),
+        "data": base64.b64encode(data).decode(),
+    }
+
+
+def _pycell_list_files(request):
+    import os
+    import stat
+
+    cap = int(request.get("max_entries", 1000))
+    parts = _pycell_parts(request.get("path", ""))
+    fd = _pycell_open_dir(parts)
+    entries = []
+    try:
+        names = sorted(os.listdir(fd))
+        for name in names[:cap]:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            entries.append(
+                {
+                    "name": name,
+                    "kind": _pycell_kind(st.st_mode),
+                    "size": st.st_size,
+                    "mtime": st.st_mtime,
+                }
+            )
+    finally:
+        os.close(fd)
+    path = "/".join([_PYCELL_WORKSPACE] + parts)
+    return {"path": path, "entries": entries, "truncated": len(names) > cap}
+
+
+def _pycell_kind(mode):
+    import stat
+
+    for test, kind in (
+        (stat.S_ISREG, "file"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISLNK, "symlink"),
+    ):
+        if test(mode):
+            return kind
+    return "other"
+
+
+def _pycell_display(path):
+    return "/".join([_PYCELL_WORKSPACE] + _pycell_parts(path))

@@ -1,0 +1,114 @@
+//! A one-shot run's images: the PNG files it writes come back in its
+//! result (path, size, PNG in base64), within the policy's `[images]`
+//! bounds (the jail's python has no Pillow here, so a PNG over the edge
+//! cannot be scaled and is counted as omitted); cold embedded and warm
+//! through pycelld alike. The run's stdin is its own: a run that replaces
+//! it, or writes on it, gets no images and loses nothing. (Figures and
+//! scaling under `data-science` are in mcp_sessions.)
+
+#![forbid(unsafe_code)]
+
+use std::time::Duration;
+
+use base64::Engine;
+use pycell_protocol::messages::RunRequest;
+use pycell_tests::daemon::Daemon;
+use pycell_tests::{run_code, status_of};
+use serde_json::Value;
+
+/// Writes a 20x10 PNG and a 2000x10 one (over the 1024 px edge).
+const PNGS: &str = r#"
+import struct, zlib
+def png(w, h):
+    raw = b"".join(b"\x00" + b"\xff\x00\x00" * w for _ in range(h))
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+open("small.png", "wb").write(png(20, 10))
+open("big.png", "wb").write(png(2000, 10))
+"#;
+
+/// The (width, height) a PNG's header says, if it is a PNG.
+fn png_size(b64: &str) -> Option<(u32, u32)> {
+    let data = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+    let be = |at: usize| u32::from_be_bytes(data[at..at + 4].try_into().unwrap());
+    (data.starts_with(b"\x89PNG\r\n\x1a\n") && data.len() > 24).then(|| (be(16), be(20)))
+}
+
+fn check_images(images: &Value, omitted: &Value) {
+    let images = images.as_array().expect("images listed");
+    assert_eq!(images.len(), 1, "{images:?}");
+    assert_eq!(images[0]["path"], "/workspace/small.png");
+    assert_eq!(
+        (&images[0]["width"], &images[0]["height"]),
+        (&20.into(), &10.into())
+    );
+    assert_eq!(png_size(images[0]["png"].as_str().unwrap()), Some((20, 10)));
+    assert_eq!(omitted, 1, "big.png is over the edge and cannot be scaled");
+}
+
+#[test]
+fn an_embedded_run_sends_back_the_images_it_wrote() {
+    let out = run_code("main.py", &format!("{PNGS}\nprint('done')"), &[], &[]);
+    assert_eq!(status_of(&out), "ok", "{}", out.describe());
+    let r = out.result();
+    assert_eq!(r["stdout"], "done\n");
+    check_images(&r["images"], &r["images_omitted"]);
+    // Listed with the files, too.
+    let files: Vec<&str> = r["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["path"].as_str())
+        .collect();
+    assert_eq!(files, ["/workspace/big.png", "/workspace/small.png"]);
+}
+
+#[test]
+fn a_warm_run_through_pycelld_sends_them_back_too() {
+    let d = Daemon::start("warm_pools = { default = 1 }\n");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let result = loop {
+        let req = RunRequest {
+            code: PNGS.into(),
+            ..RunRequest::default()
+        };
+        let r = d.client().run(req, |_, _| {}).unwrap();
+        if r.warm || std::time::Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(result.warm, "no run went warm: {result:?}");
+    let v = serde_json::to_value(&result).unwrap();
+    check_images(&v["images"], &v["images_omitted"]);
+}
+
+#[test]
+fn a_run_that_replaces_or_writes_on_its_stdin_gets_no_images_and_loses_nothing() {
+    // Its stdin replaced by a file: the images are not written into it.
+    let replaced = format!(
+        "import os\nfd = os.open('kept.txt', os.O_WRONLY | os.O_CREAT)\nos.dup2(fd, 0)\n{PNGS}\nprint('done')"
+    );
+    // Bytes that look like a frame, and then junk, written on its stdin.
+    let forged = format!(
+        "import os\nos.write(0, b'\\x00\\x00\\x00\\x05hello')\n{PNGS}\nos.write(0, b'junk')\nprint('done')"
+    );
+    for (code, keeps_file) in [(replaced, true), (forged, false)] {
+        let out = run_code("main.py", &code, &[], &[]);
+        assert_eq!(status_of(&out), "ok", "{}", out.describe());
+        let r = out.result();
+        assert_eq!(r["stdout"], "done\n", "{}", out.describe());
+        assert!(r.get("images").is_none(), "{}", out.describe());
+        let kept = r["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == "/workspace/kept.txt");
+        assert_eq!(kept.is_some(), keeps_file, "{}", out.describe());
+        if let Some(f) = kept {
+            assert_eq!(f["size"], 0, "the runner wrote into the run's file");
+        }
+    }
+}
