@@ -345,7 +345,7 @@ impl Relay {
                 });
             }
         }
-        Relay {
+        let mut relay = Relay {
             stdin,
             stdin_data: spec.stdin.clone(),
             stdin_pos: 0,
@@ -365,7 +365,12 @@ impl Relay {
             warm,
             session,
             back,
+        };
+        // A run with no stdin to write sees its end at once.
+        if relay.stdin.is_none() && relay.warm.is_none() && relay.session.is_none() {
+            relay.end_stdin();
         }
+        relay
     }
 
     /// The next change of a warm jail's phase, acted upon: once its work

@@ -594,6 +594,38 @@ mod tests {
     }
 
     #[test]
+    fn a_python_run_starts_on_the_runner_and_an_install_does_not() {
+        let p = pycell_policy::builtin::load("default").unwrap();
+        let req = RunRequest {
+            code: "print(1)".into(),
+            args: vec!["a".into()],
+            ..RunRequest::default()
+        };
+        let spec = resolve_with(&p, &req, &Extras::default()).unwrap().spec;
+        let on = pycell_runner::cold_on_runner(&spec).expect("a python run");
+        assert_eq!(on.argv[0], spec.argv[0]);
+        assert_eq!(on.argv[1..3], ["-s", "-c"]);
+        assert_eq!(on.argv[3], pycell_runner::RUNNER);
+        assert_eq!(
+            on.argv[4..],
+            [
+                pycell_runner::COLD_FLAG,
+                "1024",
+                "1048576",
+                "/workspace/main.py",
+                "a"
+            ]
+        );
+        assert_eq!((on.files.len(), &on.stdin), (spec.files.len(), &spec.stdin));
+        let install = Extras {
+            export_workspace: true,
+            ..Extras::default()
+        };
+        let spec = resolve_with(&p, &req, &install).unwrap().spec;
+        assert!(spec.images.is_none() && pycell_runner::cold_on_runner(&spec).is_none());
+    }
+
+    #[test]
     fn script_names() {
         assert_eq!(script_name(None), "main.py");
         assert_eq!(script_name(Some("/a/b/x.py")), "x.py");

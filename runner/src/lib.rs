@@ -27,19 +27,22 @@ use serde::{Deserialize, Serialize};
 use pycell_wire::spec::{ImageLimits, JailSpec, WORKSPACE};
 
 /// The runner's source: every python run starts on it (`python -s -c
-/// RUNNER --pycell-run` cold, `python -s -c RUNNER MODULE...` warm). Its
-/// core is compiled at start; its images and session parts are kept as
-/// text, compiled when needed (see `runner.py`).
+/// RUNNER --pycell-run ...` cold, `python -s -c RUNNER MODULE...` warm).
+/// Its core is compiled at start; its warm, images and session parts are
+/// kept as text, compiled when needed (see `runner.py`).
 pub const RUNNER: &str = concat!(
     include_str!("runner.py"),
-    "\n\n_PYCELL_PARTS = {\n    \"images\": r'''\n",
+    "\n\n_PYCELL_PARTS = {\n    \"warm\": r'''\n",
+    include_str!("warm.py"),
+    "''',\n    \"images\": r'''\n",
     include_str!("media.py"),
     "''',\n    \"session\": r'''\n",
     include_str!("session.py"),
     "''',\n}\n\n_pycell_start()\n",
 );
 
-/// The flag that makes the runner serve one cold run (no warm-up).
+/// The flag that makes the runner serve one cold run (no warm-up):
+/// `--pycell-run MAX_EDGE MAX_BYTES SCRIPT ARG...`.
 pub const COLD_FLAG: &str = "--pycell-run";
 
 /// The largest work frame (the same, with room to spare).
@@ -63,26 +66,28 @@ pub fn warm_argv(python: String, modules: &[String]) -> Vec<String> {
 }
 
 /// The jail `cold` describes, its python started on the runner, which
-/// gets the run's script and stdin as work right away: how every cold
-/// python run starts, so that it runs as a warm one does and sends back
-/// its images. None for what is not a python run (no image limits: an
-/// install jail), or not cold.
+/// runs the script there (`python -s SCRIPT ARG...`) as a warm jail runs
+/// its work: how every cold python run starts, so that it sends back its
+/// images. None for what is not a python run (no image limits: an install
+/// jail), or not cold.
 pub fn cold_on_runner(cold: &JailSpec) -> Option<JailSpec> {
-    if cold.warm || cold.session.is_some() || cold.images.is_none() {
+    let images = cold.images?;
+    let script = cold.argv.get(2)?;
+    if cold.warm || cold.session.is_some() || cold.argv.get(1).map(String::as_str) != Some("-s") {
         return None;
     }
-    let work = work_for(cold)?;
     let mut spec = cold.clone();
-    // The script stays among the jail's files: the frame names it.
     spec.argv = vec![
         cold.argv[0].clone(),
         "-s".to_string(),
         "-c".to_string(),
         RUNNER.to_string(),
         COLD_FLAG.to_string(),
+        images.max_edge.to_string(),
+        images.max_bytes.to_string(),
+        script.clone(),
     ];
-    spec.stdin = work.frame(false);
-    spec.stdin.extend_from_slice(&work.stdin);
+    spec.argv.extend(cold.argv[3..].iter().cloned());
     Some(spec)
 }
 
@@ -169,8 +174,7 @@ pub enum WorkError {
 struct RunnerFrame<'a> {
     path: String,
     argv: &'a [String],
-    /// None: the script is at `path` already.
-    code: Option<&'a str>,
+    code: &'a str,
     images: Option<ImageLimits>,
 }
 
@@ -194,22 +198,16 @@ impl Work {
     /// The bytes the jailer writes to the runner's stdin: its frame, then
     /// the run's stdin.
     pub fn runner_input(&self) -> Vec<u8> {
-        let mut out = self.frame(true);
-        out.extend_from_slice(&self.stdin);
-        out
-    }
-
-    /// The runner's frame, with the script's text or without (when it is
-    /// in the workspace already).
-    fn frame(&self, with_code: bool) -> Vec<u8> {
         let frame = RunnerFrame {
             path: format!("{WORKSPACE}/{}", self.filename),
             argv: &self.args,
-            code: with_code.then_some(self.code.as_str()),
+            code: &self.code,
             images: self.images,
         };
-        pycell_wire::framing::encode_within(&frame, MAX_WORK_FRAME)
-            .expect("a checked work frame fits, and strings serialize")
+        let mut out = pycell_wire::framing::encode_within(&frame, MAX_WORK_FRAME)
+            .expect("a checked work frame fits, and strings serialize");
+        out.extend_from_slice(&self.stdin);
+        out
     }
 }
 
@@ -278,7 +276,12 @@ mod tests {
     fn the_runner_is_one_argument_and_its_parts_compile() {
         // MAX_ARG_STRLEN: one argument of execve.
         assert!(RUNNER.len() < 128 << 10, "{}", RUNNER.len());
-        for part in [include_str!("media.py"), include_str!("session.py")] {
+        let parts = [
+            include_str!("warm.py"),
+            include_str!("media.py"),
+            include_str!("session.py"),
+        ];
+        for part in parts {
             assert!(!part.contains("'''"), "a part would end its quotes");
         }
         let check = r#"
@@ -293,25 +296,24 @@ for name, part in ns["_PYCELL_PARTS"].items():
 print(sorted(ns["_PYCELL_PARTS"]))
 "#;
         let out = python(&["-c", check], RUNNER.as_bytes());
-        assert_eq!(out, "['images', 'session']\n");
+        assert_eq!(out, "['images', 'session', 'warm']\n");
     }
 
     #[test]
-    fn a_cold_run_reads_its_frame_then_runs_the_script_with_its_stdin() {
+    fn a_cold_run_runs_its_script_with_its_arguments_and_stdin() {
         let dir = std::env::temp_dir().join(format!("pycell-runner-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut w = work();
-        w.code = "import sys\nprint(sys.argv[1:], sys.stdin.read())\n".into();
-        w.images = None;
-        let frame = RunnerFrame {
-            path: dir.join("main.py").display().to_string(),
-            argv: &w.args,
-            code: Some(&w.code),
-            images: None,
-        };
-        let mut input = pycell_wire::framing::encode_within(&frame, MAX_WORK_FRAME).unwrap();
-        input.extend_from_slice(b"in");
-        let out = python(&["-s", "-c", RUNNER, COLD_FLAG], &input);
+        let script = dir.join("main.py");
+        std::fs::write(
+            &script,
+            "import sys\nprint(sys.argv[1:], sys.stdin.read())\n",
+        )
+        .unwrap();
+        let script = script.display().to_string();
+        let argv = [
+            "-s", "-c", RUNNER, COLD_FLAG, "1024", "1048576", &script, "a",
+        ];
+        let out = python(&argv, b"in");
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(out, "['a'] in\n");
     }

@@ -8,13 +8,28 @@
 # files are listed with the result).
 
 
-def _pycell_run_images(written, limits):
-    """A run's images: its open figures (saved as figures/figure-N.png),
-    then the image files it wrote."""
+def _pycell_write_frame(fd, obj):
+    import json
+    import os
+
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    data = len(body).to_bytes(4, "big") + body
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _pycell_send_images(fd, limits, started):
+    """Send the jailer a run's images: its open figures (saved as
+    figures/figure-N.png), then the image files it wrote since `started`."""
     figures = _pycell_save_figures("figure")
-    files = [{"path": p} for p in written]
+    files = [{"path": p} for p in _pycell_images_since(started)]
     images, omitted = _pycell_images(figures, files, limits)
-    return {"images": images, "images_omitted": omitted}
+    _pycell_write_frame(fd, {"images": images, "images_omitted": omitted})
+
+
+def _pycell_snapshot():
+    """(size, mtime_ns, inode) of every regular file under /workspace."""
+    return {p: (st.st_size, st.st_mtime_ns, st.st_ino) for p, st in _pycell_walk()}
 
 
 def _pycell_changes(before, limits):

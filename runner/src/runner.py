@@ -1,54 +1,27 @@
 # pycell's runner: every python run and session starts on this file's text.
 #
-#   python -s -c RUNNER --pycell-run          a cold run: its work is on stdin
-#   python -s -c RUNNER [MODULE ...]          a warm jail: imports the MODULEs,
-#                                             says READY, then waits for work
-#   python -s -c RUNNER --pycell-session ...  a session (see session.py)
+#   python -s -c RUNNER --pycell-run EDGE BYTES SCRIPT ARG...
+#       a cold run: runs SCRIPT (already in /workspace) as `python -s SCRIPT
+#       ARG...` would, its stdin the run's own
+#   python -s -c RUNNER [MODULE ...]
+#       a warm jail: imports the MODULEs, says READY, then waits for one
+#       run's work on stdin (see warm.py)
+#   python -s -c RUNNER --pycell-session [MODULE ...]
+#       a session (see session.py)
 #
-# A run's stdin carries a 4-byte big-endian length, that many bytes of JSON
-# ({"path": "/workspace/NAME", "argv": [...], "code": "...", "images": {...}};
-# code null: the script is at path already), then the run's own stdin to its
-# end. The runner runs the code as
-# `python -s SCRIPT ARG...` would run it. Everything a warm jail's imports
-# print goes to stdout (stderr is pointed there meanwhile) and ends with
-# READY, so that the jailer can tell warm-up output from the run's.
+# When a run's code is done, the figures it left open (matplotlib) and the
+# PNG or JPEG files it wrote come back to the jailer as one frame (a 4-byte
+# big-endian length, then JSON) on stdin, which is a socket (if the run
+# closed or replaced its stdin, they do not), scaled to at most EDGE pixels
+# a side and BYTES together: see _pycell_serve_run. Nothing else of the
+# runner runs after the run's code but what `python SCRIPT` runs too
+# (atexit handlers, flushing, collecting the script's objects: a cold run
+# ends through the interpreter's own exit, a warm one see _pycell_exit),
+# and no frame of this file may show in the run's tracebacks.
 #
-# When the code is done, the figures it left open (matplotlib) and the PNG
-# or JPEG files it wrote come back to the jailer as one frame (the same
-# framing, JSON) on stdin, which is then a socket (if the run closed or
-# replaced its stdin, they do not): see _pycell_send_images.
-# Nothing else of the runner runs after the run's code but what
-# `python SCRIPT` runs too (atexit handlers, flushing, collecting the
-# script's objects; see _pycell_exit), and no frame of this file may show
-# in the run's tracebacks.
-#
-# Only this part is compiled when python starts (it costs a cold run about
-# a millisecond); the parts in _PYCELL_PARTS (images, sessions) are
-# compiled the first time they are needed.
-
-
-def _pycell_warm_up(modules):
-    import importlib
-    import os
-
-    saved_stderr = os.dup(2)
-    os.dup2(1, 2)
-    try:
-        for name in modules:
-            importlib.import_module(name)
-    finally:
-        import sys
-
-        sys.stderr.flush()
-        os.dup2(saved_stderr, 2)
-        os.close(saved_stderr)
-    # The first json.loads and compile cost a millisecond: pay it now.
-    import json
-
-    json.loads('{"a": ["b"]}')
-    compile(b"pass\n", "<warm-up>", "exec", dont_inherit=True)
-    _pycell_load("images")
-    os.write(1, b"\0pycell-warm-ready\0")
+# Only this part is compiled when python starts (a cold run pays about a
+# millisecond for it); the parts in _PYCELL_PARTS (warm, images, session)
+# are compiled when first needed.
 
 
 def _pycell_load(part):
@@ -58,61 +31,48 @@ def _pycell_load(part):
         exec(compile(code, "<string>", "exec", dont_inherit=True), globals())
 
 
-def _pycell_read_exactly(fd, n):
-    """`n` bytes from `fd`, or None if it ends first."""
-    import os
+def _pycell_run_cold(argv):
+    """A cold run: its script is in the jail already, its stdin is its own.
+    It ends as `python SCRIPT` ends: through the interpreter's own exit."""
+    edge, budget, path = argv[:3]
+    work = {
+        "path": path,
+        "argv": argv[3:],
+        "images": {"max_edge": int(edge), "max_bytes": int(budget)},
+    }
+    with open(path, "rb") as f:
+        code = f.read()
+    status, interrupted = _pycell_serve_run(work, code)
+    if interrupted:
+        # python's own end after an uncaught KeyboardInterrupt (shutdown,
+        # then death by SIGINT); the traceback was printed already.
+        import sys
 
-    chunks = []
-    while n > 0:
-        chunk = os.read(fd, min(n, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def _pycell_read_frame_bytes(fd):
-    """The next frame's bytes on `fd`, or None if it ends first."""
-    head = _pycell_read_exactly(fd, 4)
-    return head and _pycell_read_exactly(fd, int.from_bytes(head, "big"))
-
-
-def _pycell_write_frame(fd, obj):
-    import json
-    import os
-
-    body = json.dumps(obj, separators=(",", ":")).encode()
-    data = len(body).to_bytes(4, "big") + body
-    while data:
-        data = data[os.write(fd, data):]
+        sys.excepthook = lambda *exc: None
+        raise KeyboardInterrupt
+    raise SystemExit(status)
 
 
-def _pycell_run(warm_modules):
-    """Serve one run: after warming up, if this is a warm jail."""
-    if warm_modules is not None:
-        _pycell_warm_up(warm_modules)
-        import gc
+def _pycell_serve_run(work, code):
+    """Run the work and send its images back; its exit status, and whether
+    it ended by an uncaught KeyboardInterrupt."""
+    import time
 
-        # Everything warm-up made stays (and is never scanned by the
-        # collector again); what the run makes is told apart by its
-        # generation at exit.
-        gc.collect()
-        gc.freeze()
-    frame = _pycell_read_frame_bytes(0)
-    if frame is None:
-        # Nobody will send work any more: the member was retired.
-        import os
-
-        os._exit(0)
     # The way back for the images is stdin itself, if the run leaves it
     # there (no descriptor of the runner's own is open while it runs).
     stdin = _pycell_identity(0)
-    work, code, before = _pycell_begin(frame)
+    started = time.time_ns()
     status, interrupted = _pycell_main(work, code)
-    if _pycell_identity(0) == stdin:
-        _pycell_send_images(0, work, before)
-    _pycell_exit(status, interrupted)
+    limits = work.get("images")
+    try:
+        if limits and _pycell_identity(0) == stdin and _pycell_made_images(started):
+            _pycell_load("images")
+            _pycell_send_images(0, limits, started)
+    except BaseException:
+        # Whatever goes wrong here is the run's own doing (it closed its
+        # figures' backend, filled its disk): it is not reported.
+        pass
+    return status, interrupted
 
 
 def _pycell_identity(fd):
@@ -125,36 +85,20 @@ def _pycell_identity(fd):
     return st.st_dev, st.st_ino
 
 
-def _pycell_begin(frame):
-    """The work, and its script's text: written to its path, or there
-    already (a cold run's, written with the jail); and the image files
-    there before it runs, if images are asked for."""
-    import json
-
-    work = json.loads(frame)
-    if work["code"] is None:
-        with open(work["path"], "rb") as f:
-            code = f.read()
-    else:
-        code = work["code"].encode()
-        with open(work["path"], "wb") as f:
-            f.write(code)
-    return work, code, work.get("images") and _pycell_image_files()
-
-
 def _pycell_main(work, code):
     """Run the work as `python -s SCRIPT ARG...` runs a script; its exit
     status, and whether it ended by an uncaught KeyboardInterrupt."""
     import builtins
     import sys
-    import types
-    from importlib.machinery import SourceFileLoader
 
+    # As python has them at start: importing `types` or
+    # `importlib.machinery` would cost a cold run most of a millisecond.
+    SourceFileLoader = sys.modules["_frozen_importlib_external"].SourceFileLoader
     path, argv = work["path"], work["argv"]
     sys.argv = [path] + argv
     sys.orig_argv = [sys.orig_argv[0], "-s"] + sys.argv
     sys.path[0] = path.rpartition("/")[0]
-    main = types.ModuleType("__main__")
+    main = type(sys)("__main__")
     if "__annotations__" in vars(sys.modules["__main__"]):
         main.__annotations__ = {}
     main.__file__ = path
@@ -177,22 +121,21 @@ _PYCELL_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 _PYCELL_SCAN_LIMIT = 10000
 
 
-def _pycell_snapshot(only=None):
-    """(size, mtime_ns, inode) of every regular file under /workspace whose
-    name ends with one of `only` (all if None), up to a bound; symlinks are
-    not followed."""
+def _pycell_walk(suffixes=None):
+    """(path, stat) of each regular file under /workspace whose name ends
+    with one of `suffixes` (any if None), among its first 10,000 entries;
+    symlinks are not followed."""
     import os
     import stat
 
-    seen = {}
-    stack = [_PYCELL_WORKSPACE]
-    while stack and len(seen) < _PYCELL_SCAN_LIMIT:
-        top = stack.pop()
+    stack, seen = [_PYCELL_WORKSPACE], 0
+    while stack and seen < _PYCELL_SCAN_LIMIT:
         try:
-            entries = list(os.scandir(top))
+            entries = list(os.scandir(stack.pop()))
         except OSError:
             continue
-        for entry in entries:
+        for entry in entries[: _PYCELL_SCAN_LIMIT - seen]:
+            seen += 1
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
@@ -200,37 +143,23 @@ def _pycell_snapshot(only=None):
             if stat.S_ISDIR(st.st_mode):
                 stack.append(entry.path)
             elif stat.S_ISREG(st.st_mode) and (
-                only is None or entry.name.lower().endswith(only)
+                suffixes is None or entry.name.lower().endswith(suffixes)
             ):
-                seen[entry.path] = (st.st_size, st.st_mtime_ns, st.st_ino)
-    return seen
+                yield entry.path, st
 
 
-def _pycell_image_files():
-    return _pycell_snapshot(_PYCELL_IMAGE_SUFFIXES)
+def _pycell_images_since(started):
+    """The PNG and JPEG files written since `started` (ns), sorted."""
+    found = _pycell_walk(_PYCELL_IMAGE_SUFFIXES)
+    return sorted(p for p, st in found if st.st_mtime_ns >= started)
 
 
-def _pycell_send_images(fd, work, before):
-    """Send the jailer the figures the run left open and the image files it
-    wrote, scaled down (nothing if there are none, or images were not
-    asked for). Whatever goes wrong here is the run's own doing: it is
-    not reported."""
+def _pycell_made_images(started):
+    """Whether the run left a figure open or wrote an image file."""
     import sys
 
-    limits = work.get("images")
-    if limits is None:
-        return
-    try:
-        plt = sys.modules.get("matplotlib.pyplot")
-        figures = plt is not None and plt.get_fignums()
-        after = _pycell_image_files()
-        written = sorted(p for p, s in after.items() if before.get(p) != s)
-        if not figures and not written:
-            return
-        _pycell_load("images")
-        _pycell_write_frame(fd, _pycell_run_images(written, limits))
-    except BaseException:
-        pass
+    plt = sys.modules.get("matplotlib.pyplot")
+    return bool(plt is not None and plt.get_fignums()) or bool(_pycell_images_since(started))
 
 
 def _pycell_exit_status(code):
@@ -262,56 +191,16 @@ def _pycell_uncaught(e):
     sys.excepthook(type(e), e, tb)
 
 
-def _pycell_exit(status, interrupted):
-    """Python's shutdown, up to what a script can observe: non-daemon
-    threads joined, atexit handlers run, the script's objects collected
-    (their __del__ run, its unclosed files flushed and closed), every file
-    it left open flushed, stdout and stderr flushed (120 if that fails);
-    then exit, without tearing down the modules warm-up imported (which
-    only costs time), or, after a KeyboardInterrupt, death by SIGINT."""
-    import atexit
-    import gc
-    import io
-    import os
-    import sys
-
-    threading = sys.modules.get("threading")
-    if threading is not None:
-        threading._shutdown()
-    atexit._run_exitfuncs()
-    sys.last_type = sys.last_value = sys.last_traceback = sys.last_exc = None
-    sys.modules.pop("__main__", None)
-    gc.collect()
-    for generation in range(3):
-        for obj in gc.get_objects(generation):
-            if isinstance(obj, io.IOBase) and not obj.closed and obj.writable():
-                try:
-                    obj.flush()
-                except Exception:
-                    pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except Exception:
-            status = 120
-    if interrupted:
-        import signal
-
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(status)
-
-
 def _pycell_start():
     import sys
 
     mode = sys.argv[1:2]
+    if mode == ["--pycell-run"]:
+        _pycell_run_cold(sys.argv[2:])
+        return
+    for part in ("warm", "images", "session"):
+        _pycell_load(part)
     if mode == ["--pycell-session"]:
-        _pycell_load("images")
-        _pycell_load("session")
         _pycell_session(sys.argv[2:])
-    elif mode == ["--pycell-run"]:
-        _pycell_run(None)
     else:
-        _pycell_run(sys.argv[1:])
+        _pycell_run_warm(sys.argv[1:])
