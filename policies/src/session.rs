@@ -60,7 +60,8 @@ const LIFETIME_RANGE: (Duration, Duration) =
     (Duration::from_secs(1), Duration::from_secs(7 * 86_400));
 const PER_UID_RANGE: (i64, i64) = (0, 1024);
 const IMAGE_EDGE_RANGE: (i64, i64) = (16, 8192);
-const IMAGE_BYTES_RANGE: (u64, u64) = (0, 16 << 20);
+// Their base64 must fit a reply (16 MiB) with room to spare.
+const IMAGE_BYTES_RANGE: (u64, u64) = (0, 8 << 20);
 
 fn secs(d: Duration) -> String {
     format!("{}s", d.as_secs())
