@@ -150,6 +150,27 @@ impl Daemon {
         self.child.as_ref().unwrap().id() as i32
     }
 
+    /// Run `req` until a run of it goes to a warm jail (the pool may still
+    /// be filling: those runs go cold); that run's result.
+    pub fn warm_run(
+        &self,
+        req: &pycell_protocol::messages::RunRequest,
+    ) -> pycell_protocol::result::RunResult {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let r = self.client().run(req.clone(), |_, _| {}).unwrap();
+            if r.warm {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no run went warm within 20 s: {r:?}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     pub fn client(&self) -> DaemonClient {
         DaemonClient::connect(&self.socket()).unwrap_or_else(|e| panic!("{e}\n{}", self.log()))
     }

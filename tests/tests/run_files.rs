@@ -5,8 +5,6 @@
 
 #![forbid(unsafe_code)]
 
-use std::time::Duration;
-
 use pycell_protocol::messages::RunRequest;
 use pycell_tests::daemon::Daemon;
 use pycell_tests::{run_code, status_of};
@@ -55,19 +53,10 @@ fn an_embedded_run_lists_what_it_wrote_and_nothing_it_did_not() {
 #[test]
 fn a_warm_run_through_pycelld_lists_them_too_but_not_its_script() {
     let d = Daemon::start("warm_pools = { default = 1 }\n");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let result = loop {
-        let req = RunRequest {
-            code: CODE.into(),
-            ..RunRequest::default()
-        };
-        let r = d.client().run(req, |_, _| {}).unwrap();
-        if r.warm || std::time::Instant::now() > deadline {
-            break r;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert!(result.warm, "no run went warm: {result:?}");
+    let result = d.warm_run(&RunRequest {
+        code: CODE.into(),
+        ..RunRequest::default()
+    });
     let listed: Vec<&str> = result.files.iter().map(|f| f.path.as_str()).collect();
     assert_eq!(listed, ["/workspace/d/e/deep.bin", "/workspace/out.txt"]);
 }

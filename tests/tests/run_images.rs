@@ -8,8 +8,6 @@
 
 #![forbid(unsafe_code)]
 
-use std::time::Duration;
-
 use base64::Engine;
 use pycell_protocol::messages::RunRequest;
 use pycell_tests::daemon::Daemon;
@@ -68,19 +66,10 @@ fn an_embedded_run_sends_back_the_images_it_wrote() {
 #[test]
 fn a_warm_run_through_pycelld_sends_them_back_too() {
     let d = Daemon::start("warm_pools = { default = 1 }\n");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let result = loop {
-        let req = RunRequest {
-            code: PNGS.into(),
-            ..RunRequest::default()
-        };
-        let r = d.client().run(req, |_, _| {}).unwrap();
-        if r.warm || std::time::Instant::now() > deadline {
-            break r;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert!(result.warm, "no run went warm: {result:?}");
+    let result = d.warm_run(&RunRequest {
+        code: PNGS.into(),
+        ..RunRequest::default()
+    });
     let v = serde_json::to_value(&result).unwrap();
     check_images(&v["images"], &v["images_omitted"]);
 }

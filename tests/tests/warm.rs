@@ -134,32 +134,12 @@ fn a_warm_jails_timeout_and_cpu_limit_run_from_the_work() {
     );
 }
 
-/// A run through `d`, retried until it went to a warm jail (the pool fills
-/// in the background after the daemon starts).
-fn warm_daemon_run(d: &Daemon, req: &RunRequest) -> RunResult {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let r = d.client().run(req.clone(), |_, _| {}).unwrap();
-        if r.warm {
-            return r;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no run went warm within 20 s: {r:?}\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn two_runs_never_share_a_jail() {
     let d = Daemon::start("warm_pools = { default = 2 }\n");
-    warm_daemon_run(&d, &request("pass"));
-    let first = warm_daemon_run(
-        &d,
-        &request(
-            r#"
+    d.warm_run(&request("pass"));
+    let first = d.warm_run(&request(
+        r#"
 import builtins, os, subprocess
 open("/workspace/marker", "w").write("first")
 open("/tmp/marker", "w").write("first")
@@ -167,12 +147,9 @@ builtins.LEFT_BY_FIRST = True
 subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)
 print(os.readlink("/proc/self/ns/pid"), os.readlink("/proc/self/ns/mnt"))
 "#,
-        ),
-    );
-    let second = warm_daemon_run(
-        &d,
-        &request(
-            r#"
+    ));
+    let second = d.warm_run(&request(
+        r#"
 import builtins, os
 others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
 cmds = [open(f"/proc/{p}/cmdline", "rb").read() for p in others]
@@ -180,8 +157,7 @@ print(os.readlink("/proc/self/ns/pid"), os.readlink("/proc/self/ns/mnt"))
 print(os.path.exists("/workspace/marker"), os.path.exists("/tmp/marker"))
 print(hasattr(builtins, "LEFT_BY_FIRST"), any(b"sleep" in c for c in cmds))
 "#,
-        ),
-    );
+    ));
     assert_eq!(first.status, RunStatus::Ok, "{first:?}");
     assert_eq!(second.status, RunStatus::Ok, "{second:?}");
     let first_ns = first.stdout.trim();
@@ -256,7 +232,7 @@ fn the_probe_sees_the_same_jail_cold_and_warm() {
     let code = std::fs::read_to_string(probe_path()).unwrap();
     let mut req = request(&code);
     req.filename = Some("probe.py".into());
-    let warm = warm_daemon_run(&d, &req);
+    let warm = d.warm_run(&req);
     assert_eq!(warm.status, RunStatus::Ok, "{warm:?}");
     let warm = comparable(&serde_json::from_str(&warm.stdout).unwrap());
     assert!(cold.len() > 300, "{} checks", cold.len());
@@ -296,7 +272,7 @@ fn a_pools_imports_are_loaded_before_its_runs_and_a_failing_one_goes_cold() {
     let check = "import sys; print('decimal' in sys.modules, 'fractions' in sys.modules)";
     let mut req = request(check);
     req.policy = Some("preloaded".into());
-    let warm = warm_daemon_run(&d, &req);
+    let warm = d.warm_run(&req);
     assert_eq!(warm.stdout, "True True\n", "{warm:?}");
     // A pool whose import fails never serves: its runs go cold, and work.
     req.policy = Some("broken".into());
@@ -314,7 +290,7 @@ fn a_pools_imports_are_loaded_before_its_runs_and_a_failing_one_goes_cold() {
 #[test]
 fn killing_pycelld_takes_its_warm_jails_along() {
     let mut d = Daemon::start("warm_pools = { default = 3 }\n");
-    warm_daemon_run(&d, &request("pass"));
+    d.warm_run(&request("pass"));
     let deadline = Instant::now() + Duration::from_secs(20);
     while d.sandbox_processes().len() < 2 * 3 {
         assert!(
@@ -380,7 +356,7 @@ fn pycell_info_shows_each_pool_and_its_members_jailers() {
     );
     assert!(sandbox.iter().all(|p| in_member(p.pid)), "{sandbox:?}");
     // A member taken by a run leaves the pool; a new one replaces it.
-    warm_daemon_run(&d, &request("pass"));
+    d.warm_run(&request("pass"));
     let after = pools_when_ready(&d, 2);
     let kept = after
         .jailer_pids
