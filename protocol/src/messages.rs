@@ -154,6 +154,27 @@ impl From<ErrorCode> for FailureCode {
     }
 }
 
+impl ErrorCode {
+    /// The error a session message gets for a failure: the same name where
+    /// the protocol has it, else the nearest (a bad request, a busy
+    /// daemon), else `internal`.
+    pub fn for_failure(code: FailureCode) -> ErrorCode {
+        match code {
+            FailureCode::UnknownSession => ErrorCode::UnknownSession,
+            FailureCode::SessionGone => ErrorCode::SessionGone,
+            FailureCode::SessionKilled => ErrorCode::SessionKilled,
+            FailureCode::SessionBusy => ErrorCode::SessionBusy,
+            FailureCode::TooManySessions => ErrorCode::TooManySessions,
+            FailureCode::SessionsUnavailable => ErrorCode::SessionsUnavailable,
+            FailureCode::FileRefused => ErrorCode::FileRefused,
+            FailureCode::InvalidRequest | FailureCode::InvalidPolicy => ErrorCode::InvalidRequest,
+            FailureCode::Busy | FailureCode::UidUnavailable => ErrorCode::Busy,
+            FailureCode::ShuttingDown => ErrorCode::ShuttingDown,
+            _ => ErrorCode::Internal,
+        }
+    }
+}
+
 /// Client → daemon.
 // One message per frame, decoded and matched at once: the size of the
 // `Run` variant costs nothing worth a Box (and a Box would change every
@@ -279,4 +300,30 @@ pub fn decode_b64(s: &str) -> Result<Vec<u8>, BadBase64> {
     base64::engine::general_purpose::STANDARD
         .decode(s)
         .map_err(BadBase64::Data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_maps_to_the_error_of_its_name_and_back() {
+        for code in ErrorCode::ALL {
+            let failure = FailureCode::from(*code);
+            assert_eq!(failure.as_str(), code.as_str());
+            let back = ErrorCode::for_failure(failure);
+            // The run-level codes are the daemon's own; sessions' map back.
+            if code.as_str().contains("session") || *code == ErrorCode::FileRefused {
+                assert_eq!(back, *code, "{code}");
+            }
+        }
+        assert_eq!(
+            ErrorCode::for_failure(FailureCode::UidUnavailable),
+            ErrorCode::Busy
+        );
+        assert_eq!(
+            ErrorCode::for_failure(FailureCode::Oom),
+            ErrorCode::Internal
+        );
+    }
 }

@@ -215,6 +215,28 @@ impl From<RunResult> for RunPythonOutput {
     }
 }
 
+/// A tool's result: `value` as structured content, `text` and then `extra`
+/// as its content (an error result if `value` cannot be encoded).
+pub(super) fn structured<T: Serialize>(
+    value: &T,
+    text: String,
+    extra: Vec<ContentBlock>,
+) -> CallToolResult {
+    match serde_json::to_value(value) {
+        Ok(v) => {
+            let mut r = CallToolResult::structured(v);
+            let mut content = vec![ContentBlock::text(text)];
+            content.extend(extra);
+            r.content = content;
+            r.is_error = Some(false);
+            r
+        }
+        Err(e) => CallToolResult::error(vec![ContentBlock::text(format!(
+            "pycell mcp failed: cannot encode the result: {e}"
+        ))]),
+    }
+}
+
 /// `1.5 KiB`, `8.4 MiB`.
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
@@ -261,18 +283,11 @@ impl RunPythonOutput {
     /// The tool result: this as structured content, its text, then
     /// `images` as image content; an error only if it was refused.
     pub fn tool_result(&self, images: Vec<ContentBlock>) -> CallToolResult {
-        match serde_json::to_value(self) {
-            Ok(v) => {
-                let mut r = CallToolResult::structured(v);
-                r.content = vec![ContentBlock::text(self.render())];
-                r.content.extend(images);
-                r.is_error = Some(self.status == Status::Refused);
-                r
-            }
-            Err(e) => CallToolResult::error(vec![ContentBlock::text(format!(
-                "pycell mcp failed: cannot encode the result: {e}"
-            ))]),
+        let mut r = structured(self, self.render(), images);
+        if self.status == Status::Refused {
+            r.is_error = Some(true);
         }
+        r
     }
 
     /// The text content of the tool result: one status line, then the

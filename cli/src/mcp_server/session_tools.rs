@@ -19,7 +19,7 @@ use pycell_protocol::session::{
 };
 
 use super::cell_output::{image_info, CellException, CellInfo, FileChange};
-use super::output::{human_bytes, ErrorInfo, RunPythonOutput};
+use super::output::{human_bytes, structured, ErrorInfo, RunPythonOutput};
 use super::sessions::SessionFailure;
 use super::tools::portable;
 use super::PycellServer;
@@ -170,22 +170,6 @@ pub fn failure(tool: &str, f: &SessionFailure) -> CallToolResult {
         "{tool} failed ({}): {}",
         f.code, f.message
     ))])
-}
-
-fn structured<T: Serialize>(value: &T, text: String, extra: Vec<ContentBlock>) -> CallToolResult {
-    match serde_json::to_value(value) {
-        Ok(v) => {
-            let mut r = CallToolResult::structured(v);
-            let mut content = vec![ContentBlock::text(text)];
-            content.extend(extra);
-            r.content = content;
-            r.is_error = Some(false);
-            r
-        }
-        Err(e) => CallToolResult::error(vec![ContentBlock::text(format!(
-            "pycell mcp failed: cannot encode the result: {e}"
-        ))]),
-    }
 }
 
 impl PycellServer {

@@ -85,20 +85,7 @@ impl JailerControl for MonitorJailer {
 pub(crate) type Refused = (ErrorCode, String);
 
 fn refused(code: FailureCode, message: impl Into<String>) -> Refused {
-    let code = match code {
-        FailureCode::UnknownSession => ErrorCode::UnknownSession,
-        FailureCode::SessionGone => ErrorCode::SessionGone,
-        FailureCode::SessionKilled => ErrorCode::SessionKilled,
-        FailureCode::SessionBusy => ErrorCode::SessionBusy,
-        FailureCode::TooManySessions => ErrorCode::TooManySessions,
-        FailureCode::SessionsUnavailable => ErrorCode::SessionsUnavailable,
-        FailureCode::FileRefused => ErrorCode::FileRefused,
-        FailureCode::InvalidRequest | FailureCode::InvalidPolicy => ErrorCode::InvalidRequest,
-        FailureCode::Busy | FailureCode::UidUnavailable => ErrorCode::Busy,
-        FailureCode::ShuttingDown => ErrorCode::ShuttingDown,
-        _ => ErrorCode::Internal,
-    };
-    (code, message.into())
+    (ErrorCode::for_failure(code), message.into())
 }
 
 /// The run request a session start is ordered as (no code).
