@@ -175,6 +175,10 @@ pub struct RunArgs {
     /// File whose contents become the script's stdin (default: empty).
     #[arg(long, value_name = "FILE")]
     pub input: Option<PathBuf>,
+    /// MCP servers whose tools the code may call (`import pycell_tools`),
+    /// in the mcpServers format MCP hosts use; this process starts them.
+    #[arg(long, value_name = "FILE")]
+    pub tool_servers: Option<PathBuf>,
     /// pycelld socket to use. Without it (and without PYCELL_SOCKET), pycell
     /// uses /run/pycell/pycell.sock if it exists, else runs embedded (as root).
     #[arg(long, value_name = "PATH", env = "PYCELL_SOCKET")]
@@ -300,4 +304,9 @@ pub struct McpArgs {
     /// even if pycelld is running.
     #[arg(long)]
     pub embedded: bool,
+    /// MCP servers whose tools run_python's code may call (`import
+    /// pycell_tools`), in the mcpServers format MCP hosts use; this process
+    /// starts them, and they never enter a sandbox.
+    #[arg(long, value_name = "FILE")]
+    pub tool_servers: Option<PathBuf>,
 }

@@ -17,6 +17,7 @@ use pycell_launch::supervisor::{supervise, Patience, StoppedBy};
 use pycell_policy::Policy;
 use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::{CacheOutcome, RunResult};
+use pycell_tools::service::ToolService;
 use pycell_wire::events::Stream;
 use pycell_wire::report::JailFailure;
 use tokio::runtime::Handle;
@@ -79,11 +80,12 @@ pub(crate) fn run_here(
     prepared: Prepared,
     patience: Patience,
     stop: &StopRequest,
+    tools: Option<ToolService>,
     on_output: &mut dyn FnMut(Stream, &[u8]),
 ) -> (RunResult, Option<OwnedFd>) {
     handle.block_on(async {
         match prepared.spawn_async(JailerStderr::Capture).await {
-            Ok(l) => supervise(l, patience, stopped(stop.clone()), on_output).await,
+            Ok(l) => supervise(l, patience, stopped(stop.clone()), tools, on_output).await,
             Err(result) => (*result, None),
         }
     })
@@ -103,11 +105,18 @@ impl InstallRunner for Installer {
     ) -> (RunResult, Option<OwnedFd>) {
         let mut lines = ProgressLines::default();
         let patience = pycell_launch::supervisor::PATIENCE;
-        run_here(&self.handle, prepared, patience, &self.stop, &mut |s, b| {
-            if s == Stream::Stdout {
-                lines.feed(b, progress)
-            }
-        })
+        run_here(
+            &self.handle,
+            prepared,
+            patience,
+            &self.stop,
+            None,
+            &mut |s, b| {
+                if s == Stream::Stdout {
+                    lines.feed(b, progress)
+                }
+            },
+        )
     }
 }
 

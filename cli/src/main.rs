@@ -20,6 +20,7 @@ mod repl;
 mod run;
 mod say;
 mod session_cmd;
+mod tool_servers;
 
 use clap::Parser;
 

@@ -6,14 +6,17 @@
 
 use std::io::{self, Read, Write};
 use std::path::Path;
+use std::sync::Arc;
 
 use pycell_launch::launcher::{LaunchError, Launcher, PolicyChoice, Prepared};
 use pycell_launch::resolve::Extras;
 use pycell_launch::supervisor::PATIENCE;
+use pycell_launch::tool_grant::ToolGrant;
 use pycell_policy::Policy;
 use pycell_protocol::client::{daemon_socket, Stage};
 use pycell_protocol::messages::{LimitOverrides, RunRequest};
 use pycell_protocol::result::RunResult;
+use pycell_tools::service::ToolService;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
 use pycell_wire::report::{JailFailure, RunStatus};
@@ -21,6 +24,7 @@ use pycell_wire::report::{JailFailure, RunStatus};
 use crate::cli::RunArgs;
 use crate::embedded;
 use crate::say::say;
+use crate::tool_servers::{offer, DaemonToolCalls, ToolServers};
 
 /// Largest script or stdin we accept from the command line.
 const MAX_INPUT: u64 = pycell_protocol::messages::MAX_CODE_BYTES as u64;
@@ -97,6 +101,7 @@ fn request(args: &RunArgs) -> Result<RunRequest, String> {
         limits: limit_flags(args)?,
         dependencies: listed_dependencies(args.requirements.as_deref(), &args.with)?,
         files: Vec::new(),
+        tools: None,
     };
     req.set_stdin(&stdin);
     Ok(req)
@@ -203,10 +208,17 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
     if let PolicyChoice::File(_) = PolicyChoice::from_arg(policy) {
         return daemon(FailureCode::InvalidPolicy, "pycelld runs only the operator's policies (by name); a policy file needs embedded mode (--embedded, as root)".into());
     }
-    let req = match request(args) {
+    let mut req = match request(args) {
         Ok(r) => r,
         Err(m) => return refused(policy, request_failure(m)),
     };
+    let tools = match offered_tools(args, &mut req) {
+        Ok(t) => t,
+        Err(f) => return refused(policy, f),
+    };
+    let calls = tools
+        .as_ref()
+        .map(|(servers, rt)| DaemonToolCalls::new(servers.clone(), rt.handle().clone()));
     // The result carries the (capped) output too; without --json it is
     // shown as it arrives instead. A run that waits for a slot for more
     // than a second says where it is in the queue, on stderr.
@@ -223,10 +235,49 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
             Stage::Queued(position) => queue.update(position),
             Stage::Started(_) => queue.update(0),
             Stage::Installing(m) => eprintln!("pycell: {m}"),
+            Stage::ToolCall {
+                call,
+                server,
+                tool,
+                arguments,
+            } => {
+                if let Some(calls) = &calls {
+                    calls.on_call(call, server, tool, arguments);
+                }
+            }
         },
-        |_| {},
+        |client| {
+            if let Some(calls) = &calls {
+                calls.connected(client);
+            }
+        },
     );
+    if let Some((servers, rt)) = tools {
+        rt.block_on(servers.shutdown());
+    }
     result.unwrap_or_else(|e| e.into_result(policy))
+}
+
+/// `--tool-servers FILE`: its servers started, their catalog in `req`,
+/// and the runtime they run on.
+fn offered_tools(
+    args: &RunArgs,
+    req: &mut RunRequest,
+) -> Result<Option<(ToolServers, tokio::runtime::Runtime)>, JailFailure> {
+    let Some(path) = &args.tool_servers else {
+        return Ok(None);
+    };
+    let servers =
+        ToolServers::load(path).map_err(|m| request_failure(format!("--tool-servers {m}")))?;
+    let rt = embedded::runtime().map_err(|e| {
+        JailFailure::new(
+            FailureCode::Internal,
+            Layer::Jailer,
+            format!("starting a runtime: {e}"),
+        )
+    })?;
+    rt.block_on(offer(&servers, req));
+    Ok(Some((servers, rt)))
 }
 
 /// Tells the user on stderr that their run waits for a slot, once it has
@@ -289,6 +340,11 @@ fn run_embedded(args: &RunArgs) -> RunResult {
         handle: rt.handle().clone(),
         stop: stop.clone(),
     };
+    let mut run = run;
+    let (servers, tools) = match embedded_tools(args, &rt, &mut run) {
+        Ok(t) => t,
+        Err(f) => return refused(&run.policy.name, f),
+    };
     let mut progress = |m: &str| eprintln!("pycell: {m}");
     let ensured = match embedded::env_for(
         &run.launcher,
@@ -309,14 +365,42 @@ fn run_embedded(args: &RunArgs) -> RunResult {
         Err(e) => return refused(&run.policy.name, e.failure()),
     };
     let stream = !args.json;
-    let (mut result, _) =
-        embedded::run_here(rt.handle(), prepared, PATIENCE, &stop, &mut |s, b| {
+    let (mut result, _) = embedded::run_here(
+        rt.handle(),
+        prepared,
+        PATIENCE,
+        &stop,
+        tools,
+        &mut |s, b| {
             if stream {
                 show(s, b)
             }
-        });
+        },
+    );
+    if let Some(servers) = servers {
+        rt.block_on(servers.shutdown());
+    }
     result.env = ensured.map(|e| e.report);
     result
+}
+
+/// An embedded run's `--tool-servers`: started here, their catalog in its
+/// request, and the service this process runs for its jail's channel.
+fn embedded_tools(
+    args: &RunArgs,
+    rt: &tokio::runtime::Runtime,
+    run: &mut EmbeddedRun,
+) -> Result<(Option<ToolServers>, Option<ToolService>), JailFailure> {
+    let Some(path) = &args.tool_servers else {
+        return Ok((None, None));
+    };
+    let servers =
+        ToolServers::load(path).map_err(|m| request_failure(format!("--tool-servers {m}")))?;
+    rt.block_on(offer(&servers, &mut run.req));
+    let catalog = run.req.tools.as_ref().expect("offered just now");
+    let grant = ToolGrant::new(&run.policy, catalog).map_err(request_failure)?;
+    let service = grant.service(Arc::new(servers.clone()), None);
+    Ok((Some(servers), Some(service)))
 }
 
 /// Print the result: one JSON object, or (streaming mode, where the output

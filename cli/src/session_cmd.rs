@@ -40,6 +40,7 @@ pub fn start_request(how: &SessionStartArgs) -> Result<SessionStartRequest, Stri
             ..LimitOverrides::default()
         },
         dependencies: how.with.clone(),
+        tools: None,
     })
 }
 

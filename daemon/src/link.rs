@@ -124,6 +124,7 @@ impl RunOrder {
             },
             dependencies: Vec::new(),
             files: self.files.clone(),
+            tools: None,
         }
     }
 

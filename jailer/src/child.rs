@@ -31,7 +31,7 @@ use pycell_syscall::{self as syscall, CloneResult};
 use pycell_wire::codes::FailureCode;
 use pycell_wire::handout::{self, Handout};
 use pycell_wire::report::LandlockReport;
-use pycell_wire::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID, WORKSPACE};
+use pycell_wire::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID, TOOLS_FD_VAR, WORKSPACE};
 
 pub(crate) const HOSTNAME: &str = "pycell";
 /// Signals init forwards to the program. SIGCHLD is init's own.
@@ -69,6 +69,8 @@ struct RealSteps<'a> {
     disk_channel: Option<OwnedFd>,
     status: &'a File,
     signal_fd: Option<SignalFd>,
+    /// Code mode: the program's end of the tool channel.
+    tool_end: Option<OwnedFd>,
     sources: Option<PreparedSources>,
     landlock: Option<LandlockReport>,
     xattr_writes_refused: bool,
@@ -164,6 +166,7 @@ impl JailSteps for RealSteps<'_> {
         syscall::interface_up("lo")
             .map_err(|e| StepError::new(Step::Loopback, format!("bringing up lo: {e}")))?;
         self.hand_out_workspace()?;
+        self.hand_out_tool_channel()?;
         self.hand_out_proxy_listener()
     }
 
@@ -190,7 +193,8 @@ impl JailSteps for RealSteps<'_> {
             .map_err(nix_step(Step::CloseFds, "sigprocmask"))?;
         let sfd = SignalFd::with_flags(&mask, nix::sys::signalfd::SfdFlags::SFD_CLOEXEC)
             .map_err(nix_step(Step::CloseFds, "signalfd"))?;
-        let keep = [self.status.as_raw_fd(), sfd.as_fd().as_raw_fd()];
+        let mut keep = vec![self.status.as_raw_fd(), sfd.as_fd().as_raw_fd()];
+        keep.extend(self.tool_end.as_ref().map(AsRawFd::as_raw_fd));
         self.signal_fd = Some(sfd);
         syscall::close_fds_except(&keep).map_err(io_step(Step::CloseFds))
     }
@@ -256,6 +260,21 @@ impl RealSteps<'_> {
         };
         hand_out_workspace_on(channel.as_fd(), OFlag::O_RDONLY)
             .map_err(|e| StepError::new(Step::Loopback, format!("handing out /workspace: {e}")))
+    }
+
+    /// Code mode: a socketpair, one end handed out on the jailer's stdin
+    /// socket (the launcher serves the program's tool calls on it), the
+    /// other kept for the program (both close-on-exec until then).
+    fn hand_out_tool_channel(&mut self) -> Result<(), StepError> {
+        let (true, Some(channel)) = (self.spec.tools, self.handout_channel.as_ref()) else {
+            return Ok(());
+        };
+        let fail =
+            |e: std::io::Error| StepError::new(Step::Loopback, format!("the tool channel: {e}"));
+        let (ours, launchers) = std::os::unix::net::UnixStream::pair().map_err(fail)?;
+        handout::send(channel.as_fd(), Handout::ToolChannel, launchers.as_fd()).map_err(fail)?;
+        self.tool_end = Some(ours.into());
+        Ok(())
     }
 
     /// With egress: listen on 127.0.0.1:PORT of the jail's loopback and hand
@@ -349,6 +368,7 @@ pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> !
         disk_channel: fds.disk_channel,
         status: &status,
         signal_fd: None,
+        tool_end: None,
         sources: None,
         landlock: None,
         xattr_writes_refused: false,
@@ -359,12 +379,13 @@ pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> !
     }
     let landlock = steps.landlock.take().expect("landlock applied");
     let signal_fd = steps.signal_fd.take().expect("signalfd created");
+    let tool_end = steps.tool_end.take();
     let ready = ChildMessage::Ready {
         landlock,
         xattr_writes_refused: steps.xattr_writes_refused,
     };
     send(&status, &ready);
-    init(spec, &status, signal_fd)
+    init(spec, &status, signal_fd, tool_end)
 }
 
 /// This process is a fork of the jailer, so its
@@ -411,13 +432,28 @@ fn cstrings(items: impl IntoIterator<Item = String>) -> Vec<CString> {
         .collect()
 }
 
-fn init(spec: &JailSpec, status: &File, signal_fd: SignalFd) -> ! {
+/// The program's environment: the spec's, and where its end of the tool
+/// channel is.
+fn program_env(spec: &JailSpec, tool_end: Option<&OwnedFd>) -> Vec<CString> {
+    let tools = tool_end.map(|fd| (TOOLS_FD_VAR.to_string(), fd.as_raw_fd().to_string()));
+    let vars = spec.env.iter().cloned().chain(tools);
+    cstrings(vars.map(|(k, v)| format!("{k}={v}")))
+}
+
+fn init(spec: &JailSpec, status: &File, signal_fd: SignalFd, tool_end: Option<OwnedFd>) -> ! {
     let argv = cstrings(spec.argv.iter().cloned());
-    let env = cstrings(spec.env.iter().map(|(k, v)| format!("{k}={v}")));
+    let env = program_env(spec, tool_end.as_ref());
     let main = match syscall::clone_fork(0) {
         Ok(CloneResult::Child) => {
-            // The program starts with no blocked signals and default handlers.
+            // The program starts with no blocked signals and default
+            // handlers, and keeps its end of the tool channel across exec.
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+            if let Some(fd) = &tool_end {
+                let _ = nix::fcntl::fcntl(
+                    fd,
+                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+                );
+            }
             let err = execve(&argv[0], &argv, &env).unwrap_err();
             send(
                 status,
@@ -427,7 +463,11 @@ fn init(spec: &JailSpec, status: &File, signal_fd: SignalFd) -> ! {
             );
             syscall::exit_now(127);
         }
-        Ok(CloneResult::Parent(pid)) => pid,
+        Ok(CloneResult::Parent(pid)) => {
+            // Only the program holds it: its end is the launcher's EOF.
+            drop(tool_end);
+            pid
+        }
         Err(e) => {
             send(
                 status,

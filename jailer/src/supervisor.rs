@@ -392,11 +392,12 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
 }
 
 /// The jail hands descriptors out on our stdin (a unix socket whose other
-/// end is the launcher's: the proxy's listener, an exported workspace): a
+/// end is the launcher's: the proxy's listener, an exported workspace,
+/// the tool channel): a
 /// copy for the child. After the clone the child's copy is the only one
 /// (see [`release_stdin`]).
 fn handout_channel(spec: &JailSpec) -> Result<Option<OwnedFd>, JailFailure> {
-    if spec.network == NetworkSpec::Loopback && !spec.export_workspace {
+    if spec.network == NetworkSpec::Loopback && !spec.export_workspace && !spec.tools {
         return Ok(None);
     }
     io::stdin()

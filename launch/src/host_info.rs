@@ -19,6 +19,7 @@ pub fn host_info(mode: String, policy_dir: &Path, layers: Vec<LayerStatus>) -> H
         policies,
         policy_problems,
         layers,
+        tools: None,
     }
 }
 

@@ -537,7 +537,7 @@ impl Prepared {
         spec_in: UnixStream,
         work: Option<UnixStream>,
     ) -> Started<C, E> {
-        let hands_out = self.egress.is_some() || self.spec.export_workspace;
+        let hands_out = self.egress.is_some() || self.spec.export_workspace || self.spec.tools;
         Started {
             run_id: self.run_id,
             policy: self.policy,
@@ -620,6 +620,7 @@ pub struct Collector {
     broken: Option<EventError>,
     network: Option<NetworkReport>,
     images: RunImages,
+    tool_calls: Option<pycell_tools::service::ToolCalls>,
 }
 
 impl Collector {
@@ -638,6 +639,7 @@ impl Collector {
             broken: None,
             network: None,
             images: RunImages::default(),
+            tool_calls: None,
         }
     }
 
@@ -680,6 +682,11 @@ impl Collector {
         self.network = Some(report);
     }
 
+    /// What the run's tool calls came to (after its channel ended).
+    pub fn tool_calls(&mut self, calls: pycell_tools::service::ToolCalls) {
+        self.tool_calls = Some(calls);
+    }
+
     /// Whether the result has arrived.
     pub fn has_report(&self) -> bool {
         self.report.is_some()
@@ -712,6 +719,7 @@ impl Collector {
         result.network = self.network;
         result.images = self.images.images;
         result.images_omitted = self.images.images_omitted;
+        result.tool_calls = self.tool_calls;
         result
     }
 }

@@ -23,3 +23,4 @@ pub mod resolve;
 pub mod session;
 pub mod session_table;
 pub mod supervisor;
+pub mod tool_grant;

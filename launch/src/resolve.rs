@@ -506,6 +506,9 @@ pub fn resolve_with(
         session: None,
         // An install jail runs uv, not the runner.
         images: (!extras.export_workspace).then(|| image_limits(&policy.images)),
+        // Code mode: the client offered tools (the policy's rules decide,
+        // call by call, which the code may use).
+        tools: req.tools.is_some() && !extras.export_workspace,
     };
     Ok(Resolved { spec, limits })
 }

@@ -26,6 +26,7 @@ use nix::unistd::Pid;
 use pycell_egress::{AuditHook, Egress, EgressConfig};
 use pycell_host::uidalloc::UidLease;
 use pycell_protocol::result::RunResult;
+use pycell_tools::service::{ToolCalls, ToolService};
 use pycell_wire::events::{Event, EventError, ReplyMeasure, Stream};
 use pycell_wire::fdpass::recv_with_fds;
 use pycell_wire::handout::{self, Handout};
@@ -283,12 +284,15 @@ impl<C: JailerChild> Drop for JailerProcess<C> {
 pub struct Services {
     /// The egress proxy, started on the listener the jail hands out.
     pub egress: Option<(EgressConfig, Option<AuditHook>)>,
+    /// Code mode: what serves the jail's tool channel.
+    pub tools: Option<ToolService>,
 }
 
 impl std::fmt::Debug for Services {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Services")
             .field("egress", &self.egress.as_ref().map(|(c, _)| &c.policy))
+            .field("tools", &self.tools)
             .finish()
     }
 }
@@ -359,6 +363,7 @@ pub struct RunStream {
     handouts: Option<Handouts>,
     services: Services,
     egress: Option<Egress>,
+    tools: Option<tokio::task::JoinHandle<ToolCalls>>,
     workspace: Option<OwnedFd>,
     ended: bool,
 }
@@ -380,6 +385,7 @@ impl RunStream {
             handouts,
             services,
             egress: None,
+            tools: None,
             workspace: None,
             ended: false,
         }
@@ -453,6 +459,15 @@ impl RunStream {
                     self.egress = Some(Egress::start(fd, config, audit));
                 }
             }
+            Handout::ToolChannel => {
+                let channel = std::os::unix::net::UnixStream::from(fd);
+                let channel = channel
+                    .set_nonblocking(true)
+                    .and_then(|()| tokio::net::UnixStream::from_std(channel));
+                if let (Some(service), Ok(channel)) = (self.services.tools.take(), channel) {
+                    self.tools = Some(tokio::spawn(service.serve(channel)));
+                }
+            }
         }
     }
 
@@ -468,7 +483,22 @@ impl RunStream {
         if let Some(egress) = self.egress.take() {
             self.collector.network(egress.finish().await);
         }
+        if let Some(tools) = self.tools.take() {
+            self.collector.tool_calls(ended_tools(tools).await);
+        }
         (self.collector.finish(end), self.workspace)
+    }
+}
+
+/// What a run's tool calls came to, once its channel has ended (the jail
+/// is gone, so it has; the wait is bounded all the same).
+async fn ended_tools(mut tools: tokio::task::JoinHandle<ToolCalls>) -> ToolCalls {
+    match tokio::time::timeout(Duration::from_secs(5), &mut tools).await {
+        Ok(Ok(calls)) => calls,
+        _ => {
+            tools.abort();
+            ToolCalls::default()
+        }
     }
 }
 
@@ -520,12 +550,14 @@ pub(crate) fn read_stderr(
 
 /// Run a launched jailer to its end for the embedded launcher: its output
 /// to `on_output` as it arrives; `stop` resolving (a cancel, ^C's
-/// SIGTERM, a shutdown) stops the run. Returns the result, and the jail's
+/// SIGTERM, a shutdown) stops the run; `tools` serves its tool calls, if
+/// its client offered any. Returns the result, and the jail's
 /// /workspace if its spec exports it (the install jail).
 pub async fn supervise(
     mut l: LaunchedAsync,
     patience: Patience,
     stop: impl std::future::Future<Output = StoppedBy>,
+    tools: Option<ToolService>,
     mut on_output: impl FnMut(Stream, &[u8]),
 ) -> (RunResult, Option<OwnedFd>) {
     let collector = Collector::new(&l.run_id, &l.policy, Some(l.limits.clone()));
@@ -534,6 +566,7 @@ pub async fn supervise(
             .egress
             .take()
             .map(|rules| (EgressConfig::from_env(&l.policy, rules), None)),
+        tools,
     };
     let stderr = read_stderr(l.child.stderr.take());
     let wall = Duration::from_secs_f64(l.limits.wall_timeout_s);

@@ -28,6 +28,7 @@ pub mod network;
 mod raw;
 pub mod requirement;
 pub mod session;
+pub mod tools;
 mod types;
 mod units;
 mod validate;
@@ -38,6 +39,7 @@ pub use limits::{
     MAX_WALL_TIMEOUT, MIN_MAX_OUTPUT, MIN_MEMORY, MIN_TMPFS_SIZE, OPEN_FILES_RANGE, PIDS_RANGE,
 };
 pub use session::{ImageSettings, SessionSettings};
+pub use tools::ToolSettings;
 pub use types::{
     namespaces, Dependencies, InstallSource, Interpreter, LandlockRules, Namespace, NetworkMode,
     ReadOnlyMount,
@@ -82,6 +84,8 @@ pub struct Policy {
     pub session: SessionSettings,
     /// `[images]`: how large the images a result carries may be.
     pub images: ImageSettings,
+    /// `[tools]`: which MCP tools code may call, and how much.
+    pub tools: ToolSettings,
 }
 
 impl Policy {

@@ -31,6 +31,7 @@ pub(crate) struct RawPolicy {
     pub(crate) warm: Option<RawWarm>,
     pub(crate) session: Option<RawSession>,
     pub(crate) images: Option<RawImages>,
+    pub(crate) tools: Option<RawTools>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -40,6 +41,16 @@ pub(crate) struct RawSession {
     pub(crate) lifetime: Option<Quantity>,
     pub(crate) per_uid: Option<i64>,
     pub(crate) max_file: Option<Quantity>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTools {
+    pub(crate) allow: Option<Vec<String>>,
+    pub(crate) max_calls: Option<i64>,
+    pub(crate) max_concurrent: Option<i64>,
+    pub(crate) call_timeout: Option<Quantity>,
+    pub(crate) max_result: Option<Quantity>,
 }
 
 #[derive(Debug, Default, Deserialize)]

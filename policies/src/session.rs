@@ -67,7 +67,7 @@ fn secs(d: Duration) -> String {
     format!("{}s", d.as_secs())
 }
 
-fn within_duration(
+pub(crate) fn within_duration(
     q: Quantity,
     range: (Duration, Duration),
     at: &FieldPath,
@@ -82,14 +82,18 @@ fn within_duration(
     Ok(d)
 }
 
-fn within_int(n: i64, range: (i64, i64), at: &FieldPath) -> Result<u32, Diagnostic> {
+pub(crate) fn within_int(n: i64, range: (i64, i64), at: &FieldPath) -> Result<u32, Diagnostic> {
     if n < range.0 || n > range.1 {
         return Err(Diagnostic::at(at.clone(), between(range, n)));
     }
     Ok(n as u32)
 }
 
-fn within_size(q: Quantity, range: (u64, u64), at: &FieldPath) -> Result<u64, Diagnostic> {
+pub(crate) fn within_size(
+    q: Quantity,
+    range: (u64, u64),
+    at: &FieldPath,
+) -> Result<u64, Diagnostic> {
     let n = size(q).map_err(|e| Diagnostic::at(at.clone(), e))?;
     if n < range.0 || n > range.1 {
         return Err(Diagnostic::at(at.clone(), between(range, n)));

@@ -172,7 +172,7 @@ fn unknown_field_lists_the_known_ones() {
         error_with("[network]", "[netwrok]"),
         "policies/custom.toml:20:2: netwrok: unknown field \"netwrok\"; expected one of: \
          name, description, namespaces, interpreter, limits, network, mounts, landlock, seccomp, env, \
-         dependencies, install, warm, session, images"
+         dependencies, install, warm, session, images, tools"
     );
 }
 
@@ -690,6 +690,28 @@ fn session_settings_default_and_are_checked() {
     );
     let e = minimal_with("[session]\nkeep = 1\n").unwrap_err();
     assert!(e.contains("keep"), "{e}");
+}
+
+#[test]
+fn tool_settings_default_and_are_checked() {
+    let p = minimal_with("").unwrap();
+    assert_eq!(p.tools, crate::ToolSettings::default());
+    assert_eq!(p.tools.allow, ["*/*"]);
+    let p = minimal_with("[tools]\nallow = []\n").unwrap();
+    assert!(p.tools.allow.is_empty(), "allow = [] forbids every call");
+    let p =
+        minimal_with("[tools]\nallow = [\"time/get_*\"]\nmax_calls = 10\ncall_timeout = \"5s\"\n")
+            .unwrap();
+    assert_eq!((p.tools.max_calls, p.tools.call_timeout.as_secs()), (10, 5));
+    let e = minimal_with("[tools]\nallow = [\"time/*\", \"time\"]\n").unwrap_err();
+    assert!(
+        e.contains("tools.allow[1]") && e.contains("SERVER/TOOL"),
+        "{e}"
+    );
+    let e = minimal_with("[tools]\nmax_concurrent = 0\n").unwrap_err();
+    assert!(e.contains("tools.max_concurrent"), "{e}");
+    let e = minimal_with("[tools]\nmax_result = \"1GiB\"\n").unwrap_err();
+    assert!(e.contains("tools.max_result"), "{e}");
 }
 
 #[test]

@@ -99,6 +99,7 @@ pub(crate) fn validate(
     let warm_imports = check_warm(raw.warm, &root.key("warm"))?;
     let session = crate::session::check_session(raw.session, &root.key("session"))?;
     let images = crate::session::check_images(raw.images, &root.key("images"))?;
+    let tools = crate::tools::check_tools(raw.tools, &root.key("tools"))?;
 
     Ok(Policy {
         name,
@@ -116,6 +117,7 @@ pub(crate) fn validate(
         warm_imports,
         session,
         images,
+        tools,
     })
 }
 

@@ -4,6 +4,7 @@
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::framing::{self, FrameError};
@@ -75,6 +76,9 @@ impl ClientError {
 #[derive(Debug)]
 pub struct DaemonClient {
     stream: UnixStream,
+    /// Held while a message is written from another thread (a cancel, a
+    /// tool call's answer), so that frames never interleave.
+    writing: Arc<Mutex<()>>,
 }
 
 /// How long a client keeps trying a socket that is missing or refuses
@@ -116,7 +120,10 @@ impl DaemonClient {
                 path: path.to_path_buf(),
                 source,
             })?;
-        let mut c = DaemonClient { stream };
+        let mut c = DaemonClient {
+            stream,
+            writing: Arc::default(),
+        };
         let hello = framing::write_sync(
             &mut c.stream,
             &ClientMessage::Hello {
@@ -146,6 +153,15 @@ impl DaemonClient {
     pub fn canceller(&self) -> io::Result<Canceller> {
         Ok(Canceller {
             stream: self.stream.try_clone()?,
+            writing: Arc::clone(&self.writing),
+        })
+    }
+
+    /// A handle that answers the current run's tool calls from any thread.
+    pub fn answerer(&self) -> io::Result<ToolAnswerer> {
+        Ok(ToolAnswerer {
+            stream: self.stream.try_clone()?,
+            writing: Arc::clone(&self.writing),
         })
     }
 
@@ -178,6 +194,18 @@ impl DaemonClient {
                 ServerMessage::Started { run_id, .. } => on_stage(Stage::Started(&run_id)),
                 ServerMessage::Queued { position, .. } => on_stage(Stage::Queued(position)),
                 ServerMessage::Installing { message, .. } => on_stage(Stage::Installing(&message)),
+                ServerMessage::ToolCall {
+                    call,
+                    server,
+                    tool,
+                    arguments,
+                    ..
+                } => on_stage(Stage::ToolCall {
+                    call,
+                    server: &server,
+                    tool: &tool,
+                    arguments: &arguments,
+                }),
                 ServerMessage::Output {
                     stream,
                     data_base64,
@@ -311,6 +339,14 @@ pub enum Stage<'a> {
     Installing(&'a str),
     /// The sandbox is starting, as this run id.
     Started(&'a str),
+    /// The run's code calls a tool the client offered: answer with a
+    /// [`ToolAnswerer`] (from any thread; calls may overlap).
+    ToolCall {
+        call: u64,
+        server: &'a str,
+        tool: &'a str,
+        arguments: &'a serde_json::Map<String, serde_json::Value>,
+    },
 }
 
 /// Connect to `path` and run `request`, starting over on a new connection
@@ -367,11 +403,37 @@ mod tests {
 #[derive(Debug)]
 pub struct Canceller {
     stream: UnixStream,
+    writing: Arc<Mutex<()>>,
 }
 
 impl Canceller {
     pub fn cancel(&mut self) -> Result<(), ClientError> {
+        let _writing = self.writing.lock();
         framing::write_sync(&mut self.stream, &ClientMessage::Cancel { id: "1".into() })?;
+        Ok(())
+    }
+}
+
+/// Answers tool calls of the connection's run (see [`Stage::ToolCall`]).
+#[derive(Debug)]
+pub struct ToolAnswerer {
+    stream: UnixStream,
+    writing: Arc<Mutex<()>>,
+}
+
+impl ToolAnswerer {
+    pub fn answer(
+        &mut self,
+        call: u64,
+        outcome: pycell_tools::frames::Outcome,
+    ) -> Result<(), ClientError> {
+        let _writing = self.writing.lock();
+        let msg = ClientMessage::ToolAnswer {
+            id: "1".into(),
+            call,
+            outcome,
+        };
+        framing::write_sync(&mut self.stream, &msg)?;
         Ok(())
     }
 }

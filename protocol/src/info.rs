@@ -96,6 +96,21 @@ pub struct HostInfo {
     pub policy_problems: Vec<PolicyProblem>,
     /// What this host can enforce, measured now.
     pub layers: Vec<LayerStatus>,
+    /// Code mode: the MCP tools run_python's code may call (`import
+    /// pycell_tools`), when the client configured tool servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<ToolsInfo>,
+}
+
+/// The tools code may call, as the default policy lets it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ToolsInfo {
+    /// Each callable tool's Python signature, with the first line of its
+    /// description: `pycell_tools.time.get_current_time(*, timezone: str)  # ...`.
+    pub callable: Vec<String>,
+    /// Servers that could not be reached: `NAME: why`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<String>,
 }
 
 /// pycelld's answer to `info`: the host as it sees it, and its own state.

@@ -10,7 +10,7 @@ use pycell_wire::codes::FailureCode;
 pub use pycell_wire::events::Stream;
 
 /// Bumped on any incompatible change; the handshake refuses a mismatch.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// Largest code (and largest stdin) a request may carry.
 pub const MAX_CODE_BYTES: usize = 16 << 20;
 
@@ -43,6 +43,11 @@ pub struct RunRequest {
     /// Files put into /workspace before the code runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<InputFile>,
+    /// Code mode: the MCP tools the client offers the run's code
+    /// (`import pycell_tools`), as its servers listed them. The calls come
+    /// back to the client (`tool_call`), which answers (`tool_answer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<pycell_tools::catalog::Catalog>,
 }
 
 /// A file for /workspace: a plain name (no `/`), its bytes in base64.
@@ -220,6 +225,12 @@ pub enum ClientMessage {
     SessionList {
         id: String,
     },
+    /// The answer to a `tool_call` of run or session call `id`.
+    ToolAnswer {
+        id: String,
+        call: u64,
+        outcome: pycell_tools::frames::Outcome,
+    },
 }
 
 /// Daemon → client.
@@ -274,6 +285,17 @@ pub enum ServerMessage {
     Sessions {
         id: String,
         sessions: Vec<crate::session::SessionSummary>,
+    },
+    /// Code of run (or session call) `id` calls a tool the client offered,
+    /// checked by the daemon (the policy's rules, the input schema, the
+    /// limits); the client calls it and sends `tool_answer` with the same
+    /// `call`.
+    ToolCall {
+        id: String,
+        call: u64,
+        server: String,
+        tool: String,
+        arguments: serde_json::Map<String, serde_json::Value>,
     },
     Error {
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -73,6 +73,9 @@ pub struct RunResult {
     /// any, or whose policy has `[dependencies] packages`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<EnvReport>,
+    /// The tool calls the run's code made (code mode only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<pycell_tools::service::ToolCalls>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -198,6 +201,7 @@ impl RunResult {
             error: report.error,
             network: None,
             env: None,
+            tool_calls: None,
         }
     }
 

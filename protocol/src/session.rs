@@ -25,6 +25,9 @@ pub struct SessionStartRequest {
     /// Packages the session has (PEP 508).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dependencies: Vec<String>,
+    /// Code mode: the MCP tools the client offers the session's cells.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<pycell_tools::catalog::Catalog>,
 }
 
 impl SessionStartRequest {

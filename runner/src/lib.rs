@@ -38,6 +38,8 @@ pub const RUNNER: &str = concat!(
     include_str!("media.py"),
     "''',\n    \"session\": r'''\n",
     include_str!("session.py"),
+    "''',\n    \"tools\": r'''\n",
+    include_str!("tools.py"),
     "''',\n}\n\n_pycell_start()\n",
 );
 

@@ -21,7 +21,8 @@
 #
 # Only this part is compiled when python starts (a cold run pays about a
 # millisecond for it); the parts in _PYCELL_PARTS (warm, images, session)
-# are compiled when first needed.
+# are compiled when first needed; "tools" (code mode's `pycell_tools`) is
+# the text of a module of its own, compiled at its first import.
 
 
 def _pycell_load(part):
@@ -191,9 +192,45 @@ def _pycell_uncaught(e):
     sys.excepthook(type(e), e, tb)
 
 
+def _pycell_offer_tools():
+    """Code mode: `import pycell_tools` serves the tool channel the jail
+    gave this process (its number in PYCELL_TOOLS_FD), kept on a
+    descriptor no child process inherits; the module's text (the "tools"
+    part) is compiled at the first import."""
+    import os
+    import sys
+
+    fd = os.environ.pop("PYCELL_TOOLS_FD", None)
+    if fd is None:
+        return
+    kept = os.dup(int(fd))
+    os.close(int(fd))
+    source = _PYCELL_PARTS.pop("tools")
+    bootstrap = sys.modules["_frozen_importlib"]
+
+    class PycellTools:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name == "pycell_tools":
+                return bootstrap.ModuleSpec(name, PycellTools, origin="pycell")
+            return None
+
+        @staticmethod
+        def create_module(spec):
+            return None
+
+        @staticmethod
+        def exec_module(module):
+            exec(compile(source, "<pycell_tools>", "exec", dont_inherit=True), vars(module))
+            module._connect(kept)
+
+    sys.meta_path.append(PycellTools)
+
+
 def _pycell_start():
     import sys
 
+    _pycell_offer_tools()
     mode = sys.argv[1:2]
     if mode == ["--pycell-run"]:
         _pycell_run_cold(sys.argv[2:])

@@ -359,6 +359,7 @@ fn runs_over_the_limit_wait_their_turn_and_busy_means_a_full_queue() {
                 Stage::Queued(p) => places.push(p),
                 Stage::Started(_) => places.push(0),
                 Stage::Installing(m) => panic!("nothing to install, yet: {m}"),
+                Stage::ToolCall { tool, .. } => panic!("no tools were offered, yet: {tool}"),
             },
         );
         (r.unwrap(), places)

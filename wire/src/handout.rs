@@ -26,6 +26,9 @@ pub enum Handout {
     Workspace,
     /// The listening socket of the egress proxy on the jail's loopback.
     EgressListener,
+    /// The launcher's end of the jail's tool channel (code mode): the
+    /// program's `pycell_tools` requests arrive on it.
+    ToolChannel,
 }
 
 /// Hand `fd` out on `sock` as `what`.

@@ -13,6 +13,9 @@ pub const JAIL_UID: u32 = 1000;
 pub const JAIL_GID: u32 = 1000;
 /// Where the code's files go, and its working directory.
 pub const WORKSPACE: &str = "/workspace";
+/// The variable that tells the program which descriptor is its end of the
+/// tool channel (see [`JailSpec::tools`]).
+pub const TOOLS_FD_VAR: &str = "PYCELL_TOOLS_FD";
 
 /// The largest spec frame a jailer reads (code and stdin of 16 MiB each,
 /// the stdin as a JSON list of numbers).
@@ -68,6 +71,12 @@ pub struct JailSpec {
     /// its stdin, then a socket: see `pycell_runner`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub images: Option<ImageLimits>,
+    /// Code mode: the jail makes a socketpair, hands one end out on the
+    /// jailer's stdin socket (`Handout::ToolChannel`) and gives the other
+    /// to the program (its number in `PYCELL_TOOLS_FD`), through which
+    /// pycell's runner serves `import pycell_tools`. Needs the runner.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tools: bool,
 }
 
 /// How large the images a run sends back may be.
@@ -330,6 +339,12 @@ impl JailSpec {
                     "invalid variable name or NUL in value",
                 ));
             }
+        }
+        if self.tools && self.images.is_none() && self.session.is_none() {
+            return Err(bad(
+                "tools",
+                "tool calls need a python run on pycell's runner",
+            ));
         }
         if self.warm && (self.export_workspace || !self.files.is_empty() || !self.stdin.is_empty())
         {

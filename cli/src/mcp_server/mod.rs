@@ -38,7 +38,9 @@ use pycell_launch::resolve::POLICY_DIR;
 use pycell_wire::events::Stream;
 
 use crate::cli::McpArgs;
+use crate::tool_servers::ToolServers;
 use output::{human_bytes, RunPythonOutput};
+use pycell_protocol::info::ToolsInfo;
 use sandboxes::RunEvent;
 pub(crate) use sandboxes::Sandboxes;
 
@@ -58,13 +60,17 @@ pub struct PycellServer {
 }
 
 impl PycellServer {
-    pub fn new(sandboxes: Sandboxes, default_policy: String) -> Self {
+    pub fn new(
+        sandboxes: Sandboxes,
+        default_policy: String,
+        code_mode: Option<&ToolsInfo>,
+    ) -> Self {
         let policy = pycell_launch::resolve::load_policy_by_name(
             &default_policy,
             std::path::Path::new(POLICY_DIR),
         )
         .ok();
-        let mut tools = tools::tools(&default_policy, policy.as_ref());
+        let mut tools = tools::tools(&default_policy, policy.as_ref(), code_mode);
         tools.extend(session_tools::session_tools());
         PycellServer {
             sandboxes,
@@ -116,8 +122,13 @@ impl PycellServer {
 
     async fn sandbox_info(&self) -> CallToolResult {
         let mode = self.sandboxes.mode();
+        let code_mode = match self.sandboxes.tool_servers() {
+            Some(servers) => Some(code_mode(servers, &self.default_policy).await),
+            None => None,
+        };
         match tokio::task::spawn_blocking(move || crate::info::collect_with_mode(mode)).await {
-            Ok(info) => {
+            Ok(mut info) => {
+                info.tools = code_mode;
                 let text = render_info(&info);
                 match serde_json::to_value(&info) {
                     Ok(v) => {
@@ -180,6 +191,15 @@ fn render_info(info: &pycell_protocol::info::HostInfo) -> String {
             if l.available { "yes" } else { "NO" },
             l.detail
         ));
+    }
+    if let Some(tools) = &info.tools {
+        t.push_str("\ntools the code may call (import pycell_tools):\n");
+        for line in &tools.callable {
+            t.push_str(&format!("  {line}\n"));
+        }
+        for why in &tools.unavailable {
+            t.push_str(&format!("  unavailable: {why}\n"));
+        }
     }
     t
 }
@@ -385,8 +405,27 @@ async fn serve(args: &McpArgs) -> i32 {
         eprintln!("pycell mcp: --policy {}: {e}", args.policy);
         return 2;
     }
-    let sandboxes = Sandboxes::from_env(args.embedded);
-    let server = PycellServer::new(sandboxes.clone(), args.policy.clone());
+    let servers = match args
+        .tool_servers
+        .as_deref()
+        .map(ToolServers::load)
+        .transpose()
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("pycell mcp: --tool-servers {e}");
+            return 2;
+        }
+    };
+    // Started now, from this runtime thread (which lives as long as we do:
+    // their parent-death signal follows it), so that run_python's
+    // description can list their tools.
+    let code_mode = match &servers {
+        Some(servers) => Some(code_mode(servers, &args.policy).await),
+        None => None,
+    };
+    let sandboxes = Sandboxes::with_tools(args.embedded, servers.clone());
+    let server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode.as_ref());
     // The end of stdin means the client is gone: nobody can read the results
     // of runs still going, so stop them at once rather than after rmcp's
     // grace period for in-flight handlers (longer than clients wait for a
@@ -415,12 +454,27 @@ async fn serve(args: &McpArgs) -> i32 {
     };
     watcher.abort();
     sandboxes.shutdown(SHUTDOWN_GRACE).await;
+    if let Some(servers) = servers {
+        servers.shutdown().await;
+    }
     match quit {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("pycell mcp: {e}");
             1
         }
+    }
+}
+
+/// The client's tools as `policy` lets code call them.
+async fn code_mode(servers: &ToolServers, policy: &str) -> ToolsInfo {
+    let catalog = servers.catalog().await;
+    match pycell_launch::resolve::load_policy_by_name(policy, std::path::Path::new(POLICY_DIR)) {
+        Ok(p) => pycell_launch::tool_grant::tools_info(&p, &catalog),
+        Err(e) => ToolsInfo {
+            callable: Vec::new(),
+            unavailable: vec![format!("policy {policy}: {e}")],
+        },
     }
 }
 

@@ -39,7 +39,9 @@ use pycell_wire::events::Stream;
 use pycell_wire::report::JailFailure;
 
 use crate::embedded::{self, stopped, Installer};
+use crate::tool_servers::{offer, DaemonToolCalls, ToolServers};
 use pycell_launch::session_table::SessionTable;
+use pycell_launch::tool_grant::ToolGrant;
 use pycell_policy::Policy;
 use pycell_protocol::result::LimitsReport;
 
@@ -125,6 +127,8 @@ struct Inner {
     patience: Patience,
     /// Open sessions (embedded mode), by handle.
     sessions: std::sync::Mutex<SessionTable<SessionHeld>>,
+    /// Code mode: the client's tool servers (`--tool-servers`).
+    tools: Option<ToolServers>,
 }
 
 impl Sandboxes {
@@ -135,6 +139,20 @@ impl Sandboxes {
     /// listening.
     pub fn from_env(embedded_only: bool) -> Sandboxes {
         Sandboxes::new(Launcher::embedded_from_env(), embedded_only, PATIENCE)
+    }
+
+    /// The same, offering every run the tools of `servers`.
+    pub fn with_tools(embedded_only: bool, servers: Option<ToolServers>) -> Sandboxes {
+        let mut s = Sandboxes::from_env(embedded_only);
+        if let Some(inner) = Arc::get_mut(&mut s.inner) {
+            inner.tools = servers;
+        }
+        s
+    }
+
+    /// The client's tool servers, if it configured any.
+    pub fn tool_servers(&self) -> Option<&ToolServers> {
+        self.inner.tools.as_ref()
     }
 
     /// Where runs go: the daemon's socket, if they go to one.
@@ -163,6 +181,7 @@ impl Sandboxes {
                 slots: Semaphore::new(MAX_CONCURRENT_RUNS),
                 patience,
                 sessions: Default::default(),
+                tools: None,
             }),
         }
     }
@@ -173,10 +192,13 @@ impl Sandboxes {
     /// `refused`; `Err` means the request itself is wrong.
     pub async fn run(
         &self,
-        req: RunRequest,
+        mut req: RunRequest,
         on_event: impl FnMut(RunEvent<'_>) + Send,
         cancel: CancellationToken,
     ) -> Result<RunResult, RequestError> {
+        if let Some(servers) = &self.inner.tools {
+            offer(servers, &mut req).await;
+        }
         // With a pycelld socket the daemon runs it (no root needed here);
         // otherwise this process is the embedded daemon.
         if let Some(socket) = self.daemon() {
@@ -213,6 +235,11 @@ impl Sandboxes {
         let slot = Arc::clone(&canceller);
         let (tx, mut rx) = mpsc::unbounded_channel::<DaemonEvent>();
         let queued = tx.clone();
+        let calls = self
+            .inner
+            .tools
+            .clone()
+            .map(|servers| DaemonToolCalls::new(servers, tokio::runtime::Handle::current()));
         let mut handle = tokio::task::spawn_blocking(move || {
             pycell_protocol::client::run_patiently(
                 &socket,
@@ -225,12 +252,26 @@ impl Sandboxes {
                         Stage::Queued(position) => DaemonEvent::Queued(position),
                         Stage::Started(run_id) => DaemonEvent::Started(run_id.to_string()),
                         Stage::Installing(m) => DaemonEvent::Installing(m.to_string()),
+                        Stage::ToolCall {
+                            call,
+                            server,
+                            tool,
+                            arguments,
+                        } => {
+                            if let Some(calls) = &calls {
+                                calls.on_call(call, server, tool, arguments);
+                            }
+                            return;
+                        }
                     };
                     let _ = queued.send(ev);
                 },
                 |client| {
                     if let Ok(mut c) = slot.lock() {
                         *c = client.canceller().ok();
+                    }
+                    if let Some(calls) = &calls {
+                        calls.connected(client);
                     }
                 },
             )
@@ -317,7 +358,7 @@ impl Sandboxes {
         req: &RunRequest,
         installer: &mut Installer,
         progress: &mut dyn FnMut(&str),
-    ) -> Result<(Prepared, Option<Ensured>), LaunchError> {
+    ) -> Result<(Prepared, Option<Ensured>, Option<ToolGrant>), LaunchError> {
         let launcher = self
             .inner
             .launcher
@@ -330,7 +371,20 @@ impl Sandboxes {
             env: ensured.as_ref().map(|e| e.env.dir.clone()),
             ..Extras::default()
         };
-        Ok((launcher.prepare_with(&policy, req, &extras)?, ensured))
+        let grant = match &req.tools {
+            Some(catalog) => Some(ToolGrant::new(&policy, catalog).map_err(|problem| {
+                LaunchError::Request(RequestError {
+                    field: "tools",
+                    problem,
+                })
+            })?),
+            None => None,
+        };
+        Ok((
+            launcher.prepare_with(&policy, req, &extras)?,
+            ensured,
+            grant,
+        ))
     }
 
     /// Wait for a run slot; `Err` is the result of a run that never starts
@@ -401,7 +455,7 @@ impl Sandboxes {
                 done = &mut preparing => break done,
             }
         };
-        let (prepared, ensured) = match prepared {
+        let (prepared, ensured, grant) = match prepared {
             Ok(Ok(p)) => p,
             Ok(Err(LaunchError::Request(e))) => return Err(e),
             Ok(Err(LaunchError::Refused(f))) => return refused(f),
@@ -420,10 +474,15 @@ impl Sandboxes {
             run_id: &launched.run_id,
             sandbox_uid: Some(launched.lease.uid),
         });
+        let tools = grant.zip(self.inner.tools.clone()).map(|(grant, servers)| {
+            let upstream: Arc<dyn pycell_tools::service::Upstream> = Arc::new(servers);
+            grant.service(upstream, None)
+        });
         let (mut result, _) = supervise(
             launched,
             self.inner.patience,
             stopped(stop),
+            tools,
             |stream, bytes| on_event(RunEvent::Output { stream, bytes }),
         )
         .await;

@@ -143,6 +143,7 @@ impl Sandboxes {
                     None,
                 )
             }),
+            tools: None,
         };
         let timing = SessionTiming {
             ready_within: READY_WITHIN,

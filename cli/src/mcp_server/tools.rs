@@ -2,6 +2,7 @@
 //! that reads them), their input and output schemas, and the checking of
 //! their arguments into a [`RunRequest`].
 
+use pycell_protocol::info::ToolsInfo;
 use std::sync::Arc;
 
 use rmcp::handler::server::common::{schema_for_empty_input, schema_for_input, schema_for_output};
@@ -248,7 +249,11 @@ fn secs(s: f64) -> String {
 }
 
 /// `run_python`'s description, with the default policy's real limits.
-fn run_python_description(default_policy: &str, policy: Option<&Policy>) -> String {
+fn run_python_description(
+    default_policy: &str,
+    policy: Option<&Policy>,
+    code_mode: Option<&ToolsInfo>,
+) -> String {
     let limits_text = match policy.map(|p| (&p.limits, &p.ceilings)) {
         Some((l, c)) => format!(
             "Limits when no policy is given (policy {default_policy}): {} wall-clock (change it with timeout_s, up to {}), {} of CPU time, {} of memory, {} processes/threads, {} each of stdout and stderr (the rest is dropped and stdout_truncated/stderr_truncated say so), {} of disk for /workspace, /tmp and /dev/shm together.",
@@ -274,12 +279,37 @@ Network: under a policy whose network is "allowlist" (sandbox_info lists each po
 Packages: pass `dependencies` (pip requirement strings, e.g. ["pandas>=2.2", "requests"]) or put a PEP 723 `# /// script` block with `dependencies = [...]` at the top of `code`. They are installed from the package index as wheels only (a package without a wheel for this platform is refused as deps_no_wheel) into an environment that is cached: the first call with a given list takes seconds (progress notifications say what is being installed), later calls reuse it in milliseconds. The result's `env` lists every installed package with its version. Installed packages are read-only in the sandbox.
 
 {limits_text} Call sandbox_info for the other policies and their limits.
+{tools_text}
 
 The result has `status`: "ok" (exit code 0), "error" (non-zero exit, e.g. an uncaught exception: the traceback is in stderr), "timeout", "oom" (memory limit reached), "killed" (cancelled, or the CPU-time limit) or "refused" (the sandbox could not be built, `error` says why). All of these are normal results to read, not tool failures; only "refused" sets isError. Arguments that cannot be run as given (unknown policy, timeout_s out of range, code over {max_code}) return an error saying what to fix.
 
 Example: {{"code": "import statistics\nprint(statistics.mean([3, 5, 10]))", "timeout_s": 10}} returns status "ok" and stdout "6\n"."#,
         max_code = human_bytes(MAX_CODE_BYTES as u64),
+        tools_text = code_mode.map(tools_paragraph).unwrap_or_default(),
     )
+}
+
+/// Most tool signatures `run_python`'s description lists (sandbox_info
+/// lists them all).
+const DESCRIBED_TOOLS: usize = 40;
+
+/// What `run_python`'s description says of code mode.
+fn tools_paragraph(info: &ToolsInfo) -> String {
+    let mut t = String::from("\nTools: the code can call MCP tools that run outside the sandbox, with credentials it never sees: `import pycell_tools`, then `pycell_tools.<server>.<tool>(**arguments)` (or `await pycell_tools.aio.<server>.<tool>(...)`, from threads and asyncio tasks at once); `pycell_tools.list_servers()` and `help(pycell_tools.<server>.<tool>)` describe them. A result is the tool's structured content (a dict or list) when it has one, else its text. A refused or failed call raises `pycell_tools.ToolError`, whose `.code` says why (denied, unknown, bad_arguments, tool_failed, upstream_failed, limit); calls are counted in the result's `tool_calls`. One program that calls many tools and prints only what matters saves a round trip through you per call. Example: {\"code\": \"import pycell_tools\\nprint(pycell_tools.time.get_current_time(timezone='UTC'))\"}.\n");
+    match info.callable.is_empty() {
+        true => t.push_str("No tool is callable now (sandbox_info says why).\n"),
+        false => {
+            t.push_str("Callable tools:\n");
+            for line in info.callable.iter().take(DESCRIBED_TOOLS) {
+                t.push_str(&format!("  {line}\n"));
+            }
+            if info.callable.len() > DESCRIBED_TOOLS {
+                let more = info.callable.len() - DESCRIBED_TOOLS;
+                t.push_str(&format!("  ... and {more} more: see sandbox_info.\n"));
+            }
+        }
+    }
+    t
 }
 
 const SANDBOX_INFO_DESCRIPTION: &str = r#"Describe the sandbox that run_python uses: the policies you can pass as its `policy` argument (name, description, network mode with the hosts an "allowlist" policy lets code reach (network_allow, network_deny), and limits: wall-clock and CPU time, memory, processes, output caps, disk size) and the isolation layers this host enforces (user namespaces, Landlock, seccomp, cgroups, the time namespace, memfd sealing, socket-buffer accounting, how runs are killed, root), measured when called. Takes no arguments. Use it to choose a policy or a timeout_s, or to understand a "refused" result. Example: {} returns {"version": "...", "mode": "embedded", "policies": [{"name": "default", "network": "none", "limits": {"wall_timeout_s": 30.0, "memory_bytes": 536870912, ...}, ...}], "layers": [{"layer": "landlock", "available": true, "detail": "ABI 7"}, ...]}."#;
@@ -370,14 +400,18 @@ pub(super) fn portable(schema: Arc<JsonObject>) -> Arc<JsonObject> {
 }
 
 /// The tool list, built once at startup.
-pub fn tools(default_policy: &str, default: Option<&Policy>) -> Vec<Tool> {
+pub fn tools(
+    default_policy: &str,
+    default: Option<&Policy>,
+    code_mode: Option<&ToolsInfo>,
+) -> Vec<Tool> {
     let input = portable(
         schema_for_input::<RunPythonArgs>()
             .expect("RunPythonArgs is a struct, so its schema is an object"),
     );
     let run = Tool::new(
         RUN_PYTHON,
-        run_python_description(default_policy, default),
+        run_python_description(default_policy, default, code_mode),
         input,
     )
     .with_title("Run Python in a sandbox")
@@ -453,7 +487,7 @@ mod tests {
     #[test]
     fn schemas_are_objects_and_describe_every_field() {
         let policy = pycell_policy::builtin::load("default").unwrap();
-        let t = tools("default", Some(&policy));
+        let t = tools("default", Some(&policy), None);
         let run = &t[0];
         assert_eq!(run.input_schema["type"], "object");
         assert_eq!(run.input_schema["required"], json!(["code"]));
@@ -489,5 +523,27 @@ mod tests {
             "{desc}"
         );
         assert!(desc.contains("512 MiB of memory"), "{desc}");
+        assert!(!desc.contains("pycell_tools"), "no tools offered: {desc}");
+    }
+
+    #[test]
+    fn with_tools_the_description_says_how_to_call_them_and_lists_them() {
+        let info = ToolsInfo {
+            callable: (0..45)
+                .map(|i| format!("pycell_tools.s.t{i}(*, x: str)"))
+                .collect(),
+            unavailable: Vec::new(),
+        };
+        let t = tools("default", None, Some(&info));
+        let desc = t[0].description.as_deref().unwrap();
+        assert!(desc.contains("import pycell_tools"), "{desc}");
+        assert!(desc.contains("ToolError"), "{desc}");
+        assert!(desc.contains("  pycell_tools.s.t39(*, x: str)\n"), "{desc}");
+        assert!(!desc.contains("t40("), "{desc}");
+        assert!(desc.contains("and 5 more: see sandbox_info"), "{desc}");
+        let none = ToolsInfo::default();
+        let t = tools("default", None, Some(&none));
+        let desc = t[0].description.as_deref().unwrap();
+        assert!(desc.contains("No tool is callable now"), "{desc}");
     }
 }

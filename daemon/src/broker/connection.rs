@@ -230,6 +230,10 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: UnixStream) {
             ClientMessage::SessionList { id } => {
                 session_calls::list(&broker, &mut conn, peer, id).await
             }
+            ClientMessage::ToolAnswer { id, .. } => {
+                let e = error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN);
+                conn.out.send(e).await
+            }
         };
         if !going {
             return;
@@ -474,6 +478,7 @@ async fn start(
     }
     let services = Services {
         egress: egress.map(|rules| broker.egress_service(&run_id, &policy, rules)),
+        tools: None,
     };
     match events {
         Ok(events) => Ok(SpawnedRun {

@@ -477,6 +477,31 @@ pub fn fsetxattr(fd: BorrowedFd<'_>, name: &str, value: &[u8]) -> io::Result<()>
     .map(|_| ())
 }
 
+/// Make the program `cmd` starts die (SIGKILL) when the thread that
+/// starts it does, so that a helper process (an MCP server a client
+/// configured) never outlives its client, even one that is SIGKILLed.
+/// Start it from a thread that lives as long as the client (a tokio
+/// worker thread, not a blocking-pool one).
+pub fn die_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only prctl and getppid, both async-signal-safe; it allocates nothing
+    // and touches no lock.
+    let parent = std::process::id() as libc::pid_t;
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // Our parent died before the prctl: nobody would signal us.
+            if libc::getppid() != parent {
+                return Err(io::Error::other("the client exited"));
+            }
+            Ok(())
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

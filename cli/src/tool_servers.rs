@@ -1,0 +1,336 @@
+//! Code mode, the client's side: the MCP servers its `--tool-servers FILE`
+//! names, started by this process (with its credentials and environment;
+//! never by pycelld, never shared with another user), their tools listed
+//! into the [`Catalog`] a run is offered, and the calls its code makes
+//! (checked by whoever serves the jail's channel: this process when it is
+//! the embedded daemon, pycelld otherwise) forwarded to them.
+//!
+//! A server is started when first needed and again after it crashed (the
+//! call in flight then fails; later runs get a new one). Each child is
+//! killed when this process exits, however it exits (its parent-death
+//! signal), and its stdin closes with us, which ends stdio servers.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock};
+use rmcp::service::RunningService;
+use rmcp::transport::TokioChildProcess;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{json, Map, Value};
+use tokio::sync::Mutex;
+
+use pycell_protocol::client::{DaemonClient, ToolAnswerer};
+use pycell_protocol::messages::RunRequest;
+use pycell_tools::allow::Pattern;
+use pycell_tools::catalog::{Catalog, CatalogServer, CatalogTool};
+use pycell_tools::config::{self, ServerConfig, Transport};
+use pycell_tools::frames::{FailureKind, Outcome, ToolFailure};
+use pycell_tools::service::{CallFuture, Upstream};
+
+/// How long a server has to start and list its tools.
+const START_WITHIN: Duration = Duration::from_secs(60);
+
+type Client = RunningService<RoleClient, ()>;
+
+/// The client's tool servers.
+#[derive(Clone)]
+pub struct ToolServers {
+    servers: Arc<BTreeMap<String, Server>>,
+    origin: String,
+}
+
+impl std::fmt::Debug for ToolServers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolServers")
+            .field("origin", &self.origin)
+            .field("servers", &self.servers.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+struct Server {
+    config: ServerConfig,
+    state: Mutex<State>,
+}
+
+enum State {
+    Stopped,
+    Running {
+        client: Arc<Client>,
+        tools: Vec<CatalogTool>,
+    },
+}
+
+impl ToolServers {
+    /// Read `path` (the mcpServers format); nothing is started yet.
+    pub fn load(path: &Path) -> Result<ToolServers, String> {
+        let origin = path.display().to_string();
+        let text = read_bounded(path)?;
+        let parsed = config::parse(&text, &origin).map_err(|e| e.to_string())?;
+        let servers = parsed
+            .servers
+            .into_iter()
+            .map(|(name, config)| {
+                let state = Mutex::new(State::Stopped);
+                (name, Server { config, state })
+            })
+            .collect();
+        Ok(ToolServers {
+            servers: Arc::new(servers),
+            origin,
+        })
+    }
+
+    /// Every server's tools (each started if it is not running, all at
+    /// once); a server that cannot start is listed as unavailable, why
+    /// included, and tried again next time.
+    pub async fn catalog(&self) -> Catalog {
+        let listings = self.servers.iter().map(|(name, server)| async move {
+            match tokio::time::timeout(START_WITHIN, server.running(name)).await {
+                Ok(Ok((_, tools))) => CatalogServer {
+                    name: name.clone(),
+                    tools,
+                    unavailable: None,
+                },
+                Ok(Err(why)) => unavailable(name, why),
+                Err(_) => unavailable(
+                    name,
+                    format!("it did not start within {} s", START_WITHIN.as_secs()),
+                ),
+            }
+        });
+        Catalog {
+            servers: futures::future::join_all(listings).await,
+        }
+    }
+
+    /// Stop every server (each is killed if it does not end by itself).
+    pub async fn shutdown(&self) {
+        for server in self.servers.values() {
+            let client = match std::mem::replace(&mut *server.state.lock().await, State::Stopped) {
+                State::Running { client, .. } => client,
+                State::Stopped => continue,
+            };
+            if let Ok(client) = Arc::try_unwrap(client) {
+                let _ = tokio::time::timeout(Duration::from_secs(5), client.cancel()).await;
+            }
+        }
+    }
+
+    async fn call_tool(
+        &self,
+        server: String,
+        tool: String,
+        arguments: Map<String, Value>,
+    ) -> Result<Value, ToolFailure> {
+        let s = self
+            .servers
+            .get(&server)
+            .ok_or_else(|| failure(FailureKind::Unknown, format!("no tool server {server:?}")))?;
+        let (client, _) = s.running(&server).await.map_err(|why| {
+            failure(
+                FailureKind::UpstreamFailed,
+                format!("{server} is unavailable: {why}"),
+            )
+        })?;
+        let params = CallToolRequestParams::new(tool.clone()).with_arguments(arguments);
+        match client.call_tool(params).await {
+            Ok(result) => tool_value(&server, &tool, result),
+            Err(e) => {
+                // Its connection is broken (it crashed, or sent what is
+                // not MCP): the next call starts it again.
+                s.forget(&client).await;
+                Err(failure(
+                    FailureKind::UpstreamFailed,
+                    format!("{server}/{tool}: the server failed ({e}); it is restarted for the next call"),
+                ))
+            }
+        }
+    }
+}
+
+impl Upstream for ToolServers {
+    fn call(&self, server: &str, tool: &str, arguments: Map<String, Value>) -> CallFuture {
+        let this = self.clone();
+        let (server, tool) = (server.to_string(), tool.to_string());
+        Box::pin(async move { this.call_tool(server, tool, arguments).await })
+    }
+}
+
+impl Server {
+    /// The running client and its tools, starting it if need be.
+    async fn running(&self, name: &str) -> Result<(Arc<Client>, Vec<CatalogTool>), String> {
+        let mut state = self.state.lock().await;
+        if let State::Running { client, tools } = &*state {
+            if !client.is_closed() {
+                return Ok((Arc::clone(client), tools.clone()));
+            }
+        }
+        *state = State::Stopped;
+        let client = Arc::new(start(name, &self.config.transport).await?);
+        let listed = client
+            .list_all_tools()
+            .await
+            .map_err(|e| format!("listing its tools failed: {e}"))?;
+        let allow = self.config.allow_tools.as_deref();
+        let tools: Vec<CatalogTool> = listed.into_iter().map(|t| catalog_tool(t, allow)).collect();
+        *state = State::Running {
+            client: Arc::clone(&client),
+            tools: tools.clone(),
+        };
+        Ok((client, tools))
+    }
+
+    /// Drop `client` if it is still the running one.
+    async fn forget(&self, client: &Arc<Client>) {
+        let mut state = self.state.lock().await;
+        if matches!(&*state, State::Running { client: c, .. } if Arc::ptr_eq(c, client)) {
+            *state = State::Stopped;
+        }
+    }
+}
+
+/// Start a server and do MCP's handshake with it.
+async fn start(name: &str, transport: &Transport) -> Result<Client, String> {
+    match transport {
+        Transport::Stdio {
+            command,
+            args,
+            env,
+            cwd,
+        } => {
+            let mut cmd = std::process::Command::new(command);
+            cmd.args(args).envs(env);
+            if let Some(dir) = cwd {
+                cmd.current_dir(dir);
+            }
+            pycell_syscall::die_with_parent(&mut cmd);
+            let (child, _) = TokioChildProcess::builder(tokio::process::Command::from(cmd))
+                .stderr(std::process::Stdio::inherit())
+                .spawn()
+                .map_err(|e| format!("starting {command:?} failed: {e}"))?;
+            ().serve(child)
+                .await
+                .map_err(|e| format!("{name}: the MCP handshake failed: {e}"))
+        }
+        Transport::Http { url, .. } => Err(format!(
+            "{url}: streamable-HTTP tool servers are not supported by this pycell yet; run the server over stdio"
+        )),
+    }
+}
+
+fn catalog_tool(t: rmcp::model::Tool, allow: Option<&[Pattern]>) -> CatalogTool {
+    let client_allows = allow.is_none_or(|list| list.iter().any(|p| p.matches(&t.name)));
+    CatalogTool {
+        name: t.name.to_string(),
+        description: t.description.map(|d| d.to_string()).unwrap_or_default(),
+        input_schema: Value::Object((*t.input_schema).clone()),
+        client_allows,
+    }
+}
+
+fn unavailable(name: &str, why: String) -> CatalogServer {
+    CatalogServer {
+        name: name.to_string(),
+        tools: Vec::new(),
+        unavailable: Some(why),
+    }
+}
+
+fn failure(code: FailureKind, message: String) -> ToolFailure {
+    ToolFailure { code, message }
+}
+
+/// A tool's result as a Python value: its structured content if it gave
+/// one; else its text, with its images when it sent any.
+fn tool_value(server: &str, tool: &str, r: CallToolResult) -> Result<Value, ToolFailure> {
+    let mut texts = Vec::new();
+    let mut images = Vec::new();
+    for block in &r.content {
+        match block {
+            ContentBlock::Text(t) => texts.push(t.text.clone()),
+            ContentBlock::Image(i) => {
+                images.push(json!({"mime_type": i.mime_type, "data": i.data}))
+            }
+            _ => {}
+        }
+    }
+    let text = texts.join("\n");
+    if r.is_error == Some(true) {
+        let message = match text.is_empty() {
+            true => format!("{server}/{tool} failed"),
+            false => format!("{server}/{tool}: {text}"),
+        };
+        return Err(failure(FailureKind::ToolFailed, message));
+    }
+    if let Some(v) = r.structured_content {
+        return Ok(v);
+    }
+    Ok(match images.is_empty() {
+        true => Value::String(text),
+        false => json!({"text": text, "images": images}),
+    })
+}
+
+/// The file, refused past the size the format allows.
+fn read_bounded(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut text = String::new();
+    f.take(config::MAX_CONFIG_BYTES as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(text)
+}
+
+/// Answers a daemon run's tool calls (pycelld checked them): each call
+/// runs on `handle`, so that calls overlap, and its answer goes back on
+/// the run's connection.
+#[derive(Debug, Clone)]
+pub struct DaemonToolCalls {
+    servers: ToolServers,
+    handle: tokio::runtime::Handle,
+    answerer: Arc<std::sync::Mutex<Option<ToolAnswerer>>>,
+}
+
+impl DaemonToolCalls {
+    pub fn new(servers: ToolServers, handle: tokio::runtime::Handle) -> DaemonToolCalls {
+        DaemonToolCalls {
+            servers,
+            handle,
+            answerer: Arc::default(),
+        }
+    }
+
+    /// The run's (new) connection: answers go there.
+    pub fn connected(&self, client: &DaemonClient) {
+        if let Ok(mut a) = self.answerer.lock() {
+            *a = client.answerer().ok();
+        }
+    }
+
+    /// A call from the run's code: answered when the server is done.
+    pub fn on_call(&self, call: u64, server: &str, tool: &str, arguments: &Map<String, Value>) {
+        let this = self.clone();
+        let (server, tool, arguments) = (server.to_string(), tool.to_string(), arguments.clone());
+        self.handle.spawn(async move {
+            let outcome = match this.servers.call_tool(server, tool, arguments).await {
+                Ok(v) => Outcome::Ok(v),
+                Err(f) => Outcome::Error(f),
+            };
+            if let Ok(mut a) = this.answerer.lock() {
+                if let Some(a) = a.as_mut() {
+                    let _ = a.answer(call, outcome);
+                }
+            }
+        });
+    }
+}
+
+/// Offer `servers`' tools to a run: its request gets their catalog.
+pub async fn offer(servers: &ToolServers, req: &mut RunRequest) {
+    req.tools = Some(servers.catalog().await);
+}

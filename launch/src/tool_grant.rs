@@ -1,0 +1,70 @@
+//! Code mode under a policy: the tools a client offers, as its `[tools]`
+//! section lets a run call them. The same for every mode: the embedded
+//! launcher and pycelld's broker each serve the jail's channel with the
+//! [`ToolService`] made here, around their own way to the client's
+//! servers.
+
+use std::sync::Arc;
+
+use pycell_policy::Policy;
+use pycell_protocol::info::ToolsInfo;
+use pycell_tools::allow::Rule;
+use pycell_tools::catalog::{Catalog, Toolbox};
+use pycell_tools::service::{AuditHook, ToolLimits, ToolService, Upstream};
+
+/// What a run may call, and how much.
+#[derive(Debug, Clone)]
+pub struct ToolGrant {
+    pub toolbox: Arc<Toolbox>,
+    pub limits: ToolLimits,
+}
+
+impl ToolGrant {
+    /// The client's `catalog` under `policy`; `Err` says what is wrong
+    /// with the catalog (a client's mistake).
+    pub fn new(policy: &Policy, catalog: &Catalog) -> Result<ToolGrant, String> {
+        catalog.check().map_err(|e| format!("tools: {e}"))?;
+        let t = &policy.tools;
+        // The policy's rules were checked when it was loaded.
+        let rules: Vec<Rule> = t.allow.iter().filter_map(|r| Rule::parse(r).ok()).collect();
+        Ok(ToolGrant {
+            toolbox: Arc::new(Toolbox::new(catalog, &rules)),
+            limits: ToolLimits {
+                max_calls: t.max_calls,
+                max_concurrent: t.max_concurrent,
+                call_timeout: t.call_timeout,
+                max_result: t.max_result,
+            },
+        })
+    }
+
+    /// The service for a jail's channel, its calls going to `upstream`.
+    pub fn service(self, upstream: Arc<dyn Upstream>, audit: Option<AuditHook>) -> ToolService {
+        ToolService {
+            toolbox: self.toolbox,
+            limits: self.limits,
+            upstream,
+            audit,
+        }
+    }
+}
+
+/// What `sandbox_info` says of a client's tools under `policy`.
+pub fn tools_info(policy: &Policy, catalog: &pycell_tools::catalog::Catalog) -> ToolsInfo {
+    let unavailable = catalog
+        .servers
+        .iter()
+        .filter_map(|s| {
+            s.unavailable
+                .as_ref()
+                .map(|why| format!("{}: {why}", s.name))
+        })
+        .collect();
+    let callable = ToolGrant::new(policy, catalog)
+        .map(|g| g.toolbox.signatures())
+        .unwrap_or_default();
+    ToolsInfo {
+        callable,
+        unavailable,
+    }
+}
