@@ -129,6 +129,22 @@ impl AuditLog {
         }));
     }
 
+    /// One tool call of a run's code (code mode).
+    pub fn tool_call(&mut self, run_id: &str, c: &pycell_tools::service::CallRecord) {
+        self.write(serde_json::json!({
+            "ts": now(),
+            "event": "tool_call",
+            "run_id": cut(run_id),
+            "server": cut(&c.server),
+            "tool": cut(&c.tool),
+            "arguments_sha256": cut(&c.arguments_sha256),
+            "status": cut(&c.status),
+            "duration_ms": c.duration_ms,
+            "bytes_out": c.bytes_out,
+            "bytes_in": c.bytes_in,
+        }));
+    }
+
     /// `status`: the jailer's wait status as text (`exited 0`, `killed by
     /// SIGKILL`).
     pub fn run_ended(&mut self, run_id: &str, wall: Duration, status: &str, by: StoppedBy) {

@@ -46,6 +46,11 @@ pub enum ToMonitor {
         run_id: String,
         connection: EgressLine,
     },
+    /// One tool call of a run's code, for the audit log.
+    ToolCall {
+        run_id: String,
+        call: pycell_tools::service::CallRecord,
+    },
 }
 
 /// A run as the broker resolved it from a client's request: what root
@@ -78,6 +83,10 @@ pub struct RunOrder {
     /// sends the session's requests on it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub session: bool,
+    /// Code mode: the jail gets a tool channel (its calls are the
+    /// broker's to check and relay; root sees only that there is one).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tools: bool,
 }
 
 /// A run's limits as the broker settled them.
@@ -124,7 +133,9 @@ impl RunOrder {
             },
             dependencies: Vec::new(),
             files: self.files.clone(),
-            tools: None,
+            // What the launch path needs of the catalog is that there is
+            // one: the broker serves the channel with the client's.
+            tools: self.tools.then(Default::default),
         }
     }
 

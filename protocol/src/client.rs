@@ -268,6 +268,19 @@ impl DaemonClient {
         call: SessionCall,
         timeout_s: Option<f64>,
     ) -> Result<SessionAnswer, ClientError> {
+        self.session_call_offering(session, call, timeout_s, |_| {})
+    }
+
+    /// [`DaemonClient::session_call`] for a client that offered the session
+    /// tools: `on_tool_call` hears the cell's tool calls
+    /// ([`Stage::ToolCall`]), to answer with a [`ToolAnswerer`].
+    pub fn session_call_offering(
+        &mut self,
+        session: &str,
+        call: SessionCall,
+        timeout_s: Option<f64>,
+        mut on_tool_call: impl FnMut(Stage<'_>),
+    ) -> Result<SessionAnswer, ClientError> {
         let msg = ClientMessage::Session {
             id: "1".into(),
             session: session.to_string(),
@@ -275,9 +288,23 @@ impl DaemonClient {
             timeout_s,
         };
         framing::write_sync(&mut self.stream, &msg)?;
-        match self.next_reply()? {
-            ServerMessage::SessionAnswer { answer, .. } => Ok(*answer),
-            other => Err(unexpected(other)),
+        loop {
+            match self.next_reply()? {
+                ServerMessage::SessionAnswer { answer, .. } => return Ok(*answer),
+                ServerMessage::ToolCall {
+                    call,
+                    server,
+                    tool,
+                    arguments,
+                    ..
+                } => on_tool_call(Stage::ToolCall {
+                    call,
+                    server: &server,
+                    tool: &tool,
+                    arguments: &arguments,
+                }),
+                other => return Err(unexpected(other)),
+            }
         }
     }
 

@@ -63,6 +63,14 @@ def whoami() -> dict:
     return {"pid": os.getpid(), "uid": os.getuid(), "secret": os.environ.get("UPSTREAM_SECRET", "")}
 
 
+@mcp.tool()
+def forbidden_delete(path: str) -> str:
+    """A tool the tests' allowTools leaves out: code must never reach it."""
+    with open(os.environ.get("FORBIDDEN_MARKER", "/dev/null"), "a") as f:
+        f.write(path + "\n")
+    return "deleted"
+
+
 def _png(width, height):
     raw = b"".join(b"\x00" + b"\xff\x00\x00" * width for _ in range(height))
 

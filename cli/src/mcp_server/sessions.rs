@@ -16,8 +16,9 @@ use pycell_launch::resolve::Extras;
 use pycell_launch::session::{Session, SessionError, SessionParts, SessionTiming};
 use pycell_launch::session_table::{self, Entry, Lookup};
 use pycell_launch::supervisor::Services;
+use pycell_launch::tool_grant::ToolGrant;
 use pycell_policy::Policy;
-use pycell_protocol::client::{ClientError, DaemonClient};
+use pycell_protocol::client::{ClientError, DaemonClient, Stage};
 use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::LimitsReport;
 use pycell_protocol::session::{
@@ -29,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::sandboxes::{RequestError, Sandboxes, SessionHeld};
 use crate::embedded::Installer;
+use crate::tool_servers::DaemonToolCalls;
 
 /// How long a session's python may take to import its policy's modules
 /// and get ready.
@@ -100,8 +102,11 @@ impl Sandboxes {
     /// Start a session for `req` (its policy, dependencies and limits).
     pub async fn start_session(
         &self,
-        req: SessionStartRequest,
+        mut req: SessionStartRequest,
     ) -> Result<SessionInfo, SessionFailure> {
+        if let Some(servers) = self.tool_servers() {
+            req.tools = Some(servers.catalog().await);
+        }
         if let Some(socket) = self.daemon() {
             return via_daemon(socket, move |c| c.session_start(req, |_| {})).await;
         }
@@ -109,14 +114,15 @@ impl Sandboxes {
             policy: req.policy,
             limits: req.limits,
             dependencies: req.dependencies,
+            tools: req.tools,
             ..RunRequest::default()
         };
-        let (prepared, policy, ensured) = self.prepare_session(run_req).await?;
+        let (prepared, policy, ensured, grant) = self.prepare_session(run_req).await?;
         let per_uid = policy.session.per_uid as usize;
         if self.sessions().map(|t| t.count(owner())).unwrap_or(0) >= per_uid {
             return Err(too_many(&policy));
         }
-        let session = self.launch_session(prepared, &policy).await?;
+        let session = self.launch_session(prepared, &policy, grant).await?;
         self.admit(session, policy, ensured).await
     }
 
@@ -124,6 +130,7 @@ impl Sandboxes {
         &self,
         prepared: Prepared,
         policy: &Policy,
+        grant: Option<ToolGrant>,
     ) -> Result<(Session, LimitsReport), SessionFailure> {
         let limits = prepared.limits.clone();
         let egress = prepared.egress.clone();
@@ -143,7 +150,12 @@ impl Sandboxes {
                     None,
                 )
             }),
-            tools: None,
+            tools: grant
+                .zip(self.tool_servers().cloned())
+                .map(|(grant, servers)| {
+                    let upstream: Arc<dyn pycell_tools::service::Upstream> = Arc::new(servers);
+                    grant.service(upstream, None)
+                }),
         };
         let timing = SessionTiming {
             ready_within: READY_WITHIN,
@@ -201,7 +213,7 @@ impl Sandboxes {
     async fn prepare_session(
         &self,
         req: RunRequest,
-    ) -> Result<(Prepared, Policy, Option<Ensured>), SessionFailure> {
+    ) -> Result<(Prepared, Policy, Option<Ensured>, Option<ToolGrant>), SessionFailure> {
         let launcher = self
             .launcher()
             .map_err(|f| SessionFailure::refused(&f))?
@@ -229,8 +241,17 @@ impl Sandboxes {
                 env: ensured.as_ref().map(|e| e.env.dir.clone()),
                 ..Extras::default()
             };
+            let grant = match &req.tools {
+                Some(catalog) => Some(ToolGrant::new(&policy, catalog).map_err(|problem| {
+                    LaunchError::Request(RequestError {
+                        field: "tools",
+                        problem,
+                    })
+                })?),
+                None => None,
+            };
             let prepared = launcher.prepare_session(&policy, &req, &extras)?;
-            Ok::<_, LaunchError>(Ok((prepared, policy, ensured)))
+            Ok::<_, LaunchError>(Ok((prepared, policy, ensured, grant)))
         })
         .await;
         match prepared {
@@ -307,9 +328,29 @@ impl Sandboxes {
     ) -> Result<SessionAnswer, SessionFailure> {
         let handle = handle.to_string();
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let calls = self
+            .tool_servers()
+            .cloned()
+            .map(|servers| DaemonToolCalls::new(servers, tokio::runtime::Handle::current()));
         let asked = via_daemon(socket, move |c| {
             let _ = tx.send(c.canceller());
-            c.session_call(&handle, call, timeout_s)
+            if let Some(calls) = &calls {
+                calls.connected(c);
+            }
+            c.session_call_offering(&handle, call, timeout_s, |stage| {
+                if let (
+                    Some(calls),
+                    Stage::ToolCall {
+                        call,
+                        server,
+                        tool,
+                        arguments,
+                    },
+                ) = (&calls, stage)
+                {
+                    calls.on_call(call, server, tool, arguments);
+                }
+            })
         });
         tokio::pin!(asked);
         tokio::select! {

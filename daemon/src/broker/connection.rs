@@ -29,11 +29,14 @@ use tokio::time::{sleep, timeout, Instant};
 
 mod installing;
 mod session_calls;
+mod tool_relay;
 
-use super::order::NotOrdered;
+use super::order::{NotOrdered, Ordered};
 use super::{Broker, Peer, SpawnedRun};
 use crate::admission::{Ask, Entry, Slot, Waiting};
 use crate::link::{RunOrder, ToBroker, ToMonitor};
+pub(crate) use tool_relay::RelaySwitch;
+use tool_relay::ToolRelay;
 
 /// The first message (`hello`) must come within this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -285,17 +288,17 @@ async fn run(
     request: RunRequest,
 ) -> bool {
     let started = async {
-        let order = ordered(broker, &id, request).await?;
-        let slot = admit(broker, conn, peer, &id, &order).await?;
-        Ok::<_, NotStarted>((order, slot))
+        let ordered = ordered(broker, &id, request).await?;
+        let slot = admit(broker, conn, peer, &id, &ordered.order).await?;
+        Ok::<_, NotStarted>((ordered, slot))
     };
-    let (order, slot) = match started.await {
+    let (ordered, slot) = match started.await {
         Ok(admitted) => admitted,
         Err(NotStarted::Reply(reply)) => return conn.out.send(reply).await,
         Err(NotStarted::ClientGone) => return false,
     };
     let active = broker.active_run();
-    let last = run_admitted(broker, conn, peer, &id, order).await;
+    let last = run_admitted(broker, conn, peer, &id, ordered).await;
     // Free the slot before the client hears the run is over, so that its
     // next run finds it free (and a client slow to take the rest of its
     // output does not hold it).
@@ -319,7 +322,7 @@ async fn ordered(
     broker: &Arc<Broker>,
     id: &str,
     request: RunRequest,
-) -> Result<RunOrder, NotStarted> {
+) -> Result<Ordered, NotStarted> {
     if broker.stopping() {
         let msg = "pycelld is shutting down; try again when it is back";
         return Err(NotStarted::Reply(error(
@@ -426,7 +429,8 @@ async fn start(
     conn: &mut Conn,
     peer: Peer,
     id: &str,
-    order: RunOrder,
+    Ordered { order, tools }: Ordered,
+    upstream: Arc<dyn pycell_tools::service::Upstream>,
 ) -> Result<SpawnedRun, ServerMessage> {
     let internal = |m: String| error(Some(id), ErrorCode::Internal, m);
     let (req, replies) = broker
@@ -478,7 +482,7 @@ async fn start(
     }
     let services = Services {
         egress: egress.map(|rules| broker.egress_service(&run_id, &policy, rules)),
-        tools: None,
+        tools: tools.map(|grant| broker.tool_service(&run_id, grant, upstream)),
     };
     match events {
         Ok(events) => Ok(SpawnedRun {
@@ -506,9 +510,10 @@ async fn run_admitted(
     conn: &mut Conn,
     peer: Peer,
     id: &str,
-    order: RunOrder,
+    ordered: Ordered,
 ) -> Vec<ServerMessage> {
-    let started = match start(broker, conn, peer, id, order).await {
+    let relay = ToolRelay::new(id, conn.out.tx.clone());
+    let started = match start(broker, conn, peer, id, ordered, relay.clone()).await {
         Ok(s) => s,
         Err(reply) => return vec![reply],
     };
@@ -527,7 +532,7 @@ async fn run_admitted(
         return Vec::new();
     }
     let monitor_gone = || broker.link.monitor_gone();
-    relay(conn, id, started, &kill, &monitor_gone).await
+    relay_run(conn, id, started, &relay, &kill, &monitor_gone).await
 }
 
 /// What a run has streamed to its client.
@@ -541,10 +546,11 @@ struct Streaming {
 /// Forward the run's output to the client while answering its messages
 /// (cancel); build the result. Returns the messages still due to the
 /// client (output it missed, the result), none if it is gone.
-async fn relay(
+async fn relay_run(
     conn: &mut Conn,
     id: &str,
     started: SpawnedRun,
+    tools: &ToolRelay,
     kill: &(dyn Fn() + Sync),
     monitor_gone: &(dyn Fn() -> bool + Sync),
 ) -> Vec<ServerMessage> {
@@ -587,6 +593,9 @@ async fn relay(
                         cancelled = true;
                         kill();
                     }
+                }
+                Some(Ok(ClientMessage::ToolAnswer { id: cid, call, outcome })) if cid == id => {
+                    tools.answer(call, outcome);
                 }
                 Some(other) => {
                     conn.out.offer(reply_during_run(other));
@@ -667,7 +676,7 @@ fn reply_during_run(msg: Incoming) -> ServerMessage {
         Ok(_) => error(
             None,
             ErrorCode::BadMessage,
-            "only cancel is accepted while a run or session call is going on this connection",
+            "only cancel and tool_answer are accepted while a run or session call is going on this connection",
         ),
         Err(reply) => reply,
     }

@@ -23,7 +23,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::admission::{Admission, AdmissionLimits, Ask, Refusal};
 use crate::config::Config;
-use crate::link::{RunOrder, ToBroker};
+use crate::link::ToBroker;
 use link::MonitorLink;
 
 pub(crate) struct Broker {
@@ -173,7 +173,7 @@ impl Broker {
     /// request that cannot run is refused at once; admission needs its
     /// memory limit): its parsing is CPU work on untrusted input, done on
     /// a blocking thread, off the runtime.
-    async fn order(&self, request: RunRequest) -> Result<RunOrder, order::NotOrdered> {
+    async fn order(&self, request: RunRequest) -> Result<order::Ordered, order::NotOrdered> {
         let dir = self.config.policy_dir.clone();
         tokio::task::spawn_blocking(move || order::order(&dir, request))
             .await
@@ -218,6 +218,25 @@ impl Broker {
         });
         let config = pycell_egress::EgressConfig::from_env(policy, rules);
         (config, Some(audit))
+    }
+
+    /// A run's tool service: calls go to `upstream` (its client), each
+    /// audited by the monitor.
+    fn tool_service(
+        &self,
+        run_id: &str,
+        grant: pycell_launch::tool_grant::ToolGrant,
+        upstream: Arc<dyn pycell_tools::service::Upstream>,
+    ) -> pycell_tools::service::ToolService {
+        let link = Arc::clone(&self.link);
+        let run_id = run_id.to_string();
+        let audit: pycell_tools::service::AuditHook = Arc::new(move |call| {
+            let _ = link.send(&crate::link::ToMonitor::ToolCall {
+                run_id: run_id.clone(),
+                call: call.clone(),
+            });
+        });
+        grant.service(upstream, Some(audit))
     }
 
     /// What `info` answers: the host as measured now, and our own state.

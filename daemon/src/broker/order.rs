@@ -8,6 +8,7 @@ use std::path::Path;
 
 use pycell_launch::launcher::LaunchError;
 use pycell_launch::resolve;
+use pycell_launch::tool_grant::ToolGrant;
 use pycell_protocol::messages::{ErrorCode, RunRequest};
 use pycell_wire::report::JailFailure;
 
@@ -26,8 +27,16 @@ pub(crate) enum NotOrdered {
     },
 }
 
+/// A run as ordered, and what its code may call (code mode), which the
+/// broker serves itself.
+#[derive(Debug)]
+pub(crate) struct Ordered {
+    pub(crate) order: RunOrder,
+    pub(crate) tools: Option<ToolGrant>,
+}
+
 /// The order for `request` under the operator's policies in `policy_dir`.
-pub(crate) fn order(policy_dir: &Path, request: RunRequest) -> Result<RunOrder, NotOrdered> {
+pub(crate) fn order(policy_dir: &Path, request: RunRequest) -> Result<Ordered, NotOrdered> {
     let refused = |e: resolve::ResolveError| {
         let (code, message) = refusal(LaunchError::from(e));
         NotOrdered::Refused(code, message)
@@ -42,7 +51,15 @@ pub(crate) fn order(policy_dir: &Path, request: RunRequest) -> Result<RunOrder, 
                 failure,
             }
         })?;
-    Ok(RunOrder {
+    let tools = match &request.tools {
+        Some(catalog) => Some(
+            ToolGrant::new(&policy, catalog)
+                .map_err(|m| NotOrdered::Refused(ErrorCode::InvalidRequest, m))?,
+        ),
+        None => None,
+    };
+    let order = RunOrder {
+        tools: tools.is_some(),
         policy: policy.name,
         limits: FinalLimits::from_limits(&limits),
         code: request.code,
@@ -52,7 +69,8 @@ pub(crate) fn order(policy_dir: &Path, request: RunRequest) -> Result<RunOrder, 
         files: request.files,
         dependencies,
         session: false,
-    })
+    };
+    Ok(Ordered { order, tools })
 }
 
 #[cfg(test)]
@@ -81,7 +99,7 @@ mod tests {
             ..Default::default()
         };
         r.dependencies = vec!["attrs >= 23".into(), "six".into()];
-        let o = order(dir.path(), r.clone()).unwrap();
+        let o = order(dir.path(), r.clone()).unwrap().order;
         assert_eq!(o.policy, "default");
         assert_eq!(o.limits.timeout_s, 2.5);
         let defaults = pycell_policy::builtin::load("default").unwrap().limits;

@@ -25,6 +25,7 @@ use pycell_runner::session::SessionOp;
 use pycell_wire::codes::FailureCode;
 use tokio::time::Instant as TokioInstant;
 
+use super::connection::RelaySwitch;
 use super::link::MonitorLink;
 use super::{Broker, SpawnedRun};
 use crate::admission::Slot;
@@ -46,6 +47,9 @@ pub(crate) struct Held {
     pub limits: LimitsReport,
     /// Its admission slot: its memory counts until it ends.
     _slot: Arc<Slot>,
+    /// Code mode: where its tool calls go (the connection of the call
+    /// being served).
+    tools: Option<Arc<RelaySwitch>>,
 }
 
 pub(crate) type Sessions = std::sync::Mutex<SessionTable<Held>>;
@@ -94,6 +98,7 @@ pub(crate) fn start_request(r: &SessionStartRequest) -> RunRequest {
         policy: r.policy.clone(),
         limits: r.limits.clone(),
         dependencies: r.dependencies.clone(),
+        tools: r.tools.clone(),
         ..RunRequest::default()
     }
 }
@@ -120,6 +125,7 @@ impl Broker {
         spawned: SpawnedRun,
         policy: Policy,
         slot: Slot,
+        tools: Option<Arc<RelaySwitch>>,
     ) -> Result<SessionInfo, Refused> {
         let (limits, env) = (spawned.limits.clone(), spawned.env.clone());
         let parts = self.session_parts(spawned)?;
@@ -131,6 +137,7 @@ impl Broker {
             policy: Arc::clone(&policy),
             limits: limits.clone(),
             _slot: Arc::new(slot),
+            tools,
         };
         let admitted = self
             .sessions
@@ -172,7 +179,8 @@ impl Broker {
             ));
         };
         let requests = std::os::unix::net::UnixStream::from(requests);
-        let handouts = match spawned.services.egress.is_some() {
+        let hands_out = spawned.services.egress.is_some() || spawned.services.tools.is_some();
+        let handouts = match hands_out {
             true => match requests.try_clone() {
                 Ok(h) => Some(std::os::fd::OwnedFd::from(h)),
                 Err(e) => return Err(fail(control, e.to_string())),
@@ -209,12 +217,12 @@ impl Broker {
         handle: &str,
         call: SessionCall,
         timeout_s: Option<f64>,
-    ) -> Result<(Session, SessionOp), Refused> {
+    ) -> Result<(Session, SessionOp, Option<Arc<RelaySwitch>>), Refused> {
         let entry = self.session_of(uid, handle)?;
         let max_output = entry.info.limits.max_output_bytes;
         let op = session_table::op_for(&entry.info.policy, max_output, call, timeout_s)
             .map_err(|(code, message)| refused(code, message))?;
-        Ok((entry.session, op))
+        Ok((entry.session, op, entry.info.tools))
     }
 
     /// The wire's error for a session call that got no answer.

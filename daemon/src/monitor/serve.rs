@@ -178,6 +178,11 @@ impl Monitor {
                     build.stop();
                 }
             }
+            ToMonitor::ToolCall { run_id, call } => {
+                if run_id.len() <= 40 && run_id.starts_with("r-") {
+                    self.audit.tool_call(&run_id, &call);
+                }
+            }
             ToMonitor::Egress { run_id, connection } => {
                 // Any well-formed run id: the broker reports a connection
                 // when it ends, which may be just after its run was reaped.

@@ -8,9 +8,11 @@ use std::sync::Arc;
 use pycell_protocol::messages::{ClientMessage, ErrorCode, ServerMessage};
 use pycell_protocol::session::{SessionCall, SessionStartRequest};
 
+use super::tool_relay::{RelaySwitch, ToolRelay};
 use super::{admit, error, ordered, reply_during_run, start, Conn, NotStarted};
 use crate::broker::sessions::{start_request, Refused};
 use crate::broker::{Broker, Peer};
+use pycell_tools::service::Upstream;
 
 /// `session_start`: false if the connection is finished.
 pub(super) async fn start_session(
@@ -52,14 +54,19 @@ async fn started(
         let m = format!("uid {} holds {held} sessions, the most policy {:?} allows ([session] per_uid = {per_uid}); end one with session_end", peer.uid, policy.name);
         return Err(refuse((ErrorCode::TooManySessions, m)));
     }
-    let mut order = ordered(broker, id, start_request(&request)).await?;
-    order.session = true;
-    let slot = admit(broker, conn, peer, id, &order).await?;
-    let spawned = start(broker, conn, peer, id, order)
+    let mut ordered = ordered(broker, id, start_request(&request)).await?;
+    ordered.order.session = true;
+    let slot = admit(broker, conn, peer, id, &ordered.order).await?;
+    let tools = ordered.tools.is_some().then(Arc::<RelaySwitch>::default);
+    let upstream: Arc<dyn Upstream> = match &tools {
+        Some(t) => Arc::clone(t) as _,
+        None => Arc::new(RelaySwitch::default()),
+    };
+    let spawned = start(broker, conn, peer, id, ordered, upstream)
         .await
         .map_err(NotStarted::Reply)?;
     let info = broker
-        .open_session(peer.uid, spawned, policy, slot)
+        .open_session(peer.uid, spawned, policy, slot, tools)
         .await
         .map_err(refuse)?;
     Ok(ServerMessage::SessionStarted {
@@ -79,10 +86,17 @@ pub(super) async fn call(
     call: SessionCall,
     timeout_s: Option<f64>,
 ) -> bool {
-    let (session, op) = match broker.session_op(peer.uid, &handle, call, timeout_s) {
+    let (session, op, tools) = match broker.session_op(peer.uid, &handle, call, timeout_s) {
         Ok(s) => s,
         Err(r) => return conn.out.send(refusal(&id, r)).await,
     };
+    // The session's tool calls go to this connection while it waits.
+    let relay = tools.as_ref().map(|switch| {
+        let relay = ToolRelay::new(&id, conn.out.tx.clone());
+        switch.set(Some(Arc::clone(&relay)));
+        relay
+    });
+    let _unset = Unset(tools.clone());
     let asked = session.request(op);
     tokio::pin!(asked);
     let answered = loop {
@@ -96,6 +110,11 @@ pub(super) async fn call(
                     return false;
                 }
                 Some(Ok(ClientMessage::Cancel { id: cid })) if cid == id => session.interrupt(),
+                Some(Ok(ClientMessage::ToolAnswer { id: cid, call, outcome })) if cid == id => {
+                    if let Some(relay) = &relay {
+                        relay.answer(call, outcome);
+                    }
+                }
                 Some(other) => {
                     conn.out.offer(reply_during_run(other));
                 }
@@ -133,6 +152,17 @@ pub(super) async fn list(broker: &Arc<Broker>, conn: &mut Conn, peer: Peer, id: 
     conn.out
         .send(ServerMessage::Sessions { id, sessions })
         .await
+}
+
+/// Takes a session's tool calls away from a connection whose call is over.
+struct Unset(Option<Arc<RelaySwitch>>);
+
+impl Drop for Unset {
+    fn drop(&mut self) {
+        if let Some(switch) = &self.0 {
+            switch.set(None);
+        }
+    }
 }
 
 /// The reply for a session message refused.

@@ -1,0 +1,386 @@
+//! Code mode with `pycell run --tool-servers FILE`: sandboxed code calls
+//! the tools of MCP servers its client started (a server written with the
+//! official MCP Python SDK, tests/mcp/tool_upstream.py, and the published
+//! `mcp-server-time` from PyPI, both in the tools venv), through the
+//! channel handed into the jail. What is checked: listings, calls, the
+//! generated wrappers' signatures and docstrings, both allowlists (the
+//! client's allowTools and the policy's [tools] allow), schema errors,
+//! an upstream that fails, crashes (restarted for the next call) or hangs
+//! (call_timeout), the per-run call limit, concurrent calls from threads
+//! and asyncio, `tool_calls` in the result, upstream processes gone when
+//! pycell exits, and the same through pycelld, audited, with a second
+//! uid's run unable to reach the first uid's tools.
+//!
+//! Needs root (real jails), and PYCELL_TEST_TOOLS_PYTHON (scripts/test).
+
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use pycell_tests::daemon::Daemon;
+use pycell_tests::sdk::tools_python;
+use pycell_tests::{pycell_bin, repo_root, run_code, status_of, Outcome};
+use serde_json::Value;
+
+/// A tool servers file in a temp dir, its servers' start marker, and a
+/// marker the forbidden tool would write.
+struct Servers {
+    dir: tempfile::TempDir,
+    file: PathBuf,
+}
+
+impl Servers {
+    fn new() -> Servers {
+        let dir = tempfile::Builder::new()
+            .prefix("pycell-tools-")
+            .tempdir()
+            .unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let python = tools_python();
+        let time = python.with_file_name("mcp-server-time");
+        let upstream = repo_root().join("tests/mcp/tool_upstream.py");
+        let config = serde_json::json!({"mcpServers": {
+            "test": {
+                "command": python,
+                "args": [upstream, "--marker", dir.path().join("starts")],
+                "env": {"UPSTREAM_SECRET": "s3cret", "FORBIDDEN_MARKER": dir.path().join("forbidden")},
+                "allowTools": ["add", "echo", "fail", "hang", "crash", "flood", "whoami", "picture"],
+            },
+            "time": {"command": time, "args": ["--local-timezone", "UTC"]},
+        }});
+        let file = dir.path().join("servers.json");
+        std::fs::write(&file, config.to_string()).unwrap();
+        Servers { dir, file }
+    }
+
+    fn opts(&self) -> Vec<String> {
+        vec![
+            "--tool-servers".into(),
+            self.file.to_string_lossy().into_owned(),
+        ]
+    }
+
+    /// The pids of every start of the test server so far.
+    fn started(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.dir.path().join("starts"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    fn forbidden_called(&self) -> bool {
+        self.dir.path().join("forbidden").exists()
+    }
+
+    /// A policy file: the default policy with `[tools]` replaced.
+    fn policy(&self, tools: &str) -> PathBuf {
+        let default = std::fs::read_to_string(repo_root().join("policies/default.toml")).unwrap();
+        let cut = default.find("[tools]").expect("default.toml has [tools]");
+        let rest = &default[cut + 7..];
+        let after = rest.find("\n[").map(|i| &rest[i..]).unwrap_or("");
+        let text = format!(
+            "{}[tools]\n{tools}\n{after}",
+            &default[..cut].replace("name = \"default\"", "name = \"tools-test\"")
+        );
+        let path = self.dir.path().join("tools-test.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+fn run(servers: &Servers, code: &str, more: &[&str]) -> Outcome {
+    let mut opts: Vec<String> = servers.opts();
+    opts.extend(more.iter().map(|s| s.to_string()));
+    let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+    run_code("main.py", code, &opts, &[])
+}
+
+fn stdout_json(out: &Outcome) -> Value {
+    let r = out.result();
+    assert_eq!(status_of(out), "ok", "{}", out.describe());
+    let text = r["stdout"].as_str().unwrap();
+    serde_json::from_str(text.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{e}: {text}\n{}", out.describe()))
+}
+
+/// Every pid gone within a few seconds.
+fn assert_gone(pids: &[i32]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for pid in pids {
+        while Path::new(&format!("/proc/{pid}")).exists() {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat.contains(") Z ") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "upstream {pid} outlived pycell");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+const CALLS: &str = r#"
+import asyncio, inspect, json, os, threading
+import pycell_tools as t
+out = {}
+out["servers"] = t.list_servers()
+out["add"] = t.test.add(a=2, b=3)
+out["call"] = t.call("test", "echo", {"text": "ab", "times": 2})
+out["time"] = t.time.get_current_time(timezone="Europe/Paris")["timezone"]
+out["signature"] = str(inspect.signature(t.test.echo))
+out["doc"] = t.test.echo.__doc__
+out["who"] = json.loads(t.test.whoami())
+out["my_uid"] = os.getuid()
+out["env_secret"] = os.environ.get("UPSTREAM_SECRET")
+def error(f, *a, **k):
+    try:
+        f(*a, **k)
+    except t.ToolError as e:
+        return [e.code, str(e)]
+out["failed"] = error(t.test.fail, message="boom")
+out["schema"] = error(t.test.add, a="x", b=1)
+out["unknown"] = error(t.call, "test", "nope")
+out["no_server"] = error(t.call, "nope", "x")
+out["denied"] = error(t.call, "test", "forbidden_delete", {"path": "/etc"})
+out["listed_forbidden"] = hasattr(t.test, "forbidden_delete")
+results = [None] * 8
+def worker(i):
+    results[i] = t.test.add(a=i, b=i)
+threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+[th.start() for th in threads]
+[th.join() for th in threads]
+out["threads"] = results
+async def many():
+    return await asyncio.gather(*[t.aio.test.add(a=i, b=1) for i in range(20)])
+out["asyncio"] = asyncio.run(many())
+out["picture"] = t.test.picture()["images"][0]["mime_type"]
+out["fds"] = sorted(os.listdir("/proc/self/fd"))
+print(json.dumps(out))
+"#;
+
+#[test]
+fn code_calls_tools_of_its_clients_servers_and_nothing_else() {
+    let servers = Servers::new();
+    let out = run(&servers, CALLS, &[]);
+    let o = stdout_json(&out);
+    let names: Vec<&str> = o["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["test", "time"], "{o}");
+    assert_eq!(o["add"]["result"], 5, "{o}");
+    assert_eq!(o["call"]["result"], "abab", "{o}");
+    assert_eq!(o["time"], "Europe/Paris", "{o}");
+    assert_eq!(o["signature"], "(*, text: str, times: int = None)", "{o}");
+    assert!(
+        o["doc"].as_str().unwrap().starts_with("Repeat some text."),
+        "{o}"
+    );
+    // The server runs outside, as the client (root here), with the
+    // client's environment; the code has neither.
+    assert_eq!(o["who"]["uid"], 0, "{o}");
+    assert_eq!(o["who"]["secret"], "s3cret", "{o}");
+    assert_ne!(o["my_uid"], 0, "{o}");
+    assert_eq!(o["env_secret"], Value::Null, "{o}");
+    assert_eq!(o["failed"][0], "tool_failed", "{o}");
+    assert!(o["failed"][1].as_str().unwrap().contains("boom"), "{o}");
+    assert_eq!(o["schema"][0], "bad_arguments", "{o}");
+    assert!(
+        o["schema"][1]
+            .as_str()
+            .unwrap()
+            .contains("\"x\" is not of type \"integer\""),
+        "{o}"
+    );
+    assert_eq!(o["unknown"][0], "unknown", "{o}");
+    assert_eq!(o["no_server"][0], "unknown", "{o}");
+    assert_eq!(o["denied"][0], "denied", "{o}");
+    assert!(
+        o["denied"][1].as_str().unwrap().contains("allowTools"),
+        "{o}"
+    );
+    assert_eq!(o["listed_forbidden"], false, "{o}");
+    assert!(!servers.forbidden_called(), "the forbidden tool ran");
+    let sums: Vec<i64> = o["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["result"].as_i64().unwrap())
+        .collect();
+    assert_eq!(sums, (0..8).map(|i| 2 * i).collect::<Vec<_>>());
+    assert_eq!(o["asyncio"].as_array().unwrap().len(), 20, "{o}");
+    assert_eq!(o["picture"], "image/png", "{o}");
+    // The program's descriptors: 0-2, its tool channel, listdir's own.
+    assert_eq!(o["fds"].as_array().unwrap().len(), 5, "{o}");
+    let calls = &out.result()["tool_calls"];
+    assert_eq!(calls["calls"], 4 + 5 + 8 + 20 + 1, "{calls}");
+    assert_eq!(calls["failed"], 5, "{calls}");
+    assert_eq!(calls["failures"]["denied"], 1, "{calls}");
+    assert_eq!(calls["failures"]["unknown"], 2, "{calls}");
+    // Every server this pycell started is gone with it.
+    assert_eq!(servers.started().len(), 1);
+    assert_gone(&servers.started());
+}
+
+#[test]
+fn the_policy_decides_first_and_bounds_every_call() {
+    let servers = Servers::new();
+    let policy = servers.policy(
+        "allow = [\"test/*\"]\nmax_calls = 5\nmax_concurrent = 2\ncall_timeout = \"1s\"\nmax_result = \"1KiB\"",
+    );
+    let code = r#"
+import json, time
+import pycell_tools as t
+def error(f, *a, **k):
+    try:
+        return ["ok", f(*a, **k)]
+    except t.ToolError as e:
+        return [e.code, str(e)]
+out = {}
+out["time_listed"] = [s["tools"] for s in t.list_servers() if s["name"] == "time"]
+out["time"] = error(t.call, "time", "get_current_time", {"timezone": "UTC"})
+start = time.monotonic()
+out["hang"] = error(t.test.hang, seconds=20)
+out["hang_s"] = time.monotonic() - start
+out["flood"] = error(t.test.flood, size=5000)
+out["crash"] = error(t.test.crash)
+out["after_crash"] = error(t.test.add, a=1, b=1)
+out["fifth"] = error(t.test.add, a=1, b=1)
+out["over"] = error(t.test.add, a=1, b=1)
+print(json.dumps(out))
+"#;
+    let out = run(&servers, code, &["--policy", policy.to_str().unwrap()]);
+    let o = stdout_json(&out);
+    assert_eq!(o["time_listed"], serde_json::json!([[]]), "{o}");
+    assert_eq!(o["time"][0], "denied", "{o}");
+    assert!(
+        o["time"][1].as_str().unwrap().contains("[tools] allow"),
+        "{o}"
+    );
+    assert_eq!(o["hang"][0], "upstream_failed", "{o}");
+    assert!(
+        o["hang"][1].as_str().unwrap().contains("call_timeout"),
+        "{o}"
+    );
+    assert!(o["hang_s"].as_f64().unwrap() < 10.0, "{o}");
+    assert_eq!(o["flood"][0], "limit", "{o}");
+    assert!(
+        o["flood"][1].as_str().unwrap().contains("max_result"),
+        "{o}"
+    );
+    assert_eq!(o["crash"][0], "upstream_failed", "{o}");
+    assert_eq!(
+        o["after_crash"],
+        serde_json::json!(["ok", {"result": 2}]),
+        "{o}"
+    );
+    assert_eq!(o["fifth"][0], "ok", "{o}");
+    assert_eq!(o["over"][0], "limit", "{o}");
+    assert!(o["over"][1].as_str().unwrap().contains("max_calls"), "{o}");
+    // Restarted after its crash; both gone now.
+    assert_eq!(servers.started().len(), 2, "{:?}", servers.started());
+    assert_gone(&servers.started());
+    // allow = [] forbids every call, with a reason.
+    let none = servers.policy("allow = []");
+    let out = run(
+        &servers,
+        "import pycell_tools as t\ntry:\n    t.call('test', 'add', {'a': 1, 'b': 2})\nexcept t.ToolError as e:\n    print(e.code, e)\n",
+        &["--policy", none.to_str().unwrap()],
+    );
+    let r = out.result();
+    assert_eq!(status_of(&out), "ok", "{}", out.describe());
+    assert!(
+        r["stdout"]
+            .as_str()
+            .unwrap()
+            .starts_with("denied the policy allows no tool calls"),
+        "{r}"
+    );
+}
+
+#[test]
+fn a_run_with_calls_in_flight_ends_on_time_and_without_tools_there_is_no_module() {
+    let servers = Servers::new();
+    let code = "import threading, pycell_tools as t\nfor _ in range(3):\n    threading.Thread(target=t.test.hang, kwargs={'seconds': 60}, daemon=True).start()\nimport time; time.sleep(0.5)\nprint('leaving')\n";
+    let start = Instant::now();
+    let out = run(&servers, code, &[]);
+    assert_eq!(status_of(&out), "ok", "{}", out.describe());
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(out.result()["stdout"], "leaving\n");
+    assert_gone(&servers.started());
+    // No --tool-servers: no channel, no module.
+    let out = run_code("main.py", "import pycell_tools\n", &[], &[]);
+    assert!(
+        out.result()["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("No module named 'pycell_tools'"),
+        "{}",
+        out.describe()
+    );
+}
+
+#[test]
+fn through_pycelld_calls_go_to_the_runs_own_client_and_are_audited() {
+    let d = Daemon::start("socket_mode = \"0666\"\n");
+    let servers = Servers::new();
+    let code = "import pycell_tools as t\nprint(t.test.add(a=20, b=22)['result'])\nprint(t.time.get_current_time(timezone='UTC')['timezone'])\n";
+    let mut opts = servers.opts();
+    opts.extend([
+        "--socket".to_string(),
+        d.socket().to_string_lossy().into_owned(),
+    ]);
+    let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+    let out = run_code("main.py", code, &opts, &[]);
+    assert_eq!(status_of(&out), "ok", "{}\n{}", out.describe(), d.log());
+    assert_eq!(out.result()["stdout"], "42\nUTC\n");
+    assert_eq!(out.result()["tool_calls"]["calls"], 2);
+    let audited = d.audit_events("tool_call", 2);
+    assert_eq!(audited[0]["server"], "test");
+    assert_eq!(audited[0]["tool"], "add");
+    assert_eq!(audited[0]["status"], "ok");
+    assert_eq!(audited[0]["arguments_sha256"].as_str().unwrap().len(), 64);
+    assert_gone(&servers.started());
+    // Another uid (in the pycell group), no servers of its own: its code
+    // has no tools, whatever the first client offers.
+    let client = d.dir.path().join("pycell");
+    std::fs::copy(pycell_bin(), &client).unwrap();
+    let pycell_gid = nix::unistd::Group::from_name("pycell")
+        .unwrap()
+        .expect("the pycell group (scripts/setup creates it)")
+        .gid;
+    let script = d.dir.path().join("other.py");
+    std::fs::write(&script, "import pycell_tools\n").unwrap();
+    let other = Command::new("setpriv")
+        .args(["--reuid=4244", "--regid=4244"])
+        .arg(format!("--groups={}", pycell_gid.as_raw()))
+        .arg(&client)
+        .args(["run", "--json", "--socket"])
+        .arg(d.socket())
+        .arg(&script)
+        .output()
+        .unwrap();
+    let r: Value = serde_json::from_slice(&other.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&other.stderr)));
+    assert_eq!(r["status"], "error", "{r}");
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("No module named 'pycell_tools'"),
+        "{r}"
+    );
+    assert_eq!(d.audit_events("tool_call", 2).len(), 2, "{}", d.audit());
+}
