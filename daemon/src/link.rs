@@ -310,6 +310,7 @@ mod tests {
                 requires_python: None,
             }),
             session: false,
+            tools: false,
         }
     }
 
