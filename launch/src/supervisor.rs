@@ -419,6 +419,7 @@ impl RunStream {
                 handed = next_handout(&mut self.handouts), if handing_out => {
                     if let Some((what, fd)) = handed {
                         self.serve(what, fd);
+                        self.release_handouts();
                     }
                 }
             }
@@ -468,6 +469,16 @@ impl RunStream {
                     self.tools = Some(tokio::spawn(service.serve(channel)));
                 }
             }
+        }
+    }
+
+    /// Once every service has its descriptor, let go of the channel: a
+    /// session's is its request stream too, which must close when the
+    /// session ends.
+    fn release_handouts(&mut self) {
+        let started = self.egress.is_some() || self.tools.is_some();
+        if started && self.services.egress.is_none() && self.services.tools.is_none() {
+            self.handouts = None;
         }
     }
 

@@ -20,7 +20,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use pycell_tests::daemon::Daemon;
-use pycell_tests::sdk::tools_python;
+use pycell_tests::sdk::{sdk_report_with, tools_python, Checks};
 use pycell_tests::{pycell_bin, repo_root, run_code, status_of, Outcome};
 use serde_json::Value;
 
@@ -383,4 +383,89 @@ fn through_pycelld_calls_go_to_the_runs_own_client_and_are_audited() {
         "{r}"
     );
     assert_eq!(d.audit_events("tool_call", 2).len(), 2, "{}", d.audit());
+}
+
+/// `pycell mcp --tool-servers` driven by the MCP Python SDK
+/// (tests/mcp/sdk_tools.py), embedded or through `socket`.
+fn check_mcp_code_mode(socket: Option<&Path>) {
+    let servers = Servers::new();
+    let file = servers.file.to_string_lossy().into_owned();
+    let marker = servers.dir.path().join("starts");
+    let marker = marker.to_string_lossy().into_owned();
+    let mut args = vec!["--servers", &file, "--marker", &marker];
+    let socket = socket.map(|s| s.to_string_lossy().into_owned());
+    if let Some(s) = &socket {
+        args.extend(["--socket", s]);
+    }
+    let report = sdk_report_with("sdk_tools.py", &args, Duration::from_secs(300));
+    let mut c = Checks::new(&report);
+    if let Some(f) = c.step("flow") {
+        let desc = f["description"].as_str().unwrap_or("");
+        c.check(desc.contains("import pycell_tools"), || {
+            format!("description: {desc}")
+        });
+        c.check(
+            desc.contains("pycell_tools.test.add(*, a: int, b: int)  # Add two integers."),
+            || format!("description lists no signature: {desc}"),
+        );
+        c.check(!desc.contains("forbidden_delete"), || {
+            format!("a denied tool is described: {desc}")
+        });
+        let callable = &f["info"]["structured"]["tools"]["callable"];
+        c.check(
+            callable.as_array().is_some_and(|a| {
+                a.iter().any(|s| {
+                    s.as_str()
+                        .unwrap_or("")
+                        .starts_with("pycell_tools.time.get_current_time(*, timezone: str)")
+                })
+            }),
+            || format!("sandbox_info: {callable}"),
+        );
+        c.run_result("run", &f["run"], "ok");
+        let printed: Value = serde_json::from_str(
+            f["run"]["structured"]["stdout"]
+                .as_str()
+                .unwrap_or("")
+                .trim(),
+        )
+        .unwrap_or(Value::Null);
+        c.check(
+            printed == serde_json::json!({"servers": ["test", "time"], "add": 42, "tz": "Asia/Tokyo", "schema": "bad_arguments"}),
+            || format!("run printed {printed}"),
+        );
+        c.eq("run", &f["run"], "/structured/tool_calls/calls", 3.into());
+        c.eq("cell1", &f["cell1"], "/structured/cell/value", "3".into());
+        c.eq("cell2", &f["cell2"], "/structured/cell/value", "13".into());
+        c.eq(
+            "cell3",
+            &f["cell3"],
+            "/structured/cell/value",
+            "['0', '1', '2', '3', '4']".into(),
+        );
+    }
+    c.eq(
+        "upstreams",
+        &report["upstreams"],
+        "/alive",
+        serde_json::json!([]),
+    );
+    c.check(
+        report["upstreams"]["started"]
+            .as_array()
+            .is_some_and(|a| a.len() == 1),
+        || format!("one start of the test upstream: {}", report["upstreams"]),
+    );
+    c.finish();
+}
+
+#[test]
+fn an_mcp_client_calls_tools_from_runs_and_sessions_embedded() {
+    check_mcp_code_mode(None);
+}
+
+#[test]
+fn an_mcp_client_calls_tools_from_runs_and_sessions_through_pycelld() {
+    let d = Daemon::start("");
+    check_mcp_code_mode(Some(&d.socket()));
 }

@@ -113,6 +113,11 @@ pub struct RunPythonOutput {
     /// for this call ("miss"), and the install time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub env: Option<EnvReport>,
+    /// When the code called tools (`import pycell_tools`): calls made,
+    /// how many failed and why (denied, bad_arguments, ...), bytes sent
+    /// and received.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<pycell_tools::service::ToolCalls>,
     /// The files the run created or changed in /workspace (path, size,
     /// sha256, created), at most 100; read them in a session, or print
     /// them. A session cell lists the files it changed.
@@ -157,6 +162,7 @@ impl From<RunResult> for RunPythonOutput {
         RunPythonOutput {
             network: r.network,
             env: r.env,
+            tool_calls: r.tool_calls,
             files: r.files.iter().map(FileChange::from).collect(),
             files_truncated: r.files_truncated,
             images: r.images.iter().map(image_info).collect(),
