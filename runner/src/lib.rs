@@ -282,6 +282,7 @@ mod tests {
             include_str!("warm.py"),
             include_str!("media.py"),
             include_str!("session.py"),
+            include_str!("tools.py"),
         ];
         for part in parts {
             assert!(!part.contains("'''"), "a part would end its quotes");
@@ -298,7 +299,7 @@ for name, part in ns["_PYCELL_PARTS"].items():
 print(sorted(ns["_PYCELL_PARTS"]))
 "#;
         let out = python(&["-c", check], RUNNER.as_bytes());
-        assert_eq!(out, "['images', 'session', 'warm']\n");
+        assert_eq!(out, "['images', 'session', 'tools', 'warm']\n");
     }
 
     #[test]
