@@ -848,6 +848,16 @@ def check_mcp():
     return out.strip().splitlines()[-1] if out.strip() else ""
 
 
+def check_mcp_tool_call():
+    # Code mode through the installed service: the client's own MCP server
+    # (written with the SDK) is called from the sandbox via pycelld.
+    client = f"{PAYLOAD}/mcp_client.py"
+    env = {"PYTHONPATH": f"{PAYLOAD}/mcp-sdk", "PYTHONDONTWRITEBYTECODE": "1"}
+    rc, out, err = sh(["python3", client, "--tools", f"{PAYLOAD}/tool_upstream.py"], user=MEMBER, env=env, timeout=180)
+    expect(rc == 0, f"MCP client (code mode) exited {rc}: {out[-800:]} {err[-1500:]}")
+    return out.strip().splitlines()[-1] if out.strip() else ""
+
+
 def check_purge_clean():
     # A run in flight when the package is purged.
     p = start_in_flight()
@@ -917,7 +927,7 @@ def main():
         checks += [("daemon-egress", check_egress), ("daemon-deps", check_deps)]
         checks += [("socket-activation", check_socket_activation), ("hand-start", check_hand_start)]
         if "mcp" in groups:
-            checks += [("mcp-run-python", check_mcp)]
+            checks += [("mcp-run-python", check_mcp), ("mcp-tool-call", check_mcp_tool_call)]
         checks += [("restart-clean", check_restart_clean), ("purge-clean", check_purge_clean)]
     else:
         checks += [("purge-clean", check_purge_clean_embedded)]

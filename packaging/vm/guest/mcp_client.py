@@ -21,6 +21,36 @@ def field(obj, snake, camel):
     return getattr(obj, snake) if hasattr(obj, snake) else getattr(obj, camel, None)
 
 
+TOOLS_CODE = "import pycell_tools\nprint(pycell_tools.test.add(a=40, b=2)['result'])"
+
+
+async def tool_call(upstream):
+    """Code mode: run_python's code calls `add` of an MCP server this
+    client configured (-> (error or None, summary))."""
+    import os
+    import tempfile
+
+    d = tempfile.mkdtemp()
+    servers = os.path.join(d, "servers.json")
+    env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "PYTHONDONTWRITEBYTECODE": "1"}
+    with open(servers, "w") as f:
+        json.dump({"mcpServers": {"test": {"command": sys.executable, "args": [upstream], "env": env}}}, f)
+    server = StdioServerParameters(command="pycell", args=["mcp", "--tool-servers", servers])
+    async with stdio_client(server) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            tools = await session.list_tools()
+            run = next(t for t in tools.tools if t.name == "run_python")
+            if "pycell_tools.test.add(" not in (run.description or ""):
+                return f"run_python's description lists no tool: {run.description[-600:]!r}", ""
+            res = await asyncio.wait_for(session.call_tool("run_python", {"code": TOOLS_CODE}), timeout=120)
+    structured = field(res, "structured_content", "structuredContent") or {}
+    calls = (structured.get("tool_calls") or {}).get("calls")
+    if structured.get("status") != "ok" or structured.get("stdout") != "42\n" or calls != 1:
+        return f"the tool call failed: {json.dumps(structured)[:1500]}", ""
+    return None, f"pycell_tools.test.add(a=40, b=2) from the sandbox -> 42 through pycelld, tool_calls {structured.get('tool_calls')}"
+
+
 async def session_run():
     """-> (error or None, summary)"""
     server = StdioServerParameters(command="pycell", args=["mcp"])
@@ -48,7 +78,10 @@ async def session_run():
 
 
 def main():
-    error, summary = asyncio.run(session_run())
+    if sys.argv[1:2] == ["--tools"]:
+        error, summary = asyncio.run(tool_call(sys.argv[2]))
+    else:
+        error, summary = asyncio.run(session_run())
     if error:
         print(f"mcp_client: {error}", file=sys.stderr)
         sys.exit(1)
