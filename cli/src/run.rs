@@ -235,15 +235,8 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
             Stage::Queued(position) => queue.update(position),
             Stage::Started(_) => queue.update(0),
             Stage::Installing(m) => eprintln!("pycell: {m}"),
-            Stage::ToolCall {
-                call,
-                server,
-                tool,
-                arguments,
-            } => {
-                if let Some(calls) = &calls {
-                    calls.on_call(call, server, tool, arguments);
-                }
+            tool_call @ Stage::ToolCall { .. } => {
+                DaemonToolCalls::take(calls.as_ref(), tool_call);
             }
         },
         |client| {

@@ -22,7 +22,7 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::{json, Map, Value};
 use tokio::sync::Mutex;
 
-use pycell_protocol::client::{DaemonClient, ToolAnswerer};
+use pycell_protocol::client::{DaemonClient, Stage, ToolAnswerer};
 use pycell_protocol::messages::RunRequest;
 use pycell_tools::allow::Pattern;
 use pycell_tools::catalog::{Catalog, CatalogServer, CatalogTool};
@@ -310,6 +310,24 @@ impl DaemonToolCalls {
         if let Ok(mut a) = self.answerer.lock() {
             *a = client.answerer().ok();
         }
+    }
+
+    /// Take `stage` if it is a tool call (answered when the server is
+    /// done); whether it was one.
+    pub fn take(calls: Option<&DaemonToolCalls>, stage: Stage<'_>) -> bool {
+        let Stage::ToolCall {
+            call,
+            server,
+            tool,
+            arguments,
+        } = stage
+        else {
+            return false;
+        };
+        if let Some(calls) = calls {
+            calls.on_call(call, server, tool, arguments);
+        }
+        true
     }
 
     /// A call from the run's code: answered when the server is done.

@@ -38,6 +38,25 @@ impl ToolGrant {
         })
     }
 
+    /// The grant of a request that offers `tools` (none: no tools);
+    /// a bad catalog is the request's mistake.
+    pub fn for_request(
+        policy: &Policy,
+        tools: Option<&Catalog>,
+    ) -> Result<Option<ToolGrant>, crate::launcher::LaunchError> {
+        let Some(catalog) = tools else {
+            return Ok(None);
+        };
+        ToolGrant::new(policy, catalog)
+            .map(Some)
+            .map_err(|problem| {
+                crate::launcher::LaunchError::Request(crate::launcher::RequestError {
+                    field: "tools",
+                    problem,
+                })
+            })
+    }
+
     /// The service for a jail's channel, its calls going to `upstream`.
     pub fn service(self, upstream: Arc<dyn Upstream>, audit: Option<AuditHook>) -> ToolService {
         ToolService {

@@ -248,21 +248,14 @@ impl Sandboxes {
                     let _ = tx.send(DaemonEvent::Output(stream, bytes.to_vec()));
                 },
                 |stage| {
+                    if DaemonToolCalls::take(calls.as_ref(), stage) {
+                        return;
+                    }
                     let ev = match stage {
                         Stage::Queued(position) => DaemonEvent::Queued(position),
                         Stage::Started(run_id) => DaemonEvent::Started(run_id.to_string()),
                         Stage::Installing(m) => DaemonEvent::Installing(m.to_string()),
-                        Stage::ToolCall {
-                            call,
-                            server,
-                            tool,
-                            arguments,
-                        } => {
-                            if let Some(calls) = &calls {
-                                calls.on_call(call, server, tool, arguments);
-                            }
-                            return;
-                        }
+                        Stage::ToolCall { .. } => return,
                     };
                     let _ = queued.send(ev);
                 },
@@ -371,15 +364,7 @@ impl Sandboxes {
             env: ensured.as_ref().map(|e| e.env.dir.clone()),
             ..Extras::default()
         };
-        let grant = match &req.tools {
-            Some(catalog) => Some(ToolGrant::new(&policy, catalog).map_err(|problem| {
-                LaunchError::Request(RequestError {
-                    field: "tools",
-                    problem,
-                })
-            })?),
-            None => None,
-        };
+        let grant = ToolGrant::for_request(&policy, req.tools.as_ref())?;
         Ok((
             launcher.prepare_with(&policy, req, &extras)?,
             ensured,

@@ -18,7 +18,7 @@ use pycell_launch::session_table::{self, Entry, Lookup};
 use pycell_launch::supervisor::Services;
 use pycell_launch::tool_grant::ToolGrant;
 use pycell_policy::Policy;
-use pycell_protocol::client::{ClientError, DaemonClient, Stage};
+use pycell_protocol::client::{ClientError, DaemonClient};
 use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::LimitsReport;
 use pycell_protocol::session::{
@@ -241,15 +241,7 @@ impl Sandboxes {
                 env: ensured.as_ref().map(|e| e.env.dir.clone()),
                 ..Extras::default()
             };
-            let grant = match &req.tools {
-                Some(catalog) => Some(ToolGrant::new(&policy, catalog).map_err(|problem| {
-                    LaunchError::Request(RequestError {
-                        field: "tools",
-                        problem,
-                    })
-                })?),
-                None => None,
-            };
+            let grant = ToolGrant::for_request(&policy, req.tools.as_ref())?;
             let prepared = launcher.prepare_session(&policy, &req, &extras)?;
             Ok::<_, LaunchError>(Ok((prepared, policy, ensured, grant)))
         })
@@ -338,18 +330,7 @@ impl Sandboxes {
                 calls.connected(c);
             }
             c.session_call_offering(&handle, call, timeout_s, |stage| {
-                if let (
-                    Some(calls),
-                    Stage::ToolCall {
-                        call,
-                        server,
-                        tool,
-                        arguments,
-                    },
-                ) = (&calls, stage)
-                {
-                    calls.on_call(call, server, tool, arguments);
-                }
+                DaemonToolCalls::take(calls.as_ref(), stage);
             })
         });
         tokio::pin!(asked);
