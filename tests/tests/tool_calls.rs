@@ -8,7 +8,7 @@
 //! an upstream that fails, crashes (restarted for the next call) or hangs
 //! (call_timeout), the per-run call limit, concurrent calls from threads
 //! and asyncio, `tool_calls` in the result, upstream processes gone when
-//! pycell exits, and the same through pycelld, audited, with a second
+//! pycell exits (SIGKILLed too), and the same through pycelld, audited, with a second
 //! uid's run unable to reach the first uid's tools.
 //!
 //! Needs root (real jails), and PYCELL_TEST_TOOLS_PYTHON (scripts/test).
@@ -468,4 +468,33 @@ fn an_mcp_client_calls_tools_from_runs_and_sessions_embedded() {
 fn an_mcp_client_calls_tools_from_runs_and_sessions_through_pycelld() {
     let d = Daemon::start("");
     check_mcp_code_mode(Some(&d.socket()));
+}
+
+#[test]
+fn a_sigkilled_client_leaves_no_upstream_behind() {
+    use std::io::BufRead;
+    let servers = Servers::new();
+    let script = servers.dir.path().join("wait.py");
+    std::fs::write(
+        &script,
+        "import time, pycell_tools as t\nt.test.add(a=1, b=1)\nprint('ready', flush=True)\ntime.sleep(60)\n",
+    )
+    .unwrap();
+    let mut child = Command::new(pycell_bin())
+        .args(["run", "--embedded", "--tool-servers"])
+        .arg(&servers.file)
+        .arg(&script)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    let started = servers.started();
+    assert_eq!(started.len(), 1, "{started:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_gone(&started);
 }
