@@ -34,15 +34,7 @@ fn uid_base() -> u32 {
 impl Daemon {
     pub fn start(extra_config: &str) -> Daemon {
         require_root();
-        let dir = tempfile::Builder::new()
-            .prefix("pycelld-test")
-            .tempdir()
-            .unwrap();
-        std::fs::set_permissions(
-            dir.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
+        let dir = crate::open_tempdir("pycelld-test");
         // Each daemon sweeps its own cgroup parent at start and stop; keep
         // concurrent test daemons apart.
         let cgroup_parent = format!(

@@ -660,3 +660,23 @@ pub fn remove_cgroup_parent(name: &str, within: Duration) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A temp dir every uid may read and enter (0755): for sandbox uids and a
+/// second test uid.
+pub fn open_tempdir(prefix: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    dir
+}
+
+/// The pycell group (scripts/setup creates it).
+pub fn pycell_gid() -> nix::unistd::Gid {
+    nix::unistd::Group::from_name("pycell")
+        .unwrap()
+        .expect("the pycell group (scripts/setup creates it)")
+        .gid
+}

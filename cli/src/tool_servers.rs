@@ -27,7 +27,7 @@ use pycell_protocol::messages::RunRequest;
 use pycell_tools::allow::Pattern;
 use pycell_tools::catalog::{Catalog, CatalogServer, CatalogTool};
 use pycell_tools::config::{self, ServerConfig, Transport};
-use pycell_tools::frames::{FailureKind, Outcome, ToolFailure};
+use pycell_tools::frames::{FailureKind, ToolFailure};
 use pycell_tools::service::{CallFuture, Upstream};
 
 /// How long a server has to start and list its tools.
@@ -313,21 +313,21 @@ impl DaemonToolCalls {
     }
 
     /// Take `stage` if it is a tool call (answered when the server is
-    /// done); whether it was one.
-    pub fn take(calls: Option<&DaemonToolCalls>, stage: Stage<'_>) -> bool {
-        let Stage::ToolCall {
-            call,
-            server,
-            tool,
-            arguments,
-        } = stage
-        else {
-            return false;
-        };
-        if let Some(calls) = calls {
+    /// done; with no servers, never: pycelld sends none to a client that
+    /// offered no tools).
+    pub fn take(calls: Option<&DaemonToolCalls>, stage: Stage<'_>) {
+        if let (
+            Some(calls),
+            Stage::ToolCall {
+                call,
+                server,
+                tool,
+                arguments,
+            },
+        ) = (calls, stage)
+        {
             calls.on_call(call, server, tool, arguments);
         }
-        true
     }
 
     /// A call from the run's code: answered when the server is done.
@@ -335,10 +335,7 @@ impl DaemonToolCalls {
         let this = self.clone();
         let (server, tool, arguments) = (server.to_string(), tool.to_string(), arguments.clone());
         self.handle.spawn(async move {
-            let outcome = match this.servers.call_tool(server, tool, arguments).await {
-                Ok(v) => Outcome::Ok(v),
-                Err(f) => Outcome::Error(f),
-            };
+            let outcome = this.servers.call_tool(server, tool, arguments).await.into();
             if let Ok(mut a) = this.answerer.lock() {
                 if let Some(a) = a.as_mut() {
                     let _ = a.answer(call, outcome);

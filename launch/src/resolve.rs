@@ -438,35 +438,7 @@ pub fn resolve_with(
 ) -> Result<Resolved, ResolveError> {
     let stdin = checked_input(req)?;
     let limits = effective_limits(policy, &req.limits)?;
-    let mut mounts: Vec<BindMount> = policy
-        .mounts
-        .iter()
-        .map(|m| BindMount {
-            source: m.source.clone(),
-            target: m.target.clone(),
-        })
-        .collect();
-    let python = match &extras.env {
-        Some(env) => {
-            interpreter(policy, &mut mounts)?;
-            env_interpreter(policy, env, &mut mounts)?
-        }
-        None => interpreter(policy, &mut mounts)?,
-    };
-    for extra in &extras.mounts {
-        if !covered(extra, &mounts) {
-            mounts.push(BindMount {
-                source: extra.clone(),
-                target: extra.clone(),
-            });
-        }
-    }
-    if policy.network.egress().is_some() && Path::new(CA_CERTIFICATES).is_dir() {
-        mounts.push(BindMount {
-            source: PathBuf::from(CA_CERTIFICATES),
-            target: PathBuf::from(CA_CERTIFICATES),
-        });
-    }
+    let (python, mounts) = python_and_mounts(policy, extras)?;
     let name = script_name(req.filename.as_deref());
     // -s: no user site-packages (HOME is the workspace; nothing to find there).
     let mut argv = vec![python, "-s".to_string(), format!("{WORKSPACE}/{name}")];
@@ -511,6 +483,45 @@ pub fn resolve_with(
         tools: req.tools.is_some() && !extras.export_workspace,
     };
     Ok(Resolved { spec, limits })
+}
+
+/// A run's interpreter (its env's, if it has one) and read-only mounts:
+/// the policy's, the interpreter's, `extras`', and the CA certificates
+/// under egress.
+fn python_and_mounts(
+    policy: &Policy,
+    extras: &Extras,
+) -> Result<(String, Vec<BindMount>), ResolveError> {
+    let mut mounts: Vec<BindMount> = policy
+        .mounts
+        .iter()
+        .map(|m| BindMount {
+            source: m.source.clone(),
+            target: m.target.clone(),
+        })
+        .collect();
+    let python = match &extras.env {
+        Some(env) => {
+            interpreter(policy, &mut mounts)?;
+            env_interpreter(policy, env, &mut mounts)?
+        }
+        None => interpreter(policy, &mut mounts)?,
+    };
+    for extra in &extras.mounts {
+        if !covered(extra, &mounts) {
+            mounts.push(BindMount {
+                source: extra.clone(),
+                target: extra.clone(),
+            });
+        }
+    }
+    if policy.network.egress().is_some() && Path::new(CA_CERTIFICATES).is_dir() {
+        mounts.push(BindMount {
+            source: PathBuf::from(CA_CERTIFICATES),
+            target: PathBuf::from(CA_CERTIFICATES),
+        });
+    }
+    Ok((python, mounts))
 }
 
 /// A policy's `[images]` as the runner takes them.

@@ -65,10 +65,11 @@ pub(crate) fn validate(
     let (limits, ceilings) = check_limits_table(raw.limits, &root.key("limits"), completeness)?;
 
     complete(raw.network.is_some(), root.key("network"))?;
-    let network = match raw.network {
-        None => NetworkMode::None,
-        Some(n) => check_network(n, &root.key("network"), completeness)?,
-    };
+    let network = raw
+        .network
+        .map(|n| check_network(n, &root.key("network"), completeness))
+        .transpose()?
+        .unwrap_or(NetworkMode::None);
 
     complete(raw.mounts.is_some(), root.key("mounts"))?;
     let mounts = check_mounts(raw.mounts.unwrap_or_default(), &root.key("mounts"))?;
@@ -92,10 +93,10 @@ pub(crate) fn validate(
         &interpreter,
         &root.key("dependencies"),
     )?;
-    let install = match raw.install {
-        None => None,
-        Some(i) => Some(check_install(i, &network, &root.key("install"))?),
-    };
+    let install = raw
+        .install
+        .map(|i| check_install(i, &network, &root.key("install")))
+        .transpose()?;
     let warm_imports = check_warm(raw.warm, &root.key("warm"))?;
     let session = crate::session::check_session(raw.session, &root.key("session"))?;
     let images = crate::session::check_images(raw.images, &root.key("images"))?;

@@ -286,10 +286,7 @@ fn supplementary_group_members_are_let_in() {
     let d = Daemon::start("socket_mode = \"0666\"\n");
     let client = d.dir.path().join("pycell");
     std::fs::copy(pycell_bin(), &client).unwrap();
-    let pycell_gid = nix::unistd::Group::from_name("pycell")
-        .unwrap()
-        .expect("the pycell group (scripts/setup creates it)")
-        .gid;
+    let pycell_gid = pycell_tests::pycell_gid();
     let script = d.dir.path().join("uid.py");
     std::fs::write(&script, "import os; print(os.getuid())\n").unwrap();
     let run_as = |groups: &str| {

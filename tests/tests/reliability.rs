@@ -225,10 +225,7 @@ fn kill_one(svc: &Service, clients: &Mutex<HashSet<u32>>, what: usize, rng: &mut
 
 fn bind_listener(path: &Path) -> UnixListener {
     let l = UnixListener::bind(path).unwrap();
-    let gid = nix::unistd::Group::from_name("pycell")
-        .unwrap()
-        .expect("the pycell group (scripts/setup creates it)")
-        .gid;
+    let gid = pycell_tests::pycell_gid();
     nix::unistd::chown(path, Some(nix::unistd::Uid::from_raw(0)), Some(gid)).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).unwrap();
     l

@@ -33,15 +33,7 @@ struct Servers {
 
 impl Servers {
     fn new() -> Servers {
-        let dir = tempfile::Builder::new()
-            .prefix("pycell-tools-")
-            .tempdir()
-            .unwrap();
-        std::fs::set_permissions(
-            dir.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
+        let dir = pycell_tests::open_tempdir("pycell-tools-");
         let python = tools_python();
         let time = python.with_file_name("mcp-server-time");
         let upstream = repo_root().join("tests/mcp/tool_upstream.py");
@@ -357,10 +349,7 @@ fn through_pycelld_calls_go_to_the_runs_own_client_and_are_audited() {
     // has no tools, whatever the first client offers.
     let client = d.dir.path().join("pycell");
     std::fs::copy(pycell_bin(), &client).unwrap();
-    let pycell_gid = nix::unistd::Group::from_name("pycell")
-        .unwrap()
-        .expect("the pycell group (scripts/setup creates it)")
-        .gid;
+    let pycell_gid = pycell_tests::pycell_gid();
     let script = d.dir.path().join("other.py");
     std::fs::write(&script, "import pycell_tools\n").unwrap();
     let other = Command::new("setpriv")

@@ -63,6 +63,24 @@ pub enum Outcome {
     Error(ToolFailure),
 }
 
+impl From<Result<serde_json::Value, ToolFailure>> for Outcome {
+    fn from(r: Result<serde_json::Value, ToolFailure>) -> Outcome {
+        match r {
+            Ok(v) => Outcome::Ok(v),
+            Err(f) => Outcome::Error(f),
+        }
+    }
+}
+
+impl Outcome {
+    pub fn into_result(self) -> Result<serde_json::Value, ToolFailure> {
+        match self {
+            Outcome::Ok(v) => Ok(v),
+            Outcome::Error(f) => Err(f),
+        }
+    }
+}
+
 /// A refused or failed call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolFailure {

@@ -21,8 +21,9 @@ use tokio::sync::Semaphore;
 
 use crate::catalog::Toolbox;
 use crate::frames::{
-    read_request, FailureKind, Outcome, ToolFailure, ToolReply, ToolRequest, MAX_REPLY, MAX_REQUEST,
+    read_request, FailureKind, ToolFailure, ToolReply, ToolRequest, MAX_REPLY, MAX_REQUEST,
 };
+use pycell_wire::framing::{encode_within, frame_len};
 
 /// What a call returns: the tool's result as a Python value.
 pub type CallFuture = Pin<Box<dyn Future<Output = Result<Value, ToolFailure>> + Send>>;
@@ -291,15 +292,9 @@ impl State {
     async fn reply(&self, id: u64, outcome: Result<Value, ToolFailure>) -> std::io::Result<()> {
         let reply = ToolReply {
             id,
-            outcome: match outcome {
-                Ok(v) => Outcome::Ok(v),
-                Err(f) => Outcome::Error(f),
-            },
+            outcome: outcome.into(),
         };
-        let body = serde_json::to_vec(&reply).map_err(std::io::Error::other)?;
-        let mut frame = Vec::with_capacity(body.len() + 4);
-        frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        frame.extend_from_slice(&body);
+        let frame = encode_within(&reply, u64::from(MAX_REPLY)).map_err(std::io::Error::other)?;
         let mut w = self.writer.lock().await;
         w.write_all(&frame).await
     }
@@ -314,13 +309,8 @@ async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> Result<Option<V
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
         Err(e) => return Err(e.to_string()),
     }
-    let len = u32::from_be_bytes(head);
-    if len > MAX_REQUEST {
-        return Err(format!(
-            "a request of {len} bytes is over the {MAX_REQUEST} allowed"
-        ));
-    }
-    let mut body = vec![0u8; len as usize];
+    let len = frame_len(head, u64::from(MAX_REQUEST)).map_err(|e| format!("a request: {e}"))?;
+    let mut body = vec![0u8; len];
     reader
         .read_exact(&mut body)
         .await

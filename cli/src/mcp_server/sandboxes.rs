@@ -96,6 +96,47 @@ impl DaemonEvent {
     }
 }
 
+/// Where a daemon run's current connection leaves its canceller.
+type Canceller = Arc<std::sync::Mutex<Option<pycell_protocol::client::Canceller>>>;
+
+/// The blocking side of a daemon run (on a worker thread): its events to
+/// `events`, its canceller to `canceller`, its tool calls to `calls`.
+fn run_on_daemon(
+    socket: &std::path::Path,
+    req: RunRequest,
+    events: &mpsc::UnboundedSender<DaemonEvent>,
+    canceller: &Canceller,
+    calls: Option<&DaemonToolCalls>,
+) -> Result<RunResult, ClientError> {
+    pycell_protocol::client::run_patiently(
+        socket,
+        req,
+        |stream, bytes| {
+            let _ = events.send(DaemonEvent::Output(stream, bytes.to_vec()));
+        },
+        |stage| {
+            let ev = match stage {
+                Stage::Queued(position) => DaemonEvent::Queued(position),
+                Stage::Started(run_id) => DaemonEvent::Started(run_id.to_string()),
+                Stage::Installing(m) => DaemonEvent::Installing(m.to_string()),
+                tool_call @ Stage::ToolCall { .. } => {
+                    DaemonToolCalls::take(calls, tool_call);
+                    return;
+                }
+            };
+            let _ = events.send(ev);
+        },
+        |client| {
+            if let Ok(mut c) = canceller.lock() {
+                *c = client.canceller().ok();
+            }
+            if let Some(calls) = calls {
+                calls.connected(client);
+            }
+        },
+    )
+}
+
 /// What this process keeps of an embedded session besides the session.
 #[derive(Debug, Clone)]
 pub struct SessionHeld {
@@ -143,11 +184,8 @@ impl Sandboxes {
 
     /// The same, offering every run the tools of `servers`.
     pub fn with_tools(embedded_only: bool, servers: Option<ToolServers>) -> Sandboxes {
-        let mut s = Sandboxes::from_env(embedded_only);
-        if let Some(inner) = Arc::get_mut(&mut s.inner) {
-            inner.tools = servers;
-        }
-        s
+        let launcher = Launcher::embedded_from_env();
+        Sandboxes::build(launcher, embedded_only, PATIENCE, servers)
     }
 
     /// The client's tool servers, if it configured any.
@@ -172,6 +210,15 @@ impl Sandboxes {
         embedded_only: bool,
         patience: Patience,
     ) -> Sandboxes {
+        Sandboxes::build(launcher, embedded_only, patience, None)
+    }
+
+    fn build(
+        launcher: Result<Launcher, JailFailure>,
+        embedded_only: bool,
+        patience: Patience,
+        tools: Option<ToolServers>,
+    ) -> Sandboxes {
         Sandboxes {
             inner: Arc::new(Inner {
                 embedded_only,
@@ -181,7 +228,7 @@ impl Sandboxes {
                 slots: Semaphore::new(MAX_CONCURRENT_RUNS),
                 patience,
                 sessions: Default::default(),
-                tools: None,
+                tools,
             }),
         }
     }
@@ -225,49 +272,18 @@ impl Sandboxes {
         cancel: CancellationToken,
     ) -> Result<RunResult, RequestError> {
         let policy = req.policy_name().to_string();
-        let refused = |code: FailureCode, message: String| {
-            RunResult::refused("", &policy, JailFailure::new(code, Layer::Daemon, message))
-        };
         // The blocking client on a worker thread; each connection it makes
         // leaves its canceller here for `cancel`.
-        let canceller: Arc<std::sync::Mutex<Option<pycell_protocol::client::Canceller>>> =
-            Arc::default();
-        let slot = Arc::clone(&canceller);
+        let canceller: Canceller = Arc::default();
         let (tx, mut rx) = mpsc::unbounded_channel::<DaemonEvent>();
-        let queued = tx.clone();
         let calls = self
             .inner
             .tools
             .clone()
             .map(|servers| DaemonToolCalls::new(servers, tokio::runtime::Handle::current()));
+        let slot = Arc::clone(&canceller);
         let mut handle = tokio::task::spawn_blocking(move || {
-            pycell_protocol::client::run_patiently(
-                &socket,
-                req,
-                |stream, bytes| {
-                    let _ = tx.send(DaemonEvent::Output(stream, bytes.to_vec()));
-                },
-                |stage| {
-                    if DaemonToolCalls::take(calls.as_ref(), stage) {
-                        return;
-                    }
-                    let ev = match stage {
-                        Stage::Queued(position) => DaemonEvent::Queued(position),
-                        Stage::Started(run_id) => DaemonEvent::Started(run_id.to_string()),
-                        Stage::Installing(m) => DaemonEvent::Installing(m.to_string()),
-                        Stage::ToolCall { .. } => return,
-                    };
-                    let _ = queued.send(ev);
-                },
-                |client| {
-                    if let Ok(mut c) = slot.lock() {
-                        *c = client.canceller().ok();
-                    }
-                    if let Some(calls) = &calls {
-                        calls.connected(client);
-                    }
-                },
-            )
+            run_on_daemon(&socket, req, &tx, &slot, calls.as_ref())
         });
         let mut cancel_sent = false;
         let outcome = loop {
@@ -296,7 +312,10 @@ impl Sandboxes {
                 problem: message,
             }),
             Ok(Err(e)) => Ok(e.into_result(&policy)),
-            Err(e) => Ok(refused(FailureCode::Internal, e.to_string())),
+            Err(e) => {
+                let f = JailFailure::new(FailureCode::Internal, Layer::Daemon, e.to_string());
+                Ok(RunResult::refused("", &policy, f))
+            }
         }
     }
 

@@ -12,7 +12,6 @@ use super::tool_relay::{RelaySwitch, ToolRelay};
 use super::{admit, error, ordered, reply_during_run, start, Conn, NotStarted};
 use crate::broker::sessions::{start_request, Refused};
 use crate::broker::{Broker, Peer};
-use pycell_tools::service::Upstream;
 
 /// `session_start`: false if the connection is finished.
 pub(super) async fn start_session(
@@ -57,12 +56,10 @@ async fn started(
     let mut ordered = ordered(broker, id, start_request(&request)).await?;
     ordered.order.session = true;
     let slot = admit(broker, conn, peer, id, &ordered.order).await?;
-    let tools = ordered.tools.is_some().then(Arc::<RelaySwitch>::default);
-    let upstream: Arc<dyn Upstream> = match &tools {
-        Some(t) => Arc::clone(t) as _,
-        None => Arc::new(RelaySwitch::default()),
-    };
-    let spawned = start(broker, conn, peer, id, ordered, upstream)
+    // Where its tool calls go: the connection of the call being served.
+    let switch = Arc::<RelaySwitch>::default();
+    let tools = ordered.tools.is_some().then(|| Arc::clone(&switch));
+    let spawned = start(broker, conn, peer, id, ordered, switch)
         .await
         .map_err(NotStarted::Reply)?;
     let info = broker

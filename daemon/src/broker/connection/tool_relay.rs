@@ -66,11 +66,7 @@ impl Upstream for ToolRelay {
                 message: "the client that offered the tools is gone".into(),
             };
             out.send(msg).await.map_err(|_| gone())?;
-            match rx.await {
-                Ok(Outcome::Ok(v)) => Ok(v),
-                Ok(Outcome::Error(f)) => Err(f),
-                Err(_) => Err(gone()),
-            }
+            rx.await.map_err(|_| gone())?.into_result()
         })
     }
 }
