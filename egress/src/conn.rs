@@ -13,7 +13,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
-use crate::http::{self, Head, Target};
+use crate::body::Body;
+use crate::http::{self, AnswerEnd, Head, Target};
 use crate::tally::{ConnectionRecord, Tally};
 use crate::tls::{self, Hello};
 use crate::upstream::ProxyAddr;
@@ -182,20 +183,20 @@ async fn handle(
     rec.scheme = scheme.as_str();
     let (upstream, address, via_proxy) = open(ctx, scheme, &host, port).await?;
     rec.address = Some(address);
-    let (first, upstream) = if tunnel {
-        client
-            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            .await
-            .map_err(|_| quiet("client_gone"))?;
-        let first = match scheme {
-            Scheme::Https => client_hello(client, rest, &host).await?,
-            _ => rest,
-        };
-        (first, upstream)
-    } else {
-        let mut first = http::forward_head(&head, via_proxy);
-        first.extend_from_slice(&rest);
-        (first, upstream)
+    if !tunnel {
+        rec.verdict = "allowed";
+        let forwarded = http::forward_head(&head, via_proxy);
+        let one = relay_one_request(client, upstream, &head, &forwarded, &rest, &ctx.tally).await;
+        (rec.bytes_in, rec.bytes_out) = (one.bytes_in, one.bytes_out);
+        return one.cut.map_or(Ok(()), |e| Err(quiet(e)));
+    }
+    client
+        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .await
+        .map_err(|_| quiet("client_gone"))?;
+    let first = match scheme {
+        Scheme::Https => client_hello(client, rest, &host).await?,
+        _ => rest,
     };
     rec.verdict = "allowed";
     let (bytes_in, bytes_out) = relay(client, upstream, &first, &ctx.tally).await;
@@ -316,7 +317,8 @@ async fn client_hello(
             Host::Name(n) if *n == sni => Ok(buf),
             _ => Err(quiet("sni_mismatch")),
         },
-        Hello::NotTls | Hello::Malformed => Err(quiet("not_tls")),
+        Hello::NotTls => Err(quiet("not_tls")),
+        Hello::Malformed => Err(quiet("bad_client_hello")),
         Hello::Incomplete => Err(quiet("incomplete_request")),
     }
 }
@@ -489,6 +491,191 @@ async fn relay(
         pump(&upstream, client, tally, true)
     );
     (inn, out + first.len() as u64)
+}
+
+/// What became of one plain-HTTP request.
+struct OneRequest {
+    bytes_in: u64,
+    bytes_out: u64,
+    /// Why the request was cut off, if it was (a malformed body).
+    cut: Option<&'static str>,
+}
+
+/// Forward `head`, then the request's body as its framing bounds it
+/// (`rest` is what came after the head), and nothing after the body;
+/// meanwhile relay the one answer, as its own framing bounds it. Then the
+/// connection ends, whatever the client or the origin would send next.
+async fn relay_one_request(
+    client: &mut TcpStream,
+    upstream: TcpStream,
+    head: &Head,
+    forwarded: &[u8],
+    rest: &[u8],
+    tally: &Tally,
+) -> OneRequest {
+    let mut one = OneRequest {
+        bytes_in: 0,
+        bytes_out: 0,
+        cut: None,
+    };
+    if !send(&upstream, forwarded, tally, false).await {
+        return one;
+    }
+    let request = forward_body(client, &upstream, rest, Body::new(head.body), tally);
+    let answer = forward_answer(&upstream, client, &head.method, tally);
+    tokio::pin!(request, answer);
+    let mut sent = None;
+    one.bytes_in = loop {
+        tokio::select! {
+            r = &mut request, if sent.is_none() => sent = Some(r),
+            n = &mut answer => break n,
+        }
+    };
+    let _ = nix::sys::socket::shutdown(client.as_raw_fd(), nix::sys::socket::Shutdown::Write);
+    one.bytes_out = forwarded.len() as u64;
+    match sent {
+        Some(Ok(n)) => one.bytes_out += n,
+        Some(Err(e)) => one.cut = Some(e),
+        None => {}
+    }
+    one
+}
+
+/// Relay the origin's answer: interim (1xx) heads, then the final head
+/// and its body as its framing bounds it (or, unframed, until the origin
+/// closes). The bytes relayed.
+async fn forward_answer(
+    upstream: &TcpStream,
+    client: &TcpStream,
+    method: &str,
+    tally: &Tally,
+) -> u64 {
+    let mut total = 0u64;
+    let mut buf: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let end = loop {
+            if let Some(end) = http::head_end(&buf) {
+                break Some(end);
+            }
+            if buf.len() > http::MAX_ANSWER_HEAD {
+                break None;
+            }
+            match read_some(upstream, &mut chunk).await {
+                Some(n) => buf.extend_from_slice(&chunk[..n]),
+                None => break None,
+            }
+        };
+        let how = end.and_then(|end| http::answer_end(&buf[..end], method));
+        let (end, framing) = match (end, how) {
+            (Some(end), Some(AnswerEnd::Interim)) => {
+                if !send(client, &buf[..end], tally, true).await {
+                    return total;
+                }
+                total += end as u64;
+                buf.drain(..end);
+                continue;
+            }
+            (Some(end), Some(AnswerEnd::Framed(framing))) => (end, framing),
+            _ => {
+                // Unframed (or not HTTP): what came, then all until close.
+                if !send(client, &buf, tally, true).await {
+                    return total;
+                }
+                return total + buf.len() as u64 + pump(upstream, client, tally, true).await;
+            }
+        };
+        let mut body = Body::new(framing);
+        let taken = end + body.feed(&buf[end..]).unwrap_or(0);
+        if !send(client, &buf[..taken], tally, true).await {
+            return total;
+        }
+        total += taken as u64;
+        while !body.is_done() {
+            let Some(n) = read_some(upstream, &mut chunk).await else {
+                return total;
+            };
+            let Ok(taken) = body.feed(&chunk[..n]) else {
+                return total;
+            };
+            if !send(client, &chunk[..taken], tally, true).await {
+                return total;
+            }
+            total += taken as u64;
+        }
+        return total;
+    }
+}
+
+/// Charge `bytes` to the run's budget and write them; false if either
+/// fails.
+async fn send(to: &TcpStream, bytes: &[u8], tally: &Tally, inbound: bool) -> bool {
+    bytes.is_empty()
+        || (tally.charge(bytes.len() as u64, inbound) && write_all(to, bytes).await.is_ok())
+}
+
+/// Copy the request's body from the client (first what is in `rest`)
+/// until its framing says it ended; a malformed body shuts the origin's
+/// connection both ways, so its answer ends too. The bytes forwarded.
+async fn forward_body(
+    client: &TcpStream,
+    upstream: &TcpStream,
+    rest: &[u8],
+    mut body: Body,
+    tally: &Tally,
+) -> Result<u64, &'static str> {
+    let mut total = 0u64;
+    let mut pending = rest.len();
+    let mut buf = rest.to_vec();
+    buf.resize(pending.max(64 * 1024), 0);
+    loop {
+        let taken = match body.feed(&buf[..pending]) {
+            Ok(n) => n,
+            Err(_) => {
+                let _ = nix::sys::socket::shutdown(
+                    upstream.as_raw_fd(),
+                    nix::sys::socket::Shutdown::Both,
+                );
+                return Err("bad_request_body");
+            }
+        };
+        if !send(upstream, &buf[..taken], tally, false).await {
+            return Ok(total);
+        }
+        total += taken as u64;
+        if body.is_done() {
+            return Ok(total);
+        }
+        pending = match read_some(client, &mut buf).await {
+            Some(n) => n,
+            None => return Ok(total),
+        };
+    }
+}
+
+/// Read what the socket has (at least a byte); None at EOF or on an error.
+async fn read_some(from: &TcpStream, buf: &mut [u8]) -> Option<usize> {
+    loop {
+        from.readable().await.ok()?;
+        match from.try_read(buf) {
+            Ok(0) => return None,
+            Ok(n) => return Some(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+async fn write_all(to: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        to.writable().await?;
+        match to.try_write(buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Move bytes from `from` to `to` until EOF, an error or the budget's end,

@@ -1,6 +1,12 @@
 //! The HTTP a proxy needs: the request head a client sends it (CONNECT in
-//! authority form, anything else in absolute form), the head it forwards,
-//! and its own one-line answers. Pure.
+//! authority form, anything else in absolute form), parsed by `httparse`
+//! and then held to stricter rules than an origin might apply (so the
+//! proxy never judges one request while the origin reads another): no
+//! bare CR or LF, no obsolete line folding, one `Host` that agrees with
+//! the target, at most one of `Content-Length` and `Transfer-Encoding:
+//! chunked`. Also the head it forwards and its own one-line answers. Pure.
+
+use crate::body::Framing;
 
 /// Largest request head accepted (request line and headers).
 pub const MAX_HEAD: usize = 16 * 1024;
@@ -24,17 +30,13 @@ pub struct Head {
     pub method: String,
     pub target: Target,
     pub headers: Vec<(String, String)>,
+    /// How a plain-HTTP request's body ends (`None`: it has none).
+    pub body: Option<Framing>,
 }
 
 /// Where the head ends (just past its blank line), if it has.
 pub fn head_end(buf: &[u8]) -> Option<usize> {
     buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
-}
-
-fn is_token(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// Why a request head was refused (each message quotes at most 80
@@ -43,10 +45,10 @@ fn is_token(s: &str) -> bool {
 pub enum HeadError {
     #[error("the request head is not text")]
     NotText,
-    #[error("malformed request line {0:?}")]
-    RequestLine(String),
-    #[error("malformed header line {0:?}")]
-    HeaderLine(String),
+    #[error("a bare CR or LF in the request head (lines end with CRLF)")]
+    BareLineEnding,
+    #[error("malformed request head ({0})")]
+    Malformed(String),
     #[error("more than {MAX_HEADERS} headers")]
     TooManyHeaders,
     #[error("malformed host:port {0:?}")]
@@ -57,43 +59,183 @@ pub enum HeadError {
     HttpsWithoutConnect,
     #[error("{0:?} is not an absolute http:// URL: this is pycell's egress proxy, which takes CONNECT host:port or METHOD http://host/path")]
     NotAbsolute(String),
+    #[error("more than one {0} header")]
+    Duplicate(&'static str),
+    #[error("the Host header {header:?} names another host than the request's {target:?}")]
+    HostMismatch { header: String, target: String },
+    #[error("Content-Length {0:?} is not a number")]
+    BadLength(String),
+    #[error("Transfer-Encoding {0:?}: the proxy forwards only chunked")]
+    BadTransferEncoding(String),
+    #[error("both Content-Length and Transfer-Encoding")]
+    LengthAndChunked,
 }
 
 /// Parse a complete head (through its blank line).
 pub fn parse_head(raw: &[u8]) -> Result<Head, HeadError> {
-    let text = std::str::from_utf8(raw).map_err(|_| HeadError::NotText)?;
-    let mut lines = text.split("\r\n");
-    let line = lines.next().unwrap_or_default();
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(HeadError::RequestLine(clip(line)));
-    };
-    if !is_token(method) || !matches!(version, "HTTP/1.1" | "HTTP/1.0") {
-        return Err(HeadError::RequestLine(clip(line)));
-    }
-    let target = if method == "CONNECT" {
-        let (host, port) = authority(target, None)?;
-        Target::Connect { host, port }
-    } else {
-        absolute(target)?
-    };
-    let mut headers = Vec::new();
-    for l in lines.take_while(|l| !l.is_empty()) {
-        let (name, value) = l
-            .split_once(':')
-            .filter(|(n, _)| is_token(n))
-            .ok_or_else(|| HeadError::HeaderLine(clip(l)))?;
-        if headers.len() == MAX_HEADERS {
-            return Err(HeadError::TooManyHeaders);
+    check_line_endings(raw)?;
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut slots);
+    match req.parse(raw) {
+        Ok(httparse::Status::Complete(n)) if n == raw.len() => {}
+        Ok(_) => {
+            return Err(HeadError::Malformed(
+                "the head does not end where its blank line is".into(),
+            ))
         }
-        headers.push((name.to_string(), value.trim().to_string()));
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooManyHeaders),
+        Err(e) => return Err(HeadError::Malformed(e.to_string())),
     }
+    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
+        return Err(HeadError::Malformed("no request line".into()));
+    };
+    let mut headers = Vec::with_capacity(req.headers.len());
+    for h in req.headers.iter() {
+        let value = std::str::from_utf8(h.value).map_err(|_| HeadError::NotText)?;
+        headers.push((h.name.to_string(), value.trim().to_string()));
+    }
+    if method == "CONNECT" {
+        let (host, port) = authority(target, None)?;
+        return Ok(Head {
+            method: method.into(),
+            target: Target::Connect { host, port },
+            headers,
+            body: None,
+        });
+    }
+    let target = absolute(target)?;
+    check_host_header(&headers, &target)?;
+    let body = framing(&headers, version)?;
     Ok(Head {
-        method: method.to_string(),
+        method: method.into(),
         target,
         headers,
+        body,
+    })
+}
+
+/// Every LF is preceded by a CR and every CR followed by an LF.
+pub fn check_line_endings(raw: &[u8]) -> Result<(), HeadError> {
+    let bare = raw.iter().enumerate().any(|(i, &b)| match b {
+        b'\n' => i == 0 || raw[i - 1] != b'\r',
+        b'\r' => raw.get(i + 1) != Some(&b'\n'),
+        _ => false,
+    });
+    match bare {
+        true => Err(HeadError::BareLineEnding),
+        false => Ok(()),
+    }
+}
+
+/// The values of header `name` (any case).
+fn values<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a str> {
+    headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+        .collect()
+}
+
+/// At most one `Host`, naming the target's host and port.
+fn check_host_header(headers: &[(String, String)], target: &Target) -> Result<(), HeadError> {
+    let Target::Absolute { host, port, .. } = target else {
+        return Ok(());
+    };
+    match values(headers, "host")[..] {
+        [] => Ok(()),
+        [value] => {
+            let agrees = authority(value, Some(80))
+                .is_ok_and(|(h, p)| h.eq_ignore_ascii_case(host) && p == *port);
+            match agrees {
+                true => Ok(()),
+                false => Err(HeadError::HostMismatch {
+                    header: clip(value),
+                    target: format!("{host}:{port}"),
+                }),
+            }
+        }
+        _ => Err(HeadError::Duplicate("Host")),
+    }
+}
+
+/// How the body ends: at most one `Content-Length` (digits only) or one
+/// `Transfer-Encoding: chunked` (HTTP/1.1), never both.
+fn framing(headers: &[(String, String)], version: u8) -> Result<Option<Framing>, HeadError> {
+    let lengths = values(headers, "content-length");
+    let encodings = values(headers, "transfer-encoding");
+    match (&lengths[..], &encodings[..]) {
+        ([], []) => Ok(None),
+        ([_, _, ..], _) => Err(HeadError::Duplicate("Content-Length")),
+        (_, [_, _, ..]) => Err(HeadError::Duplicate("Transfer-Encoding")),
+        ([_], [_]) => Err(HeadError::LengthAndChunked),
+        ([n], []) => {
+            let ok = !n.is_empty() && n.len() <= 18 && n.bytes().all(|b| b.is_ascii_digit());
+            match ok {
+                true => Ok(Some(Framing::Length(n.parse().unwrap_or(0)))),
+                false => Err(HeadError::BadLength(clip(n))),
+            }
+        }
+        ([], [te]) if te.eq_ignore_ascii_case("chunked") && version == 1 => {
+            Ok(Some(Framing::Chunked))
+        }
+        ([], [te]) => Err(HeadError::BadTransferEncoding(clip(te))),
+    }
+}
+
+/// How an origin's answer to one request ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerEnd {
+    /// An interim (1xx) answer: the final one follows.
+    Interim,
+    /// Where its framing says (`None`: no body).
+    Framed(Option<Framing>),
+    /// When the origin closes the connection.
+    AtClose,
+}
+
+/// Largest answer head the proxy reads.
+pub const MAX_ANSWER_HEAD: usize = 64 * 1024;
+
+/// How a complete answer head (through its blank line) to a request whose
+/// method is `method` ends, as `httparse` reads it; None if it is not an
+/// HTTP/1.x answer head.
+pub fn answer_end(raw: &[u8], method: &str) -> Option<AnswerEnd> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut slots);
+    let Ok(httparse::Status::Complete(_)) = res.parse(raw) else {
+        return None;
+    };
+    let status = res.code?;
+    let value = |name: &str| {
+        res.headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| String::from_utf8_lossy(h.value).trim().to_ascii_lowercase())
+            .collect::<Vec<String>>()
+    };
+    Some(match status {
+        101 => AnswerEnd::AtClose,
+        100..=199 => AnswerEnd::Interim,
+        204 | 304 => AnswerEnd::Framed(None),
+        _ if method == "HEAD" => AnswerEnd::Framed(None),
+        _ => {
+            let encodings = value("transfer-encoding");
+            let lengths = value("content-length");
+            match (&encodings[..], &lengths[..]) {
+                ([], []) => AnswerEnd::AtClose,
+                ([te], _) if te.rsplit(',').next().map(str::trim) == Some("chunked") => {
+                    AnswerEnd::Framed(Some(Framing::Chunked))
+                }
+                ([], [n, rest @ ..])
+                    if rest.iter().all(|m| m == n)
+                        && (1..=18).contains(&n.len())
+                        && n.bytes().all(|b| b.is_ascii_digit()) =>
+                {
+                    AnswerEnd::Framed(Some(Framing::Length(n.parse().unwrap_or(0))))
+                }
+                _ => AnswerEnd::AtClose,
+            }
+        }
     })
 }
 
@@ -209,15 +351,14 @@ pub fn answer(status: u16, line: &str) -> Vec<u8> {
 }
 
 /// The status code of an upstream proxy's answer to CONNECT, if its head is
-/// well formed.
+/// a well-formed HTTP/1.x response head.
 pub fn status_of(head: &[u8]) -> Option<u16> {
-    let line = std::str::from_utf8(head).ok()?.split("\r\n").next()?;
-    let mut parts = line.splitn(3, ' ');
-    let version = parts.next()?;
-    if !version.starts_with("HTTP/1.") {
-        return None;
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut slots);
+    match res.parse(head) {
+        Ok(httparse::Status::Complete(_)) => res.code,
+        _ => None,
     }
-    parts.next()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -282,26 +423,30 @@ mod tests {
             ),
             (
                 "CONNECT x.example.net:443 HTTP/2\r\n\r\n",
-                "malformed request line",
+                "malformed request head",
             ),
-            ("GET  http://x/ HTTP/1.1\r\n\r\n", "malformed request line"),
+            ("GET  http://x/ HTTP/1.1\r\n\r\n", "malformed request head"),
             ("GET https://x/ HTTP/1.1\r\n\r\n", "with CONNECT"),
             ("GET http://u@x/ HTTP/1.1\r\n\r\n", "malformed host:port"),
             (
                 "GET http://x/ HTTP/1.1\r\nno colon\r\n\r\n",
-                "malformed header line",
+                "malformed request head",
             ),
             (
-                "GET http://x/ HTTP/1.1\r\n folded: x\r\n\r\n",
-                "malformed header line",
+                "GET http://x/ HTTP/1.1\r\nA: b\r\n folded: x\r\n\r\n",
+                "malformed request head",
             ),
-            ("\u{1}\u{2}\r\n\r\n", "malformed request line"),
+            (
+                "GET http://x/ HTTP/1.1\r\nHost : x\r\n\r\n",
+                "malformed request head",
+            ),
+            ("\u{1}\u{2}\r\n\r\n", "malformed request head"),
         ] {
             let e = head(req).unwrap_err().to_string();
             assert!(e.contains(why), "{req:?}: {e}");
         }
         assert_eq!(
-            parse_head(b"\xff\xfe\r\n\r\n").unwrap_err(),
+            parse_head(b"GET http://x/ HTTP/1.1\r\nA: \xff\xfe\r\n\r\n").unwrap_err(),
             HeadError::NotText
         );
         let many = format!("GET http://x/ HTTP/1.1\r\n{}\r\n", "A: b\r\n".repeat(101));
@@ -309,6 +454,92 @@ mod tests {
         assert!(HeadError::TooManyHeaders
             .to_string()
             .contains("more than 100 headers"));
+    }
+
+    #[test]
+    fn a_head_the_origin_could_read_otherwise_is_refused() {
+        for (req, why) in [
+            // A bare LF inside a value would be a new header line to a
+            // lenient origin; a bare CR may be either.
+            (
+                "GET http://x/ HTTP/1.1\r\nA: b\nHost: evil\r\n\r\n",
+                HeadError::BareLineEnding,
+            ),
+            (
+                "GET http://x/ HTTP/1.1\r\nA: b\rc\r\n\r\n",
+                HeadError::BareLineEnding,
+            ),
+            (
+                "GET http://x/ HTTP/1.1\nA: b\r\n\r\n",
+                HeadError::BareLineEnding,
+            ),
+            (
+                "GET http://x/ HTTP/1.1\r\nHost: evil.example.net\r\n\r\n",
+                HeadError::HostMismatch {
+                    header: "evil.example.net".into(),
+                    target: "x:80".into(),
+                },
+            ),
+            (
+                "GET http://x/ HTTP/1.1\r\nHost: x:8080\r\n\r\n",
+                HeadError::HostMismatch {
+                    header: "x:8080".into(),
+                    target: "x:80".into(),
+                },
+            ),
+            (
+                "GET http://x/ HTTP/1.1\r\nHost: x\r\nHost: x\r\n\r\n",
+                HeadError::Duplicate("Host"),
+            ),
+            (
+                "POST http://x/ HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+                HeadError::Duplicate("Content-Length"),
+            ),
+            (
+                "POST http://x/ HTTP/1.1\r\nContent-Length: 5, 6\r\n\r\n",
+                HeadError::BadLength("5, 6".into()),
+            ),
+            (
+                "POST http://x/ HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
+                HeadError::BadLength("+5".into()),
+            ),
+            (
+                "POST http://x/ HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+                HeadError::LengthAndChunked,
+            ),
+            (
+                "POST http://x/ HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                HeadError::BadTransferEncoding("gzip, chunked".into()),
+            ),
+            (
+                "POST http://x/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+                HeadError::Duplicate("Transfer-Encoding"),
+            ),
+            (
+                "POST http://x/ HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+                HeadError::BadTransferEncoding("chunked".into()),
+            ),
+        ] {
+            assert_eq!(head(req), Err(why), "{req:?}");
+        }
+    }
+
+    #[test]
+    fn a_plain_request_knows_where_its_body_ends() {
+        let body = |req: &str| head(req).unwrap().body;
+        assert_eq!(body("GET http://x/ HTTP/1.1\r\nHost: X:80\r\n\r\n"), None);
+        assert_eq!(
+            body("POST http://x:81/ HTTP/1.1\r\nHost: x:81\r\ncontent-length: 12\r\n\r\n"),
+            Some(Framing::Length(12))
+        );
+        assert_eq!(
+            body("POST http://x/ HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n"),
+            Some(Framing::Chunked)
+        );
+        assert_eq!(
+            body("CONNECT x:443 HTTP/1.1\r\nContent-Length: 5\r\n\r\n"),
+            None
+        );
     }
 
     #[test]

@@ -32,6 +32,7 @@ use pycell_protocol::result::NetworkReport;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
+pub mod body;
 mod conn;
 pub mod http;
 mod tally;

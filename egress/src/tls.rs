@@ -20,7 +20,6 @@ pub const MAX_HELLO: usize = 16 * 1024 + 5;
 
 const HANDSHAKE: u8 = 0x16;
 const CLIENT_HELLO: u8 = 0x01;
-const EXT_SERVER_NAME: u16 = 0;
 
 /// Inspect the bytes a client sent first on a tunnel.
 pub fn inspect(buf: &[u8]) -> Hello {
@@ -59,7 +58,7 @@ pub fn inspect(buf: &[u8]) -> Hello {
                 return Hello::Malformed;
             }
             if handshake.len() >= 4 + body_len {
-                return match server_name(&handshake[4..4 + body_len]) {
+                return match server_name(&handshake[..4 + body_len]) {
                     Some(name) => Hello::ClientHello { server_name: name },
                     None => Hello::Malformed,
                 };
@@ -68,61 +67,51 @@ pub fn inspect(buf: &[u8]) -> Hello {
     }
 }
 
-/// A cursor over a ClientHello body; every read is bounds-checked.
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let (head, tail) = (self.0.get(..n)?, self.0.get(n..)?);
-        self.0 = tail;
-        Some(head)
+/// The SNI host name of a complete ClientHello handshake message (type
+/// and length included), as `tls-parser` reads it: Some(None) when it
+/// has no server-name extension, None when it is malformed or breaks a
+/// rule TLS libraries enforce (a repeated extension, a server-name list
+/// that is not exactly one host name, a name that is not a host name).
+fn server_name(handshake: &[u8]) -> Option<Option<String>> {
+    use tls_parser::{TlsExtension, TlsExtensionType, TlsMessage, TlsMessageHandshake};
+    let (left, msg) = tls_parser::parse_tls_message_handshake(handshake).ok()?;
+    let TlsMessage::Handshake(TlsMessageHandshake::ClientHello(hello)) = msg else {
+        return None;
+    };
+    if !left.is_empty() {
+        return None;
     }
-    fn u8(&mut self) -> Option<usize> {
-        self.take(1).map(|b| usize::from(b[0]))
+    let Some(raw) = hello.ext else {
+        return Some(None);
+    };
+    let (left, extensions) = tls_parser::parse_tls_client_hello_extensions(raw).ok()?;
+    if !left.is_empty() {
+        return None;
     }
-    fn u16(&mut self) -> Option<usize> {
-        self.take(2)
-            .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+    let mut kinds: Vec<u16> = extensions
+        .iter()
+        .map(|e| TlsExtensionType::from(e).0)
+        .collect();
+    kinds.sort_unstable();
+    if kinds.windows(2).any(|w| w[0] == w[1]) {
+        return None;
     }
-    fn vec8(&mut self) -> Option<&'a [u8]> {
-        let n = self.u8()?;
-        self.take(n)
-    }
-    fn vec16(&mut self) -> Option<&'a [u8]> {
-        let n = self.u16()?;
-        self.take(n)
-    }
-}
-
-/// The SNI host name of a ClientHello body: Some(None) when it has none,
-/// None when it is malformed.
-fn server_name(body: &[u8]) -> Option<Option<String>> {
-    let mut r = Reader(body);
-    r.take(2 + 32)?; // legacy_version, random
-    r.vec8()?; // session id
-    r.vec16()?; // cipher suites
-    r.vec8()?; // compression methods
-    if r.0.is_empty() {
-        return Some(None); // no extensions at all
-    }
-    let mut exts = Reader(r.vec16()?);
-    while !exts.0.is_empty() {
-        let kind = exts.u16()?;
-        let data = exts.vec16()?;
-        if kind as u16 == EXT_SERVER_NAME {
-            let mut list = Reader(Reader(data).vec16()?);
-            while !list.0.is_empty() {
-                let name_type = list.u8()?;
-                let name = list.vec16()?;
-                if name_type == 0 {
-                    let name = std::str::from_utf8(name).ok()?;
-                    return Some(Some(name.trim_end_matches('.').to_ascii_lowercase()));
-                }
-            }
-            return Some(None);
-        }
-    }
-    Some(None)
+    let names = extensions.iter().find_map(|e| match e {
+        TlsExtension::SNI(names) => Some(names),
+        _ => None,
+    });
+    let Some(names) = names else {
+        return Some(None);
+    };
+    let [(kind, name)] = names[..] else {
+        return None;
+    };
+    let name = std::str::from_utf8(name).ok().filter(|_| kind.0 == 0)?;
+    let host_name = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
+    host_name.then(|| Some(name.trim_end_matches('.').to_ascii_lowercase()))
 }
 
 #[cfg(test)]
@@ -132,20 +121,30 @@ pub(crate) mod tests {
     /// A minimal ClientHello naming `sni` (or none), split into records of
     /// at most `record` payload bytes.
     pub(crate) fn client_hello(sni: Option<&str>, record: usize) -> Vec<u8> {
+        let names: Vec<&str> = sni.into_iter().collect();
+        client_hello_naming(&names, usize::from(sni.is_some()), 0, record)
+    }
+
+    /// A ClientHello with `extensions` server-name extensions, each
+    /// listing `names` as host names (type `kind`).
+    fn client_hello_naming(names: &[&str], extensions: usize, kind: u8, record: usize) -> Vec<u8> {
         let mut body = vec![3, 3];
         body.extend([7u8; 32]);
         body.push(0); // session id
         body.extend([0, 2, 0x13, 0x01]); // one cipher suite
         body.extend([1, 0]); // null compression
         let mut exts = Vec::new();
-        if let Some(name) = sni {
-            let n = name.len() as u16;
+        let mut list = Vec::new();
+        for name in names {
+            list.push(kind);
+            list.extend((name.len() as u16).to_be_bytes());
+            list.extend(name.as_bytes());
+        }
+        for _ in 0..extensions {
             exts.extend([0, 0]);
-            exts.extend((n + 5).to_be_bytes());
-            exts.extend((n + 3).to_be_bytes());
-            exts.push(0);
-            exts.extend(n.to_be_bytes());
-            exts.extend(name.as_bytes());
+            exts.extend((list.len() as u16 + 2).to_be_bytes());
+            exts.extend((list.len() as u16).to_be_bytes());
+            exts.extend(&list);
         }
         exts.extend([0, 0x2b, 0, 3, 2, 3, 4]); // supported_versions
         body.extend((exts.len() as u16).to_be_bytes());
@@ -178,6 +177,44 @@ pub(crate) mod tests {
         assert_eq!(
             inspect(&client_hello(None, 16384)),
             Hello::ClientHello { server_name: None }
+        );
+    }
+
+    #[test]
+    fn a_hello_must_name_exactly_one_host_once() {
+        let allowed = "allowed.example.net";
+        let other = "other.example.net";
+        for (hello, what) in [
+            (
+                client_hello_naming(&[allowed, other], 1, 0, 16384),
+                "two names",
+            ),
+            (
+                client_hello_naming(&[allowed], 2, 0, 16384),
+                "two extensions",
+            ),
+            (
+                client_hello_naming(&[allowed, allowed], 1, 0, 16384),
+                "one name twice",
+            ),
+            (client_hello_naming(&[], 1, 0, 16384), "an empty list"),
+            (
+                client_hello_naming(&[allowed], 1, 1, 16384),
+                "a name of another type",
+            ),
+            (
+                client_hello_naming(&["a\0.example.net"], 1, 0, 16384),
+                "a NUL",
+            ),
+            (client_hello_naming(&[""], 1, 0, 16384), "an empty name"),
+        ] {
+            assert_eq!(inspect(&hello), Hello::Malformed, "{what}");
+        }
+        assert_eq!(
+            inspect(&client_hello_naming(&[allowed], 1, 0, 7)),
+            Hello::ClientHello {
+                server_name: Some(allowed.into())
+            }
         );
     }
 

@@ -163,6 +163,11 @@ pub enum Host {
 impl Host {
     /// Parse a request's host (already split from its port): an IP literal
     /// (IPv6 with or without brackets) or a DNS name, which is lowercased.
+    /// A host that a resolver would read as an IPv4 address in any of the
+    /// spellings `inet_aton` accepts (`3325256724`, `0xc6.0x33.0x64.0x14`,
+    /// `0306.063.0144.024`, `127.1`) is that address; one whose last label
+    /// is a number but that is no such address is refused, not taken as a
+    /// name.
     pub fn parse(s: &str) -> Result<Host, RuleError> {
         let bare = s
             .strip_prefix('[')
@@ -171,8 +176,76 @@ impl Host {
         if let Ok(ip) = bare.parse::<IpAddr>() {
             return Ok(Host::Addr(canonical(ip)));
         }
+        if ends_in_a_number(bare) {
+            return legacy_ipv4(bare)
+                .map(|a| Host::Addr(IpAddr::V4(a)))
+                .ok_or_else(|| RuleError::NotAHost(s.to_string()));
+        }
         check_name(s).map(Host::Name)
     }
+}
+
+/// Whether the last label of `host` (a trailing dot aside) is a number
+/// as `inet_aton` reads one: decimal digits, or `0x` and hex digits. Such
+/// a host is an IPv4 address or nothing (the URL standard's rule).
+pub fn ends_in_a_number(host: &str) -> bool {
+    let host = host.strip_suffix('.').unwrap_or(host);
+    let last = host.rsplit('.').next().unwrap_or(host);
+    let hex = last.strip_prefix("0x").or_else(|| last.strip_prefix("0X"));
+    match hex {
+        Some(digits) => digits.bytes().all(|b| b.is_ascii_hexdigit()),
+        None => !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()),
+    }
+}
+
+/// `host` read the way `inet_aton` reads it: one to four parts, each
+/// decimal, octal (a leading `0`) or hex (`0x`); the last part fills the
+/// bytes the others left. A trailing dot is allowed, as resolvers allow it.
+pub fn legacy_ipv4(host: &str) -> Option<Ipv4Addr> {
+    let host = host.strip_suffix('.').unwrap_or(host);
+    let parts: Vec<&str> = host.split('.').collect();
+    if parts.is_empty() || parts.len() > 4 {
+        return None;
+    }
+    let numbers = parts
+        .iter()
+        .map(|p| inet_number(p))
+        .collect::<Option<Vec<u64>>>()?;
+    let (last, leading) = numbers.split_last()?;
+    if leading.iter().any(|&n| n > 255) {
+        return None;
+    }
+    let last_bits = 8 * (4 - leading.len() as u32);
+    if *last >= 1u64 << last_bits {
+        return None;
+    }
+    let high = leading
+        .iter()
+        .enumerate()
+        .fold(0u64, |acc, (i, &n)| acc | n << (24 - 8 * i as u32));
+    Some(Ipv4Addr::from((high | last) as u32))
+}
+
+/// One part of an `inet_aton` address, if it is one (at most 32 bits).
+fn inet_number(part: &str) -> Option<u64> {
+    let (digits, radix) =
+        if let Some(h) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+            (h, 16)
+        } else if part.len() > 1 && part.starts_with('0') {
+            (&part[1..], 8)
+        } else {
+            (part, 10)
+        };
+    if digits.is_empty() {
+        // `0x` alone is 0 to inet_aton; an empty part is nothing.
+        return (radix == 16).then_some(0);
+    }
+    if digits.len() > 32 || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    u64::from_str_radix(digits, radix)
+        .ok()
+        .filter(|&n| n <= u64::from(u32::MAX))
 }
 
 impl fmt::Display for Host {
@@ -688,6 +761,56 @@ mod tests {
             .unwrap_err();
         assert_eq!(d.reason, "denied_by_rule");
         assert!(special_range("169.254.169.254".parse().unwrap()) == Some("cloud metadata"));
+    }
+
+    #[test]
+    fn ipv4_addresses_in_every_inet_aton_spelling_are_addresses() {
+        let denied: IpAddr = "198.51.100.20".parse().unwrap();
+        for spelling in [
+            "3325256724",
+            "0xc6336414",
+            "0XC6336414",
+            "0xc6.0x33.0x64.0x14",
+            "0306.063.0144.024",
+            "198.51.25620",
+            "198.3367956",
+            "0306.51.0x64.20",
+            "198.51.100.20.",
+        ] {
+            assert_eq!(
+                Host::parse(spelling).unwrap(),
+                Host::Addr(denied),
+                "{spelling}"
+            );
+        }
+        assert_eq!(
+            Host::parse("127.1").unwrap(),
+            Host::Addr("127.0.0.1".parse().unwrap())
+        );
+        assert_eq!(
+            Host::parse("0x").unwrap(),
+            Host::Addr("0.0.0.0".parse().unwrap())
+        );
+        // Numbers that are no address are not names either.
+        for bad in [
+            "4294967296",
+            "1.2.3.4.5",
+            "08",
+            "1.2.3.256",
+            "example.123",
+            "1..2",
+        ] {
+            assert!(Host::parse(bad).is_err(), "{bad}");
+        }
+        // Names with digits stay names.
+        for ok in ["1e100.net", "123.example.net", "0x10.example.net", "a1"] {
+            assert!(matches!(Host::parse(ok), Ok(Host::Name(_))), "{ok}");
+        }
+        // So `*` (any name, never an address) no longer lets them through.
+        let r = rules(&["*"], &["denied.example.net"]);
+        for spelling in ["3325256724", "0xc6336414", "0306.063.0144.024"] {
+            assert!(r.check(Scheme::Https, &name(spelling), 443).is_err());
+        }
     }
 
     #[test]

@@ -1,12 +1,16 @@
 """Servers for pycell's egress tests, run inside a network namespace the test
 creates (loopback only: nothing here can reach any other address).
 
-  127.0.0.1:8099  plain HTTP
+  *:8099          plain HTTP (also on 198.51.100.20, which the test adds
+                  to the namespace's loopback)
   127.0.0.1:8443  HTTPS, certificate for tls.example.net from the test CA
   127.0.0.1:53    UDP: records any datagram (a DNS query that got here)
 
 Paths:  /hello -> "hello from the test server"; /bytes/N -> N bytes of "x".
-Usage: servers.py CERT KEY DNS_LOG; prints "ready" when all listen.
+Every request that reaches a server is recorded in REQUEST_LOG as one line,
+"METHOD PATH BODY-LENGTH", so a test can tell what got through the proxy.
+Usage: servers.py CERT KEY DNS_LOG REQUEST_LOG; prints "ready" when all
+listen.
 """
 import http.server
 import socket
@@ -14,11 +18,36 @@ import ssl
 import sys
 import threading
 
+REQUEST_LOG = None
+
 
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
+    def record(self):
+        # Like some origins, keep the connection open whatever the request
+        # says (so only the proxy can hold it to one request).
+        self.close_connection = False
+        body = b""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b""):
+                        pass
+                    break
+                body += self.rfile.read(size)
+                self.rfile.readline()
+        elif self.headers.get("Content-Length"):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+        with open(REQUEST_LOG, "a") as f:
+            f.write(f"{self.command} {self.path} {len(body)}\n")
+
+    def do_POST(self):
+        self.do_GET()
+
     def do_GET(self):
+        self.record()
         if self.path.startswith("/bytes/"):
             n = int(self.path.split("/")[2])
             self.send_response(200)
@@ -44,9 +73,10 @@ def serve(server):
 
 
 def main():
-    cert, key, dns_log = sys.argv[1:4]
+    global REQUEST_LOG
+    cert, key, dns_log, REQUEST_LOG = sys.argv[1:5]
     http.server.ThreadingHTTPServer.daemon_threads = True
-    serve(http.server.ThreadingHTTPServer(("127.0.0.1", 8099), Handler))
+    serve(http.server.ThreadingHTTPServer(("0.0.0.0", 8099), Handler))
     tls = http.server.ThreadingHTTPServer(("127.0.0.1", 8443), Handler)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)

@@ -110,10 +110,15 @@ impl TestNet {
                 "sh",
                 "-c",
             ])
-            .arg("ip link set lo up && mount --bind \"$0\" /etc/hosts && exec python3 \"$@\"")
+            .arg("ip link set lo up && ip addr add 198.51.100.20/32 dev lo && mount --bind \"$0\" /etc/hosts && exec python3 \"$@\"")
             .arg(p("hosts"))
             .arg(repo_root().join("tests/egress/servers.py"))
-            .args([p("server.pem"), p("server.key"), p("dns.log")])
+            .args([
+                p("server.pem"),
+                p("server.key"),
+                p("dns.log"),
+                p("requests.log"),
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -171,6 +176,12 @@ impl TestNet {
 
     fn dns_queries(&self) -> String {
         fs::read_to_string(self.path("dns.log")).unwrap_or_default()
+    }
+
+    /// The requests that reached the test servers: "METHOD PATH BODY-LENGTH".
+    fn requests_served(&self) -> Vec<String> {
+        let log = fs::read_to_string(self.path("requests.log")).unwrap_or_default();
+        log.lines().map(str::to_string).collect()
     }
 }
 
@@ -580,4 +591,184 @@ fn through_pycelld_the_broker_runs_the_proxy_and_the_monitor_audits_each_connect
     )
     .unwrap();
     let _ = daemon.wait();
+}
+
+/// Raw requests through the proxy from inside the jail: `send(raw, then)`
+/// writes `raw` (and `then` once an answer came) and prints the first line
+/// the proxy answered.
+const RAW_HTTP: &str = r#"
+import socket
+H = "plain.example.net:8099"
+def send(what, raw, then=None):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(raw.encode())
+    got = b""
+    try:
+        while True:
+            c = s.recv(65536)
+            if not c:
+                break
+            got += c
+            if then is not None and b"hello from the test server" in got:
+                s.sendall(then.encode())
+                then = None
+    except OSError:
+        pass
+    s.close()
+    print(what, got.split(b"\r\n", 1)[0].decode(), got.count(b"HTTP/1."))
+def req(path, extra="", method="GET"):
+    return f"{method} http://{H}{path} HTTP/1.1\r\nHost: {H}\r\n{extra}\r\n"
+"#;
+
+#[test]
+fn plain_http_carries_exactly_one_judged_request_per_connection() {
+    let net = TestNet::start();
+    let code = RAW_HTTP.to_string()
+        + r#"
+send("pipelined", req("/first") + req("/pipelined"))
+send("after-answer", req("/second"), then=req("/after-answer"))
+send("in-body", req("/third", "Content-Length: 0\r\n", "POST") + req("/hidden-in-body"))
+send("chunked", req("/fourth", "Transfer-Encoding: chunked\r\n", "POST") + "4\r\nbody\r\n0\r\n\r\n" + req("/after-chunks"))
+send("host", f"GET http://{H}/host HTTP/1.1\r\nHost: denied.example.net\r\n\r\n")
+send("bare-lf", f"GET http://{H}/bare-lf HTTP/1.1\r\nHost: {H}\r\nX-A: 1\nX-Injected: 1\r\n\r\n")
+send("two-lengths", req("/two-lengths", "Content-Length: 4\r\nContent-Length: 40\r\n", "POST") + "body")
+send("length-and-chunked", req("/cl-te", "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n", "POST") + "0\r\n\r\n")
+send("folded", f"GET http://{H}/folded HTTP/1.1\r\nHost: {H}\r\nX-A: 1\r\n X-B: 2\r\n\r\n")
+send("bad-chunk", req("/bad-chunk", "Transfer-Encoding: chunked\r\n", "POST") + "4\nbody\r\n0\r\n\r\n")
+"#;
+    let r = net.pycell(
+        &policy(
+            "egress-one-request",
+            &["http://plain.example.net:8099", "http://127.0.0.1:8099"],
+            &[],
+        ),
+        &code,
+        &["--embedded"],
+    );
+    assert_ok(&r);
+    let lines: Vec<&str> = stdout(&r).lines().collect();
+    for (i, what) in ["pipelined", "after-answer", "in-body", "chunked"]
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(lines[i], format!("{what} HTTP/1.1 200 OK 1"), "{r:#}");
+    }
+    for (i, what) in [
+        "host",
+        "bare-lf",
+        "two-lengths",
+        "length-and-chunked",
+        "folded",
+    ]
+    .iter()
+    .enumerate()
+    {
+        assert!(
+            lines[4 + i].starts_with(&format!(
+                "{what} HTTP/1.1 400 pycell egress proxy: bad request"
+            )),
+            "{}",
+            lines[4 + i]
+        );
+    }
+    // The origin saw exactly the judged requests, each once, with its body;
+    // the chunked body cut off at its bad size line never completed.
+    let mut served = net.requests_served();
+    served.retain(|l| !l.starts_with("POST /bad-chunk"));
+    assert_eq!(
+        served,
+        [
+            "GET /first 0",
+            "GET /second 0",
+            "POST /third 0",
+            "POST /fourth 4"
+        ],
+        "{r:#}"
+    );
+    assert!(
+        denied(&r).iter().any(|d| d.ends_with(":bad_request_body")),
+        "{r:#}"
+    );
+}
+
+#[test]
+fn a_host_written_as_a_number_is_an_address_not_a_name() {
+    let net = TestNet::start();
+    // 198.51.100.20, on the test namespace's loopback, in the spellings
+    // inet_aton accepts; under "*" (any name, never an address).
+    let code = r#"
+import urllib.request
+for host in ["3325256724", "0xc6336414", "0xc6.0x33.0x64.0x14", "0306.063.0144.024", "198.51.100.20"]:
+    try:
+        urllib.request.urlopen(f"http://{host}:8099/hello", timeout=10)
+        print(host, "reached")
+    except Exception as e:
+        print(host, e)
+"#;
+    let r = net.pycell(
+        &policy(
+            "egress-numbers",
+            &["http://*:8099"],
+            &["deny = [\"plain.example.net\"]"],
+        ),
+        code,
+        &["--embedded"],
+    );
+    assert_ok(&r);
+    for line in stdout(&r).lines() {
+        assert!(
+            line.contains(
+                "HTTP Error 403: pycell egress proxy: plain HTTP to 198.51.100.20:8099 denied"
+            ),
+            "{line}"
+        );
+    }
+    assert_eq!(stdout(&r).lines().count(), 5, "{r:#}");
+    assert!(net.requests_served().is_empty(), "{r:#}");
+}
+
+#[test]
+fn a_client_hello_with_two_server_names_closes_the_tunnel() {
+    let net = TestNet::start();
+    let code = r#"
+import socket, struct
+def hello(names, extensions):
+    body = b"\x03\x03" + b"\x07" * 32 + b"\x00" + b"\x00\x02\x13\x01" + b"\x01\x00"
+    sni = b"".join(b"\x00" + struct.pack(">H", len(n)) + n for n in names)
+    ext = (b"\x00\x00" + struct.pack(">HH", len(sni) + 2, len(sni)) + sni) * extensions
+    ext += b"\x00\x2b\x00\x03\x02\x03\x04"
+    body += struct.pack(">H", len(ext)) + ext
+    hs = b"\x01\x00" + struct.pack(">H", len(body)) + body
+    return b"\x16\x03\x01" + struct.pack(">H", len(hs)) + hs
+for what, names, n in [("two-names", [b"tls.example.net", b"other.example.net"], 1),
+                       ("two-extensions", [b"tls.example.net"], 2)]:
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(b"CONNECT tls.example.net:8443 HTTP/1.1\r\n\r\n")
+    answer = s.recv(4096)
+    s.sendall(hello(names, n))
+    got = b""
+    try:
+        while c := s.recv(4096):
+            got += c
+    except OSError:
+        pass
+    print(what, answer.split(b"\r\n")[0].decode(), len(got))
+"#;
+    let r = net.pycell(
+        &policy(
+            "egress-hello",
+            &["tls.example.net:8443", "127.0.0.1:8443"],
+            &[],
+        ),
+        code,
+        &["--embedded"],
+    );
+    assert_ok(&r);
+    assert_eq!(
+        stdout(&r),
+        "two-names HTTP/1.1 200 Connection established 0\ntwo-extensions HTTP/1.1 200 Connection established 0\n",
+        "{r:#}"
+    );
+    assert_eq!(denied(&r), ["tls.example.net:8443:bad_client_hello"]);
+    assert_eq!(r["network"]["denied"][0]["count"], 2, "{r:#}");
 }
