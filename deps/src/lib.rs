@@ -60,7 +60,7 @@ impl DepsRequest {
             return Err(BoundsError::Requirement(i));
         }
         match &self.requires_python {
-            Some(rp) if rp.len() > MAX_REQUIRES_PYTHON_LEN || !plain(rp) => {
+            Some(rp) if pep723::check_requires_python(rp).is_err() => {
                 Err(BoundsError::RequiresPython)
             }
             _ => Ok(()),
@@ -75,7 +75,9 @@ pub enum BoundsError {
     Count(usize),
     #[error("requirement {0} is empty, longer than {max} bytes, or has a control character", max = requirement::MAX_REQUIREMENT_LEN)]
     Requirement(usize),
-    #[error("requires-python is empty, longer than {MAX_REQUIRES_PYTHON_LEN} bytes, or has a control character")]
+    #[error(
+        "requires-python is longer than {MAX_REQUIRES_PYTHON_LEN} bytes or not a version specifier"
+    )]
     RequiresPython,
 }
 

@@ -148,7 +148,7 @@ pub fn parse(code: &str) -> Result<Option<ScriptMetadata>, MetadataError> {
             }
             ("requires-python", toml::Value::String(s)) => {
                 check_requires_python(s).map_err(|m| err(line, m.to_string()))?;
-                meta.requires_python = Some(s.trim().to_string());
+                meta.requires_python = Some(s.trim_matches(' ').to_string());
             }
             ("tool", toml::Value::Table(_)) => {}
             ("dependencies" | "requires-python" | "tool", _) => {
@@ -173,13 +173,66 @@ pub fn parse(code: &str) -> Result<Option<ScriptMetadata>, MetadataError> {
 #[error("requires-python = {0:?} is not a version specifier (e.g. \">=3.11\")")]
 pub struct BadRequiresPython(pub String);
 
-/// `requires-python`: comma-separated `OP VERSION` clauses.
+/// `requires-python`: comma-separated `OP VERSION` clauses (PEP 440),
+/// spaces allowed around them and nothing else: no other whitespace, no
+/// option, no marker.
 pub fn check_requires_python(spec: &str) -> Result<(), BadRequiresPython> {
-    Requirement::parse(&format!("python{spec}"))
-        .ok()
-        .filter(|r| !r.rest.is_empty() && !r.rest.contains(';'))
-        .map(|_| ())
-        .ok_or_else(|| BadRequiresPython(spec.to_string()))
+    let ok = spec.len() <= crate::MAX_REQUIRES_PYTHON_LEN
+        && spec.split(',').all(|clause| {
+            let clause = clause.trim_matches(' ');
+            OPERATORS.iter().any(|op| {
+                clause
+                    .strip_prefix(op)
+                    .is_some_and(|v| is_version(v.trim_start_matches(' '), op))
+            })
+        });
+    match ok {
+        true => Ok(()),
+        false => Err(BadRequiresPython(spec.to_string())),
+    }
+}
+
+/// Longest first: `<=` before `<`.
+const OPERATORS: [&str; 8] = ["===", "~=", "==", "!=", "<=", ">=", "<", ">"];
+
+/// A PEP 440 release version as `requires-python` names one: `N(.N)*`,
+/// then optionally a pre-release (`a1`, `b2`, `rc1`), `.postN`, `.devN`,
+/// or (after `==` and `!=` only) a trailing `.*`.
+fn is_version(v: &str, op: &str) -> bool {
+    let (v, wildcard) = match v.strip_suffix(".*") {
+        Some(v) => (v, true),
+        None => (v, false),
+    };
+    if wildcard && !matches!(op, "==" | "!=") {
+        return false;
+    }
+    let mut release_end = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(v.len());
+    if release_end < v.len() && v[..release_end].ends_with('.') {
+        release_end -= 1; // the dot of `.post` or `.dev`
+    }
+    let (release, suffix) = v.split_at(release_end);
+    let release_ok = !release.is_empty()
+        && release
+            .split('.')
+            .all(|n| !n.is_empty() && n.len() <= 9 && n.bytes().all(|b| b.is_ascii_digit()));
+    release_ok && (suffix.is_empty() || (!wildcard && is_version_suffix(suffix)))
+}
+
+/// A pre-release (`a1`, `b2`, `rc1`), then `.postN`, then `.devN`, each
+/// optional.
+fn is_version_suffix(mut s: &str) -> bool {
+    for group in [&["a", "b", "rc"][..], &[".post"], &[".dev"]] {
+        if let Some(rest) = group.iter().find_map(|t| s.strip_prefix(t)) {
+            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+            if !(1..=9).contains(&digits) {
+                return false;
+            }
+            s = &rest[digits..];
+        }
+    }
+    s.is_empty()
 }
 
 #[cfg(test)]
@@ -234,6 +287,36 @@ mod tests {
             (2, true),
             "{e}"
         );
+        for good in [
+            ">=3.11",
+            ">=3.8, <4",
+            "==3.11.*",
+            "~=3.11",
+            " >= 3.11 ",
+            ">=3.13.0rc1",
+            "!=3.12.0.post1",
+        ] {
+            assert_eq!(check_requires_python(good), Ok(()), "{good}");
+        }
+        for bad in [
+            ">=3 --index-url x",
+            ">=3.11\n",
+            ">=3.11\t",
+            ">=3.11; python_version > '3'",
+            ">=3.*",
+            "3.11",
+            ">=",
+            ">=3..1",
+            ">=3.11,",
+            ">=3.11a1b2",
+            ">=3.11 or 4",
+            "python>=3.11",
+        ] {
+            assert!(check_requires_python(bad).is_err(), "{bad:?}");
+        }
+        let e =
+            parse("# /// script\n# requires-python = \">=3 --index-url x\"\n# ///\n").unwrap_err();
+        assert!(e.message.contains("requires-python"), "{e}");
         let e = parse("# /// script\n# requires-python = \"3.11\"\n# ///\n").unwrap_err();
         assert!(e.message.contains("requires-python"), "{e}");
         let e = parse("# /// script\n# ///\nx = 1\n# /// script\n# ///\n").unwrap_err();
