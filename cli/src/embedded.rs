@@ -5,6 +5,7 @@
 //! `pycell_launch::supervisor`, the same for every mode.
 
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
@@ -43,24 +44,65 @@ pub(crate) async fn stopped(mut stop: StopRequest) -> StoppedBy {
 /// jailer, which resets its own mask) starts with them blocked, and read
 /// on a thread of their own.
 pub(crate) fn stop_on_signals() -> nix::Result<StopRequest> {
-    let mut set = SigSet::empty();
-    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-        set.add(s);
-    }
-    nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None)?;
-    let signals = SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC)?;
     let (tx, rx) = watch::channel(None);
-    std::thread::spawn(move || loop {
-        let mut fds = [PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
-        let _ = poll(&mut fds, PollTimeout::NONE);
-        while let Ok(Some(info)) = signals.read_signal() {
+    on_signals(
+        &[Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP],
+        move |sig| {
             // SIGINT only goes to the program, which the jailer did.
-            if info.ssi_signo as i32 != Signal::SIGINT as i32 {
+            if sig != Signal::SIGINT as i32 {
                 let _ = tx.send(Some(StoppedBy::Request));
             }
+        },
+    )?;
+    Ok(rx)
+}
+
+/// Block `signals` (call it before any thread exists, so that every
+/// thread has them blocked: a blocked signal is kept even when our starter
+/// made us ignore it) and call `on` with each that arrives, on a thread of
+/// its own.
+fn on_signals(signals: &[Signal], mut on: impl FnMut(i32) + Send + 'static) -> nix::Result<()> {
+    let mut set = SigSet::empty();
+    for s in signals {
+        set.add(*s);
+    }
+    nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None)?;
+    let fd = SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC)?;
+    std::thread::spawn(move || loop {
+        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(&mut fds, PollTimeout::NONE);
+        while let Ok(Some(info)) = fd.read_signal() {
+            on(info.ssi_signo as i32);
         }
     });
-    Ok(rx)
+    Ok(())
+}
+
+/// ^C for a run through pycelld: SIGINT, blocked (so it reaches us even
+/// when whoever started us ignores it), becomes an `interrupt` message
+/// for the run of the latest connection, which the daemon passes to its
+/// program.
+pub(crate) struct CtrlC {
+    target: Arc<Mutex<Option<pycell_protocol::client::Canceller>>>,
+}
+
+impl CtrlC {
+    /// The run of `client`'s connection is the one ^C now interrupts.
+    pub(crate) fn connected(&self, client: &pycell_protocol::client::DaemonClient) {
+        let canceller = client.canceller().ok();
+        *self.target.lock().unwrap_or_else(|p| p.into_inner()) = canceller;
+    }
+}
+
+pub(crate) fn interrupt_on_ctrl_c() -> nix::Result<CtrlC> {
+    let target: Arc<Mutex<Option<pycell_protocol::client::Canceller>>> = Arc::default();
+    let theirs = Arc::clone(&target);
+    on_signals(&[Signal::SIGINT], move |_| {
+        if let Some(c) = theirs.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            let _ = c.interrupt();
+        }
+    })?;
+    Ok(CtrlC { target })
 }
 
 /// A runtime for a command-line process's runs: one worker, so that the

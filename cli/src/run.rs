@@ -212,6 +212,11 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
         Ok(r) => r,
         Err(m) => return refused(policy, request_failure(m)),
     };
+    // Before any thread exists, so that every thread has SIGINT blocked.
+    let ctrl_c = match embedded::interrupt_on_ctrl_c() {
+        Ok(c) => c,
+        Err(e) => return daemon(FailureCode::Internal, format!("signalfd: {e}")),
+    };
     let tools = match offered_tools(args, &mut req) {
         Ok(t) => t,
         Err(f) => return refused(policy, f),
@@ -243,6 +248,7 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
             if let Some(calls) = &calls {
                 calls.connected(client);
             }
+            ctrl_c.connected(client);
         },
     );
     if let Some((servers, rt)) = tools {

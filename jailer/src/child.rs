@@ -445,8 +445,11 @@ fn init(spec: &JailSpec, status: &File, signal_fd: SignalFd, tool_end: Option<Ow
     let env = program_env(spec, tool_end.as_ref());
     let main = match syscall::clone_fork(0) {
         Ok(CloneResult::Child) => {
-            // The program starts with no blocked signals and default
-            // handlers, and keeps its end of the tool channel across exec.
+            // The program starts with no blocked signals and every
+            // disposition at its default, whoever started pycell (ignored
+            // signals survive exec), and keeps its end of the tool channel
+            // across exec.
+            syscall::default_signal_dispositions();
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
             if let Some(fd) = &tool_end {
                 let _ = nix::fcntl::fcntl(

@@ -435,8 +435,17 @@ pub struct Canceller {
 
 impl Canceller {
     pub fn cancel(&mut self) -> Result<(), ClientError> {
+        self.send(&ClientMessage::Cancel { id: "1".into() })
+    }
+
+    /// SIGINT to the run's program (^C).
+    pub fn interrupt(&mut self) -> Result<(), ClientError> {
+        self.send(&ClientMessage::Interrupt { id: "1".into() })
+    }
+
+    fn send(&mut self, msg: &ClientMessage) -> Result<(), ClientError> {
         let _writing = self.writing.lock();
-        framing::write_sync(&mut self.stream, &ClientMessage::Cancel { id: "1".into() })?;
+        framing::write_sync(&mut self.stream, msg)?;
         Ok(())
     }
 }

@@ -199,6 +199,11 @@ pub enum ClientMessage {
     Cancel {
         id: String,
     },
+    /// Pass SIGINT to run `id`'s program, as ^C does in a terminal (the
+    /// program may handle it; a Python program gets KeyboardInterrupt).
+    Interrupt {
+        id: String,
+    },
     Info,
     /// Start a session; `session_started` answers.
     SessionStart {

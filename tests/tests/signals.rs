@@ -17,9 +17,26 @@ use pycell_tests::{pycell_bin, require_root};
 /// Start `pycell run -` (streaming, own process group) on `code` and wait
 /// until the program has printed "ready".
 fn start_until_ready(code: &str) -> Child {
+    start_with(code, &["--embedded"], false)
+}
+
+/// `pycell run ARGS --timeout 60 -` on `code`, in a process group of its
+/// own, started (when `ignoring`) the way a shell starts a background job:
+/// with SIGINT and SIGQUIT ignored, which exec keeps.
+fn start_with(code: &str, args: &[&str], ignoring: bool) -> Child {
     require_root();
-    let mut child = Command::new(pycell_bin())
-        .args(["run", "--embedded", "--timeout", "60", "-"])
+    let mut cmd = match ignoring {
+        false => Command::new(pycell_bin()),
+        true => {
+            let mut c = Command::new("python3");
+            c.args(["-c", IGNORING_EXEC]).arg(pycell_bin());
+            c
+        }
+    };
+    let mut child = cmd
+        .arg("run")
+        .args(args)
+        .args(["--timeout", "60", "-"])
         .process_group(0)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -77,6 +94,37 @@ fn ctrl_c_reaches_the_program_and_pycell_reports_its_exit() {
     let (code, stderr) = finish(child);
     assert_eq!(code, Some(3), "stderr: {stderr}");
     assert!(stderr.contains("interrupted"), "stderr: {stderr}");
+}
+
+/// Exec argv[1:] with SIGINT and SIGQUIT ignored.
+const IGNORING_EXEC: &str = "import os, signal, sys\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nsignal.signal(signal.SIGQUIT, signal.SIG_IGN)\nos.execv(sys.argv[1], sys.argv[1:])\n";
+
+/// Says how it found its signals, then waits for ^C like SLEEPER.
+const SIGNALS_SEEN: &str = "import signal, sys, time\nprint('int', signal.getsignal(signal.SIGINT) is signal.default_int_handler, 'quit', signal.getsignal(signal.SIGQUIT) == signal.SIG_DFL, 'mask', sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])), file=sys.stderr, flush=True)\ntry:\n    print('ready', flush=True)\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    print('interrupted', file=sys.stderr)\n    sys.exit(3)\n";
+
+/// ^C to a pycell started with SIGINT and SIGQUIT ignored, `args` its mode.
+fn ctrl_c_when_started_ignoring(args: &[&str]) {
+    let child = start_with(SIGNALS_SEEN, args, true);
+    killpg(Pid::from_raw(child.id() as i32), Signal::SIGINT).expect("SIGINT to the group");
+    let (code, stderr) = finish(child);
+    assert!(
+        stderr.contains("int True quit True mask []"),
+        "the program did not start with default signals: {stderr}"
+    );
+    assert_eq!(code, Some(3), "stderr: {stderr}");
+    assert!(stderr.contains("interrupted"), "stderr: {stderr}");
+}
+
+#[test]
+fn ctrl_c_reaches_the_program_even_when_pycell_was_started_ignoring_it() {
+    ctrl_c_when_started_ignoring(&["--embedded"]);
+}
+
+#[test]
+fn ctrl_c_reaches_a_daemon_run_even_when_pycell_was_started_ignoring_it() {
+    let daemon = pycell_tests::daemon::Daemon::start("");
+    let socket = daemon.socket();
+    ctrl_c_when_started_ignoring(&["--socket", socket.to_str().unwrap()]);
 }
 
 #[test]

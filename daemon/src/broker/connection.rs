@@ -213,7 +213,7 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: UnixStream) {
                 };
                 conn.out.send(info).await
             }
-            ClientMessage::Cancel { id } => {
+            ClientMessage::Cancel { id } | ClientMessage::Interrupt { id } => {
                 let e = error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN);
                 conn.out.send(e).await
             }
@@ -531,8 +531,26 @@ async fn run_admitted(
         kill();
         return Vec::new();
     }
+    let interrupt = || {
+        let _ = broker.link.send(&ToMonitor::Interrupt {
+            run_id: run_id.clone(),
+        });
+    };
     let monitor_gone = || broker.link.monitor_gone();
-    relay_run(conn, id, started, &relay, &kill, &monitor_gone).await
+    let control = RunControl {
+        kill: &kill,
+        interrupt: &interrupt,
+        monitor_gone: &monitor_gone,
+    };
+    relay_run(conn, id, started, &relay, &control).await
+}
+
+/// What the relay of a run may do to it, and ask about its monitor.
+struct RunControl<'a> {
+    kill: &'a (dyn Fn() + Sync),
+    /// SIGINT to its program (the client's ^C).
+    interrupt: &'a (dyn Fn() + Sync),
+    monitor_gone: &'a (dyn Fn() -> bool + Sync),
 }
 
 /// What a run has streamed to its client.
@@ -551,9 +569,9 @@ async fn relay_run(
     id: &str,
     started: SpawnedRun,
     tools: &ToolRelay,
-    kill: &(dyn Fn() + Sync),
-    monitor_gone: &(dyn Fn() -> bool + Sync),
+    control: &RunControl<'_>,
 ) -> Vec<ServerMessage> {
+    let kill = control.kill;
     let collector = Collector::new(&started.run_id, &started.policy, Some(started.limits));
     let env = started.env;
     let mut stream = RunStream::start(
@@ -597,6 +615,7 @@ async fn relay_run(
                 Some(Ok(ClientMessage::ToolAnswer { id: cid, call, outcome })) if cid == id => {
                     tools.answer(call, outcome);
                 }
+                Some(Ok(ClientMessage::Interrupt { id: cid })) if cid == id => (control.interrupt)(),
                 Some(other) => {
                     conn.out.offer(reply_during_run(other));
                 }
@@ -614,7 +633,7 @@ async fn relay_run(
     // link closed before that signal was sent, so this sees it). Its client
     // hears what every run of a dead monitor ends with: the connection
     // closes (daemon_failed), not a bare `killed`.
-    let orphaned = result.status == RunStatus::Killed && !cancelled && monitor_gone();
+    let orphaned = result.status == RunStatus::Killed && !cancelled && (control.monitor_gone)();
     if !connection_alive || orphaned {
         return Vec::new();
     }
@@ -667,7 +686,9 @@ fn missed(id: &str, st: &Streaming, collector: &Collector) -> Vec<ServerMessage>
 /// run goes (the connection holds one run at a time).
 fn reply_during_run(msg: Incoming) -> ServerMessage {
     match msg {
-        Ok(ClientMessage::Cancel { id }) => error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN),
+        Ok(ClientMessage::Cancel { id } | ClientMessage::Interrupt { id }) => {
+            error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN)
+        }
         Ok(ClientMessage::Run { id, .. }) => error(
             Some(&id),
             ErrorCode::RunInProgress,
@@ -676,7 +697,7 @@ fn reply_during_run(msg: Incoming) -> ServerMessage {
         Ok(_) => error(
             None,
             ErrorCode::BadMessage,
-            "only cancel and tool_answer are accepted while a run or session call is going on this connection",
+            "only cancel, interrupt and tool_answer are accepted while a run or session call is going on this connection",
         ),
         Err(reply) => reply,
     }

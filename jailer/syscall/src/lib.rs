@@ -262,6 +262,24 @@ pub fn prlimit(
     }
 }
 
+/// Every signal's disposition back to the default, as a program started
+/// by a fresh login shell has them: `execve` resets handlers but keeps
+/// ignored signals ignored, so without this a program would inherit
+/// whatever its starter ignored (SIGINT and SIGQUIT from a shell's
+/// background job). SIGKILL and SIGSTOP cannot be changed; signals the C
+/// library keeps for itself are refused by it, which is harmless.
+pub fn default_signal_dispositions() {
+    for sig in 1..=libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: SIG_DFL installs no handler of ours, so no code of this
+        // process can run in signal context because of it; `signal` only
+        // changes the calling process's disposition table.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}
+
 /// `_exit(2)`: end the process now, without running exit handlers or
 /// unwinding (the right way out of a forked child).
 pub fn exit_now(code: i32) -> ! {

@@ -106,7 +106,11 @@ pub(super) async fn call(
                     let _ = asked.await;
                     return false;
                 }
-                Some(Ok(ClientMessage::Cancel { id: cid })) if cid == id => session.interrupt(),
+                Some(Ok(ClientMessage::Cancel { id: cid } | ClientMessage::Interrupt { id: cid }))
+                    if cid == id =>
+                {
+                    session.interrupt()
+                }
                 Some(Ok(ClientMessage::ToolAnswer { id: cid, call, outcome })) if cid == id => {
                     if let Some(relay) = &relay {
                         relay.answer(call, outcome);
