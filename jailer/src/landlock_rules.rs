@@ -65,6 +65,7 @@ impl Grants {
             "/dev/null",
             "/dev/zero",
             "/dev/full",
+            "/dev/pts",
         ]
         .iter()
         .map(PathBuf::from)

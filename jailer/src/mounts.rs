@@ -335,7 +335,10 @@ fn cover_files(files: &[PathBuf]) -> Result<(), MountError> {
 }
 
 /// A minimal /dev: the cloned device nodes, the fd links, a /dev/shm mount
-/// point. Returns its staged path.
+/// point, and a devpts of the jail's own (`newinstance`: it shows none of
+/// the host's terminals) with /dev/ptmx leading to its multiplexer, so
+/// programs can open pseudo-terminals (TIOCSTI and TIOCLINUX stay refused
+/// by the seccomp filter). Returns its staged path.
 fn build_dev(devices: Vec<(String, OwnedFd)>) -> Result<PathBuf, MountError> {
     let dev = staged(Path::new("/dev"));
     mkdir_p(&dev)?;
@@ -359,7 +362,24 @@ fn build_dev(devices: Vec<(String, OwnedFd)>) -> Result<PathBuf, MountError> {
             .map_err(err(format!("symlink /dev/{link}")))?;
     }
     mkdir_p(&dev.join("shm"))?;
+    mount_devpts(&dev)?;
     Ok(dev)
+}
+
+/// The jail's own devpts instance on `dev`/pts, and `dev`/ptmx -> pts/ptmx.
+fn mount_devpts(dev: &Path) -> Result<(), MountError> {
+    let pts = dev.join("pts");
+    mkdir_p(&pts)?;
+    let data = "newinstance,ptmxmode=0666,mode=0620,max=64";
+    mount(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some(data),
+    )
+    .map_err(nix_err(format!("mounting devpts on /dev/pts ({data})")))?;
+    std::os::unix::fs::symlink("pts/ptmx", dev.join("ptmx")).map_err(err("symlink /dev/ptmx"))
 }
 
 /// Where the run's one writable tmpfs is mounted while its directories are

@@ -399,3 +399,46 @@ fn reorder_mounts_last(policy: &str) -> String {
     let at = head.find("\n[landlock]").expect("[landlock] table");
     format!("{}\n[[mounts]]\n{}{}", &head[..at], extra, &head[at..])
 }
+
+#[test]
+fn programs_get_pseudo_terminals_of_their_own_but_no_input_injection() {
+    let code = r#"
+import fcntl, json, os, pty, sys, termios
+seen = {}
+master, slave = os.openpty()
+seen["ttyname"] = os.ttyname(slave)
+os.write(master, b"typed\n")
+seen["read"] = os.read(slave, 100).decode()
+try:
+    fcntl.ioctl(slave, termios.TIOCSTI, b"x")
+    seen["tiocsti"] = "allowed"
+except OSError as e:
+    seen["tiocsti"] = e.errno
+try:
+    fcntl.ioctl(slave, termios.TIOCLINUX, b"\x02")
+    seen["tioclinux"] = "allowed"
+except OSError as e:
+    seen["tioclinux"] = e.errno
+stdout = os.dup(1)
+os.dup2(os.open("/tmp/spawned", os.O_WRONLY | os.O_CREAT), 1)
+seen["spawn"] = pty.spawn([sys.executable, "-c", "import os; print('a tty:', os.isatty(0))"])
+os.dup2(stdout, 1)
+seen["spawned"] = open("/tmp/spawned").read()
+seen["pts"] = sorted(os.listdir("/dev/pts"))
+print(json.dumps(seen))
+"#;
+    let out = run_code("terminals.py", code, &[], &[]);
+    let r = probe_report(&out);
+    assert_eq!(r["ttyname"], "/dev/pts/0", "{r}");
+    assert_eq!(r["read"], "typed\n", "{r}");
+    // EPERM from the seccomp filter.
+    assert_eq!(r["tiocsti"], 1, "{r}");
+    assert_eq!(r["tioclinux"], 1, "{r}");
+    assert_eq!(r["spawn"], 0, "{r}");
+    assert!(
+        r["spawned"].as_str().unwrap().contains("a tty: True"),
+        "{r}"
+    );
+    // Its own instance: none of the host's terminals, only its own.
+    assert_eq!(r["pts"], serde_json::json!(["0", "ptmx"]), "{r}");
+}
