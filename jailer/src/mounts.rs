@@ -67,6 +67,9 @@ enum Prepared {
         fd: OwnedFd,
         target: PathBuf,
         is_dir: bool,
+        /// Attach it as an overlay that names no host path
+        /// ([`BindMount::hide_source`]).
+        hide_source: bool,
     },
     /// The source is a symlink on the host; recreate it verbatim.
     Symlink { target: PathBuf, link: PathBuf },
@@ -122,6 +125,7 @@ pub fn prepare_sources(
             fd,
             target: b.target.clone(),
             is_dir: walked.is_dir(),
+            hide_source: b.hide_source,
         });
     }
     let mut devices = Vec::with_capacity(DEVICES.len());
@@ -210,7 +214,15 @@ fn attach_bind(p: Prepared) -> Result<(), MountError> {
                 link.display()
             )))
         }
-        Prepared::Tree { fd, target, is_dir } => {
+        Prepared::Tree {
+            fd,
+            target,
+            is_dir: true,
+            hide_source: true,
+        } => attach_hidden(fd, &target),
+        Prepared::Tree {
+            fd, target, is_dir, ..
+        } => {
             let at = staged(&target);
             if is_dir {
                 mkdir_p(&at)?;
@@ -224,6 +236,46 @@ fn attach_bind(p: Prepared) -> Result<(), MountError> {
                 .map_err(err(format!("attaching bind at {}", target.display())))
         }
     }
+}
+
+/// Where a hidden source is attached while its overlay is mounted, in the
+/// staging root (so a path of the jail's own, never the host's, is what
+/// the overlay's options name); removed again at once.
+const HIDDEN_LOWER: &str = "/.pycell-lower";
+
+/// A directory whose host path must not show in the jail's mountinfo (an
+/// env of pycell's store; a bind's line there names its source's path
+/// within its file system): attached under [`HIDDEN_LOWER`], mounted at
+/// `target` as a read-only overlay whose options name only the relative
+/// `src` (and an empty second layer, which overlayfs needs without an
+/// upper one), then detached again (the overlay holds its own clone).
+fn attach_hidden(fd: OwnedFd, target: &Path) -> Result<(), MountError> {
+    let lower = staged(Path::new(HIDDEN_LOWER));
+    let (src, empty) = (lower.join("src"), lower.join("empty"));
+    mkdir_p(&src)?;
+    mkdir_p(&empty)?;
+    syscall::move_mount_to(&fd, &src)
+        .map_err(err(format!("attaching the source of {}", target.display())))?;
+    let at = staged(target);
+    mkdir_p(&at)?;
+    chdir(&lower).map_err(nix_err(format!("chdir {}", lower.display())))?;
+    let mounted = mount(
+        Some("pycell"),
+        &at,
+        Some("overlay"),
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("lowerdir=src:empty"),
+    )
+    .map_err(nix_err(format!(
+        "mounting an overlay at {}",
+        target.display()
+    )));
+    chdir("/").map_err(nix_err("chdir /"))?;
+    umount2(&src, MntFlags::MNT_DETACH).map_err(nix_err("detaching a hidden source"))?;
+    for d in [&src, &empty, &lower] {
+        fs::remove_dir(d).map_err(err(format!("rmdir {}", d.display())))?;
+    }
+    mounted
 }
 
 /// A fresh /proc of the jail's own pid namespace.

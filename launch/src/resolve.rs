@@ -239,16 +239,10 @@ fn interpreter(policy: &Policy, mounts: &mut Vec<BindMount>) -> Result<String, R
                                 needed.display()
                             ))
                         })?;
-                    mounts.push(BindMount {
-                        source: prefix.to_path_buf(),
-                        target: prefix.to_path_buf(),
-                    });
+                    mounts.push(BindMount::new(prefix.to_path_buf(), prefix.to_path_buf()));
                 }
             }
-            mounts.push(BindMount {
-                source: dir.clone(),
-                target: PathBuf::from(VENV_TARGET),
-            });
+            mounts.push(BindMount::new(dir.clone(), PathBuf::from(VENV_TARGET)));
             Ok(format!("{VENV_TARGET}/bin/python"))
         }
     }
@@ -421,8 +415,8 @@ fn env_interpreter(
         )));
     }
     mounts.push(BindMount {
-        source: env.to_path_buf(),
-        target: PathBuf::from(VENV_TARGET),
+        hide_source: true,
+        ..BindMount::new(env, VENV_TARGET)
     });
     Ok(format!("{VENV_TARGET}/bin/python"))
 }
@@ -495,10 +489,7 @@ fn python_and_mounts(
     let mut mounts: Vec<BindMount> = policy
         .mounts
         .iter()
-        .map(|m| BindMount {
-            source: m.source.clone(),
-            target: m.target.clone(),
-        })
+        .map(|m| BindMount::new(m.source.clone(), m.target.clone()))
         .collect();
     let python = match &extras.env {
         Some(env) => {
@@ -509,17 +500,14 @@ fn python_and_mounts(
     };
     for extra in &extras.mounts {
         if !covered(extra, &mounts) {
-            mounts.push(BindMount {
-                source: extra.clone(),
-                target: extra.clone(),
-            });
+            mounts.push(BindMount::new(extra.clone(), extra.clone()));
         }
     }
     if policy.network.egress().is_some() && Path::new(CA_CERTIFICATES).is_dir() {
-        mounts.push(BindMount {
-            source: PathBuf::from(CA_CERTIFICATES),
-            target: PathBuf::from(CA_CERTIFICATES),
-        });
+        mounts.push(BindMount::new(
+            PathBuf::from(CA_CERTIFICATES),
+            PathBuf::from(CA_CERTIFICATES),
+        ));
     }
     Ok((python, mounts))
 }
@@ -765,10 +753,7 @@ mod tests {
 
     #[test]
     fn coverage_is_by_path_prefix() {
-        let m = vec![BindMount {
-            source: "/usr".into(),
-            target: "/usr".into(),
-        }];
+        let m = vec![BindMount::new("/usr".into(), "/usr".into())];
         assert!(covered(Path::new("/usr/bin/python3.11"), &m));
         assert!(!covered(Path::new("/usrx/bin/python"), &m));
         assert!(!covered(Path::new("/opt/py/bin/python"), &m));

@@ -251,6 +251,26 @@ fn the_env_is_read_only_to_the_run() {
     }
 }
 
+#[test]
+fn the_jail_does_not_show_where_the_store_keeps_its_env() {
+    let store = store("hidden");
+    let code = "# /// script\n# dependencies = [\"pycell-test-b\"]\n# ///\nimport pycell_test_b, sys\nprint(pycell_test_b.__file__)\nprint(open('/proc/self/mountinfo').read())\nprint(open('/proc/self/mounts').read())\n";
+    let out = run_in(&store, "deps", code, &[]);
+    let r = out.result();
+    assert_eq!(r["status"], "ok", "{}", out.describe());
+    let stdout = r["stdout"].as_str().unwrap();
+    assert!(stdout.starts_with("/venv/lib/"), "{stdout}");
+    let key = field(&r, "/env/key").as_str().unwrap();
+    let store = store.display().to_string();
+    for secret in [store.as_str(), key, "/envs/"] {
+        assert!(
+            !stdout.contains(secret),
+            "{secret:?} shows in the jail:\n{stdout}"
+        );
+    }
+    assert!(stdout.contains(" /venv ro,"), "{stdout}");
+}
+
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = vec![dir.to_path_buf()];
     for e in fs::read_dir(dir).unwrap().flatten() {

@@ -161,6 +161,22 @@ impl WorkspaceFile {
 pub struct BindMount {
     pub source: PathBuf,
     pub target: PathBuf,
+    /// The source's host path must not show in the jail (a directory of
+    /// pycell's own stores): it is mounted as a read-only overlay of the
+    /// source, whose mountinfo line names no host path.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hide_source: bool,
+}
+
+impl BindMount {
+    /// A bind of `source` at `target`.
+    pub fn new(source: impl Into<PathBuf>, target: impl Into<PathBuf>) -> BindMount {
+        BindMount {
+            source: source.into(),
+            target: target.into(),
+            hide_source: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
