@@ -753,7 +753,7 @@ mod tests {
 
     #[test]
     fn coverage_is_by_path_prefix() {
-        let m = vec![BindMount::new("/usr".into(), "/usr".into())];
+        let m = vec![BindMount::new("/usr", "/usr")];
         assert!(covered(Path::new("/usr/bin/python3.11"), &m));
         assert!(!covered(Path::new("/usrx/bin/python"), &m));
         assert!(!covered(Path::new("/opt/py/bin/python"), &m));
