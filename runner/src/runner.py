@@ -54,6 +54,9 @@ def _pycell_run_cold(argv):
     raise SystemExit(status)
 
 
+_PYCELL_CLOCK_REALTIME_COARSE = 5
+
+
 def _pycell_serve_run(work, code):
     """Run the work and send its images back; its exit status, and whether
     it ended by an uncaught KeyboardInterrupt."""
@@ -62,7 +65,10 @@ def _pycell_serve_run(work, code):
     # The way back for the images is stdin itself, if the run leaves it
     # there (no descriptor of the runner's own is open while it runs).
     stdin = _pycell_identity(0)
-    started = time.time_ns()
+    # The coarse clock, which file systems stamp modification times with
+    # (or with a finer, later time): a file written right after this has an
+    # mtime at or after it, which the fine clock would not promise.
+    started = time.clock_gettime_ns(_PYCELL_CLOCK_REALTIME_COARSE)
     status, interrupted = _pycell_main(work, code)
     limits = work.get("images")
     try:

@@ -31,7 +31,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         body = b""
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             while True:
-                size = int(self.rfile.readline().split(b";")[0], 16)
+                try:
+                    size = int(self.rfile.readline().split(b";")[0], 16)
+                except ValueError:  # a body the proxy cut off
+                    self.close_connection = True
+                    return
                 if size == 0:
                     while self.rfile.readline() not in (b"\r\n", b""):
                         pass
@@ -48,6 +52,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.record()
+        if self.close_connection:
+            return
         if self.path.startswith("/bytes/"):
             n = int(self.path.split("/")[2])
             self.send_response(200)
