@@ -53,6 +53,22 @@ pub enum ToMonitor {
     },
 }
 
+impl ToMonitor {
+    /// The message's `op`, for logs.
+    pub fn op(&self) -> &'static str {
+        match self {
+            ToMonitor::Ready => "ready",
+            ToMonitor::Alive => "alive",
+            ToMonitor::Spawn { .. } => "spawn",
+            ToMonitor::Kill { .. } => "kill",
+            ToMonitor::Interrupt { .. } => "interrupt",
+            ToMonitor::Abandon { .. } => "abandon",
+            ToMonitor::Egress { .. } => "egress",
+            ToMonitor::ToolCall { .. } => "tool_call",
+        }
+    }
+}
+
 /// A run as the broker resolved it from a client's request: what root
 /// needs to start it, and nothing root has to parse. The broker did the
 /// parsing (the policy's name, the limits against the policy's ceilings,
@@ -137,6 +153,17 @@ impl RunOrder {
             // one: the broker serves the channel with the client's.
             tools: self.tools.then(Default::default),
         }
+    }
+
+    /// The order's sizes and counts, checked by the monitor before it does
+    /// anything else with it (lengths only: linear, no allocation).
+    pub fn check_bounds(&self) -> Result<(), pycell_protocol::bounds::OutOfBounds> {
+        use pycell_protocol::bounds::*;
+        check_code(&self.code)?;
+        check_filename(self.filename.as_deref())?;
+        check_args(&self.args)?;
+        check_stdin(self.stdin_base64.as_deref())?;
+        check_files(&self.files)
     }
 
     /// What the monitor checks of an order under the policy it names,

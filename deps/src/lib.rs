@@ -370,7 +370,7 @@ mod tests {
         let e = gather(&p, &code, &[]).unwrap_err();
         assert_eq!(e.code, FailureCode::DepsInvalid);
         assert!(
-            e.message.contains("100000 entries; at most 64"),
+            e.message.contains("at most 65536 are read"),
             "{}",
             e.message
         );

@@ -108,11 +108,22 @@ impl Block<'_> {
     }
 }
 
+/// Most bytes of a `# /// script` block's content (TOML that names at
+/// most 64 requirements of at most 256 bytes each fits many times over).
+pub const MAX_BLOCK_BYTES: usize = 64 * 1024;
+
 /// The metadata of `code`, if it has a `# /// script` block.
 pub fn parse(code: &str) -> Result<Option<ScriptMetadata>, MetadataError> {
     let Some(block) = find_block(code)? else {
         return Ok(None);
     };
+    let size: usize = block.lines.iter().map(|l| l.len() + 1).sum();
+    if size > MAX_BLOCK_BYTES {
+        return Err(err(
+            block.start,
+            format!("the `# /// script` block has {size} bytes; at most {MAX_BLOCK_BYTES} are read (it may name at most {MAX_REQUIREMENTS} requirements)"),
+        ));
+    }
     let text = block.lines.join("\n");
     let table: toml::Table = toml::from_str(&text).map_err(|e| {
         let line = e
@@ -247,6 +258,15 @@ mod tests {
             .iter()
             .map(|r| r.to_string())
             .collect()
+    }
+
+    #[test]
+    fn a_block_over_its_size_is_refused_before_it_is_parsed() {
+        let names: String = (0..100_000).map(|i| format!("#   \"pkg{i}\",\n")).collect();
+        let code = format!("# /// script\n# dependencies = [\n{names}# ]\n# ///\n");
+        let e = parse(&code).unwrap_err();
+        assert_eq!(e.line, 1, "{e}");
+        assert!(e.message.contains("at most 65536 are read"), "{e}");
     }
 
     #[test]

@@ -291,14 +291,9 @@ fn bad_request(field: &'static str, problem: impl Into<String>) -> ResolveError 
 
 /// The request's stdin, after checking the sizes and arguments it carries.
 fn checked_input(req: &RunRequest) -> Result<Vec<u8>, ResolveError> {
+    req.check_bounds()
+        .map_err(|e| bad_request(e.field, e.problem))?;
     let max_mib = MAX_CODE_BYTES >> 20;
-    if req.code.len() > MAX_CODE_BYTES {
-        let n = req.code.len();
-        return Err(bad_request(
-            "code",
-            format!("{n} bytes is more than the {max_mib} MiB allowed"),
-        ));
-    }
     let stdin = req
         .stdin_bytes()
         .map_err(|p| bad_request("stdin", p.to_string()))?;
@@ -307,9 +302,6 @@ fn checked_input(req: &RunRequest) -> Result<Vec<u8>, ResolveError> {
             "stdin",
             format!("more than the {max_mib} MiB allowed"),
         ));
-    }
-    if req.args.iter().any(|a| a.contains('\0')) {
-        return Err(bad_request("args", "an argument contains a NUL byte"));
     }
     Ok(stdin)
 }

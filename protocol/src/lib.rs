@@ -11,6 +11,7 @@
 //! the launcher's work. No `unsafe`.
 #![forbid(unsafe_code)]
 
+pub mod bounds;
 pub mod client;
 pub mod framing;
 pub mod info;

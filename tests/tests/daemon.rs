@@ -955,3 +955,95 @@ fn hostile_dependency_requests_stay_in_the_broker_and_disturb_no_other_run() {
     let starts = d.audit_events("run_start", 20);
     assert_eq!(starts.len(), 20, "only the other client's runs reach root");
 }
+
+/// Requests of megabytes, each over one bound (requirements, names, args,
+/// files, file names, stdin, a policy name, a tool catalog): refused
+/// before any work that grows with them, while other runs go on, and the
+/// root monitor never spends more than its budget on a message.
+#[test]
+fn hostile_requests_are_refused_at_once_and_stall_no_one() {
+    let d = Daemon::start("");
+    let names: String = (0..100_000).map(|i| format!("#   \"pkg{i}\",\n")).collect();
+    let mut hostile: Vec<(&str, RunRequest)> = vec![(
+        "a PEP 723 block of 100,000 names",
+        request(&format!(
+            "# /// script\n# dependencies = [\n{names}# ]\n# ///\nprint(1)\n"
+        )),
+    )];
+    let mut r = request("print(1)");
+    r.dependencies = (0..100_000).map(|i| format!("p{i}")).collect();
+    hostile.push(("100,000 requirements", r));
+    let mut r = request("print(1)");
+    r.args = (0..1_000_000).map(|i| format!("a{i}")).collect();
+    hostile.push(("a million arguments", r));
+    let mut r = request("print(1)");
+    r.files = (0..100_000)
+        .map(|i| pycell_protocol::messages::InputFile {
+            name: format!("f{i}"),
+            data_base64: String::new(),
+        })
+        .collect();
+    hostile.push(("100,000 files", r));
+    let mut r = request("print(1)");
+    r.filename = Some("a".repeat(2 << 20));
+    hostile.push(("a file name of 2 MiB", r));
+    let mut r = request("print(1)");
+    r.stdin_base64 = Some("QUFB".repeat(6 << 20));
+    hostile.push(("24 MiB of stdin", r));
+    let mut r = request("print(1)");
+    r.policy = Some("p".repeat(1 << 20));
+    hostile.push(("a policy name of 1 MiB", r));
+    let mut r = request("print(1)");
+    r.tools = Some(pycell_tools::catalog::Catalog {
+        servers: (0..100_000)
+            .map(|i| pycell_tools::catalog::CatalogServer {
+                name: format!("s{i}"),
+                tools: Vec::new(),
+                unavailable: None,
+            })
+            .collect(),
+    });
+    hostile.push(("a catalog of 100,000 servers", r));
+    // Meanwhile another client's small runs keep going.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (probe_stop, socket) = (Arc::clone(&stop), d.socket());
+    let probe = std::thread::spawn(move || {
+        let mut slowest = Duration::ZERO;
+        while !probe_stop.load(Ordering::SeqCst) {
+            let began = Instant::now();
+            let mut c = DaemonClient::connect(&socket).unwrap();
+            let r = c.run(request("print(1)"), |_, _| {}).unwrap();
+            assert_eq!(r.stdout, "1\n");
+            slowest = slowest.max(began.elapsed());
+        }
+        slowest
+    });
+    for (what, r) in hostile {
+        let began = Instant::now();
+        let answer = d.client().run(r, |_, _| {});
+        let took = began.elapsed();
+        match answer {
+            Err(ClientError::Refused { code, .. }) => {
+                assert_eq!(code, ErrorCode::InvalidRequest, "{what}")
+            }
+            Ok(result) => assert_eq!(
+                result.status,
+                pycell_wire::report::RunStatus::Refused,
+                "{what}: {result:?}"
+            ),
+            Err(e) => panic!("{what}: {e}"),
+        }
+        assert!(took < Duration::from_secs(5), "{what} took {took:?}");
+    }
+    stop.store(true, Ordering::SeqCst);
+    let slowest = probe.join().unwrap();
+    assert!(
+        slowest < Duration::from_secs(5),
+        "a small run took {slowest:?}"
+    );
+    assert!(
+        !d.log().contains("over budget"),
+        "the monitor went over its budget:\n{}",
+        d.log()
+    );
+}

@@ -19,6 +19,8 @@ use crate::schema::InputSchema;
 pub const MAX_TOOLS: usize = 2048;
 /// The longest tool name.
 pub const MAX_TOOL_NAME: usize = 128;
+/// The most servers one catalog may list.
+pub const MAX_SERVERS: usize = 64;
 
 /// The client's servers and their tools.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -51,6 +53,12 @@ pub struct CatalogTool {
 impl Catalog {
     /// Whether a catalog from a client is well formed: names, counts.
     pub fn check(&self) -> Result<(), String> {
+        if self.servers.len() > MAX_SERVERS {
+            return Err(format!(
+                "{} servers, more than the {MAX_SERVERS} a catalog may list",
+                self.servers.len()
+            ));
+        }
         let tools: usize = self.servers.iter().map(|s| s.tools.len()).sum();
         if tools > MAX_TOOLS {
             return Err(format!(

@@ -37,6 +37,10 @@ pub(crate) struct Ordered {
 
 /// The order for `request` under the operator's policies in `policy_dir`.
 pub(crate) fn order(policy_dir: &Path, request: RunRequest) -> Result<Ordered, NotOrdered> {
+    // Sizes and counts first, before anything that grows with them.
+    request
+        .check_bounds()
+        .map_err(|e| NotOrdered::Refused(ErrorCode::InvalidRequest, e.to_string()))?;
     let refused = |e: resolve::ResolveError| {
         let (code, message) = refusal(LaunchError::from(e));
         NotOrdered::Refused(code, message)

@@ -18,6 +18,9 @@ impl Monitor {
         built: Option<EnvReport>,
     ) -> Reply {
         let refuse = |(code, message)| Box::new(ToBroker::Refused { req, code, message });
+        order
+            .check_bounds()
+            .map_err(|e| refuse((ErrorCode::InvalidRequest, e.to_string())))?;
         let cap = self.config.max_concurrent_runs * JAILERS_PER_SLOT;
         if self.runs.len() + self.builds.len() >= cap {
             return Err(refuse((

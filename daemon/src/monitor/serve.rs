@@ -3,6 +3,24 @@
 
 use super::*;
 
+/// How long the monitor's one thread may spend on one message of the
+/// broker's, reading it included: every other run waits meanwhile. Every
+/// size is bounded before the broker sends anything, and each message's
+/// work is linear in those bounds; a message over this is logged, and the
+/// hostile-input tests look for that line.
+pub(crate) const MESSAGE_BUDGET: Duration = Duration::from_millis(250);
+
+/// Log a message whose handling took more than [`MESSAGE_BUDGET`].
+fn over_budget(op: &str, took: Duration) {
+    if took > MESSAGE_BUDGET {
+        eprintln!(
+            "pycelld monitor: over budget: a {op} message took {} ms (budget {} ms)",
+            took.as_millis(),
+            MESSAGE_BUDGET.as_millis()
+        );
+    }
+}
+
 impl Monitor {
     pub(super) fn serve(&mut self, sfd: &SignalFd) -> Result<(), MonitorError> {
         loop {
@@ -43,8 +61,13 @@ impl Monitor {
                 }
             }
             if link_ready {
+                let began = Instant::now();
                 match framing::read_sync::<ToMonitor>(&mut self.link) {
-                    Ok(msg) => self.handle(msg),
+                    Ok(msg) => {
+                        let op = msg.op();
+                        self.handle(msg);
+                        over_budget(op, began.elapsed());
+                    }
                     Err(e) if broker_went_away(&e) => {
                         self.broker_alive = false;
                         if self.stopping_since.is_none() {

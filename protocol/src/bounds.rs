@@ -1,0 +1,217 @@
+//! The size and count bounds of a run's input, checked before any work
+//! that grows with it: by pycelld's broker as soon as a request is
+//! decoded, by the root monitor again on the order it is sent (these
+//! checks are linear and allocate nothing), and by the launch path of
+//! embedded runs. Each check looks at lengths only; what the fields mean
+//! is checked later, on input known to be small.
+
+use crate::messages::{InputFile, RunRequest, MAX_CODE_BYTES, MAX_INPUT_FILES};
+
+/// Most arguments a program may get.
+pub const MAX_ARGS: usize = 1024;
+/// Longest argument (the kernel's own limit, MAX_ARG_STRLEN).
+pub const MAX_ARG_BYTES: usize = 128 * 1024;
+/// Most bytes of all arguments together (half of the kernel's usual
+/// ARG_MAX, leaving room for the environment).
+pub const MAX_ARGS_BYTES: usize = 1024 * 1024;
+/// Longest script file name, policy name and input file name.
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// A field over its bound: which, and by how much.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct OutOfBounds {
+    pub field: &'static str,
+    pub problem: String,
+}
+
+fn out(field: &'static str, problem: String) -> OutOfBounds {
+    OutOfBounds { field, problem }
+}
+
+/// Base64 characters that encode at most `bytes` bytes.
+const fn base64_len(bytes: usize) -> usize {
+    bytes.div_ceil(3) * 4
+}
+
+/// The program's text.
+pub fn check_code(code: &str) -> Result<(), OutOfBounds> {
+    match code.len() > MAX_CODE_BYTES {
+        true => Err(out(
+            "code",
+            format!(
+                "{} bytes is more than the {} MiB allowed",
+                code.len(),
+                MAX_CODE_BYTES >> 20
+            ),
+        )),
+        false => Ok(()),
+    }
+}
+
+/// The script's file name, if it has one.
+pub fn check_filename(name: Option<&str>) -> Result<(), OutOfBounds> {
+    match name {
+        Some(n) if n.len() > MAX_NAME_BYTES => Err(out(
+            "filename",
+            format!(
+                "{} bytes; a file name has at most {MAX_NAME_BYTES}",
+                n.len()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The program's arguments: how many, how long, no NUL.
+pub fn check_args(args: &[String]) -> Result<(), OutOfBounds> {
+    if args.len() > MAX_ARGS {
+        return Err(out(
+            "args",
+            format!("{} arguments; at most {MAX_ARGS}", args.len()),
+        ));
+    }
+    let mut total = 0;
+    for (i, a) in args.iter().enumerate() {
+        if a.len() > MAX_ARG_BYTES {
+            return Err(out(
+                "args",
+                format!("argument {i} is {} bytes; at most {MAX_ARG_BYTES}", a.len()),
+            ));
+        }
+        if a.contains('\0') {
+            return Err(out("args", format!("argument {i} contains a NUL byte")));
+        }
+        total += a.len();
+    }
+    match total > MAX_ARGS_BYTES {
+        true => Err(out(
+            "args",
+            format!("{total} bytes together; at most {MAX_ARGS_BYTES}"),
+        )),
+        false => Ok(()),
+    }
+}
+
+/// The program's stdin, as base64.
+pub fn check_stdin(stdin_base64: Option<&str>) -> Result<(), OutOfBounds> {
+    match stdin_base64 {
+        Some(s) if s.len() > base64_len(MAX_CODE_BYTES) => Err(out(
+            "stdin",
+            format!("more than the {} MiB allowed", MAX_CODE_BYTES >> 20),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Input files: how many, their names' and contents' sizes.
+pub fn check_files(files: &[InputFile]) -> Result<(), OutOfBounds> {
+    if files.len() > MAX_INPUT_FILES {
+        return Err(out(
+            "files",
+            format!("{} files; at most {MAX_INPUT_FILES}", files.len()),
+        ));
+    }
+    if let Some(f) = files.iter().find(|f| f.name.len() > MAX_NAME_BYTES) {
+        return Err(out(
+            "files",
+            format!("a name of {} bytes; at most {MAX_NAME_BYTES}", f.name.len()),
+        ));
+    }
+    let encoded: usize = files.iter().map(|f| f.data_base64.len()).sum();
+    match encoded > base64_len(MAX_CODE_BYTES) {
+        true => Err(out(
+            "files",
+            format!(
+                "more than the {} MiB allowed together",
+                MAX_CODE_BYTES >> 20
+            ),
+        )),
+        false => Ok(()),
+    }
+}
+
+impl RunRequest {
+    /// Every size and count bound of the request, in time linear in its
+    /// number of fields (the tool catalog's are `Catalog::check`'s, the
+    /// dependencies' `requirement::parse_list`'s, each checked first).
+    pub fn check_bounds(&self) -> Result<(), OutOfBounds> {
+        check_code(&self.code)?;
+        check_filename(self.filename.as_deref())?;
+        check_args(&self.args)?;
+        check_stdin(self.stdin_base64.as_deref())?;
+        check_files(&self.files)?;
+        match &self.policy {
+            Some(p) if p.len() > MAX_NAME_BYTES => Err(out(
+                "policy",
+                format!(
+                    "{} bytes; a policy name has at most {MAX_NAME_BYTES}",
+                    p.len()
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> RunRequest {
+        RunRequest {
+            code: "print(1)".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_field_over_its_bound_is_named() {
+        let mut cases: Vec<(RunRequest, &str)> = Vec::new();
+        let mut r = req();
+        r.code = "x".repeat(MAX_CODE_BYTES + 1);
+        cases.push((r, "code"));
+        let mut r = req();
+        r.filename = Some("a".repeat(256));
+        cases.push((r, "filename"));
+        let mut r = req();
+        r.args = vec!["a".into(); MAX_ARGS + 1];
+        cases.push((r, "args"));
+        let mut r = req();
+        r.args = vec!["a".repeat(MAX_ARG_BYTES + 1)];
+        cases.push((r, "args"));
+        let mut r = req();
+        r.args = vec!["a".repeat(MAX_ARG_BYTES); 9];
+        cases.push((r, "args"));
+        let mut r = req();
+        r.args = vec!["a\0b".into()];
+        cases.push((r, "args"));
+        let mut r = req();
+        r.stdin_base64 = Some("A".repeat(base64_len(MAX_CODE_BYTES) + 4));
+        cases.push((r, "stdin"));
+        let file = |name: &str, data: usize| InputFile {
+            name: name.into(),
+            data_base64: "A".repeat(data),
+        };
+        let mut r = req();
+        r.files = vec![file("a", 0); MAX_INPUT_FILES + 1];
+        cases.push((r, "files"));
+        let mut r = req();
+        r.files = vec![file(&"a".repeat(256), 0)];
+        cases.push((r, "files"));
+        let mut r = req();
+        r.files = vec![file("a", base64_len(MAX_CODE_BYTES)), file("b", 4)];
+        cases.push((r, "files"));
+        let mut r = req();
+        r.policy = Some("p".repeat(256));
+        cases.push((r, "policy"));
+        for (r, field) in cases {
+            assert_eq!(r.check_bounds().unwrap_err().field, field);
+        }
+        let mut at_bounds = req();
+        at_bounds.args = vec!["a".repeat(MAX_ARG_BYTES); 8];
+        at_bounds.files = vec![file("a", base64_len(MAX_CODE_BYTES))];
+        at_bounds.stdin_base64 = Some("A".repeat(base64_len(MAX_CODE_BYTES)));
+        assert_eq!(at_bounds.check_bounds(), Ok(()));
+    }
+}
