@@ -1,10 +1,12 @@
 //! The audit log, written by the root monitor (the broker, which parses
 //! untrusted input, cannot reach it): one JSON line when a run starts (who
 //! asked, the code's hash, the policy and limits it got, its sandbox uid)
-//! and one when its jailer ends (how long, how it ended, who stopped it),
-//! and one per connection through a run's egress proxy (host, verdict,
-//! bytes).
-//! The run's own outcome (exit code, output) goes to its client only.
+//! and one when its jailer ends (how long, the run's status and exit code
+//! as the jailer told the monitor, how the jailer ended, who stopped it);
+//! two per env build (who asked for what; what it installed or why it
+//! failed); one per tool call and one per connection through a run's
+//! egress proxy (host, verdict, bytes), as the broker reports them.
+//! The run's output goes to its client only.
 
 use crate::link::{EgressLine, PeerIds};
 use pycell_launch::supervisor::StoppedBy;
@@ -12,7 +14,11 @@ use std::fs;
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use pycell_deps::DepsRequest;
+use pycell_protocol::result::EnvReport;
 use pycell_protocol::result::LimitsReport;
+use pycell_wire::outcome::Outcome;
+use pycell_wire::report::JailFailure;
 use sha2::{Digest, Sha256};
 
 use crate::config::AuditSink;
@@ -41,6 +47,21 @@ pub struct RunStart<'a> {
     /// It went to a warm jail of the pool.
     pub warm: bool,
 }
+
+/// A run as its jailer ends.
+#[derive(Debug)]
+pub struct RunEnd<'a> {
+    pub run_id: &'a str,
+    pub wall: Duration,
+    /// The jailer's outcome line, if it wrote one.
+    pub outcome: Option<&'a Outcome>,
+    /// The jailer's wait status as text (`exited 0`, `killed by SIGKILL`).
+    pub jailer: &'a str,
+    pub stopped_by: StoppedBy,
+}
+
+/// The most requirements or packages an audit line lists.
+const MAX_LISTED: usize = 256;
 
 fn cut(s: &str) -> &str {
     let mut end = s.len().min(256);
@@ -112,6 +133,57 @@ impl AuditLog {
         }));
     }
 
+    /// A run's dependencies are not in the env store: a builder starts.
+    /// `key`: the request's key in the store (its requirements, the
+    /// policy's interpreter and index); the env built gets a key of its own.
+    pub fn env_build_started(
+        &mut self,
+        key: &str,
+        peer: PeerIds,
+        policy: &str,
+        deps: &DepsRequest,
+    ) {
+        self.write(serde_json::json!({
+            "ts": now(),
+            "event": "env_build_start",
+            "request_key": cut(key),
+            "peer_uid": peer.uid,
+            "peer_gid": peer.gid,
+            "peer_pid": peer.pid,
+            "policy": policy,
+            "requirements": deps.requirements.iter().take(MAX_LISTED).map(|r| cut(r)).collect::<Vec<_>>(),
+            "requires_python": deps.requires_python.as_deref().map(cut),
+        }));
+    }
+
+    /// A builder ended: the env it stored, or why it failed.
+    pub fn env_build_ended(
+        &mut self,
+        key: &str,
+        wall: Duration,
+        builder: &str,
+        outcome: &Result<EnvReport, JailFailure>,
+    ) {
+        let packages = outcome.as_ref().ok().map(|env| {
+            env.packages
+                .iter()
+                .take(MAX_LISTED)
+                .map(|p| format!("{}=={}", cut(&p.name), cut(&p.version)))
+                .collect::<Vec<_>>()
+        });
+        self.write(serde_json::json!({
+            "ts": now(),
+            "event": "env_build_end",
+            "request_key": cut(key),
+            "env": outcome.as_ref().ok().map(|env| cut(&env.key)),
+            "wall_ms": wall.as_secs_f64() * 1000.0,
+            "builder": builder,
+            "failure": outcome.as_ref().err().map(|f| f.code.as_str()),
+            "message": outcome.as_ref().err().map(|f| cut(&f.message)),
+            "packages": packages,
+        }));
+    }
+
     /// One connection of a run's egress proxy.
     pub fn egress(&mut self, run_id: &str, c: &EgressLine) {
         self.write(serde_json::json!({
@@ -145,16 +217,21 @@ impl AuditLog {
         }));
     }
 
-    /// `status`: the jailer's wait status as text (`exited 0`, `killed by
-    /// SIGKILL`).
-    pub fn run_ended(&mut self, run_id: &str, wall: Duration, status: &str, by: StoppedBy) {
+    /// A run's jailer was reaped: how the run ended, as its jailer said
+    /// (`None` if it was killed before it could), and how the jailer did.
+    pub fn run_ended(&mut self, e: &RunEnd<'_>) {
+        let outcome = e.outcome;
         self.write(serde_json::json!({
             "ts": now(),
             "event": "run_end",
-            "run_id": run_id,
-            "wall_ms": wall.as_secs_f64() * 1000.0,
-            "jailer": status,
-            "stopped_by": stopped_by_label(by),
+            "run_id": e.run_id,
+            "wall_ms": e.wall.as_secs_f64() * 1000.0,
+            "status": outcome.map(|o| o.status.as_str()),
+            "exit_code": outcome.and_then(|o| o.exit_code),
+            "signal": outcome.and_then(|o| o.signal),
+            "failure": outcome.and_then(|o| o.failure.as_deref()),
+            "jailer": e.jailer,
+            "stopped_by": stopped_by_label(e.stopped_by),
         }));
     }
 }

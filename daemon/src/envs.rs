@@ -52,6 +52,8 @@ pub struct Build {
     /// The run to start when the env is built.
     pub order: RunOrder,
     pub policy: String,
+    /// The env's key in the store.
+    pub key: String,
     pub child: Child,
     started: Instant,
     deadline: Instant,
@@ -228,6 +230,7 @@ impl Build {
         peer: PeerIds,
         order: RunOrder,
         policy: String,
+        key: String,
         child: Child,
         deadline: Instant,
     ) -> Build {
@@ -236,6 +239,7 @@ impl Build {
             peer,
             order,
             policy,
+            key,
             child,
             started: Instant::now(),
             deadline,
@@ -271,6 +275,11 @@ impl Build {
 
     /// The env, or why there is none, once the builder was reaped with
     /// `status` (as the audit log words it).
+    /// How long it has been going.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
     pub fn outcome(&mut self, status: &str) -> Result<EnvReport, JailFailure> {
         let mut out = Vec::new();
         if let Some(stdout) = self.child.stdout.take() {

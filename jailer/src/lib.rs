@@ -40,6 +40,7 @@ use std::os::fd::AsFd;
 
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events;
+use pycell_wire::outcome::{Outcome, OUTCOME_FD, OUTCOME_FD_ENV};
 use pycell_wire::report::{JailFailure, JailReport};
 use pycell_wire::spec::JailSpec;
 
@@ -73,17 +74,29 @@ pub fn jailer_main() -> i32 {
     // If whoever started us goes away, stop the sandbox and clean up: SIGTERM
     // is handled by the supervisor as "kill the sandbox".
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
+    let outcome_pipe = outcome_pipe();
     let mut out = io::BufWriter::with_capacity(128 * 1024, io::stdout().lock());
-    match read_spec() {
-        Ok(spec) => {
-            supervisor::run(&spec, &mut out);
-            0
-        }
+    let (outcome, code) = match read_spec() {
+        Ok(spec) => (supervisor::run(&spec, &mut out), 0),
         Err(message) => {
             let f = JailFailure::new(FailureCode::InvalidSpec, Layer::Jailer, message);
-            let _ = events::write_result(&mut out, &JailReport::refused(f));
+            let report = JailReport::refused(f);
+            let _ = events::write_result(&mut out, &report);
             let _ = out.flush();
-            2
+            (Outcome::of(&report), 2)
         }
+    };
+    if let Some(mut pipe) = outcome_pipe {
+        let _ = pipe.write_all(outcome.to_line().as_bytes());
     }
+    code
+}
+
+/// The pipe our starter reads our outcome line from, if it gave us one
+/// (pycelld's monitor does, for its audit log).
+fn outcome_pipe() -> Option<std::fs::File> {
+    std::env::var_os(OUTCOME_FD_ENV)?;
+    pycell_syscall::adopt_inherited_fd(OUTCOME_FD)
+        .ok()
+        .map(std::fs::File::from)
 }

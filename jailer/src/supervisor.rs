@@ -28,6 +28,7 @@ use crate::relay::{self, ParentEnds};
 use crate::status::{GO_CGROUP, GO_MAPS};
 use pycell_host::cgroup::{self, CgroupLayout, CgroupLimits, SandboxCgroup};
 use pycell_syscall::{self as syscall, CloneResult};
+use pycell_wire::outcome::Outcome;
 
 /// The namespaces every jail gets (the cgroup one is entered by the child
 /// once it has been moved into its cgroup).
@@ -43,7 +44,7 @@ const CLONE_FLAGS: libc::c_int = libc::CLONE_NEWUSER
 /// frames, then the report. The caller must be single-threaded (the
 /// jail is cloned from it). Blocks SIGINT/SIGTERM/SIGHUP/SIGCHLD while it
 /// runs (SIGINT is passed on to the program; SIGTERM/SIGHUP kill the jail).
-pub(crate) fn run(spec: &JailSpec, events: &mut dyn Write) {
+pub(crate) fn run(spec: &JailSpec, events: &mut dyn Write) -> Outcome {
     let (report, cgroup) = match run_checked(spec, events) {
         Ok((report, cgroup)) => (report, Some(cgroup)),
         Err(f) => (JailReport::refused(f), None),
@@ -53,6 +54,7 @@ pub(crate) fn run(spec: &JailSpec, events: &mut dyn Write) {
     // The jail's (empty) cgroup is removed after the result is out: a
     // client waits for the one, not the other.
     drop(cgroup);
+    Outcome::of(&report)
 }
 
 fn run_checked(

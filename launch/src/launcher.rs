@@ -19,6 +19,8 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use pycell_wire::outcome::{Outcome, MAX_OUTCOME_LINE, OUTCOME_FD, OUTCOME_FD_ENV};
+
 use pycell_policy::network::EgressRules;
 use pycell_policy::Policy;
 
@@ -404,7 +406,26 @@ pub struct Started<Child, Events> {
     pub handouts: Option<OwnedFd>,
     /// A warm jail's stream for its work (see [`Started::send_work`]).
     work: Option<UnixStream>,
+    /// The read end of the jailer's outcome pipe (see [`read_outcome`]).
+    pub outcome: OwnedFd,
     pub lease: UidLease,
+}
+
+/// The outcome line a jailer wrote when its run ended, read without
+/// waiting once it has exited (none if it was killed first).
+pub fn read_outcome(pipe: &OwnedFd) -> Option<Outcome> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = OFlag::from_bits_truncate(fcntl(pipe, FcntlArg::F_GETFL).ok()?);
+    fcntl(pipe, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).ok()?;
+    let mut buf = [0u8; MAX_OUTCOME_LINE + 1];
+    let mut len = 0;
+    while len < buf.len() {
+        match nix::unistd::read(pipe, &mut buf[len..]) {
+            Ok(n @ 1..) => len += n,
+            _ => break,
+        }
+    }
+    Outcome::parse(&buf[..len])
 }
 
 impl<C, E> Started<C, E> {
@@ -447,9 +468,11 @@ impl Prepared {
 
     /// The jailer command: nothing from our environment, the spec on stdin
     /// (a unix socket, returned: the jailer sends the egress proxy's
-    /// listener back on it), events on stdout.
-    fn command(&self, stderr: JailerStderr) -> io::Result<(Command, UnixStream)> {
+    /// listener back on it), events on stdout, its outcome line on a pipe
+    /// (whose read end is returned too).
+    fn command(&self, stderr: JailerStderr) -> io::Result<(Command, UnixStream, OwnedFd)> {
         let (ours, theirs) = UnixStream::pair()?;
+        let (outcome, outcome_w) = io::pipe()?;
         let mut cmd = Command::new(&self.jailer);
         if self.spec.session.is_some() {
             // A session's cells are interrupted by its launcher, never by
@@ -462,8 +485,10 @@ impl Prepared {
             .stderr(match stderr {
                 JailerStderr::Inherit => Stdio::inherit(),
                 JailerStderr::Capture => Stdio::piped(),
-            });
-        Ok((cmd, ours))
+            })
+            .env(OUTCOME_FD_ENV, OUTCOME_FD.to_string());
+        pycell_syscall::inherit_fd_as(&mut cmd, outcome_w.into(), OUTCOME_FD);
+        Ok((cmd, ours, outcome.into()))
     }
 
     /// The spec as the jailer reads it: one frame.
@@ -507,7 +532,8 @@ impl Prepared {
     /// killed and reaped, and the result says why.
     pub fn spawn(self, stderr: JailerStderr) -> Result<Launched, Box<RunResult>> {
         let frame = self.spec_frame()?;
-        let (mut cmd, mut spec_in) = self.command(stderr).map_err(|e| self.cannot_start(e))?;
+        let (mut cmd, mut spec_in, outcome) =
+            self.command(stderr).map_err(|e| self.cannot_start(e))?;
         // A warm jail's work follows its spec on the same stream.
         let work = match self.spec.warm {
             true => Some(spec_in.try_clone().map_err(|e| self.cannot_start(e))?),
@@ -527,7 +553,7 @@ impl Prepared {
             let _ = child.wait();
             return Err(self.spec_not_taken(e));
         }
-        Ok(self.started(child, events, spec_in, work))
+        Ok(self.started(child, events, spec_in, work, outcome))
     }
 
     fn started<C, E>(
@@ -536,6 +562,7 @@ impl Prepared {
         events: E,
         spec_in: UnixStream,
         work: Option<UnixStream>,
+        outcome: OwnedFd,
     ) -> Started<C, E> {
         let hands_out = self.egress.is_some() || self.spec.export_workspace || self.spec.tools;
         Started {
@@ -547,6 +574,7 @@ impl Prepared {
             egress: self.egress,
             handouts: hands_out.then(|| OwnedFd::from(spec_in)),
             work,
+            outcome,
             lease: self.lease,
         }
     }
@@ -559,7 +587,7 @@ impl Prepared {
     pub async fn spawn_async(self, stderr: JailerStderr) -> Result<LaunchedAsync, Box<RunResult>> {
         use tokio::io::AsyncWriteExt;
         let frame = self.spec_frame()?;
-        let (cmd, spec_in) = self.command(stderr).map_err(|e| self.cannot_start(e))?;
+        let (cmd, spec_in, outcome) = self.command(stderr).map_err(|e| self.cannot_start(e))?;
         let mut cmd = tokio::process::Command::from(cmd);
         let mut child = cmd.spawn().map_err(|e| self.cannot_start(e))?;
         drop(cmd);
@@ -584,7 +612,7 @@ impl Prepared {
             Ok::<_, io::Error>((spec_in, work))
         };
         match sent.await {
-            Ok((spec_in, work)) => Ok(self.started(child, events, spec_in, work)),
+            Ok((spec_in, work)) => Ok(self.started(child, events, spec_in, work, outcome)),
             Err(e) => {
                 let _ = child.kill().await;
                 Err(self.spec_not_taken(e))

@@ -119,6 +119,12 @@ fn runs_through_the_daemon_and_audits_them() {
     assert_eq!(ends[0]["run_id"], starts[0]["run_id"]);
     assert_eq!(ends[0]["jailer"], "exited 0");
     assert_eq!(ends[1]["stopped_by"], serde_json::Value::Null);
+    // ... and how the run itself ended, as its jailer told the monitor.
+    assert_eq!(ends[0]["status"], "ok", "{}", d.audit());
+    assert_eq!(ends[0]["exit_code"], 0);
+    assert_eq!(ends[1]["status"], "error", "{}", d.audit());
+    assert_eq!(ends[1]["exit_code"], 4);
+    assert_eq!(ends[1]["signal"], serde_json::Value::Null);
     // `pycell info` asks the daemon.
     let info = Command::new(pycell_bin())
         .args(["info", "--json"])

@@ -529,6 +529,33 @@ fn pycelld_builds_an_env_once_tells_its_steps_and_later_runs_find_it() {
     );
     assert_eq!(envs_in(&store), 2);
     assert!(nothing_building(&store));
+    // The monitor audited each build: who asked for what, and what came of it.
+    let started = d.audit_events("env_build_start", 3);
+    let ended = d.audit_events("env_build_end", 3);
+    assert_eq!((started.len(), ended.len()), (3, 3), "{}", d.audit());
+    assert_eq!(started[0]["request_key"].as_str().unwrap().len(), 64);
+    assert_eq!(started[0]["peer_uid"], 0);
+    assert_eq!(started[0]["policy"], "deps");
+    assert_eq!(
+        started[0]["requirements"][0],
+        "pycell-test-a",
+        "{}",
+        d.audit()
+    );
+    assert_eq!(ended[0]["request_key"], started[0]["request_key"]);
+    assert_eq!(ended[0]["env"], key.as_str());
+    assert_eq!(ended[0]["failure"], Value::Null, "{}", d.audit());
+    assert_eq!(
+        ended[0]["packages"][0],
+        "pycell-test-a==1.0",
+        "{}",
+        d.audit()
+    );
+    assert_eq!(ended[1]["failure"], "deps_no_wheel", "{}", d.audit());
+    assert_eq!(
+        (&ended[1]["packages"], &ended[1]["env"]),
+        (&Value::Null, &Value::Null)
+    );
 }
 
 const SLOW_B: &str = "# /// script\n# dependencies = [\"pycell-test-b==2.0\"]\n# ///\nimport pycell_test_b\nprint(pycell_test_b.VERSION)\n";

@@ -18,5 +18,6 @@ pub mod events;
 pub mod fdpass;
 pub mod framing;
 pub mod handout;
+pub mod outcome;
 pub mod report;
 pub mod spec;

@@ -58,8 +58,11 @@ impl Monitor {
             ))
         })?;
         let deadline = builders.deadline(plan.install_timeout());
+        self.audit
+            .env_build_started(&plan.key, peer, &policy.name, wanted);
         // Kept until the build is done.
-        let build = Build::new(req, peer, order, policy.name.clone(), child, deadline);
+        let name = policy.name.clone();
+        let build = Build::new(req, peer, order, name, plan.key, child, deadline);
         self.builds.insert(build.pid(), build);
         Ok(EnvStep::Building((
             ToBroker::Installing { req },
@@ -70,7 +73,10 @@ impl Monitor {
     /// A builder ended: start its run, or say why it cannot start.
     pub(super) fn built(&mut self, mut build: Build, how: &str) {
         let (req, peer) = (build.req, build.peer);
-        let reply = match build.outcome(how) {
+        let outcome = build.outcome(how);
+        self.audit
+            .env_build_ended(&build.key, build.elapsed(), how, &outcome);
+        let reply = match outcome {
             Ok(env) => {
                 let reply = self.spawn(req, peer, build.order, Some(env));
                 // After the run holds its env: gc never removes one in use.

@@ -33,14 +33,16 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{Gid, Group, Pid, Uid, User};
 use pycell_deps::{self as deps, build::Plan, store::EnvInUse, store::EnvStore};
 use pycell_host::cgroup::CgroupLayout;
-use pycell_launch::launcher::{self as launch, JailerStderr, Launched, Launcher, PolicyChoice};
+use pycell_launch::launcher::{
+    self as launch, read_outcome, JailerStderr, Launched, Launcher, PolicyChoice,
+};
 use pycell_launch::resolve::Extras;
 use pycell_protocol::framing;
 use pycell_protocol::messages::{ErrorCode, RunRequest};
 use pycell_protocol::result::{EnvReport, LimitsReport};
 use pycell_wire::codes::FailureCode;
 
-use crate::audit::{AuditLog, RunStart};
+use crate::audit::{AuditLog, RunEnd, RunStart};
 use crate::config::is_proxy_setting;
 use crate::config::Config;
 use crate::envs::{Build, Builders, EnvsError};
@@ -80,6 +82,8 @@ struct Run {
     /// The env of its dependencies: in use (so kept) while the run goes.
     _env: Option<EnvInUse>,
     started: Instant,
+    /// The jailer's outcome pipe, read once it is reaped.
+    outcome: OwnedFd,
 }
 
 /// The monitor's answer to a spawn request: a message for the broker and

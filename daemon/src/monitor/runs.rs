@@ -205,6 +205,7 @@ impl Monitor {
                 process,
                 _env: env,
                 started,
+                outcome: launched.outcome,
             },
         );
         (msg, fds)

@@ -259,13 +259,14 @@ impl Monitor {
                         self.broker_alive = false;
                     } else if let Some(mut run) = self.runs.remove(&pid.as_raw()) {
                         run.process.reaped_elsewhere();
-                        let how = describe_wait(&status);
-                        self.audit.run_ended(
-                            &run.run_id,
-                            run.started.elapsed(),
-                            &how,
-                            run.process.stopped_by(),
-                        );
+                        let outcome = read_outcome(&run.outcome);
+                        self.audit.run_ended(&RunEnd {
+                            run_id: &run.run_id,
+                            wall: run.started.elapsed(),
+                            outcome: outcome.as_ref(),
+                            jailer: &describe_wait(&status),
+                            stopped_by: run.process.stopped_by(),
+                        });
                         // The lease goes (and the run's cgroups with it)
                         // before the broker hears the jailer is gone.
                         let run_id = std::mem::take(&mut run.run_id);
