@@ -10,7 +10,8 @@ use crate::body::Framing;
 
 /// Largest request head accepted (request line and headers).
 pub const MAX_HEAD: usize = 16 * 1024;
-const MAX_HEADERS: usize = 100;
+/// Most headers a request head may have.
+pub const MAX_HEADERS: usize = 100;
 
 /// Where a request goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -264,10 +265,25 @@ fn authority(a: &str, default: Option<u16>) -> Result<(String, u16), HeadError> 
         Some(p) => p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(bad)?,
         None => default.ok_or_else(|| HeadError::NoPort(clip(a)))?,
     };
-    if host.is_empty() || host.contains('@') {
+    if !host_chars_ok(&host) {
         return Err(bad());
     }
     Ok((host, port))
+}
+
+/// A name's characters (letters, digits, `.`, `-`, `_`), or an IPv6
+/// address's in brackets: nothing that could end the authority where a
+/// next hop would not (`:`, `@`, `'`, `%`, spaces).
+fn host_chars_ok(host: &str) -> bool {
+    let (inner, ok): (&str, fn(u8) -> bool) = match host.strip_prefix('[') {
+        Some(v6) => (v6.strip_suffix(']').unwrap_or(""), |b| {
+            b.is_ascii_hexdigit() || matches!(b, b':' | b'.')
+        }),
+        None => (host, |b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_')
+        }),
+    };
+    !inner.is_empty() && inner.len() <= 253 && inner.bytes().all(ok)
 }
 
 fn absolute(target: &str) -> Result<Target, HeadError> {
@@ -428,6 +444,19 @@ mod tests {
             ("GET  http://x/ HTTP/1.1\r\n\r\n", "malformed request head"),
             ("GET https://x/ HTTP/1.1\r\n\r\n", "with CONNECT"),
             ("GET http://u@x/ HTTP/1.1\r\n\r\n", "malformed host:port"),
+            // Found by fuzzing: the host ran to the last colon, so the
+            // proxy judged "x:80y" while a next hop read "x".
+            (
+                "GET http://x.example.net:80y.example.net:80 HTTP/1.1\r\n\r\n",
+                "malformed host:port",
+            ),
+            ("GET http://x'y:80/ HTTP/1.1\r\n\r\n", "malformed host:port"),
+            ("GET http://x%41/ HTTP/1.1\r\n\r\n", "malformed host:port"),
+            (
+                "CONNECT [::1%lo]:443 HTTP/1.1\r\n\r\n",
+                "malformed host:port",
+            ),
+            ("CONNECT []:443 HTTP/1.1\r\n\r\n", "malformed host:port"),
             (
                 "GET http://x/ HTTP/1.1\r\nno colon\r\n\r\n",
                 "malformed request head",

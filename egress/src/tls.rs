@@ -107,11 +107,15 @@ fn server_name(handshake: &[u8]) -> Option<Option<String>> {
         return None;
     };
     let name = std::str::from_utf8(name).ok().filter(|_| kind.0 == 0)?;
-    let host_name = !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
-    host_name.then(|| Some(name.trim_end_matches('.').to_ascii_lowercase()))
+    let host = name.strip_suffix('.').unwrap_or(name);
+    let host_name = (1..=253).contains(&host.len())
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
+        });
+    host_name.then(|| Some(host.to_ascii_lowercase()))
 }
 
 #[cfg(test)]
@@ -207,6 +211,9 @@ pub(crate) mod tests {
                 "a NUL",
             ),
             (client_hello_naming(&[""], 1, 0, 16384), "an empty name"),
+            // Found by fuzzing: a name of dots only was read as "".
+            (client_hello_naming(&["."], 1, 0, 16384), "a lone dot"),
+            (client_hello_naming(&[".."], 1, 0, 16384), "two dots"),
         ] {
             assert_eq!(inspect(&hello), Hello::Malformed, "{what}");
         }
