@@ -109,6 +109,16 @@ impl AuditLog {
     fn write(&mut self, line: serde_json::Value) {
         match &mut self.sink {
             Sink::Off => {}
+            // Under systemd: a journal entry whose fields name the run,
+            // so `journalctl -u pycelld RUN_ID=...` finds its lines.
+            Sink::Stderr if crate::logging::to_journal() => tracing::info!(
+                target: crate::logging::AUDIT_TARGET,
+                audit_event = line["event"].as_str(),
+                run_id = line["run_id"].as_str(),
+                peer_uid = line["peer_uid"].as_u64(),
+                policy = line["policy"].as_str(),
+                "{line}"
+            ),
             Sink::Stderr => eprintln!("{line}"),
             // One write per line: O_APPEND keeps lines whole.
             Sink::File(f) => {

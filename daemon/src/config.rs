@@ -36,6 +36,7 @@ struct RawConfig {
     max_connections_per_uid: Option<usize>,
     shutdown_grace: Option<String>,
     audit_log: Option<String>,
+    log_level: Option<String>,
     policy_dir: Option<PathBuf>,
     cgroup_parent: Option<String>,
     env_store: Option<PathBuf>,
@@ -87,6 +88,8 @@ pub struct Config {
     pub max_connections_per_uid: usize,
     pub shutdown_grace: Duration,
     pub audit: AuditSink,
+    /// How much pycelld logs (`PYCELLD_LOG` overrides it).
+    pub log_level: crate::logging::LogLevel,
     pub policy_dir: PathBuf,
     /// Parent of the daemon's run cgroups, relative to the daemon's own
     /// cgroup (the service's delegated subtree); distinct from embedded
@@ -185,6 +188,7 @@ impl Default for Config {
             max_connections_per_uid: 128,
             shutdown_grace: Duration::from_secs(10),
             audit: AuditSink::Stderr,
+            log_level: crate::logging::LogLevel::default(),
             policy_dir: PathBuf::from(pycell_launch::resolve::POLICY_DIR),
             cgroup_parent: "runs".into(),
             env_store: PathBuf::from(DEFAULT_ENV_STORE),
@@ -399,6 +403,14 @@ impl Config {
                 }
             };
         }
+        if let Some(l) = &raw.log_level {
+            self.log_level = crate::logging::LogLevel::parse(l).ok_or_else(|| {
+                at.field(
+                    "log_level",
+                    "use \"error\", \"warn\", \"info\", \"debug\" or \"trace\"",
+                )
+            })?;
+        }
         if let Some(d) = raw.policy_dir {
             self.policy_dir = d;
         }
@@ -565,6 +577,14 @@ mod tests {
             e.to_string(),
             "c.toml:1:1: socket_mode: \"999\" is not an octal mode like \"0660\""
         );
+        let e = Config::parse("\nlog_level = \"verbose\"\n", Path::new("c.toml")).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("c.toml:2:1: log_level: use \"error\""),
+            "{e}"
+        );
+        let c = Config::parse("log_level = \"debug\"\n", Path::new("c.toml")).unwrap();
+        assert_eq!(c.log_level, crate::logging::LogLevel::Debug);
         let c = Config::parse("uid_range = \"5000-6000\"\nsocket_group = \"staff\"\naudit_log = \"/var/log/pycell.jsonl\"\n", Path::new("c.toml")).unwrap();
         assert_eq!(c.uid_range, 5000..=6000);
         assert_eq!(c.allowed_groups, vec!["staff".to_string()]);

@@ -262,8 +262,11 @@ impl Build {
     /// Stop a builder past its deadline; SIGKILL one that ignored SIGTERM.
     pub fn escalate(&mut self) {
         if self.killed_at.is_none() && Instant::now() >= self.deadline {
-            eprintln!(
-                "pycelld monitor: the env build for request {} ran past its deadline; stopping it",
+            tracing::warn!(
+                peer_uid = self.peer.uid,
+                policy = %self.policy,
+                layer = "dependencies",
+                "the env build for request {} ran past its deadline; stopping it",
                 self.req
             );
             self.stop();

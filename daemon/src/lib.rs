@@ -24,6 +24,7 @@ pub mod config;
 pub mod envs;
 pub mod link;
 pub mod listen;
+pub mod logging;
 pub mod monitor;
 pub mod pool;
 pub mod sockets;

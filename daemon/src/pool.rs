@@ -193,8 +193,9 @@ impl Pools {
                     }
                     Err(Retry { after, why }) => {
                         if let Some(why) = why {
-                            eprintln!(
-                                "pycelld monitor: warm pool {:?}: {why}; trying again in {} s",
+                            tracing::warn!(
+                                policy = %pool.plan.policy,
+                                "warm pool {:?}: {why}; trying again in {} s",
                                 pool.plan.policy,
                                 after.as_secs()
                             );
@@ -252,13 +253,17 @@ impl Pools {
                 pool.backoff = Duration::from_secs(1);
             }
             other => {
-                let why = match other {
-                    Ok(Some(Event::Result(r))) => r.error.map_or_else(String::new, |e| e.message),
-                    Ok(_) => "its jailer ended".to_string(),
-                    Err(e) => e.to_string(),
+                let (why, layer) = match other {
+                    Ok(Some(Event::Result(r))) => r
+                        .error
+                        .map_or_else(Default::default, |e| (e.message, Some(e.layer.as_str()))),
+                    Ok(_) => ("its jailer ended".to_string(), None),
+                    Err(e) => (e.to_string(), None),
                 };
-                eprintln!(
-                    "pycelld monitor: a warm jail of policy {:?} failed: {why}; trying again in {} s",
+                tracing::warn!(
+                    policy = %pool.plan.policy,
+                    layer,
+                    "a warm jail of policy {:?} failed: {why}; trying again in {} s",
                     pool.plan.policy,
                     pool.backoff.as_secs()
                 );
@@ -332,8 +337,9 @@ impl Pools {
             .map(|(_, pid)| pid)?;
         let member = pool.members.get_mut(&pid)?;
         if let Err(e) = member.launched.send_work(&work) {
-            eprintln!(
-                "pycelld monitor: a warm jail of policy {policy:?} did not take its work: {e}"
+            tracing::warn!(
+                policy,
+                "a warm jail of policy {policy:?} did not take its work: {e}"
             );
             stop(member);
             return None;

@@ -79,6 +79,61 @@ fn hello(s: &mut UnixStream) {
     assert!(matches!(read_reply(s), ServerMessage::Welcome { .. }));
 }
 
+/// The log's lines once one contains `needle` (pycelld logs a run's end
+/// when it reaps the jailer, a moment after the client has its result).
+fn log_once_it_has(d: &Daemon, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = d.log();
+        if log.contains(needle) || Instant::now() > deadline {
+            return log;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn pycelld_logs_at_its_configured_level_naming_the_run_in_fields() {
+    let verbose = Daemon::start("log_level = \"debug\"\n");
+    let r = verbose
+        .client()
+        .run(request("print(1)"), |_, _| {})
+        .unwrap();
+    let log = log_once_it_has(&verbose, "run ended");
+    let line = |what: &str| {
+        log.lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what:?} line in:\n{log}"))
+            .to_string()
+    };
+    let started = line("run started");
+    assert!(started.contains(" DEBUG "), "{started}");
+    for field in [
+        format!("run_id={}", r.run_id),
+        "peer_uid=0".into(),
+        "policy=default".into(),
+    ] {
+        assert!(started.contains(&field), "{field} in {started}");
+    }
+    let ended = line("run ended");
+    assert!(ended.contains(&format!("run_id={}", r.run_id)), "{ended}");
+    assert!(ended.contains("status=\"ok\""), "{ended}");
+    // Its env store is under /tmp, which it refuses: a warning, at info.
+    assert!(line("runs with dependencies will be refused").contains(" WARN "));
+    let default = Daemon::start("");
+    default
+        .client()
+        .run(request("print(1)"), |_, _| {})
+        .unwrap();
+    let log = log_once_it_has(&default, "will be refused");
+    assert!(log.contains("will be refused"), "{log}");
+    assert!(!log.contains("run started"), "{log}");
+    let quiet = Daemon::start("log_level = \"error\"\n");
+    quiet.client().run(request("print(1)"), |_, _| {}).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!quiet.log().contains("will be refused"), "{}", quiet.log());
+}
+
 #[test]
 fn runs_through_the_daemon_and_audits_them() {
     let d = Daemon::start("");

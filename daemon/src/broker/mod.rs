@@ -296,14 +296,20 @@ pub fn main(allowed_gids: Vec<u32>) -> i32 {
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
     // Started through /proc/self/fd/N, whose number would be our name.
     let _ = nix::sys::prctl::set_name(c"pycelld");
+    // The monitor passes its log filter (and systemd's JOURNAL_STREAM).
+    let env = std::env::var(crate::logging::LOG_ENV).ok();
+    crate::logging::init(&crate::logging::directives(
+        env.as_deref(),
+        Default::default(),
+    ));
     if nix::unistd::geteuid().is_root() {
-        eprintln!("pycelld broker: refusing to run as root");
+        tracing::error!("refusing to run the broker as root");
         return 1;
     }
     let handoff = match take_handoff() {
         Ok(h) => h,
         Err(e) => {
-            eprintln!("pycelld broker: {e} (--broker is internal: the monitor starts it)");
+            tracing::error!("{e} (--broker is internal: the monitor starts it)");
             return 1;
         }
     };
@@ -317,7 +323,7 @@ pub fn main(allowed_gids: Vec<u32>) -> i32 {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("pycelld broker: {e}");
+            tracing::error!("cannot start the broker's runtime: {e}");
             return 1;
         }
     };
@@ -485,7 +491,7 @@ async fn serve(handoff: Handoff, allowed_gids: Vec<u32>) -> i32 {
     let (listener, link) = match started {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("pycelld broker: {e}");
+            tracing::error!("cannot serve the socket: {e}");
             return 1;
         }
     };
@@ -493,7 +499,7 @@ async fn serve(handoff: Handoff, allowed_gids: Vec<u32>) -> i32 {
     let _ = broker.link.send(&crate::link::ToMonitor::Ready);
     spawn_heartbeat(Arc::clone(&broker.link));
     if let Err(e) = accept_until_term(listener, &broker).await {
-        eprintln!("pycelld broker: {e}");
+        tracing::error!("the broker stopped accepting: {e}");
         return 1;
     }
     broker.drain().await;

@@ -97,7 +97,10 @@ impl Monitor {
     pub(super) fn collect_garbage(&self) {
         if let Ok((_, builders)) = &self.envs {
             if let Err(e) = builders.collect_garbage(&self.config) {
-                eprintln!("pycelld monitor: cannot start the env store's gc: {e}");
+                tracing::warn!(
+                    layer = "dependencies",
+                    "cannot start the env store's gc: {e}"
+                );
             }
         }
     }

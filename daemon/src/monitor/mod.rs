@@ -139,10 +139,13 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
     )?;
     let envs = open_envs(&config, &launcher);
     if let Err(why) = &envs {
-        eprintln!("pycelld monitor: runs with dependencies will be refused: {why}");
+        tracing::warn!(
+            layer = "dependencies",
+            "runs with dependencies will be refused: {why}"
+        );
     }
     for w in warnings {
-        eprintln!("pycelld monitor: {w}");
+        tracing::warn!("{w}");
     }
     let mut m = Monitor {
         config,

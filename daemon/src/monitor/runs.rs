@@ -182,6 +182,14 @@ impl Monitor {
             sandbox_uid: launched.lease.uid,
             warm,
         });
+        tracing::debug!(
+            run_id = %launched.run_id,
+            peer_uid = peer.uid,
+            policy = %launched.policy,
+            sandbox_uid = launched.lease.uid,
+            warm,
+            "run started"
+        );
         let started = Instant::now();
         let mut fds = vec![OwnedFd::from(launched.events)];
         fds.extend(launched.handouts);
@@ -217,8 +225,9 @@ impl Monitor {
     pub(super) fn escalate_kills(&mut self) {
         for run in self.runs.values_mut() {
             if run.process.escalate() == Some(Escalation::Stopped) {
-                eprintln!(
-                    "pycelld monitor: run {} outlived its timeout by {} s; stopping its jailer",
+                tracing::warn!(
+                    run_id = %run.run_id,
+                    "run {} outlived its timeout by {} s; stopping its jailer",
                     run.run_id,
                     PATIENCE.slack.as_secs()
                 );

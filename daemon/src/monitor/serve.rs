@@ -13,8 +13,10 @@ pub(crate) const MESSAGE_BUDGET: Duration = Duration::from_millis(250);
 /// Log a message whose handling took more than [`MESSAGE_BUDGET`].
 fn over_budget(op: &str, took: Duration) {
     if took > MESSAGE_BUDGET {
-        eprintln!(
-            "pycelld monitor: over budget: a {op} message took {} ms (budget {} ms)",
+        tracing::warn!(
+            op,
+            took_ms = took.as_millis() as u64,
+            "over budget: a {op} message took {} ms (budget {} ms)",
             took.as_millis(),
             MESSAGE_BUDGET.as_millis()
         );
@@ -146,7 +148,7 @@ impl Monitor {
     /// A broker that sends what it must not, stalls inside a frame or
     /// stops taking ours is treated as compromised: stop everything.
     pub(super) fn broker_failed(&mut self, why: &str) {
-        eprintln!("pycelld monitor: {why}; stopping");
+        tracing::error!("{why}; stopping");
         self.failure.get_or_insert_with(|| why.to_string());
         let _ = kill(self.broker_pid, Signal::SIGKILL);
         self.broker_alive = false;
@@ -242,9 +244,9 @@ impl Monitor {
                     .map_err(|e| e.to_string())
             });
         if let Err(e) = sent {
-            eprintln!(
-                "pycelld monitor: cannot answer request {req} (peer uid {}) to the broker: {e}",
-                peer.uid
+            tracing::error!(
+                peer_uid = peer.uid,
+                "cannot answer request {req} to the broker: {e}"
             );
         }
     }
@@ -260,6 +262,12 @@ impl Monitor {
                     } else if let Some(mut run) = self.runs.remove(&pid.as_raw()) {
                         run.process.reaped_elsewhere();
                         let outcome = read_outcome(&run.outcome);
+                        tracing::debug!(
+                            run_id = %run.run_id,
+                            status = outcome.as_ref().map(|o| o.status.as_str()),
+                            exit_code = outcome.as_ref().and_then(|o| o.exit_code),
+                            "run ended"
+                        );
                         self.audit.run_ended(&RunEnd {
                             run_id: &run.run_id,
                             wall: run.started.elapsed(),

@@ -3,6 +3,7 @@
 //! notifications and watchdog.
 
 use super::*;
+use crate::logging::{JOURNAL_ENV, LOG_ENV};
 
 /// The ids the broker needs to check peers.
 #[derive(Debug)]
@@ -114,6 +115,8 @@ pub(super) fn start_broker(
         .map_err(MonitorError::Broker)?;
     clear_cloexec(&exe)?;
     let gids: Vec<String> = ids.allowed_gids.iter().map(|g| g.to_string()).collect();
+    let env = std::env::var(LOG_ENV).ok();
+    let log_filter = crate::logging::directives(env.as_deref(), config.log_level);
     let broker = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()))
         .arg0("pycelld")
         .args(["--broker", "--allowed-gids", &gids.join(",")])
@@ -122,6 +125,9 @@ pub(super) fn start_broker(
         // The egress proxy (in the broker) goes out the way the host's
         // own proxy settings say: pass those, and nothing else.
         .envs(std::env::vars().filter(|(k, _)| is_proxy_setting(k)))
+        // Our log filter and, under systemd, where the journal is.
+        .env(LOG_ENV, &log_filter)
+        .envs(std::env::var(JOURNAL_ENV).map(|j| (JOURNAL_ENV, j)))
         .uid(ids.broker_uid.as_raw())
         .gid(ids.broker_gid.as_raw())
         .stdin(Stdio::from(OwnedFd::from(theirs)))

@@ -653,6 +653,38 @@ def check_daemon_session():
     return f"session {handle[:12]}...: 42, a file out, nothing left after its end"
 
 
+def check_journal():
+    """Under systemd, pycelld's audit lines are journal entries whose fields
+    name the run (RUN_ID, PEER_UID, POLICY), and run_end says how the run
+    ended (status, exit code)."""
+    rc, r, err = pycell_json("import sys; print(1); sys.exit(3)\n", [], MEMBER)
+    run_id = r.get("run_id")
+    expect(rc == 3 and run_id, f"exit {rc}, {brief(r)}, {err[-300:]!r}")
+
+    def entries():
+        out = sh(["journalctl", "-u", "pycelld.service", "--no-pager", "-o", "json", f"RUN_ID={run_id}"])[1]
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    def audit(event):
+        for e in entries():
+            msg = e.get("MESSAGE")
+            if isinstance(msg, str) and f'"event":"{event}"' in msg:
+                return e, json.loads(msg)
+        return None
+
+    wait_until(lambda: audit("run_end"), 15)
+    found = [audit("run_start"), audit("run_end")]
+    expect(all(found), f"journal entries with RUN_ID={run_id}: {entries()!r}"[:2000])
+    (start, _), (end_entry, end) = found
+    uid = str(pwd.getpwnam(MEMBER).pw_uid)
+    expect(start.get("PEER_UID") == uid and start.get("POLICY") == "default"
+           and start.get("SYSLOG_IDENTIFIER") == "pycelld",
+           f"run_start's journal fields: {start!r}"[:2000])
+    expect(end.get("status") == "error" and end.get("exit_code") == 3 and end.get("jailer") == "exited 0",
+           f"run_end: {end!r}")
+    return f"RUN_ID={run_id}: run_start (PEER_UID={uid}, POLICY=default), run_end status error, exit 3"
+
+
 def check_outsider_refused():
     rc, out, err = sh(["pycell", "run", "--json", "-"], input=PRINT_1, user=OUTSIDER)
     expect(rc != 0, f"{OUTSIDER} (not in group pycell) ran code: exit {rc}, {out[-300:]!r}")
@@ -920,6 +952,7 @@ def main():
     if "daemon" in groups:
         checks += [("service-active", lambda: (make_users(), check_service_active())[1])]
         checks += limit_checks("daemon", [], MEMBER)
+        checks += [("daemon-journal", check_journal)]
         checks += [("daemon-warm", check_daemon_warm), ("escape-daemon", check_escape_daemon)]
         checks += [("daemon-session", check_daemon_session)]
         checks += [("daemon-outsider-refused", check_outsider_refused)]

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use pycell_daemon::config::{Config, DEFAULT_CONFIG};
+use pycell_daemon::logging;
 
 fn main() {
     // Usage errors exit with status 2 (clap's), like a bad configuration.
@@ -25,15 +26,18 @@ fn main() {
     // with --config is an error.
     let explicit = cli.config.is_some();
     let path = cli.config.unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+    let env = std::env::var(logging::LOG_ENV).ok();
     let config = match Config::load(&path, explicit) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("pycelld: {e}");
+            logging::init(&logging::directives(env.as_deref(), Default::default()));
+            tracing::error!("{e}");
             std::process::exit(2);
         }
     };
+    logging::init(&logging::directives(env.as_deref(), config.log_level));
     if let Err(e) = pycell_daemon::monitor::run(config, &path) {
-        eprintln!("pycelld: {e}");
+        tracing::error!("{e}");
         std::process::exit(1);
     }
 }
