@@ -92,19 +92,22 @@ def connect(port, proxy):
     return s
 
 
+def drain(s):
+    """Read `s` to its end and close it: how many bytes came."""
+    buf = memoryview(bytearray(CHUNK))
+    got = 0
+    while n := s.recv_into(buf):
+        got += n
+    s.close()
+    return got
+
+
 def download(port, proxy):
     s = connect(port, proxy)
-    buf = memoryview(bytearray(CHUNK))
     start = time.perf_counter()
     s.sendall(f"bytes {SIZE}\n".encode())
-    got = 0
-    while True:
-        n = s.recv_into(buf)
-        if n == 0:
-            break
-        got += n
+    got = drain(s)
     elapsed = time.perf_counter() - start
-    s.close()
     if got != SIZE:
         raise OSError(f"got {got} bytes of {SIZE}")
     return SIZE / elapsed
@@ -131,15 +134,8 @@ def http_get(port, proxy, size):
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     target = f"/{size}" if proxy is None else f"http://127.0.0.1:{port}/{size}"
     s.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
-    buf = memoryview(bytearray(CHUNK))
-    got = 0
-    while True:
-        n = s.recv_into(buf)
-        if n == 0:
-            break
-        got += n
+    got = drain(s)
     elapsed = time.perf_counter() - start
-    s.close()
     if got < size:
         raise OSError(f"got {got} bytes for a body of {size}")
     return elapsed
