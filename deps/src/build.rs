@@ -217,7 +217,9 @@ fn built_meta(
         serde_json::from_str(&text).map_err(|e| broken(&format!("report.json: {e}")))?;
     let lock = read_file_at(workspace.as_fd(), "lock.txt", 16 << 20).map_err(|e| broken(&e))?;
     let key = digest([
-        b"pycell-env-v1".as_slice(),
+        // v2: envs are byte-compiled (install.py); v1 envs are not found
+        // again, so each is rebuilt once, and the gc removes the old ones.
+        b"pycell-env-v2".as_slice(),
         r.python.as_bytes(),
         r.platform.as_bytes(),
         lock.as_bytes(),

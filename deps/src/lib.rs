@@ -227,7 +227,8 @@ pub fn request_key(req: &DepsRequest, interpreter: &Path, source: &str) -> Strin
     let reqs = reqs.join("\n");
     let rp = req.requires_python.clone().unwrap_or_default();
     digest([
-        b"pycell-request-v1".as_slice(),
+        // v2 with the env key's v2 (byte-compiled envs).
+        b"pycell-request-v2".as_slice(),
         identity.as_bytes(),
         reqs.as_bytes(),
         rp.as_bytes(),

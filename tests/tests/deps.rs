@@ -220,6 +220,27 @@ fn a_requirements_file_works_and_its_options_are_refused() {
     assert!(m.contains("bad.txt line 2") && m.contains("options"), "{m}");
 }
 
+/// A run of a built env compiles none of the env's modules: they come
+/// byte-compiled (hash-based, unchecked) from the install jail.
+const SPY_ON_COMPILES: &str = "# /// script\n# dependencies = [\"pycell-test-a\"]\n# ///\nimport importlib.machinery as m, importlib.util, sys\ncompiled = []\nsource_to_code = m.SourceFileLoader.source_to_code\ndef spy(self, data, path, *a, **k):\n    compiled.append(path)\n    return source_to_code(self, data, path, *a, **k)\nm.SourceFileLoader.source_to_code = spy\nimport pycell_test_a, pycell_test_b\nprint('compiled', [p for p in compiled if p.startswith('/venv/')])\nwith open(importlib.util.cache_from_source(pycell_test_b.__file__), 'rb') as f:\n    print('pyc flags', int.from_bytes(f.read(8)[4:], 'little'))\n";
+
+#[test]
+fn an_env_is_byte_compiled_when_built_and_its_runs_compile_nothing() {
+    let store = store("bytecode");
+    for _ in 0..2 {
+        let out = run_in(&store, "deps", SPY_ON_COMPILES, &[]);
+        let r = out.result();
+        assert_eq!(r["status"], "ok", "{}", out.describe());
+        // flags 1: hash-based, not checked against the source.
+        assert_eq!(
+            r["stdout"],
+            "compiled []\npyc flags 1\n",
+            "{}",
+            out.describe()
+        );
+    }
+}
+
 #[test]
 fn the_env_is_read_only_to_the_run() {
     let store = store("readonly");
