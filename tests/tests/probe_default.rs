@@ -682,9 +682,10 @@ fn security_and_trusted_xattrs_cannot_be_set() {
     f.finish("extended attributes");
 }
 
-/// The `[env]` table of the shipped default policy (the jail's whole
-/// environment), read with a plain TOML parser rather than pycell's own
-/// policy loader, which the test would then only agree with.
+/// The jail's whole environment under the shipped default policy: its
+/// `[env]` and the thread pools' sizes, read with a plain TOML parser
+/// rather than pycell's own policy loader, which the test would then only
+/// agree with.
 fn default_policy_env() -> BTreeMap<String, String> {
     let path = repo_root().join("policies/default.toml");
     let text = std::fs::read_to_string(&path)
@@ -703,6 +704,23 @@ fn default_policy_env() -> BTreeMap<String, String> {
         "no [env] PATH found in {}",
         path.display()
     );
+    // And the thread pools' sizes, from [limits] cpus (1.0 when left out),
+    // rounded up, where [env] leaves them out.
+    let cpus = doc
+        .get("limits")
+        .and_then(|l| l.get("cpus"))
+        .and_then(|c| c.as_float())
+        .unwrap_or(1.0);
+    let mut env = env;
+    for var in [
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "NUMEXPR_NUM_THREADS",
+    ] {
+        env.entry(var.to_string())
+            .or_insert_with(|| (cpus.ceil() as u64).to_string());
+    }
     env
 }
 
@@ -726,7 +744,7 @@ fn inherited_fds_and_host_env_do_not_reach_the_jail() {
     assert_eq!(
         env,
         default_policy_env(),
-        "the jail's environment must be exactly the default policy's [env]"
+        "the jail's environment must be exactly the default policy's [env] and the thread pools' sizes"
     );
     assert!(
         !run.outcome.stdout_str().contains(run.env_secret),
