@@ -64,8 +64,11 @@ impl Service {
         assert_ne!(n, 3, "descriptor 3 is free in the test process");
         let script =
             format!("exec 3<&{n} {n}<&-; LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" --config \"$1\"");
+        // bash, not sh: dash takes only single-digit descriptors in a
+        // redirection ("Bad fd number"), and with clients connecting from
+        // other threads the copy may well be 10 or more.
         let child = as_test_daemon(
-            Command::new("sh")
+            Command::new("bash")
                 .args(["-c", &script])
                 .arg(pycelld_bin())
                 .arg(self.config()),
