@@ -26,15 +26,6 @@ pub struct Outcome {
     pub failure: Option<String>,
 }
 
-const STATUSES: [RunStatus; 6] = [
-    RunStatus::Ok,
-    RunStatus::Error,
-    RunStatus::Timeout,
-    RunStatus::Oom,
-    RunStatus::Killed,
-    RunStatus::Refused,
-];
-
 impl Outcome {
     pub fn of(report: &JailReport) -> Outcome {
         Outcome {
@@ -75,7 +66,7 @@ impl Outcome {
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b == b'_' || b == b'-');
         Some(Outcome {
-            status: STATUSES.into_iter().find(|s| s.as_str() == status)?,
+            status: RunStatus::from_wire(status)?,
             exit_code: num(exit_code)?,
             signal: num(signal)?,
             failure: match failure {

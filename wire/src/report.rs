@@ -23,6 +23,21 @@ pub enum RunStatus {
 }
 
 impl RunStatus {
+    /// Every status, in declaration order.
+    pub const ALL: [RunStatus; 6] = [
+        RunStatus::Ok,
+        RunStatus::Error,
+        RunStatus::Timeout,
+        RunStatus::Oom,
+        RunStatus::Killed,
+        RunStatus::Refused,
+    ];
+
+    /// The status a wire name (`ok`, `timeout`, ...) names, if any.
+    pub fn from_wire(name: &str) -> Option<RunStatus> {
+        RunStatus::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
     /// The status as it appears on the wire (`ok`, `timeout`, ...).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -267,5 +282,20 @@ pub fn exit_code_for(status: RunStatus, exit_code: Option<i32>, signal: Option<i
             (None, Some(s)) => 128 + s,
             (None, None) => 125,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_reads_back_from_the_name_serde_writes() {
+        for status in RunStatus::ALL {
+            let json = serde_json::to_string(&status).unwrap();
+            assert_eq!(json, format!("\"{}\"", status.as_str()));
+            assert_eq!(RunStatus::from_wire(status.as_str()), Some(status));
+        }
+        assert_eq!(RunStatus::from_wire("OK"), None);
     }
 }
