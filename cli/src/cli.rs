@@ -187,6 +187,11 @@ pub struct RunArgs {
     /// pycelld is running.
     #[arg(long, conflicts_with = "socket")]
     pub embedded: bool,
+    /// Say where the run's start and end spent their time: each step of
+    /// this process, the jailer and the jail, on stderr (with --json, in
+    /// the result's `timings`). Implies --embedded.
+    #[arg(long, conflicts_with = "socket")]
+    pub timings: bool,
 }
 
 /// Where a session lives.

@@ -25,6 +25,7 @@ mod tool_servers;
 use clap::Parser;
 
 fn main() {
+    run::STARTED_US.get_or_init(pycell_wire::timings::now_us);
     let cli = cli::Cli::parse();
     let code = match cli.command {
         cli::Command::Run(args) => run::main(&args),

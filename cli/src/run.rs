@@ -20,11 +20,15 @@ use pycell_tools::service::ToolService;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
 use pycell_wire::report::{JailFailure, RunStatus};
+use pycell_wire::timings::{self, Mark};
 
 use crate::cli::RunArgs;
 use crate::embedded;
 use crate::say::say;
 use crate::tool_servers::{offer, DaemonToolCalls, ToolServers};
+
+/// When this process started, for `--timings`.
+pub(crate) static STARTED_US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 
 /// Largest script or stdin we accept from the command line.
 const MAX_INPUT: u64 = pycell_protocol::messages::MAX_CODE_BYTES as u64;
@@ -184,15 +188,50 @@ pub fn print_spec(args: &RunArgs) -> i32 {
 }
 
 pub fn main(args: &RunArgs) -> i32 {
-    let socket = (!args.embedded)
+    let socket = (!args.embedded && !args.timings)
         .then(|| daemon_socket(args.socket.as_deref()))
         .flatten();
-    let result = match socket {
+    let mut result = match socket {
         Some(socket) => run_via_daemon(args, &socket),
         None => run_embedded(args),
     };
+    if args.timings {
+        add_our_timings(&mut result);
+    }
     emit(args.json, &result);
+    if args.timings && !args.json {
+        eprint!(
+            "pycell: where the run's time went\n{}",
+            timings::table(&result.timings)
+        );
+    }
     result.process_exit_code()
+}
+
+/// Our own marks (see [`mark`]) added to the jailer's and the jail's.
+fn add_our_timings(result: &mut RunResult) {
+    let started = *STARTED_US.get_or_init(timings::now_us);
+    result.timings.push(Mark {
+        step: "pycell: started".into(),
+        at_us: started,
+    });
+    result.timings.extend(std::mem::take(
+        &mut *OUR_MARKS.lock().unwrap_or_else(|p| p.into_inner()),
+    ));
+    result.timings.push(Mark::now("pycell: result in hand"));
+    result.timings.sort_by_key(|m| m.at_us);
+}
+
+static OUR_MARKS: std::sync::Mutex<Vec<Mark>> = std::sync::Mutex::new(Vec::new());
+
+/// Mark one of our steps as ended now (kept only for `--timings`).
+fn mark(args: &RunArgs, step: &str) {
+    if args.timings {
+        OUR_MARKS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Mark::now(step));
+    }
 }
 
 fn refused(policy: &str, f: JailFailure) -> RunResult {
@@ -323,6 +362,7 @@ fn run_embedded(args: &RunArgs) -> RunResult {
         Ok(r) => r,
         Err(f) => return refused(&args.policy, f),
     };
+    mark(args, "pycell: policy loaded, request read");
     let internal = |what: &str, e: &dyn std::fmt::Display| {
         let f = JailFailure::new(FailureCode::Internal, Layer::Jailer, format!("{what}: {e}"));
         refused(&run.policy.name, f)
@@ -335,6 +375,7 @@ fn run_embedded(args: &RunArgs) -> RunResult {
         Ok(rt) => rt,
         Err(e) => return internal("starting a runtime", &e),
     };
+    mark(args, "pycell: signal thread and runtime started");
     let mut installer = embedded::Installer {
         handle: rt.handle().clone(),
         stop: stop.clone(),
@@ -355,14 +396,19 @@ fn run_embedded(args: &RunArgs) -> RunResult {
         Ok(e) => e,
         Err(f) => return refused(&run.policy.name, f),
     };
+    mark(args, "pycell: dependencies' env found");
     let extras = Extras {
         env: ensured.as_ref().map(|e| e.env.dir.clone()),
         ..Extras::default()
     };
-    let prepared = match run.launcher.prepare_with(&run.policy, &run.req, &extras) {
+    let mut prepared = match run.launcher.prepare_with(&run.policy, &run.req, &extras) {
         Ok(p) => p,
         Err(e) => return refused(&run.policy.name, e.failure()),
     };
+    if args.timings {
+        prepared.mark_timings();
+    }
+    mark(args, "pycell: spec resolved, uid leased");
     let stream = !args.json;
     let (mut result, _) = embedded::run_here(
         rt.handle(),
@@ -376,6 +422,7 @@ fn run_embedded(args: &RunArgs) -> RunResult {
             }
         },
     );
+    mark(args, "pycell: jailer ended, its uid given back");
     if let Some(servers) = servers {
         rt.block_on(servers.shutdown());
     }

@@ -92,6 +92,12 @@ fn nix_step(step: Step, what: &'static str) -> impl Fn(nix::Error) -> StepError 
 }
 
 impl JailSteps for RealSteps<'_> {
+    fn finished(&mut self, step: Step) {
+        if let Ok(serde_json::Value::String(name)) = serde_json::to_value(step) {
+            crate::timings::mark(&format!("jail: {name}"));
+        }
+    }
+
     fn wait_for_id_maps(&mut self) -> Result<(), StepError> {
         self.wait_for(GO_MAPS, Step::WaitForParent)
     }
@@ -339,6 +345,9 @@ fn forwarded_and_child_mask() -> SigSet {
 
 /// Entry point of the cloned child. Never returns.
 pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> ! {
+    // The jailer's marks stay the jailer's; ours go out with Ready.
+    crate::timings::take();
+    crate::timings::mark("jail: cloned");
     let status = File::from(fds.status_write);
     // If the jailer dies, so does the jail (pid 1 dying kills the namespace).
     // Set before waiting for the go byte, so there is no window: a jailer that
@@ -383,6 +392,7 @@ pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> !
     let ready = ChildMessage::Ready {
         landlock,
         xattr_writes_refused: steps.xattr_writes_refused,
+        timings: crate::timings::take(),
     };
     send(&status, &ready);
     init(spec, &status, signal_fd, tool_end)

@@ -32,6 +32,7 @@ mod session;
 mod sources;
 mod status;
 mod supervisor;
+mod timings;
 mod warm;
 mod xattr_check;
 
@@ -62,6 +63,7 @@ fn read_spec() -> Result<JailSpec, String> {
 /// whenever a result frame was written for a spec that parsed, 2 for a
 /// spec that did not.
 pub fn jailer_main() -> i32 {
+    let started_us = pycell_wire::timings::now_us();
     // Whatever mask our starter had (pycell run blocks SIGINT so that ^C
     // reaches the program only through us), ours is exactly the signals the
     // supervisor takes through its signalfd, from the start: none of them
@@ -77,7 +79,13 @@ pub fn jailer_main() -> i32 {
     let outcome_pipe = outcome_pipe();
     let mut out = io::BufWriter::with_capacity(128 * 1024, io::stdout().lock());
     let (outcome, code) = match read_spec() {
-        Ok(spec) => (supervisor::run(&spec, &mut out), 0),
+        Ok(spec) => {
+            if spec.timings {
+                timings::keep("jailer: started", started_us);
+                timings::mark("jailer: spec read");
+            }
+            (supervisor::run(&spec, &mut out), 0)
+        }
         Err(message) => {
             let f = JailFailure::new(FailureCode::InvalidSpec, Layer::Jailer, message);
             let report = JailReport::refused(f);

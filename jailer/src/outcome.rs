@@ -57,6 +57,7 @@ fn ready_and_end(
             ChildMessage::Ready {
                 landlock,
                 xattr_writes_refused,
+                ..
             } => ready = Some((landlock.clone(), *xattr_writes_refused)),
             ChildMessage::SetupFailed(e) => return Err(e.failure()),
             _ => ended = Some(m),
@@ -163,6 +164,7 @@ mod tests {
                 tcp_connect_only_to: None,
             },
             xattr_writes_refused: false,
+            timings: Vec::new(),
         }
     }
 

@@ -137,25 +137,34 @@ pub(crate) trait JailSteps {
     fn close_inherited_fds(&mut self) -> Result<(), StepError>;
     fn apply_landlock(&mut self) -> Result<(), StepError>;
     fn apply_seccomp(&mut self) -> Result<(), StepError>;
+    /// Called after each step that succeeded (for timings).
+    fn finished(&mut self, _step: Step) {}
 }
 
 /// Run every step in the one fixed order; stop at the first failure.
-pub(crate) fn run_steps(s: &mut impl JailSteps) -> Result<(), StepError> {
-    s.wait_for_id_maps()?;
-    s.configure_namespaces()?;
-    s.prepare_mount_sources()?;
-    s.become_jail_user()?;
-    s.build_root_and_pivot()?;
-    s.wait_for_cgroup()?;
-    s.enter_cgroup_namespace()?;
-    s.set_hostname()?;
-    s.bring_up_loopback()?;
-    s.new_session()?;
-    s.drop_capabilities()?;
-    s.set_no_new_privs()?;
-    s.close_inherited_fds()?;
-    s.apply_landlock()?;
-    s.apply_seccomp()?;
+pub(crate) fn run_steps<S: JailSteps>(s: &mut S) -> Result<(), StepError> {
+    type Do<S> = fn(&mut S) -> Result<(), StepError>;
+    let steps: [(Step, Do<S>); 15] = [
+        (Step::WaitForParent, S::wait_for_id_maps),
+        (Step::NamespaceSettings, S::configure_namespaces),
+        (Step::MountSources, S::prepare_mount_sources),
+        (Step::Credentials, S::become_jail_user),
+        (Step::Rootfs, S::build_root_and_pivot),
+        (Step::CgroupAttach, S::wait_for_cgroup),
+        (Step::CgroupNamespace, S::enter_cgroup_namespace),
+        (Step::Hostname, S::set_hostname),
+        (Step::Loopback, S::bring_up_loopback),
+        (Step::Setsid, S::new_session),
+        (Step::Capabilities, S::drop_capabilities),
+        (Step::NoNewPrivs, S::set_no_new_privs),
+        (Step::CloseFds, S::close_inherited_fds),
+        (Step::Landlock, S::apply_landlock),
+        (Step::Seccomp, S::apply_seccomp),
+    ];
+    for (step, run) in steps {
+        run(s)?;
+        s.finished(step);
+    }
     Ok(())
 }
 
@@ -166,6 +175,7 @@ mod tests {
     /// Records the order of calls; optionally fails at one step.
     struct Recorder {
         calls: Vec<Step>,
+        finished: Vec<Step>,
         fail_at: Option<Step>,
     }
 
@@ -225,15 +235,21 @@ mod tests {
         fn apply_seccomp(&mut self) -> Result<(), StepError> {
             self.step(Step::Seccomp)
         }
+        fn finished(&mut self, step: Step) {
+            self.finished.push(step);
+        }
     }
 
     #[test]
     fn steps_run_in_the_documented_order() {
         let mut r = Recorder {
             calls: vec![],
+            finished: vec![],
             fail_at: None,
         };
         run_steps(&mut r).unwrap();
+        // Each step is marked finished under its own name (timings).
+        assert_eq!(r.finished, r.calls);
         use Step::*;
         assert_eq!(
             r.calls,
@@ -273,6 +289,7 @@ mod tests {
     fn a_failing_step_stops_the_pipeline() {
         let mut r = Recorder {
             calls: vec![],
+            finished: vec![],
             fail_at: Some(Step::Capabilities),
         };
         let e = run_steps(&mut r).unwrap_err();
@@ -280,5 +297,6 @@ mod tests {
         assert_eq!(e.code, FailureCode::CapabilitiesFailed);
         assert_eq!(*r.calls.last().unwrap(), Step::Capabilities);
         assert!(!r.calls.contains(&Step::Landlock));
+        assert!(!r.finished.contains(&Step::Capabilities));
     }
 }

@@ -23,6 +23,9 @@ pub(crate) enum ChildMessage {
         /// attributes, so the filter refuses every xattr write.
         #[serde(default)]
         xattr_writes_refused: bool,
+        /// The jail's steps, when the spec asked for timings.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        timings: Vec<pycell_wire::timings::Mark>,
     },
     SetupFailed(StepError),
     ExecFailed {

@@ -26,6 +26,7 @@ use crate::outcome::{classify, Observed};
 use crate::preflight::{cgroup_failure, preflight, Checked};
 use crate::relay::{self, ParentEnds};
 use crate::status::{GO_CGROUP, GO_MAPS};
+use crate::timings::mark;
 use pycell_host::cgroup::{self, CgroupLayout, CgroupLimits, SandboxCgroup};
 use pycell_syscall::{self as syscall, CloneResult};
 use pycell_wire::outcome::Outcome;
@@ -62,6 +63,7 @@ fn run_checked(
     events: &mut dyn Write,
 ) -> Result<(JailReport, SandboxCgroup), JailFailure> {
     let checked = preflight(spec)?;
+    mark("jailer: preflight (spec, host, seccomp filter)");
     // The jail inherits our supplementary groups and could never drop them
     // (setgroups is denied inside); clear them here.
     setgroups(&[]).map_err(|e| {
@@ -85,12 +87,14 @@ fn run_checked(
     )
     .map_err(io_failure("relaying output"))?;
     let end = jail.start.elapsed();
+    mark("jailer: program ended, output relayed");
     jail.cgroup.kill_all();
     // Only now, with the sandbox gone, wait for a slow reader to take the rest.
     events
         .write_all(&relayed.unsent)
         .map_err(io_failure("writing output"))?;
     let usage = jail.cgroup.usage();
+    mark("jailer: cgroup emptied, usage read");
     let changes = run_changes(spec, &relayed);
     let run = match &relayed.session {
         Some(session) => session_run(spec, session, end)?,
@@ -124,8 +128,21 @@ fn run_checked(
         files_truncated: changes.truncated,
         layers: Some(layers(spec, &checked, &outcome, &jail.cgroup)),
         error: outcome.error,
+        timings: jail_timings(&seen.messages),
     };
     Ok((report, jail.cgroup))
+}
+
+/// The jail's marks and ours, when the spec asked for them.
+fn jail_timings(messages: &[crate::status::ChildMessage]) -> Vec<pycell_wire::timings::Mark> {
+    mark("jailer: report assembled");
+    let jail = messages.iter().find_map(|m| match m {
+        crate::status::ChildMessage::Ready { timings, .. } => Some(timings.clone()),
+        _ => None,
+    });
+    let mut marks = crate::timings::take();
+    marks.extend(jail.unwrap_or_default());
+    marks
 }
 
 /// The layers the jail had, as the report says them.
@@ -355,6 +372,7 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
         pycell_wire::report::CgroupVersion::V2 => Some(create_cgroup(spec, layout)?),
         pycell_wire::report::CgroupVersion::V1 => None,
     };
+    mark("jailer: pipes (and a v2 cgroup) made");
     let start = Instant::now();
     let (pid, born_inside) = match clone_jail(born_in.as_ref())? {
         (CloneResult::Child, _) => {
@@ -365,6 +383,7 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
         }
         (CloneResult::Parent(pid), inside) => (pid, inside),
     };
+    mark("jailer: jail cloned");
     drop(child_fds);
     let mut ends = ends;
     ends.work = match spec.warm {
@@ -465,14 +484,17 @@ fn attach(
         )
     })?;
     go.write_all(&[GO_MAPS]).map_err(&start_failed)?;
+    mark("jailer: rlimits set, id maps written");
     let cgroup = match made {
         Some(cg) => cg,
         None => create_cgroup(spec, layout)?,
     };
+    mark("jailer: cgroup made");
     if !born_inside {
         cgroup.attach(pid).map_err(cgroup_failure)?;
     }
     go.write_all(&[GO_CGROUP]).map_err(&start_failed)?;
+    mark("jailer: jail attached to its cgroup");
     Ok(cgroup)
 }
 

@@ -461,6 +461,12 @@ impl Prepared {
         &self.spec
     }
 
+    /// Have the jailer and the jail mark their steps in the result
+    /// (`pycell_wire::timings`).
+    pub fn mark_timings(&mut self) {
+        self.spec.timings = true;
+    }
+
     /// A result for this run that never started.
     pub fn refused(&self, f: JailFailure) -> RunResult {
         RunResult::refused(&self.run_id, &self.policy, f)

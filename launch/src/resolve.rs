@@ -467,6 +467,7 @@ pub fn resolve_with(
         // Code mode: the client offered tools (the policy's rules decide,
         // call by call, which the code may use).
         tools: req.tools.is_some() && !extras.export_workspace,
+        timings: false,
     };
     Ok(Resolved { spec, limits })
 }

@@ -76,6 +76,11 @@ pub struct RunResult {
     /// The tool calls the run's code made (code mode only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<pycell_tools::service::ToolCalls>,
+    /// Where the run's start and end spent their time (`pycell run
+    /// --timings`): each step and when it ended, on the host's monotonic
+    /// clock.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timings: Vec<pycell_wire::timings::Mark>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -202,6 +207,7 @@ impl RunResult {
             network: None,
             env: None,
             tool_calls: None,
+            timings: report.timings,
         }
     }
 

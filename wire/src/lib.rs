@@ -3,7 +3,8 @@
 //! its stable failure [`codes`], its event frames ([`events`]), the bounded
 //! JSON frames its stdin carries ([`framing`]), the descriptors the jail
 //! hands out, each named ([`handout`]), and descriptor passing over
-//! unix sockets ([`fdpass`]).
+//! unix sockets ([`fdpass`]), and the marks of where a run spent its
+//! time ([`timings`]).
 //!
 //! Threat model: the jailer (root) and every launcher link this crate. A
 //! spec comes from pycell's own launcher, but is validated again by the
@@ -21,3 +22,4 @@ pub mod handout;
 pub mod outcome;
 pub mod report;
 pub mod spec;
+pub mod timings;

@@ -240,6 +240,9 @@ pub struct JailReport {
     pub files_truncated: bool,
     pub layers: Option<Layers>,
     pub error: Option<JailFailure>,
+    /// The jailer's and the jail's steps, when the spec asked for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timings: Vec<crate::timings::Mark>,
 }
 
 impl JailReport {
@@ -261,6 +264,7 @@ impl JailReport {
             files_truncated: false,
             layers: None,
             error: Some(failure),
+            timings: Vec::new(),
         }
     }
 

@@ -77,6 +77,10 @@ pub struct JailSpec {
     /// pycell's runner serves `import pycell_tools`. Needs the runner.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tools: bool,
+    /// Mark each step of the jail's start and end in the report
+    /// ([`crate::timings`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timings: bool,
 }
 
 /// How large the images a run sends back may be.

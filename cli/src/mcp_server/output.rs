@@ -397,6 +397,7 @@ mod tests {
             files_truncated: false,
             layers: None,
             error: None,
+            timings: Vec::new(),
         }
     }
 
