@@ -23,6 +23,19 @@ pub enum Command {
     /// 124 on timeout; 137 on out-of-memory; 125 if the run was refused or
     /// pycell itself failed.
     Run(RunArgs),
+    /// Run many programs, each in a sandbox of its own, as fast as the host
+    /// allows: one JSON run request per line of FILE ("-": stdin), one
+    /// JSON result per line on stdout.
+    ///
+    /// A line is a run request as pycelld's protocol has it ({"code": ...,
+    /// "args", "stdin_base64", "policy", "limits", "dependencies",
+    /// "files"}), with an optional "id" of any JSON value that its result
+    /// line repeats. Each result line is {"line": N, "id": ..., "result":
+    /// {...}}, in input order unless --unordered; a line that is not a valid
+    /// request gets a refused result saying why, and the others still run.
+    /// Exit status: 0 when every line got its result, 125 if FILE cannot be
+    /// read.
+    Batch(BatchArgs),
     /// Serve the Model Context Protocol on stdin/stdout, for agents' MCP clients.
     ///
     /// Tools: run_python (run code in a fresh sandbox) and sandbox_info
@@ -192,6 +205,30 @@ pub struct RunArgs {
     /// the result's `timings`). Implies --embedded.
     #[arg(long, conflicts_with = "socket")]
     pub timings: bool,
+}
+
+/// `pycell batch`.
+#[derive(Debug, Args, Clone)]
+pub struct BatchArgs {
+    /// The requests, one JSON object per line ("-": stdin).
+    pub file: PathBuf,
+    /// Runs at once (default: the number of CPUs this process may use).
+    /// Through pycelld, its own admission decides what runs at once.
+    #[arg(long, short = 'j', value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Write each result as soon as its run ends, not in input order.
+    #[arg(long)]
+    pub unordered: bool,
+    /// Policy of lines that name none.
+    #[arg(long, default_value = "default")]
+    pub policy: String,
+    /// pycelld socket to use (default as for `pycell run`).
+    #[arg(long, value_name = "PATH", env = "PYCELL_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// Run embedded (this process starts the jailers; needs root) even if
+    /// pycelld is running.
+    #[arg(long, conflicts_with = "socket")]
+    pub embedded: bool,
 }
 
 /// Where a session lives.

@@ -57,6 +57,20 @@ pub(crate) fn stop_on_signals() -> nix::Result<StopRequest> {
     Ok(rx)
 }
 
+/// The stop request of `pycell batch`: SIGINT, SIGTERM or SIGHUP stop
+/// every run (and the batch takes no new line). Blocked here, before any
+/// thread exists, like [`stop_on_signals`]'.
+pub(crate) fn stop_on_every_signal() -> nix::Result<StopRequest> {
+    let (tx, rx) = watch::channel(None);
+    on_signals(
+        &[Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP],
+        move |_| {
+            let _ = tx.send(Some(StoppedBy::Request));
+        },
+    )?;
+    Ok(rx)
+}
+
 /// Block `signals` (call it before any thread exists, so that every
 /// thread has them blocked: a blocked signal is kept even when our starter
 /// made us ignore it) and call `on` with each that arrives, on a thread of

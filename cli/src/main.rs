@@ -10,6 +10,7 @@
 //! can reach is decided by the jailer from the resolved spec.
 #![forbid(unsafe_code)]
 
+mod batch;
 mod cli;
 mod embedded;
 mod env_cmd;
@@ -29,6 +30,7 @@ fn main() {
     let cli = cli::Cli::parse();
     let code = match cli.command {
         cli::Command::Run(args) => run::main(&args),
+        cli::Command::Batch(args) => batch::main(&args),
         cli::Command::Mcp(args) => mcp_server::main(&args),
         cli::Command::Session(args) => session_cmd::main(&args),
         cli::Command::Repl(args) => repl::main(&args),

@@ -134,30 +134,38 @@ fn request_failure(message: String) -> JailFailure {
 
 /// An embedded run before anything is leased: where it launches, its
 /// policy and its request.
-struct EmbeddedRun {
+pub(crate) struct EmbeddedRun {
     launcher: Launcher,
     policy: Policy,
     req: RunRequest,
 }
 
+impl EmbeddedRun {
+    /// `req` under the policy `policy` names (a name, or in embedded mode
+    /// a path to a .toml file).
+    pub(crate) fn new(policy: &str, req: RunRequest) -> Result<EmbeddedRun, JailFailure> {
+        let launcher = Launcher::embedded_from_env()?;
+        let policy = launcher
+            .load_policy(PolicyChoice::from_arg(policy))
+            .map_err(|e| match e {
+                LaunchError::Request(r) if r.field == "policy" => {
+                    let mut f = r.failure();
+                    f.message += "; in embedded mode you can also pass a path to a .toml file";
+                    f
+                }
+                e => e.failure(),
+            })?;
+        Ok(EmbeddedRun {
+            launcher,
+            policy,
+            req,
+        })
+    }
+}
+
 fn embedded_run(args: &RunArgs) -> Result<EmbeddedRun, JailFailure> {
-    let launcher = Launcher::embedded_from_env()?;
-    let policy = launcher
-        .load_policy(PolicyChoice::from_arg(&args.policy))
-        .map_err(|e| match e {
-            LaunchError::Request(r) if r.field == "policy" => {
-                let mut f = r.failure();
-                f.message += "; in embedded mode you can also pass a path to a .toml file";
-                f
-            }
-            e => e.failure(),
-        })?;
     let req = request(args).map_err(request_failure)?;
-    Ok(EmbeddedRun {
-        launcher,
-        policy,
-        req,
-    })
+    EmbeddedRun::new(&args.policy, req)
 }
 
 /// An embedded run, prepared (policy, request, uid lease, spec), or why
@@ -226,7 +234,11 @@ static OUR_MARKS: std::sync::Mutex<Vec<Mark>> = std::sync::Mutex::new(Vec::new()
 
 /// Mark one of our steps as ended now (kept only for `--timings`).
 fn mark(args: &RunArgs, step: &str) {
-    if args.timings {
+    mark_if(args.timings, step)
+}
+
+fn mark_if(timings: bool, step: &str) {
+    if timings {
         OUR_MARKS
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -385,49 +397,81 @@ fn run_embedded(args: &RunArgs) -> RunResult {
         Ok(t) => t,
         Err(f) => return refused(&run.policy.name, f),
     };
-    let mut progress = |m: &str| eprintln!("pycell: {m}");
-    let ensured = match embedded::env_for(
-        &run.launcher,
-        &run.policy,
-        &run.req,
-        &mut installer,
-        &mut progress,
-    ) {
-        Ok(e) => e,
-        Err(f) => return refused(&run.policy.name, f),
-    };
-    mark(args, "pycell: dependencies' env found");
-    let extras = Extras {
-        env: ensured.as_ref().map(|e| e.env.dir.clone()),
-        ..Extras::default()
-    };
-    let mut prepared = match run.launcher.prepare_with(&run.policy, &run.req, &extras) {
-        Ok(p) => p,
-        Err(e) => return refused(&run.policy.name, e.failure()),
-    };
-    if args.timings {
-        prepared.mark_timings();
-    }
-    mark(args, "pycell: spec resolved, uid leased");
     let stream = !args.json;
-    let (mut result, _) = embedded::run_here(
-        rt.handle(),
-        prepared,
-        PATIENCE,
-        &stop,
+    let how = HowToRun {
+        installer: &mut installer,
+        stop: &stop,
         tools,
-        &mut |s, b| {
+        timings: args.timings,
+        on_output: &mut |s, b| {
             if stream {
                 show(s, b)
             }
         },
-    );
-    mark(args, "pycell: jailer ended, its uid given back");
+    };
+    let result = run.run(how);
     if let Some(servers) = servers {
         rt.block_on(servers.shutdown());
     }
-    result.env = ensured.map(|e| e.report);
     result
+}
+
+/// How an embedded run is run: its dependencies' installer, what stops
+/// it, the tools it may call, whether its steps are marked, and where its
+/// output goes as it arrives.
+pub(crate) struct HowToRun<'a> {
+    pub installer: &'a mut embedded::Installer,
+    pub stop: &'a embedded::StopRequest,
+    pub tools: Option<ToolService>,
+    pub timings: bool,
+    pub on_output: &'a mut dyn FnMut(Stream, &[u8]),
+}
+
+impl EmbeddedRun {
+    /// The run, embedded, from this thread (which must outlive it): its
+    /// dependencies' env found or built, its spec resolved and uid leased,
+    /// its jailer started and supervised to its end.
+    pub(crate) fn run(self, how: HowToRun<'_>) -> RunResult {
+        let timings = how.timings;
+        let mark = |step: &str| mark_if(timings, step);
+        let name = &self.policy.name;
+        let mut progress = |m: &str| eprintln!("pycell: {m}");
+        let ensured = match embedded::env_for(
+            &self.launcher,
+            &self.policy,
+            &self.req,
+            how.installer,
+            &mut progress,
+        ) {
+            Ok(e) => e,
+            Err(f) => return refused(name, f),
+        };
+        mark("pycell: dependencies' env found");
+        let extras = Extras {
+            env: ensured.as_ref().map(|e| e.env.dir.clone()),
+            ..Extras::default()
+        };
+        let mut prepared = match self.launcher.prepare_with(&self.policy, &self.req, &extras) {
+            Ok(p) => p,
+            Err(e) => return refused(name, e.failure()),
+        };
+        if timings {
+            prepared.mark_timings();
+        }
+        mark("pycell: spec resolved, uid leased");
+        let handle = how.installer.handle.clone();
+        let (mut result, _) = embedded::run_here(
+            &handle,
+            prepared,
+            PATIENCE,
+            how.stop,
+            how.tools,
+            how.on_output,
+        );
+        mark("pycell: jailer ended, its uid given back");
+        result.env = ensured.map(|e| e.report);
+        result
+    }
 }
 
 /// An embedded run's `--tool-servers`: started here, their catalog in its

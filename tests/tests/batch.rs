@@ -1,0 +1,213 @@
+//! `pycell batch`: many programs, each in a jail of its own, results as
+//! JSONL in input order (or as they end); bad lines refused, the rest run;
+//! a SIGKILL of pycell mid-batch leaves no sandbox and no cgroup behind.
+
+#![forbid(unsafe_code)]
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use pycell_tests::{
+    descendants_of, find_cgroups_named, pycell_bin, remove_cgroup_parent, still_alive_after, via,
+    Pycell, Via,
+};
+use serde_json::{json, Value};
+
+/// `pycell batch` in the tests' mode, on `lines` as its stdin.
+fn batch(extra: &[&str], lines: &[Value]) -> (Vec<Value>, pycell_tests::Outcome) {
+    let mut args = vec!["batch"];
+    if via() == Via::Embedded {
+        args.push("--embedded");
+    }
+    args.extend_from_slice(extra);
+    args.push("-");
+    let input: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    let out = Pycell::new(args).stdin(input).run();
+    let results = out
+        .stdout_str()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    (results, out)
+}
+
+/// What a run sees of itself: its workspace, host uid and namespaces, and
+/// when it ran (the real-time clock, which a time namespace leaves alone).
+const SELF_REPORT: &str = r#"
+import json, os, sys, time
+began = time.time()
+mine = sys.argv[1]
+open(f"/workspace/{mine}", "w").write(mine)
+time.sleep(0.3)
+ns = {n: os.stat(f"/proc/self/ns/{n}").st_ino for n in ("pid", "mnt", "net", "user", "ipc", "uts")}
+uid_map = open("/proc/self/uid_map").read().split()
+files = sorted(os.listdir("/workspace"))
+print(json.dumps({"files": files, "host_uid": uid_map[1], "ns": ns, "span": [began, time.time()]}))
+"#;
+
+#[test]
+fn every_line_runs_in_a_jail_of_its_own_and_results_come_in_input_order() {
+    let lines: Vec<Value> = (0..6)
+        .map(|i| json!({"id": format!("task-{i}"), "code": SELF_REPORT, "args": [format!("mine-{i}")]}))
+        .collect();
+    let (results, out) = batch(&["--jobs", "3"], &lines);
+    assert_eq!(out.exit_code, Some(0), "{}", out.describe());
+    assert_eq!(results.len(), 6, "{}", out.describe());
+    let mut seen_by = Vec::new();
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r["line"], i + 1, "{r}");
+        assert_eq!(r["id"], format!("task-{i}"), "{r}");
+        assert_eq!(r["result"]["status"], "ok", "{r}");
+        let seen: Value = serde_json::from_str(r["result"]["stdout"].as_str().unwrap()).unwrap();
+        // Only its own files: the script and what it wrote.
+        assert_eq!(
+            seen["files"],
+            json!(["main.py", format!("mine-{i}")]),
+            "{r}"
+        );
+        seen_by.push(seen);
+    }
+    // Runs that overlapped in time never shared a host uid or a namespace
+    // (the kernel may reuse either once a run is gone); some did overlap.
+    let span = |v: &Value| {
+        (
+            v["span"][0].as_f64().unwrap(),
+            v["span"][1].as_f64().unwrap(),
+        )
+    };
+    let mut overlapping = 0;
+    for (i, a) in seen_by.iter().enumerate() {
+        for b in &seen_by[i + 1..] {
+            let ((a0, a1), (b0, b1)) = (span(a), span(b));
+            if a0 > b1 || b0 > a1 {
+                continue;
+            }
+            overlapping += 1;
+            assert_ne!(a["host_uid"], b["host_uid"], "{a} {b}");
+            for (name, ino) in a["ns"].as_object().unwrap() {
+                assert_ne!(&b["ns"][name], ino, "{name} shared: {a} {b}");
+            }
+        }
+    }
+    assert!(
+        overlapping >= 2,
+        "--jobs 3 ran nothing at once: {seen_by:?}"
+    );
+}
+
+#[test]
+fn unordered_results_come_as_runs_end() {
+    let lines = [
+        json!({"id": "slow", "code": "import time; time.sleep(1.5)"}),
+        json!({"id": "fast-1", "code": "print(1)"}),
+        json!({"id": "fast-2", "code": "print(2)"}),
+    ];
+    let (results, out) = batch(&["--jobs", "3", "--unordered"], &lines);
+    assert_eq!(results.len(), 3, "{}", out.describe());
+    assert_eq!(results[2]["id"], "slow", "{}", out.describe());
+    let (ordered, out) = batch(&["--jobs", "3"], &lines);
+    assert_eq!(ordered[0]["id"], "slow", "{}", out.describe());
+}
+
+#[test]
+fn a_bad_line_gets_a_refusal_that_names_it_and_the_others_still_run() {
+    let too_many_args: Vec<String> = (0..2000).map(|i| i.to_string()).collect();
+    let lines = [
+        json!({"code": "print('first')"}),
+        json!("not an object"),
+        json!({"cod": "print(1)"}),
+        json!({"code": "", "args": too_many_args}),
+        json!({"id": 5, "code": "import sys; sys.exit(3)"}),
+    ];
+    let (results, out) = batch(&[], &lines);
+    assert_eq!(out.exit_code, Some(0), "{}", out.describe());
+    let status: Vec<&str> = results
+        .iter()
+        .map(|r| r["result"]["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        status,
+        ["ok", "refused", "refused", "refused", "error"],
+        "{}",
+        out.describe()
+    );
+    for (r, says) in results[1..4]
+        .iter()
+        .zip(["not a JSON object", "unknown field `cod`", "args"])
+    {
+        let message = r["result"]["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("line {}", r["line"])),
+            "{message}"
+        );
+        assert!(message.contains(says), "{message}");
+        assert_eq!(r["result"]["error"]["code"], "invalid_request", "{r}");
+    }
+    assert_eq!(results[4]["result"]["exit_code"], 3);
+}
+
+#[test]
+fn a_sigkill_of_pycell_mid_batch_leaves_no_sandbox_and_no_cgroup() {
+    let parent = format!("pycell-test-batch-kill-{}", std::process::id());
+    let sleeper = json!({"code": "import time; print('up', flush=True); time.sleep(60)"});
+    let input: String = (0..8).map(|_| format!("{sleeper}\n")).collect();
+    let mut child = Command::new(pycell_bin())
+        .args(["batch", "--embedded", "--jobs", "3", "-"])
+        .env("PYCELL_CGROUP_PARENT", &parent)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting pycell batch");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let pid = child.id();
+    // Wait until three sandboxes run (three python programs below pycell).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let below = loop {
+        let below = descendants_of(pid);
+        let pythons = below
+            .iter()
+            .filter(|p| p.name.starts_with("python"))
+            .count();
+        if pythons >= 3 || Instant::now() > deadline {
+            break below;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let pythons = below
+        .iter()
+        .filter(|p| p.name.starts_with("python"))
+        .count();
+    assert_eq!(pythons, 3, "three at once, no more: {below:?}");
+    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("SIGKILL to pycell");
+    let _ = child.wait();
+    let left = still_alive_after(&below, Duration::from_secs(10));
+    assert!(
+        left.is_empty(),
+        "left running after pycell was killed: {left:?}"
+    );
+    // Every run's cgroup is gone (its jailer removed it as it died).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let runs = loop {
+        let runs: Vec<_> = find_cgroups_named(&parent)
+            .iter()
+            .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect();
+        if runs.is_empty() || Instant::now() > deadline {
+            break runs;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    remove_cgroup_parent(&parent, Duration::from_secs(1));
+    assert!(runs.is_empty(), "run cgroups left behind: {runs:?}");
+}
