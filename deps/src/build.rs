@@ -3,15 +3,17 @@
 //! meanwhile waits for that build) and published.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use pycell_policy::{Interpreter, Policy};
 use serde::{Deserialize, Serialize};
 
 use crate::store::{read_file_at, EnvInUse, EnvMeta, EnvStore};
-use crate::{digest, failure, install, request_key, DepsRequest};
+use crate::{digest, failure, fonts, install, request_key, DepsRequest};
 use pycell_launch::launcher::{LaunchError, Launcher, PolicyChoice, Prepared};
+use pycell_launch::resolve::Extras;
+use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::Package;
 use pycell_protocol::result::{CacheOutcome, EnvReport, RunResult};
 use pycell_wire::codes::FailureCode;
@@ -186,8 +188,9 @@ pub fn ensure_env(
         "env {} ready ({n} package{plural})",
         &meta.key[..12]
     ));
+    let mut fonts = |staged: &Path| add_font_cache(launcher, policy, staged, runner, progress);
     let env = store
-        .publish(&key, workspace.as_fd(), "env", meta)
+        .publish(&key, workspace.as_fd(), "env", meta, &mut fonts)
         .map_err(|m| {
             failure(
                 FailureCode::DepsInstallFailed,
@@ -198,6 +201,55 @@ pub fn ensure_env(
         report: report(&env, CacheOutcome::Miss, install_ms),
         env,
     })
+}
+
+/// matplotlib's font cache for the env at `staged`, if it has matplotlib
+/// (see [`crate::fonts`]), built by a jail of the run's own policy. An env
+/// without one still works (its plotting runs build the list, as
+/// matplotlib does anywhere), so a failure is said and the env published
+/// without.
+fn add_font_cache(
+    launcher: &Launcher,
+    policy: &Policy,
+    staged: &Path,
+    runner: &mut dyn InstallRunner,
+    progress: &mut dyn FnMut(&str),
+) {
+    if !fonts::has_matplotlib(staged) {
+        return;
+    }
+    match build_font_cache(launcher, policy, staged, runner) {
+        Ok(()) => progress("matplotlib's font cache built"),
+        Err(m) => progress(&format!(
+            "matplotlib's font cache not built ({m}); plotting runs will build it each time"
+        )),
+    }
+}
+
+fn build_font_cache(
+    launcher: &Launcher,
+    policy: &Policy,
+    staged: &Path,
+    runner: &mut dyn InstallRunner,
+) -> Result<(), String> {
+    let request = RunRequest {
+        code: fonts::BUILD_CODE.into(),
+        ..RunRequest::default()
+    };
+    let extras = Extras {
+        env: Some(staged.to_path_buf()),
+        ..Extras::default()
+    };
+    let prepared = launcher
+        .prepare_with(policy, &request, &extras)
+        .map_err(|e| e.failure().message)?;
+    let (result, _) = runner.run_install(prepared, &mut |_| {});
+    if result.status != RunStatus::Ok {
+        let why = result.stderr.lines().last().unwrap_or_default();
+        return Err(format!("its jail ended {}: {why}", result.status.as_str()));
+    }
+    let (name, body) = fonts::parse_output(&result.stdout)?;
+    fonts::store(staged, name, body).map_err(|e| format!("keeping it in the env: {e}"))
 }
 
 /// The env's record, from what the install script left in its workspace.
@@ -217,9 +269,10 @@ fn built_meta(
         serde_json::from_str(&text).map_err(|e| broken(&format!("report.json: {e}")))?;
     let lock = read_file_at(workspace.as_fd(), "lock.txt", 16 << 20).map_err(|e| broken(&e))?;
     let key = digest([
-        // v2: envs are byte-compiled (install.py); v1 envs are not found
-        // again, so each is rebuilt once, and the gc removes the old ones.
-        b"pycell-env-v2".as_slice(),
+        // v2: envs are byte-compiled (install.py); v3: an env with
+        // matplotlib has its font cache (`fonts`). Older envs are not
+        // found again, so each is rebuilt once, and the gc removes them.
+        b"pycell-env-v3".as_slice(),
         r.python.as_bytes(),
         r.platform.as_bytes(),
         lock.as_bytes(),

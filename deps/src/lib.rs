@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod build;
+pub mod fonts;
 pub mod install;
 pub mod pep723;
 pub mod store;
@@ -227,8 +228,9 @@ pub fn request_key(req: &DepsRequest, interpreter: &Path, source: &str) -> Strin
     let reqs = reqs.join("\n");
     let rp = req.requires_python.clone().unwrap_or_default();
     digest([
-        // v2 with the env key's v2 (byte-compiled envs).
-        b"pycell-request-v2".as_slice(),
+        // v3 with the env key's v3 (byte-compiled envs with their font
+        // cache).
+        b"pycell-request-v3".as_slice(),
         identity.as_bytes(),
         reqs.as_bytes(),
         rp.as_bytes(),

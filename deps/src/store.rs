@@ -172,12 +172,15 @@ impl EnvStore {
     /// Copy the venv at `env` under the install jail's workspace
     /// (`workspace`, a directory descriptor) into the store as `meta.key`,
     /// unless that env exists already; then point `request_key` at it.
+    /// `finish` gets the copy before it is published (under the name it
+    /// will never be found by), to add what is built from the env itself.
     pub fn publish(
         &self,
         request_key: &str,
         workspace: BorrowedFd<'_>,
         env: &str,
         mut meta: EnvMeta,
+        finish: &mut dyn FnMut(&Path),
     ) -> Result<EnvInUse, StoreError> {
         if !is_key(&meta.key) {
             return Err(StoreError::BadKey(meta.key));
@@ -192,6 +195,7 @@ impl EnvStore {
             let copied = copy_dir_at(workspace, env, &staging, &mut Budget::default());
             let result = copied.and_then(|size| {
                 meta.size_bytes = size;
+                finish(&staging);
                 fs::rename(&staging, &target).or_else(|e| {
                     if target.is_dir() {
                         Ok(()) // someone else published the same env first
@@ -523,8 +527,19 @@ mod tests {
         let (_ws, fd) = workspace();
         let key = "a".repeat(64);
         assert!(store.lookup("r1").is_none());
-        let env = store.publish("r1", fd.as_fd(), "env", meta(&key)).unwrap();
+        let mut finished = None;
+        let mut finish = |staged: &Path| {
+            fs::write(staged.join("built-from-the-env"), "x").unwrap();
+            finished = Some(staged.to_path_buf());
+        };
+        let env = store
+            .publish("r1", fd.as_fd(), "env", meta(&key), &mut finish)
+            .unwrap();
         assert_eq!(env.meta.size_bytes, 16 + 10);
+        // What `finish` added is published with the env; it got the copy
+        // before it had its name.
+        assert!(env.dir.join("built-from-the-env").is_file());
+        assert_ne!(finished.as_deref(), Some(env.dir.as_path()));
         let tool = fs::metadata(env.dir.join("bin/tool")).unwrap();
         assert_eq!(tool.permissions().mode() & 0o7777, 0o755);
         let link = fs::read_link(env.dir.join("bin/python")).unwrap();
@@ -533,7 +548,9 @@ mod tests {
         assert_eq!(store.lookup("r1").unwrap().meta.key, key);
         // A second request that resolves to the same env shares it.
         let (_ws2, fd2) = workspace();
-        store.publish("r2", fd2.as_fd(), "env", meta(&key)).unwrap();
+        store
+            .publish("r2", fd2.as_fd(), "env", meta(&key), &mut |_| {})
+            .unwrap();
         assert_eq!(store.list().len(), 1);
         assert!(fs::read_dir(root.path().join("building"))
             .unwrap()
@@ -547,8 +564,14 @@ mod tests {
         let store = EnvStore::open(root.path()).unwrap();
         let (_ws, fd) = workspace();
         let (k1, k2) = ("1".repeat(64), "2".repeat(64));
-        let used = store.publish("r1", fd.as_fd(), "env", meta(&k1)).unwrap();
-        drop(store.publish("r2", fd.as_fd(), "env", meta(&k2)).unwrap());
+        let used = store
+            .publish("r1", fd.as_fd(), "env", meta(&k1), &mut |_| {})
+            .unwrap();
+        drop(
+            store
+                .publish("r2", fd.as_fd(), "env", meta(&k2), &mut |_| {})
+                .unwrap(),
+        );
         assert!(store.list().iter().any(|e| e.meta.key == k1 && e.in_use));
         assert!(store
             .remove(&k1)
@@ -580,7 +603,7 @@ mod tests {
         )
         .unwrap();
         let e = store
-            .publish("r", fd.as_fd(), "env", meta(&"c".repeat(64)))
+            .publish("r", fd.as_fd(), "env", meta(&"c".repeat(64)), &mut |_| {})
             .unwrap_err();
         assert!(matches!(e, StoreError::NotAFile(_)), "{e}");
         assert!(e.to_string().contains("not a file, directory or symlink"));

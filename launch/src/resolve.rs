@@ -430,12 +430,16 @@ pub fn resolve_with(
     let mut argv = vec![python, "-s".to_string(), format!("{WORKSPACE}/{name}")];
     argv.extend(req.args.iter().cloned());
     let l = &policy.landlock;
+    let mut env = jail_env(policy);
+    if let Some(venv) = &extras.env {
+        env.extend(matplotlib_cache_env(venv, &env));
+    }
     let spec = JailSpec {
         run_id: String::new(),
         sandbox_uid: 0,
         sandbox_gid: 0,
         argv,
-        env: jail_env(policy),
+        env,
         files: std::iter::once(WorkspaceFile::text(name, req.code.clone()))
             .chain(input_files(req)?)
             .chain(extras.files.iter().cloned())
@@ -574,9 +578,53 @@ fn jail_env(policy: &Policy) -> Vec<(String, String)> {
     env
 }
 
+/// Where an env keeps matplotlib's font cache, built with the env
+/// (`pycell_deps::fonts`).
+pub const MATPLOTLIB_CACHE_DIR: &str = "share/pycell/matplotlib";
+/// Where a run's runner copies it, unless the policy's `[env]` names
+/// another `MPLCONFIGDIR` (matplotlib takes only a writable one): on the
+/// jail's own tmpfs.
+pub const MATPLOTLIB_RUN_DIR: &str = "/tmp/matplotlib";
+
+/// The variables that make a run of `env` (mounted at [`VENV_TARGET`]) use
+/// its font cache: where it is, for pycell's runner to copy before the run,
+/// and, unless the run's variables so far (`vars`: the policy's own
+/// `[env]`) name one, matplotlib's `MPLCONFIGDIR`. None if the env has no
+/// cache.
+pub fn matplotlib_cache_env(env: &Path, vars: &[(String, String)]) -> Vec<(String, String)> {
+    if !env.join(MATPLOTLIB_CACHE_DIR).is_dir() {
+        return Vec::new();
+    }
+    let cache = format!("{VENV_TARGET}/{MATPLOTLIB_CACHE_DIR}");
+    let mut out = vec![("PYCELL_MATPLOTLIB_CACHE".to_string(), cache)];
+    if !vars.iter().any(|(k, _)| k == "MPLCONFIGDIR") {
+        out.push(("MPLCONFIGDIR".into(), MATPLOTLIB_RUN_DIR.into()));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runs_of_an_env_with_a_font_cache_get_it_where_the_policy_says_or_in_tmp() {
+        let env = tempfile::tempdir().unwrap();
+        assert!(matplotlib_cache_env(env.path(), &[]).is_empty());
+        let dir = env.path().join(MATPLOTLIB_CACHE_DIR);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("fontlist-v3.json"), "{}").unwrap();
+        let vars = matplotlib_cache_env(env.path(), &[]);
+        let cache = (
+            "PYCELL_MATPLOTLIB_CACHE".to_string(),
+            "/venv/share/pycell/matplotlib".to_string(),
+        );
+        let run_dir = ("MPLCONFIGDIR".to_string(), MATPLOTLIB_RUN_DIR.to_string());
+        assert_eq!(vars, [cache.clone(), run_dir]);
+        let own = [("MPLCONFIGDIR".to_string(), "/workspace/mpl".to_string())];
+        assert_eq!(matplotlib_cache_env(env.path(), &own), [cache]);
+    }
+
     use pycell_protocol::messages::{encode_b64, InputFile};
 
     #[test]

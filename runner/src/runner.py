@@ -233,9 +233,30 @@ def _pycell_offer_tools():
     sys.meta_path.append(PycellTools)
 
 
+def _pycell_seed_matplotlib():
+    """An env built with matplotlib's font cache has it copied where
+    matplotlib looks (MPLCONFIGDIR, which must be writable), so that no run
+    rebuilds it (see pycell_deps::fonts)."""
+    import os
+
+    cache = os.environ.get("PYCELL_MATPLOTLIB_CACHE")
+    config = os.environ.get("MPLCONFIGDIR")
+    if not cache or not config:
+        return
+    try:
+        os.makedirs(config, exist_ok=True)
+        for name in os.listdir(cache):
+            with open(os.path.join(cache, name), "rb") as src:
+                with open(os.path.join(config, name), "xb") as dst:
+                    dst.write(src.read())
+    except OSError:
+        pass
+
+
 def _pycell_start():
     import sys
 
+    _pycell_seed_matplotlib()
     _pycell_offer_tools()
     mode = sys.argv[1:2]
     if mode == ["--pycell-run"]:

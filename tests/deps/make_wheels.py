@@ -40,6 +40,23 @@ def main(out):
     wheel(out, "pycell-test-a", "1.0", deps=["pycell-test-b"])
     wheel(out, "pycell-test-b", "1.0")
     wheel(out, "pycell-test-b", "2.0")
+    # A stand-in for matplotlib's font cache (pycell_deps::fonts): its
+    # font_manager builds MPLCONFIGDIR/fontlist-v0.1.json when it finds
+    # none, and says whether it had to.
+    font_manager = b"""import json, os
+_path = os.path.join(os.environ["MPLCONFIGDIR"], "fontlist-v0.1.json")
+try:
+    with open(_path) as f:
+        fontManager = json.load(f)
+    BUILT_NOW = False
+except FileNotFoundError:
+    os.makedirs(os.path.dirname(_path), exist_ok=True)
+    fontManager = {"_version": "0.1", "fonts": ["DejaVu Sans"]}
+    with open(_path, "w") as f:
+        json.dump(fontManager, f)
+    BUILT_NOW = True
+"""
+    wheel(out, "matplotlib", "0.0.1", extra={"matplotlib/font_manager.py": font_manager})
     big = {"pycell_test_big/blob.bin": os.urandom(4 << 20)}
     wheel(out, "pycell-test-big", "1.0", extra=big)
     with open(os.path.join(out, "pycell_test_sdist-1.0.tar.gz"), "wb") as f:

@@ -241,6 +241,35 @@ fn an_env_is_byte_compiled_when_built_and_its_runs_compile_nothing() {
     }
 }
 
+/// An env with matplotlib carries its font cache, built once when the env
+/// was (by a jail like the run's), and runs find it instead of building
+/// it: the wheelhouse's stand-in matplotlib says whether it had to.
+#[test]
+fn an_env_with_matplotlib_is_built_with_its_font_cache_and_runs_use_it() {
+    let store = store("fonts");
+    let code = "# /// script\n# dependencies = [\"matplotlib\"]\n# ///\nimport os, matplotlib.font_manager as fm\nprint(fm.BUILT_NOW, fm.fontManager['_version'], os.environ['MPLCONFIGDIR'])\n";
+    for cache in ["miss", "hit"] {
+        let out = run_in(&store, "deps", code, &[]);
+        let r = out.result();
+        assert_eq!(r["status"], "ok", "{}", out.describe());
+        assert_eq!(field(&r, "/env/cache"), cache, "{}", out.describe());
+        assert_eq!(
+            r["stdout"],
+            "False 0.1 /tmp/matplotlib\n",
+            "{}",
+            out.describe()
+        );
+        // Nothing of it lands in the run's workspace.
+        assert_eq!(r["files"], serde_json::json!([]), "{}", out.describe());
+        let key = field(&r, "/env/key").as_str().unwrap();
+        let list = store
+            .join("envs")
+            .join(key)
+            .join("share/pycell/matplotlib/fontlist-v0.1.json");
+        assert!(list.is_file(), "{} missing", list.display());
+    }
+}
+
 #[test]
 fn the_env_is_read_only_to_the_run() {
     let store = store("readonly");

@@ -222,6 +222,9 @@ fn check_plot_run(c: &mut Checks, v: &Value) {
     let s = "plot_run";
     c.eq(s, v, "/shown/structured/status", "ok".into());
     c.eq(s, v, "/shown/structured/stdout", "plotted\n".into());
+    // matplotlib found its font cache (built with the env): no rebuild,
+    // so no fontconfig error from a jail without /etc/fonts.
+    c.eq(s, v, "/shown/structured/stderr", "".into());
     c.eq(
         s,
         v,
@@ -264,6 +267,7 @@ fn sessions_keep_state_move_files_show_plots_and_leave_nothing_behind() {
     if let Some(v) = c.step("plot") {
         c.eq("plot", v, "/is_error", Value::Bool(false));
         c.eq("plot", v, "/status", "ok".into());
+        c.eq("plot", v, "/stderr", "".into());
         c.eq("plot", v, "/value", "np.float64(808.5)".into());
         // A 1600x1200 figure comes back scaled to the 1024 px edge, as PNG,
         // within the 1 MiB budget; its full-size file is readable.
