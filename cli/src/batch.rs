@@ -68,13 +68,15 @@ pub fn main(args: &BatchArgs) -> i32 {
         }
     });
     let state = batch.state.into_inner().unwrap_or_else(|p| p.into_inner());
-    match state.read_error {
-        Some(e) => {
-            eprintln!("pycell: reading {}: {e}", args.file.display());
-            125
-        }
-        None => 0,
+    if let Some(e) = state.read_error {
+        eprintln!("pycell: reading {}: {e}", args.file.display());
+        return 125;
     }
+    if let Some(e) = state.write_error {
+        eprintln!("pycell: writing the results: {e}; the lines after are not run");
+        return 125;
+    }
+    0
 }
 
 /// Where the runs go.
@@ -136,6 +138,8 @@ struct State {
     next_line: usize,
     eof: bool,
     read_error: Option<io::Error>,
+    /// Our output could not be written: the batch stops taking lines.
+    write_error: Option<io::Error>,
     /// In input order: the line whose result is written next, and the
     /// results that wait for it.
     next_out: usize,
@@ -159,6 +163,7 @@ impl Batch {
                 next_line: 1,
                 eof: false,
                 read_error: None,
+                write_error: None,
                 next_out: 1,
                 waiting: BTreeMap::new(),
             }),
@@ -217,27 +222,33 @@ impl Batch {
         }
     }
 
-    /// Line `n`'s result (none for a blank line), written when its turn comes.
+    /// Line `n`'s result (none for a blank line), written when its turn
+    /// comes. If nothing takes our output any more, no new line is taken.
     fn put(&self, n: usize, result: Option<String>) {
         let mut st = self.lock();
         let mut out = io::stdout().lock();
+        let mut written = Ok(());
         if !self.ordered {
             if let Some(r) = result {
-                let _ = writeln!(out, "{r}").and_then(|()| out.flush());
+                written = writeln!(out, "{r}").and_then(|()| out.flush());
             }
-            return;
-        }
-        let State {
-            waiting, next_out, ..
-        } = &mut *st;
-        waiting.insert(n, result.unwrap_or_default());
-        while let Some(r) = waiting.remove(next_out) {
-            if !r.is_empty() {
-                let _ = writeln!(out, "{r}");
+        } else {
+            let State {
+                waiting, next_out, ..
+            } = &mut *st;
+            waiting.insert(n, result.unwrap_or_default());
+            while let Some(r) = waiting.remove(next_out) {
+                if !r.is_empty() && written.is_ok() {
+                    written = writeln!(out, "{r}");
+                }
+                *next_out += 1;
             }
-            *next_out += 1;
+            written = written.and_then(|()| out.flush());
         }
-        let _ = out.flush();
+        if let Err(e) = written {
+            st.eof = true;
+            st.write_error.get_or_insert(e);
+        }
         self.changed.notify_all();
     }
 }

@@ -34,7 +34,7 @@ pub enum Command {
     /// {...}}, in input order unless --unordered; a line that is not a valid
     /// request gets a refused result saying why, and the others still run.
     /// Exit status: 0 when every line got its result, 125 if FILE cannot be
-    /// read.
+    /// read or the results cannot be written (the lines after are not run).
     Batch(BatchArgs),
     /// Serve the Model Context Protocol on stdin/stdout, for agents' MCP clients.
     ///

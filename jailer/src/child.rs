@@ -58,6 +58,9 @@ pub(crate) struct ChildFds {
     pub disk_channel: Option<OwnedFd>,
     pub stdout_write: OwnedFd,
     pub stderr_write: OwnedFd,
+    /// On v1: the run cgroup's `tasks` files, through which the jail moves
+    /// itself in (step 6).
+    pub cgroup_tasks: Vec<OwnedFd>,
 }
 
 struct RealSteps<'a> {
@@ -65,6 +68,7 @@ struct RealSteps<'a> {
     filter: &'a CompiledFilter,
     source_ids: &'a [SourceId],
     go_read: Option<OwnedFd>,
+    cgroup_tasks: Vec<OwnedFd>,
     handout_channel: Option<OwnedFd>,
     disk_channel: Option<OwnedFd>,
     status: &'a File,
@@ -113,6 +117,13 @@ impl JailSteps for RealSteps<'_> {
     }
 
     fn wait_for_cgroup(&mut self) -> Result<(), StepError> {
+        // On v1 we move ourselves in (one thread: no global lock); then the
+        // jailer says it is done with its part (on v2 we were born inside).
+        let tasks = std::mem::take(&mut self.cgroup_tasks);
+        pycell_host::cgroup::sandbox::join_v1(&tasks).map_err(|e| {
+            StepError::new(Step::CgroupAttach, format!("joining the run's cgroup: {e}"))
+        })?;
+        drop(tasks);
         let r = self.wait_for(GO_CGROUP, Step::CgroupAttach);
         self.go_read = None;
         r
@@ -373,6 +384,7 @@ pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> !
         filter: &checked.filter,
         source_ids: &checked.sources,
         go_read: Some(fds.go_read),
+        cgroup_tasks: fds.cgroup_tasks,
         handout_channel: fds.handout_channel,
         disk_channel: fds.disk_channel,
         status: &status,

@@ -3,10 +3,9 @@
 //! in one function ([`run_steps`]) that tests observe through a recording
 //! implementation of [`JailSteps`].
 //!
-//! Order (namespaces were created by `clone`; the parent pins every rlimit
-//! with `prlimit` and writes the uid/gid maps with setgroups denied, then
-//! builds the run's cgroup while this process builds its root, so the two
-//! overlap):
+//! Order (namespaces were created by `clone`, and the run's cgroup before
+//! it; the parent pins every rlimit with `prlimit` and writes the uid/gid
+//! maps with setgroups denied):
 //!
 //!  1. wait for the parent's uid/gid maps (parent death = EOF = exit)
 //!  2. settings of the jail's own namespaces: a new time namespace for the
@@ -16,9 +15,10 @@
 //!  4. credentials: become the jail uid/gid (host: the unique sandbox uid),
 //!     then arm the parent-death signal again (the switch cleared it)
 //!  5. root file system built, then `pivot_root`, old root detached
-//!  6. wait for the parent to attach us to the run's cgroup (limits apply
-//!     from here on, before any untrusted code exists; a jailer that died
-//!     since step 4 shows as EOF here)
+//!  6. into the run's cgroup: on v1 we move ourselves in through the
+//!     `tasks` files the parent opened; on v2 we were born inside; then wait
+//!     for the parent's go (limits apply from here on, before any untrusted
+//!     code exists; a jailer that died since step 4 shows as EOF here)
 //!  7. cgroup namespace (rooted at the run's cgroup), hostname, loopback up
 //!     (the network namespace is otherwise empty); with egress, the proxy's
 //!     listener bound on it and sent out on the jailer's stdin socket

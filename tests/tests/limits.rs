@@ -130,3 +130,66 @@ print(json.dumps({"errno": err, "total": total}))
         out.describe()
     );
 }
+
+/// Every process of a run is in the run's cgroup in every hierarchy its
+/// limits and its kill use (v1: memory, pids, cpu, cpuacct, freezer, which
+/// the jail joins by itself; v2: the one), as the host sees it.
+#[test]
+fn every_process_of_a_run_is_in_its_cgroup_in_every_hierarchy() {
+    use pycell_tests::{descendants_of, pycell_bin};
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(pycell_bin())
+        .args(["run", "--embedded", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting pycell");
+    use std::io::Write;
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"import time\ntime.sleep(20)\n").unwrap();
+    drop(stdin);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let jail = loop {
+        let below = descendants_of(child.id());
+        let ready = below.iter().any(|p| p.name.starts_with("python"));
+        if ready || Instant::now() > deadline {
+            break below;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let mut checked = Vec::new();
+    for p in jail
+        .iter()
+        .filter(|p| p.name == "pycell-init" || p.name.starts_with("python"))
+    {
+        let cgroups = std::fs::read_to_string(format!("/proc/{}/cgroup", p.pid)).unwrap();
+        let wanted: &[&str] = match v2 {
+            true => &[""],
+            false => &["memory", "pids", "cpu", "cpuacct", "freezer"],
+        };
+        for controller in wanted {
+            let line = cgroups
+                .lines()
+                .find(|l| {
+                    let ctrls = l.split(':').nth(1).unwrap_or("");
+                    ctrls.split(',').any(|c| c == *controller)
+                })
+                .unwrap_or_else(|| panic!("no {controller:?} line: {cgroups}"));
+            let leaf = line.rsplit('/').next().unwrap();
+            assert!(
+                leaf.starts_with("pycell-") && leaf.contains("-r-"),
+                "{} ({}) is not in its run's {controller} cgroup: {cgroups}",
+                p.name,
+                p.pid
+            );
+            checked.push(controller.to_string());
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = pycell_tests::still_alive_after(&jail, Duration::from_secs(10));
+    assert!(checked.len() >= 2 * if v2 { 1 } else { 5 }, "{jail:?}");
+}

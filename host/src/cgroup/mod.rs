@@ -53,6 +53,8 @@ pub enum CgroupError {
         path: PathBuf,
         source: io::Error,
     },
+    #[error("cgroup: cannot open {path} for the jail to join its cgroup: {source}")]
+    OpenTasks { path: PathBuf, source: io::Error },
     #[error("cgroup: cannot read {what}: {detail}")]
     Read { what: String, detail: String },
     #[error("cgroup: {path} is not a subtree pycelld may manage: {detail}. On cgroup v2 pycelld needs a cgroup of its own: run it as its systemd service (Delegate=yes), or by hand with `systemd-run --scope -p Delegate=yes pycelld ...`")]

@@ -2,6 +2,7 @@
 //! and killed and removed when dropped.
 
 use std::fs;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use cgroups_rs::cpu::CpuController;
@@ -18,6 +19,27 @@ use super::layout::CgroupLayout;
 use super::CgroupError;
 
 const CPU_PERIOD_US: u64 = 100_000;
+
+/// Move the calling thread (the jail's single-threaded first process, its
+/// children not yet born) into the run's v1 cgroup, through the `tasks`
+/// files [`SandboxCgroup::open_v1_tasks`] opened: "0" in `tasks` moves the
+/// writer itself, one thread. The kernel takes its global
+/// `cgroup_threadgroup_rwsem` for every migration but exactly this one, and
+/// that lock's first writer waits for an RCU grace period: 4 to 23 ms when
+/// the jailer attached the jail from outside, 0.05 ms this way. The files
+/// were opened by root; the kernel lets a writer move a task whose uid is
+/// its own euid, which the jail's is by then.
+pub fn join_v1(tasks: &[OwnedFd]) -> std::io::Result<()> {
+    for fd in tasks {
+        let n = nix::unistd::write(fd.as_fd(), b"0")?;
+        if n != 1 {
+            return Err(std::io::Error::other(
+                "short write to a cgroup's tasks file",
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// Limits applied to one sandbox cgroup.
 #[derive(Debug, Clone, Copy)]
@@ -247,6 +269,26 @@ impl SandboxCgroup {
     /// SIGKILL every process in the cgroup.
     pub fn kill_all(&self) {
         super::kill::kill_all_in(&self.cgroup);
+    }
+
+    /// On v1, each hierarchy's `tasks` file of the run's cgroup, opened for
+    /// writing, for the jail to move itself in with (see
+    /// [`join_v1`]); none on v2.
+    pub fn open_v1_tasks(&self) -> Result<Vec<OwnedFd>, CgroupError> {
+        if self.version != CgroupVersion::V1 {
+            return Ok(Vec::new());
+        }
+        member_dirs(&self.cgroup)
+            .into_iter()
+            .map(|dir| {
+                let path = dir.join("tasks");
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map(OwnedFd::from)
+                    .map_err(|e| CgroupError::OpenTasks { path, source: e })
+            })
+            .collect()
     }
 
     /// The run's cgroup directory on v2, opened for `clone3(CLONE_INTO_CGROUP)`:
