@@ -11,6 +11,10 @@
    cached run adds <= 5 ms.
 3. import pandas: `import pandas` in a cached env under pycell, against the
    same env's python on the host (a bare venv).
+4. plotting: `import pandas, matplotlib.pyplot` under `data-science` (its
+   env cached, byte-compiled, with matplotlib's font cache), against the
+   same env's python on the host with its font cache built once. Target:
+   at most 1.15x.
 
   python3 bench/deps.py --pycell PATH [--uv PATH] [--out DIR] [--runs N]
 
@@ -36,6 +40,7 @@ print(iniconfig.__name__)
 """
 PLAIN = "import iniconfig\nprint(iniconfig.__name__)\n"
 PANDAS = "# /// script\n# dependencies = [\"pandas\"]\n# ///\nimport pandas\nprint(pandas.__version__)\n"
+PLOTTING = "import pandas, matplotlib.pyplot\nprint(matplotlib.get_backend())\n"
 
 
 def timed(argv, env=None, check=True):
@@ -89,8 +94,9 @@ def main():
     shutil.rmtree(BASE, ignore_errors=True)
     os.makedirs(BASE)
     work = tempfile.mkdtemp(prefix="pycell-bench-deps-")
-    script, plain, pandas = (os.path.join(work, n) for n in ("with_deps.py", "plain.py", "pandas_.py"))
-    for path, text in ((script, SCRIPT), (plain, PLAIN), (pandas, PANDAS)):
+    names = ("with_deps.py", "plain.py", "pandas_.py", "plotting.py")
+    script, plain, pandas, plotting = (os.path.join(work, n) for n in names)
+    for path, text in ((script, SCRIPT), (plain, PLAIN), (pandas, PANDAS), (plotting, PLOTTING)):
         with open(path, "w") as f:
             f.write(text)
     run = [a.pycell, "run", "--embedded"]
@@ -137,6 +143,22 @@ def main():
         max(5, a.runs // 3),
     )
 
+    # 4. plotting under data-science vs the env's python with its font cache.
+    _, p = timed(run + ["--json", "--policy", "data-science", plotting], env_with(PYCELL_ENV_STORE=store))
+    result = json.loads(p.stdout)
+    if result["stderr"]:
+        sys.exit("bench/deps.py: a data-science plotting run wrote to stderr:\n" + result["stderr"])
+    ds_python = os.path.join(store, "envs", result["env"]["key"], "bin", "python")
+    mpl = tempfile.mkdtemp(prefix="mplconfig-")
+    bare_env = env_with(MPLCONFIGDIR=mpl, MPLBACKEND="Agg")
+    timed([ds_python, plotting], bare_env)  # builds the bare side's font cache
+    plot_pycell, plot_bare = median_pair(
+        lambda: timed(run + ["--policy", "data-science", plotting], env_with(PYCELL_ENV_STORE=store))[0],
+        lambda: timed([ds_python, plotting], bare_env)[0],
+        max(5, a.runs // 3),
+    )
+    shutil.rmtree(mpl, ignore_errors=True)
+
     rows = [
         ("install: uv run --with iniconfig (empty cache)", uv_first, None),
         ("install: pycell run, PEP 723 iniconfig (empty store)", first, first / uv_first),
@@ -144,12 +166,16 @@ def main():
         ("cached: pycell run, PEP 723 iniconfig (store hit)", cached, cached / prebuilt),
         ("import pandas: the env's python on the host", pd_bare, None),
         ("import pandas: pycell run, cached env", pd_pycell, pd_pycell / pd_bare),
+        ("plotting: the data-science env's python on the host", plot_bare, None),
+        ("plotting: pycell run --policy data-science", plot_pycell, plot_pycell / plot_bare),
     ]
     lines = ["", "dependencies (medians, ms; ratio against the row above)"]
     for name, ms, ratio in rows:
         lines.append("  %-56s %9.1f%s" % (name, ms, "" if ratio is None else "  %.2fx" % ratio))
     added = cached - prebuilt
     lines.append("  target: a cached run adds <= 5 ms: %+.1f ms (%s)" % (added, "met" if added <= 5 else "MISSED"))
+    ratio = plot_pycell / plot_bare
+    lines.append("  target: plotting <= 1.15x bare: %.2fx (%s)" % (ratio, "met" if ratio <= 1.15 else "MISSED"))
     print("\n".join(lines))
     with open(os.path.join(a.out, "deps.json"), "w") as f:
         json.dump({name: {"ms": ms, "ratio": ratio} for name, ms, ratio in rows}, f, indent=1)
