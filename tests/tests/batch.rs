@@ -211,3 +211,54 @@ fn a_sigkill_of_pycell_mid_batch_leaves_no_sandbox_and_no_cgroup() {
     remove_cgroup_parent(&parent, Duration::from_secs(1));
     assert!(runs.is_empty(), "run cgroups left behind: {runs:?}");
 }
+
+/// Through pycelld: each line on a connection of its own, its admission
+/// deciding what runs at once; the results as embedded.
+#[test]
+fn a_batch_through_pycelld_runs_every_line_and_refuses_bad_ones() {
+    let d = pycell_tests::daemon::Daemon::start("");
+    let socket = d.socket();
+    let lines = [
+        json!({"id": "a", "code": "print(6 * 7)"}),
+        json!({"id": "b", "code": "print(1)", "limits": {"timeout_s": 100000}}),
+        json!({"id": "c", "code": "import os; print(sorted(os.listdir('/workspace')))", "files": [{"name": "in.txt", "data_base64": "aGk="}]}),
+    ];
+    let input: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    let out = Pycell::new([
+        "batch",
+        "--jobs",
+        "2",
+        "--socket",
+        socket.to_str().unwrap(),
+        "-",
+    ])
+    .stdin(input)
+    .run();
+    assert_eq!(out.exit_code, Some(0), "{}", out.describe());
+    let results: Vec<Value> = out
+        .stdout_str()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(results.len(), 3, "{}", out.describe());
+    assert_eq!(results[0]["result"]["stdout"], "42\n", "{}", out.describe());
+    // Over the policy's ceiling: pycelld's own refusal, for that line only.
+    assert_eq!(
+        results[1]["result"]["status"],
+        "refused",
+        "{}",
+        out.describe()
+    );
+    assert_eq!(results[1]["result"]["error"]["code"], "invalid_request");
+    assert_eq!(
+        results[2]["result"]["stdout"],
+        "['in.txt', 'main.py']\n",
+        "{}",
+        out.describe()
+    );
+    // Each ran under the daemon's sandbox uids.
+    let uid = results[0]["result"]["layers"]["sandbox_uid"]
+        .as_u64()
+        .unwrap() as u32;
+    assert!(uid >= d.uid_base && uid < d.uid_base + 64, "{uid}");
+}
