@@ -193,9 +193,12 @@ pub fn build_root(sources: PreparedSources, layout: &RootfsLayout<'_>) -> Result
     for p in sources.binds {
         attach_bind(p)?;
     }
+    crate::timings::mark("jail: rootfs: binds attached");
     mount_proc()?;
     let dev = build_dev(sources.devices)?;
+    crate::timings::mark("jail: rootfs: /proc and /dev");
     mask_proc()?;
+    crate::timings::mark("jail: rootfs: /proc files covered");
     mount_disk(&dev, layout)?;
     write_etc(layout.hostname)
 }
@@ -374,12 +377,24 @@ fn cover_files(files: &[PathBuf]) -> Result<(), MountError> {
     )?;
     let empty = holder.join("empty");
     write_file(&empty, b"", 0o444)?;
+    // The holder's tmpfs read-only as a whole (its superblock and its
+    // mount): every bind of its one file is then read-only too (EROFS,
+    // whatever the bind's own flags), with one system call per cover
+    // instead of two (0.5 ms of a jail's setup for about 35 covers).
+    mount(
+        None::<&str>,
+        &holder,
+        None::<&str>,
+        MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(nix_err("making the covers' tmpfs read-only"))?;
     for at in files {
         bind(&empty, at)?;
-        syscall::mount_setattr_path(at, MOUNT_ATTR_RDONLY, false).map_err(err(format!(
-            "making the cover of {} read-only",
-            at.display()
-        )))?;
     }
     // The covers keep the tmpfs alive; its mount point goes.
     umount2(&holder, MntFlags::MNT_DETACH).map_err(nix_err("detaching the covers' tmpfs"))?;
