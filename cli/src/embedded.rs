@@ -44,28 +44,26 @@ pub(crate) async fn stopped(mut stop: StopRequest) -> StoppedBy {
 /// jailer, which resets its own mask) starts with them blocked, and read
 /// on a thread of their own.
 pub(crate) fn stop_on_signals() -> nix::Result<StopRequest> {
+    // SIGINT only goes to the program, which the jailer did.
+    stop_request(false)
+}
+
+/// The stop request of `pycell batch`: SIGINT too stops every run (and
+/// the batch takes no new line). Blocked here like [`stop_on_signals`]'.
+pub(crate) fn stop_on_every_signal() -> nix::Result<StopRequest> {
+    stop_request(true)
+}
+
+/// SIGINT, SIGTERM and SIGHUP blocked and read; the latter two, and
+/// SIGINT if `sigint_stops`, stop this process's runs.
+fn stop_request(sigint_stops: bool) -> nix::Result<StopRequest> {
     let (tx, rx) = watch::channel(None);
     on_signals(
         &[Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP],
         move |sig| {
-            // SIGINT only goes to the program, which the jailer did.
-            if sig != Signal::SIGINT as i32 {
+            if sigint_stops || sig != Signal::SIGINT as i32 {
                 let _ = tx.send(Some(StoppedBy::Request));
             }
-        },
-    )?;
-    Ok(rx)
-}
-
-/// The stop request of `pycell batch`: SIGINT, SIGTERM or SIGHUP stop
-/// every run (and the batch takes no new line). Blocked here, before any
-/// thread exists, like [`stop_on_signals`]'.
-pub(crate) fn stop_on_every_signal() -> nix::Result<StopRequest> {
-    let (tx, rx) = watch::channel(None);
-    on_signals(
-        &[Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP],
-        move |_| {
-            let _ = tx.send(Some(StoppedBy::Request));
         },
     )?;
     Ok(rx)

@@ -20,7 +20,7 @@ use pycell_tools::service::ToolService;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
 use pycell_wire::report::{JailFailure, RunStatus};
-use pycell_wire::timings::{self, Mark};
+use pycell_wire::timings::{self, Recorder};
 
 use crate::cli::RunArgs;
 use crate::embedded;
@@ -196,6 +196,10 @@ pub fn print_spec(args: &RunArgs) -> i32 {
 }
 
 pub fn main(args: &RunArgs) -> i32 {
+    if args.timings {
+        let started = *STARTED_US.get_or_init(timings::now_us);
+        OUR_MARKS.keep("pycell: started", started);
+    }
     let socket = (!args.embedded && !args.timings)
         .then(|| daemon_socket(args.socket.as_deref()))
         .flatten();
@@ -216,35 +220,15 @@ pub fn main(args: &RunArgs) -> i32 {
     result.process_exit_code()
 }
 
-/// Our own marks (see [`mark`]) added to the jailer's and the jail's.
+/// Our own marks added to the jailer's and the jail's.
 fn add_our_timings(result: &mut RunResult) {
-    let started = *STARTED_US.get_or_init(timings::now_us);
-    result.timings.push(Mark {
-        step: "pycell: started".into(),
-        at_us: started,
-    });
-    result.timings.extend(std::mem::take(
-        &mut *OUR_MARKS.lock().unwrap_or_else(|p| p.into_inner()),
-    ));
-    result.timings.push(Mark::now("pycell: result in hand"));
+    OUR_MARKS.mark("pycell: result in hand");
+    result.timings.extend(OUR_MARKS.take());
     result.timings.sort_by_key(|m| m.at_us);
 }
 
-static OUR_MARKS: std::sync::Mutex<Vec<Mark>> = std::sync::Mutex::new(Vec::new());
-
-/// Mark one of our steps as ended now (kept only for `--timings`).
-fn mark(args: &RunArgs, step: &str) {
-    mark_if(args.timings, step)
-}
-
-fn mark_if(timings: bool, step: &str) {
-    if timings {
-        OUR_MARKS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Mark::now(step));
-    }
-}
+/// This process's marks: kept for `--timings` only.
+static OUR_MARKS: Recorder = Recorder::new();
 
 fn refused(policy: &str, f: JailFailure) -> RunResult {
     RunResult::refused("", policy, f)
@@ -374,7 +358,7 @@ fn run_embedded(args: &RunArgs) -> RunResult {
         Ok(r) => r,
         Err(f) => return refused(&args.policy, f),
     };
-    mark(args, "pycell: policy loaded, request read");
+    OUR_MARKS.mark("pycell: policy loaded, request read");
     let internal = |what: &str, e: &dyn std::fmt::Display| {
         let f = JailFailure::new(FailureCode::Internal, Layer::Jailer, format!("{what}: {e}"));
         refused(&run.policy.name, f)
@@ -387,7 +371,7 @@ fn run_embedded(args: &RunArgs) -> RunResult {
         Ok(rt) => rt,
         Err(e) => return internal("starting a runtime", &e),
     };
-    mark(args, "pycell: signal thread and runtime started");
+    OUR_MARKS.mark("pycell: signal thread and runtime started");
     let mut installer = embedded::Installer {
         handle: rt.handle().clone(),
         stop: stop.clone(),
@@ -432,8 +416,6 @@ impl EmbeddedRun {
     /// dependencies' env found or built, its spec resolved and uid leased,
     /// its jailer started and supervised to its end.
     pub(crate) fn run(self, how: HowToRun<'_>) -> RunResult {
-        let timings = how.timings;
-        let mark = |step: &str| mark_if(timings, step);
         let name = &self.policy.name;
         let mut progress = |m: &str| eprintln!("pycell: {m}");
         let ensured = match embedded::env_for(
@@ -446,7 +428,7 @@ impl EmbeddedRun {
             Ok(e) => e,
             Err(f) => return refused(name, f),
         };
-        mark("pycell: dependencies' env found");
+        OUR_MARKS.mark("pycell: dependencies' env found");
         let extras = Extras {
             env: ensured.as_ref().map(|e| e.env.dir.clone()),
             ..Extras::default()
@@ -455,10 +437,10 @@ impl EmbeddedRun {
             Ok(p) => p,
             Err(e) => return refused(name, e.failure()),
         };
-        if timings {
+        if how.timings {
             prepared.mark_timings();
         }
-        mark("pycell: spec resolved, uid leased");
+        OUR_MARKS.mark("pycell: spec resolved, uid leased");
         let handle = how.installer.handle.clone();
         let (mut result, _) = embedded::run_here(
             &handle,
@@ -468,7 +450,7 @@ impl EmbeddedRun {
             how.tools,
             how.on_output,
         );
-        mark("pycell: jailer ended, its uid given back");
+        OUR_MARKS.mark("pycell: jailer ended, its uid given back");
         result.env = ensured.map(|e| e.report);
         result
     }

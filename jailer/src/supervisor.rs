@@ -376,7 +376,7 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     let joins_itself = !child_fds.cgroup_tasks.is_empty();
     mark("jailer: pipes and the cgroup made");
     let start = Instant::now();
-    let (pid, born_inside) = match clone_jail(Some(&cgroup))? {
+    let (pid, born_inside) = match clone_jail(&cgroup)? {
         (CloneResult::Child, _) => {
             drop((go, ends));
             // The jail handles its own signals (see `child`).
@@ -439,12 +439,12 @@ fn release_stdin() {
     }
 }
 
-/// Clone into new namespaces (inside `cgroup` if given). clone3 may be
+/// Clone into new namespaces, on v2 inside `cgroup`. clone3 may be
 /// missing (old kernels) or filtered to ENOSYS (container seccomp
-/// profiles): then attach after the clone, as on v1. Returns whether the
-/// child was born inside the cgroup.
-fn clone_jail(cgroup: Option<&SandboxCgroup>) -> Result<(CloneResult, bool), JailFailure> {
-    let dir = cgroup.and_then(SandboxCgroup::open_v2_dir);
+/// profiles): then the jailer attaches the child after the clone. Returns
+/// whether the child was born inside the cgroup.
+fn clone_jail(cgroup: &SandboxCgroup) -> Result<(CloneResult, bool), JailFailure> {
+    let dir = cgroup.open_v2_dir();
     let cloned = match &dir {
         Some(d) => match syscall::clone_into_cgroup(CLONE_FLAGS, d.as_fd()) {
             Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {

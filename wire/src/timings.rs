@@ -25,6 +25,51 @@ impl Mark {
     }
 }
 
+/// A process's marks, kept only once asked for ([`Recorder::keep`]); a
+/// `static` of the process (pycell's, the jailer's), whose steps mark
+/// themselves as they end without passing it around.
+#[derive(Debug)]
+pub struct Recorder(std::sync::Mutex<Option<Vec<Mark>>>);
+
+impl Recorder {
+    pub const fn new() -> Recorder {
+        Recorder(std::sync::Mutex::new(None))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Option<Vec<Mark>>) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Start keeping marks, the first being `step` at `at_us`.
+    pub fn keep(&self, step: &str, at_us: u64) {
+        let first = Mark {
+            step: step.to_string(),
+            at_us,
+        };
+        self.with(|m| *m = Some(vec![first]))
+    }
+
+    /// Mark `step` as ended now, if marks are kept.
+    pub fn mark(&self, step: &str) {
+        self.with(|m| {
+            if let Some(marks) = m {
+                marks.push(Mark::now(step))
+            }
+        })
+    }
+
+    /// The marks so far (none if none are kept); later ones start afresh.
+    pub fn take(&self) -> Vec<Mark> {
+        self.with(|m| m.as_mut().map(std::mem::take).unwrap_or_default())
+    }
+}
+
+impl Default for Recorder {
+    fn default() -> Recorder {
+        Recorder::new()
+    }
+}
+
 /// Now, in microseconds of `CLOCK_MONOTONIC`.
 pub fn now_us() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
@@ -80,6 +125,22 @@ mod tests {
             "{table}"
         );
         assert_eq!(super::table(&[]), "");
+    }
+
+    #[test]
+    fn marks_are_kept_only_once_asked_for_and_taken_afresh() {
+        let r = Recorder::new();
+        r.mark("before");
+        assert!(r.take().is_empty());
+        r.keep("start", 5);
+        r.mark("step");
+        let marks = r.take();
+        assert_eq!(marks.len(), 2);
+        assert_eq!(marks[0].at_us, 5);
+        assert_eq!(marks[1].step, "step");
+        assert!(marks[1].at_us > 5);
+        r.mark("next");
+        assert_eq!(r.take().len(), 1);
     }
 
     #[test]
