@@ -34,7 +34,68 @@ pub struct UidLease {
     pub gid: u32,
     /// Where this uid's run cgroups live, if its release must wait for them.
     cgroup_parent: Option<String>,
+    holder: Holder,
+}
+
+/// What keeps the id ours: its lock file's lock, or a zygote's slot that
+/// lent it to one run.
+#[derive(Debug)]
+enum Holder {
+    Lock(#[allow(dead_code)] Flock<File>),
+    Slot(std::sync::Arc<SlotLease>),
+    /// Moved into a [`SlotLease`].
+    Moved,
+}
+
+/// A uid a zygote holds for its whole life (its user namespace maps it)
+/// and lends to one run at a time ([`SlotLease::lend`]).
+#[derive(Debug)]
+pub struct SlotLease {
+    pub uid: u32,
+    pub gid: u32,
+    busy: std::sync::atomic::AtomicBool,
     _lock: Flock<File>,
+}
+
+impl SlotLease {
+    /// Hold `lease`'s id for a zygote's life.
+    pub fn hold(mut lease: UidLease) -> Result<std::sync::Arc<SlotLease>, UidLease> {
+        if !matches!(lease.holder, Holder::Lock(_)) {
+            return Err(lease);
+        }
+        // What is left of `lease` releases nothing when dropped.
+        lease.cgroup_parent = None;
+        let Holder::Lock(lock) = std::mem::replace(&mut lease.holder, Holder::Moved) else {
+            unreachable!("checked above");
+        };
+        Ok(std::sync::Arc::new(SlotLease {
+            uid: lease.uid,
+            gid: lease.gid,
+            busy: false.into(),
+            _lock: lock,
+        }))
+    }
+
+    /// The id, for one run, if no other run has it: a lease that, once
+    /// dropped (after its run's cgroups, see
+    /// [`UidLease::release_after_cgroups`]), gives the id back to the slot.
+    pub fn lend(self: &std::sync::Arc<SlotLease>) -> Option<UidLease> {
+        use std::sync::atomic::Ordering;
+        self.busy
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        Some(UidLease {
+            uid: self.uid,
+            gid: self.gid,
+            cgroup_parent: None,
+            holder: Holder::Slot(self.clone()),
+        })
+    }
+
+    /// Whether a run has the id now.
+    pub fn is_lent(&self) -> bool {
+        self.busy.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 impl UidLease {
@@ -51,6 +112,9 @@ impl Drop for UidLease {
     fn drop(&mut self) {
         if let Some(parent) = &self.cgroup_parent {
             crate::cgroup::reclaim_uid(parent, self.uid);
+        }
+        if let Holder::Slot(slot) = &self.holder {
+            slot.busy.store(false, std::sync::atomic::Ordering::Release);
         }
         // The lock is released after this, when the fields are dropped.
     }
@@ -122,7 +186,7 @@ pub fn allocate(range: &RangeInclusive<u32>, lock_dir: &Path) -> Result<UidLease
             uid,
             gid: uid,
             cgroup_parent: None,
-            _lock: lock,
+            holder: Holder::Lock(lock),
         });
     }
     Err(UidError::Exhausted { start, end })
@@ -144,6 +208,29 @@ mod tests {
         drop(a);
         let c = allocate(&range, dir.path()).unwrap();
         assert!(range.contains(&c.uid));
+    }
+
+    #[test]
+    fn a_slot_lends_its_id_to_one_run_at_a_time_and_keeps_it_from_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let range = 1_800_100_010..=1_800_100_010;
+        let slot = SlotLease::hold(allocate(&range, dir.path()).unwrap()).unwrap();
+        let run = slot.lend().expect("a free slot lends");
+        assert_eq!((run.uid, run.gid), (slot.uid, slot.gid));
+        assert!(slot.is_lent());
+        assert!(slot.lend().is_none(), "lent twice at once");
+        drop(run);
+        assert!(!slot.is_lent());
+        let again = slot.lend().expect("given back on drop");
+        // The slot's lock holds the id even while no run has it, and
+        // after the slot is dropped while a run still does.
+        drop(slot);
+        assert!(allocate(&range, dir.path()).is_err());
+        drop(again);
+        assert_eq!(allocate(&range, dir.path()).unwrap().uid, 1_800_100_010);
+        // A lent lease is not held again as a slot.
+        let s = SlotLease::hold(allocate(&range, dir.path()).unwrap()).unwrap();
+        assert!(SlotLease::hold(s.lend().unwrap()).is_err());
     }
 
     #[test]

@@ -271,6 +271,34 @@ impl SandboxCgroup {
         super::kill::kill_all_in(&self.cgroup);
     }
 
+    /// The files through which a process moves itself in (see
+    /// [`join_v1`]: the same "0" works for both): on v1 each hierarchy's
+    /// `tasks` (one thread, no global lock); on v2 `cgroup.procs` (the
+    /// kernel checks permission with the credentials and cgroup namespace
+    /// of whoever opened it: root, here). For a process that is not our
+    /// child (a zygote's).
+    pub fn open_join_files(&self) -> Result<Vec<OwnedFd>, CgroupError> {
+        if self.version == CgroupVersion::V1 {
+            return self.open_v1_tasks();
+        }
+        let path = self.memory_dir().join("cgroup.procs");
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map(|f| vec![OwnedFd::from(f)])
+            .map_err(|e| CgroupError::OpenTasks { path, source: e })
+    }
+
+    /// The one process in this cgroup (host pid), if exactly one is.
+    pub fn only_member(&self) -> Option<Pid> {
+        let procs = fs::read_to_string(self.memory_dir().join("cgroup.procs")).ok()?;
+        let mut pids = procs.split_whitespace().map(str::parse::<i32>);
+        match (pids.next(), pids.next()) {
+            (Some(Ok(pid)), None) if pid > 0 => Some(Pid::from_raw(pid)),
+            _ => None,
+        }
+    }
+
     /// On v1, each hierarchy's `tasks` file of the run's cgroup, opened for
     /// writing, for the jail to move itself in with (see
     /// [`join_v1`]); none on v2.
