@@ -26,3 +26,32 @@ pub fn drop_all() -> Result<(), String> {
     }
     Ok(())
 }
+
+/// A zygote's: CAP_SETUID and CAP_SETGID, effective and permitted, in
+/// its own user namespace (to give each child its slot's ids); every
+/// other capability and the rest of the bounding set gone.
+pub fn keep_only_setid() -> Result<(), String> {
+    use caps::Capability::{CAP_SETGID, CAP_SETUID};
+    let kept: caps::CapsHashSet = [CAP_SETUID, CAP_SETGID].into_iter().collect();
+    for cap in caps::runtime::thread_all_supported() {
+        if !kept.contains(&cap) {
+            caps::drop(None, CapSet::Bounding, cap)
+                .map_err(|e| format!("dropping {cap} from the bounding set: {e}"))?;
+        }
+    }
+    for set in [CapSet::Ambient, CapSet::Inheritable] {
+        caps::clear(None, set).map_err(|e| format!("clearing the {set:?} set: {e}"))?;
+    }
+    for set in [CapSet::Effective, CapSet::Permitted] {
+        caps::set(None, set, &kept).map_err(|e| format!("setting the {set:?} set: {e}"))?;
+    }
+    for set in [CapSet::Bounding, CapSet::Effective, CapSet::Permitted] {
+        let left = caps::read(None, set).map_err(|e| format!("reading the {set:?} set: {e}"))?;
+        if left != kept {
+            return Err(format!(
+                "{set:?} set holds {left:?}, not just CAP_SETUID/CAP_SETGID"
+            ));
+        }
+    }
+    Ok(())
+}

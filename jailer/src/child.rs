@@ -31,7 +31,9 @@ use pycell_syscall::{self as syscall, CloneResult};
 use pycell_wire::codes::FailureCode;
 use pycell_wire::handout::{self, Handout};
 use pycell_wire::report::LandlockReport;
-use pycell_wire::spec::{JailSpec, NetworkSpec, JAIL_GID, JAIL_UID, TOOLS_FD_VAR, WORKSPACE};
+use pycell_wire::spec::{
+    JailSpec, NetworkSpec, JAIL_GID, JAIL_UID, TOOLS_FD_VAR, WORKSPACE, ZYGOTE_FD_ENV,
+};
 
 pub(crate) const HOSTNAME: &str = "pycell";
 /// Signals init forwards to the program. SIGCHLD is init's own.
@@ -63,7 +65,34 @@ pub(crate) struct ChildFds {
     pub cgroup_tasks: Vec<OwnedFd>,
 }
 
+/// Which jail this process sets up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JailKind {
+    /// Cloned by the jailer; execs its program.
+    Run,
+    /// A zygote, cloned by the jailer: its program (python on the runner,
+    /// warm) forks runs. It keeps CAP_SETUID/CAP_SETGID in its own user
+    /// namespace (its children take their slot's ids) and has no Landlock
+    /// (which forbids mounting to every process under it), no seccomp
+    /// (its children's filters would stack on it) and a whole /proc.
+    Zygote,
+    /// Forked from a zygote (`crate::zygote`): the same steps; its program
+    /// is a fork of the zygote's, which goes on in python.
+    FromZygote,
+}
+
+impl JailKind {
+    pub fn of(spec: &JailSpec) -> JailKind {
+        match (&spec.zygote, &spec.from_zygote) {
+            (Some(_), _) => JailKind::Zygote,
+            (None, Some(_)) => JailKind::FromZygote,
+            (None, None) => JailKind::Run,
+        }
+    }
+}
+
 struct RealSteps<'a> {
+    kind: JailKind,
     spec: &'a JailSpec,
     filter: &'a CompiledFilter,
     source_ids: &'a [SourceId],
@@ -75,12 +104,14 @@ struct RealSteps<'a> {
     signal_fd: Option<SignalFd>,
     /// Code mode: the program's end of the tool channel.
     tool_end: Option<OwnedFd>,
+    /// A zygote: its end of the channel its fork requests come on.
+    zygote_end: Option<OwnedFd>,
     sources: Option<PreparedSources>,
     landlock: Option<LandlockReport>,
     xattr_writes_refused: bool,
 }
 
-fn send(status: &File, msg: &ChildMessage) {
+pub(crate) fn send(status: &File, msg: &ChildMessage) {
     if let Ok(mut line) = serde_json::to_vec(msg) {
         line.push(b'\n');
         let _ = (&*status).write_all(&line);
@@ -124,8 +155,15 @@ impl JailSteps for RealSteps<'_> {
             StepError::new(Step::CgroupAttach, format!("joining the run's cgroup: {e}"))
         })?;
         drop(tasks);
+        if self.kind == JailKind::FromZygote {
+            send(self.status, &ChildMessage::Joined);
+        }
         let r = self.wait_for(GO_CGROUP, Step::CgroupAttach);
-        self.go_read = None;
+        // A run from a zygote is not the jailer's child: its init watches
+        // the go pipe (EOF: the jailer is gone) instead of a death signal.
+        if self.kind != JailKind::FromZygote {
+            self.go_read = None;
+        }
         r
     }
 
@@ -137,7 +175,11 @@ impl JailSteps for RealSteps<'_> {
     }
 
     fn prepare_mount_sources(&mut self) -> Result<(), StepError> {
-        let s = mounts::prepare_sources(&self.spec.mounts, self.source_ids)
+        let from = match self.kind {
+            JailKind::FromZygote => mounts::SourcesIn::ZygoteRoot,
+            _ => mounts::SourcesIn::Host(self.source_ids),
+        };
+        let s = mounts::prepare_sources(&self.spec.mounts, from)
             .map_err(|e| StepError::new(Step::MountSources, e.to_string()))?;
         self.sources = Some(s);
         Ok(())
@@ -147,10 +189,21 @@ impl JailSteps for RealSteps<'_> {
         // Host uid 0 is not mapped in this namespace, so switching away from
         // it keeps the namespace capabilities we still need for mounting;
         // they are dropped for good in `drop_capabilities`.
-        let g = Gid::from_raw(JAIL_GID);
-        let u = Uid::from_raw(JAIL_UID);
+        // A zygote is its namespace's root (mapped to its own host uid).
+        let (g, u) = match self.kind {
+            JailKind::Zygote => (Gid::from_raw(0), Uid::from_raw(0)),
+            _ => (Gid::from_raw(JAIL_GID), Uid::from_raw(JAIL_UID)),
+        };
         setresgid(g, g, g).map_err(nix_step(Step::Credentials, "setresgid"))?;
         setresuid(u, u, u).map_err(nix_step(Step::Credentials, "setresuid"))?;
+        if self.kind == JailKind::FromZygote {
+            // Our ids did not change (they were the jail's already), so
+            // the kernel did not make us not dumpable as it does a cloned
+            // jail's init here: do it, so that the program, the same uid,
+            // cannot reach init's memory.
+            return nix::sys::prctl::set_dumpable(false)
+                .map_err(nix_step(Step::Credentials, "prctl(PR_SET_DUMPABLE)"));
+        }
         // The kernel clears the parent-death signal on a credential change:
         // arm it again. Had the jailer died in between, the go pipe is at EOF
         // and the wait for the cgroup, next, ends this process.
@@ -168,6 +221,7 @@ impl JailSteps for RealSteps<'_> {
             disk_size: l.disk_bytes,
             files: &self.spec.files,
             hostname: HOSTNAME,
+            cover_proc: self.kind != JailKind::Zygote,
         };
         mounts::build_root(sources, &layout)
             .map_err(|e| StepError::new(Step::Rootfs, e.to_string()))?;
@@ -184,6 +238,7 @@ impl JailSteps for RealSteps<'_> {
             .map_err(|e| StepError::new(Step::Loopback, format!("bringing up lo: {e}")))?;
         self.hand_out_workspace()?;
         self.hand_out_tool_channel()?;
+        self.hand_out_zygote_channel()?;
         self.hand_out_proxy_listener()
     }
 
@@ -194,7 +249,11 @@ impl JailSteps for RealSteps<'_> {
     }
 
     fn drop_capabilities(&mut self) -> Result<(), StepError> {
-        crate::capabilities::drop_all().map_err(|e| StepError::new(Step::Capabilities, e))
+        let dropped = match self.kind {
+            JailKind::Zygote => crate::capabilities::keep_only_setid(),
+            _ => crate::capabilities::drop_all(),
+        };
+        dropped.map_err(|e| StepError::new(Step::Capabilities, e))
     }
 
     fn set_no_new_privs(&mut self) -> Result<(), StepError> {
@@ -212,11 +271,16 @@ impl JailSteps for RealSteps<'_> {
             .map_err(nix_step(Step::CloseFds, "signalfd"))?;
         let mut keep = vec![self.status.as_raw_fd(), sfd.as_fd().as_raw_fd()];
         keep.extend(self.tool_end.as_ref().map(AsRawFd::as_raw_fd));
+        keep.extend(self.zygote_end.as_ref().map(AsRawFd::as_raw_fd));
+        keep.extend(self.go_read.as_ref().map(AsRawFd::as_raw_fd));
         self.signal_fd = Some(sfd);
         syscall::close_fds_except(&keep).map_err(io_step(Step::CloseFds))
     }
 
     fn apply_landlock(&mut self) -> Result<(), StepError> {
+        if self.kind == JailKind::Zygote {
+            return Ok(());
+        }
         let targets: Vec<PathBuf> = mounts::tree_targets(&self.spec.mounts);
         let grants = Grants::for_jail(&self.spec.landlock, &targets, self.spec.network);
         let report =
@@ -237,6 +301,9 @@ impl JailSteps for RealSteps<'_> {
     }
 
     fn apply_seccomp(&mut self) -> Result<(), StepError> {
+        if self.kind == JailKind::Zygote {
+            return Ok(());
+        }
         // Asked now: with no capabilities left, as the program will be,
         // and before the filter could hide the kernel's own answer.
         self.xattr_writes_refused = !xattr_check::kernel_refuses_in(WORKSPACE);
@@ -291,6 +358,29 @@ impl RealSteps<'_> {
         let (ours, launchers) = std::os::unix::net::UnixStream::pair().map_err(fail)?;
         handout::send(channel.as_fd(), Handout::ToolChannel, launchers.as_fd()).map_err(fail)?;
         self.tool_end = Some(ours.into());
+        Ok(())
+    }
+
+    /// A zygote: a seqpacket socketpair, one end handed out on the
+    /// jailer's stdin socket (the launcher's runs send their fork requests
+    /// on it), the other kept for the program (`PYCELL_ZYGOTE_FD`).
+    fn hand_out_zygote_channel(&mut self) -> Result<(), StepError> {
+        let (JailKind::Zygote, Some(channel)) = (self.kind, self.handout_channel.as_ref()) else {
+            return Ok(());
+        };
+        let fail =
+            |e: nix::Error| StepError::new(Step::Loopback, format!("the zygote's channel: {e}"));
+        use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+        let (ours, launchers) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(fail)?;
+        handout::send(channel.as_fd(), Handout::ZygoteChannel, launchers.as_fd())
+            .map_err(|e| StepError::new(Step::Loopback, format!("the zygote's channel: {e}")))?;
+        self.zygote_end = Some(ours);
         Ok(())
     }
 
@@ -359,7 +449,6 @@ pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> !
     // The jailer's marks stay the jailer's; ours go out with Ready.
     crate::timings::take();
     crate::timings::mark("jail: cloned");
-    let status = File::from(fds.status_write);
     // If the jailer dies, so does the jail (pid 1 dying kills the namespace).
     // Set before waiting for the go byte, so there is no window: a jailer that
     // died earlier shows up as EOF on the go pipe.
@@ -367,6 +456,29 @@ pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> !
         syscall::exit_now(126);
     }
     hide_host_command_line();
+    let jail = set_up(spec, &checked.filter, &checked.sources, fds);
+    init(spec, jail)
+}
+
+/// A jail set up, every step done and Ready sent: what its init needs.
+pub(crate) struct SetUp {
+    status: File,
+    signal_fd: SignalFd,
+    tool_end: Option<OwnedFd>,
+    zygote_end: Option<OwnedFd>,
+    /// A run from a zygote: the jailer's go pipe, watched for its end.
+    go_read: Option<OwnedFd>,
+}
+
+/// Take the jail's descriptors, run every step, send Ready. Exits on any
+/// failure, after saying why on the status pipe.
+pub(crate) fn set_up(
+    spec: &JailSpec,
+    filter: &CompiledFilter,
+    source_ids: &[SourceId],
+    fds: ChildFds,
+) -> SetUp {
+    let status = File::from(fds.status_write);
     let redirected = nix::unistd::dup2_stdin(&fds.stdin_read)
         .and_then(|_| nix::unistd::dup2_stdout(&fds.stdout_write))
         .and_then(|_| nix::unistd::dup2_stderr(&fds.stderr_write));
@@ -380,9 +492,10 @@ pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> !
     drop((fds.stdin_read, fds.stdout_write, fds.stderr_write));
 
     let mut steps = RealSteps {
+        kind: JailKind::of(spec),
         spec,
-        filter: &checked.filter,
-        source_ids: &checked.sources,
+        filter,
+        source_ids,
         go_read: Some(fds.go_read),
         cgroup_tasks: fds.cgroup_tasks,
         handout_channel: fds.handout_channel,
@@ -390,6 +503,7 @@ pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> !
         status: &status,
         signal_fd: None,
         tool_end: None,
+        zygote_end: None,
         sources: None,
         landlock: None,
         xattr_writes_refused: false,
@@ -398,16 +512,26 @@ pub(crate) fn child_main(spec: &JailSpec, checked: &Checked, fds: ChildFds) -> !
         send(&status, &ChildMessage::SetupFailed(e));
         syscall::exit_now(126);
     }
-    let landlock = steps.landlock.take().expect("landlock applied");
     let signal_fd = steps.signal_fd.take().expect("signalfd created");
-    let tool_end = steps.tool_end.take();
     let ready = ChildMessage::Ready {
-        landlock,
+        landlock: steps.landlock.take(),
         xattr_writes_refused: steps.xattr_writes_refused,
         timings: crate::timings::take(),
     };
+    let (tool_end, zygote_end, go_read) = (
+        steps.tool_end.take(),
+        steps.zygote_end.take(),
+        steps.go_read.take(),
+    );
+    drop(steps);
     send(&status, &ready);
-    init(spec, &status, signal_fd, tool_end)
+    SetUp {
+        status,
+        signal_fd,
+        tool_end,
+        zygote_end,
+        go_read,
+    }
 }
 
 /// This process is a fork of the jailer, so its
@@ -454,17 +578,33 @@ fn cstrings(items: impl IntoIterator<Item = String>) -> Vec<CString> {
         .collect()
 }
 
-/// The program's environment: the spec's, and where its end of the tool
-/// channel is.
-fn program_env(spec: &JailSpec, tool_end: Option<&OwnedFd>) -> Vec<CString> {
-    let tools = tool_end.map(|fd| (TOOLS_FD_VAR.to_string(), fd.as_raw_fd().to_string()));
-    let vars = spec.env.iter().cloned().chain(tools);
+/// The program's environment: the spec's, and where its ends of the tool
+/// channel and of a zygote's channel are.
+fn program_env(spec: &JailSpec, jail: &SetUp) -> Vec<CString> {
+    let fd_var = |name: &str, fd: &Option<OwnedFd>| {
+        fd.as_ref()
+            .map(|fd| (name.to_string(), fd.as_raw_fd().to_string()))
+    };
+    let tools = fd_var(TOOLS_FD_VAR, &jail.tool_end);
+    let zygote = fd_var(ZYGOTE_FD_ENV, &jail.zygote_end);
+    let vars = spec.env.iter().cloned().chain(tools).chain(zygote);
     cstrings(vars.map(|(k, v)| format!("{k}={v}")))
 }
 
-fn init(spec: &JailSpec, status: &File, signal_fd: SignalFd, tool_end: Option<OwnedFd>) -> ! {
+/// Let the program's `fd` survive exec.
+fn keep_across_exec(fd: &Option<OwnedFd>) {
+    if let Some(fd) = fd {
+        let _ = nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        );
+    }
+}
+
+fn init(spec: &JailSpec, jail: SetUp) -> ! {
     let argv = cstrings(spec.argv.iter().cloned());
-    let env = program_env(spec, tool_end.as_ref());
+    let env = program_env(spec, &jail);
+    let status = &jail.status;
     let main = match syscall::clone_fork(0) {
         Ok(CloneResult::Child) => {
             // The program starts with no blocked signals and every
@@ -473,12 +613,8 @@ fn init(spec: &JailSpec, status: &File, signal_fd: SignalFd, tool_end: Option<Ow
             // across exec.
             syscall::default_signal_dispositions();
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
-            if let Some(fd) = &tool_end {
-                let _ = nix::fcntl::fcntl(
-                    fd,
-                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
-                );
-            }
+            keep_across_exec(&jail.tool_end);
+            keep_across_exec(&jail.zygote_end);
             let err = execve(&argv[0], &argv, &env).unwrap_err();
             send(
                 status,
@@ -488,20 +624,73 @@ fn init(spec: &JailSpec, status: &File, signal_fd: SignalFd, tool_end: Option<Ow
             );
             syscall::exit_now(127);
         }
-        Ok(CloneResult::Parent(pid)) => {
-            // Only the program holds it: its end is the launcher's EOF.
-            drop(tool_end);
-            pid
-        }
-        Err(e) => {
-            send(
-                status,
-                &ChildMessage::SetupFailed(StepError::new(Step::Exec, format!("fork: {e}"))),
-            );
-            syscall::exit_now(126);
-        }
+        Ok(CloneResult::Parent(pid)) => pid,
+        Err(e) => fork_failed(status, e),
     };
+    // Only the program holds them: its end is the launcher's EOF.
+    let SetUp {
+        status, signal_fd, ..
+    } = jail;
+    supervise(main, &status, &signal_fd, None)
+}
+
+fn fork_failed(status: &File, e: std::io::Error) -> ! {
+    send(
+        status,
+        &ChildMessage::SetupFailed(StepError::new(Step::Exec, format!("fork: {e}"))),
+    );
+    syscall::exit_now(126);
+}
+
+/// A run from a zygote: fork the program, which returns (in the zygote's
+/// python, now this jail's program); init never does.
+pub(crate) fn init_returning(jail: SetUp) {
+    match syscall::clone_fork(0) {
+        Ok(CloneResult::Child) => {
+            // The program keeps its stdio and nothing of init's; it is
+            // dumpable, as an exec'd program is (its /proc/self its own).
+            drop(jail);
+            let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+            let _ = nix::sys::prctl::set_dumpable(true);
+        }
+        Ok(CloneResult::Parent(main)) => {
+            let SetUp {
+                status,
+                signal_fd,
+                go_read,
+                ..
+            } = jail;
+            supervise(main, &status, &signal_fd, go_read.as_ref())
+        }
+        Err(e) => fork_failed(&jail.status, e),
+    }
+}
+
+/// init's loop: forward signals to the program, reap every zombie, and
+/// say how the program ended. With `go`, the jailer's go pipe: its end
+/// (the jailer is gone) ends the jail.
+fn supervise(main: Pid, status: &File, signal_fd: &SignalFd, go: Option<&OwnedFd>) -> ! {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     loop {
+        if let Some(go) = go {
+            let mut fds = [
+                PollFd::new(signal_fd.as_fd(), PollFlags::POLLIN),
+                PollFd::new(go.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => syscall::exit_now(126),
+                Ok(_) => {}
+            }
+            if fds[1].any().unwrap_or(true) {
+                // Nothing more ever comes on it: EOF. Dying kills the pid
+                // namespace, the program with it.
+                syscall::exit_now(125);
+            }
+            if !fds[0].any().unwrap_or(false) {
+                continue;
+            }
+        }
         let sig = match signal_fd.read_signal() {
             Ok(Some(info)) => info.ssi_signo as i32,
             Ok(None) => continue,

@@ -35,6 +35,7 @@ mod supervisor;
 mod timings;
 mod warm;
 mod xattr_check;
+pub mod zygote;
 
 use std::io::{self, Write};
 use std::os::fd::AsFd;

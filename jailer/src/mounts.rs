@@ -83,10 +83,21 @@ pub struct PreparedSources {
     devices: Vec<(String, OwnedFd)>,
 }
 
+/// Where the binds' sources are.
+#[derive(Debug, Clone, Copy)]
+pub enum SourcesIn<'a> {
+    /// On the host, at their sources, each checked by the jailer
+    /// (its [`SourceId`]).
+    Host(&'a [SourceId]),
+    /// In a zygote's root, at their targets: the zygote's jail mounted
+    /// them there (checked, read-only) from the same spec's mounts.
+    ZygoteRoot,
+}
+
 /// Step 1: private propagation, then clone every source.
 pub fn prepare_sources(
     binds: &[BindMount],
-    checked: &[SourceId],
+    from: SourcesIn<'_>,
 ) -> Result<PreparedSources, MountError> {
     mount(
         None::<&str>,
@@ -97,13 +108,18 @@ pub fn prepare_sources(
     )
     .map_err(nix_err("making / private in the new mount namespace"))?;
     let mut prepared = Vec::with_capacity(binds.len());
-    if checked.len() != binds.len() {
+    if matches!(from, SourcesIn::Host(checked) if checked.len() != binds.len()) {
         return Err(invalid(
             "the jailer checked a different list of mount sources",
         ));
     }
-    for (b, id) in binds.iter().zip(checked) {
-        let walked = sources::reopen_in_jail(&b.source, *id).map_err(invalid)?;
+    for (i, b) in binds.iter().enumerate() {
+        let walked = match from {
+            SourcesIn::Host(checked) => sources::reopen_in_jail(&b.source, checked[i]),
+            SourcesIn::ZygoteRoot => sources::walk(&b.target, |_, _| Ok(()))
+                .map_err(|e| format!("{} in the zygote: {e}", b.target.display())),
+        }
+        .map_err(invalid)?;
         if walked.is_symlink() {
             let link = nix::fcntl::readlinkat(&walked.parent, walked.name.as_os_str())
                 .map_err(nix_err(format!("readlink {}", b.source.display())))?;
@@ -125,7 +141,8 @@ pub fn prepare_sources(
             fd,
             target: b.target.clone(),
             is_dir: walked.is_dir(),
-            hide_source: b.hide_source,
+            // A zygote's copy names no host path already.
+            hide_source: b.hide_source && matches!(from, SourcesIn::Host(_)),
         });
     }
     let mut devices = Vec::with_capacity(DEVICES.len());
@@ -149,6 +166,10 @@ pub struct RootfsLayout<'a> {
     pub disk_size: u64,
     pub files: &'a [WorkspaceFile],
     pub hostname: &'a str,
+    /// Cover /proc's host-wide files. A zygote's /proc stays whole: a
+    /// user namespace may mount a new /proc only where one is fully
+    /// visible, and the zygote's children must.
+    pub cover_proc: bool,
 }
 
 fn staged(p: &Path) -> PathBuf {
@@ -197,8 +218,10 @@ pub fn build_root(sources: PreparedSources, layout: &RootfsLayout<'_>) -> Result
     mount_proc()?;
     let dev = build_dev(sources.devices)?;
     crate::timings::mark("jail: rootfs: /proc and /dev");
-    mask_proc()?;
-    crate::timings::mark("jail: rootfs: /proc files covered");
+    if layout.cover_proc {
+        mask_proc()?;
+        crate::timings::mark("jail: rootfs: /proc files covered");
+    }
     mount_disk(&dev, layout)?;
     write_etc(layout.hostname)
 }

@@ -33,21 +33,53 @@ fn seconds(clock: ClockId) -> io::Result<i64> {
     Ok(clock_gettime(clock).map_err(io::Error::from)?.tv_sec())
 }
 
-/// A new time namespace for the children of this process, its clocks near 0.
+/// The offsets (whole seconds) of the time namespace we are in, from
+/// `/proc/self/timens_offsets` ("monotonic S N" and "boottime S N"
+/// lines): 0 in the host's, the zygote's in a run forked from a zygote.
+pub(crate) fn current_offsets(text: &str) -> Option<(i64, i64)> {
+    let mut found = (None, None);
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(clock), Some(secs)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let secs = secs.parse::<i64>().ok();
+        match clock {
+            "monotonic" => found.0 = secs,
+            "boottime" => found.1 = secs,
+            _ => {}
+        }
+    }
+    Some((found.0?, found.1?))
+}
+
+/// A new time namespace for the children of this process, its clocks near
+/// 0. Offsets count from the host's clocks, not ours (which a zygote's
+/// time namespace moved already): ours minus our own offsets.
 pub(crate) fn new_time_namespace() -> io::Result<()> {
+    let ours = fs::read_to_string("/proc/self/timens_offsets")
+        .map_err(|e| io::Error::other(format!("reading /proc/self/timens_offsets: {e}")))?;
+    let (mono_off, boot_off) = current_offsets(&ours)
+        .ok_or_else(|| io::Error::other(format!("/proc/self/timens_offsets reads {ours:?}")))?;
+    let offsets = clock_offsets(
+        seconds(ClockId::CLOCK_MONOTONIC)? - mono_off,
+        seconds(ClockId::CLOCK_BOOTTIME)? - boot_off,
+    );
     unshare(CloneFlags::from_bits_retain(libc::CLONE_NEWTIME))
         .map_err(|e| io::Error::other(format!("unshare(CLONE_NEWTIME): {e}")))?;
-    let offsets = clock_offsets(
-        seconds(ClockId::CLOCK_MONOTONIC)?,
-        seconds(ClockId::CLOCK_BOOTTIME)?,
-    );
     fs::write("/proc/self/timens_offsets", offsets)
         .map_err(|e| io::Error::other(format!("writing /proc/self/timens_offsets: {e}")))
 }
 
-/// Seal every memfd of our pid namespace non-executable, where the kernel can.
+/// Seal every memfd of our pid namespace non-executable, where the kernel
+/// can. A pid namespace starts with its parent's setting: a run forked
+/// from a zygote finds it set already (and could not write it: the file
+/// is the host root's).
 pub(crate) fn seal_memfds() -> io::Result<()> {
     if !memfd_noexec_available() {
+        return Ok(());
+    }
+    if fs::read_to_string(MEMFD_NOEXEC).is_ok_and(|v| v.trim() == MEMFD_NOEXEC_ENFORCED) {
         return Ok(());
     }
     fs::write(MEMFD_NOEXEC, MEMFD_NOEXEC_ENFORCED)
@@ -57,6 +89,19 @@ pub(crate) fn seal_memfds() -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn our_own_offsets_are_read_from_the_kernels_lines() {
+        assert_eq!(
+            current_offsets("monotonic 0 0\nboottime 0 0\n"),
+            Some((0, 0))
+        );
+        assert_eq!(
+            current_offsets("monotonic -4242 0\nboottime -4250 0\n"),
+            Some((-4242, -4250))
+        );
+        assert_eq!(current_offsets("monotonic -1 0\n"), None);
+    }
 
     #[test]
     fn offsets_move_both_clocks_back_by_whole_seconds() {

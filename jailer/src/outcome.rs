@@ -29,7 +29,7 @@ pub(crate) struct Outcome {
     pub status: RunStatus,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
-    pub landlock: LandlockReport,
+    pub landlock: Option<LandlockReport>,
     /// The jail found the kernel would let it set `security.*` attributes
     /// and refused every xattr write.
     pub xattr_writes_refused: bool,
@@ -44,12 +44,13 @@ fn limit(code: FailureCode, message: String, hint: Option<&str>) -> Option<JailF
     })
 }
 
-/// What the jail said: its layers once ready (Landlock, whether it refused
-/// xattr writes) and its last message after that. `Err` if it never got
-/// ready.
-fn ready_and_end(
-    seen: &Observed,
-) -> Result<((LandlockReport, bool), Option<&ChildMessage>), JailFailure> {
+/// The layers a jail said it had once ready: Landlock's (none in a
+/// zygote), and whether it refused xattr writes.
+type ReadyLayers = (Option<LandlockReport>, bool);
+
+/// What the jail said: its layers once ready and its last message after
+/// that. `Err` if it never got ready.
+fn ready_and_end(seen: &Observed) -> Result<(ReadyLayers, Option<&ChildMessage>), JailFailure> {
     let mut ready = None;
     let mut ended = None;
     for m in &seen.messages {
@@ -60,6 +61,7 @@ fn ready_and_end(
                 ..
             } => ready = Some((landlock.clone(), *xattr_writes_refused)),
             ChildMessage::SetupFailed(e) => return Err(e.failure()),
+            ChildMessage::Joined => {}
             _ => ended = Some(m),
         }
     }
@@ -158,11 +160,11 @@ mod tests {
 
     fn ready() -> ChildMessage {
         ChildMessage::Ready {
-            landlock: LandlockReport {
+            landlock: Some(LandlockReport {
                 abi: 7,
                 status: LandlockStatus::FullyEnforced,
                 tcp_connect_only_to: None,
-            },
+            }),
             xattr_writes_refused: false,
             timings: Vec::new(),
         }
@@ -191,7 +193,7 @@ mod tests {
         );
         let o = outcome(&seen(Some(ChildMessage::Exited { code: 3 })));
         assert_eq!((o.status, o.exit_code), (RunStatus::Error, Some(3)));
-        assert_eq!(o.landlock.abi, 7);
+        assert_eq!(o.landlock.map(|l| l.abi), Some(7));
     }
 
     #[test]

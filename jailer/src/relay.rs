@@ -94,8 +94,7 @@ pub(crate) struct WarmEnd {
 /// Relay until the jail is gone and its output drained.
 pub(crate) fn run(
     spec: &JailSpec,
-    pid: Pid,
-    cgroup: &SandboxCgroup,
+    jail: JailRef<'_>,
     ends: ParentEnds,
     signals: &SignalFd,
     deadline: Instant,
@@ -103,7 +102,7 @@ pub(crate) fn run(
 ) -> io::Result<Relayed> {
     let outbox = Outbox::new(events, outbox::pending_limit(spec.limits.max_output_bytes))?;
     let mut relay = Relay::new(spec, ends, outbox);
-    let jail = JailRef { pid, cgroup };
+    let pid = jail.pid;
     let mut stopped = Stopped::default();
     let mut deadline = Some(deadline);
     let mut init_status = None;
@@ -120,7 +119,7 @@ pub(crate) fn run(
                 SignalAction::None => {}
                 // Interactive ^C: let the program see it.
                 SignalAction::Interrupt => {
-                    let _ = kill(pid, Signal::SIGINT);
+                    jail.signal(Signal::SIGINT);
                 }
                 SignalAction::Stop => stopped.cancel(&jail),
             }
@@ -138,15 +137,33 @@ pub(crate) fn run(
 }
 
 /// The jail, as the relay stops it.
-struct JailRef<'a> {
-    pid: Pid,
-    cgroup: &'a SandboxCgroup,
+pub(crate) struct JailRef<'a> {
+    /// Its init (waited for, if it is our child).
+    pub pid: Pid,
+    /// Its init's pidfd, when it is not our child (from a zygote): its pid
+    /// is not ours to reuse, so signals go through this.
+    pub pidfd: Option<BorrowedFd<'a>>,
+    pub cgroup: &'a SandboxCgroup,
 }
 
 impl JailRef<'_> {
     fn kill(&self) {
-        let _ = kill(self.pid, Signal::SIGKILL);
+        self.signal(Signal::SIGKILL);
         self.cgroup.kill_all();
+    }
+
+    fn signal(&self, sig: Signal) {
+        match self.pidfd {
+            Some(fd) => {
+                let sig = rustix::process::Signal::from_named_raw(sig as i32);
+                if let Some(sig) = sig {
+                    let _ = rustix::process::pidfd_send_signal(fd, sig);
+                }
+            }
+            None => {
+                let _ = kill(self.pid, sig);
+            }
+        }
     }
 }
 
@@ -654,7 +671,14 @@ impl Relay {
             fds.push(PollFd::new(self.outbox.fd(), PollFlags::POLLOUT));
             slots.push(Slot::Events);
         }
-        if let Some(f) = self.warm.as_ref().and_then(|w| w.channel.as_ref()) {
+        // Work that comes early waits, unread, until the jail is ready.
+        let ready = |w: &&WarmRelay| matches!(w.state.phase, Phase::Ready { .. });
+        let work = self
+            .warm
+            .as_ref()
+            .filter(ready)
+            .and_then(|w| w.channel.as_ref());
+        if let Some(f) = work {
             fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
             slots.push(Slot::Work);
         }

@@ -21,7 +21,7 @@ use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, FileStat, Mode, SFlag};
 
 /// Where a checked source leads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum SourceId {
     /// A file or directory: its device and inode.
     Inode { dev: u64, ino: u64 },

@@ -17,8 +17,13 @@ pub(crate) const GO_CGROUP: u8 = b'C';
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum ChildMessage {
+    /// A jail forked from a zygote has moved itself into its cgroup: the
+    /// jailer, which did not start it, learns its pid from there.
+    Joined,
     Ready {
-        landlock: LandlockReport,
+        /// None for a zygote, which applies no Landlock (its children
+        /// could not mount otherwise) and never runs a program.
+        landlock: Option<LandlockReport>,
         /// The kernel let the jail set `security.*` or `trusted.*`
         /// attributes, so the filter refuses every xattr write.
         #[serde(default)]

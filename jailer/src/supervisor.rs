@@ -19,7 +19,7 @@ use pycell_seccomp::KernelGap;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events;
 use pycell_wire::report::{CgroupReport, JailFailure, JailReport, Layers, SeccompReport};
-use pycell_wire::spec::{JailSpec, NetworkSpec, WorkspaceFile, JAIL_GID, JAIL_UID};
+use pycell_wire::spec::{JailSpec, NetworkSpec, SlotIds, WorkspaceFile, JAIL_GID, JAIL_UID};
 
 use crate::child::{child_main, ChildFds};
 use crate::outcome::{classify, Observed};
@@ -74,12 +74,18 @@ fn run_checked(
         )
     })?;
     let signals = block_signals()?;
-    let jail = spawn(spec, &checked)?;
+    let jail = match spec.from_zygote {
+        Some(_) => spawn_from_zygote(spec, &checked)?,
+        None => spawn(spec, &checked)?,
+    };
     let deadline = jail.start + Duration::from_millis(spec.limits.wall_timeout_ms);
     let relayed = relay::run(
         spec,
-        jail.pid,
-        &jail.cgroup,
+        relay::JailRef {
+            pid: jail.pid,
+            pidfd: jail.pidfd.as_ref().map(AsFd::as_fd),
+            cgroup: &jail.cgroup,
+        },
         jail.ends,
         &signals,
         deadline,
@@ -126,7 +132,7 @@ fn run_checked(
         session_end,
         files: changes.files,
         files_truncated: changes.truncated,
-        layers: Some(layers(spec, &checked, &outcome, &jail.cgroup)),
+        layers: layers(spec, &checked, &outcome, &jail.cgroup),
         error: outcome.error,
         timings: jail_timings(&seen.messages),
     };
@@ -151,11 +157,12 @@ fn layers(
     checked: &Checked,
     outcome: &crate::outcome::Outcome,
     cgroup: &SandboxCgroup,
-) -> Layers {
-    Layers {
+) -> Option<Layers> {
+    // A zygote, which applies no Landlock, has none to report.
+    Some(Layers {
         namespaces: NAMESPACES.iter().map(|s| s.to_string()).collect(),
         sandbox_uid: spec.sandbox_uid,
-        landlock: outcome.landlock.clone(),
+        landlock: outcome.landlock.clone()?,
         seccomp: seccomp_report(spec, checked, outcome.xattr_writes_refused),
         cgroup: CgroupReport {
             version: cgroup.version(),
@@ -163,7 +170,7 @@ fn layers(
         },
         no_new_privs: true,
         capabilities: "none".to_string(),
-    }
+    })
 }
 
 /// What a run (not a session: its cells report theirs) left changed in
@@ -353,6 +360,11 @@ fn create_cgroup(spec: &JailSpec, layout: &CgroupLayout) -> Result<SandboxCgroup
 /// A jail that has started: its init, its cgroup, our ends of its pipes.
 struct Jail {
     pid: Pid,
+    /// A jail from a zygote is not our child: we signal its init this way.
+    pidfd: Option<OwnedFd>,
+    /// A jail from a zygote: the go pipe, held open while we live (its
+    /// init ends the jail at EOF).
+    _go: Option<File>,
     cgroup: SandboxCgroup,
     ends: ParentEnds,
     start: Instant,
@@ -402,6 +414,8 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     match attached {
         Ok(cgroup) => Ok(Jail {
             pid,
+            pidfd: None,
+            _go: None,
             cgroup,
             ends,
             start,
@@ -414,13 +428,89 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     }
 }
 
+/// A warm jail forked from the zygote whose channel we inherited: the
+/// same pipes and cgroup as [`spawn`]'s, sent to the zygote instead of
+/// cloned with. The jail writes its own id maps and moves itself into the
+/// cgroup (through files we opened), then says so; we find its pid there
+/// (the only member), pin its rlimits and say go.
+fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
+    let channel = zygote_channel()?;
+    let (mut child_fds, go, mut ends) =
+        pipes(spec.images.is_some()).map_err(io_failure("creating pipes"))?;
+    let cgroup = create_cgroup(spec, &checked.layout)?;
+    child_fds.cgroup_tasks = cgroup.open_join_files().map_err(cgroup_failure)?;
+    mark("jailer: pipes and the cgroup made");
+    let request = crate::zygote::ForkRequest {
+        spec: spec.clone(),
+        memfd_refused: checked.gaps.contains(&KernelGap::MemfdExec),
+    };
+    let start = Instant::now();
+    crate::zygote::send_request(channel.as_fd(), &request, &child_fds)
+        .map_err(zygote_failure("sending the run to its zygote"))?;
+    drop((child_fds, channel));
+    ends.work = io::stdin().as_fd().try_clone_to_owned().ok();
+    release_stdin();
+    if ends.work.is_none() {
+        return Err(io_failure("keeping stdin for the work")(
+            io::Error::last_os_error(),
+        ));
+    }
+    let mut go = File::from(go);
+    go.write_all(&[GO_MAPS])
+        .map_err(zygote_failure("starting the jail"))?;
+    let pid = crate::zygote::joined(&ends.status_read, &cgroup)?;
+    mark("jailer: jail forked from the zygote, in its cgroup");
+    let pidfd = rustix::process::pidfd_open(
+        rustix::process::Pid::from_raw(pid.as_raw()).expect("a positive pid"),
+        rustix::process::PidfdFlags::empty(),
+    )
+    .map_err(|e| zygote_failure("opening the jail's pidfd")(e.into()))?;
+    crate::rlimits::apply(pid, &spec.limits, spec.warm)
+        .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e))?;
+    go.write_all(&[GO_CGROUP])
+        .map_err(zygote_failure("starting the jail"))?;
+    Ok(Jail {
+        pid,
+        pidfd: Some(pidfd),
+        _go: Some(go),
+        cgroup,
+        ends,
+        start,
+    })
+}
+
+/// The zygote's channel, inherited (see `pycell_wire::spec::ZYGOTE_FD`).
+fn zygote_channel() -> Result<OwnedFd, JailFailure> {
+    if std::env::var_os(pycell_wire::spec::ZYGOTE_FD_ENV).is_none() {
+        return Err(zygote_failure("finding the zygote")(io::Error::other(
+            format!("no {} given", pycell_wire::spec::ZYGOTE_FD_ENV),
+        )));
+    }
+    syscall::adopt_inherited_fd(pycell_wire::spec::ZYGOTE_FD)
+        .map_err(zygote_failure("the zygote's channel"))
+}
+
+pub(crate) fn zygote_failure(what: &'static str) -> impl Fn(io::Error) -> JailFailure {
+    move |e| {
+        JailFailure::new(
+            FailureCode::JailSetupFailed,
+            Layer::Jailer,
+            format!("{what}: {e}"),
+        )
+        .with_hint(
+            "the zygote this run was sent to is gone or refused it; its launcher starts another",
+        )
+    }
+}
+
 /// The jail hands descriptors out on our stdin (a unix socket whose other
 /// end is the launcher's: the proxy's listener, an exported workspace,
 /// the tool channel): a
 /// copy for the child. After the clone the child's copy is the only one
 /// (see [`release_stdin`]).
 fn handout_channel(spec: &JailSpec) -> Result<Option<OwnedFd>, JailFailure> {
-    if spec.network == NetworkSpec::Loopback && !spec.export_workspace && !spec.tools {
+    let hands_out = spec.export_workspace || spec.tools || spec.zygote.is_some();
+    if spec.network == NetworkSpec::Loopback && !hands_out {
         return Ok(None);
     }
     io::stdin()
@@ -497,16 +587,23 @@ fn attach(
 
 fn write_id_maps(pid: Pid, spec: &JailSpec) -> io::Result<()> {
     let base = format!("/proc/{}", pid.as_raw());
+    let (uid_map, gid_map) = match &spec.zygote {
+        Some(z) => {
+            let own = SlotIds {
+                uid: spec.sandbox_uid,
+                gid: spec.sandbox_gid,
+            };
+            crate::zygote::id_maps(own, &z.slots)
+        }
+        None => (
+            format!("{JAIL_UID} {} 1\n", spec.sandbox_uid),
+            format!("{JAIL_GID} {} 1\n", spec.sandbox_gid),
+        ),
+    };
     // Deny setgroups before the gid map: the jail must never regain groups.
     fs::write(format!("{base}/setgroups"), "deny")?;
-    fs::write(
-        format!("{base}/uid_map"),
-        format!("{JAIL_UID} {} 1\n", spec.sandbox_uid),
-    )?;
-    fs::write(
-        format!("{base}/gid_map"),
-        format!("{JAIL_GID} {} 1\n", spec.sandbox_gid),
-    )
+    fs::write(format!("{base}/uid_map"), uid_map)?;
+    fs::write(format!("{base}/gid_map"), gid_map)
 }
 
 /// The jail's pipes: the child's ends, our go-pipe end, our other ends.

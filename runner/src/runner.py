@@ -266,5 +266,7 @@ def _pycell_start():
         _pycell_load(part)
     if mode == ["--pycell-session"]:
         _pycell_session(sys.argv[2:])
+    elif mode == ["--pycell-zygote"]:
+        _pycell_zygote(sys.argv[2:])
     else:
         _pycell_run_warm(sys.argv[1:])

@@ -13,12 +13,70 @@
 def _pycell_run_warm(modules):
     _pycell_warm_up(modules)
     import gc
-    import json
 
     # Everything warm-up made stays (and is never scanned by the collector
     # again); what the run makes is told apart by its generation at exit.
     gc.collect()
     gc.freeze()
+    _pycell_serve_one()
+
+
+def _pycell_zygote(modules):
+    """A zygote: warm up (the jailer sees READY: the zygote is ready),
+    then fork one run per request on the zygote's channel; the child
+    becomes that run's jail in libpycell_zygote (pycell_jailer::zygote)
+    and comes back here as the run's program, every layer applied. The
+    zygote itself never runs a request's code: it sees none."""
+    import ctypes
+    import gc
+    import os
+    import signal
+    import sys
+
+    # PyDLL: the GIL stays held across the calls (the zygote has one thread).
+    lib = ctypes.PyDLL(os.environ.pop("PYCELL_ZYGOTE_LIB"))
+    channel = int(os.environ.pop("PYCELL_ZYGOTE_FD"))
+    _pycell_warm_up(modules)
+    gc.collect()
+    gc.freeze()
+    # Each child exits as soon as it has made its run's init: the kernel
+    # reaps it (the child puts SIGCHLD back to its default at once).
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    while True:
+        got = lib.pycell_zygote_receive(channel)
+        if got == 0:
+            os._exit(0)
+        if got < 0:
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            if lib.pycell_zygote_enter() != 0:
+                os._exit(126)
+            break
+        lib.pycell_zygote_forget()
+    _pycell_reseed()
+    _pycell_seed_matplotlib()
+    os.write(1, b"\0pycell-warm-ready\0")
+    _pycell_serve_one()
+
+
+def _pycell_reseed():
+    """A forked run must not draw the zygote's random numbers: os.fork
+    reseeded `random`; numpy's global generator, seeded once when numpy
+    was imported, is reseeded here from the kernel."""
+    import sys
+
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        np_random.seed()
+
+
+def _pycell_serve_one():
+    """Wait for one run's work on stdin and run it; never returns."""
+    import json
+
     frame = _pycell_read_frame_bytes(0)
     if frame is None:
         # Nobody will send work any more: the member was retired.

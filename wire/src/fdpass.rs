@@ -13,7 +13,7 @@ use rustix::net::{
 };
 
 /// Most descriptors one message carries.
-const MAX_FDS: usize = 4;
+const MAX_FDS: usize = 16;
 
 /// Send all of `data` on a unix stream socket with `fds` attached to its
 /// first byte.

@@ -29,6 +29,9 @@ pub enum Handout {
     /// The launcher's end of the jail's tool channel (code mode): the
     /// program's `pycell_tools` requests arrive on it.
     ToolChannel,
+    /// A zygote's channel (a seqpacket socket): each message on it is one
+    /// run's fork request, with that run's descriptors.
+    ZygoteChannel,
 }
 
 /// Hand `fd` out on `sock` as `what`.

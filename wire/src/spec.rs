@@ -81,6 +81,49 @@ pub struct JailSpec {
     /// ([`crate::timings`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub timings: bool,
+    /// A zygote: a warm jail whose runner, once warm, forks one run per
+    /// request instead of running work itself (see [`ZygoteSpec`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zygote: Option<ZygoteSpec>,
+    /// A warm jail forked from a zygote (whose channel the jailer gets as
+    /// an inherited descriptor, [`ZYGOTE_FD`]) instead of cloned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_zygote: Option<FromZygote>,
+}
+
+/// The descriptor on which a jailer of a run from a zygote finds the
+/// zygote's channel (named in [`ZYGOTE_FD_ENV`]).
+pub const ZYGOTE_FD: i32 = 4;
+pub const ZYGOTE_FD_ENV: &str = "PYCELL_ZYGOTE_FD";
+/// In a zygote's user namespace: the zygote itself is uid/gid 0 (mapped
+/// to its `sandbox_uid`), slot `i` is `ZYGOTE_SLOT_BASE + i` (mapped to
+/// the slot's host ids). A run from slot `i` becomes that id before it
+/// makes its own user namespace, where it is [`JAIL_UID`].
+pub const ZYGOTE_SLOT_BASE: u32 = 2000;
+/// The most slots (runs at once) one zygote has.
+pub const MAX_ZYGOTE_SLOTS: usize = 256;
+
+/// What a zygote's user namespace maps besides the zygote: one host
+/// uid/gid per slot, each lent to one run at a time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZygoteSpec {
+    pub slots: Vec<SlotIds>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotIds {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Which of its zygote's slots a run has (its `sandbox_uid` is that
+/// slot's host uid).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FromZygote {
+    pub slot: u32,
 }
 
 /// How large the images a run sends back may be.
@@ -373,6 +416,7 @@ impl JailSpec {
                 "a warm jail gets its script and stdin with its work, and exports nothing",
             ));
         }
+        self.validate_zygote()?;
         if let Some(s) = &self.session {
             if !self.warm {
                 return Err(bad("session", "a session's jail is a warm jail"));
@@ -391,6 +435,49 @@ impl JailSpec {
             }
             if self.files[..i].iter().any(|o| o.name == f.name) {
                 return Err(bad("files", format!("{n:?} is given twice")));
+            }
+        }
+        Ok(())
+    }
+
+    /// A zygote and its runs are plain warm jails: no session, no tool
+    /// channel, loopback only (what the zygote's children can set up
+    /// without the jailer's help).
+    fn validate_zygote(&self) -> Result<(), SpecError> {
+        let (field, slots) = match (&self.zygote, &self.from_zygote) {
+            (None, None) => return Ok(()),
+            (Some(_), Some(_)) => {
+                return Err(bad(
+                    "zygote",
+                    "a jail is a zygote or forked from one, not both",
+                ))
+            }
+            (Some(z), None) => ("zygote", z.slots.len()),
+            (None, Some(f)) => ("from_zygote", f.slot as usize + 1),
+        };
+        if !self.warm || self.session.is_some() || self.tools {
+            return Err(bad(field, "only a warm jail without a session or tools"));
+        }
+        if self.network != NetworkSpec::Loopback {
+            return Err(bad(field, "only a jail with loopback only"));
+        }
+        if slots == 0 || slots > MAX_ZYGOTE_SLOTS {
+            return Err(bad(field, format!("1 to {MAX_ZYGOTE_SLOTS} slots")));
+        }
+        let Some(z) = &self.zygote else {
+            return Ok(());
+        };
+        for (i, s) in z.slots.iter().enumerate() {
+            let ids = [s.uid, s.gid];
+            if ids.iter().any(|&id| id == 0 || id == u32::MAX) {
+                return Err(bad("zygote.slots", "not root, not (uid_t)-1"));
+            }
+            let taken = |o: &SlotIds| o.uid == s.uid || o.gid == s.gid;
+            if z.slots[..i].iter().any(taken)
+                || s.uid == self.sandbox_uid
+                || s.gid == self.sandbox_gid
+            {
+                return Err(bad("zygote.slots", format!("{} is given twice", s.uid)));
             }
         }
         Ok(())

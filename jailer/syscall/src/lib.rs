@@ -273,11 +273,16 @@ pub fn default_signal_dispositions() {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {
             continue;
         }
-        // SAFETY: SIG_DFL installs no handler of ours, so no code of this
-        // process can run in signal context because of it; `signal` only
-        // changes the calling process's disposition table.
-        unsafe { libc::signal(sig, libc::SIG_DFL) };
+        default_disposition(sig);
     }
+}
+
+/// Signal `sig`'s disposition back to the default.
+pub fn default_disposition(sig: libc::c_int) {
+    // SAFETY: SIG_DFL installs no handler of ours, so no code of this
+    // process can run in signal context because of it; `signal` only
+    // changes the calling process's disposition table.
+    unsafe { libc::signal(sig, libc::SIG_DFL) };
 }
 
 /// `_exit(2)`: end the process now, without running exit handlers or

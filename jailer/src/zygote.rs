@@ -1,0 +1,373 @@
+//! Runs forked from a zygote: the jailer of such a run sends the zygote
+//! one request (the run's spec and descriptors); the zygote (python on
+//! pycell's runner, warm, single-threaded, in a jail of its own) forks,
+//! and its child, here, becomes the run's jail:
+//!
+//! ```text
+//! zygote (uid 0 of its user namespace; CAP_SETUID/CAP_SETGID only)
+//!   └─ fork: child (python's copy) → enter():
+//!        become the slot's ids (ZYGOTE_SLOT_BASE + slot, mapped to the
+//!        slot's host uid), unshare user/pid/mount/net/ipc/uts namespaces,
+//!        map JAIL_UID to that id (a user namespace's creator may map its
+//!        own id), fork → init (pid 1), then exit
+//!          init: the pipeline's steps, in their order (`crate::pipeline`),
+//!                the mounts cloned from the zygote's root; it moves
+//!                itself into the run's cgroup and tells the jailer, which
+//!                reads its pid there, pins its rlimits and says go
+//!            └─ fork: the program, which returns from enter() into python
+//! ```
+//!
+//! The jailer is not this jail's parent: it watches init through a pidfd
+//! and the cgroup, and init watches the jailer's go pipe (its end ends the
+//! jail) instead of a parent-death signal.
+//!
+//! The functions here that the zygote calls ([`receive`], [`forget`],
+//! [`enter`]) keep the request between them in a static: nothing but
+//! integers crosses into python (`libpycell_zygote.so`).
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Mutex, OnceLock};
+
+use nix::sched::{unshare, CloneFlags};
+use nix::unistd::{setresgid, setresuid, Gid, Uid};
+use pycell_seccomp::{CompiledFilter, KernelGap};
+use pycell_syscall::{self as syscall, CloneResult};
+use pycell_wire::spec::{JailSpec, SlotIds, JAIL_GID, JAIL_UID, ZYGOTE_SLOT_BASE};
+use serde::{Deserialize, Serialize};
+
+use crate::child::{self, ChildFds};
+use crate::pipeline::{Step, StepError};
+use crate::status::ChildMessage;
+use pycell_wire::report::JailFailure;
+
+/// The largest request (a warm run's spec: no files, no stdin).
+const MAX_REQUEST: usize = 256 << 10;
+/// go, status, stdin, stdout, stderr, disk; then the cgroup's join files.
+const FIXED_FDS: usize = 6;
+const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWUSER
+    .union(CloneFlags::CLONE_NEWPID)
+    .union(CloneFlags::CLONE_NEWNS)
+    .union(CloneFlags::CLONE_NEWNET)
+    .union(CloneFlags::CLONE_NEWIPC)
+    .union(CloneFlags::CLONE_NEWUTS);
+
+/// One run, as its jailer asks the zygote for it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ForkRequest {
+    pub spec: JailSpec,
+    /// The kernel cannot seal memfds per namespace: refuse them.
+    pub memfd_refused: bool,
+}
+
+/// The jailer's side: send `spec`'s request with the child's descriptors
+/// on the zygote's `channel` (one seqpacket message).
+pub(crate) fn send_request(
+    channel: BorrowedFd<'_>,
+    request: &ForkRequest,
+    fds: &ChildFds,
+) -> io::Result<()> {
+    let body = serde_json::to_vec(request).map_err(io::Error::other)?;
+    if body.len() > MAX_REQUEST {
+        return Err(io::Error::other("the run's spec is too large for a zygote"));
+    }
+    let mut all = vec![
+        fds.go_read.as_fd(),
+        fds.status_write.as_fd(),
+        fds.stdin_read.as_fd(),
+        fds.stdout_write.as_fd(),
+        fds.stderr_write.as_fd(),
+    ];
+    let disk = fds
+        .disk_channel
+        .as_ref()
+        .ok_or_else(|| io::Error::other("no disk channel"))?;
+    all.push(disk.as_fd());
+    all.extend(fds.cgroup_tasks.iter().map(AsFd::as_fd));
+    pycell_wire::fdpass::send_with_fds(channel, &body, &all)
+}
+
+/// How long a zygote may take to fork a run into its cgroup.
+const JOIN_TIMEOUT_MS: u16 = 10_000;
+
+/// The jailer's side, once the request is sent: wait for the jail's first
+/// status line (it has joined its cgroup, or failed) and find its pid in
+/// the cgroup, where it is the only process.
+pub(crate) fn joined(
+    status: &OwnedFd,
+    cgroup: &pycell_host::cgroup::SandboxCgroup,
+) -> Result<nix::unistd::Pid, JailFailure> {
+    let gone = |why: String| {
+        crate::supervisor::zygote_failure("forking the run from its zygote")(io::Error::other(why))
+    };
+    let line = read_line(status.as_fd(), JOIN_TIMEOUT_MS).map_err(|e| gone(e.to_string()))?;
+    match serde_json::from_slice::<ChildMessage>(&line) {
+        Ok(ChildMessage::Joined) => cgroup
+            .only_member()
+            .ok_or_else(|| gone("the jail is not alone in its cgroup".into())),
+        Ok(ChildMessage::SetupFailed(e)) => Err(e.failure()),
+        Ok(other) => Err(gone(format!(
+            "the jail said {other:?} before joining its cgroup"
+        ))),
+        Err(_) if line.is_empty() => Err(gone("the zygote closed the run's status pipe".into())),
+        Err(e) => Err(gone(format!("the jail's first status line: {e}"))),
+    }
+}
+
+/// One line from `fd` (a pipe), a byte at a time so that nothing after it
+/// is taken from the relay; empty at EOF.
+fn read_line(fd: BorrowedFd<'_>, timeout_ms: u16) -> io::Result<Vec<u8>> {
+    use nix::poll::{poll, PollFd, PollFlags};
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms.into());
+    let mut line = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let wait = nix::poll::PollTimeout::try_from(left).unwrap_or(nix::poll::PollTimeout::ZERO);
+        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        match poll(&mut fds, wait) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer in 10 s")),
+            Ok(_) => {}
+        }
+        let mut byte = [0u8; 1];
+        match nix::unistd::read(fd, &mut byte)? {
+            0 => return Ok(Vec::new()),
+            _ if byte[0] == b'\n' => return Ok(line),
+            _ if line.len() > 64 << 10 => return Err(io::Error::other("an overlong status line")),
+            _ => line.push(byte[0]),
+        }
+    }
+}
+
+/// A request the zygote took, until it forks.
+struct Received {
+    request: ForkRequest,
+    fds: ChildFds,
+    filter: CompiledFilter,
+}
+
+static CHANNEL: OnceLock<OwnedFd> = OnceLock::new();
+static PENDING: Mutex<Option<Received>> = Mutex::new(None);
+
+/// The zygote's side: wait for the next request on its channel (the
+/// descriptor `raw`, adopted on the first call). 1: one is pending (fork,
+/// then [`enter`] in the child and [`forget`] in the zygote); 0: the
+/// channel's end (no run will come); -1: a request that was refused
+/// (said on stderr; its descriptors closed, which its jailer sees).
+pub fn receive(raw: i32) -> i32 {
+    let channel = match CHANNEL.get() {
+        Some(c) => c,
+        None => match syscall::adopt_inherited_fd(raw) {
+            Ok(fd) => CHANNEL.get_or_init(|| fd),
+            Err(e) => return refused(&format!("the channel {raw}: {e}")),
+        },
+    };
+    let mut buf = vec![0u8; MAX_REQUEST];
+    let (n, fds) = loop {
+        match pycell_wire::fdpass::recv_with_fds(channel.as_fd(), &mut buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return refused(&format!("reading a request: {e}")),
+            Ok(got) => break got,
+        }
+    };
+    if n == 0 && fds.is_empty() {
+        return 0;
+    }
+    match take_request(&buf[..n], fds) {
+        Ok(r) => {
+            *PENDING.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+            1
+        }
+        Err(why) => refused(&why),
+    }
+}
+
+fn refused(why: &str) -> i32 {
+    let _ = writeln!(io::stderr(), "pycell zygote: {why}");
+    -1
+}
+
+fn take_request(body: &[u8], fds: Vec<OwnedFd>) -> Result<Received, String> {
+    let request: ForkRequest =
+        serde_json::from_slice(body).map_err(|e| format!("a request: {e}"))?;
+    request
+        .spec
+        .validate()
+        .map_err(|e| format!("a request's spec: {e}"))?;
+    if request.spec.from_zygote.is_none() {
+        return Err("a request for a jail that is not from a zygote".into());
+    }
+    let filter = filter_for(&request)?;
+    let fds = child_fds(fds)?;
+    Ok(Received {
+        request,
+        fds,
+        filter,
+    })
+}
+
+/// The run's seccomp filter, compiled once per profile in the zygote.
+fn filter_for(request: &ForkRequest) -> Result<CompiledFilter, String> {
+    static COMPILED: Mutex<Vec<(String, CompiledFilter)>> = Mutex::new(Vec::new());
+    let mut compiled = COMPILED.lock().unwrap_or_else(|e| e.into_inner());
+    let profile = &request.spec.seccomp_profile;
+    let filter = match compiled.iter().find(|(p, _)| p == profile) {
+        Some((_, f)) => f.clone(),
+        None => {
+            let f = pycell_seccomp::compile(profile).map_err(|e| e.to_string())?;
+            compiled.push((profile.clone(), f.clone()));
+            f
+        }
+    };
+    Ok(match request.memfd_refused {
+        true => filter.with_refused(KernelGap::MemfdExec),
+        false => filter,
+    })
+}
+
+fn child_fds(fds: Vec<OwnedFd>) -> Result<ChildFds, String> {
+    if fds.len() <= FIXED_FDS {
+        return Err(format!("a request with {} descriptors", fds.len()));
+    }
+    let mut it = fds.into_iter();
+    let mut next = || it.next().expect("counted above");
+    Ok(ChildFds {
+        go_read: next(),
+        status_write: next(),
+        stdin_read: next(),
+        stdout_write: next(),
+        stderr_write: next(),
+        disk_channel: Some(next()),
+        handout_channel: None,
+        cgroup_tasks: it.collect(),
+    })
+}
+
+/// The zygote's side, after forking: drop the request its child took.
+pub fn forget() {
+    PENDING.lock().unwrap_or_else(|e| e.into_inner()).take();
+}
+
+/// In the zygote's child: become the run's jail. Returns 0 only in the
+/// run's program, with every layer applied; -1 if no request was
+/// pending. Every other process this makes exits here.
+pub fn enter() -> i32 {
+    let taken = PENDING.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let Some(Received {
+        request,
+        fds,
+        filter,
+    }) = taken
+    else {
+        return -1;
+    };
+    let spec = &request.spec;
+    let forked_us = pycell_wire::timings::now_us();
+    // The zygote ignores SIGCHLD (the kernel reaps the children it forks);
+    // the jail's init and program must not.
+    syscall::default_disposition(libc::SIGCHLD);
+    if let Err(e) = own_namespaces(spec) {
+        let status = File::from(fds.status_write);
+        let msg = ChildMessage::SetupFailed(StepError::new(Step::WaitForParent, e));
+        child::send(&status, &msg);
+        syscall::exit_now(126);
+    }
+    match syscall::clone_fork(0) {
+        Ok(CloneResult::Child) => {
+            crate::timings::take();
+            if spec.timings {
+                crate::timings::keep("jail: forked from the zygote", forked_us);
+                crate::timings::mark("jail: own namespaces, init forked");
+            }
+            // init's name, as in a cloned jail; its command line is the
+            // zygote's (python's, no host path in it), which the program
+            // shares.
+            let name = nix::sys::prctl::get_name().ok();
+            let _ = nix::sys::prctl::set_name(c"pycell-init");
+            let jail = child::set_up(spec, &filter, &[], fds);
+            child::init_returning(jail);
+            // The program: python's name again, not init's.
+            if let Some(name) = name {
+                let _ = nix::sys::prctl::set_name(&name);
+            }
+            0
+        }
+        Ok(CloneResult::Parent(_)) => syscall::exit_now(0),
+        Err(_) => syscall::exit_now(126),
+    }
+}
+
+/// Take the slot's ids in the zygote's namespace (which drops the
+/// zygote's capabilities), then new namespaces where the jail uid is that
+/// id: the user namespace's creator may map its own id, and has every
+/// capability in it for the steps to come.
+fn own_namespaces(spec: &JailSpec) -> Result<(), String> {
+    let slot = spec.from_zygote.as_ref().map_or(0, |z| z.slot);
+    let id = ZYGOTE_SLOT_BASE + slot;
+    setresgid(Gid::from_raw(id), Gid::from_raw(id), Gid::from_raw(id))
+        .map_err(|e| format!("setresgid({id}) in the zygote: {e}"))?;
+    setresuid(Uid::from_raw(id), Uid::from_raw(id), Uid::from_raw(id))
+        .map_err(|e| format!("setresuid({id}) in the zygote: {e}"))?;
+    unshare(NAMESPACES).map_err(|e| format!("unshare(user, pid, mount, net, ipc, uts): {e}"))?;
+    // The id change made us not dumpable, which gives our /proc files to
+    // the zygote's root: dumpable again, as a cloned jail's first process
+    // is until its own id change (step 4, which makes it not dumpable).
+    nix::sys::prctl::set_dumpable(true).map_err(|e| format!("prctl(PR_SET_DUMPABLE): {e}"))?;
+    let write = |file: &str, text: String| {
+        std::fs::write(format!("/proc/self/{file}"), text)
+            .map_err(|e| format!("writing /proc/self/{file}: {e}"))
+    };
+    write("setgroups", "deny".into())?;
+    write("uid_map", format!("{JAIL_UID} {id} 1\n"))?;
+    write("gid_map", format!("{JAIL_GID} {id} 1\n"))
+}
+
+/// The id map lines of a zygote's user namespace: itself as 0, each slot
+/// as `ZYGOTE_SLOT_BASE + i`.
+pub(crate) fn id_maps(own: SlotIds, slots: &[SlotIds]) -> (String, String) {
+    let mut uid_map = format!("0 {} 1\n", own.uid);
+    let mut gid_map = format!("0 {} 1\n", own.gid);
+    for (i, s) in slots.iter().enumerate() {
+        let inside = ZYGOTE_SLOT_BASE + i as u32;
+        uid_map.push_str(&format!("{inside} {} 1\n", s.uid));
+        gid_map.push_str(&format!("{inside} {} 1\n", s.gid));
+    }
+    (uid_map, gid_map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zygote_maps_itself_as_root_and_each_slot_apart() {
+        let own = SlotIds {
+            uid: 500_000,
+            gid: 500_000,
+        };
+        let slots = [
+            SlotIds {
+                uid: 600_001,
+                gid: 600_001,
+            },
+            SlotIds {
+                uid: 600_007,
+                gid: 600_008,
+            },
+        ];
+        let (u, g) = id_maps(own, &slots);
+        assert_eq!(u, "0 500000 1\n2000 600001 1\n2001 600007 1\n");
+        assert_eq!(g, "0 500000 1\n2000 600001 1\n2001 600008 1\n");
+    }
+
+    #[test]
+    fn a_request_without_enough_descriptors_is_refused() {
+        let fds: Vec<OwnedFd> = (0..FIXED_FDS)
+            .map(|_| File::open("/dev/null").unwrap().into())
+            .collect();
+        assert!(child_fds(fds).unwrap_err().contains("6 descriptors"));
+    }
+}
