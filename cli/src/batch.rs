@@ -20,12 +20,17 @@ use pycell_protocol::messages::{RunRequest, MAX_FRAME};
 use pycell_protocol::result::RunResult;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
+use pycell_wire::report::RunStatus;
 use serde_json::Value;
 
 use crate::cli::BatchArgs;
 use crate::embedded::{self, Installer, StopRequest};
 use crate::run::{EmbeddedRun, HowToRun};
 use crate::say::say;
+use pycell_deps::DepsRequest;
+use pycell_launch::launcher::{Launcher, PolicyChoice};
+use pycell_launch::zygote::Zygote;
+use pycell_policy::Policy;
 
 /// The longest input line: the protocol's largest message.
 const MAX_LINE: usize = MAX_FRAME as usize;
@@ -53,7 +58,7 @@ pub fn main(args: &BatchArgs) -> i32 {
         .flatten();
     let runs = match socket {
         Some(s) => Runs::Daemon(s),
-        None => match embedded_runs() {
+        None => match embedded_runs(args.zygote.then_some((args.policy.as_str(), jobs))) {
             Ok(r) => r,
             Err(m) => {
                 eprintln!("pycell: {m}");
@@ -87,14 +92,103 @@ enum Runs {
     Embedded {
         stop: StopRequest,
         rt: tokio::runtime::Runtime,
+        zygote: Option<Box<Forked>>,
     },
 }
 
+/// With `--zygote`: the zygote, and what its runs are prepared with.
+struct Forked {
+    launcher: Launcher,
+    policy: Policy,
+    /// The dependencies of runs it serves (the policy's): a run that
+    /// brings more goes the cold way, to an env of its own.
+    deps: Option<DepsRequest>,
+    zygote: Mutex<Zygote>,
+}
+
 /// Before any thread exists (the signals are blocked in every thread).
-fn embedded_runs() -> Result<Runs, String> {
+/// With `zygote` (a policy, slots): its zygote, started and ready.
+fn embedded_runs(zygote: Option<(&str, usize)>) -> Result<Runs, String> {
     let stop = embedded::stop_on_every_signal().map_err(|e| format!("signalfd: {e}"))?;
     let rt = embedded::runtime().map_err(|e| format!("starting a runtime: {e}"))?;
-    Ok(Runs::Embedded { stop, rt })
+    let zygote = zygote
+        .map(|(p, slots)| start_zygote(p, slots, &rt, &stop).map(Box::new))
+        .transpose()?;
+    Ok(Runs::Embedded { stop, rt, zygote })
+}
+
+/// The zygote of `policy` (its env built first, if it has dependencies).
+fn start_zygote(
+    policy: &str,
+    slots: usize,
+    rt: &tokio::runtime::Runtime,
+    stop: &StopRequest,
+) -> Result<Forked, String> {
+    let failed = |f: JailFailure| format!("starting the zygote: {}", f.message);
+    let launcher = Launcher::embedded_from_env().map_err(failed)?;
+    let policy = launcher
+        .load_policy(PolicyChoice::from_arg(policy))
+        .map_err(|e| failed(e.failure()))?;
+    let none = RunRequest::default();
+    let deps = pycell_deps::gather(&policy, "", &[]).map_err(failed)?;
+    let mut installer = Installer {
+        handle: rt.handle().clone(),
+        stop: stop.clone(),
+    };
+    let mut progress = |m: &str| eprintln!("pycell: {m}");
+    let env = embedded::env_for(&launcher, &policy, &none, &mut installer, &mut progress)
+        .map_err(failed)?;
+    let zygote = launcher
+        .start_zygote(&policy, env.map(|e| e.env.dir.clone()), slots)
+        .map_err(|e| failed(e.failure()))?;
+    Ok(Forked {
+        launcher,
+        policy,
+        deps,
+        zygote: Mutex::new(zygote),
+    })
+}
+
+impl Forked {
+    /// `req` forked from the zygote, if it fits it and the zygote is alive
+    /// (else `None`: the run goes the cold way, as isolated, slower). A run
+    /// refused because the zygote died meanwhile (its code never ran) goes
+    /// cold too.
+    fn run(
+        &self,
+        req: &RunRequest,
+        rt: &tokio::runtime::Runtime,
+        stop: &StopRequest,
+    ) -> Option<RunResult> {
+        let name = &self.policy.name;
+        let same_deps = pycell_deps::gather(&self.policy, &req.code, &req.dependencies)
+            .is_ok_and(|d| d == self.deps);
+        let mut zygote = self.zygote.lock().unwrap_or_else(|e| e.into_inner());
+        if !same_deps || !zygote.is_alive() {
+            return None;
+        }
+        let prepared = self
+            .launcher
+            .prepare_from_zygote(&zygote, &self.policy, req);
+        drop(zygote);
+        let (prepared, work) = match prepared {
+            Ok(Some(p)) => p,
+            Ok(None) => return None,
+            Err(e) => return Some(RunResult::refused("", name, e.failure())),
+        };
+        let result = embedded::run_warm_here(rt.handle(), prepared, &work, stop, &mut |_, _| {});
+        let gone = || {
+            !self
+                .zygote
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_alive()
+        };
+        match result.status == RunStatus::Refused && gone() {
+            true => None,
+            false => Some(result),
+        }
+    }
 }
 
 impl Runs {
@@ -111,7 +205,11 @@ impl Runs {
                 pycell_protocol::client::run_patiently(socket, req, |_, _| {}, |_| {}, |_| {})
                     .unwrap_or_else(|e| e.into_result(policy))
             }
-            Runs::Embedded { stop, rt } => {
+            Runs::Embedded { stop, rt, zygote } => {
+                let forked = zygote.as_ref().filter(|z| z.policy.name == policy);
+                if let Some(result) = forked.and_then(|z| z.run(&req, rt, stop)) {
+                    return result;
+                }
                 let run = match EmbeddedRun::new(policy, req) {
                     Ok(r) => r,
                     Err(f) => return RunResult::refused("", policy, f),

@@ -229,6 +229,12 @@ pub struct BatchArgs {
     /// pycelld is running.
     #[arg(long, conflicts_with = "socket")]
     pub embedded: bool,
+    /// Embedded: start python once (a zygote, with the policy's warm
+    /// imports) and fork each run's jail from it instead of starting
+    /// python per run. Runs of --policy without dependencies take this
+    /// path; each still gets its own jail, uid, cgroup and limits.
+    #[arg(long, requires = "embedded")]
+    pub zygote: bool,
 }
 
 /// Where a session lives.

@@ -145,6 +145,31 @@ pub(crate) fn run_here(
     })
 }
 
+/// A warm run (one from a zygote) from this thread: its jailer started,
+/// its work sent at once (the jailer takes it when the jail is ready),
+/// supervised to its end.
+pub(crate) fn run_warm_here(
+    handle: &Handle,
+    prepared: Prepared,
+    work: &pycell_runner::Work,
+    stop: &StopRequest,
+    on_output: &mut dyn FnMut(Stream, &[u8]),
+) -> RunResult {
+    let patience = pycell_launch::supervisor::PATIENCE;
+    handle.block_on(async {
+        match prepared.spawn_async(JailerStderr::Capture).await {
+            Ok(mut l) => {
+                // If it fails, the jailer sees the stream end and says so.
+                let _ = l.send_work(work);
+                supervise(l, patience, stopped(stop.clone()), None, on_output)
+                    .await
+                    .0
+            }
+            Err(result) => *result,
+        }
+    })
+}
+
 /// Runs the install jail from this process, like a run.
 pub(crate) struct Installer {
     pub handle: Handle,

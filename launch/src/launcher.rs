@@ -225,6 +225,7 @@ impl Launcher {
             spec,
             lease,
             jailer,
+            zygote_channel: None,
         })
     }
 }
@@ -376,6 +377,9 @@ pub struct Prepared {
     spec: JailSpec,
     lease: UidLease,
     jailer: PathBuf,
+    /// A run from a zygote: the zygote's channel, for the jailer to
+    /// inherit (`pycell_wire::spec::ZYGOTE_FD`).
+    zygote_channel: Option<OwnedFd>,
 }
 
 /// What becomes of the jailer's own stderr (never the sandbox's output,
@@ -457,8 +461,42 @@ pub type Launched = Started<std::process::Child, std::process::ChildStdout>;
 pub type LaunchedAsync = Started<tokio::process::Child, tokio::process::ChildStdout>;
 
 impl Prepared {
+    /// A run of `spec` (validated here) holding `lease`, for `jailer`;
+    /// with `zygote_channel`, forked from that zygote. No egress.
+    pub(crate) fn new(
+        spec: JailSpec,
+        policy: &str,
+        limits: LimitsReport,
+        lease: UidLease,
+        jailer: PathBuf,
+        zygote_channel: Option<OwnedFd>,
+    ) -> Result<Prepared, JailFailure> {
+        spec.validate().map_err(|e| invalid_spec(e).failure())?;
+        Ok(Prepared {
+            run_id: spec.run_id.clone(),
+            policy: policy.to_string(),
+            egress: None,
+            limits,
+            spec,
+            lease,
+            jailer,
+            zygote_channel,
+        })
+    }
+
     pub fn spec(&self) -> &JailSpec {
         &self.spec
+    }
+
+    /// Replace the spec (validated) keeping everything else.
+    pub(crate) fn set_spec(&mut self, spec: JailSpec) -> Result<(), JailFailure> {
+        spec.validate().map_err(|e| invalid_spec(e).failure())?;
+        self.spec = spec;
+        Ok(())
+    }
+
+    pub(crate) fn jailer_path(&self) -> &Path {
+        &self.jailer
     }
 
     /// Have the jailer and the jail mark their steps in the result
@@ -494,6 +532,14 @@ impl Prepared {
             })
             .env(OUTCOME_FD_ENV, OUTCOME_FD.to_string());
         pycell_syscall::inherit_fd_as(&mut cmd, outcome_w.into(), OUTCOME_FD);
+        if let Some(channel) = &self.zygote_channel {
+            use pycell_wire::spec::{ZYGOTE_FD, ZYGOTE_FD_ENV};
+            cmd.env(ZYGOTE_FD_ENV, ZYGOTE_FD.to_string());
+            // Above every descriptor the child moves (OUTCOME_FD's source
+            // included), so that no dup2 there lands on it first.
+            let copy = rustix::io::fcntl_dupfd_cloexec(channel, 16)?;
+            pycell_syscall::inherit_fd_as(&mut cmd, copy, ZYGOTE_FD);
+        }
         Ok((cmd, ours, outcome.into()))
     }
 
@@ -570,7 +616,10 @@ impl Prepared {
         work: Option<UnixStream>,
         outcome: OwnedFd,
     ) -> Started<C, E> {
-        let hands_out = self.egress.is_some() || self.spec.export_workspace || self.spec.tools;
+        let hands_out = self.egress.is_some()
+            || self.spec.export_workspace
+            || self.spec.tools
+            || self.spec.zygote.is_some();
         Started {
             run_id: self.run_id,
             policy: self.policy,

@@ -24,3 +24,4 @@ pub mod session;
 pub mod session_table;
 pub mod supervisor;
 pub mod tool_grant;
+pub mod zygote;

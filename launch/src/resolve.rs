@@ -472,6 +472,8 @@ pub fn resolve_with(
         // call by call, which the code may use).
         tools: req.tools.is_some() && !extras.export_workspace,
         timings: false,
+        zygote: None,
+        from_zygote: None,
     };
     Ok(Resolved { spec, limits })
 }

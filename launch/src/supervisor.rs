@@ -469,6 +469,8 @@ impl RunStream {
                     self.tools = Some(tokio::spawn(service.serve(channel)));
                 }
             }
+            // A zygote's is taken by `Launcher::start_zygote`, never here.
+            Handout::ZygoteChannel => drop(fd),
         }
     }
 

@@ -1,0 +1,293 @@
+//! Zygotes, from the launcher's side: a warm jail whose python, once its
+//! modules are imported, forks one jail per run instead of running work
+//! itself (`pycell_jailer::zygote`). A run from a zygote pays for no
+//! python start, no imports and no jail cloned from the jailer; it still
+//! gets its own jailer, namespaces, uid, cgroup, mounts, Landlock and
+//! seccomp, through the same pipeline.
+//!
+//! ```text
+//! Launcher::start_zygote ─> Zygote (its jailer, its channel, its slots)
+//! Launcher::prepare_from_zygote ─> Prepared (a warm run with a free slot's
+//!                                  uid, the channel for its jailer) + Work
+//! ```
+//!
+//! A zygote's user namespace maps one host uid per slot, held for the
+//! zygote's life ([`SlotLease`]); a run borrows one and gives it back when
+//! its lease is dropped, after its cgroups are gone. Only runs that are
+//! exactly the zygote's warm jail take this path ([`pycell_runner::fits`]):
+//! no dependencies' env, no egress, no tools, no session.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use pycell_host::uidalloc::{self, SlotLease};
+use pycell_policy::Policy;
+use pycell_protocol::messages::RunRequest;
+use pycell_protocol::result::LimitsReport;
+use pycell_runner::Work;
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::events::Event;
+use pycell_wire::handout::{self, Handout};
+use pycell_wire::report::JailFailure;
+use pycell_wire::spec::{new_run_id, FromZygote, JailSpec, SlotIds};
+
+use crate::launcher::{JailerStderr, LaunchError, Launched, Launcher, Prepared};
+use crate::resolve;
+
+/// The shared library a zygote's python calls, beside the jailer.
+pub const ZYGOTE_LIB: &str = "libpycell_zygote.so";
+
+/// A zygote that is ready: dropping it stops it (its jailer kills its
+/// jail, and with it every run still in the zygote's pid namespace).
+#[derive(Debug)]
+pub struct Zygote {
+    policy: String,
+    /// The warm jail its runs are (ids, run id and slot set per run).
+    runs: JailSpec,
+    /// Its env (the policy's dependencies'), which its runs have too.
+    extras: resolve::Extras,
+    slots: Vec<Arc<SlotLease>>,
+    channel: OwnedFd,
+    jailer: Launched,
+}
+
+impl Launcher {
+    /// Start a zygote for `policy`'s runs that bring no dependencies of
+    /// their own (`env`: the env of the policy's, if it has any), importing
+    /// its `[warm] imports`, with `slots` runs at once at most, and wait
+    /// until it is ready. Blocks (the zygote's python start and imports).
+    pub fn start_zygote(
+        &self,
+        policy: &Policy,
+        env: Option<PathBuf>,
+        slots: usize,
+    ) -> Result<Zygote, LaunchError> {
+        let extras = resolve::Extras {
+            env,
+            ..resolve::Extras::default()
+        };
+        let mut prepared = self.prepare_warm(policy, &extras, &policy.warm_imports)?;
+        let runs = prepared.spec().clone();
+        check_fits_a_zygote(&runs)?;
+        let lib = zygote_lib(prepared.jailer_path())?;
+        let slots = self.lease_slots(slots)?;
+        let ids = slots
+            .iter()
+            .map(|s| SlotIds {
+                uid: s.uid,
+                gid: s.gid,
+            })
+            .collect();
+        let spec = pycell_runner::zygote_spec(&runs, &lib, ids);
+        prepared.set_spec(spec).map_err(LaunchError::Refused)?;
+        let mut jailer = prepared
+            .spawn(JailerStderr::Inherit)
+            .map_err(|r| LaunchError::Refused(refusal(&r)))?;
+        let channel = wait_ready(&mut jailer).map_err(|e| {
+            let _ = jailer.child.kill();
+            let _ = jailer.child.wait();
+            LaunchError::Refused(not_ready(e))
+        })?;
+        Ok(Zygote {
+            policy: policy.name.clone(),
+            runs,
+            extras,
+            slots,
+            channel,
+            jailer,
+        })
+    }
+
+    fn lease_slots(&self, n: usize) -> Result<Vec<Arc<SlotLease>>, LaunchError> {
+        let n = n.clamp(1, pycell_wire::spec::MAX_ZYGOTE_SLOTS);
+        (0..n)
+            .map(|_| {
+                let lease =
+                    uidalloc::allocate(&self.uid_range, &self.uid_lock_dir).map_err(|e| {
+                        LaunchError::Refused(JailFailure::new(
+                            FailureCode::UidUnavailable,
+                            Layer::Uid,
+                            e.to_string(),
+                        ))
+                    })?;
+                Ok(SlotLease::hold(lease).expect("a fresh lease is its lock's"))
+            })
+            .collect()
+    }
+
+    /// `request` under `policy` as a run forked from `zygote`: `None` if
+    /// it is not exactly the zygote's warm jail (another policy, input
+    /// files, other limits, ...) or every slot is taken; else the prepared run
+    /// (a free slot's uid; start it, then send it the work at once: its
+    /// jailer takes it when the jail is ready).
+    pub fn prepare_from_zygote(
+        &self,
+        zygote: &Zygote,
+        policy: &Policy,
+        request: &RunRequest,
+    ) -> Result<Option<(Prepared, Work)>, LaunchError> {
+        if policy.name != zygote.policy {
+            return Ok(None);
+        }
+        // The caller has checked that the request adds no dependencies:
+        // its env is the zygote's.
+        let resolved = resolve::resolve_with(policy, request, &zygote.extras)?;
+        let cold = &resolved.spec;
+        let (true, Some(work)) = (
+            pycell_runner::fits(&zygote.runs, cold),
+            pycell_runner::work_for(cold),
+        ) else {
+            return Ok(None);
+        };
+        let Some((slot, mut lease)) = zygote.lend_slot() else {
+            return Ok(None);
+        };
+        lease.release_after_cgroups(&self.cgroup_parent);
+        let mut spec = zygote.runs.clone();
+        spec.run_id = new_run_id();
+        spec.sandbox_uid = lease.uid;
+        spec.sandbox_gid = lease.gid;
+        spec.cgroup.parent = self.cgroup_parent.clone();
+        spec.from_zygote = Some(FromZygote { slot });
+        let channel = zygote.channel.try_clone().map_err(|e| {
+            LaunchError::Refused(JailFailure::new(
+                FailureCode::Internal,
+                Layer::Jailer,
+                format!("the zygote's channel: {e}"),
+            ))
+        })?;
+        let prepared = Prepared::new(
+            spec,
+            &policy.name,
+            LimitsReport::from(&resolved.limits),
+            lease,
+            self.jailer.clone().map_err(LaunchError::Refused)?,
+            Some(channel),
+        )
+        .map_err(LaunchError::Refused)?;
+        Ok(Some((prepared, work)))
+    }
+}
+
+impl Zygote {
+    /// A free slot and its uid, lent to one run.
+    fn lend_slot(&self) -> Option<(u32, uidalloc::UidLease)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .find_map(|(i, s)| s.lend().map(|l| (i as u32, l)))
+    }
+
+    /// The pid of the zygote's jailer.
+    pub fn jailer_pid(&self) -> u32 {
+        self.jailer.child.id()
+    }
+
+    /// Whether the zygote is still there to fork runs: its python holds
+    /// its end of the channel, and its jailer has not ended.
+    pub fn is_alive(&mut self) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut fds = [PollFd::new(self.channel.as_fd(), PollFlags::POLLOUT)];
+        let hung_up = poll(&mut fds, PollTimeout::ZERO).is_ok()
+            && fds[0]
+                .revents()
+                .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR));
+        !hung_up && matches!(self.jailer.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Zygote {
+    fn drop(&mut self) {
+        // SIGTERM: the jailer kills the zygote's jail and removes its cgroup.
+        let pid = nix::unistd::Pid::from_raw(self.jailer.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.jailer.child.wait();
+    }
+}
+
+/// What a zygote's runs cannot have.
+fn check_fits_a_zygote(runs: &JailSpec) -> Result<(), LaunchError> {
+    let mut probe = runs.clone();
+    probe.from_zygote = Some(FromZygote { slot: 0 });
+    probe.validate().map_err(|e| {
+        LaunchError::Refused(
+            JailFailure::new(
+                FailureCode::InvalidPolicy,
+                Layer::Policy,
+                format!("this policy's runs cannot come from a zygote: {e}"),
+            )
+            .with_hint("zygotes serve policies without network egress or tools"),
+        )
+    })
+}
+
+/// `libpycell_zygote.so` beside `jailer`.
+fn zygote_lib(jailer: &Path) -> Result<PathBuf, LaunchError> {
+    let lib = jailer.with_file_name(ZYGOTE_LIB);
+    match lib.is_file() {
+        true => Ok(lib),
+        false => Err(LaunchError::Refused(
+            JailFailure::new(
+                FailureCode::JailerUnavailable,
+                Layer::Jailer,
+                format!("{} is missing (it comes with pycell-jailer)", lib.display()),
+            )
+            .with_hint("reinstall pycell, or build the workspace (cargo build)"),
+        )),
+    }
+}
+
+/// The zygote's channel (its first handout), then its ready event.
+fn wait_ready(jailer: &mut Launched) -> io::Result<OwnedFd> {
+    let handouts = jailer
+        .handouts
+        .as_ref()
+        .ok_or_else(|| io::Error::other("the zygote's jailer hands nothing out"))?;
+    let channel = match handout::recv(handouts.as_fd())? {
+        Some((Handout::ZygoteChannel, fd)) => fd,
+        other => {
+            let what = other.map(|(h, _)| format!("{h:?}"));
+            return Err(io::Error::other(format!(
+                "the zygote handed out {what:?}, not its channel"
+            )));
+        }
+    };
+    loop {
+        match pycell_wire::events::read_event(&mut jailer.events) {
+            Ok(Some(Event::Ready)) => return Ok(channel),
+            Ok(Some(Event::Result(r))) => {
+                let why = r.error.map(|e| e.message).unwrap_or_default();
+                return Err(io::Error::other(format!(
+                    "the zygote ended before it was ready: {why}"
+                )));
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return Err(io::Error::other(
+                    "the zygote's jailer ended before it was ready",
+                ))
+            }
+            Err(e) => return Err(io::Error::other(e.to_string())),
+        }
+    }
+}
+
+fn not_ready(e: io::Error) -> JailFailure {
+    JailFailure::new(
+        FailureCode::JailSetupFailed,
+        Layer::Jailer,
+        format!("starting a zygote: {e}"),
+    )
+}
+
+fn refusal(r: &pycell_protocol::result::RunResult) -> JailFailure {
+    r.error.clone().unwrap_or_else(|| {
+        JailFailure::new(
+            FailureCode::Internal,
+            Layer::Jailer,
+            "the zygote did not start",
+        )
+    })
+}
