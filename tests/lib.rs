@@ -546,6 +546,78 @@ pub fn still_alive_after(procs: &[HostProc], limit: Duration) -> Vec<HostProc> {
     }
 }
 
+/// `pycell batch --embedded ARGS... -` under the cgroup parent `parent`
+/// with `lines` sleepers (then one quick line) on its stdin, once exactly
+/// `pythons` python processes run below it (more fails the test): pycell,
+/// and what runs below it.
+pub fn batch_of_sleepers(
+    args: &[&str],
+    parent: &str,
+    lines: usize,
+    pythons: usize,
+) -> (Child, Vec<HostProc>) {
+    let sleeper =
+        serde_json::json!({"code": "import time; print('up', flush=True); time.sleep(60)"});
+    let mut input: String = (0..lines).map(|_| format!("{sleeper}\n")).collect();
+    input.push_str(&format!(
+        "{}\n",
+        serde_json::json!({"code": "print('after')"})
+    ));
+    let mut child = Command::new(pycell_bin())
+        .args(["batch", "--embedded"])
+        .args(args)
+        .arg("-")
+        .env("PYCELL_CGROUP_PARENT", parent)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting pycell batch");
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    stdin
+        .write_all(input.as_bytes())
+        .expect("writing the batch");
+    drop(stdin);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (running, below) = loop {
+        let below = descendants_of(child.id());
+        let running = below
+            .iter()
+            .filter(|p| p.name.starts_with("python"))
+            .count();
+        if running >= pythons || Instant::now() > deadline {
+            break (running, below);
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    if running != pythons {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{running} python processes below pycell batch, not {pythons}: {below:?}");
+    }
+    (child, below)
+}
+
+/// Fail unless every cgroup under the parent `parent` is gone within 10 s;
+/// then remove `parent` too.
+pub fn assert_no_cgroups_under(parent: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let left = loop {
+        let left: Vec<PathBuf> = find_cgroups_named(parent)
+            .iter()
+            .flat_map(|d| fs::read_dir(d).into_iter().flatten().flatten())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect();
+        if left.is_empty() || Instant::now() > deadline {
+            break left;
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    remove_cgroup_parent(parent, Duration::from_secs(1));
+    assert!(left.is_empty(), "cgroups left behind: {left:?}");
+}
+
 /// Host processes any of whose uids is `uid`.
 pub fn processes_with_uid(uid: u32) -> Vec<HostProc> {
     host_processes()

@@ -4,15 +4,12 @@
 
 #![forbid(unsafe_code)]
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use pycell_tests::{
-    descendants_of, find_cgroups_named, pycell_bin, remove_cgroup_parent, still_alive_after, via,
-    Pycell, Via,
+    assert_no_cgroups_under, batch_of_sleepers, still_alive_after, via, Pycell, Via,
 };
 use serde_json::{json, Value};
 
@@ -152,42 +149,9 @@ fn a_bad_line_gets_a_refusal_that_names_it_and_the_others_still_run() {
 #[test]
 fn a_sigkill_of_pycell_mid_batch_leaves_no_sandbox_and_no_cgroup() {
     let parent = format!("pycell-test-batch-kill-{}", std::process::id());
-    let sleeper = json!({"code": "import time; print('up', flush=True); time.sleep(60)"});
-    let input: String = (0..8).map(|_| format!("{sleeper}\n")).collect();
-    let mut child = Command::new(pycell_bin())
-        .args(["batch", "--embedded", "--jobs", "3", "-"])
-        .env("PYCELL_CGROUP_PARENT", &parent)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting pycell batch");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let pid = child.id();
-    // Wait until three sandboxes run (three python programs below pycell).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let below = loop {
-        let below = descendants_of(pid);
-        let pythons = below
-            .iter()
-            .filter(|p| p.name.starts_with("python"))
-            .count();
-        if pythons >= 3 || Instant::now() > deadline {
-            break below;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let pythons = below
-        .iter()
-        .filter(|p| p.name.starts_with("python"))
-        .count();
-    assert_eq!(pythons, 3, "three at once, no more: {below:?}");
-    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("SIGKILL to pycell");
+    // Three sandboxes at once, no more: three python programs below pycell.
+    let (mut child, below) = batch_of_sleepers(&["--jobs", "3"], &parent, 8, 3);
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).expect("SIGKILL to pycell");
     let _ = child.wait();
     let left = still_alive_after(&below, Duration::from_secs(10));
     assert!(
@@ -195,21 +159,7 @@ fn a_sigkill_of_pycell_mid_batch_leaves_no_sandbox_and_no_cgroup() {
         "left running after pycell was killed: {left:?}"
     );
     // Every run's cgroup is gone (its jailer removed it as it died).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let runs = loop {
-        let runs: Vec<_> = find_cgroups_named(&parent)
-            .iter()
-            .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .map(|e| e.path())
-            .collect();
-        if runs.is_empty() || Instant::now() > deadline {
-            break runs;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    remove_cgroup_parent(&parent, Duration::from_secs(1));
-    assert!(runs.is_empty(), "run cgroups left behind: {runs:?}");
+    assert_no_cgroups_under(&parent);
 }
 
 /// Through pycelld: each line on a connection of its own, its admission
