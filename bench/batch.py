@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Batch throughput: `pycell batch` running N small programs (each prints a
-number it computes), embedded and through pycelld, at --jobs 2, 8 and 16,
+number it computes), embedded (python started per run, and forked from a
+zygote with --zygote) and through pycelld, at --jobs 2, 8 and 16,
 against bare python spawns of the same programs at the same concurrency, in
 the same run. Standard library only.
 
@@ -54,6 +55,7 @@ def main():
         jsonl = f.name
     try:
         header = f"{'jobs':>5} {'bare runs/s':>12} {'embedded runs/s':>16} {'ratio':>6}"
+        header += f" {'zygote runs/s':>14} {'ratio':>6}"
         if a.socket:
             header += f" {'daemon runs/s':>14} {'ratio':>6}"
         print(header)
@@ -62,12 +64,15 @@ def main():
             b = bare_rate(programs, c)
             e = batch_rate([a.pycell, "batch", "--embedded", "--jobs", str(c), "-"], jsonl, a.runs)
             row = f"{c:>5} {b:>12.1f} {e:>16.1f} {e / b:>6.2f}"
+            z = batch_rate([a.pycell, "batch", "--embedded", "--zygote", "--jobs", str(c), "-"], jsonl, a.runs)
+            row += f" {z:>14.1f} {z / b:>6.2f}"
             if a.socket:
                 d = batch_rate([a.pycell, "batch", "--socket", a.socket, "--jobs", str(c), "-"], jsonl, a.runs)
                 row += f" {d:>14.1f} {d / b:>6.2f}"
             print(row)
             if c == 2:
                 verdicts.append((f"batch at --jobs 2 >= 1.0x bare spawns: {e / b:.2f}x", e / b >= 1.0))
+                verdicts.append((f"batch --zygote at --jobs 2 >= 1.0x bare spawns: {z / b:.2f}x", z / b >= 1.0))
         print()
         for text, ok in verdicts:
             print(f"  {'PASS' if ok else 'MISS'}  {text}")

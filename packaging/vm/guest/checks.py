@@ -293,7 +293,7 @@ def check_install():
         timeout=300,
     )
     expect(rc == 0, f"apt-get install exited {rc}: {(out + err)[-1500:]}")
-    for path in ["/usr/bin/pycell", "/usr/libexec/pycell/pycell-jailer", "/etc/pycell/policies/default.toml",
+    for path in ["/usr/bin/pycell", "/usr/libexec/pycell/pycell-jailer", "/usr/libexec/pycell/libpycell_zygote.so", "/etc/pycell/policies/default.toml",
                  "/etc/pycell/pycelld.toml"]:
         expect(os.path.exists(path), f"{path} is missing after install")
     rc, out, _ = sh(["pycell", "--version"], check=True)
@@ -473,6 +473,36 @@ def escape_tests(via, binaries):
 
 def check_escape_embedded():
     return escape_tests("embedded", ["probe_default", "hardening"])
+
+
+ZYGOTE_SELF = (
+    "import os\n"
+    "status = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n"
+    "print(os.getuid(), status['CapEff'].strip(), status['Seccomp'].strip(), status['NoNewPrivs'].strip(),\n"
+    "      open('/proc/self/cgroup').read().strip(), sorted(os.listdir('/workspace')))\n"
+)
+
+
+def check_zygote_embedded():
+    """`pycell batch --embedded --zygote`: runs forked from a zygote join
+    their cgroup v2 through cgroup.procs (the jailer opened it) and have
+    every layer; a run past the memory limit is killed; nothing is left."""
+    lines = [json.dumps({"code": ZYGOTE_SELF}) for _ in range(3)]
+    lines.append(json.dumps({"code": "x = 'x' * (1 << 30)\nprint(len(x))\n"}))
+    rc, out, err = sh(["pycell", "batch", "--embedded", "--zygote", "-j", "2", "-"],
+                      input="\n".join(lines) + "\n")
+    results = [json.loads(l)["result"] for l in out.splitlines()]
+    expect(rc == 0 and len(results) == 4, f"batch exited {rc} with {len(results)} results; stderr {err[-800:]!r}")
+    uids = set()
+    for r in results[:3]:
+        expect(r.get("status") == "ok" and r.get("warm") is True, f"a zygote run: {brief(r)}")
+        version = ((r.get("layers") or {}).get("cgroup") or {}).get("version")
+        expect(version == "v2", f"layers.cgroup.version is {version!r}: {json.dumps(r.get('layers'))}")
+        expect(r["stdout"] == "1000 0000000000000000 2 1 0::/ ['main.py']\n", f"what the run saw: {brief(r)}")
+        uids.add(r["layers"]["sandbox_uid"])
+    expect(results[3].get("status") == "oom", f"1 GiB under the default 512 MiB: {brief(results[3])}")
+    expect_no_leftovers("after the zygote's batch")
+    return f"{len(uids)} sandbox uids, {results[0].get('wall_ms')} ms a run"
 
 
 def check_escape_daemon():
@@ -948,6 +978,7 @@ def main():
     checks += [("landlock-policy", check_landlock_policy)]
     checks += limit_checks("embedded", ["--embedded"], None)
     checks += [("escape-embedded", check_escape_embedded), ("seccomp-filter", check_seccomp_filter)]
+    checks += [("embedded-zygote", check_zygote_embedded)]
     checks += [("security-score", check_security_score)]
     if "daemon" in groups:
         checks += [("service-active", lambda: (make_users(), check_service_active())[1])]
