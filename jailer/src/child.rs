@@ -33,6 +33,7 @@ use pycell_wire::handout::{self, Handout};
 use pycell_wire::report::LandlockReport;
 use pycell_wire::spec::{
     JailSpec, NetworkSpec, JAIL_GID, JAIL_UID, TOOLS_FD_VAR, WORKSPACE, ZYGOTE_FD_ENV,
+    ZYGOTE_LIB_ENV,
 };
 
 pub(crate) const HOSTNAME: &str = "pycell";
@@ -63,6 +64,8 @@ pub(crate) struct ChildFds {
     /// On v1: the run cgroup's `tasks` files, through which the jail moves
     /// itself in (step 6).
     pub cgroup_tasks: Vec<OwnedFd>,
+    /// A zygote: its library, a sealed memfd.
+    pub zygote_lib: Option<OwnedFd>,
 }
 
 /// Which jail this process sets up.
@@ -104,8 +107,10 @@ struct RealSteps<'a> {
     signal_fd: Option<SignalFd>,
     /// Code mode: the program's end of the tool channel.
     tool_end: Option<OwnedFd>,
-    /// A zygote: its end of the channel its fork requests come on.
+    /// A zygote: its end of the channel its fork requests come on, and its
+    /// library.
     zygote_end: Option<OwnedFd>,
+    zygote_lib: Option<OwnedFd>,
     sources: Option<PreparedSources>,
     landlock: Option<LandlockReport>,
     xattr_writes_refused: bool,
@@ -272,6 +277,7 @@ impl JailSteps for RealSteps<'_> {
         let mut keep = vec![self.status.as_raw_fd(), sfd.as_fd().as_raw_fd()];
         keep.extend(self.tool_end.as_ref().map(AsRawFd::as_raw_fd));
         keep.extend(self.zygote_end.as_ref().map(AsRawFd::as_raw_fd));
+        keep.extend(self.zygote_lib.as_ref().map(AsRawFd::as_raw_fd));
         keep.extend(self.go_read.as_ref().map(AsRawFd::as_raw_fd));
         self.signal_fd = Some(sfd);
         syscall::close_fds_except(&keep).map_err(io_step(Step::CloseFds))
@@ -466,6 +472,7 @@ pub(crate) struct SetUp {
     signal_fd: SignalFd,
     tool_end: Option<OwnedFd>,
     zygote_end: Option<OwnedFd>,
+    zygote_lib: Option<OwnedFd>,
     /// A run from a zygote: the jailer's go pipe, watched for its end.
     go_read: Option<OwnedFd>,
 }
@@ -504,6 +511,7 @@ pub(crate) fn set_up(
         signal_fd: None,
         tool_end: None,
         zygote_end: None,
+        zygote_lib: fds.zygote_lib,
         sources: None,
         landlock: None,
         xattr_writes_refused: false,
@@ -518,9 +526,10 @@ pub(crate) fn set_up(
         xattr_writes_refused: steps.xattr_writes_refused,
         timings: crate::timings::take(),
     };
-    let (tool_end, zygote_end, go_read) = (
+    let (tool_end, zygote_end, zygote_lib, go_read) = (
         steps.tool_end.take(),
         steps.zygote_end.take(),
+        steps.zygote_lib.take(),
         steps.go_read.take(),
     );
     drop(steps);
@@ -530,6 +539,7 @@ pub(crate) fn set_up(
         signal_fd,
         tool_end,
         zygote_end,
+        zygote_lib,
         go_read,
     }
 }
@@ -587,7 +597,17 @@ fn program_env(spec: &JailSpec, jail: &SetUp) -> Vec<CString> {
     };
     let tools = fd_var(TOOLS_FD_VAR, &jail.tool_end);
     let zygote = fd_var(ZYGOTE_FD_ENV, &jail.zygote_end);
-    let vars = spec.env.iter().cloned().chain(tools).chain(zygote);
+    let lib = jail.zygote_lib.as_ref().map(|fd| {
+        let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        (ZYGOTE_LIB_ENV.to_string(), path)
+    });
+    let vars = spec
+        .env
+        .iter()
+        .cloned()
+        .chain(tools)
+        .chain(zygote)
+        .chain(lib);
     cstrings(vars.map(|(k, v)| format!("{k}={v}")))
 }
 
@@ -615,6 +635,7 @@ fn init(spec: &JailSpec, jail: SetUp) -> ! {
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
             keep_across_exec(&jail.tool_end);
             keep_across_exec(&jail.zygote_end);
+            keep_across_exec(&jail.zygote_lib);
             let err = execve(&argv[0], &argv, &env).unwrap_err();
             send(
                 status,

@@ -383,6 +383,15 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     let (mut child_fds, go, ends) = pipes(spec.session.is_some() || spec.images.is_some())
         .map_err(io_failure("creating pipes"))?;
     child_fds.handout_channel = handout_channel(spec)?;
+    if let Some(z) = &spec.zygote {
+        let lib = crate::zygote::library_memfd(&z.lib).map_err(|e| {
+            zygote_failure("the zygote's library")(io::Error::other(format!(
+                "{}: {e}",
+                z.lib.display()
+            )))
+        })?;
+        child_fds.zygote_lib = Some(lib);
+    }
     let cgroup = create_cgroup(spec, layout)?;
     child_fds.cgroup_tasks = cgroup.open_v1_tasks().map_err(cgroup_failure)?;
     let joins_itself = !child_fds.cgroup_tasks.is_empty();
@@ -633,6 +642,7 @@ fn pipes(stdin_socket: bool) -> io::Result<(ChildFds, OwnedFd, ParentEnds)> {
         stdout_write: stdout.1,
         stderr_write: stderr.1,
         cgroup_tasks: Vec::new(),
+        zygote_lib: None,
     };
     let ours = ParentEnds {
         status_read: status.0,

@@ -243,6 +243,7 @@ fn child_fds(fds: Vec<OwnedFd>) -> Result<ChildFds, String> {
         disk_channel: Some(next()),
         handout_channel: None,
         cgroup_tasks: it.collect(),
+        zygote_lib: None,
     })
 }
 
@@ -323,6 +324,26 @@ fn own_namespaces(spec: &JailSpec) -> Result<(), String> {
     write("setgroups", "deny".into())?;
     write("uid_map", format!("{JAIL_UID} {id} 1\n"))?;
     write("gid_map", format!("{JAIL_GID} {id} 1\n"))
+}
+
+/// A zygote's library, copied from `path` into a memfd sealed against
+/// every change: the zygote's python loads it from there, so no host path
+/// is bound into its jail or shows in its maps.
+pub(crate) fn library_memfd(path: &std::path::Path) -> io::Result<OwnedFd> {
+    use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+    use nix::sys::memfd::{memfd_create, MFdFlags};
+    let mut lib = File::open(path)?;
+    let memfd = memfd_create(
+        c"libpycell_zygote.so",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )?;
+    io::copy(&mut lib, &mut File::from(memfd.try_clone()?))?;
+    let seals = SealFlag::F_SEAL_SEAL
+        | SealFlag::F_SEAL_SHRINK
+        | SealFlag::F_SEAL_GROW
+        | SealFlag::F_SEAL_WRITE;
+    fcntl(&memfd, FcntlArg::F_ADD_SEALS(seals))?;
+    Ok(memfd)
 }
 
 /// The id map lines of a zygote's user namespace: itself as 0, each slot

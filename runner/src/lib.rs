@@ -50,10 +50,6 @@ pub const COLD_FLAG: &str = "--pycell-run";
 /// The flag that makes the runner a zygote: `--pycell-zygote MODULE...`
 /// (see [`zygote_spec`]).
 pub const ZYGOTE_FLAG: &str = "--pycell-zygote";
-/// Where a zygote's jail has `libpycell_zygote.so`, and the variable that
-/// says so (with `PYCELL_ZYGOTE_FD`, the jail's end of its channel).
-pub const ZYGOTE_LIB_IN_JAIL: &str = "/.pycell-zygote/libpycell_zygote.so";
-pub const ZYGOTE_LIB_VAR: &str = "PYCELL_ZYGOTE_LIB";
 
 /// The largest work frame (the same, with room to spare).
 pub const MAX_WORK_FRAME: u64 = 96 << 20;
@@ -114,10 +110,10 @@ pub fn warm_spec(cold: &JailSpec, modules: &[String]) -> JailSpec {
 }
 
 /// The zygote for runs of `warm` (a warm jail's spec, [`warm_spec`]): the
-/// same jail, its runner a zygote importing the same modules, with `lib`
-/// (the host's `libpycell_zygote.so`) bound in and one slot per id pair
-/// in `slots`. Its runs are `warm` itself, each with a slot
-/// ([`pycell_wire::spec::FromZygote`]).
+/// same jail, its runner a zygote importing the same modules, loading
+/// `lib` (the host's `libpycell_zygote.so`, which its jailer hands it as
+/// a sealed memfd), with one slot per id pair in `slots`. Its runs are
+/// `warm` itself, each with a slot ([`pycell_wire::spec::FromZygote`]).
 pub fn zygote_spec(
     warm: &JailSpec,
     lib: &std::path::Path,
@@ -125,11 +121,10 @@ pub fn zygote_spec(
 ) -> JailSpec {
     let mut spec = warm.clone();
     spec.argv.insert(4, ZYGOTE_FLAG.to_string());
-    spec.mounts
-        .push(pycell_wire::spec::BindMount::new(lib, ZYGOTE_LIB_IN_JAIL));
-    spec.env
-        .push((ZYGOTE_LIB_VAR.to_string(), ZYGOTE_LIB_IN_JAIL.to_string()));
-    spec.zygote = Some(pycell_wire::spec::ZygoteSpec { slots });
+    spec.zygote = Some(pycell_wire::spec::ZygoteSpec {
+        slots,
+        lib: lib.to_path_buf(),
+    });
     spec
 }
 

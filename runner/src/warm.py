@@ -33,8 +33,11 @@ def _pycell_zygote(modules):
     import signal
     import sys
 
-    # PyDLL: the GIL stays held across the calls (the zygote has one thread).
-    lib = ctypes.PyDLL(os.environ.pop("PYCELL_ZYGOTE_LIB"))
+    # PyDLL: the GIL stays held across the calls (the zygote has one
+    # thread). The library is a memfd its jailer made: /proc/self/fd/N.
+    lib_path = os.environ.pop("PYCELL_ZYGOTE_LIB")
+    lib = ctypes.PyDLL(lib_path)
+    os.close(int(lib_path.rsplit("/", 1)[1]))
     channel = int(os.environ.pop("PYCELL_ZYGOTE_FD"))
     _pycell_warm_up(modules)
     gc.collect()

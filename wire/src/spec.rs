@@ -95,6 +95,9 @@ pub struct JailSpec {
 /// zygote's channel (named in [`ZYGOTE_FD_ENV`]).
 pub const ZYGOTE_FD: i32 = 4;
 pub const ZYGOTE_FD_ENV: &str = "PYCELL_ZYGOTE_FD";
+/// The variable that tells a zygote's program where its library is
+/// (`/proc/self/fd/N`: the sealed memfd its jailer made).
+pub const ZYGOTE_LIB_ENV: &str = "PYCELL_ZYGOTE_LIB";
 /// In a zygote's user namespace: the zygote itself is uid/gid 0 (mapped
 /// to its `sandbox_uid`), slot `i` is `ZYGOTE_SLOT_BASE + i` (mapped to
 /// the slot's host ids). A run from slot `i` becomes that id before it
@@ -104,11 +107,15 @@ pub const ZYGOTE_SLOT_BASE: u32 = 2000;
 pub const MAX_ZYGOTE_SLOTS: usize = 256;
 
 /// What a zygote's user namespace maps besides the zygote: one host
-/// uid/gid per slot, each lent to one run at a time.
+/// uid/gid per slot, each lent to one run at a time; and the library its
+/// python loads (which the jailer copies into a sealed memfd for it, so
+/// that no host path is bound into the jail or shows in its maps).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ZygoteSpec {
     pub slots: Vec<SlotIds>,
+    /// `libpycell_zygote.so` on the host (beside the jailer).
+    pub lib: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -467,6 +474,9 @@ impl JailSpec {
         let Some(z) = &self.zygote else {
             return Ok(());
         };
+        if !is_clean_absolute(&z.lib) {
+            return Err(bad("zygote.lib", "must be a clean absolute path"));
+        }
         for (i, s) in z.slots.iter().enumerate() {
             let ids = [s.uid, s.gid];
             if ids.iter().any(|&id| id == 0 || id == u32::MAX) {
@@ -563,6 +573,71 @@ impl LandlockSpec {
 #[cfg(test)]
 mod tests {
     use super::{is_plain_relative_path, new_run_id};
+    use super::{FromZygote, JailSpec, NetworkSpec, SlotIds, ZygoteSpec};
+
+    /// A warm jail's spec that validates.
+    fn warm() -> JailSpec {
+        let spec: JailSpec = serde_json::from_value(serde_json::json!({
+            "run_id": "r-1f", "sandbox_uid": 1_800_000_001u32, "sandbox_gid": 1_800_000_001u32,
+            "argv": ["/usr/bin/python3"], "env": [], "files": [], "mounts": [],
+            "limits": {"wall_timeout_ms": 1000, "cpu_time_s": 1, "memory_bytes": 64 << 20,
+                       "pids": 16, "cpu_millicores": 1000, "open_files": 64,
+                       "file_size_bytes": 1 << 20, "disk_bytes": 1 << 20, "max_output_bytes": 1 << 20},
+            "landlock": {"min_abi": 1, "read_exec": [], "read_only": [], "read_write": []},
+            "seccomp_profile": "default", "cgroup": {"parent": "pycell"}, "warm": true,
+        }))
+        .unwrap();
+        spec.validate().unwrap();
+        spec
+    }
+
+    fn slot(id: u32) -> SlotIds {
+        SlotIds { uid: id, gid: id }
+    }
+
+    #[test]
+    fn zygotes_and_their_runs_are_plain_warm_jails_with_distinct_slots() {
+        let mut z = warm();
+        z.zygote = Some(ZygoteSpec {
+            slots: vec![slot(1_800_000_002), slot(1_800_000_003)],
+            lib: "/usr/libexec/pycell/libpycell_zygote.so".into(),
+        });
+        z.validate().unwrap();
+        let mut run = warm();
+        run.from_zygote = Some(FromZygote { slot: 1 });
+        run.validate().unwrap();
+        let refused = |s: &JailSpec, why: &str| {
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+        };
+        let mut both = z.clone();
+        both.from_zygote = Some(FromZygote { slot: 0 });
+        refused(&both, "not both");
+        let mut cold = run.clone();
+        cold.warm = false;
+        refused(&cold, "only a warm jail");
+        let mut egress = z.clone();
+        egress.network = NetworkSpec::Proxy { port: 3128 };
+        refused(&egress, "loopback only");
+        let mut twice = z.clone();
+        twice.zygote.as_mut().unwrap().slots = vec![slot(1_800_000_002), slot(1_800_000_002)];
+        refused(&twice, "given twice");
+        let mut own = z.clone();
+        own.zygote.as_mut().unwrap().slots = vec![slot(1_800_000_001)];
+        refused(&own, "given twice");
+        let mut root = z.clone();
+        root.zygote.as_mut().unwrap().slots = vec![slot(0)];
+        refused(&root, "not root");
+        let mut relative = z.clone();
+        relative.zygote.as_mut().unwrap().lib = "lib.so".into();
+        refused(&relative, "zygote.lib");
+        let mut none = z;
+        none.zygote.as_mut().unwrap().slots = vec![];
+        refused(&none, "slots");
+        let mut far = run;
+        far.from_zygote = Some(FromZygote { slot: 256 });
+        refused(&far, "slots");
+    }
 
     #[test]
     fn run_ids_are_what_the_jailer_accepts_and_distinct() {
