@@ -598,6 +598,24 @@ pub fn batch_of_sleepers(
     (child, below)
 }
 
+/// SIGKILL `pycell batch --embedded ARGS...` of `lines` sleepers once
+/// `pythons` python processes run below it (under the cgroup parent
+/// `parent`); fail unless every process that was below it, and every
+/// cgroup of its runs, is gone within 10 s.
+pub fn sigkill_batch_leaves_nothing(args: &[&str], parent: &str, lines: usize, pythons: usize) {
+    let (mut child, below) = batch_of_sleepers(args, parent, lines, pythons);
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("SIGKILL to pycell");
+    let _ = child.wait();
+    let left = still_alive_after(&below, Duration::from_secs(10));
+    assert!(
+        left.is_empty(),
+        "left running after pycell was killed: {left:?}"
+    );
+    // Every run's cgroup is gone (its jailer removed it as it died).
+    assert_no_cgroups_under(parent);
+}
+
 /// Fail unless every cgroup under the parent `parent` is gone within 10 s;
 /// then remove `parent` too.
 pub fn assert_no_cgroups_under(parent: &str) {

@@ -4,13 +4,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::time::Duration;
-
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
-use pycell_tests::{
-    assert_no_cgroups_under, batch_of_sleepers, still_alive_after, via, Pycell, Via,
-};
+use pycell_tests::{sigkill_batch_leaves_nothing, via, Pycell, Via};
 use serde_json::{json, Value};
 
 /// `pycell batch` in the tests' mode, on `lines` as its stdin.
@@ -150,16 +144,7 @@ fn a_bad_line_gets_a_refusal_that_names_it_and_the_others_still_run() {
 fn a_sigkill_of_pycell_mid_batch_leaves_no_sandbox_and_no_cgroup() {
     let parent = format!("pycell-test-batch-kill-{}", std::process::id());
     // Three sandboxes at once, no more: three python programs below pycell.
-    let (mut child, below) = batch_of_sleepers(&["--jobs", "3"], &parent, 8, 3);
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).expect("SIGKILL to pycell");
-    let _ = child.wait();
-    let left = still_alive_after(&below, Duration::from_secs(10));
-    assert!(
-        left.is_empty(),
-        "left running after pycell was killed: {left:?}"
-    );
-    // Every run's cgroup is gone (its jailer removed it as it died).
-    assert_no_cgroups_under(&parent);
+    sigkill_batch_leaves_nothing(&["--jobs", "3"], &parent, 8, 3);
 }
 
 /// Through pycelld: each line on a connection of its own, its admission

@@ -10,7 +10,8 @@ use std::time::Duration;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use pycell_tests::{
-    assert_no_cgroups_under, batch_of_sleepers, probe_path, still_alive_after, Pycell,
+    assert_no_cgroups_under, batch_of_sleepers, probe_path, sigkill_batch_leaves_nothing,
+    still_alive_after, Pycell,
 };
 use serde_json::{json, Value};
 
@@ -205,15 +206,7 @@ fn limits_hold_for_runs_from_a_zygote() {
 fn a_sigkill_of_pycell_leaves_no_zygote_no_run_and_no_cgroup() {
     let parent = format!("pycell-test-zygote-kill-{}", std::process::id());
     // Three runs and the zygote.
-    let (mut child, below) = batch_of_sleepers(&["--zygote", "--jobs", "3"], &parent, 6, 4);
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).expect("SIGKILL to pycell");
-    let _ = child.wait();
-    let left = still_alive_after(&below, Duration::from_secs(10));
-    assert!(
-        left.is_empty(),
-        "left running after pycell was killed: {left:?}"
-    );
-    assert_no_cgroups_under(&parent);
+    sigkill_batch_leaves_nothing(&["--zygote", "--jobs", "3"], &parent, 6, 4);
 }
 
 #[test]
