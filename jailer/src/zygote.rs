@@ -5,33 +5,31 @@
 //!
 //! ```text
 //! zygote (uid 0 of its user namespace; CAP_SETUID/CAP_SETGID only)
-//!   └─ fork: child (python's copy) → enter():
-//!        become the slot's ids (ZYGOTE_SLOT_BASE + slot, mapped to the
-//!        slot's host uid), unshare user/pid/mount/net/ipc/uts namespaces,
-//!        map JAIL_UID to that id (a user namespace's creator may map its
-//!        own id), fork → init (pid 1), then exit
-//!          init: the pipeline's steps, in their order (`crate::pipeline`),
-//!                the mounts cloned from the zygote's root; it moves
-//!                itself into the run's cgroup and tells the jailer, which
-//!                reads its pid there, pins its rlimits and says go
-//!            └─ fork: the program, which returns from enter() into python
+//!   └─ fork_run(): clone into new user/pid/mount/net/ipc/uts namespaces,
+//!      the zygote writes the child's maps (jail uid 1000 = the slot's id,
+//!      ZYGOTE_SLOT_BASE + slot, mapped to the slot's host uid)
+//!        init (pid 1): the pipeline's steps, in their order
+//!              (`crate::pipeline`), the mounts cloned from the zygote's
+//!              root; it moves itself into the run's cgroup and tells the
+//!              jailer, which reads its pid there, pins its rlimits and
+//!              says go
+//!          └─ fork: the program, which returns from fork_run() into python
 //! ```
 //!
 //! The jailer is not this jail's parent: it watches init through a pidfd
 //! and the cgroup, and init watches the jailer's go pipe (its end ends the
 //! jail) instead of a parent-death signal.
 //!
-//! The functions here that the zygote calls ([`receive`], [`forget`],
-//! [`enter`]) keep the request between them in a static: nothing but
-//! integers crosses into python (`libpycell_zygote.so`).
+//! The functions here that the zygote calls ([`receive`], [`fork_run`])
+//! keep the request between them in a static: nothing but integers crosses
+//! into python (`libpycell_zygote.so`).
 
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Mutex, OnceLock};
 
-use nix::sched::{unshare, CloneFlags};
-use nix::unistd::{setresgid, setresuid, Gid, Uid};
+use nix::sched::CloneFlags;
 use pycell_seccomp::{CompiledFilter, KernelGap};
 use pycell_syscall::{self as syscall, CloneResult};
 use pycell_wire::spec::{JailSpec, SlotIds, JAIL_GID, JAIL_UID, ZYGOTE_SLOT_BASE};
@@ -153,8 +151,8 @@ static CHANNEL: OnceLock<OwnedFd> = OnceLock::new();
 static PENDING: Mutex<Option<Received>> = Mutex::new(None);
 
 /// The zygote's side: wait for the next request on its channel (the
-/// descriptor `raw`, adopted on the first call). 1: one is pending (fork,
-/// then [`enter`] in the child and [`forget`] in the zygote); 0: the
+/// descriptor `raw`, adopted on the first call). 1: one is pending (then
+/// [`fork_run`]); 0: the
 /// channel's end (no run will come); -1: a request that was refused
 /// (said on stderr; its descriptors closed, which its jailer sees).
 pub fn receive(raw: i32) -> i32 {
@@ -247,15 +245,15 @@ fn child_fds(fds: Vec<OwnedFd>) -> Result<ChildFds, String> {
     })
 }
 
-/// The zygote's side, after forking: drop the request its child took.
-pub fn forget() {
-    PENDING.lock().unwrap_or_else(|e| e.into_inner()).take();
-}
-
-/// In the zygote's child: become the run's jail. Returns 0 only in the
-/// run's program, with every layer applied; -1 if no request was
-/// pending. Every other process this makes exits here.
-pub fn enter() -> i32 {
+/// The zygote's side, after [`receive`]: clone the run's init into new
+/// user, pid, mount, network, IPC and UTS namespaces (as the jailer clones
+/// a cold jail's), write its id maps (the zygote has CAP_SETUID and
+/// CAP_SETGID in its own namespace: the jail uid is the slot's id there)
+/// and let it go on. Returns 0 in the zygote, 1 only in the run's program,
+/// every layer applied; -1 if no request was pending or the clone failed
+/// (said on the run's status pipe). Every other process this makes exits
+/// here.
+pub fn fork_run() -> i32 {
     let taken = PENDING.lock().unwrap_or_else(|e| e.into_inner()).take();
     let Some(Received {
         request,
@@ -267,63 +265,81 @@ pub fn enter() -> i32 {
     };
     let spec = &request.spec;
     let forked_us = pycell_wire::timings::now_us();
-    // The zygote ignores SIGCHLD (the kernel reaps the children it forks);
-    // the jail's init and program must not.
-    syscall::default_disposition(libc::SIGCHLD);
-    if let Err(e) = own_namespaces(spec) {
-        let status = File::from(fds.status_write);
-        let msg = ChildMessage::SetupFailed(StepError::new(Step::WaitForParent, e));
-        child::send(&status, &msg);
-        syscall::exit_now(126);
-    }
-    match syscall::clone_fork(0) {
+    let (maps_read, maps_write) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+        Ok(p) => p,
+        Err(e) => return failed(&fds, format!("pipe2: {e}")),
+    };
+    match syscall::clone_fork(NAMESPACES.bits()) {
         Ok(CloneResult::Child) => {
-            crate::timings::take();
-            if spec.timings {
-                crate::timings::keep("jail: forked from the zygote", forked_us);
-                crate::timings::mark("jail: own namespaces, init forked");
-            }
-            // init's name, as in a cloned jail; its command line is the
-            // zygote's (python's, no host path in it), which the program
-            // shares.
-            let name = nix::sys::prctl::get_name().ok();
-            let _ = nix::sys::prctl::set_name(c"pycell-init");
-            let jail = child::set_up(spec, &filter, &[], fds);
-            child::init_returning(jail);
-            // The program: python's name again, not init's.
-            if let Some(name) = name {
-                let _ = nix::sys::prctl::set_name(&name);
+            drop(maps_write);
+            run_jail(spec, &filter, fds, maps_read, forked_us)
+        }
+        Ok(CloneResult::Parent(pid)) => {
+            drop(maps_read);
+            let slot = spec.from_zygote.as_ref().map_or(0, |z| z.slot);
+            let written = write_id_maps(pid, ZYGOTE_SLOT_BASE + slot)
+                .and_then(|()| nix::unistd::write(&maps_write, b"M").map_err(io::Error::from));
+            if let Err(e) = written {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                failed(&fds, format!("writing the run's uid/gid maps: {e}"));
             }
             0
         }
-        Ok(CloneResult::Parent(_)) => syscall::exit_now(0),
-        Err(_) => syscall::exit_now(126),
+        Err(e) => failed(&fds, format!("clone(user, pid, mount, net, ipc, uts): {e}")),
     }
 }
 
-/// Take the slot's ids in the zygote's namespace (which drops the
-/// zygote's capabilities), then new namespaces where the jail uid is that
-/// id: the user namespace's creator may map its own id, and has every
-/// capability in it for the steps to come.
-fn own_namespaces(spec: &JailSpec) -> Result<(), String> {
-    let slot = spec.from_zygote.as_ref().map_or(0, |z| z.slot);
-    let id = ZYGOTE_SLOT_BASE + slot;
-    setresgid(Gid::from_raw(id), Gid::from_raw(id), Gid::from_raw(id))
-        .map_err(|e| format!("setresgid({id}) in the zygote: {e}"))?;
-    setresuid(Uid::from_raw(id), Uid::from_raw(id), Uid::from_raw(id))
-        .map_err(|e| format!("setresuid({id}) in the zygote: {e}"))?;
-    unshare(NAMESPACES).map_err(|e| format!("unshare(user, pid, mount, net, ipc, uts): {e}"))?;
-    // The id change made us not dumpable, which gives our /proc files to
-    // the zygote's root: dumpable again, as a cloned jail's first process
-    // is until its own id change (step 4, which makes it not dumpable).
-    nix::sys::prctl::set_dumpable(true).map_err(|e| format!("prctl(PR_SET_DUMPABLE): {e}"))?;
-    let write = |file: &str, text: String| {
-        std::fs::write(format!("/proc/self/{file}"), text)
-            .map_err(|e| format!("writing /proc/self/{file}: {e}"))
-    };
-    write("setgroups", "deny".into())?;
-    write("uid_map", format!("{JAIL_UID} {id} 1\n"))?;
-    write("gid_map", format!("{JAIL_GID} {id} 1\n"))
+/// Say on the run's status pipe that its jail could not be made.
+fn failed(fds: &ChildFds, why: String) -> i32 {
+    if let Ok(status) = fds.status_write.try_clone() {
+        let msg = ChildMessage::SetupFailed(StepError::new(Step::WaitForParent, why));
+        child::send(&File::from(status), &msg);
+    }
+    -1
+}
+
+/// The run's init, cloned by the zygote: once the zygote has written its
+/// maps, the pipeline's steps; returns 1 in the program, which init forks.
+fn run_jail(
+    spec: &JailSpec,
+    filter: &CompiledFilter,
+    fds: ChildFds,
+    maps: OwnedFd,
+    forked_us: u64,
+) -> i32 {
+    // The zygote ignores SIGCHLD (the kernel reaps what it clones); the
+    // jail's init and program must not.
+    syscall::default_disposition(libc::SIGCHLD);
+    let mut byte = [0u8; 1];
+    if !matches!(nix::unistd::read(&maps, &mut byte), Ok(1)) {
+        syscall::exit_now(126);
+    }
+    drop(maps);
+    crate::timings::take();
+    if spec.timings {
+        crate::timings::keep("jail: cloned by the zygote", forked_us);
+        crate::timings::mark("jail: id maps written");
+    }
+    // init's name, as in a cloned jail; its command line is the zygote's
+    // (python's, no host path in it), which the program shares.
+    let name = nix::sys::prctl::get_name().ok();
+    let _ = nix::sys::prctl::set_name(c"pycell-init");
+    let jail = child::set_up(spec, filter, &[], fds);
+    child::init_returning(jail);
+    // The program: python's name again, not init's.
+    if let Some(name) = name {
+        let _ = nix::sys::prctl::set_name(&name);
+    }
+    1
+}
+
+/// A run's maps, written by the zygote: the jail uid/gid is the slot's
+/// `id` in the zygote's namespace (which maps it to the slot's host ids).
+fn write_id_maps(pid: nix::unistd::Pid, id: u32) -> io::Result<()> {
+    let base = format!("/proc/{}", pid.as_raw());
+    std::fs::write(format!("{base}/setgroups"), "deny")?;
+    std::fs::write(format!("{base}/uid_map"), format!("{JAIL_UID} {id} 1\n"))?;
+    std::fs::write(format!("{base}/gid_map"), format!("{JAIL_GID} {id} 1\n"))
 }
 
 /// A zygote's library, copied from `path` into a memfd sealed against

@@ -23,10 +23,10 @@ def _pycell_run_warm(modules):
 
 def _pycell_zygote(modules):
     """A zygote: warm up (the jailer sees READY: the zygote is ready),
-    then fork one run per request on the zygote's channel; the child
-    becomes that run's jail in libpycell_zygote (pycell_jailer::zygote)
-    and comes back here as the run's program, every layer applied. The
-    zygote itself never runs a request's code: it sees none."""
+    then clone one jail per request on the zygote's channel, in
+    libpycell_zygote (pycell_jailer::zygote), whose program comes back
+    here, every layer applied. The zygote itself never runs a request's
+    code: it sees none."""
     import ctypes
     import gc
     import os
@@ -53,12 +53,8 @@ def _pycell_zygote(modules):
             continue
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            if lib.pycell_zygote_enter() != 0:
-                os._exit(126)
+        if lib.pycell_zygote_fork() == 1:
             break
-        lib.pycell_zygote_forget()
     _pycell_reseed()
     _pycell_seed_matplotlib()
     os.write(1, b"\0pycell-warm-ready\0")
@@ -66,11 +62,15 @@ def _pycell_zygote(modules):
 
 
 def _pycell_reseed():
-    """A forked run must not draw the zygote's random numbers: os.fork
-    reseeded `random`; numpy's global generator, seeded once when numpy
-    was imported, is reseeded here from the kernel."""
+    """A run must not draw the zygote's random numbers: `random`'s and
+    numpy's global generators, seeded when they were imported, are
+    reseeded here from the kernel (the clone was not python's os.fork,
+    which would have reseeded `random` itself)."""
     import sys
 
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed()
     np_random = sys.modules.get("numpy.random")
     if np_random is not None:
         np_random.seed()

@@ -15,17 +15,11 @@ pub extern "C" fn pycell_zygote_receive(fd: i32) -> i32 {
     pycell_jailer::zygote::receive(fd)
 }
 
-/// In the zygote, after forking: drop the request the child took.
+/// In the zygote, after a request: clone the run's jail; 0 in the
+/// zygote, 1 only in the run's program (every layer applied), -1 if it
+/// failed (said on the run's status pipe).
 #[allow(unsafe_code)]
 #[no_mangle]
-pub extern "C" fn pycell_zygote_forget() {
-    pycell_jailer::zygote::forget()
-}
-
-/// In the zygote's child: become the run's jail; returns 0 only in the
-/// run's program, every layer applied.
-#[allow(unsafe_code)]
-#[no_mangle]
-pub extern "C" fn pycell_zygote_enter() -> i32 {
-    pycell_jailer::zygote::enter()
+pub extern "C" fn pycell_zygote_fork() -> i32 {
+    pycell_jailer::zygote::fork_run()
 }
