@@ -595,8 +595,7 @@ fn attach(
 }
 
 fn write_id_maps(pid: Pid, spec: &JailSpec) -> io::Result<()> {
-    let base = format!("/proc/{}", pid.as_raw());
-    let (uid_map, gid_map) = match &spec.zygote {
+    let maps = match &spec.zygote {
         Some(z) => {
             let own = SlotIds {
                 uid: spec.sandbox_uid,
@@ -604,12 +603,24 @@ fn write_id_maps(pid: Pid, spec: &JailSpec) -> io::Result<()> {
             };
             crate::zygote::id_maps(own, &z.slots)
         }
-        None => (
-            format!("{JAIL_UID} {} 1\n", spec.sandbox_uid),
-            format!("{JAIL_GID} {} 1\n", spec.sandbox_gid),
-        ),
+        None => jail_id_maps(spec.sandbox_uid, spec.sandbox_gid),
     };
-    // Deny setgroups before the gid map: the jail must never regain groups.
+    write_maps(pid, &maps)
+}
+
+/// A jail's uid and gid maps: the jail ids, and nothing else, mapped to
+/// `uid` and `gid` of the namespace that writes them.
+pub(crate) fn jail_id_maps(uid: u32, gid: u32) -> (String, String) {
+    (
+        format!("{JAIL_UID} {uid} 1\n"),
+        format!("{JAIL_GID} {gid} 1\n"),
+    )
+}
+
+/// Write `pid`'s (uid_map, gid_map), setgroups denied first: the jail
+/// must never regain groups.
+pub(crate) fn write_maps(pid: Pid, (uid_map, gid_map): &(String, String)) -> io::Result<()> {
+    let base = format!("/proc/{}", pid.as_raw());
     fs::write(format!("{base}/setgroups"), "deny")?;
     fs::write(format!("{base}/uid_map"), uid_map)?;
     fs::write(format!("{base}/gid_map"), gid_map)

@@ -32,7 +32,7 @@ use std::sync::{Mutex, OnceLock};
 use nix::sched::CloneFlags;
 use pycell_seccomp::{CompiledFilter, KernelGap};
 use pycell_syscall::{self as syscall, CloneResult};
-use pycell_wire::spec::{JailSpec, SlotIds, JAIL_GID, JAIL_UID, ZYGOTE_SLOT_BASE};
+use pycell_wire::spec::{JailSpec, SlotIds, ZYGOTE_SLOT_BASE};
 use serde::{Deserialize, Serialize};
 
 use crate::child::{self, ChildFds};
@@ -277,7 +277,9 @@ pub fn fork_run() -> i32 {
         Ok(CloneResult::Parent(pid)) => {
             drop(maps_read);
             let slot = spec.from_zygote.as_ref().map_or(0, |z| z.slot);
-            let written = write_id_maps(pid, ZYGOTE_SLOT_BASE + slot)
+            let id = ZYGOTE_SLOT_BASE + slot;
+            let maps = crate::supervisor::jail_id_maps(id, id);
+            let written = crate::supervisor::write_maps(pid, &maps)
                 .and_then(|()| nix::unistd::write(&maps_write, b"M").map_err(io::Error::from));
             if let Err(e) = written {
                 let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
@@ -331,15 +333,6 @@ fn run_jail(
         let _ = nix::sys::prctl::set_name(&name);
     }
     1
-}
-
-/// A run's maps, written by the zygote: the jail uid/gid is the slot's
-/// `id` in the zygote's namespace (which maps it to the slot's host ids).
-fn write_id_maps(pid: nix::unistd::Pid, id: u32) -> io::Result<()> {
-    let base = format!("/proc/{}", pid.as_raw());
-    std::fs::write(format!("{base}/setgroups"), "deny")?;
-    std::fs::write(format!("{base}/uid_map"), format!("{JAIL_UID} {id} 1\n"))?;
-    std::fs::write(format!("{base}/gid_map"), format!("{JAIL_GID} {id} 1\n"))
 }
 
 /// A zygote's library, copied from `path` into a memfd sealed against
