@@ -69,8 +69,11 @@ fn print_warm_pools(pools: &[WarmPoolStatus]) {
         } else {
             "warm pool"
         };
+        let zygote = p.zygote_jailer_pid.map_or_else(String::new, |pid| {
+            format!("; forked from a zygote (jailer {pid})")
+        });
         say!(
-            "  {kind} {:?}: {} ready, {} warming up, of {}; jailers {:?}",
+            "  {kind} {:?}: {} ready, {} warming up, of {}; jailers {:?}{zygote}",
             p.policy,
             p.ready,
             p.warming,

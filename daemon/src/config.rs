@@ -45,6 +45,7 @@ struct RawConfig {
     warm_pools: Option<std::collections::BTreeMap<String, usize>>,
     session_pools: Option<std::collections::BTreeMap<String, usize>>,
     warm_idle: Option<String>,
+    zygotes: Option<bool>,
 }
 
 /// Where audit lines go.
@@ -110,6 +111,9 @@ pub struct Config {
     pub session_pools: std::collections::BTreeMap<String, usize>,
     /// A warm jail unused this long is replaced by a fresh one.
     pub warm_idle: Duration,
+    /// Fork each run pool's members from a zygote of its policy (default
+    /// true); see `crate::pool`.
+    pub zygotes: bool,
     /// The text this configuration was parsed from (empty for the built-in
     /// defaults): the monitor hands it to the broker, which so never reads
     /// a file of its own.
@@ -197,6 +201,7 @@ impl Default for Config {
             warm_pools: [("default".to_string(), 2)].into_iter().collect(),
             session_pools: [("default".to_string(), 1)].into_iter().collect(),
             warm_idle: Duration::from_secs(600),
+            zygotes: true,
             source_text: String::new(),
         }
     }
@@ -385,6 +390,9 @@ impl Config {
             self.warm_idle =
                 pycell_policy::parse_duration(i).map_err(|e| at.field("warm_idle", e))?;
         }
+        if let Some(z) = raw.zygotes {
+            self.zygotes = z;
+        }
         Ok(())
     }
 
@@ -556,6 +564,11 @@ mod tests {
         assert_eq!(c.socket, PathBuf::from("/run/pycell/pycell.sock"));
         assert_eq!(c.socket_mode, 0o660);
         assert_eq!(c.allowed_groups, vec!["pycell".to_string()]);
+        assert!(c.zygotes);
+        let c = Config::parse("zygotes = false\n", Path::new("x.toml")).unwrap();
+        assert!(!c.zygotes);
+        let e = Config::parse("zygotes = \"no\"\n", Path::new("x.toml")).unwrap_err();
+        assert!(e.to_string().contains("x.toml:1"), "{e}");
     }
 
     #[test]

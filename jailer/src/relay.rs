@@ -102,7 +102,6 @@ pub(crate) fn run(
 ) -> io::Result<Relayed> {
     let outbox = Outbox::new(events, outbox::pending_limit(spec.limits.max_output_bytes))?;
     let mut relay = Relay::new(spec, ends, outbox);
-    let pid = jail.pid;
     let mut stopped = Stopped::default();
     let mut deadline = Some(deadline);
     let mut init_status = None;
@@ -126,12 +125,12 @@ pub(crate) fn run(
         }
         if init_status.is_none() && relay.status.is_none() {
             // init closed its status pipe: it has exited (or is exiting).
-            init_status = waitpid(pid, None).ok();
+            init_status = jail.wait_for_init();
             relay.start_drain();
         }
     }
     if init_status.is_none() {
-        init_status = waitpid(pid, None).ok();
+        init_status = jail.wait_for_init();
     }
     Ok(relay.finish(init_status, stopped))
 }
@@ -146,7 +145,24 @@ pub(crate) struct JailRef<'a> {
     pub cgroup: &'a SandboxCgroup,
 }
 
+/// How long a jail's init that is not our child may take to finish
+/// exiting (its namespaces' teardown) before its cgroup is killed anyway.
+const INIT_EXIT_WITHIN: Duration = Duration::from_secs(1);
+
 impl JailRef<'_> {
+    /// Wait for init to be gone: reaped if it is our child (its status);
+    /// else until its pidfd says it exited, so that its cgroup is found
+    /// empty instead of frozen and killed.
+    fn wait_for_init(&self) -> Option<WaitStatus> {
+        let Some(fd) = self.pidfd else {
+            return waitpid(self.pid, None).ok();
+        };
+        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        let within = PollTimeout::try_from(INIT_EXIT_WITHIN).unwrap_or(PollTimeout::MAX);
+        let _ = poll(&mut fds, within);
+        None
+    }
+
     fn kill(&self) {
         self.signal(Signal::SIGKILL);
         self.cgroup.kill_all();

@@ -18,7 +18,7 @@
 //! no dependencies' env, no egress, no tools, no session.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -39,18 +39,45 @@ use crate::resolve;
 /// The shared library a zygote's python calls, beside the jailer.
 pub const ZYGOTE_LIB: &str = "libpycell_zygote.so";
 
+/// What a zygote is made of, starting or ready.
+#[derive(Debug)]
+struct Parts {
+    policy: String,
+    /// The warm jail its runs are (ids, run id and slot set per run).
+    runs: JailSpec,
+    /// The limits of the policy's runs (a run's own are its request's).
+    limits: LimitsReport,
+    /// Its env (the policy's dependencies'), which its runs have too.
+    extras: resolve::Extras,
+    slots: Vec<Arc<SlotLease>>,
+    jailer: Launched,
+    /// Its jailer was reaped by someone else (the daemon's monitor): its
+    /// pid may be another process's now.
+    reaped: bool,
+}
+
+/// A zygote whose python is still starting: read its events
+/// ([`StartingZygote::events`]) until [`StartingZygote::step`] says it
+/// is ready.
+#[derive(Debug)]
+pub struct StartingZygote {
+    parts: Parts,
+}
+
+/// What a starting zygote's event said.
+#[derive(Debug)]
+pub enum ZygoteStep {
+    /// Not ready yet (its jail's progress).
+    Starting(StartingZygote),
+    Ready(Zygote),
+}
+
 /// A zygote that is ready: dropping it stops it (its jailer kills its
 /// jail, and with it every run still in the zygote's pid namespace).
 #[derive(Debug)]
 pub struct Zygote {
-    policy: String,
-    /// The warm jail its runs are (ids, run id and slot set per run).
-    runs: JailSpec,
-    /// Its env (the policy's dependencies'), which its runs have too.
-    extras: resolve::Extras,
-    slots: Vec<Arc<SlotLease>>,
+    parts: Parts,
     channel: OwnedFd,
-    jailer: Launched,
 }
 
 impl Launcher {
@@ -64,6 +91,28 @@ impl Launcher {
         env: Option<PathBuf>,
         slots: usize,
     ) -> Result<Zygote, LaunchError> {
+        let mut starting = self.spawn_zygote(policy, env, slots)?;
+        loop {
+            match starting.step() {
+                Ok(ZygoteStep::Starting(s)) => starting = s,
+                Ok(ZygoteStep::Ready(zygote)) => return Ok(zygote),
+                Err((mut failed, e)) => {
+                    let _ = failed.parts.jailer.child.kill();
+                    let _ = failed.parts.jailer.child.wait();
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// [`Launcher::start_zygote`] without waiting: the zygote's jailer is
+    /// started, its python not ready yet.
+    pub fn spawn_zygote(
+        &self,
+        policy: &Policy,
+        env: Option<PathBuf>,
+        slots: usize,
+    ) -> Result<StartingZygote, LaunchError> {
         let extras = resolve::Extras {
             env,
             ..resolve::Extras::default()
@@ -82,21 +131,20 @@ impl Launcher {
             .collect();
         let spec = pycell_runner::zygote_spec(&runs, &lib, ids);
         prepared.set_spec(spec).map_err(LaunchError::Refused)?;
-        let mut jailer = prepared
+        let limits = prepared.limits.clone();
+        let jailer = prepared
             .spawn(JailerStderr::Inherit)
             .map_err(|r| LaunchError::Refused(refusal(&r)))?;
-        let channel = wait_ready(&mut jailer).map_err(|e| {
-            let _ = jailer.child.kill();
-            let _ = jailer.child.wait();
-            LaunchError::Refused(not_ready(e))
-        })?;
-        Ok(Zygote {
-            policy: policy.name.clone(),
-            runs,
-            extras,
-            slots,
-            channel,
-            jailer,
+        Ok(StartingZygote {
+            parts: Parts {
+                policy: policy.name.clone(),
+                runs,
+                limits,
+                extras,
+                slots,
+                jailer,
+                reaped: false,
+            },
         })
     }
 
@@ -128,24 +176,46 @@ impl Launcher {
         policy: &Policy,
         request: &RunRequest,
     ) -> Result<Option<(Prepared, Work)>, LaunchError> {
-        if policy.name != zygote.policy {
+        if policy.name != zygote.parts.policy {
             return Ok(None);
         }
         // The caller has checked that the request adds no dependencies:
         // its env is the zygote's.
-        let resolved = resolve::resolve_with(policy, request, &zygote.extras)?;
+        let resolved = resolve::resolve_with(policy, request, &zygote.parts.extras)?;
         let cold = &resolved.spec;
         let (true, Some(work)) = (
-            pycell_runner::fits(&zygote.runs, cold),
+            pycell_runner::fits(&zygote.parts.runs, cold),
             pycell_runner::work_for(cold),
         ) else {
             return Ok(None);
         };
+        let limits = LimitsReport::from(&resolved.limits);
+        let prepared = self.fork_prepared(zygote, limits)?;
+        Ok(prepared.map(|p| (p, work)))
+    }
+
+    /// A warm jail forked from `zygote`, waiting for any run that fits
+    /// the zygote (a pool's member; [`pycell_runner::fits`] it as a warm
+    /// jail of the policy); `None` while every slot is taken.
+    pub fn prepare_member_from_zygote(
+        &self,
+        zygote: &Zygote,
+    ) -> Result<Option<Prepared>, LaunchError> {
+        self.fork_prepared(zygote, zygote.parts.limits.clone())
+    }
+
+    /// The zygote's warm jail with a free slot's uid, its own run id and
+    /// cgroup, for a jailer that forks it from the zygote.
+    fn fork_prepared(
+        &self,
+        zygote: &Zygote,
+        limits: LimitsReport,
+    ) -> Result<Option<Prepared>, LaunchError> {
         let Some((slot, mut lease)) = zygote.lend_slot() else {
             return Ok(None);
         };
         lease.release_after_cgroups(&self.cgroup_parent);
-        let mut spec = zygote.runs.clone();
+        let mut spec = zygote.parts.runs.clone();
         spec.run_id = new_run_id();
         spec.sandbox_uid = lease.uid;
         spec.sandbox_gid = lease.gid;
@@ -158,23 +228,75 @@ impl Launcher {
                 format!("the zygote's channel: {e}"),
             ))
         })?;
+        let jailer = self.jailer.clone().map_err(LaunchError::Refused)?;
         let prepared = Prepared::new(
             spec,
-            &policy.name,
-            LimitsReport::from(&resolved.limits),
+            &zygote.parts.policy,
+            limits,
             lease,
-            self.jailer.clone().map_err(LaunchError::Refused)?,
+            jailer,
             Some(channel),
         )
         .map_err(LaunchError::Refused)?;
-        Ok(Some((prepared, work)))
+        Ok(Some(prepared))
+    }
+}
+
+impl StartingZygote {
+    /// Its jailer's event stream: readable when [`StartingZygote::step`]
+    /// has something to read.
+    pub fn events(&self) -> BorrowedFd<'_> {
+        self.parts.jailer.events.as_fd()
+    }
+
+    pub fn jailer_pid(&self) -> u32 {
+        self.parts.jailer.child.id()
+    }
+
+    /// Read its next event (blocking until one comes): ready (its channel
+    /// taken from its jailer), or not yet. On failure, the zygote is
+    /// returned with the error, for its caller to stop and reap.
+    pub fn step(mut self) -> Result<ZygoteStep, (Box<StartingZygote>, LaunchError)> {
+        let jailer = &mut self.parts.jailer;
+        let ready = match pycell_wire::events::read_event(&mut jailer.events) {
+            Ok(Some(Event::Ready)) => take_channel(jailer),
+            Ok(Some(Event::Result(r))) => {
+                let why = r.error.map(|e| e.message).unwrap_or_default();
+                Err(io::Error::other(format!(
+                    "the zygote ended before it was ready: {why}"
+                )))
+            }
+            Ok(Some(_)) => return Ok(ZygoteStep::Starting(self)),
+            Ok(None) => Err(io::Error::other(
+                "the zygote's jailer ended before it was ready",
+            )),
+            Err(e) => Err(io::Error::other(e.to_string())),
+        };
+        match ready {
+            Ok(channel) => Ok(ZygoteStep::Ready(Zygote {
+                parts: self.parts,
+                channel,
+            })),
+            Err(e) => Err((Box::new(self), LaunchError::Refused(not_ready(e)))),
+        }
+    }
+
+    /// Ask its jailer to stop (SIGTERM: it kills the jail); not reaped.
+    pub fn stop(&self) {
+        self.parts.stop();
+    }
+
+    /// Its jailer was reaped by the caller: forget it without a signal.
+    pub fn forget_reaped(mut self) {
+        self.parts.reaped = true;
     }
 }
 
 impl Zygote {
     /// A free slot and its uid, lent to one run.
     fn lend_slot(&self) -> Option<(u32, uidalloc::UidLease)> {
-        self.slots
+        self.parts
+            .slots
             .iter()
             .enumerate()
             .find_map(|(i, s)| s.lend().map(|l| (i as u32, l)))
@@ -182,28 +304,57 @@ impl Zygote {
 
     /// The pid of the zygote's jailer.
     pub fn jailer_pid(&self) -> u32 {
-        self.jailer.child.id()
+        self.parts.jailer.child.id()
     }
 
     /// Whether the zygote is still there to fork runs: its python holds
-    /// its end of the channel, and its jailer has not ended.
+    /// its end of the channel, and its jailer has not ended (reaped here
+    /// if it has).
     pub fn is_alive(&mut self) -> bool {
+        self.channel_open() && matches!(self.parts.jailer.child.try_wait(), Ok(None))
+    }
+
+    /// Whether its python still holds its end of the channel (for a
+    /// caller that reaps the jailer itself).
+    pub fn channel_open(&self) -> bool {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let mut fds = [PollFd::new(self.channel.as_fd(), PollFlags::POLLOUT)];
         let hung_up = poll(&mut fds, PollTimeout::ZERO).is_ok()
             && fds[0]
                 .revents()
                 .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR));
-        !hung_up && matches!(self.jailer.child.try_wait(), Ok(None))
+        !hung_up
+    }
+
+    /// Ask its jailer to stop (SIGTERM: it kills the jail and every run
+    /// forked from it); not reaped.
+    pub fn stop(&self) {
+        self.parts.stop();
+    }
+
+    /// Its jailer was reaped by the caller: forget it without a signal.
+    pub fn forget_reaped(mut self) {
+        self.parts.reaped = true;
+    }
+}
+
+impl Parts {
+    fn stop(&self) {
+        if !self.reaped {
+            let pid = nix::unistd::Pid::from_raw(self.jailer.child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        }
     }
 }
 
 impl Drop for Zygote {
     fn drop(&mut self) {
-        // SIGTERM: the jailer kills the zygote's jail and removes its cgroup.
-        let pid = nix::unistd::Pid::from_raw(self.jailer.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let _ = self.jailer.child.wait();
+        // SIGTERM: the jailer kills the zygote's jail and removes its
+        // cgroup. Not for a jailer already reaped (here or by the caller).
+        if !self.parts.reaped && matches!(self.parts.jailer.child.try_wait(), Ok(None)) {
+            self.parts.stop();
+            let _ = self.parts.jailer.child.wait();
+        }
     }
 }
 
@@ -239,37 +390,20 @@ fn zygote_lib(jailer: &Path) -> Result<PathBuf, LaunchError> {
     }
 }
 
-/// The zygote's channel (its first handout), then its ready event.
-fn wait_ready(jailer: &mut Launched) -> io::Result<OwnedFd> {
+/// The zygote's channel: its jailer handed it out during the jail's
+/// setup, before the zygote's python said it is ready.
+fn take_channel(jailer: &Launched) -> io::Result<OwnedFd> {
     let handouts = jailer
         .handouts
         .as_ref()
         .ok_or_else(|| io::Error::other("the zygote's jailer hands nothing out"))?;
-    let channel = match handout::recv(handouts.as_fd())? {
-        Some((Handout::ZygoteChannel, fd)) => fd,
+    match handout::recv(handouts.as_fd())? {
+        Some((Handout::ZygoteChannel, fd)) => Ok(fd),
         other => {
             let what = other.map(|(h, _)| format!("{h:?}"));
-            return Err(io::Error::other(format!(
+            Err(io::Error::other(format!(
                 "the zygote handed out {what:?}, not its channel"
-            )));
-        }
-    };
-    loop {
-        match pycell_wire::events::read_event(&mut jailer.events) {
-            Ok(Some(Event::Ready)) => return Ok(channel),
-            Ok(Some(Event::Result(r))) => {
-                let why = r.error.map(|e| e.message).unwrap_or_default();
-                return Err(io::Error::other(format!(
-                    "the zygote ended before it was ready: {why}"
-                )));
-            }
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                return Err(io::Error::other(
-                    "the zygote's jailer ended before it was ready",
-                ))
-            }
-            Err(e) => return Err(io::Error::other(e.to_string())),
+            )))
         }
     }
 }

@@ -164,4 +164,8 @@ pub struct WarmPoolStatus {
     /// each a child of pycelld's monitor: an idle member's processes are
     /// its jailer's descendants.
     pub jailer_pids: Vec<i32>,
+    /// The jailer of the zygote its members are forked from, while it has
+    /// one (its python started, the policy's warm imports done).
+    #[serde(default)]
+    pub zygote_jailer_pid: Option<i32>,
 }

@@ -142,6 +142,8 @@ pub fn fits(warm: &JailSpec, cold: &JailSpec) -> bool {
         s.files.clear();
         s.stdin.clear();
         s.warm = false;
+        // A warm jail forked from a zygote is that zygote's warm jail.
+        s.from_zygote = None;
         s.limits.wall_timeout_ms = 0;
         s.limits.max_output_bytes = 0;
         serde_json::to_value(s).ok()

@@ -291,8 +291,15 @@ fn a_pools_imports_are_loaded_before_its_runs_and_a_failing_one_goes_cold() {
 fn killing_pycelld_takes_its_warm_jails_along() {
     let mut d = Daemon::start("warm_pools = { default = 3 }\n");
     d.warm_run(&request("pass"));
+    // A run in flight in a member forked from the zygote, too.
+    let client = d.client();
+    std::thread::spawn(move || {
+        let mut client = client;
+        client.run(request("import time; time.sleep(60)"), |_, _| {})
+    });
     let deadline = Instant::now() + Duration::from_secs(20);
-    while d.sandbox_processes().len() < 2 * 3 {
+    // The zygote, three members and the run: init and python each.
+    while d.sandbox_processes().len() < 2 * (1 + 3 + 1) {
         assert!(
             Instant::now() < deadline,
             "the pool never filled: {:?}",
@@ -323,14 +330,27 @@ fn pools_when_ready(d: &Daemon, ready: usize) -> pycell_protocol::info::WarmPool
     }
 }
 
+/// Whether `pid` descends from one of `ancestors` in `procs`.
+fn descends_from(procs: &[pycell_tests::HostProc], mut pid: u32, ancestors: &[i32]) -> bool {
+    let parent = |pid: u32| procs.iter().find(|p| p.pid == pid).map(|p| p.ppid);
+    loop {
+        match parent(pid) {
+            Some(p) if ancestors.contains(&(p as i32)) => return true,
+            Some(p) if p > 1 => pid = p,
+            _ => return false,
+        }
+    }
+}
+
 #[test]
 fn pycell_info_shows_each_pool_and_its_members_jailers() {
-    let d = Daemon::start("warm_pools = { default = 2 }\n");
+    let d = Daemon::start("warm_pools = { default = 2 }\nzygotes = false\n");
     let pool = pools_when_ready(&d, 2);
     assert_eq!(
         (pool.policy.as_str(), pool.size, pool.warming),
         ("default", 2, 0)
     );
+    assert_eq!(pool.zygote_jailer_pid, None);
     let procs = pycell_tests::host_processes();
     let parent = |pid: u32| procs.iter().find(|p| p.pid == pid).map(|p| p.ppid);
     for jailer in &pool.jailer_pids {
@@ -341,20 +361,14 @@ fn pycell_info_shows_each_pool_and_its_members_jailers() {
         );
     }
     // Every sandbox process is an idle member's: a jailer's descendant.
-    let in_member = |mut pid: u32| loop {
-        match parent(pid) {
-            Some(p) if pool.jailer_pids.contains(&(p as i32)) => return true,
-            Some(p) if p > 1 => pid = p,
-            _ => return false,
-        }
-    };
     let sandbox = d.sandbox_processes();
     assert_eq!(
         sandbox.len(),
         2 * 2,
         "init and python per member: {sandbox:?}"
     );
-    assert!(sandbox.iter().all(|p| in_member(p.pid)), "{sandbox:?}");
+    let in_member = |p: &pycell_tests::HostProc| descends_from(&procs, p.pid, &pool.jailer_pids);
+    assert!(sandbox.iter().all(in_member), "{sandbox:?}");
     // A member taken by a run leaves the pool; a new one replaces it.
     d.warm_run(&request("pass"));
     let after = pools_when_ready(&d, 2);
@@ -363,4 +377,52 @@ fn pycell_info_shows_each_pool_and_its_members_jailers() {
         .iter()
         .filter(|p| pool.jailer_pids.contains(p));
     assert_eq!(kept.count(), 1, "before {pool:?}, after {after:?}");
+}
+
+#[test]
+fn a_pools_members_are_forked_from_its_zygote_each_with_a_uid_of_its_own() {
+    let d = Daemon::start("warm_pools = { default = 2 }\n");
+    let pool = pools_when_ready(&d, 2);
+    let zygote = pool.zygote_jailer_pid.expect("the pool's zygote");
+    let procs = pycell_tests::host_processes();
+    let parent = |pid: u32| procs.iter().find(|p| p.pid == pid).map(|p| p.ppid);
+    for jailer in pool.jailer_pids.iter().chain([&zygote]) {
+        assert_eq!(
+            parent(*jailer as u32),
+            Some(d.pid() as u32),
+            "jailer {jailer}"
+        );
+    }
+    // The zygote's init and python, then each member's, forked by the
+    // zygote's python: all below the zygote's jailer, not the members'.
+    let sandbox = d.sandbox_processes();
+    assert_eq!(sandbox.len(), 2 + 2 * 2, "{sandbox:?}");
+    assert!(
+        sandbox
+            .iter()
+            .all(|p| descends_from(&procs, p.pid, &[zygote])),
+        "{sandbox:?}"
+    );
+    let mut uids: Vec<u32> = sandbox.iter().map(|p| p.uids[0]).collect();
+    uids.sort_unstable();
+    uids.dedup();
+    assert_eq!(
+        uids.len(),
+        3,
+        "one uid for the zygote and each member: {sandbox:?}"
+    );
+    // Runs take members; the pool refills from the zygote, which stays.
+    for _ in 0..3 {
+        let r = d.warm_run(&request("print(6 * 7)"));
+        assert_eq!(r.stdout, "42\n", "{r:?}");
+    }
+    let after = pools_when_ready(&d, 2);
+    assert_eq!(after.zygote_jailer_pid, Some(zygote), "{after:?}");
+    assert!(
+        after
+            .jailer_pids
+            .iter()
+            .all(|p| !pool.jailer_pids.contains(p)),
+        "before {pool:?}, after {after:?}"
+    );
 }

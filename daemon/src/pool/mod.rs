@@ -9,9 +9,14 @@
 //! `session_pools` keep session jails the same way (see
 //! `pycell_runner::session`), each taken whole by one `session_start`.
 //!
-//! Memory: every member's memory limit is set aside from the broker's
-//! admission budget ([`plan`] caps the pools at half of it), so the budget
-//! holds for runs and members together.
+//! A run pool's members are forked from its zygote when it has one
+//! (`zygote.rs`), else started cold.
+//!
+//! Memory: every member's memory limit, and each zygote's, is set aside
+//! from the broker's admission budget ([`plan`] caps the pools at half of
+//! it), so the budget holds for runs, members and zygotes together.
+
+mod zygote;
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -50,6 +55,9 @@ pub struct PoolPlan {
     pub member_memory: u64,
     /// Session jails (`session_pools`), not run jails (`warm_pools`).
     pub sessions: bool,
+    /// Runs its zygote may fork at once (the members and the runs they
+    /// become); 0 for a pool without a zygote.
+    pub zygote_slots: usize,
 }
 
 /// The pools `config` asks for, cut so that their members' memory takes at
@@ -76,31 +84,44 @@ pub fn plan(config: &Config) -> (Vec<PoolPlan>, Vec<String>) {
                 continue;
             }
         };
+        // A run pool's zygote takes a member's memory of its own.
+        let zygote = usize::from(config.zygotes && !for_sessions);
         let affordable = usize::try_from(left / memory.max(1)).unwrap_or(usize::MAX);
-        let members = wanted.min(affordable);
+        let members = wanted.min(affordable.saturating_sub(zygote));
         if members < wanted {
             warnings.push(format!(
-                "{key}: policy {name:?} gets {members} members, not {wanted}: members may take at most half of memory_budget"
+                "{key}: policy {name:?} gets {members} members, not {wanted}: members{} may take at most half of memory_budget",
+                if zygote == 1 { " and its zygote" } else { "" }
             ));
         }
-        left -= members as u64 * memory;
         if members > 0 {
+            left -= (members + zygote) as u64 * memory;
             plans.push(PoolPlan {
                 policy: name.clone(),
                 members,
                 member_memory: memory,
                 sessions: for_sessions,
+                zygote_slots: zygote_slots(zygote == 1, members, config.max_concurrent_runs),
             });
         }
     }
     (plans, warnings)
 }
 
-/// The memory every member of `plans` may use together.
+/// A zygote's slots: its members, and the runs they become (at most
+/// `max_concurrent_runs` go at once).
+fn zygote_slots(zygote: bool, members: usize, max_concurrent_runs: usize) -> usize {
+    match zygote {
+        true => (members + max_concurrent_runs).min(pycell_wire::spec::MAX_ZYGOTE_SLOTS),
+        false => 0,
+    }
+}
+
+/// The memory every member (and zygote) of `plans` may use together.
 pub fn reserved_memory(plans: &[PoolPlan]) -> u64 {
     plans
         .iter()
-        .map(|p| p.members as u64 * p.member_memory)
+        .map(|p| (p.members + usize::from(p.zygote_slots > 0)) as u64 * p.member_memory)
         .sum()
 }
 
@@ -141,6 +162,12 @@ struct Pool {
     /// not built).
     not_before: Instant,
     backoff: Duration,
+    /// Its members come from here when it is up.
+    zygote: zygote::Keeper,
+    /// Short, but no member can start before something changes (its
+    /// zygote starts, or a slot of it frees when a run ends): refill
+    /// tries again on the monitor's next turn, not on a timer.
+    stalled: bool,
 }
 
 #[derive(Debug)]
@@ -158,10 +185,12 @@ impl Pools {
             pools: plans
                 .into_iter()
                 .map(|plan| Pool {
+                    zygote: zygote::Keeper::new(plan.zygote_slots),
                     plan,
                     members: HashMap::new(),
                     not_before: now,
                     backoff: Duration::from_secs(1),
+                    stalled: false,
                 })
                 .collect(),
             idle_limit,
@@ -169,9 +198,10 @@ impl Pools {
         }
     }
 
-    /// Members, ready or warming up.
+    /// Members (ready, warming up or stopping) and zygotes.
     pub fn len(&self) -> usize {
-        self.pools.iter().map(|p| p.members.len()).sum()
+        let zygotes = self.pools.iter().filter(|p| p.zygote.pid().is_some());
+        self.pools.iter().map(|p| p.members.len()).sum::<usize>() + zygotes.count()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -183,13 +213,20 @@ impl Pools {
         let now = Instant::now();
         let quiet = self.last_take.is_some_and(|t| now < t + REFILL_QUIET);
         for pool in &mut self.pools {
-            if quiet && pool.has_ready() {
+            pool.stalled = false;
+            // Forking from a zygote takes far less than a cold start: no quiet.
+            if quiet && pool.has_ready() && !pool.zygote.is_up() {
                 continue;
             }
             while pool.members.len() < pool.plan.members && now >= pool.not_before {
-                match start_member(launcher, store, &pool.plan) {
-                    Ok(m) => {
+                let source = pool.zygote.source(launcher, store, &pool.plan);
+                match start_member(launcher, store, &pool.plan, source) {
+                    Ok(Some(m)) => {
                         pool.members.insert(m.launched.child.id() as i32, m);
+                    }
+                    Ok(None) => {
+                        pool.stalled = true;
+                        break;
                     }
                     Err(Retry { after, why }) => {
                         if let Some(why) = why {
@@ -212,18 +249,23 @@ impl Pools {
         let short = self
             .pools
             .iter()
-            .filter(|p| p.members.len() < p.plan.members);
+            .filter(|p| p.members.len() < p.plan.members && !p.stalled);
         let after_take = self.last_take.map(|t| t + REFILL_QUIET);
         short
-            .map(|p| p.not_before.max(after_take.unwrap_or(p.not_before)))
+            .map(|p| match (after_take, p.zygote.is_up() || !p.has_ready()) {
+                (Some(t), false) => p.not_before.max(t),
+                _ => p.not_before,
+            })
             .min()
     }
 
-    /// The event pipes of members still warming up, to poll.
+    /// The event pipes of members (and zygotes) still warming up, to poll.
     pub fn warming(&self) -> Vec<(i32, BorrowedFd<'_>)> {
+        let zygotes = self.pools.iter().filter_map(|p| p.zygote.starting());
         self.members()
             .filter(|(_, m)| m.state == State::WarmingUp)
             .map(|(pid, m)| (*pid, m.launched.events.as_fd()))
+            .chain(zygotes)
             .collect()
     }
 
@@ -238,6 +280,11 @@ impl Pools {
     /// A member's event pipe is readable: it is ready, or it failed (then
     /// it is stopped, and its pool backs off).
     pub fn event(&mut self, pid: i32) {
+        for pool in &mut self.pools {
+            if pool.zygote.event(pid, &pool.plan.policy) {
+                return;
+            }
+        }
         let Some(pool) = self.pool_of(pid) else {
             return;
         };
@@ -277,6 +324,11 @@ impl Pools {
     /// A member's jailer exited (reaped by the monitor): forget it. True if
     /// `pid` was a member.
     pub fn exited(&mut self, pid: i32) -> bool {
+        for pool in &mut self.pools {
+            if pool.zygote.exited(pid, &pool.plan.policy) {
+                return true;
+            }
+        }
         let Some(pool) = self.pool_of(pid) else {
             return false;
         };
@@ -305,11 +357,14 @@ impl Pools {
             for m in pool.members.values_mut() {
                 stop(m);
             }
+            pool.zygote.stop();
         }
     }
 
+    /// The jailers of members and zygotes.
     pub fn pids(&self) -> Vec<i32> {
-        self.members().map(|(pid, _)| *pid).collect()
+        let zygotes = self.pools.iter().filter_map(|p| p.zygote.pid());
+        self.members().map(|(pid, _)| *pid).chain(zygotes).collect()
     }
 
     /// Each pool's size, members and their jailers, for `pycell info`.
@@ -396,6 +451,7 @@ impl Pool {
             ready: count(|s| matches!(s, State::Ready { .. })),
             warming: count(|s| *s == State::WarmingUp),
             jailer_pids,
+            zygote_jailer_pid: self.zygote.pid(),
         }
     }
 
@@ -412,11 +468,17 @@ struct Retry {
     why: Option<String>,
 }
 
+/// A new member of `plan`'s pool, from `source`; `None` if it must wait
+/// (for the zygote to be ready, or for one of its slots).
 fn start_member(
     launcher: &Launcher,
     store: Option<&EnvStore>,
     plan: &PoolPlan,
-) -> Result<Member, Retry> {
+    source: zygote::Source<'_>,
+) -> Result<Option<Member>, Retry> {
+    if matches!(source, zygote::Source::Wait) {
+        return Ok(None);
+    }
     let fail = |why: String| Retry {
         after: MAX_BACKOFF,
         why: Some(why),
@@ -429,21 +491,29 @@ fn start_member(
         env: env.as_ref().map(|(e, _)| e.dir.clone()),
         ..Extras::default()
     };
-    let prepared = match plan.sessions {
-        true => launcher.prepare_session(&policy, &Default::default(), &extras),
-        false => launcher.prepare_warm(&policy, &extras, &policy.warm_imports),
+    let prepared = match (plan.sessions, source) {
+        (_, zygote::Source::Wait) => unreachable!("returned above"),
+        (true, _) => launcher.prepare_session(&policy, &Default::default(), &extras),
+        (false, zygote::Source::Cold) => {
+            launcher.prepare_warm(&policy, &extras, &policy.warm_imports)
+        }
+        (false, zygote::Source::Zygote(z)) => match launcher.prepare_member_from_zygote(z) {
+            Ok(Some(prepared)) => Ok(prepared),
+            Ok(None) => return Ok(None),
+            Err(e) => Err(e),
+        },
     }
     .map_err(|e| fail(e.failure().message))?;
     let spec = prepared.spec().clone();
     let launched = prepared
         .spawn(JailerStderr::Inherit)
         .map_err(|r| fail(r.error.map_or_else(String::new, |e| e.message)))?;
-    Ok(Member {
+    Ok(Some(Member {
         spec,
         launched,
         env,
         state: State::WarmingUp,
-    })
+    }))
 }
 
 /// The env of the policy's own packages, if it has any: from the store
@@ -495,12 +565,14 @@ mod tests {
     fn pools_take_at_most_half_the_budget_in_order() {
         let dir = tempfile::tempdir().unwrap();
         // Built-in policies: default 512 MiB, data-science 1 GiB per member.
-        let c = config_with(&[("default", 2), ("data-science", 2)], 8 << 30, dir.path());
+        let mut c = config_with(&[("default", 2), ("data-science", 2)], 8 << 30, dir.path());
+        c.zygotes = false;
         let (plans, warnings) = plan(&c);
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(plans.len(), 2);
         assert_eq!(reserved_memory(&plans), 3 << 30);
-        let c = config_with(&[("default", 2), ("data-science", 2)], 2 << 30, dir.path());
+        let mut c = config_with(&[("default", 2), ("data-science", 2)], 2 << 30, dir.path());
+        c.zygotes = false;
         let (plans, warnings) = plan(&c);
         assert_eq!(
             plans,
@@ -509,6 +581,7 @@ mod tests {
                 members: 1,
                 member_memory: 1 << 30,
                 sessions: false,
+                zygote_slots: 0,
             }]
         );
         assert!(reserved_memory(&plans) <= 1 << 30);
@@ -527,5 +600,47 @@ mod tests {
             warnings[0].contains("\"nope\" gets no pool"),
             "{warnings:?}"
         );
+    }
+
+    #[test]
+    fn a_run_pools_zygote_takes_a_members_memory_and_a_slot_per_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config_with(&[("default", 2), ("data-science", 2)], 10 << 30, dir.path());
+        c.session_pools = [("default".to_string(), 1)].into_iter().collect();
+        c.max_concurrent_runs = 8;
+        let shape = |plans: &[PoolPlan]| -> Vec<(String, bool, usize, usize)> {
+            let p = plans.iter();
+            p.map(|p| (p.policy.clone(), p.sessions, p.members, p.zygote_slots))
+                .collect()
+        };
+        let (plans, warnings) = plan(&c);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        // Half of 10 GiB: data-science 2 + its zygote (3 GiB), default 2 +
+        // its zygote (1.5 GiB), the session pool's member (0.5 GiB).
+        assert_eq!(reserved_memory(&plans), 5 << 30);
+        let want = |ds: usize, default: usize, session: usize| {
+            let mut w = vec![
+                ("data-science".to_string(), false, ds, ds + 8),
+                ("default".to_string(), false, default, default + 8),
+            ];
+            w.extend((session > 0).then(|| ("default".to_string(), true, session, 0)));
+            w
+        };
+        assert_eq!(shape(&plans), want(2, 2, 1));
+        // Half of 8 GiB: default gets 1 member and its zygote.
+        c.memory_budget = 8 << 30;
+        let (plans, warnings) = plan(&c);
+        assert_eq!(reserved_memory(&plans), 4 << 30);
+        assert_eq!(shape(&plans), want(2, 1, 0));
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("gets 1 members, not 2: members and its zygote")),
+            "{warnings:?}"
+        );
+        // Too little for a member and a zygote: no pool.
+        let c = config_with(&[("default", 2)], 1 << 30, dir.path());
+        let (plans, _) = plan(&c);
+        assert!(plans.is_empty(), "{plans:?}");
     }
 }
