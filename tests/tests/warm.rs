@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::Signal;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use pycell_launch::launcher::{Collector, JailerEnd, JailerStderr, Launcher, PolicyChoice};
 use pycell_launch::resolve::{self, Extras};
 use pycell_protocol::messages::{LimitOverrides, RunRequest};
@@ -425,4 +426,50 @@ fn a_pools_members_are_forked_from_its_zygote_each_with_a_uid_of_its_own() {
             .all(|p| !pool.jailer_pids.contains(p)),
         "before {pool:?}, after {after:?}"
     );
+}
+
+#[test]
+fn when_a_pools_zygote_dies_its_members_go_and_a_new_zygote_refills_the_pool() {
+    let d = Daemon::start("warm_pools = { default = 2 }\n");
+    let pool = pools_when_ready(&d, 2);
+    let zygote = pool.zygote_jailer_pid.expect("the pool's zygote");
+    // The zygote's python: its init's child, the init a child of its jailer.
+    let procs = pycell_tests::host_processes();
+    let init = procs
+        .iter()
+        .find(|p| p.ppid == zygote as u32)
+        .expect("the zygote's init");
+    let python = procs
+        .iter()
+        .find(|p| p.ppid == init.pid && p.name.starts_with("python"))
+        .expect("the zygote's python");
+    kill(Pid::from_raw(python.pid as i32), Signal::SIGKILL).expect("SIGKILL to the zygote");
+    // Its members die with it; a new zygote forks new ones.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let after = loop {
+        let now = pools_when_ready(&d, 2);
+        if now.zygote_jailer_pid.is_some_and(|z| z != zygote) {
+            break now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new zygote: {now:?}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        after
+            .jailer_pids
+            .iter()
+            .all(|p| !pool.jailer_pids.contains(p)),
+        "before {pool:?}, after {after:?}"
+    );
+    assert!(
+        d.log().contains("the zygote of policy \"default\""),
+        "{}",
+        d.log()
+    );
+    let r = d.warm_run(&request("print(6 * 7)"));
+    assert_eq!(r.stdout, "42\n", "{r:?}");
 }

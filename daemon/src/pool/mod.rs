@@ -214,13 +214,13 @@ impl Pools {
         let quiet = self.last_take.is_some_and(|t| now < t + REFILL_QUIET);
         for pool in &mut self.pools {
             pool.stalled = false;
+            pool.zygote.tend(launcher, store, &pool.plan);
             // Forking from a zygote takes far less than a cold start: no quiet.
             if quiet && pool.has_ready() && !pool.zygote.is_up() {
                 continue;
             }
             while pool.members.len() < pool.plan.members && now >= pool.not_before {
-                let source = pool.zygote.source(launcher, store, &pool.plan);
-                match start_member(launcher, store, &pool.plan, source) {
+                match start_member(launcher, store, &pool.plan, pool.zygote.source()) {
                     Ok(Some(m)) => {
                         pool.members.insert(m.launched.child.id() as i32, m);
                     }
@@ -251,12 +251,12 @@ impl Pools {
             .iter()
             .filter(|p| p.members.len() < p.plan.members && !p.stalled);
         let after_take = self.last_take.map(|t| t + REFILL_QUIET);
-        short
-            .map(|p| match (after_take, p.zygote.is_up() || !p.has_ready()) {
-                (Some(t), false) => p.not_before.max(t),
-                _ => p.not_before,
-            })
-            .min()
+        let members = short.map(|p| match (after_take, p.zygote.is_up() || !p.has_ready()) {
+            (Some(t), false) => p.not_before.max(t),
+            _ => p.not_before,
+        });
+        let zygotes = self.pools.iter().filter_map(|p| p.zygote.due());
+        members.chain(zygotes).min()
     }
 
     /// The event pipes of members (and zygotes) still warming up, to poll.

@@ -77,30 +77,41 @@ impl Keeper {
         }
     }
 
-    /// Where the pool's next member comes from; starts the zygote when it
-    /// is down and due.
-    pub(super) fn source(
-        &mut self,
-        launcher: &Launcher,
-        store: Option<&EnvStore>,
-        plan: &PoolPlan,
-    ) -> Source<'_> {
+    /// Where the pool's next member comes from.
+    pub(super) fn source(&self) -> Source<'_> {
+        match &self.state {
+            State::Up(z) => Source::Zygote(z),
+            State::Starting(_) => Source::Wait,
+            State::Down | State::Stopping(_) => Source::Cold,
+        }
+    }
+
+    /// When a zygote that is down will start, if this pool has one.
+    pub(super) fn due(&self) -> Option<Instant> {
+        let down = self.slots > 0 && matches!(self.state, State::Down);
+        down.then_some(self.not_before)
+    }
+
+    /// Notice a zygote whose python is gone (stopped, a new one after a
+    /// backoff); start one when it is down and due.
+    pub(super) fn tend(&mut self, launcher: &Launcher, store: Option<&EnvStore>, plan: &PoolPlan) {
         if self.slots == 0 {
-            return Source::Cold;
+            return;
         }
         if let State::Up(z) = &self.state {
             if !z.channel_open() {
-                tracing::warn!(policy = %plan.policy, "the zygote of policy {:?} is gone", plan.policy);
+                tracing::warn!(
+                    policy = %plan.policy,
+                    "the zygote of policy {:?} is gone; a new one starts in {} s",
+                    plan.policy,
+                    self.backoff.as_secs()
+                );
+                self.back_off();
                 self.stop();
             }
         }
         if matches!(self.state, State::Down) && Instant::now() >= self.not_before {
             self.start(launcher, store, plan);
-        }
-        match &self.state {
-            State::Up(z) => Source::Zygote(z),
-            State::Starting(_) => Source::Wait,
-            State::Down | State::Stopping(_) => Source::Cold,
         }
     }
 
