@@ -46,22 +46,29 @@ const CLONE_FLAGS: libc::c_int = libc::CLONE_NEWUSER
 /// jail is cloned from it). Blocks SIGINT/SIGTERM/SIGHUP/SIGCHLD while it
 /// runs (SIGINT is passed on to the program; SIGTERM/SIGHUP kill the jail).
 pub(crate) fn run(spec: &JailSpec, events: &mut dyn Write) -> Outcome {
-    let (report, cgroup) = match run_checked(spec, events) {
-        Ok((report, cgroup)) => (report, Some(cgroup)),
+    let (report, left) = match run_checked(spec, events) {
+        Ok((report, left)) => (report, Some(left)),
         Err(f) => (JailReport::refused(f), None),
     };
     let _ = events::write_result(events, &report);
     let _ = events.flush();
-    // The jail's (empty) cgroup is removed after the result is out: a
-    // client waits for the one, not the other.
-    drop(cgroup);
+    // The jail's (empty) cgroup is removed, and its mounts torn down, after
+    // the result is out: a client waits for the one, not the other.
+    drop(left);
     Outcome::of(&report)
+}
+
+/// What is left of a jail whose program ended: its empty cgroup, and its
+/// mount namespace (no process in it), both gone when this is dropped.
+struct Remains {
+    _cgroup: SandboxCgroup,
+    _mounts: Option<File>,
 }
 
 fn run_checked(
     spec: &JailSpec,
     events: &mut dyn Write,
-) -> Result<(JailReport, SandboxCgroup), JailFailure> {
+) -> Result<(JailReport, Remains), JailFailure> {
     let checked = preflight(spec)?;
     mark("jailer: preflight (spec, host, seccomp filter)");
     // The jail inherits our supplementary groups and could never drop them
@@ -78,6 +85,10 @@ fn run_checked(
         Some(_) => spawn_from_zygote(spec, &checked)?,
         None => spawn(spec, &checked)?,
     };
+    // Held until the result is out: the last process of the jail to exit
+    // (its init) then leaves the namespace's teardown (every mount of
+    // the jail, and a grace period of the kernel's) to us, later.
+    let mounts = File::open(format!("/proc/{}/ns/mnt", jail.pid)).ok();
     let deadline = jail.start + Duration::from_millis(spec.limits.wall_timeout_ms);
     let relayed = relay::run(
         spec,
@@ -136,7 +147,11 @@ fn run_checked(
         error: outcome.error,
         timings: jail_timings(&seen.messages),
     };
-    Ok((report, jail.cgroup))
+    let remains = Remains {
+        _cgroup: jail.cgroup,
+        _mounts: mounts,
+    };
+    Ok((report, remains))
 }
 
 /// The jail's marks and ours, when the spec asked for them.

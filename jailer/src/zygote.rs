@@ -324,7 +324,7 @@ fn run_jail(
     }
     // init's name, as in a cloned jail; its command line is the zygote's
     // (python's, no host path in it), which the program shares.
-    let name = nix::sys::prctl::get_name().ok();
+    let name = syscall::thread_name().ok();
     let _ = nix::sys::prctl::set_name(c"pycell-init");
     let jail = child::set_up(spec, filter, &[], fds);
     child::init_returning(jail);

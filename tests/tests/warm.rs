@@ -398,6 +398,12 @@ fn a_pools_members_are_forked_from_its_zygote_each_with_a_uid_of_its_own() {
     // zygote's python: all below the zygote's jailer, not the members'.
     let sandbox = d.sandbox_processes();
     assert_eq!(sandbox.len(), 2 + 2 * 2, "{sandbox:?}");
+    // Each program is python by name, as its command line says.
+    let names = sandbox.iter().map(|p| p.name.as_str());
+    assert!(
+        names.filter(|n| n.starts_with("python")).count() == 3,
+        "{sandbox:?}"
+    );
     assert!(
         sandbox
             .iter()

@@ -285,6 +285,23 @@ pub fn default_disposition(sig: libc::c_int) {
     unsafe { libc::signal(sig, libc::SIG_DFL) };
 }
 
+/// The calling thread's name (`PR_GET_NAME`, at most 15 bytes). Not nix's
+/// `prctl::get_name`, which hands the kernel an immutable buffer (the
+/// compiler may then read it back as the zeros it started as: an empty
+/// name, in release builds).
+pub fn thread_name() -> io::Result<std::ffi::CString> {
+    let mut buf = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes (TASK_COMM_LEN, NUL
+    // included) into the buffer, which is 16 bytes, mutable and ours.
+    let rc = unsafe { libc::prctl(libc::PR_GET_NAME, buf.as_mut_ptr(), 0, 0, 0) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    std::ffi::CStr::from_bytes_until_nul(&buf)
+        .map(std::ffi::CStr::to_owned)
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
 /// `_exit(2)`: end the process now, without running exit handlers or
 /// unwinding (the right way out of a forked child).
 pub fn exit_now(code: i32) -> ! {
@@ -558,6 +575,13 @@ mod tests {
         let stat = "42 (a) b (c) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 3 0 99 0 0";
         assert_eq!(thread_count(stat), Some(3));
         assert_eq!(thread_count("garbage"), None);
+    }
+
+    #[test]
+    fn a_threads_name_is_read_back() {
+        let named = std::thread::Builder::new().name("pycell-name".into());
+        let got = named.spawn(thread_name).unwrap().join().unwrap().unwrap();
+        assert_eq!(got.to_str(), Ok("pycell-name"));
     }
 
     #[test]
