@@ -38,6 +38,14 @@ def rss_kb(pid):
     return 0
 
 
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def children(pid):
     out = []
     for p in os.listdir("/proc"):
@@ -62,8 +70,11 @@ def main():
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "print1.py")
     bare = ["/usr/bin/python3", "-s", script]
     daemon = [a.pycell, "run", "--socket", a.socket, script]
-    # Idle first, before any run has grown the broker's buffers.
-    idle = rss_kb(a.daemon_pid) + sum(rss_kb(p) for p in children(a.daemon_pid))
+    # Idle first, before any run has grown the broker's buffers. The
+    # monitor and the broker only: the warm pools' jailers (members and
+    # zygotes, also the monitor's children) are the sandboxes' side.
+    broker = [p for p in children(a.daemon_pid) if comm(p) != "pycell-jailer"]
+    idle = rss_kb(a.daemon_pid) + sum(rss_kb(p) for p in broker)
     print(f"{'concurrency':>11} {'bare runs/s':>12} {'daemon runs/s':>14} {'ratio':>6}")
     verdicts = []
     for c in (2, 8, 16):

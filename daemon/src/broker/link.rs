@@ -2,7 +2,7 @@
 //! descriptors they carry) routed back to the waiting run by request number.
 
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +14,10 @@ use tokio::sync::mpsc;
 
 use crate::link::{PeerIds, RunOrder, ToBroker, ToMonitor};
 use crate::sockets;
+
+/// Spawn requests up to this size are written from the runtime's thread:
+/// far below a unix socket's buffer, which the monitor drains at once.
+const INLINE_FRAME: usize = 32 << 10;
 
 /// A reply of the monitor and the descriptors that came with it.
 pub(crate) type Reply = (ToBroker, Vec<OwnedFd>);
@@ -65,8 +69,13 @@ impl MonitorLink {
     }
 
     pub(crate) fn send(&self, msg: &ToMonitor) -> Result<(), LinkError> {
+        self.send_frame(&framing::encode(msg)?)
+    }
+
+    fn send_frame(&self, frame: &[u8]) -> Result<(), LinkError> {
         let mut w = self.writer.lock().map_err(|_| LinkError::Poisoned)?;
-        Ok(framing::write_sync(&mut *w, msg)?)
+        w.write_all(frame).map_err(framing::FrameError::from)?;
+        Ok(())
     }
 
     /// Ask the monitor to start a run. The replies come on the receiver:
@@ -84,11 +93,17 @@ impl MonitorLink {
             .lock()
             .map_err(|_| LinkError::Poisoned)?
             .insert(req, tx);
-        let link = Arc::clone(self);
-        let msg = ToMonitor::Spawn { req, peer, order };
-        // Large requests may block on the socket for a moment: not on a
+        let frame = framing::encode(&ToMonitor::Spawn { req, peer, order })?;
+        // A small request goes at once: the socket's buffer takes it whole
+        // (a hop through a blocking thread costs a run about 1 ms of wake-
+        // ups). A large one may block on the socket for a moment: not on a
         // runtime worker.
-        tokio::task::spawn_blocking(move || link.send(&msg)).await??;
+        if frame.len() <= INLINE_FRAME {
+            self.send_frame(&frame)?;
+        } else {
+            let link = Arc::clone(self);
+            tokio::task::spawn_blocking(move || link.send_frame(&frame)).await??;
+        }
         Ok((req, rx))
     }
 }

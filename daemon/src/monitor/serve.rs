@@ -132,7 +132,8 @@ impl Monitor {
         }
         self.pools.retire_idle();
         let store = self.envs.as_ref().ok().map(|(s, _)| s);
-        self.pools.refill(&self.launcher, store);
+        let busy = !self.runs.is_empty();
+        self.pools.refill(&self.launcher, store, busy);
         self.report_pools();
     }
 

@@ -41,9 +41,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// How often a pool whose env is not built yet looks again.
 const ENV_RETRY: Duration = Duration::from_secs(30);
 /// After a member is taken, a pool that still has a ready one waits this
-/// long before it starts a new one: building a jail takes both cores of a
-/// small host for a moment, which the run just started should not share.
-/// An empty pool refills at once.
+/// long before it starts a new one, or until no run is going: building a
+/// jail takes both cores of a small host for a moment, which the run just
+/// started should not share. An empty pool refills at once.
 const REFILL_QUIET: Duration = Duration::from_millis(25);
 
 /// One pool as configured and affordable: its policy, its size, and the
@@ -208,15 +208,15 @@ impl Pools {
         self.len() == 0
     }
 
-    /// Start members where pools are short (not while stopping).
-    pub fn refill(&mut self, launcher: &Launcher, store: Option<&EnvStore>) {
+    /// Start members where pools are short (not while stopping); `busy`:
+    /// some run is going.
+    pub fn refill(&mut self, launcher: &Launcher, store: Option<&EnvStore>, busy: bool) {
         let now = Instant::now();
-        let quiet = self.last_take.is_some_and(|t| now < t + REFILL_QUIET);
+        let quiet = busy && self.last_take.is_some_and(|t| now < t + REFILL_QUIET);
         for pool in &mut self.pools {
             pool.stalled = false;
             pool.zygote.tend(launcher, store, &pool.plan);
-            // Forking from a zygote takes far less than a cold start: no quiet.
-            if quiet && pool.has_ready() && !pool.zygote.is_up() {
+            if quiet && pool.has_ready() {
                 continue;
             }
             while pool.members.len() < pool.plan.members && now >= pool.not_before {
@@ -251,7 +251,7 @@ impl Pools {
             .iter()
             .filter(|p| p.members.len() < p.plan.members && !p.stalled);
         let after_take = self.last_take.map(|t| t + REFILL_QUIET);
-        let members = short.map(|p| match (after_take, p.zygote.is_up() || !p.has_ready()) {
+        let members = short.map(|p| match (after_take, !p.has_ready()) {
             (Some(t), false) => p.not_before.max(t),
             _ => p.not_before,
         });

@@ -142,11 +142,6 @@ impl Keeper {
         }
     }
 
-    /// Whether it is ready to fork members.
-    pub(super) fn is_up(&self) -> bool {
-        matches!(self.state, State::Up(_))
-    }
-
     /// The starting zygote's event stream, with its jailer's pid.
     pub(super) fn starting(&self) -> Option<(i32, BorrowedFd<'_>)> {
         match &self.state {
