@@ -154,7 +154,8 @@ def host_processes():
 
 def warm_members(table):
     """The processes of pycelld's warm-pool members: the descendants of the
-    jailers `pycell info` lists, each of which must be a child of pycelld.
+    jailers `pycell info` lists (the members' and each pool's zygote's,
+    which forks the members), each of which must be a child of pycelld.
     Between runs these, and only these, run under sandbox uids. Without an
     answer from pycelld there are none (every sandbox process counts)."""
     try:
@@ -163,7 +164,8 @@ def warm_members(table):
     except (OSError, ValueError, KeyError):  # not installed, no pycelld
         pools = []
     parent_name = lambda pid: table.get(table.get(pid, (0,))[0], (0, ""))[1]
-    members = {j for p in pools for j in p["jailer_pids"] if parent_name(j) == "pycelld"}
+    jailers = [j for p in pools for j in p["jailer_pids"] + [p.get("zygote_jailer_pid")] if j]
+    members = {j for j in jailers if parent_name(j) == "pycelld"}
     grown = True
     while grown:
         more = {pid for pid, (ppid, _, _) in table.items() if ppid in members} - members
