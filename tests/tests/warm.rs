@@ -380,12 +380,35 @@ fn pycell_info_shows_each_pool_and_its_members_jailers() {
     assert_eq!(kept.count(), 1, "before {pool:?}, after {after:?}");
 }
 
-#[test]
-fn a_pools_members_are_forked_from_its_zygote_each_with_a_uid_of_its_own() {
+/// Every member of `after` is new since `before`.
+fn assert_all_members_new(
+    before: &pycell_protocol::info::WarmPoolStatus,
+    after: &pycell_protocol::info::WarmPoolStatus,
+) {
+    let kept = after
+        .jailer_pids
+        .iter()
+        .filter(|p| before.jailer_pids.contains(p));
+    assert_eq!(kept.count(), 0, "before {before:?}, after {after:?}");
+}
+
+/// A daemon with a pool of two `default` members forked from a zygote,
+/// once they are ready: the pool, its zygote's jailer, the host's processes.
+fn pool_from_a_zygote() -> (
+    Daemon,
+    pycell_protocol::info::WarmPoolStatus,
+    i32,
+    Vec<pycell_tests::HostProc>,
+) {
     let d = Daemon::start("warm_pools = { default = 2 }\n");
     let pool = pools_when_ready(&d, 2);
     let zygote = pool.zygote_jailer_pid.expect("the pool's zygote");
-    let procs = pycell_tests::host_processes();
+    (d, pool, zygote, pycell_tests::host_processes())
+}
+
+#[test]
+fn a_pools_members_are_forked_from_its_zygote_each_with_a_uid_of_its_own() {
+    let (d, pool, zygote, procs) = pool_from_a_zygote();
     let parent = |pid: u32| procs.iter().find(|p| p.pid == pid).map(|p| p.ppid);
     for jailer in pool.jailer_pids.iter().chain([&zygote]) {
         assert_eq!(
@@ -425,22 +448,13 @@ fn a_pools_members_are_forked_from_its_zygote_each_with_a_uid_of_its_own() {
     }
     let after = pools_when_ready(&d, 2);
     assert_eq!(after.zygote_jailer_pid, Some(zygote), "{after:?}");
-    assert!(
-        after
-            .jailer_pids
-            .iter()
-            .all(|p| !pool.jailer_pids.contains(p)),
-        "before {pool:?}, after {after:?}"
-    );
+    assert_all_members_new(&pool, &after);
 }
 
 #[test]
 fn when_a_pools_zygote_dies_its_members_go_and_a_new_zygote_refills_the_pool() {
-    let d = Daemon::start("warm_pools = { default = 2 }\n");
-    let pool = pools_when_ready(&d, 2);
-    let zygote = pool.zygote_jailer_pid.expect("the pool's zygote");
+    let (d, pool, zygote, procs) = pool_from_a_zygote();
     // The zygote's python: its init's child, the init a child of its jailer.
-    let procs = pycell_tests::host_processes();
     let init = procs
         .iter()
         .find(|p| p.ppid == zygote as u32)
@@ -464,18 +478,31 @@ fn when_a_pools_zygote_dies_its_members_go_and_a_new_zygote_refills_the_pool() {
         );
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert!(
-        after
-            .jailer_pids
-            .iter()
-            .all(|p| !pool.jailer_pids.contains(p)),
-        "before {pool:?}, after {after:?}"
-    );
+    assert_all_members_new(&pool, &after);
     assert!(
         d.log().contains("the zygote of policy \"default\""),
         "{}",
         d.log()
     );
     let r = d.warm_run(&request("print(6 * 7)"));
+    assert_eq!(r.stdout, "42\n", "{r:?}");
+}
+
+#[test]
+fn a_policy_whose_runs_cannot_come_from_a_zygote_gets_a_pool_of_cold_jails() {
+    // `network` (egress through pycell's proxy): a zygote serves only
+    // loopback-only jails, so its pool's members each start their own python.
+    let d = Daemon::start("warm_pools = { network = 1 }\n");
+    let pool = pools_when_ready(&d, 1);
+    assert_eq!(pool.zygote_jailer_pid, None, "{pool:?}");
+    assert!(
+        d.log().contains("policy \"network\" gets no zygote"),
+        "the journal says why: {}",
+        d.log()
+    );
+    let r = d.warm_run(&RunRequest {
+        policy: Some("network".into()),
+        ..request("print(6 * 7)")
+    });
     assert_eq!(r.stdout, "42\n", "{r:?}");
 }

@@ -377,20 +377,8 @@ impl Pools {
     /// the member would not take the work (it is then stopped).
     pub fn take(&mut self, policy: &str, cold: &JailSpec) -> Option<Taken> {
         let work: Work = runner::work_for(cold)?;
-        let pool = self
-            .pools
-            .iter_mut()
-            .find(|p| p.plan.policy == policy && !p.plan.sessions)?;
-        let pid = pool
-            .members
-            .iter()
-            .filter_map(|(pid, m)| match m.state {
-                State::Ready { since } if runner::fits(&m.spec, cold) => Some((since, *pid)),
-                _ => None,
-            })
-            .min()
-            .map(|(_, pid)| pid)?;
-        let member = pool.members.get_mut(&pid)?;
+        let (pool, pid) = self.oldest_ready(policy, false, |spec| runner::fits(spec, cold))?;
+        let member = self.pools[pool].members.get_mut(&pid)?;
         if let Err(e) = member.launched.send_work(&work) {
             tracing::warn!(
                 policy,
@@ -399,37 +387,42 @@ impl Pools {
             stop(member);
             return None;
         }
-        let member = pool.members.remove(&pid)?;
-        self.last_take = Some(Instant::now());
-        Some(Taken {
-            launched: member.launched,
-            env: member.env,
-        })
+        self.hand_over(pool, pid)
     }
-}
 
-impl Pools {
     /// A ready session jail of `policy` that is exactly `wanted` (the
     /// session's own spec: `pycell_runner::session::session_spec`). Its
     /// request stream goes to the broker with it; the broker's first
     /// request starts its clocks.
     pub fn take_session(&mut self, policy: &str, wanted: &JailSpec) -> Option<Taken> {
-        let pool = self
-            .pools
-            .iter_mut()
-            .find(|p| p.plan.policy == policy && p.plan.sessions)?;
-        let pid = pool
+        let fits = |spec: &JailSpec| runner::session::fits_session(spec, wanted);
+        let (pool, pid) = self.oldest_ready(policy, true, fits)?;
+        self.hand_over(pool, pid)
+    }
+
+    /// The pool of `policy`'s runs (or sessions) and its ready member that
+    /// has waited longest among those whose spec `fits`.
+    fn oldest_ready(
+        &self,
+        policy: &str,
+        sessions: bool,
+        fits: impl Fn(&JailSpec) -> bool,
+    ) -> Option<(usize, i32)> {
+        let at = |p: &Pool| p.plan.policy == policy && p.plan.sessions == sessions;
+        let index = self.pools.iter().position(at)?;
+        let ready = self.pools[index]
             .members
             .iter()
             .filter_map(|(pid, m)| match m.state {
-                State::Ready { since } if runner::session::fits_session(&m.spec, wanted) => {
-                    Some((since, *pid))
-                }
+                State::Ready { since } if fits(&m.spec) => Some((since, *pid)),
                 _ => None,
-            })
-            .min()
-            .map(|(_, pid)| pid)?;
-        let member = pool.members.remove(&pid)?;
+            });
+        ready.min().map(|(_, pid)| (index, pid))
+    }
+
+    /// Member `pid` of pool `index` leaves it for a run or session.
+    fn hand_over(&mut self, index: usize, pid: i32) -> Option<Taken> {
+        let member = self.pools[index].members.remove(&pid)?;
         self.last_take = Some(Instant::now());
         Some(Taken {
             launched: member.launched,
