@@ -168,4 +168,9 @@ pub struct WarmPoolStatus {
     /// one (its python started, the policy's warm imports done).
     #[serde(default)]
     pub zygote_jailer_pid: Option<i32>,
+    /// Every member's sandbox uid, in no order: a member forked from the
+    /// zygote runs below the zygote's jailer, not its own, and these tell
+    /// its processes from those of runs the zygote forked before.
+    #[serde(default)]
+    pub member_sandbox_uids: Vec<u32>,
 }

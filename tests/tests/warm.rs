@@ -441,6 +441,16 @@ fn a_pools_members_are_forked_from_its_zygote_each_with_a_uid_of_its_own() {
         3,
         "one uid for the zygote and each member: {sandbox:?}"
     );
+    // The status names the members' uids: all but the zygote's (its init
+    // is its jailer's child).
+    let zygote_uid = sandbox
+        .iter()
+        .find(|p| p.ppid == zygote as u32)
+        .map(|p| p.uids[0]);
+    uids.retain(|u| Some(*u) != zygote_uid);
+    let mut members = pool.member_sandbox_uids.clone();
+    members.sort_unstable();
+    assert_eq!(uids, members, "{pool:?}\n{sandbox:?}");
     // Runs take members; the pool refills from the zygote, which stays.
     for _ in 0..3 {
         let r = d.warm_run(&request("print(6 * 7)"));

@@ -445,6 +445,7 @@ impl Pool {
             warming: count(|s| *s == State::WarmingUp),
             jailer_pids,
             zygote_jailer_pid: self.zygote.pid(),
+            member_sandbox_uids: self.members.values().map(|m| m.spec.sandbox_uid).collect(),
         }
     }
 

@@ -154,24 +154,40 @@ def host_processes():
 
 def warm_members(table):
     """The processes of pycelld's warm-pool members: the descendants of the
-    jailers `pycell info` lists (the members' and each pool's zygote's,
-    which forks the members), each of which must be a child of pycelld.
-    Between runs these, and only these, run under sandbox uids. Without an
-    answer from pycelld there are none (every sandbox process counts)."""
+    jailers `pycell info` lists, each of which must be a child of pycelld;
+    in a pool with a zygote, the zygote's own processes and, below its
+    jailer, those of its members (by their sandbox uids: runs the zygote
+    forked earlier are not members). Between runs these, and only these,
+    run under sandbox uids. Without an answer from pycelld there are none
+    (every sandbox process counts)."""
     try:
         rc, out, _ = sh(["pycell", "info", "--json"])
         pools = json.loads(out)["daemon"]["warm_pools"] if rc == 0 else []
     except (OSError, ValueError, KeyError):  # not installed, no pycelld
         pools = []
     parent_name = lambda pid: table.get(table.get(pid, (0,))[0], (0, ""))[1]
-    jailers = [j for p in pools for j in p["jailer_pids"] + [p.get("zygote_jailer_pid")] if j]
-    members = {j for j in jailers if parent_name(j) == "pycelld"}
+    members = descendants(table, {j for p in pools for j in p["jailer_pids"] if parent_name(j) == "pycelld"})
+    for p in pools:
+        zygote = p.get("zygote_jailer_pid")
+        if not zygote or parent_name(zygote) != "pycelld":
+            continue
+        below = descendants(table, {zygote})
+        # The zygote's init (its jailer's child) has the zygote's uid.
+        uids = {table[pid][2][0] for pid in below if table[pid][0] == zygote}
+        uids |= set(p.get("member_sandbox_uids", []))
+        members |= {zygote} | {pid for pid in below if table[pid][2][0] in uids}
+    return members
+
+
+def descendants(table, roots):
+    """`roots` and every process below them in `table`."""
+    found = set(roots)
     grown = True
     while grown:
-        more = {pid for pid, (ppid, _, _) in table.items() if ppid in members} - members
-        members |= more
+        more = {pid for pid, (ppid, _, _) in table.items() if ppid in found} - found
+        found |= more
         grown = bool(more)
-    return members
+    return found
 
 
 def sandbox_processes():
