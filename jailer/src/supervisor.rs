@@ -112,6 +112,24 @@ fn run_checked(
         .map_err(io_failure("writing output"))?;
     let usage = jail.cgroup.usage();
     mark("jailer: cgroup emptied, usage read");
+    let report = assemble_report(spec, &checked, relayed, &usage, end, &jail.cgroup)?;
+    let remains = Remains {
+        _cgroup: jail.cgroup,
+        _mounts: mounts,
+    };
+    Ok((report, remains))
+}
+
+/// The report of a jail whose program ended after `end`, from what the
+/// relay saw and the cgroup's `usage`.
+fn assemble_report(
+    spec: &JailSpec,
+    checked: &Checked,
+    relayed: relay::Relayed,
+    usage: &cgroup::sandbox::CgroupUsage,
+    end: Duration,
+    cgroup: &SandboxCgroup,
+) -> Result<JailReport, JailFailure> {
     let changes = run_changes(spec, &relayed);
     let run = match &relayed.session {
         Some(session) => session_run(spec, session, end)?,
@@ -143,15 +161,11 @@ fn run_checked(
         session_end,
         files: changes.files,
         files_truncated: changes.truncated,
-        layers: layers(spec, &checked, &outcome, &jail.cgroup),
+        layers: layers(spec, checked, &outcome, cgroup),
         error: outcome.error,
         timings: jail_timings(&seen.messages),
     };
-    let remains = Remains {
-        _cgroup: jail.cgroup,
-        _mounts: mounts,
-    };
-    Ok((report, remains))
+    Ok(report)
 }
 
 /// The jail's marks and ours, when the spec asked for them.
