@@ -290,7 +290,7 @@ fn a_pools_imports_are_loaded_before_its_runs_and_a_failing_one_goes_cold() {
 
 #[test]
 fn killing_pycelld_takes_its_warm_jails_along() {
-    let mut d = Daemon::start("warm_pools = { default = 3 }\n");
+    let mut d = Daemon::start("warm_pools = { default = 3 }\nzygotes = true\n");
     d.warm_run(&request("pass"));
     // A run in flight in a member forked from the zygote, too.
     let client = d.client();
@@ -400,7 +400,7 @@ fn pool_from_a_zygote() -> (
     i32,
     Vec<pycell_tests::HostProc>,
 ) {
-    let d = Daemon::start("warm_pools = { default = 2 }\n");
+    let d = Daemon::start("warm_pools = { default = 2 }\nzygotes = true\n");
     let pool = pools_when_ready(&d, 2);
     let zygote = pool.zygote_jailer_pid.expect("the pool's zygote");
     (d, pool, zygote, pycell_tests::host_processes())
@@ -502,7 +502,7 @@ fn when_a_pools_zygote_dies_its_members_go_and_a_new_zygote_refills_the_pool() {
 fn a_policy_whose_runs_cannot_come_from_a_zygote_gets_a_pool_of_cold_jails() {
     // `network` (egress through pycell's proxy): a zygote serves only
     // loopback-only jails, so its pool's members each start their own python.
-    let d = Daemon::start("warm_pools = { network = 1 }\n");
+    let d = Daemon::start("warm_pools = { network = 1 }\nzygotes = true\n");
     let pool = pools_when_ready(&d, 1);
     assert_eq!(pool.zygote_jailer_pid, None, "{pool:?}");
     assert!(

@@ -600,6 +600,7 @@ mod tests {
     fn a_run_pools_zygote_takes_a_members_memory_and_a_slot_per_run() {
         let dir = tempfile::tempdir().unwrap();
         let mut c = config_with(&[("default", 2), ("data-science", 2)], 10 << 30, dir.path());
+        c.zygotes = true;
         c.session_pools = [("default".to_string(), 1)].into_iter().collect();
         c.max_concurrent_runs = 8;
         let shape = |plans: &[PoolPlan]| -> Vec<(String, bool, usize, usize)> {
@@ -633,7 +634,8 @@ mod tests {
             "{warnings:?}"
         );
         // Too little for a member and a zygote: no pool.
-        let c = config_with(&[("default", 2)], 1 << 30, dir.path());
+        let mut c = config_with(&[("default", 2)], 1 << 30, dir.path());
+        c.zygotes = true;
         let (plans, _) = plan(&c);
         assert!(plans.is_empty(), "{plans:?}");
     }
