@@ -44,6 +44,19 @@ pub enum Command {
     /// sandboxes are built through pycell-jailer by this process (embedded
     /// mode), which needs root.
     Mcp(McpArgs),
+    /// Run a Python MCP server from the package index, jailed: a drop-in
+    /// for `uvx PACKAGE ARGS` in an MCP host's config
+    /// ({"command": "pycell", "args": ["mcp-server", "mcp-server-time"]}).
+    ///
+    /// PACKAGE (and --with) are installed wheels-only into pycell's env
+    /// store (no build code runs; cached), its console script is found
+    /// offline in a jail without network, and the server runs in a jail
+    /// whose stdin and stdout are this process's, relayed unchanged. It sees
+    /// no host file but those granted (--ro, --rw, --state), no variable
+    /// but those named (--env), and no network but the hosts allowed
+    /// (--allow), whose use is summed up on exit. Needs root (embedded
+    /// mode). Exit status: the server's own; 125 if it could not start.
+    McpServer(McpServerArgs),
     /// Sessions: a sandbox whose Python stays alive between commands, like
     /// a Jupyter kernel (variables, imports and /workspace files persist).
     ///
@@ -340,6 +353,58 @@ pub struct ReplArgs {
     /// Hold the session in this process (needs root) even if pycelld runs.
     #[arg(long, conflicts_with = "socket")]
     pub embedded: bool,
+}
+
+/// `pycell mcp-server`.
+#[derive(Debug, Args, Clone)]
+pub struct McpServerArgs {
+    /// The package to run, as a requirement (`mcp-server-time`,
+    /// `mcp-server-fetch==2026.10.24`).
+    #[arg(value_name = "PACKAGE")]
+    pub package: String,
+    /// The server's own arguments (after `--`).
+    #[arg(last = true, value_name = "ARGS")]
+    pub server_args: Vec<String>,
+    /// Install this package too (repeatable).
+    #[arg(long = "with", value_name = "PKG")]
+    pub with: Vec<String>,
+    /// What to run: a console script of the installed packages, or
+    /// MODULE:FUNCTION (default: PACKAGE's console script).
+    #[arg(long, value_name = "NAME", conflicts_with = "module")]
+    pub entry: Option<String>,
+    /// Run a module as `python -m MODULE` does.
+    #[arg(short = 'm', long, value_name = "MODULE")]
+    pub module: Option<String>,
+    /// Policy of the server's jail (name, or path to a .toml file).
+    #[arg(long, default_value = "mcp-server", value_name = "NAME")]
+    pub policy: String,
+    /// Grant a host path read-only, at the same path in the jail
+    /// (repeatable).
+    #[arg(long = "ro", value_name = "PATH")]
+    pub read_only: Vec<PathBuf>,
+    /// Grant a host path read-write, at the same path in the jail
+    /// (repeatable).
+    #[arg(long = "rw", value_name = "PATH")]
+    pub read_write: Vec<PathBuf>,
+    /// The server's persistent state: DIR, made if missing (mode 0700),
+    /// granted read-write at the same path; refused if it already holds
+    /// more than the policy's disk limit.
+    #[arg(long, value_name = "DIR")]
+    pub state: Option<PathBuf>,
+    /// Pass a variable: NAME (its value in this process's environment, so
+    /// that a secret never shows on a command line) or NAME=VALUE
+    /// (repeatable).
+    #[arg(long = "env", value_name = "NAME[=VALUE]")]
+    pub env: Vec<String>,
+    /// Let the server reach this host through pycell's egress proxy:
+    /// `[SCHEME://]HOST[:PORT]` as in a policy's [network] allow
+    /// (repeatable).
+    #[arg(long, value_name = "RULE")]
+    pub allow: Vec<String>,
+    /// On exit, write the server's egress (hosts reached, requests
+    /// refused) to FILE as JSON too.
+    #[arg(long, value_name = "FILE")]
+    pub egress_report: Option<PathBuf>,
 }
 
 /// `pycell mcp`.

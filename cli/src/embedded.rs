@@ -14,7 +14,7 @@ use pycell_deps::build::{Ensured, InstallRunner, ProgressLines};
 use pycell_deps::store::EnvStore;
 use pycell_deps::{self as deps, DepsRequest};
 use pycell_launch::launcher::{JailerStderr, Launcher, Prepared};
-use pycell_launch::supervisor::{supervise, Patience, StoppedBy};
+use pycell_launch::supervisor::{supervise, Patience, Services, StoppedBy};
 use pycell_policy::Policy;
 use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::{CacheOutcome, RunResult};
@@ -139,7 +139,10 @@ pub(crate) fn run_here(
 ) -> (RunResult, Option<OwnedFd>) {
     handle.block_on(async {
         match prepared.spawn_async(JailerStderr::Capture).await {
-            Ok(l) => supervise(l, patience, stopped(stop.clone()), tools, on_output).await,
+            Ok(l) => {
+                let services = Services::local(tools);
+                supervise(l, patience, stopped(stop.clone()), services, on_output).await
+            }
             Err(result) => (*result, None),
         }
     })
@@ -161,9 +164,15 @@ pub(crate) fn run_warm_here(
             Ok(mut l) => {
                 // If it fails, the jailer sees the stream end and says so.
                 let _ = l.send_work(work);
-                supervise(l, patience, stopped(stop.clone()), None, on_output)
-                    .await
-                    .0
+                supervise(
+                    l,
+                    patience,
+                    stopped(stop.clone()),
+                    Services::default(),
+                    on_output,
+                )
+                .await
+                .0
             }
             Err(result) => *result,
         }

@@ -15,6 +15,7 @@ mod cli;
 mod embedded;
 mod env_cmd;
 mod info;
+mod jailed_server;
 mod mcp_server;
 mod policy_cmd;
 mod repl;
@@ -32,6 +33,7 @@ fn main() {
         cli::Command::Run(args) => run::main(&args),
         cli::Command::Batch(args) => batch::main(&args),
         cli::Command::Mcp(args) => mcp_server::main(&args),
+        cli::Command::McpServer(args) => jailed_server::main(&args),
         cli::Command::Session(args) => session_cmd::main(&args),
         cli::Command::Repl(args) => repl::main(&args),
         cli::Command::Policy(cli::PolicyCommand::Check { files }) => policy_cmd::check(&files),

@@ -128,16 +128,16 @@ pub(crate) fn listed_dependencies(
     Ok(deps)
 }
 
-fn request_failure(message: String) -> JailFailure {
+pub(crate) fn request_failure(message: String) -> JailFailure {
     JailFailure::new(FailureCode::InvalidRequest, Layer::Request, message)
 }
 
 /// An embedded run before anything is leased: where it launches, its
 /// policy and its request.
 pub(crate) struct EmbeddedRun {
-    launcher: Launcher,
-    policy: Policy,
-    req: RunRequest,
+    pub launcher: Launcher,
+    pub policy: Policy,
+    pub req: RunRequest,
 }
 
 impl EmbeddedRun {

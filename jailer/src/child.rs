@@ -66,6 +66,8 @@ pub(crate) struct ChildFds {
     pub cgroup_tasks: Vec<OwnedFd>,
     /// A zygote: its library, a sealed memfd.
     pub zygote_lib: Option<OwnedFd>,
+    /// The caller's grants, idmapped (`crate::grants`).
+    pub grants: Vec<crate::grants::GrantedTree>,
 }
 
 /// Which jail this process sets up.
@@ -107,11 +109,14 @@ struct RealSteps<'a> {
     signal_fd: Option<SignalFd>,
     /// Code mode: the program's end of the tool channel.
     tool_end: Option<OwnedFd>,
+    /// A server over stdio: the program's stdin and stdout.
+    stdio_end: Option<OwnedFd>,
     /// A zygote: its end of the channel its fork requests come on, and its
     /// library.
     zygote_end: Option<OwnedFd>,
     zygote_lib: Option<OwnedFd>,
     sources: Option<PreparedSources>,
+    grants: Vec<crate::grants::GrantedTree>,
     landlock: Option<LandlockReport>,
     xattr_writes_refused: bool,
 }
@@ -184,8 +189,11 @@ impl JailSteps for RealSteps<'_> {
             JailKind::FromZygote => mounts::SourcesIn::ZygoteRoot,
             _ => mounts::SourcesIn::Host(self.source_ids),
         };
-        let s = mounts::prepare_sources(&self.spec.mounts, from)
-            .map_err(|e| StepError::new(Step::MountSources, e.to_string()))?;
+        let fail = |e: mounts::MountError| StepError::new(Step::MountSources, e.to_string());
+        let mut s = mounts::prepare_sources(&self.spec.mounts, from).map_err(fail)?;
+        for granted in std::mem::take(&mut self.grants) {
+            s.add_granted(granted).map_err(fail)?;
+        }
         self.sources = Some(s);
         Ok(())
     }
@@ -242,6 +250,7 @@ impl JailSteps for RealSteps<'_> {
         syscall::interface_up("lo")
             .map_err(|e| StepError::new(Step::Loopback, format!("bringing up lo: {e}")))?;
         self.hand_out_workspace()?;
+        self.hand_out_stdio()?;
         self.hand_out_tool_channel()?;
         self.hand_out_zygote_channel()?;
         self.hand_out_proxy_listener()
@@ -276,6 +285,7 @@ impl JailSteps for RealSteps<'_> {
             .map_err(nix_step(Step::CloseFds, "signalfd"))?;
         let mut keep = vec![self.status.as_raw_fd(), sfd.as_fd().as_raw_fd()];
         keep.extend(self.tool_end.as_ref().map(AsRawFd::as_raw_fd));
+        keep.extend(self.stdio_end.as_ref().map(AsRawFd::as_raw_fd));
         keep.extend(self.zygote_end.as_ref().map(AsRawFd::as_raw_fd));
         keep.extend(self.zygote_lib.as_ref().map(AsRawFd::as_raw_fd));
         keep.extend(self.go_read.as_ref().map(AsRawFd::as_raw_fd));
@@ -288,7 +298,8 @@ impl JailSteps for RealSteps<'_> {
             return Ok(());
         }
         let targets: Vec<PathBuf> = mounts::tree_targets(&self.spec.mounts);
-        let grants = Grants::for_jail(&self.spec.landlock, &targets, self.spec.network);
+        let mut grants = Grants::for_jail(&self.spec.landlock, &targets, self.spec.network);
+        grants.add_granted(&self.spec.grants);
         let report =
             landlock_rules::restrict(self.spec.landlock.min_abi, &grants).map_err(|e| {
                 let code = match e {
@@ -364,6 +375,21 @@ impl RealSteps<'_> {
         let (ours, launchers) = std::os::unix::net::UnixStream::pair().map_err(fail)?;
         handout::send(channel.as_fd(), Handout::ToolChannel, launchers.as_fd()).map_err(fail)?;
         self.tool_end = Some(ours.into());
+        Ok(())
+    }
+
+    /// A server over stdio: a socketpair, one end handed out on the
+    /// jailer's stdin socket (its launcher relays the client's bytes on
+    /// it), the other the program's stdin and stdout.
+    fn hand_out_stdio(&mut self) -> Result<(), StepError> {
+        let (true, Some(channel)) = (self.spec.stdio_socket, self.handout_channel.as_ref()) else {
+            return Ok(());
+        };
+        let fail =
+            |e: std::io::Error| StepError::new(Step::Loopback, format!("the stdio socket: {e}"));
+        let (ours, launchers) = std::os::unix::net::UnixStream::pair().map_err(fail)?;
+        handout::send(channel.as_fd(), Handout::Stdio, launchers.as_fd()).map_err(fail)?;
+        self.stdio_end = Some(ours.into());
         Ok(())
     }
 
@@ -471,6 +497,7 @@ pub(crate) struct SetUp {
     status: File,
     signal_fd: SignalFd,
     tool_end: Option<OwnedFd>,
+    stdio_end: Option<OwnedFd>,
     zygote_end: Option<OwnedFd>,
     zygote_lib: Option<OwnedFd>,
     /// A run from a zygote: the jailer's go pipe, watched for its end.
@@ -510,9 +537,11 @@ pub(crate) fn set_up(
         status: &status,
         signal_fd: None,
         tool_end: None,
+        stdio_end: None,
         zygote_end: None,
         zygote_lib: fds.zygote_lib,
         sources: None,
+        grants: fds.grants,
         landlock: None,
         xattr_writes_refused: false,
     };
@@ -526,8 +555,9 @@ pub(crate) fn set_up(
         xattr_writes_refused: steps.xattr_writes_refused,
         timings: crate::timings::take(),
     };
-    let (tool_end, zygote_end, zygote_lib, go_read) = (
+    let (tool_end, stdio_end, zygote_end, zygote_lib, go_read) = (
         steps.tool_end.take(),
+        steps.stdio_end.take(),
         steps.zygote_end.take(),
         steps.zygote_lib.take(),
         steps.go_read.take(),
@@ -538,6 +568,7 @@ pub(crate) fn set_up(
         status,
         signal_fd,
         tool_end,
+        stdio_end,
         zygote_end,
         zygote_lib,
         go_read,
@@ -611,6 +642,15 @@ fn program_env(spec: &JailSpec, jail: &SetUp) -> Vec<CString> {
     cstrings(vars.map(|(k, v)| format!("{k}={v}")))
 }
 
+/// A server over stdio: `fd` becomes the program's stdin and stdout (the
+/// copies survive exec; the original is close-on-exec).
+fn serve_on_stdio(fd: &Option<OwnedFd>) -> nix::Result<()> {
+    match fd {
+        Some(fd) => nix::unistd::dup2_stdin(fd).and_then(|()| nix::unistd::dup2_stdout(fd)),
+        None => Ok(()),
+    }
+}
+
 /// Let the program's `fd` survive exec.
 fn keep_across_exec(fd: &Option<OwnedFd>) {
     if let Some(fd) = fd {
@@ -634,6 +674,11 @@ fn init(spec: &JailSpec, jail: SetUp) -> ! {
             syscall::default_signal_dispositions();
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
             keep_across_exec(&jail.tool_end);
+            if let Err(e) = serve_on_stdio(&jail.stdio_end) {
+                let message = format!("making the stdio socket stdin and stdout: {e}");
+                send(status, &ChildMessage::ExecFailed { message });
+                syscall::exit_now(127);
+            }
             keep_across_exec(&jail.zygote_end);
             keep_across_exec(&jail.zygote_lib);
             let err = execve(&argv[0], &argv, &env).unwrap_err();

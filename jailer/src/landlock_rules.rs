@@ -45,6 +45,16 @@ pub struct Grants {
 }
 
 impl Grants {
+    /// The caller's grants (`JailSpec::grants`): read, or read and write.
+    pub fn add_granted(&mut self, granted: &[pycell_wire::spec::Grant]) {
+        for g in granted {
+            match g.writable {
+                true => self.read_write.push(g.target.clone()),
+                false => self.read_only.push(g.target.clone()),
+            }
+        }
+    }
+
     /// The jailer's own layout plus the policy's extras.
     pub fn for_jail(
         spec: &LandlockSpec,

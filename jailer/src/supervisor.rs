@@ -412,6 +412,7 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     let (mut child_fds, go, ends) = pipes(spec.session.is_some() || spec.images.is_some())
         .map_err(io_failure("creating pipes"))?;
     child_fds.handout_channel = handout_channel(spec)?;
+    child_fds.grants = crate::grants::prepare(spec)?;
     if let Some(z) = &spec.zygote {
         let lib = crate::zygote::library_memfd(&z.lib).map_err(|e| {
             zygote_failure("the zygote's library")(io::Error::other(format!(
@@ -547,7 +548,8 @@ pub(crate) fn zygote_failure(what: &'static str) -> impl Fn(io::Error) -> JailFa
 /// copy for the child. After the clone the child's copy is the only one
 /// (see [`release_stdin`]).
 fn handout_channel(spec: &JailSpec) -> Result<Option<OwnedFd>, JailFailure> {
-    let hands_out = spec.export_workspace || spec.tools || spec.zygote.is_some();
+    let hands_out =
+        spec.export_workspace || spec.tools || spec.stdio_socket || spec.zygote.is_some();
     if spec.network == NetworkSpec::Loopback && !hands_out {
         return Ok(None);
     }
@@ -683,6 +685,7 @@ fn pipes(stdin_socket: bool) -> io::Result<(ChildFds, OwnedFd, ParentEnds)> {
         stderr_write: stderr.1,
         cgroup_tasks: Vec::new(),
         zygote_lib: None,
+        grants: Vec::new(),
     };
     let ours = ParentEnds {
         status_read: status.0,

@@ -242,6 +242,7 @@ fn child_fds(fds: Vec<OwnedFd>) -> Result<ChildFds, String> {
         handout_channel: None,
         cgroup_tasks: it.collect(),
         zygote_lib: None,
+        grants: Vec::new(),
     })
 }
 

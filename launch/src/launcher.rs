@@ -31,7 +31,7 @@ use pycell_protocol::result::{LimitsReport, NetworkReport, RunResult};
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::{Event, EventError, Stream};
 use pycell_wire::report::{JailFailure, JailReport, RunImages};
-use pycell_wire::spec::{new_run_id, JailSpec};
+use pycell_wire::spec::{new_run_id, Grant, JailSpec, GRANT_FD_BASE};
 
 /// Where sandbox uid leases are kept (by embedded runs and pycelld alike:
 /// one directory, so the two can never hand out the same uid).
@@ -226,6 +226,7 @@ impl Launcher {
             lease,
             jailer,
             zygote_channel: None,
+            grant_sources: Vec::new(),
         })
     }
 }
@@ -380,6 +381,9 @@ pub struct Prepared {
     /// A run from a zygote: the zygote's channel, for the jailer to
     /// inherit (`pycell_wire::spec::ZYGOTE_FD`).
     zygote_channel: Option<OwnedFd>,
+    /// The host paths granted to the jail, as their caller opened them
+    /// (`JailSpec::grants`), for the jailer to inherit.
+    grant_sources: Vec<OwnedFd>,
 }
 
 /// What becomes of the jailer's own stderr (never the sandbox's output,
@@ -481,6 +485,7 @@ impl Prepared {
             lease,
             jailer,
             zygote_channel,
+            grant_sources: Vec::new(),
         })
     }
 
@@ -492,6 +497,17 @@ impl Prepared {
     pub(crate) fn set_spec(&mut self, spec: JailSpec) -> Result<(), JailFailure> {
         spec.validate().map_err(|e| invalid_spec(e).failure())?;
         self.spec = spec;
+        Ok(())
+    }
+
+    /// Bind `granted` into the jail: each a grant and the descriptor its
+    /// caller opened the host path on (see `JailSpec::grants`).
+    pub fn grant(&mut self, granted: Vec<(Grant, OwnedFd)>) -> Result<(), JailFailure> {
+        let (grants, sources): (Vec<Grant>, Vec<OwnedFd>) = granted.into_iter().unzip();
+        let mut spec = self.spec.clone();
+        spec.grants = grants;
+        self.set_spec(spec)?;
+        self.grant_sources = sources;
         Ok(())
     }
 
@@ -539,6 +555,10 @@ impl Prepared {
             // included), so that no dup2 there lands on it first.
             let copy = rustix::io::fcntl_dupfd_cloexec(channel, 16)?;
             pycell_syscall::inherit_fd_as(&mut cmd, copy, ZYGOTE_FD);
+        }
+        for (i, source) in self.grant_sources.iter().enumerate() {
+            let copy = rustix::io::fcntl_dupfd_cloexec(source, 16)?;
+            pycell_syscall::inherit_fd_as(&mut cmd, copy, GRANT_FD_BASE + i as i32);
         }
         Ok((cmd, ours, outcome.into()))
     }
@@ -619,6 +639,7 @@ impl Prepared {
         let hands_out = self.egress.is_some()
             || self.spec.export_workspace
             || self.spec.tools
+            || self.spec.stdio_socket
             || self.spec.zygote.is_some();
         Started {
             run_id: self.run_id,

@@ -19,7 +19,7 @@ use pycell_protocol::messages::{
 /// Where policies installed by the operator live.
 pub const POLICY_DIR: &str = "/etc/pycell/policies";
 /// In-jail mount point of a venv interpreter.
-pub const VENV_TARGET: &str = "/venv";
+pub use pycell_wire::spec::VENV_TARGET;
 /// Parent of embedded runs' cgroups, relative to the jailer's own cgroup in
 /// each hierarchy (pycelld uses its delegated subtree's `runs` instead).
 pub const CGROUP_PARENT: &str = "pycell";
@@ -379,6 +379,9 @@ pub struct Extras {
     pub files: Vec<WorkspaceFile>,
     /// See [`JailSpec::export_workspace`].
     pub export_workspace: bool,
+    /// A server over stdio, not on the runner: see
+    /// [`JailSpec::stdio_socket`].
+    pub stdio_socket: bool,
 }
 
 /// A store env as the run's interpreter: its pyvenv.cfg must point at the
@@ -466,11 +469,15 @@ pub fn resolve_with(
         export_workspace: extras.export_workspace,
         warm: false,
         session: None,
-        // An install jail runs uv, not the runner.
-        images: (!extras.export_workspace).then(|| image_limits(&policy.images)),
+        // An install jail runs uv, and a server over stdio its own
+        // program, not the runner.
+        images: (!extras.export_workspace && !extras.stdio_socket)
+            .then(|| image_limits(&policy.images)),
         // Code mode: the client offered tools (the policy's rules decide,
         // call by call, which the code may use).
         tools: req.tools.is_some() && !extras.export_workspace,
+        stdio_socket: extras.stdio_socket,
+        grants: Vec::new(),
         timings: false,
         zygote: None,
         from_zygote: None,

@@ -286,6 +286,20 @@ pub struct Services {
     pub egress: Option<(EgressConfig, Option<AuditHook>)>,
     /// Code mode: what serves the jail's tool channel.
     pub tools: Option<ToolService>,
+    /// A server over stdio: who relays its stdin and stdout (gets the
+    /// socket the jail hands out).
+    pub stdio: Option<tokio::sync::oneshot::Sender<OwnedFd>>,
+}
+
+impl Services {
+    /// The services a run's launcher gives it itself (the egress proxy is
+    /// the run's own, from its policy).
+    pub fn local(tools: Option<ToolService>) -> Services {
+        Services {
+            tools,
+            ..Services::default()
+        }
+    }
 }
 
 impl std::fmt::Debug for Services {
@@ -293,6 +307,7 @@ impl std::fmt::Debug for Services {
         f.debug_struct("Services")
             .field("egress", &self.egress.as_ref().map(|(c, _)| &c.policy))
             .field("tools", &self.tools)
+            .field("stdio", &self.stdio.is_some())
             .finish()
     }
 }
@@ -365,6 +380,8 @@ pub struct RunStream {
     egress: Option<Egress>,
     tools: Option<tokio::task::JoinHandle<ToolCalls>>,
     workspace: Option<OwnedFd>,
+    /// The stdio socket went to its relay.
+    stdio_served: bool,
     ended: bool,
 }
 
@@ -387,6 +404,7 @@ impl RunStream {
             egress: None,
             tools: None,
             workspace: None,
+            stdio_served: false,
             ended: false,
         }
     }
@@ -469,6 +487,11 @@ impl RunStream {
                     self.tools = Some(tokio::spawn(service.serve(channel)));
                 }
             }
+            Handout::Stdio => {
+                if let Some(relay) = self.services.stdio.take() {
+                    self.stdio_served = relay.send(fd).is_ok();
+                }
+            }
             // A zygote's is taken by `Launcher::start_zygote`, never here.
             Handout::ZygoteChannel => drop(fd),
         }
@@ -478,8 +501,9 @@ impl RunStream {
     /// session's is its request stream too, which must close when the
     /// session ends.
     fn release_handouts(&mut self) {
-        let started = self.egress.is_some() || self.tools.is_some();
-        if started && self.services.egress.is_none() && self.services.tools.is_none() {
+        let started = self.egress.is_some() || self.tools.is_some() || self.stdio_served;
+        let s = &self.services;
+        if started && s.egress.is_none() && s.tools.is_none() && s.stdio.is_none() {
             self.handouts = None;
         }
     }
@@ -563,24 +587,22 @@ pub(crate) fn read_stderr(
 
 /// Run a launched jailer to its end for the embedded launcher: its output
 /// to `on_output` as it arrives; `stop` resolving (a cancel, ^C's
-/// SIGTERM, a shutdown) stops the run; `tools` serves its tool calls, if
-/// its client offered any. Returns the result, and the jail's
-/// /workspace if its spec exports it (the install jail).
+/// SIGTERM, a shutdown) stops the run; `services` serve its tool calls
+/// and stdio, if it has them (its egress proxy is started here, from its
+/// policy). Returns the result, and the jail's /workspace if its spec
+/// exports it (the install jail).
 pub async fn supervise(
     mut l: LaunchedAsync,
     patience: Patience,
     stop: impl std::future::Future<Output = StoppedBy>,
-    tools: Option<ToolService>,
+    mut services: Services,
     mut on_output: impl FnMut(Stream, &[u8]),
 ) -> (RunResult, Option<OwnedFd>) {
     let collector = Collector::new(&l.run_id, &l.policy, Some(l.limits.clone()));
-    let services = Services {
-        egress: l
-            .egress
-            .take()
-            .map(|rules| (EgressConfig::from_env(&l.policy, rules), None)),
-        tools,
-    };
+    services.egress = l
+        .egress
+        .take()
+        .map(|rules| (EgressConfig::from_env(&l.policy, rules), None));
     let stderr = read_stderr(l.child.stderr.take());
     let wall = Duration::from_secs_f64(l.limits.wall_timeout_s);
     let mut process = JailerProcess::new(l.child, l.lease, wall, patience);

@@ -17,9 +17,16 @@ const BUILTINS: &[(&str, &str)] = &[
     ("network", include_str!("../network.toml")),
     ("install", include_str!("../install.toml")),
     ("data-science", include_str!("../data-science.toml")),
+    ("mcp-server", include_str!("../mcp-server.toml")),
 ];
 
-const NAMES: &[&str] = &["default", "network", "install", "data-science"];
+const NAMES: &[&str] = &[
+    "default",
+    "network",
+    "install",
+    "data-science",
+    "mcp-server",
+];
 
 /// Names of the built-in policies, in a stable order.
 pub fn names() -> &'static [&'static str] {
@@ -86,7 +93,7 @@ mod tests {
     fn unknown_builtin() {
         assert_eq!(
             load("nope").unwrap_err().to_string(),
-            "no built-in policy named \"nope\"; built-in policies: default, network, install, data-science"
+            "no built-in policy named \"nope\"; built-in policies: default, network, install, data-science, mcp-server"
         );
     }
 }

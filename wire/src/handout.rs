@@ -32,6 +32,9 @@ pub enum Handout {
     /// A zygote's channel (a seqpacket socket): each message on it is one
     /// run's fork request, with that run's descriptors.
     ZygoteChannel,
+    /// The launcher's end of the program's stdin and stdout (a stream
+    /// socket), for a server over stdio.
+    Stdio,
 }
 
 /// Hand `fd` out on `sock` as `what`.

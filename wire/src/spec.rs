@@ -77,6 +77,19 @@ pub struct JailSpec {
     /// pycell's runner serves `import pycell_tools`. Needs the runner.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tools: bool,
+    /// A server over stdio (`pycell mcp-server`): the program's stdin and
+    /// stdout are one end of a socketpair whose other end the jail hands
+    /// out on the jailer's stdin socket (`Handout::Stdio`), for whoever
+    /// launched it to relay; bytes go between them and never through the
+    /// jailer. stderr is the run's output as ever. Not on the runner.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdio_socket: bool,
+    /// Host paths the caller granted (`pycell mcp-server --ro/--rw`),
+    /// bound after `mounts`: the source of the i-th is the descriptor the
+    /// caller opened it on, which the jailer inherits as
+    /// [`GRANT_FD_BASE`]` + i`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<Grant>,
     /// Mark each step of the jail's start and end in the report
     /// ([`crate::timings`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -90,6 +103,26 @@ pub struct JailSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_zygote: Option<FromZygote>,
 }
+
+/// A granted host path: where it shows in the jail, and whether the jail
+/// may write there. Its files keep their owner on the host; in the jail
+/// the owner of the granted path is the jail's user (an idmapped mount),
+/// so the jail has the owner's rights there, and no one else's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Grant {
+    pub target: PathBuf,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub writable: bool,
+}
+
+/// Where a run's env of installed dependencies is mounted.
+pub const VENV_TARGET: &str = "/venv";
+
+/// Where a jailer finds the descriptor of its first grant.
+pub const GRANT_FD_BASE: i32 = 5;
+/// The most grants one jail takes.
+pub const MAX_GRANTS: usize = 8;
 
 /// The descriptor on which a jailer of a run from a zygote finds the
 /// zygote's channel (named in [`ZYGOTE_FD_ENV`]).
@@ -416,6 +449,14 @@ impl JailSpec {
                 "tool calls need a python run on pycell's runner",
             ));
         }
+        if self.stdio_socket
+            && (self.warm || self.tools || self.images.is_some() || !self.stdin.is_empty())
+        {
+            return Err(bad(
+                "stdio_socket",
+                "a server over stdio is a plain cold run: no runner, tools or stdin bytes",
+            ));
+        }
         if self.warm && (self.export_workspace || !self.files.is_empty() || !self.stdin.is_empty())
         {
             return Err(bad(
@@ -505,20 +546,70 @@ impl JailSpec {
                     ),
                 ));
             }
-            let trust_store = m.source == Path::new(CA_CERTIFICATES)
-                && m.target == Path::new(CA_CERTIFICATES)
-                && self.network != NetworkSpec::Loopback;
-            if m.target == Path::new("/")
-                || (RESERVED_TARGETS.iter().any(|r| m.target.starts_with(r)) && !trust_store)
-            {
-                return Err(bad(
-                    "mounts",
-                    format!("target {} is built by the jailer", m.target.display()),
-                ));
+            check_target("mounts", &m.target, self.network, &m.source)?;
+        }
+        self.validate_grants()
+    }
+
+    fn validate_grants(&self) -> Result<(), SpecError> {
+        if self.grants.len() > MAX_GRANTS {
+            return Err(bad("grants", format!("at most {MAX_GRANTS}")));
+        }
+        if !self.grants.is_empty() && (self.warm || self.zygote.is_some()) {
+            return Err(bad("grants", "only a cold run takes grants"));
+        }
+        for (i, g) in self.grants.iter().enumerate() {
+            if let Some(problem) = grant_target_problem(&g.target) {
+                return Err(bad("grants", problem));
+            }
+            if self.grants[..i].iter().any(|o| o.target == g.target) {
+                let t = g.target.display();
+                return Err(bad("grants", format!("{t} is given twice")));
             }
         }
         Ok(())
     }
+}
+
+/// Why `target` cannot be where a granted host path shows in a jail, if
+/// it cannot: it must be clean and absolute, and neither a place the
+/// jailer builds itself (/, /proc, /dev, /tmp, /workspace, /etc) nor the
+/// run's env.
+pub fn grant_target_problem(target: &Path) -> Option<String> {
+    let t = target.display();
+    if !is_clean_absolute(target) {
+        return Some(format!("{t} is not a clean absolute path"));
+    }
+    if target == Path::new("/") || RESERVED_TARGETS.iter().any(|r| target.starts_with(r)) {
+        return Some(format!(
+            "{t} is in a place each jail has its own of (/, /proc, /dev, /tmp, /workspace, /etc): grant a path elsewhere"
+        ));
+    }
+    if target.starts_with(VENV_TARGET) {
+        return Some(format!(
+            "{t} is where the jail's env is mounted: grant a path elsewhere"
+        ));
+    }
+    None
+}
+
+/// A bind target the jailer does not build itself (the CA certificates
+/// under egress excepted, from their own source).
+fn check_target(
+    field: &str,
+    target: &Path,
+    network: NetworkSpec,
+    source: &Path,
+) -> Result<(), SpecError> {
+    let trust_store = source == Path::new(CA_CERTIFICATES)
+        && target == Path::new(CA_CERTIFICATES)
+        && network != NetworkSpec::Loopback;
+    let reserved = RESERVED_TARGETS.iter().any(|r| target.starts_with(r)) && !trust_store;
+    if target == Path::new("/") || reserved {
+        let t = target.display();
+        return Err(bad(field, format!("target {t} is built by the jailer")));
+    }
+    Ok(())
 }
 
 impl JailLimits {
@@ -637,6 +728,75 @@ mod tests {
         let mut far = run;
         far.from_zygote = Some(FromZygote { slot: 256 });
         refused(&far, "slots");
+    }
+
+    #[test]
+    fn a_server_over_stdio_is_a_plain_cold_run() {
+        let mut server = warm();
+        server.warm = false;
+        server.stdio_socket = true;
+        server.validate().unwrap();
+        let refused = |s: &JailSpec| {
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains("stdio_socket"), "{e}");
+        };
+        let mut warm_server = server.clone();
+        warm_server.warm = true;
+        refused(&warm_server);
+        let mut with_stdin = server.clone();
+        with_stdin.stdin = b"{}".to_vec();
+        refused(&with_stdin);
+        let mut on_runner = server;
+        on_runner.images = Some(super::ImageLimits {
+            max_edge: 64,
+            max_bytes: 1024,
+        });
+        refused(&on_runner);
+    }
+
+    #[test]
+    fn grants_go_to_a_cold_run_outside_what_the_jailer_builds_once_each() {
+        use super::{grant_target_problem, Grant, MAX_GRANTS};
+        let mut cold = warm();
+        cold.warm = false;
+        let grant = |t: &str, writable| Grant {
+            target: t.into(),
+            writable,
+        };
+        cold.grants = vec![grant("/srv/repo", false), grant("/home/u/state", true)];
+        cold.validate().unwrap();
+        for bad in [
+            "/",
+            "/tmp/x",
+            "/workspace",
+            "/etc/ssh",
+            "/proc/1",
+            "/dev/x",
+            "/venv/lib",
+            "rel",
+            "/a/../b",
+        ] {
+            assert!(
+                grant_target_problem(std::path::Path::new(bad)).is_some(),
+                "{bad}"
+            );
+        }
+        assert!(grant_target_problem(std::path::Path::new("/tmpfoo")).is_none());
+        let mut twice = cold.clone();
+        twice.grants.push(grant("/srv/repo", true));
+        assert!(twice.validate().unwrap_err().to_string().contains("twice"));
+        let mut many = cold.clone();
+        many.grants = (0..=MAX_GRANTS)
+            .map(|i| grant(&format!("/srv/{i}"), false))
+            .collect();
+        assert!(many.validate().is_err());
+        let mut warm_grants = cold;
+        warm_grants.warm = true;
+        assert!(warm_grants
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("cold run"));
     }
 
     #[test]

@@ -30,7 +30,7 @@ use pycell_deps::build::Ensured;
 pub use pycell_launch::launcher::RequestError;
 use pycell_launch::launcher::{JailerStderr, LaunchError, Launcher, PolicyChoice, Prepared};
 use pycell_launch::resolve::Extras;
-use pycell_launch::supervisor::{supervise, Patience, StoppedBy, PATIENCE};
+use pycell_launch::supervisor::{supervise, Patience, Services, StoppedBy, PATIENCE};
 use pycell_protocol::client::{daemon_socket, ClientError, Stage};
 use pycell_protocol::messages::{ErrorCode, RunRequest};
 use pycell_protocol::result::RunResult;
@@ -486,7 +486,7 @@ impl Sandboxes {
             launched,
             self.inner.patience,
             stopped(stop),
-            tools,
+            Services::local(tools),
             |stream, bytes| on_event(RunEvent::Output { stream, bytes }),
         )
         .await;

@@ -156,6 +156,7 @@ impl Sandboxes {
                     let upstream: Arc<dyn pycell_tools::service::Upstream> = Arc::new(servers);
                     grant.service(upstream, None)
                 }),
+            stdio: None,
         };
         let timing = SessionTiming {
             ready_within: READY_WITHIN,

@@ -483,6 +483,7 @@ async fn start(
     let services = Services {
         egress: egress.map(|rules| broker.egress_service(&run_id, &policy, rules)),
         tools: tools.map(|grant| broker.tool_service(&run_id, grant, upstream)),
+        stdio: None,
     };
     match events {
         Ok(events) => Ok(SpawnedRun {

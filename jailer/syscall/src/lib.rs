@@ -92,6 +92,7 @@ pub const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
 pub const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
 pub const MOUNT_ATTR_NODEV: u64 = 0x0000_0004;
 pub const MOUNT_ATTR_NOEXEC: u64 = 0x0000_0008;
+pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
 /// `struct mount_attr` from <linux/mount.h> (MOUNT_ATTR_SIZE_VER0).
 #[repr(C)]
@@ -163,6 +164,28 @@ pub fn mount_setattr_path(path: &Path, attr_set: u64, recursive: bool) -> io::Re
     mount_setattr_raw(libc::AT_FDCWD, &c, flags, attr_set)
 }
 
+/// `mount_setattr(fd, "", AT_EMPTY_PATH, {attr_set | MOUNT_ATTR_IDMAP,
+/// userns_fd})`: `attr_set`, and the ids of the detached mount `fd` seen
+/// through `userns`'s maps (an idmapped mount; not recursive).
+pub fn mount_setattr_idmapped(
+    fd: &OwnedFd,
+    attr_set: u64,
+    userns: BorrowedFd<'_>,
+) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set: attr_set | MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    mount_setattr_with(
+        fd.as_raw_fd(),
+        c"",
+        libc::AT_EMPTY_PATH as libc::c_uint,
+        &attr,
+    )
+}
+
 fn mount_setattr_raw(
     dirfd: RawFd,
     path: &std::ffi::CStr,
@@ -175,6 +198,15 @@ fn mount_setattr_raw(
         propagation: 0,
         userns_fd: 0,
     };
+    mount_setattr_with(dirfd, path, flags, &attr)
+}
+
+fn mount_setattr_with(
+    dirfd: RawFd,
+    path: &std::ffi::CStr,
+    flags: libc::c_uint,
+    attr: &MountAttr,
+) -> io::Result<()> {
     // SAFETY: `path` is NUL-terminated and `attr` is a properly laid out
     // `struct mount_attr` that lives across the call; its size is passed so the
     // kernel reads exactly that many bytes.
@@ -184,7 +216,7 @@ fn mount_setattr_raw(
             dirfd,
             path.as_ptr(),
             flags as libc::c_ulong,
-            &attr as *const MountAttr,
+            attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
     })?;

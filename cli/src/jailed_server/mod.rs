@@ -1,0 +1,398 @@
+//! `pycell mcp-server PACKAGE`: a third-party MCP server from the package
+//! index, jailed, as a drop-in for `uvx PACKAGE` in an MCP host's config.
+//!
+//! 1. Stage: PACKAGE and `--with` installed wheels-only into the env store
+//!    by the install jail (no build backend runs; cached by the lock, like
+//!    a run's dependencies).
+//! 2. Resolve: a jail of the policy without network reads the env's
+//!    metadata and says which console scripts there are (no package code
+//!    runs); [`plan::choose`] picks the entry.
+//! 3. Serve: a cold jail of the policy whose program's stdin and stdout
+//!    are a socket the jail hands out (`JailSpec::stdio_socket`); this
+//!    process relays its own stdin and stdout to it byte for byte, and the
+//!    server's stderr to its stderr. The caller's grants are bound in from
+//!    descriptors opened here, `--env` variables set, `--allow` hosts
+//!    reached through the egress proxy, whose use is summed up at the end.
+//!
+//! The server ends with its client: when our stdin ends (the server gets
+//! EOF and has [`CLOSE_GRACE`] to exit) or our stdout is gone, and with
+//! this process (the jailer's parent-death signal).
+
+mod plan;
+mod relay;
+
+use std::fs;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+use nix::unistd::AccessFlags;
+use pycell_deps::build::Ensured;
+use pycell_launch::launcher::JailerStderr;
+use pycell_launch::resolve::Extras;
+use pycell_launch::supervisor::{supervise, Services, StoppedBy, PATIENCE};
+use pycell_policy::requirement::Requirement;
+use pycell_policy::{NetworkMode, Policy};
+use pycell_protocol::messages::RunRequest;
+use pycell_protocol::result::{NetworkReport, RunResult};
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::events::Stream;
+use pycell_wire::report::{JailFailure, RunStatus};
+use pycell_wire::spec::{Grant, MAX_GRANTS};
+use serde::Serialize;
+
+use crate::cli::McpServerArgs;
+use crate::embedded::{self, Installer, StopRequest};
+use crate::run::{request_failure, EmbeddedRun};
+
+/// How long a server has to exit once its stdin has ended (or its client's
+/// end of stdout is gone) before its jail is stopped.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+pub fn main(args: &McpServerArgs) -> i32 {
+    match serve(args) {
+        Ok(result) => {
+            crate::run::emit(false, &result);
+            result.process_exit_code()
+        }
+        Err(f) => {
+            match &f.hint {
+                Some(h) => eprintln!("pycell mcp-server: {} ({}) — {h}", f.message, f.code),
+                None => eprintln!("pycell mcp-server: {} ({})", f.message, f.code),
+            }
+            125
+        }
+    }
+}
+
+fn internal(what: &str, e: impl std::fmt::Display) -> JailFailure {
+    JailFailure::new(FailureCode::Internal, Layer::Jailer, format!("{what}: {e}"))
+}
+
+/// Stage, resolve and serve; the server's result, or why it never started.
+fn serve(args: &McpServerArgs) -> Result<RunResult, JailFailure> {
+    let stop = embedded::stop_on_signals().map_err(|e| internal("signalfd", e))?;
+    let rt = embedded::runtime().map_err(|e| internal("starting a runtime", e))?;
+    let package = Requirement::parse(&args.package)
+        .map_err(|e| request_failure(format!("PACKAGE {:?}: {e}", args.package)))?;
+    let EmbeddedRun {
+        launcher,
+        mut policy,
+        ..
+    } = EmbeddedRun::new(&args.policy, RunRequest::default())?;
+    plan::allow(&mut policy, &args.allow).map_err(request_failure)?;
+    let variables =
+        plan::variables(&args.env, |n| std::env::var(n).ok()).map_err(request_failure)?;
+    policy.env.extend(variables);
+    let grants = open_grants(args, &policy)?;
+    let mut installer = Installer {
+        handle: rt.handle().clone(),
+        stop: stop.clone(),
+    };
+    let ensured = stage(args, &launcher, &policy, &mut installer)?;
+    let found = resolve(&launcher, &policy, &ensured, &package.name, &installer)?;
+    let launch = plan::choose(
+        &package.name,
+        &found,
+        args.entry.as_deref(),
+        args.module.as_deref(),
+    )
+    .map_err(request_failure)?;
+    let mut req = RunRequest {
+        code: plan::LAUNCHER.to_string(),
+        filename: Some("pycell_server.py".to_string()),
+        args: launch.launcher_args().to_vec(),
+        ..RunRequest::default()
+    };
+    req.args.extend(args.server_args.iter().cloned());
+    let extras = Extras {
+        env: Some(ensured.env.dir.clone()),
+        stdio_socket: true,
+        ..Extras::default()
+    };
+    let mut prepared = launcher
+        .prepare_with(&policy, &req, &extras)
+        .map_err(|e| e.failure())?;
+    prepared.grant(grants)?;
+    let result = rt.block_on(run_server(prepared, stop));
+    write_egress_report(args, &policy, &result)?;
+    say_egress(&result);
+    Ok(result)
+}
+
+/// PACKAGE and `--with`, installed (or found in the store).
+fn stage(
+    args: &McpServerArgs,
+    launcher: &pycell_launch::launcher::Launcher,
+    policy: &Policy,
+    installer: &mut Installer,
+) -> Result<Ensured, JailFailure> {
+    let listed: Vec<String> = std::iter::once(args.package.clone())
+        .chain(args.with.iter().cloned())
+        .collect();
+    let deps = pycell_deps::gather(policy, "", &listed)?
+        .ok_or_else(|| request_failure("no package to install".into()))?;
+    let store = pycell_deps::build::embedded_store()?;
+    let mut progress = |m: &str| eprintln!("pycell: {m}");
+    embedded::ensure_here(launcher, &store, policy, &deps, installer, &mut progress)
+}
+
+/// The env's console scripts, read by a jail of the policy without
+/// network (metadata only: no package code runs).
+fn resolve(
+    launcher: &pycell_launch::launcher::Launcher,
+    policy: &Policy,
+    ensured: &Ensured,
+    package: &str,
+    installer: &Installer,
+) -> Result<plan::Found, JailFailure> {
+    let mut offline = policy.clone();
+    offline.network = NetworkMode::None;
+    let req = RunRequest {
+        code: plan::RESOLVER.to_string(),
+        filename: Some("pycell_resolve.py".to_string()),
+        args: vec![package.to_string()],
+        ..RunRequest::default()
+    };
+    let extras = Extras {
+        env: Some(ensured.env.dir.clone()),
+        ..Extras::default()
+    };
+    let prepared = launcher
+        .prepare_with(&offline, &req, &extras)
+        .map_err(|e| e.failure())?;
+    let mut stdout = Vec::new();
+    let (result, _) = embedded::run_here(
+        &installer.handle,
+        prepared,
+        PATIENCE,
+        &installer.stop,
+        None,
+        &mut |s, b| {
+            if s == Stream::Stdout {
+                stdout.extend_from_slice(b)
+            }
+        },
+    );
+    let failed = |why: String| {
+        JailFailure::new(
+            FailureCode::JailerFailed,
+            Layer::Request,
+            format!("finding {package}'s console scripts: {why}"),
+        )
+    };
+    if result.status != RunStatus::Ok {
+        return Err(match result.error {
+            Some(e) => e,
+            None => failed(format!("{}: {}", result.status.as_str(), result.stderr)),
+        });
+    }
+    serde_json::from_slice(&stdout).map_err(|e| failed(format!("its answer: {e}")))
+}
+
+/// The paths granted (`--ro`, `--rw`, `--state`), each opened here (so this
+/// process could reach it) and checked.
+fn open_grants(
+    args: &McpServerArgs,
+    policy: &Policy,
+) -> Result<Vec<(Grant, OwnedFd)>, JailFailure> {
+    let mut asked: Vec<(&str, &Path, bool)> = Vec::new();
+    asked.extend(args.read_only.iter().map(|p| ("--ro", p.as_path(), false)));
+    asked.extend(args.read_write.iter().map(|p| ("--rw", p.as_path(), true)));
+    if let Some(state) = &args.state {
+        make_state_dir(state, policy.limits.disk)?;
+        asked.push(("--state", state.as_path(), true));
+    }
+    if asked.len() > MAX_GRANTS {
+        return Err(request_failure(format!(
+            "at most {MAX_GRANTS} paths can be granted"
+        )));
+    }
+    let mut grants: Vec<(Grant, OwnedFd)> = Vec::new();
+    for (flag, path, writable) in asked {
+        let (grant, fd) = open_grant(flag, path, writable).map_err(request_failure)?;
+        if grants.iter().any(|(g, _)| g.target == grant.target) {
+            let t = grant.target.display();
+            return Err(request_failure(format!("{flag} {t}: granted twice")));
+        }
+        grants.push((grant, fd));
+    }
+    Ok(grants)
+}
+
+fn open_grant(flag: &str, path: &Path, writable: bool) -> Result<(Grant, OwnedFd), String> {
+    let p = path.display();
+    let canonical = fs::canonicalize(path).map_err(|e| format!("{flag} {p}: {e}"))?;
+    let kind = fs::metadata(&canonical).map_err(|e| format!("{flag} {p}: {e}"))?;
+    if !kind.is_dir() && !kind.is_file() {
+        return Err(format!(
+            "{flag} {p}: only a directory or a regular file can be granted"
+        ));
+    }
+    let mut need = AccessFlags::R_OK;
+    if writable {
+        need |= AccessFlags::W_OK;
+    }
+    if kind.is_dir() {
+        need |= AccessFlags::X_OK;
+    }
+    nix::unistd::access(&canonical, need).map_err(|e| {
+        let what = if writable { "read and write" } else { "read" };
+        format!("{flag} {p}: you cannot {what} it yourself ({e})")
+    })?;
+    let target = plan::grant_target(&canonical).map_err(|e| format!("{flag} {p}: {e}"))?;
+    let fd = nix::fcntl::open(
+        &canonical,
+        OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("{flag} {p}: {e}"))?;
+    Ok((Grant { target, writable }, fd))
+}
+
+/// `--state DIR`: made (mode 0700) if missing; refused if it already holds
+/// more than `limit` bytes.
+fn make_state_dir(dir: &Path, limit: u64) -> Result<(), JailFailure> {
+    let d = dir.display();
+    if !dir.exists() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| request_failure(format!("--state {d}: {e}")))?;
+    }
+    let used = disk_use(dir, limit).map_err(|e| request_failure(format!("--state {d}: {e}")))?;
+    if used > limit {
+        return Err(request_failure(format!(
+            "--state {d} holds more than the policy's disk limit ({})",
+            pycell_policy::format_size(limit)
+        )));
+    }
+    Ok(())
+}
+
+/// Bytes of the files under `dir` (not following symlinks), counting
+/// stopped once past `limit`.
+fn disk_use(dir: &Path, limit: u64) -> std::io::Result<u64> {
+    let mut used = 0u64;
+    let mut todo: Vec<PathBuf> = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in fs::read_dir(&d)? {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            used = used.saturating_add(meta.len());
+            if meta.is_dir() {
+                todo.push(entry.path());
+            }
+            if used > limit {
+                return Ok(used);
+            }
+        }
+    }
+    Ok(used)
+}
+
+/// Start the server's jail and relay its stdio until it ends.
+async fn run_server(prepared: pycell_launch::launcher::Prepared, stop: StopRequest) -> RunResult {
+    let launched = match prepared.spawn_async(JailerStderr::Capture).await {
+        Ok(l) => l,
+        Err(result) => return *result,
+    };
+    let (stdio_tx, stdio_rx) = tokio::sync::oneshot::channel();
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        if let Ok(sock) = stdio_rx.await {
+            relay::start(sock, closed_tx);
+        }
+    });
+    let services = Services {
+        stdio: Some(stdio_tx),
+        ..Services::default()
+    };
+    let until = async move {
+        tokio::select! {
+            by = embedded::stopped(stop) => by,
+            by = client_closed(closed_rx) => by,
+        }
+    };
+    let (result, _) = supervise(launched, PATIENCE, until, services, |_, bytes| {
+        // Its stderr (and anything it wrote to the jail's own stdout):
+        // never to our stdout, which is the client's channel.
+        use std::io::Write;
+        let _ = std::io::stderr().lock().write_all(bytes);
+    })
+    .await;
+    result
+}
+
+/// Resolves [`CLOSE_GRACE`] after the client closed its side (never if
+/// the relay never started).
+async fn client_closed(closed: tokio::sync::oneshot::Receiver<()>) -> StoppedBy {
+    match closed.await {
+        Ok(()) => {
+            tokio::time::sleep(CLOSE_GRACE).await;
+            StoppedBy::Request
+        }
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// What `--egress-report FILE` holds.
+#[derive(Debug, Serialize)]
+struct EgressReport<'a> {
+    package: &'a str,
+    policy: &'a str,
+    /// The allow rules the server ran with (none: no network).
+    allowed_rules: Vec<String>,
+    /// What it reached and what was refused (none without network).
+    network: Option<&'a NetworkReport>,
+}
+
+fn write_egress_report(
+    args: &McpServerArgs,
+    policy: &Policy,
+    result: &RunResult,
+) -> Result<(), JailFailure> {
+    let Some(path) = &args.egress_report else {
+        return Ok(());
+    };
+    let report = EgressReport {
+        package: &args.package,
+        policy: &policy.name,
+        allowed_rules: policy
+            .network
+            .egress()
+            .map(|e| e.allowed())
+            .unwrap_or_default(),
+        network: result.network.as_ref(),
+    };
+    let json = serde_json::to_vec_pretty(&report).map_err(|e| internal("the egress report", e))?;
+    fs::write(path, json)
+        .map_err(|e| request_failure(format!("--egress-report {}: {e}", path.display())))
+}
+
+/// One line of what the server reached (refusals are the result's own
+/// notes).
+fn say_egress(result: &RunResult) {
+    let Some(n) = &result.network else {
+        return;
+    };
+    let reached: Vec<String> = n
+        .allowed
+        .iter()
+        .map(|h| format!("{}:{} x{}", h.host, h.port, h.count))
+        .collect();
+    eprintln!(
+        "pycell: egress: reached {}; {} refused; {} bytes in, {} out",
+        match reached.is_empty() {
+            true => "no host".to_string(),
+            false => reached.join(", "),
+        },
+        n.denied.iter().map(|d| d.count).sum::<u64>(),
+        n.bytes_in,
+        n.bytes_out
+    );
+}

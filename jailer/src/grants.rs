@@ -1,0 +1,148 @@
+//! Host paths the caller granted the jail (`JailSpec::grants`). Each
+//! comes as a descriptor the caller opened itself (proof it could reach
+//! the path; no path is walked here), inherited by the jailer, and becomes
+//! a detached, idmapped copy of its mount: on it the owner of the granted
+//! path is the jail's sandbox user, so the jail has the owner's rights
+//! there and nobody else's (files of other owners show as the overflow
+//! id, reachable only as "others"). Read-only unless granted writable; a
+//! writable grant is `noexec`; neither honours set-uid bits or devices.
+//!
+//! Made here, in the host's user namespace, before the clone: only a
+//! process privileged over a file system's own user namespace may idmap
+//! its mounts. The jail clones each copy again in its own mount namespace
+//! and attaches it after its policy's binds (`mounts::PreparedSources`).
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::{fstat, SFlag};
+use nix::sys::wait::waitpid;
+use nix::unistd::pipe2;
+use pycell_syscall::{
+    self as syscall, CloneResult, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID,
+    MOUNT_ATTR_RDONLY,
+};
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::report::JailFailure;
+use pycell_wire::spec::{Grant, JailSpec, GRANT_FD_BASE};
+
+/// A grant made ready for the jail: its idmapped, detached mount.
+#[derive(Debug)]
+pub(crate) struct GrantedTree {
+    pub mount: OwnedFd,
+    pub target: PathBuf,
+    pub is_dir: bool,
+}
+
+/// Every grant of `spec`, from the descriptors inherited for them.
+pub(crate) fn prepare(spec: &JailSpec) -> Result<Vec<GrantedTree>, JailFailure> {
+    let ids = (spec.sandbox_uid, spec.sandbox_gid);
+    spec.grants
+        .iter()
+        .enumerate()
+        .map(|(i, g)| prepare_one(GRANT_FD_BASE + i as i32, g, ids))
+        .collect()
+}
+
+/// The mount flags of a grant: never set-uid or devices; read-only, or
+/// writable and never executable.
+pub(crate) fn grant_attrs(writable: bool) -> u64 {
+    let always = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    match writable {
+        true => always | MOUNT_ATTR_NOEXEC,
+        false => always | MOUNT_ATTR_RDONLY,
+    }
+}
+
+fn prepare_one(fd: i32, g: &Grant, (uid, gid): (u32, u32)) -> Result<GrantedTree, JailFailure> {
+    let t = g.target.display();
+    let fail = |what: String| {
+        JailFailure::new(
+            FailureCode::MountsFailed,
+            Layer::Mounts,
+            format!("the grant of {t}: {what}"),
+        )
+    };
+    let source = syscall::adopt_inherited_fd(fd)
+        .map_err(|e| fail(format!("no descriptor {fd} was inherited for it: {e}")))?;
+    let st = fstat(&source).map_err(|e| fail(format!("fstat: {e}")))?;
+    let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+    if kind != SFlag::S_IFDIR && kind != SFlag::S_IFREG {
+        return Err(fail(
+            "only a directory or a regular file can be granted".into(),
+        ));
+    }
+    let mount = syscall::open_tree_clone_fd(source.as_fd(), false)
+        .map_err(|e| fail(format!("cloning its mount: {e}")))?;
+    let userns = owner_seen_as(st.st_uid, st.st_gid, uid, gid)
+        .map_err(|e| fail(format!("a user namespace for its idmap: {e}")))?;
+    syscall::mount_setattr_idmapped(&mount, grant_attrs(g.writable), userns.as_fd()).map_err(
+        |e| {
+            fail(format!("idmapping its mount: {e}")).with_hint(
+                "grant paths on a file system that supports idmapped mounts (ext4, xfs, btrfs; tmpfs from Linux 6.3)",
+            )
+        },
+    )?;
+    Ok(GrantedTree {
+        mount,
+        target: g.target.clone(),
+        is_dir: kind == SFlag::S_IFDIR,
+    })
+}
+
+/// The id maps that show files of `owner`:`group` as the sandbox's
+/// `uid`:`gid` (and the sandbox's new files as the owner's).
+pub(crate) fn idmap(owner: u32, group: u32, uid: u32, gid: u32) -> (String, String) {
+    (format!("{owner} {uid} 1\n"), format!("{group} {gid} 1\n"))
+}
+
+/// A user namespace with [`idmap`]'s maps, held by a descriptor: made by
+/// a child that waits, unprivileged, until its maps are written and its
+/// namespace opened, then exits.
+fn owner_seen_as(owner: u32, group: u32, uid: u32, gid: u32) -> std::io::Result<OwnedFd> {
+    let (wait_r, wait_w) = pipe2(OFlag::O_CLOEXEC)?;
+    match syscall::clone_fork(libc::CLONE_NEWUSER)? {
+        CloneResult::Child => {
+            drop(wait_w);
+            let mut byte = [0u8; 1];
+            let _ = nix::unistd::read(&wait_r, &mut byte);
+            syscall::exit_now(0);
+        }
+        CloneResult::Parent(pid) => {
+            drop(wait_r);
+            let maps = idmap(owner, group, uid, gid);
+            let ns = crate::supervisor::write_maps(pid, &maps)
+                .and_then(|()| File::open(format!("/proc/{}/ns/user", pid.as_raw())));
+            drop(wait_w);
+            let _ = waitpid(pid, None);
+            Ok(OwnedFd::from(ns?))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grant_is_never_setuid_nor_devices_and_writable_ones_never_execute() {
+        let ro = grant_attrs(false);
+        let rw = grant_attrs(true);
+        for attrs in [ro, rw] {
+            assert_ne!(attrs & MOUNT_ATTR_NOSUID, 0);
+            assert_ne!(attrs & MOUNT_ATTR_NODEV, 0);
+        }
+        assert_ne!(ro & MOUNT_ATTR_RDONLY, 0);
+        assert_eq!(rw & MOUNT_ATTR_RDONLY, 0);
+        assert_ne!(rw & MOUNT_ATTR_NOEXEC, 0);
+    }
+
+    #[test]
+    fn the_owner_of_a_grant_is_seen_as_the_sandbox_user() {
+        let (uid_map, gid_map) = idmap(1000, 100, 1_800_000_007, 1_800_000_008);
+        assert_eq!(uid_map, "1000 1800000007 1\n");
+        assert_eq!(gid_map, "100 1800000008 1\n");
+    }
+}
