@@ -47,10 +47,17 @@ pub fn sdk_report(name: &str, guard: Duration) -> Value {
 
 /// [`sdk_report`], with `args` after `--pycell PATH`.
 pub fn sdk_report_with(name: &str, args: &[&str], guard: Duration) -> Value {
+    sdk_report_in(name, args, &[], guard)
+}
+
+/// [`sdk_report_with`], the script (and what it starts) with `env` added
+/// to ours.
+pub fn sdk_report_in(name: &str, args: &[&str], env: &[(&str, &str)], guard: Duration) -> Value {
     require_root();
     let python = tools_python();
     let script = repo_root().join("tests/mcp").join(name);
     let child = Command::new(&python)
+        .envs(env.iter().copied())
         .arg(&script)
         .arg("--pycell")
         .arg(pycell_bin())

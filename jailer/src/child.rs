@@ -192,7 +192,7 @@ impl JailSteps for RealSteps<'_> {
         let fail = |e: mounts::MountError| StepError::new(Step::MountSources, e.to_string());
         let mut s = mounts::prepare_sources(&self.spec.mounts, from).map_err(fail)?;
         for granted in std::mem::take(&mut self.grants) {
-            s.add_granted(granted).map_err(fail)?;
+            s.add_granted(granted);
         }
         self.sources = Some(s);
         Ok(())

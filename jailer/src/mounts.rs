@@ -161,23 +161,15 @@ pub fn prepare_sources(
 }
 
 impl PreparedSources {
-    /// A grant of the caller's (`crate::grants`), cloned into this mount
-    /// namespace (the clone keeps its idmap and flags), bound after the
-    /// policy's binds.
-    pub(crate) fn add_granted(
-        &mut self,
-        granted: crate::grants::GrantedTree,
-    ) -> Result<(), MountError> {
-        let t = granted.target.display().to_string();
-        let fd = syscall::open_tree_clone_fd(granted.mount.as_fd(), false)
-            .map_err(err(format!("cloning the grant of {t}")))?;
+    /// A grant of the caller's (`crate::grants`): its detached mount,
+    /// attached after the policy's binds.
+    pub(crate) fn add_granted(&mut self, granted: crate::grants::GrantedTree) {
         self.binds.push(Prepared::Tree {
-            fd,
+            fd: granted.mount,
             target: granted.target,
             is_dir: granted.is_dir,
             hide_source: false,
         });
-        Ok(())
     }
 }
 

@@ -16,11 +16,14 @@ def digest(data):
     return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def wheel(out, name, version, deps=(), extra=None):
+def wheel(out, name, version, deps=(), extra=None, scripts=None):
     dist = name.replace("-", "_")
     files = {dist + "/__init__.py": ("VERSION = %r\n" % version).encode()}
     files.update(extra or {})
     info = "%s-%s.dist-info" % (dist, version)
+    if scripts:
+        lines = "".join("%s = %s\n" % kv for kv in sorted(scripts.items()))
+        files[info + "/entry_points.txt"] = ("[console_scripts]\n" + lines).encode()
     meta = "Metadata-Version: 2.1\nName: %s\nVersion: %s\n" % (name, version)
     meta += "".join("Requires-Dist: %s\n" % d for d in deps)
     files[info + "/METADATA"] = meta.encode()
@@ -59,6 +62,21 @@ except FileNotFoundError:
     wheel(out, "matplotlib", "0.0.1", extra={"matplotlib/font_manager.py": font_manager})
     big = {"pycell_test_big/blob.bin": os.urandom(4 << 20)}
     wheel(out, "pycell-test-big", "1.0", extra=big)
+    # An MCP server over stdio that probes what its jail lets it reach
+    # (pycell mcp-server's tests); one with no console script.
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "mcp", "probe_server.py"), "rb") as f:
+        probe = f.read()
+    wheel(
+        out,
+        "pycell-probe-server",
+        "1.0",
+        extra={"pycell_probe_server/server.py": probe},
+        # Two scripts: the one named as the package is the one run.
+        scripts={"pycell-probe-server": "pycell_probe_server.server:main", "pycell-probe-other": "pycell_probe_server.server:main"},
+    )
+    wheel(out, "pycell-test-noscript", "1.0")
+    wheel(out, "pycell-test-twoscripts", "1.0", scripts={"a-tool": "pycell_test_twoscripts:a", "b-tool": "pycell_test_twoscripts:b"})
     with open(os.path.join(out, "pycell_test_sdist-1.0.tar.gz"), "wb") as f:
         f.write(b"not built: pycell installs wheels only\n")
 
