@@ -109,7 +109,7 @@ fn session(args: &[&str], calls: Value, env: &[(&str, &str)], scan_for: Option<&
     report
 }
 
-fn call<'a>(report: &'a Value, i: usize) -> &'a Value {
+fn call(report: &Value, i: usize) -> &Value {
     &report["calls"][i]
 }
 
