@@ -113,6 +113,15 @@ fn call(report: &Value, i: usize) -> &Value {
     &report["calls"][i]
 }
 
+/// The session's first call answered with `text` in its answer, its
+/// second refused.
+fn answered_then_refused(r: &Value, text: &str) {
+    assert_eq!(call(r, 0)["is_error"], false, "{r}");
+    let answer = call(r, 0)["text"].as_str().unwrap_or("");
+    assert!(answer.contains(text), "{text:?} not in the answer: {r}");
+    assert_eq!(call(r, 1)["is_error"], true, "{r}");
+}
+
 #[test]
 fn a_published_server_lists_and_answers_its_tools_through_the_sdk() {
     let r = session(
@@ -184,15 +193,7 @@ fn fetch_reaches_the_allowed_loopback_server_only_and_the_refusal_is_in_the_egre
         &[],
         None,
     );
-    assert_eq!(call(&r, 0)["is_error"], false, "{r}");
-    assert!(
-        call(&r, 0)["text"]
-            .as_str()
-            .unwrap_or("")
-            .contains("pycell-marker-4711"),
-        "{r}"
-    );
-    assert_eq!(call(&r, 1)["is_error"], true, "{r}");
+    answered_then_refused(&r, "pycell-marker-4711");
     let egress: Value = serde_json::from_slice(&fs::read(&report_file).unwrap()).unwrap();
     assert_eq!(egress["allowed_rules"], json!([allow]), "{egress}");
     let allowed = &egress["network"]["allowed"];
@@ -250,15 +251,7 @@ fn git_reads_a_repository_granted_read_only_and_cannot_change_it() {
         &[],
         None,
     );
-    assert_eq!(call(&r, 0)["is_error"], false, "{r}");
-    assert!(
-        call(&r, 0)["text"]
-            .as_str()
-            .unwrap_or("")
-            .contains("a commit made by the test"),
-        "{r}"
-    );
-    assert_eq!(call(&r, 1)["is_error"], true, "{r}");
+    answered_then_refused(&r, "a commit made by the test");
     assert!(
         !repo.join(".git/refs/heads/from-the-jail").exists(),
         "the server wrote into a read-only grant"
@@ -384,7 +377,12 @@ fn packages_and_grants_that_cannot_be_served_are_refused_saying_why() {
             "--entry",
         ),
         (
-            &["mcp-server", "--policy", "mcp-probe", "pycell-test-twoscripts"],
+            &[
+                "mcp-server",
+                "--policy",
+                "mcp-probe",
+                "pycell-test-twoscripts",
+            ],
             "a-tool, b-tool: pick one with --entry",
         ),
         (

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use pycell_policy::network::{EgressLimits, EgressRules, Rule, RuleKind};
+use pycell_policy::requirement::normalize_name;
 use pycell_policy::{NetworkMode, Policy};
 use serde::Deserialize;
 
@@ -150,7 +151,7 @@ pub fn choose(
             [] => Err(format!(
                 "{package} has no console script: name what to run with --entry MODULE:FUNCTION or -m MODULE"
             )),
-            many => match many.iter().find(|n| normalize(n) == normalize(package)) {
+            many => match many.iter().find(|n| normalize_name(n) == normalize_name(package)) {
                 Some(n) => script(n),
                 None => Err(format!(
                     "{package} has console scripts {}: pick one with --entry NAME",
@@ -166,24 +167,6 @@ fn list(names: &[&str]) -> String {
         true => "none".into(),
         false => names.join(", "),
     }
-}
-
-/// PEP 503's form of a distribution name.
-pub fn normalize(name: &str) -> String {
-    let mut out = String::new();
-    let mut sep = false;
-    for c in name.chars() {
-        if matches!(c, '-' | '_' | '.') {
-            sep = true;
-            continue;
-        }
-        if sep && !out.is_empty() {
-            out.push('-');
-        }
-        sep = false;
-        out.push(c.to_ascii_lowercase());
-    }
-    out
 }
 
 /// Variables pycell sets itself, which `--env` may not replace.
@@ -363,12 +346,6 @@ mod tests {
             Some("pkg.cli:main".into())
         );
         assert_eq!(object_reference("pkg.cli"), None);
-    }
-
-    #[test]
-    fn names_are_normalized_as_pep_503_says() {
-        assert_eq!(normalize("Mcp_Server..Time"), "mcp-server-time");
-        assert_eq!(normalize("mcp-server-time"), "mcp-server-time");
     }
 
     #[test]
