@@ -180,14 +180,15 @@ fn the_official_python_sdk_drives_pycell_mcp() {
         c.eq("sandbox_info", v, "/is_error", Value::Bool(false));
         c.eq("sandbox_info", v, "/schema_errors", Value::Array(vec![]));
         c.eq("sandbox_info", v, "/structured/mode", "embedded".into());
-        // Listed by name: the shipped data-science, default, install, network.
+        // Listed by name: the shipped data-science, default, install,
+        // mcp-server, network.
         let names: Vec<&str> = v
             .pointer("/structured/policies")
             .and_then(Value::as_array)
             .map(|a| a.iter().filter_map(|p| p["name"].as_str()).collect())
             .unwrap_or_default();
         c.check(
-            names.starts_with(&["data-science", "default", "install", "network"]),
+            names.starts_with(&["data-science", "default", "install", "mcp-server", "network"]),
             || format!("sandbox_info: policies {names:?}"),
         );
         c.eq(
