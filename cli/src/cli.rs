@@ -54,8 +54,10 @@ pub enum Command {
     /// whose stdin and stdout are this process's, relayed unchanged. It sees
     /// no host file but those granted (--ro, --rw, --state), no variable
     /// but those named (--env), and no network but the hosts allowed
-    /// (--allow), whose use is summed up on exit. Needs root (embedded
-    /// mode). Exit status: the server's own; 125 if it could not start.
+    /// (--allow), whose use is summed up on exit. Through pycelld when it
+    /// runs (the operator's policies; --allow only hosts the policy
+    /// allows), else embedded (as root). Exit status: the server's own; 125
+    /// if it could not start.
     McpServer(McpServerArgs),
     /// Sessions: a sandbox whose Python stays alive between commands, like
     /// a Jupyter kernel (variables, imports and /workspace files persist).
@@ -405,6 +407,13 @@ pub struct McpServerArgs {
     /// refused) to FILE as JSON too.
     #[arg(long, value_name = "FILE")]
     pub egress_report: Option<PathBuf>,
+    /// pycelld socket to use (default as for `pycell run`).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Run embedded (this process starts pycell-jailer; needs root) even if
+    /// pycelld is running.
+    #[arg(long, conflicts_with = "socket")]
+    pub embedded: bool,
 }
 
 /// `pycell mcp`.

@@ -106,6 +106,7 @@ fn request(args: &RunArgs) -> Result<RunRequest, String> {
         dependencies: listed_dependencies(args.requirements.as_deref(), &args.with)?,
         files: Vec::new(),
         tools: None,
+        ..RunRequest::default()
     };
     req.set_stdin(&stdin);
     Ok(req)

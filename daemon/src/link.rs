@@ -103,6 +103,14 @@ pub struct RunOrder {
     /// broker's to check and relay; root sees only that there is one).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tools: bool,
+    /// A server over stdio: the jail hands out its stdin and stdout, for
+    /// the broker to pass to the client (root never reads them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdio: bool,
+    /// The request's variables, checked by the broker (opaque to root,
+    /// which bounds them and re-checks their names).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 /// A run's limits as the broker settled them.
@@ -152,6 +160,9 @@ impl RunOrder {
             // What the launch path needs of the catalog is that there is
             // one: the broker serves the channel with the client's.
             tools: self.tools.then(Default::default),
+            serve_stdio: self.stdio,
+            env: self.env.clone(),
+            allow: Vec::new(),
         }
     }
 
@@ -163,13 +174,19 @@ impl RunOrder {
         check_filename(self.filename.as_deref())?;
         check_args(&self.args)?;
         check_stdin(self.stdin_base64.as_deref())?;
-        check_files(&self.files)
+        check_files(&self.files)?;
+        check_variables(self.env.iter())
     }
 
     /// What the monitor checks of an order under the policy it names,
     /// beyond what the launch path checks (limits, sizes, names): its
     /// dependencies' bounds, and that the policy lets it have them.
     pub fn check(&self, policy: &Policy) -> Result<(), JailFailure> {
+        for (name, value) in &self.env {
+            pycell_protocol::messages::check_variable(name, value).map_err(|m| {
+                JailFailure::new(FailureCode::InvalidRequest, pycell_wire::codes::Layer::Request, m)
+            })?;
+        }
         if self.session && (policy.session.per_uid == 0 || !self.code.is_empty()) {
             return Err(JailFailure::new(
                 FailureCode::SessionsUnavailable,

@@ -119,7 +119,6 @@ pub fn job(
             mounts,
             files: vec![WorkspaceFile::text("requirements.in", requirements)],
             export_workspace: true,
-            stdio_socket: false,
         },
         source,
     })

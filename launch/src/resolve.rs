@@ -3,6 +3,7 @@
 //! every limit in the jailer's units. The first step of every launch (see
 //! [`crate::launch`]).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -379,9 +380,6 @@ pub struct Extras {
     pub files: Vec<WorkspaceFile>,
     /// See [`JailSpec::export_workspace`].
     pub export_workspace: bool,
-    /// A server over stdio, not on the runner: see
-    /// [`JailSpec::stdio_socket`].
-    pub stdio_socket: bool,
 }
 
 /// A store env as the run's interpreter: its pyvenv.cfg must point at the
@@ -433,7 +431,7 @@ pub fn resolve_with(
     let mut argv = vec![python, "-s".to_string(), format!("{WORKSPACE}/{name}")];
     argv.extend(req.args.iter().cloned());
     let l = &policy.landlock;
-    let mut env = jail_env(policy);
+    let mut env = jail_env(policy, &req.env);
     if let Some(venv) = &extras.env {
         env.extend(matplotlib_cache_env(venv, &env));
     }
@@ -471,12 +469,12 @@ pub fn resolve_with(
         session: None,
         // An install jail runs uv, and a server over stdio its own
         // program, not the runner.
-        images: (!extras.export_workspace && !extras.stdio_socket)
+        images: (!extras.export_workspace && !req.serve_stdio)
             .then(|| image_limits(&policy.images)),
         // Code mode: the client offered tools (the policy's rules decide,
         // call by call, which the code may use).
         tools: req.tools.is_some() && !extras.export_workspace,
-        stdio_socket: extras.stdio_socket,
+        stdio_socket: req.serve_stdio,
         grants: Vec::new(),
         timings: false,
         zygote: None,
@@ -571,13 +569,16 @@ pub fn thread_pool_env(cpus: f64, env: &[(String, String)]) -> Vec<(String, Stri
         .collect()
 }
 
-fn jail_env(policy: &Policy) -> Vec<(String, String)> {
+/// The policy's `[env]` with the request's variables over it, then the
+/// thread pools' and, with egress, the proxy's (which win).
+fn jail_env(policy: &Policy, request: &BTreeMap<String, String>) -> Vec<(String, String)> {
     let proxy = match policy.network {
         NetworkMode::None => Vec::new(),
         NetworkMode::Allowlist(_) => proxy_env(EGRESS_PROXY_PORT),
     };
-    let mut env: Vec<(String, String)> = policy
-        .env
+    let mut vars = policy.env.clone();
+    vars.extend(request.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let mut env: Vec<(String, String)> = vars
         .iter()
         .filter(|(k, _)| !proxy.iter().any(|(p, _)| p == *k))
         .map(|(k, v)| (k.clone(), v.clone()))

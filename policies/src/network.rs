@@ -326,6 +326,17 @@ impl Rule {
     }
 }
 
+/// The one host a pattern names, if it names one.
+fn one_host(p: &HostPattern) -> Option<Host> {
+    match p {
+        HostPattern::Name(n) => Some(Host::Name(n.clone())),
+        HostPattern::Net(net) if net.prefix == if net.addr.is_ipv4() { 32 } else { 128 } => {
+            Some(Host::Addr(net.addr))
+        }
+        _ => None,
+    }
+}
+
 fn parse_scheme(s: &str) -> Result<Scheme, RuleError> {
     match s.to_ascii_lowercase().as_str() {
         "https" => Ok(Scheme::Https),
@@ -474,6 +485,40 @@ impl EgressRules {
             allow: parse(&allow, RuleKind::Allow)?,
             deny: parse(&deny, RuleKind::Deny)?,
             limits,
+        })
+    }
+
+    /// These rules cut down to `texts` (`pycell mcp-server --allow`
+    /// through pycelld): each an allow rule these rules already allow,
+    /// either written the same or naming one host (a name or one
+    /// address) and port that [`EgressRules::check`] lets through. The
+    /// deny rules and limits stay. The error names the first rule that is
+    /// not allowed.
+    pub fn narrowed_to<S: AsRef<str>>(&self, texts: &[S]) -> Result<EgressRules, String> {
+        let mut allow = Vec::with_capacity(texts.len());
+        for text in texts {
+            let text = text.as_ref();
+            let rule = Rule::parse(text, RuleKind::Allow).map_err(|e| format!("{text:?}: {e}"))?;
+            let same = |a: &Rule| a.scheme == rule.scheme && a.host == rule.host && a.port == rule.port;
+            let passes = match (rule.scheme, one_host(&rule.host), rule.port) {
+                (Some(s), Some(h), Some(p)) => self.check(s, &h, p).is_ok(),
+                _ => false,
+            };
+            if !self.allow.iter().any(same) && !passes {
+                return Err(format!(
+                    "{text:?} is not on the policy's allowlist ({})",
+                    match self.allow.is_empty() {
+                        true => "which is empty".to_string(),
+                        false => self.allowed().join(", "),
+                    }
+                ));
+            }
+            allow.push(rule);
+        }
+        Ok(EgressRules {
+            allow,
+            deny: self.deny.clone(),
+            limits: self.limits,
         })
     }
 
@@ -631,6 +676,33 @@ mod tests {
 
     fn name(n: &str) -> Host {
         Host::parse(n).unwrap()
+    }
+
+    #[test]
+    fn a_narrowed_allowlist_keeps_only_what_the_policy_allows() {
+        let policy = rules(&["*.example.net", "http://10.0.0.0/8:8080"], &["bad.example.net"]);
+        let n = policy
+            .narrowed_to(&["api.example.net", "http://10.1.2.3:8080", "*.example.net"])
+            .unwrap();
+        assert_eq!(n.allowed(), ["api.example.net", "http://10.1.2.3:8080", "*.example.net"]);
+        assert_eq!(n.deny, policy.deny);
+        assert!(n.check(Scheme::Https, &name("api.example.net"), 443).is_ok());
+        assert!(n.check(Scheme::Https, &name("other.example.net"), 443).is_ok());
+        let only = policy.narrowed_to(&["api.example.net"]).unwrap();
+        assert!(only.check(Scheme::Https, &name("other.example.net"), 443).is_err());
+        for outside in [
+            "example.org",
+            "api.example.net:8443",
+            "http://api.example.net",
+            "*.net",
+            "http://10.0.0.0/16:8080",
+            "bad.example.net",
+        ] {
+            let e = policy.narrowed_to(&[outside]).unwrap_err();
+            assert!(e.contains("not on the policy's allowlist"), "{outside}: {e}");
+        }
+        assert!(policy.narrowed_to(&["ftp://x"]).is_err());
+        assert!(rules(&[], &[]).narrowed_to(&["a.example.net"]).unwrap_err().contains("empty"));
     }
 
     #[test]

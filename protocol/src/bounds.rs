@@ -16,6 +16,12 @@ pub const MAX_ARG_BYTES: usize = 128 * 1024;
 pub const MAX_ARGS_BYTES: usize = 1024 * 1024;
 /// Longest script file name, policy name and input file name.
 pub const MAX_NAME_BYTES: usize = 255;
+/// Most variables a request adds, and their bytes together.
+pub const MAX_VARIABLES: usize = 64;
+pub const MAX_VARIABLES_BYTES: usize = 256 * 1024;
+/// Most egress rules a request names, and the longest.
+pub const MAX_ALLOW_RULES: usize = 64;
+pub const MAX_RULE_BYTES: usize = 512;
 
 /// A field over its bound: which, and by how much.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -104,6 +110,39 @@ pub fn check_stdin(stdin_base64: Option<&str>) -> Result<(), OutOfBounds> {
     }
 }
 
+/// A request's variables: how many, how many bytes.
+pub fn check_variables<'a>(
+    vars: impl ExactSizeIterator<Item = (&'a String, &'a String)>,
+) -> Result<(), OutOfBounds> {
+    if vars.len() > MAX_VARIABLES {
+        let n = vars.len();
+        return Err(out("env", format!("{n} variables; at most {MAX_VARIABLES}")));
+    }
+    let total: usize = vars.map(|(k, v)| k.len() + v.len()).sum();
+    match total > MAX_VARIABLES_BYTES {
+        true => Err(out(
+            "env",
+            format!("{total} bytes together; at most {MAX_VARIABLES_BYTES}"),
+        )),
+        false => Ok(()),
+    }
+}
+
+/// A request's egress rules: how many, how long.
+pub fn check_allow(rules: &[String]) -> Result<(), OutOfBounds> {
+    if rules.len() > MAX_ALLOW_RULES {
+        let n = rules.len();
+        return Err(out("allow", format!("{n} rules; at most {MAX_ALLOW_RULES}")));
+    }
+    match rules.iter().find(|r| r.len() > MAX_RULE_BYTES) {
+        Some(r) => Err(out(
+            "allow",
+            format!("a rule of {} bytes; at most {MAX_RULE_BYTES}", r.len()),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Input files: how many, their names' and contents' sizes.
 pub fn check_files(files: &[InputFile]) -> Result<(), OutOfBounds> {
     if files.len() > MAX_INPUT_FILES {
@@ -141,6 +180,8 @@ impl RunRequest {
         check_args(&self.args)?;
         check_stdin(self.stdin_base64.as_deref())?;
         check_files(&self.files)?;
+        check_variables(self.env.iter())?;
+        check_allow(&self.allow)?;
         match &self.policy {
             Some(p) if p.len() > MAX_NAME_BYTES => Err(out(
                 "policy",

@@ -179,8 +179,31 @@ impl DaemonClient {
     pub fn run_queued(
         &mut self,
         request: RunRequest,
+        on_output: impl FnMut(Stream, &[u8]),
+        on_stage: impl FnMut(Stage<'_>),
+    ) -> Result<RunResult, ClientError> {
+        self.run_with(request, on_output, on_stage, None)
+    }
+
+    /// [`DaemonClient::run_queued`] for a server over stdio
+    /// (`request.serve_stdio`): `on_stdio` gets the socket of its stdin and
+    /// stdout once it is up; the result comes when it ends.
+    pub fn run_serving(
+        &mut self,
+        request: RunRequest,
+        on_output: impl FnMut(Stream, &[u8]),
+        on_stage: impl FnMut(Stage<'_>),
+        mut on_stdio: impl FnMut(std::os::fd::OwnedFd),
+    ) -> Result<RunResult, ClientError> {
+        self.run_with(request, on_output, on_stage, Some(&mut on_stdio))
+    }
+
+    fn run_with(
+        &mut self,
+        request: RunRequest,
         mut on_output: impl FnMut(Stream, &[u8]),
         mut on_stage: impl FnMut(Stage<'_>),
+        mut on_stdio: Option<&mut dyn FnMut(std::os::fd::OwnedFd)>,
     ) -> Result<RunResult, ClientError> {
         framing::write_sync(
             &mut self.stream,
@@ -189,8 +212,20 @@ impl DaemonClient {
                 request,
             },
         )?;
+        let mut reader = FdReader {
+            stream: &self.stream,
+            fds: Vec::new(),
+        };
         loop {
-            match framing::read_sync::<ServerMessage>(&mut self.stream)? {
+            let msg = match on_stdio.is_some() {
+                true => framing::read_sync::<ServerMessage>(&mut reader)?,
+                false => framing::read_sync::<ServerMessage>(&mut reader.stream)?,
+            };
+            match msg {
+                ServerMessage::Stdio { .. } => match (reader.fds.pop(), on_stdio.as_mut()) {
+                    (Some(sock), Some(f)) => f(sock),
+                    _ => return Err(ClientError::Unexpected("a stdio message without its socket".into())),
+                },
                 ServerMessage::Started { run_id, .. } => on_stage(Stage::Started(&run_id)),
                 ServerMessage::Queued { position, .. } => on_stage(Stage::Queued(position)),
                 ServerMessage::Installing { message, .. } => on_stage(Stage::Installing(&message)),
@@ -354,6 +389,22 @@ impl DaemonClient {
             ServerMessage::Info { info } => Ok(*info),
             other => Err(unexpected(other)),
         }
+    }
+}
+
+/// Reads a stream socket with `recvmsg`, keeping the descriptors that come
+/// with the bytes (a `stdio` message's socket).
+struct FdReader<'a> {
+    stream: &'a UnixStream,
+    fds: Vec<std::os::fd::OwnedFd>,
+}
+
+impl io::Read for FdReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::fd::AsFd;
+        let (n, fds) = pycell_wire::fdpass::recv_with_fds(self.stream.as_fd(), buf)?;
+        self.fds.extend(fds);
+        Ok(n)
     }
 }
 

@@ -48,6 +48,50 @@ pub struct RunRequest {
     /// back to the client (`tool_call`), which answers (`tool_answer`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<pycell_tools::catalog::Catalog>,
+    /// A server over stdio (`pycell mcp-server`): the program's stdin and
+    /// stdout are a socket whose other end comes to the client in a
+    /// `stdio` message (the descriptor attached to it), instead of stdin
+    /// bytes and stdout output; its stderr streams as output. Not with
+    /// stdin, tools or a session.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub serve_stdio: bool,
+    /// Variables for the program besides its policy's `[env]` (none of
+    /// pycell's own: see [`check_variable`]).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Egress to these hosts only: `[SCHEME://]HOST[:PORT]` rules, each
+    /// one the policy's allowlist allows (pycelld); in embedded mode they
+    /// open the allowlist.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+}
+
+/// Variables pycell sets itself, which a request may not set: the egress
+/// proxy's and `PYCELL_*`.
+fn reserved_variable(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    upper.starts_with("PYCELL_")
+        || ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"].contains(&upper.as_str())
+}
+
+/// Whether `name=value` may be a request's variable: a C identifier, not
+/// one of pycell's own, no NUL in the value.
+pub fn check_variable(name: &str, value: &str) -> Result<(), String> {
+    let valid = name
+        .chars()
+        .next()
+        .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+        && name.chars().all(|c| c == '_' || c.is_ascii_alphanumeric());
+    if !valid {
+        return Err(format!("{name:?} is not a variable name"));
+    }
+    if reserved_variable(name) {
+        return Err(format!("{name}: pycell sets that variable itself"));
+    }
+    if value.contains('\0') {
+        return Err(format!("{name}: its value has a NUL byte"));
+    }
+    Ok(())
 }
 
 /// A file for /workspace: a plain name (no `/`), its bytes in base64.
@@ -271,6 +315,12 @@ pub enum ServerMessage {
     Result {
         id: String,
         result: Box<crate::result::RunResult>,
+    },
+    /// A server over stdio (`serve_stdio`) is up: the socket of its stdin
+    /// and stdout comes attached to this message (SCM_RIGHTS), for the
+    /// client to read and write; its `result` follows when it ends.
+    Stdio {
+        id: String,
     },
     Info {
         info: Box<crate::info::DaemonInfo>,

@@ -18,6 +18,24 @@ const MAX_FDS: usize = 16;
 /// Send all of `data` on a unix stream socket with `fds` attached to its
 /// first byte.
 pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let sent = send_some_with_fds(sock, data, fds)?;
+    // The descriptors went with the first part; the rest is plain data.
+    let mut rest = &data[sent..];
+    while !rest.is_empty() {
+        let n = rustix::io::write(sock, rest)?;
+        rest = &rest[n..];
+    }
+    Ok(())
+}
+
+/// One `sendmsg` of `data` (or of its first part: the count is returned)
+/// with `fds` attached: for a non-blocking socket, whose caller writes
+/// the rest as it can.
+pub fn send_some_with_fds(
+    sock: BorrowedFd<'_>,
+    data: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<usize> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
@@ -29,13 +47,7 @@ pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) 
         &mut control,
         SendFlags::empty(),
     )?;
-    // The descriptors went with the first part; the rest is plain data.
-    let mut rest = &data[sent..];
-    while !rest.is_empty() {
-        let n = rustix::io::write(sock, rest)?;
-        rest = &rest[n..];
-    }
-    Ok(())
+    Ok(sent)
 }
 
 /// Receive into `buf` from a unix stream socket, taking any descriptors

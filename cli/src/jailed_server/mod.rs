@@ -18,9 +18,11 @@
 //! EOF and has [`CLOSE_GRACE`] to exit) or our stdout is gone, and with
 //! this process (the jailer's parent-death signal).
 
+mod daemon;
 mod plan;
 mod relay;
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
@@ -72,45 +74,111 @@ fn internal(what: &str, e: impl std::fmt::Display) -> JailFailure {
     JailFailure::new(FailureCode::Internal, Layer::Jailer, format!("{what}: {e}"))
 }
 
-/// Stage, resolve and serve; the server's result, or why it never started.
+/// Stage, resolve and serve (through pycelld if it runs, else embedded);
+/// the server's result, or why it never started.
 fn serve(args: &McpServerArgs) -> Result<RunResult, JailFailure> {
-    let stop = embedded::stop_on_signals().map_err(|e| internal("signalfd", e))?;
-    let rt = embedded::runtime().map_err(|e| internal("starting a runtime", e))?;
     let package = Requirement::parse(&args.package)
         .map_err(|e| request_failure(format!("PACKAGE {:?}: {e}", args.package)))?;
+    let variables =
+        plan::variables(&args.env, |n| std::env::var(n).ok()).map_err(request_failure)?;
+    let socket = (!args.embedded)
+        .then(|| pycell_protocol::client::daemon_socket(args.socket.as_deref()))
+        .flatten();
+    let (result, allowed_rules) = match socket {
+        Some(socket) => daemon::serve(args, &socket, &package.name, variables)?,
+        None => serve_embedded(args, &package.name, variables)?,
+    };
+    write_egress_report(args, allowed_rules, &result)?;
+    say_egress(&result);
+    Ok(result)
+}
+
+/// The request that runs the server `launch` picked.
+fn server_request(
+    args: &McpServerArgs,
+    launch: &plan::Launch,
+    variables: BTreeMap<String, String>,
+) -> RunRequest {
+    let mut req = RunRequest {
+        code: plan::LAUNCHER.to_string(),
+        filename: Some("pycell_server.py".to_string()),
+        args: launch.launcher_args().to_vec(),
+        policy: Some(args.policy.clone()),
+        serve_stdio: true,
+        env: variables,
+        ..RunRequest::default()
+    };
+    req.args.extend(args.server_args.iter().cloned());
+    req
+}
+
+/// The request that reads the env's console scripts for `package`.
+fn resolver_request(args: &McpServerArgs, package: &str) -> RunRequest {
+    RunRequest {
+        code: plan::RESOLVER.to_string(),
+        filename: Some("pycell_resolve.py".to_string()),
+        args: vec![package.to_string()],
+        policy: Some(args.policy.clone()),
+        ..RunRequest::default()
+    }
+}
+
+/// PACKAGE and `--with`.
+fn packages(args: &McpServerArgs) -> Vec<String> {
+    std::iter::once(args.package.clone())
+        .chain(args.with.iter().cloned())
+        .collect()
+}
+
+/// What the resolver's run said, or why it said nothing.
+fn found_in(result: RunResult, stdout: &[u8], package: &str) -> Result<plan::Found, JailFailure> {
+    let failed = |why: String| {
+        JailFailure::new(
+            FailureCode::JailerFailed,
+            Layer::Request,
+            format!("finding {package}'s console scripts: {why}"),
+        )
+    };
+    if result.status != RunStatus::Ok {
+        return Err(match result.error {
+            Some(e) => e,
+            None => failed(format!("{}: {}", result.status.as_str(), result.stderr)),
+        });
+    }
+    serde_json::from_slice(stdout).map_err(|e| failed(format!("its answer: {e}")))
+}
+
+/// Embedded: this process stages, resolves and runs the jails itself.
+fn serve_embedded(
+    args: &McpServerArgs,
+    package: &str,
+    variables: BTreeMap<String, String>,
+) -> Result<(RunResult, Vec<String>), JailFailure> {
+    let stop = embedded::stop_on_signals().map_err(|e| internal("signalfd", e))?;
+    let rt = embedded::runtime().map_err(|e| internal("starting a runtime", e))?;
     let EmbeddedRun {
         launcher,
         mut policy,
         ..
     } = EmbeddedRun::new(&args.policy, RunRequest::default())?;
     plan::allow(&mut policy, &args.allow).map_err(request_failure)?;
-    let variables =
-        plan::variables(&args.env, |n| std::env::var(n).ok()).map_err(request_failure)?;
-    policy.env.extend(variables);
     let grants = open_grants(args, &policy)?;
     let mut installer = Installer {
         handle: rt.handle().clone(),
         stop: stop.clone(),
     };
     let ensured = stage(args, &launcher, &policy, &mut installer)?;
-    let found = resolve(&launcher, &policy, &ensured, &package.name, &installer)?;
+    let found = resolve(args, &launcher, &policy, &ensured, package, &installer)?;
     let launch = plan::choose(
-        &package.name,
+        package,
         &found,
         args.entry.as_deref(),
         args.module.as_deref(),
     )
     .map_err(request_failure)?;
-    let mut req = RunRequest {
-        code: plan::LAUNCHER.to_string(),
-        filename: Some("pycell_server.py".to_string()),
-        args: launch.launcher_args().to_vec(),
-        ..RunRequest::default()
-    };
-    req.args.extend(args.server_args.iter().cloned());
+    let req = server_request(args, &launch, variables);
     let extras = Extras {
         env: Some(ensured.env.dir.clone()),
-        stdio_socket: true,
         ..Extras::default()
     };
     let mut prepared = launcher
@@ -118,9 +186,8 @@ fn serve(args: &McpServerArgs) -> Result<RunResult, JailFailure> {
         .map_err(|e| e.failure())?;
     prepared.grant(grants)?;
     let result = rt.block_on(run_server(prepared, stop));
-    write_egress_report(args, &policy, &result)?;
-    say_egress(&result);
-    Ok(result)
+    let rules = policy.network.egress().map(|e| e.allowed()).unwrap_or_default();
+    Ok((result, rules))
 }
 
 /// PACKAGE and `--with`, installed (or found in the store).
@@ -130,10 +197,7 @@ fn stage(
     policy: &Policy,
     installer: &mut Installer,
 ) -> Result<Ensured, JailFailure> {
-    let listed: Vec<String> = std::iter::once(args.package.clone())
-        .chain(args.with.iter().cloned())
-        .collect();
-    let deps = pycell_deps::gather(policy, "", &listed)?
+    let deps = pycell_deps::gather(policy, "", &packages(args))?
         .ok_or_else(|| request_failure("no package to install".into()))?;
     let store = pycell_deps::build::embedded_store()?;
     let mut progress = |m: &str| eprintln!("pycell: {m}");
@@ -143,6 +207,7 @@ fn stage(
 /// The env's console scripts, read by a jail of the policy without
 /// network (metadata only: no package code runs).
 fn resolve(
+    args: &McpServerArgs,
     launcher: &pycell_launch::launcher::Launcher,
     policy: &Policy,
     ensured: &Ensured,
@@ -151,18 +216,12 @@ fn resolve(
 ) -> Result<plan::Found, JailFailure> {
     let mut offline = policy.clone();
     offline.network = NetworkMode::None;
-    let req = RunRequest {
-        code: plan::RESOLVER.to_string(),
-        filename: Some("pycell_resolve.py".to_string()),
-        args: vec![package.to_string()],
-        ..RunRequest::default()
-    };
     let extras = Extras {
         env: Some(ensured.env.dir.clone()),
         ..Extras::default()
     };
     let prepared = launcher
-        .prepare_with(&offline, &req, &extras)
+        .prepare_with(&offline, &resolver_request(args, package), &extras)
         .map_err(|e| e.failure())?;
     let mut stdout = Vec::new();
     let (result, _) = embedded::run_here(
@@ -177,20 +236,7 @@ fn resolve(
             }
         },
     );
-    let failed = |why: String| {
-        JailFailure::new(
-            FailureCode::JailerFailed,
-            Layer::Request,
-            format!("finding {package}'s console scripts: {why}"),
-        )
-    };
-    if result.status != RunStatus::Ok {
-        return Err(match result.error {
-            Some(e) => e,
-            None => failed(format!("{}: {}", result.status.as_str(), result.stderr)),
-        });
-    }
-    serde_json::from_slice(&stdout).map_err(|e| failed(format!("its answer: {e}")))
+    found_in(result, &stdout, package)
 }
 
 /// The paths granted (`--ro`, `--rw`, `--state`), each opened here (so this
@@ -345,7 +391,8 @@ async fn client_closed(closed: tokio::sync::oneshot::Receiver<()>) -> StoppedBy 
 struct EgressReport<'a> {
     package: &'a str,
     policy: &'a str,
-    /// The allow rules the server ran with (none: no network).
+    /// The allow rules the server ran with (none: no network; through
+    /// pycelld without --allow: its policy's, not listed here).
     allowed_rules: Vec<String>,
     /// What it reached and what was refused (none without network).
     network: Option<&'a NetworkReport>,
@@ -353,7 +400,7 @@ struct EgressReport<'a> {
 
 fn write_egress_report(
     args: &McpServerArgs,
-    policy: &Policy,
+    allowed_rules: Vec<String>,
     result: &RunResult,
 ) -> Result<(), JailFailure> {
     let Some(path) = &args.egress_report else {
@@ -361,12 +408,8 @@ fn write_egress_report(
     };
     let report = EgressReport {
         package: &args.package,
-        policy: &policy.name,
-        allowed_rules: policy
-            .network
-            .egress()
-            .map(|e| e.allowed())
-            .unwrap_or_default(),
+        policy: &args.policy,
+        allowed_rules,
         network: result.network.as_ref(),
     };
     let json = serde_json::to_vec_pretty(&report).map_err(|e| internal("the egress report", e))?;

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use pycell_policy::network::{EgressLimits, EgressRules, Rule, RuleKind};
 use pycell_policy::requirement::normalize_name;
 use pycell_policy::{NetworkMode, Policy};
+use pycell_protocol::messages::check_variable;
 use serde::Deserialize;
 
 /// What the jail that looks at the installed env found (see
@@ -169,47 +170,26 @@ fn list(names: &[&str]) -> String {
     }
 }
 
-/// Variables pycell sets itself, which `--env` may not replace.
-fn reserved_variable(name: &str) -> bool {
-    let upper = name.to_ascii_uppercase();
-    upper.starts_with("PYCELL_")
-        || ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"].contains(&upper.as_str())
-}
-
 /// `--env NAME` (its value from `lookup`: our environment) and `--env
-/// NAME=VALUE`, checked.
+/// NAME=VALUE`, checked (the last of a name wins).
 pub fn variables(
     items: &[String],
     lookup: impl Fn(&str) -> Option<String>,
-) -> Result<Vec<(String, String)>, String> {
-    let mut out: Vec<(String, String)> = Vec::new();
+) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
     for item in items {
         let (name, value) = match item.split_once('=') {
             Some((n, v)) => (n, Some(v.to_string())),
             None => (item.as_str(), None),
         };
-        let valid = name
-            .chars()
-            .next()
-            .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
-            && name.chars().all(|c| c == '_' || c.is_ascii_alphanumeric());
-        if !valid {
-            return Err(format!("--env {name:?} is not a variable name"));
+        let value = value.or_else(|| lookup(name)).unwrap_or_default();
+        check_variable(name, &value).map_err(|e| format!("--env {e}"))?;
+        if !item.contains('=') && lookup(name).is_none() {
+            return Err(format!(
+                "--env {name}: not set in pycell's environment (set it, or pass {name}=VALUE)"
+            ));
         }
-        if reserved_variable(name) {
-            return Err(format!("--env {name}: pycell sets that variable itself"));
-        }
-        let value = match value.or_else(|| lookup(name)) {
-            Some(v) if !v.contains('\0') => v,
-            Some(_) => return Err(format!("--env {name}: its value has a NUL byte")),
-            None => {
-                return Err(format!(
-                    "--env {name}: not set in pycell's environment (set it, or pass {name}=VALUE)"
-                ))
-            }
-        };
-        out.retain(|(n, _)| n != name);
-        out.push((name.to_string(), value));
+        out.insert(name.to_string(), value);
     }
     Ok(out)
 }
@@ -356,13 +336,10 @@ mod tests {
             lookup,
         )
         .unwrap();
-        assert_eq!(
-            got,
-            vec![
-                ("TOKEN".into(), "s3cret".into()),
-                ("MODE".into(), "slow".into())
-            ]
-        );
+        let want: BTreeMap<String, String> = [("TOKEN", "s3cret"), ("MODE", "slow")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into();
+        assert_eq!(got, want);
         assert!(variables(&["UNSET".into()], lookup)
             .unwrap_err()
             .contains("not set"));

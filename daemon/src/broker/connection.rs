@@ -73,15 +73,25 @@ struct Outbound {
     /// Messages queued so far, and (from the writer task) written so far.
     queued: std::sync::atomic::AtomicU64,
     written: tokio::sync::watch::Receiver<u64>,
+    /// The descriptor a queued `stdio` message carries.
+    attached: Attached,
 }
+
+type Attached = Arc<std::sync::Mutex<Option<std::os::fd::OwnedFd>>>;
 
 impl Outbound {
     fn start(mut wr: OwnedWriteHalf) -> Outbound {
         let (tx, mut rx) = mpsc::channel::<ServerMessage>(OUTBOUND_MESSAGES);
         let (written_tx, written) = tokio::sync::watch::channel(0u64);
+        let attached = Attached::default();
+        let theirs = Arc::clone(&attached);
         tokio::spawn(async move {
             while let Some(msg) = rx.recv().await {
-                match timeout(WRITE_STALL, framing::write_async(&mut wr, &msg)).await {
+                let fd = match msg {
+                    ServerMessage::Stdio { .. } => theirs.lock().ok().and_then(|mut a| a.take()),
+                    _ => None,
+                };
+                match timeout(WRITE_STALL, write_message(&mut wr, &msg, fd)).await {
                     Ok(Ok(())) => written_tx.send_modify(|n| *n += 1),
                     _ => return,
                 }
@@ -91,7 +101,16 @@ impl Outbound {
             tx,
             queued: std::sync::atomic::AtomicU64::new(0),
             written,
+            attached,
         }
+    }
+
+    /// Queue `msg` (a `stdio` message) with `fd` attached.
+    async fn send_with_fd(&self, msg: ServerMessage, fd: std::os::fd::OwnedFd) -> bool {
+        if let Ok(mut slot) = self.attached.lock() {
+            *slot = Some(fd);
+        }
+        self.send(msg).await
     }
 
     /// Queue a reply, waiting for room; false if the connection is gone.
@@ -125,6 +144,35 @@ impl Outbound {
     async fn closed(&self) {
         self.tx.closed().await
     }
+}
+
+/// Write one message, with `fd` attached to its first byte if given
+/// (SCM_RIGHTS; the rest of the frame follows as plain data).
+async fn write_message(
+    wr: &mut OwnedWriteHalf,
+    msg: &ServerMessage,
+    fd: Option<std::os::fd::OwnedFd>,
+) -> std::io::Result<()> {
+    use std::os::fd::AsFd;
+    use tokio::io::AsyncWriteExt;
+    let Some(fd) = fd else {
+        return framing::write_async(wr, msg).await.map_err(std::io::Error::other);
+    };
+    let frame = framing::encode(msg).map_err(std::io::Error::other)?;
+    let sock: &UnixStream = wr.as_ref();
+    let first = loop {
+        sock.writable().await?;
+        let sent = sock.try_io(tokio::io::Interest::WRITABLE, || {
+            pycell_wire::fdpass::send_some_with_fds(sock.as_fd(), &frame[..1], &[fd.as_fd()])
+        });
+        match sent {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    wr.write_all(&frame[first..]).await?;
+    wr.flush().await
 }
 
 /// What the reader task hands on: a message, or the reply to a bad one.
@@ -429,10 +477,15 @@ async fn start(
     conn: &mut Conn,
     peer: Peer,
     id: &str,
-    Ordered { order, tools }: Ordered,
+    Ordered {
+        order,
+        tools,
+        egress: narrowed,
+    }: Ordered,
     upstream: Arc<dyn pycell_tools::service::Upstream>,
 ) -> Result<SpawnedRun, ServerMessage> {
     let internal = |m: String| error(Some(id), ErrorCode::Internal, m);
+    let serves_stdio = order.stdio;
     let (req, replies) = broker
         .link
         .spawn(peer.ids(), order)
@@ -480,10 +533,17 @@ async fn start(
         let _ = broker.link.send(&ToMonitor::Kill { run_id });
         return Err(internal("the monitor sent no handout channel".into()));
     }
+    let (stdio_tx, stdio) = match serves_stdio {
+        true => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            (Some(tx), Some(rx))
+        }
+        false => (None, None),
+    };
     let services = Services {
-        egress: egress.map(|rules| broker.egress_service(&run_id, &policy, rules)),
+        egress: egress.map(|rules| broker.egress_service(&run_id, &policy, narrowed.unwrap_or(rules))),
         tools: tools.map(|grant| broker.tool_service(&run_id, grant, upstream)),
-        stdio: None,
+        stdio: stdio_tx,
     };
     match events {
         Ok(events) => Ok(SpawnedRun {
@@ -495,6 +555,7 @@ async fn start(
             events,
             handouts,
             services,
+            stdio,
             env,
         }),
         Err(m) => {
@@ -575,6 +636,7 @@ async fn relay_run(
     let kill = control.kill;
     let collector = Collector::new(&started.run_id, &started.policy, Some(started.limits));
     let env = started.env;
+    let mut stdio = started.stdio;
     let mut stream = RunStream::start(
         started.events,
         collector,
@@ -601,26 +663,16 @@ async fn relay_run(
                 connection_alive = false;
                 kill();
             }
-            msg = conn.inbox.recv(), if connection_alive => match msg {
-                None => {
-                    // The client went away: its run goes too.
+            Some(sock) = next_stdio(&mut stdio), if connection_alive => {
+                let msg = ServerMessage::Stdio { id: id.to_string() };
+                if !conn.out.send_with_fd(msg, sock).await {
                     connection_alive = false;
                     kill();
                 }
-                Some(Ok(ClientMessage::Cancel { id: cid })) if cid == id => {
-                    if !cancelled {
-                        cancelled = true;
-                        kill();
-                    }
-                }
-                Some(Ok(ClientMessage::ToolAnswer { id: cid, call, outcome })) if cid == id => {
-                    tools.answer(call, outcome);
-                }
-                Some(Ok(ClientMessage::Interrupt { id: cid })) if cid == id => (control.interrupt)(),
-                Some(other) => {
-                    conn.out.offer(reply_during_run(other));
-                }
-            },
+            }
+            msg = conn.inbox.recv(), if connection_alive => {
+                connection_alive = during_run(conn, id, msg, tools, control, &mut cancelled);
+            }
         }
     }
     if stream.broken() {
@@ -645,6 +697,54 @@ async fn relay_run(
         result: Box::new(result),
     });
     due
+}
+
+/// A server over stdio's socket, once its jail has handed it out (then
+/// never again).
+async fn next_stdio(
+    stdio: &mut Option<tokio::sync::oneshot::Receiver<std::os::fd::OwnedFd>>,
+) -> Option<std::os::fd::OwnedFd> {
+    let sock = match stdio.as_mut() {
+        Some(rx) => rx.await.ok(),
+        None => std::future::pending().await,
+    };
+    *stdio = None;
+    sock
+}
+
+/// A client message while its run goes: the run's cancel, tool answers
+/// and ^C; anything else answered. False once the client is gone (its
+/// run is then killed).
+fn during_run(
+    conn: &Conn,
+    id: &str,
+    msg: Option<Incoming>,
+    tools: &ToolRelay,
+    control: &RunControl<'_>,
+    cancelled: &mut bool,
+) -> bool {
+    match msg {
+        None => {
+            (control.kill)();
+            return false;
+        }
+        Some(Ok(ClientMessage::Cancel { id: cid })) if cid == id => {
+            if !*cancelled {
+                *cancelled = true;
+                (control.kill)();
+            }
+        }
+        Some(Ok(ClientMessage::ToolAnswer {
+            id: cid,
+            call,
+            outcome,
+        })) if cid == id => tools.answer(call, outcome),
+        Some(Ok(ClientMessage::Interrupt { id: cid })) if cid == id => (control.interrupt)(),
+        Some(other) => {
+            conn.out.offer(reply_during_run(other));
+        }
+    }
+    true
 }
 
 /// Offer one output chunk to a client; if it is too far behind to take it,

@@ -58,6 +58,9 @@ pub(crate) struct SpawnedRun {
     pub(crate) events: tokio::net::unix::pipe::Receiver,
     pub(crate) handouts: Option<std::os::fd::OwnedFd>,
     pub(crate) services: pycell_launch::supervisor::Services,
+    /// A server over stdio: its socket, once the jail hands it out, for
+    /// the client.
+    pub(crate) stdio: Option<tokio::sync::oneshot::Receiver<std::os::fd::OwnedFd>>,
     pub(crate) env: Option<pycell_protocol::result::EnvReport>,
 }
 

@@ -9,7 +9,9 @@ use std::path::Path;
 use pycell_launch::launcher::LaunchError;
 use pycell_launch::resolve;
 use pycell_launch::tool_grant::ToolGrant;
-use pycell_protocol::messages::{ErrorCode, RunRequest};
+use pycell_policy::network::EgressRules;
+use pycell_policy::Policy;
+use pycell_protocol::messages::{check_variable, ErrorCode, RunRequest};
 use pycell_wire::report::JailFailure;
 
 use crate::link::{refusal, FinalLimits, RunOrder};
@@ -27,12 +29,38 @@ pub(crate) enum NotOrdered {
     },
 }
 
-/// A run as ordered, and what its code may call (code mode), which the
-/// broker serves itself.
+/// A run as ordered, what its code may call (code mode) and, when the
+/// request narrowed it, the egress it may have: both served by the broker
+/// itself.
 #[derive(Debug)]
 pub(crate) struct Ordered {
     pub(crate) order: RunOrder,
     pub(crate) tools: Option<ToolGrant>,
+    pub(crate) egress: Option<EgressRules>,
+}
+
+/// A server over stdio's own fields (`serve_stdio`, `env`, `allow`),
+/// checked: the egress it is cut down to, if the request names hosts.
+fn server_fields(policy: &Policy, request: &RunRequest) -> Result<Option<EgressRules>, String> {
+    if request.serve_stdio && (request.stdin_base64.is_some() || request.tools.is_some()) {
+        return Err("serve_stdio: a server over stdio takes no stdin bytes and no tools".into());
+    }
+    for (name, value) in &request.env {
+        check_variable(name, value).map_err(|e| format!("env: {e}"))?;
+    }
+    if request.allow.is_empty() {
+        return Ok(None);
+    }
+    let Some(rules) = policy.network.egress() else {
+        return Err(format!(
+            "allow: policy {:?} has no network; through pycelld a run reaches only hosts its policy allows (ask the operator for a policy with [network] mode = \"allowlist\")",
+            policy.name
+        ));
+    };
+    rules
+        .narrowed_to(&request.allow)
+        .map(Some)
+        .map_err(|e| format!("allow: {e} in policy {:?}", policy.name))
 }
 
 /// The order for `request` under the operator's policies in `policy_dir`.
@@ -55,6 +83,8 @@ pub(crate) fn order(policy_dir: &Path, request: RunRequest) -> Result<Ordered, N
                 failure,
             }
         })?;
+    let egress = server_fields(&policy, &request)
+        .map_err(|m| NotOrdered::Refused(ErrorCode::InvalidRequest, m))?;
     let tools = match &request.tools {
         Some(catalog) => Some(
             ToolGrant::new(&policy, catalog)
@@ -73,8 +103,14 @@ pub(crate) fn order(policy_dir: &Path, request: RunRequest) -> Result<Ordered, N
         files: request.files,
         dependencies,
         session: false,
+        stdio: request.serve_stdio,
+        env: request.env,
     };
-    Ok(Ordered { order, tools })
+    Ok(Ordered {
+        order,
+        tools,
+        egress,
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,107 @@
+//! `pycell mcp-server` through pycelld: the resolver is a run of the
+//! daemon's (which stages the packages as any run's dependencies), then the
+//! server is a run with `serve_stdio`, whose socket the daemon passes here
+//! (SCM_RIGHTS) for this process to relay. Nothing of the server's stdio
+//! passes through the daemon. The server ends when this process's
+//! connection does (the daemon then stops it), so it dies with its client.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use pycell_protocol::client::{DaemonClient, Stage};
+use pycell_protocol::result::RunResult;
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::events::Stream;
+use pycell_wire::report::JailFailure;
+
+use super::{found_in, packages, plan, relay, resolver_request, server_request, CLOSE_GRACE};
+use crate::cli::McpServerArgs;
+use crate::run::request_failure;
+
+fn daemon_failure(e: pycell_protocol::client::ClientError, policy: &str) -> JailFailure {
+    e.into_result(policy)
+        .error
+        .unwrap_or_else(|| JailFailure::new(FailureCode::DaemonFailed, Layer::Daemon, "pycelld failed"))
+}
+
+/// Resolve and serve through pycelld at `socket`; the server's result and
+/// the allow rules it asked for.
+pub(super) fn serve(
+    args: &McpServerArgs,
+    socket: &Path,
+    package: &str,
+    variables: BTreeMap<String, String>,
+) -> Result<(RunResult, Vec<String>), JailFailure> {
+    if !args.read_only.is_empty() || !args.read_write.is_empty() || args.state.is_some() {
+        return Err(request_failure(
+            "through pycelld, host paths cannot be granted yet (--ro, --rw, --state): run pycell mcp-server --embedded as root for them".into(),
+        ));
+    }
+    let policy = args.policy.as_str();
+    let mut client = DaemonClient::connect(socket).map_err(|e| daemon_failure(e, policy))?;
+    let on_stage = |stage: Stage<'_>| {
+        if let Stage::Installing(m) = stage {
+            eprintln!("pycell: {m}");
+        }
+    };
+    let mut resolver = resolver_request(args, package);
+    resolver.dependencies = packages(args);
+    let mut stdout = Vec::new();
+    let result = client
+        .run_queued(
+            resolver,
+            |s, b| {
+                if s == Stream::Stdout {
+                    stdout.extend_from_slice(b)
+                }
+            },
+            on_stage,
+        )
+        .map_err(|e| daemon_failure(e, policy))?;
+    let found = found_in(result, &stdout, package)?;
+    let launch = plan::choose(
+        package,
+        &found,
+        args.entry.as_deref(),
+        args.module.as_deref(),
+    )
+    .map_err(request_failure)?;
+    let mut req = server_request(args, &launch, variables);
+    req.dependencies = packages(args);
+    req.allow = args.allow.clone();
+    let result = run_server(&mut client, req).map_err(|e| daemon_failure(e, policy))?;
+    Ok((result, args.allow.clone()))
+}
+
+/// The server's run: its socket relayed to our stdio once it comes; once
+/// our side closed, [`CLOSE_GRACE`] for it to end before it is cancelled.
+fn run_server(
+    client: &mut DaemonClient,
+    req: pycell_protocol::messages::RunRequest,
+) -> Result<RunResult, pycell_protocol::client::ClientError> {
+    let mut canceller = client
+        .canceller()
+        .map_err(|e| pycell_protocol::client::ClientError::Unexpected(e.to_string()))?;
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
+    let mut closed_tx = Some(closed_tx);
+    std::thread::spawn(move || {
+        if closed_rx.blocking_recv().is_ok() {
+            std::thread::sleep(CLOSE_GRACE);
+            let _ = canceller.cancel();
+        }
+    });
+    client.run_serving(
+        req,
+        |_, bytes| {
+            // Its stderr; never our stdout, the client's channel.
+            use std::io::Write;
+            let _ = std::io::stderr().lock().write_all(bytes);
+        },
+        |_| {},
+        |sock| {
+            if let Some(closed) = closed_tx.take() {
+                relay::start(sock, closed);
+            }
+        },
+    )
+}
