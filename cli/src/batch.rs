@@ -91,7 +91,7 @@ enum Runs {
     /// (and no new line is taken).
     Embedded {
         stop: StopRequest,
-        rt: tokio::runtime::Runtime,
+        rt: embedded::Runtime,
         zygote: Option<Box<Forked>>,
     },
 }

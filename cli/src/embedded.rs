@@ -120,11 +120,34 @@ pub(crate) fn interrupt_on_ctrl_c() -> nix::Result<CtrlC> {
 /// A runtime for a command-line process's runs: one worker, so that the
 /// calling thread can drive runs with `Handle::block_on` (the jailer's
 /// parent-death signal follows that thread, which lives as long as we do).
-pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> std::io::Result<Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
+        .map(|rt| Runtime(Some(rt)))
+}
+
+/// A command-line process's runtime, which does not wait, when dropped,
+/// for blocking work still in flight: a name lookup the egress proxy
+/// started (getaddrinfo cannot be cancelled) kept `pycell run` of a new
+/// env alive ~8 s after its result. The runs themselves are over by then.
+pub(crate) struct Runtime(Option<tokio::runtime::Runtime>);
+
+impl std::ops::Deref for Runtime {
+    type Target = tokio::runtime::Runtime;
+
+    fn deref(&self) -> &tokio::runtime::Runtime {
+        self.0.as_ref().expect("taken only when dropped")
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// Start `prepared` and supervise it to its end from this thread (which

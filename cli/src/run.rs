@@ -298,7 +298,7 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
 fn offered_tools(
     args: &RunArgs,
     req: &mut RunRequest,
-) -> Result<Option<(ToolServers, tokio::runtime::Runtime)>, JailFailure> {
+) -> Result<Option<(ToolServers, embedded::Runtime)>, JailFailure> {
     let Some(path) = &args.tool_servers else {
         return Ok(None);
     };
