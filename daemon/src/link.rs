@@ -184,7 +184,11 @@ impl RunOrder {
     pub fn check(&self, policy: &Policy) -> Result<(), JailFailure> {
         for (name, value) in &self.env {
             pycell_protocol::messages::check_variable(name, value).map_err(|m| {
-                JailFailure::new(FailureCode::InvalidRequest, pycell_wire::codes::Layer::Request, m)
+                JailFailure::new(
+                    FailureCode::InvalidRequest,
+                    pycell_wire::codes::Layer::Request,
+                    m,
+                )
             })?;
         }
         if self.session && (policy.session.per_uid == 0 || !self.code.is_empty()) {
@@ -355,6 +359,8 @@ mod tests {
             }),
             session: false,
             tools: false,
+            stdio: false,
+            env: Default::default(),
         }
     }
 

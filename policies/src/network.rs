@@ -499,7 +499,8 @@ impl EgressRules {
         for text in texts {
             let text = text.as_ref();
             let rule = Rule::parse(text, RuleKind::Allow).map_err(|e| format!("{text:?}: {e}"))?;
-            let same = |a: &Rule| a.scheme == rule.scheme && a.host == rule.host && a.port == rule.port;
+            let same =
+                |a: &Rule| a.scheme == rule.scheme && a.host == rule.host && a.port == rule.port;
             let passes = match (rule.scheme, one_host(&rule.host), rule.port) {
                 (Some(s), Some(h), Some(p)) => self.check(s, &h, p).is_ok(),
                 _ => false,
@@ -680,16 +681,28 @@ mod tests {
 
     #[test]
     fn a_narrowed_allowlist_keeps_only_what_the_policy_allows() {
-        let policy = rules(&["*.example.net", "http://10.0.0.0/8:8080"], &["bad.example.net"]);
+        let policy = rules(
+            &["*.example.net", "http://10.0.0.0/8:8080"],
+            &["bad.example.net"],
+        );
         let n = policy
             .narrowed_to(&["api.example.net", "http://10.1.2.3:8080", "*.example.net"])
             .unwrap();
-        assert_eq!(n.allowed(), ["api.example.net", "http://10.1.2.3:8080", "*.example.net"]);
+        assert_eq!(
+            n.allowed(),
+            ["api.example.net", "http://10.1.2.3:8080", "*.example.net"]
+        );
         assert_eq!(n.deny, policy.deny);
-        assert!(n.check(Scheme::Https, &name("api.example.net"), 443).is_ok());
-        assert!(n.check(Scheme::Https, &name("other.example.net"), 443).is_ok());
+        assert!(n
+            .check(Scheme::Https, &name("api.example.net"), 443)
+            .is_ok());
+        assert!(n
+            .check(Scheme::Https, &name("other.example.net"), 443)
+            .is_ok());
         let only = policy.narrowed_to(&["api.example.net"]).unwrap();
-        assert!(only.check(Scheme::Https, &name("other.example.net"), 443).is_err());
+        assert!(only
+            .check(Scheme::Https, &name("other.example.net"), 443)
+            .is_err());
         for outside in [
             "example.org",
             "api.example.net:8443",
@@ -699,10 +712,16 @@ mod tests {
             "bad.example.net",
         ] {
             let e = policy.narrowed_to(&[outside]).unwrap_err();
-            assert!(e.contains("not on the policy's allowlist"), "{outside}: {e}");
+            assert!(
+                e.contains("not on the policy's allowlist"),
+                "{outside}: {e}"
+            );
         }
         assert!(policy.narrowed_to(&["ftp://x"]).is_err());
-        assert!(rules(&[], &[]).narrowed_to(&["a.example.net"]).unwrap_err().contains("empty"));
+        assert!(rules(&[], &[])
+            .narrowed_to(&["a.example.net"])
+            .unwrap_err()
+            .contains("empty"));
     }
 
     #[test]

@@ -116,7 +116,10 @@ pub fn check_variables<'a>(
 ) -> Result<(), OutOfBounds> {
     if vars.len() > MAX_VARIABLES {
         let n = vars.len();
-        return Err(out("env", format!("{n} variables; at most {MAX_VARIABLES}")));
+        return Err(out(
+            "env",
+            format!("{n} variables; at most {MAX_VARIABLES}"),
+        ));
     }
     let total: usize = vars.map(|(k, v)| k.len() + v.len()).sum();
     match total > MAX_VARIABLES_BYTES {
@@ -132,7 +135,10 @@ pub fn check_variables<'a>(
 pub fn check_allow(rules: &[String]) -> Result<(), OutOfBounds> {
     if rules.len() > MAX_ALLOW_RULES {
         let n = rules.len();
-        return Err(out("allow", format!("{n} rules; at most {MAX_ALLOW_RULES}")));
+        return Err(out(
+            "allow",
+            format!("{n} rules; at most {MAX_ALLOW_RULES}"),
+        ));
     }
     match rules.iter().find(|r| r.len() > MAX_RULE_BYTES) {
         Some(r) => Err(out(

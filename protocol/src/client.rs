@@ -224,7 +224,11 @@ impl DaemonClient {
             match msg {
                 ServerMessage::Stdio { .. } => match (reader.fds.pop(), on_stdio.as_mut()) {
                     (Some(sock), Some(f)) => f(sock),
-                    _ => return Err(ClientError::Unexpected("a stdio message without its socket".into())),
+                    _ => {
+                        return Err(ClientError::Unexpected(
+                            "a stdio message without its socket".into(),
+                        ))
+                    }
                 },
                 ServerMessage::Started { run_id, .. } => on_stage(Stage::Started(&run_id)),
                 ServerMessage::Queued { position, .. } => on_stage(Stage::Queued(position)),

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use pycell_tests::daemon::Daemon;
 use pycell_tests::sdk::sdk_report_in;
 use pycell_tests::{
     assert_no_cgroups_under, compact, descendants_of, pycell_bin, repo_root, require_root,
@@ -438,6 +439,24 @@ fn packages_and_grants_that_cannot_be_served_are_refused_saying_why() {
     assert!(stderr.contains("is not a callable"), "{stderr}");
 }
 
+/// Send `child` (a `pycell mcp-server`) MCP's initialize and wait for its
+/// answer; its stdin stays open (the server must not see EOF).
+fn initialized(child: &mut Child) -> BufReader<std::process::ChildStdout> {
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{init}").unwrap();
+    std::mem::forget(stdin);
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(
+        line.contains("\"id\":1"),
+        "no answer to initialize: {line:?}"
+    );
+    out
+}
+
 /// `pycell mcp-server mcp-server-time` under the cgroup parent `parent`,
 /// answered once (so its jail is up): the child, its stdout, and every
 /// process below it.
@@ -458,18 +477,7 @@ fn serving(
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
-    let mut stdin = child.stdin.take().unwrap();
-    writeln!(stdin, "{init}").unwrap();
-    std::mem::forget(stdin); // kept open: the server must not see EOF
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert!(
-        line.contains("\"id\":1"),
-        "no answer to initialize: {line:?}"
-    );
+    let out = initialized(&mut child);
     let below = descendants_of(child.id());
     assert!(
         below.iter().any(|p| p.name.starts_with("python")),
@@ -509,4 +517,159 @@ fn sigkill_of_pycell_mcp_server_or_of_its_jailer_leaves_nothing() {
         "left after the jailer was killed: {left:?}"
     );
     assert_no_cgroups_under(&parent);
+}
+
+// --- through pycelld --------------------------------------------------------
+
+/// A pycelld with the tests' policies (and `mcp-net`, whose allowlist is
+/// the loopback server on `port`) and a store of its own.
+fn daemon_allowing(port: u16) -> Daemon {
+    let network = format!(
+        "[network]\nmode = \"allowlist\"\nallow = [\"http://127.0.0.1:{port}\"]\ndeny = []\nmax_connections = 256\nmax_bytes = \"1GiB\"\nconnect_timeout = \"10s\"\n"
+    );
+    let net = pycell_policy::builtin::source("mcp-server")
+        .unwrap()
+        .replace("name = \"mcp-server\"", "name = \"mcp-net\"")
+        .replace("[network]\nmode = \"none\"\n", &network);
+    assert!(
+        net.contains("allowlist"),
+        "the mcp-server policy's [network] moved"
+    );
+    fs::write(base().join("policies/mcp-net.toml"), net).unwrap();
+    Daemon::start(&format!(
+        "policy_dir = {:?}\nenv_store = {:?}\n",
+        policies(),
+        base().join("daemon-store").display().to_string()
+    ))
+}
+
+#[test]
+fn through_pycelld_a_server_gets_only_what_its_policy_allows_and_its_egress_is_audited() {
+    let port = loopback_page("pycell-marker-4712 through pycelld");
+    let d = daemon_allowing(port);
+    let socket = d.socket().display().to_string();
+    let dir = test_dir("daemon-fetch");
+    let report_file = dir.join("egress.json").display().to_string();
+    let allow = format!("http://127.0.0.1:{port}");
+    let r = session(
+        &[
+            "mcp-server",
+            "--policy",
+            "mcp-net",
+            "--allow",
+            &allow,
+            "--egress-report",
+            &report_file,
+            "mcp-server-fetch",
+            "--",
+            "--ignore-robots-txt",
+            "--allow-private-ips",
+        ],
+        json!([
+            ["fetch", {"url": format!("{allow}/page.txt"), "raw": true}],
+            ["fetch", {"url": "http://example.net/", "raw": true}]
+        ]),
+        &[("PYCELL_SOCKET", socket.as_str())],
+        None,
+    );
+    answered_then_refused(&r, "pycell-marker-4712");
+    let egress: Value = serde_json::from_slice(&fs::read(&report_file).unwrap()).unwrap();
+    let denied = egress["network"]["denied"].as_array().unwrap();
+    assert!(
+        denied.iter().any(|x| x["host"] == "example.net"),
+        "{egress}"
+    );
+    // Each connection, allowed or refused, is in the daemon's audit log.
+    let lines = d.audit_events("egress", 2);
+    let verdicts: Vec<(String, String)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["host"].as_str().unwrap_or("").into(),
+                l["verdict"].as_str().unwrap_or("").into(),
+            )
+        })
+        .collect();
+    assert!(
+        verdicts.contains(&("127.0.0.1".into(), "allowed".into())),
+        "{verdicts:?}"
+    );
+    assert!(
+        verdicts
+            .iter()
+            .any(|(h, v)| h == "example.net" && v != "allowed"),
+        "{verdicts:?}"
+    );
+
+    // Hosts beyond the operator's policy, and grants, are refused.
+    let through = |args: &[&str]| {
+        let out = Command::new(pycell_bin())
+            .args(args)
+            .env("PYCELL_SOCKET", d.socket())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = through(&[
+        "mcp-server",
+        "--policy",
+        "mcp-net",
+        "--allow",
+        "http://example.net",
+        "mcp-server-time",
+    ]);
+    assert_eq!(code, Some(125), "{stderr}");
+    assert!(stderr.contains("not on the policy's allowlist"), "{stderr}");
+    let (code, stderr) = through(&["mcp-server", "--allow", &allow, "mcp-server-time"]);
+    assert_eq!(code, Some(125), "{stderr}");
+    assert!(stderr.contains("has no network"), "{stderr}");
+    let dir_arg = dir.display().to_string();
+    let (code, stderr) = through(&["mcp-server", "--ro", &dir_arg, "mcp-server-time"]);
+    assert_eq!(code, Some(125), "{stderr}");
+    assert!(stderr.contains("cannot be granted"), "{stderr}");
+}
+
+/// `pycell mcp-server mcp-server-time` through `d`, answered once: the
+/// child and its stdout.
+fn serving_through(d: &Daemon) -> (Child, BufReader<std::process::ChildStdout>) {
+    let mut child = Command::new(pycell_bin())
+        .args(["mcp-server", "mcp-server-time"])
+        .env("PYCELL_SOCKET", d.socket())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = initialized(&mut child);
+    assert!(
+        !d.sandbox_processes().is_empty(),
+        "no server in the daemon's jails"
+    );
+    (child, out)
+}
+
+#[test]
+fn sigkill_of_the_client_or_of_pycelld_ends_the_daemons_server_and_leaves_nothing() {
+    let mut d = daemon_allowing(9);
+    let (mut client, _out) = serving_through(&d);
+    kill(Pid::from_raw(client.id() as i32), Signal::SIGKILL).unwrap();
+    let _ = client.wait();
+    d.assert_sandbox_gone(Duration::from_secs(10));
+
+    let (mut client, mut out) = serving_through(&d);
+    d.signal(Signal::SIGKILL);
+    let _ = d.wait(Duration::from_secs(10));
+    // The client sees its server's pipe close, and exits saying so.
+    let mut rest = Vec::new();
+    let _ = out.read_to_end(&mut rest);
+    let status = client.wait().unwrap();
+    assert!(
+        !status.success(),
+        "pycell exited 0 after pycelld was killed"
+    );
+    d.assert_sandbox_gone(Duration::from_secs(10));
 }

@@ -188,7 +188,13 @@ fn the_official_python_sdk_drives_pycell_mcp() {
             .map(|a| a.iter().filter_map(|p| p["name"].as_str()).collect())
             .unwrap_or_default();
         c.check(
-            names.starts_with(&["data-science", "default", "install", "mcp-server", "network"]),
+            names.starts_with(&[
+                "data-science",
+                "default",
+                "install",
+                "mcp-server",
+                "network",
+            ]),
             || format!("sandbox_info: policies {names:?}"),
         );
         c.eq(

@@ -19,9 +19,9 @@ use crate::cli::McpServerArgs;
 use crate::run::request_failure;
 
 fn daemon_failure(e: pycell_protocol::client::ClientError, policy: &str) -> JailFailure {
-    e.into_result(policy)
-        .error
-        .unwrap_or_else(|| JailFailure::new(FailureCode::DaemonFailed, Layer::Daemon, "pycelld failed"))
+    e.into_result(policy).error.unwrap_or_else(|| {
+        JailFailure::new(FailureCode::DaemonFailed, Layer::Daemon, "pycelld failed")
+    })
 }
 
 /// Resolve and serve through pycelld at `socket`; the server's result and

@@ -186,7 +186,11 @@ fn serve_embedded(
         .map_err(|e| e.failure())?;
     prepared.grant(grants)?;
     let result = rt.block_on(run_server(prepared, stop));
-    let rules = policy.network.egress().map(|e| e.allowed()).unwrap_or_default();
+    let rules = policy
+        .network
+        .egress()
+        .map(|e| e.allowed())
+        .unwrap_or_default();
     Ok((result, rules))
 }
 

@@ -156,7 +156,9 @@ async fn write_message(
     use std::os::fd::AsFd;
     use tokio::io::AsyncWriteExt;
     let Some(fd) = fd else {
-        return framing::write_async(wr, msg).await.map_err(std::io::Error::other);
+        return framing::write_async(wr, msg)
+            .await
+            .map_err(std::io::Error::other);
     };
     let frame = framing::encode(msg).map_err(std::io::Error::other)?;
     let sock: &UnixStream = wr.as_ref();
@@ -541,7 +543,8 @@ async fn start(
         false => (None, None),
     };
     let services = Services {
-        egress: egress.map(|rules| broker.egress_service(&run_id, &policy, narrowed.unwrap_or(rules))),
+        egress: egress
+            .map(|rules| broker.egress_service(&run_id, &policy, narrowed.unwrap_or(rules))),
         tools: tools.map(|grant| broker.tool_service(&run_id, grant, upstream)),
         stdio: stdio_tx,
     };
