@@ -85,7 +85,7 @@ impl PycellServer {
         context: RequestContext<RoleServer>,
     ) -> CallToolResult {
         let req = match tools::run_python_call(params.arguments, &self.default_policy) {
-            Ok(tools::RunPythonCall::Run(r)) => r,
+            Ok(tools::RunPythonCall::Run(r)) => *r,
             Ok(tools::RunPythonCall::Cell {
                 session,
                 code,

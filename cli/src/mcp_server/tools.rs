@@ -90,7 +90,7 @@ const RUN_PYTHON_EXAMPLE: &str = r#"{"code": "import math\nprint(math.factorial(
 /// A `run_python` call: a one-shot run's request, or a session's cell.
 #[derive(Debug)]
 pub enum RunPythonCall {
-    Run(RunRequest),
+    Run(Box<RunRequest>),
     Cell {
         session: String,
         code: String,
@@ -105,7 +105,7 @@ pub fn run_python_call(
 ) -> Result<RunPythonCall, ArgumentError> {
     let mut a = parse_run_python(args)?;
     let Some(session) = a.session.take() else {
-        return request_from(a, default_policy).map(RunPythonCall::Run);
+        return request_from(a, default_policy).map(|r| RunPythonCall::Run(Box::new(r)));
     };
     let given = [
         ("policy", a.policy.is_some()),
