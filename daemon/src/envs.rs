@@ -49,8 +49,10 @@ pub struct Builders {
 pub struct Build {
     pub req: u64,
     pub peer: PeerIds,
-    /// The run to start when the env is built.
+    /// The run to start when the env is built, and the descriptors of its
+    /// grants.
     pub order: RunOrder,
+    pub grant_sources: Vec<std::os::fd::OwnedFd>,
     pub policy: String,
     /// The env's key in the store.
     pub key: String,
@@ -238,6 +240,7 @@ impl Build {
             req,
             peer,
             order,
+            grant_sources: Vec::new(),
             policy,
             key,
             child,

@@ -111,6 +111,10 @@ pub struct RunOrder {
     /// which bounds them and re-checks their names).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub env: std::collections::BTreeMap<String, String>,
+    /// Host paths the client granted, checked by the broker; their
+    /// descriptors come with the `spawn` message, in this order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<pycell_protocol::messages::PathGrant>,
 }
 
 /// A run's limits as the broker settled them.
@@ -163,6 +167,7 @@ impl RunOrder {
             serve_stdio: self.stdio,
             env: self.env.clone(),
             allow: Vec::new(),
+            grants: self.grants.clone(),
         }
     }
 
@@ -175,7 +180,8 @@ impl RunOrder {
         check_args(&self.args)?;
         check_stdin(self.stdin_base64.as_deref())?;
         check_files(&self.files)?;
-        check_variables(self.env.iter())
+        check_variables(self.env.iter())?;
+        check_grants(&self.grants)
     }
 
     /// What the monitor checks of an order under the policy it names,
@@ -361,6 +367,7 @@ mod tests {
             tools: false,
             stdio: false,
             env: Default::default(),
+            grants: Vec::new(),
         }
     }
 

@@ -26,7 +26,7 @@ use pycell_syscall::{
 };
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
-use pycell_wire::spec::{Grant, JailSpec, GRANT_FD_BASE};
+use pycell_wire::spec::{grant_source_problem, Grant, JailSpec, GRANT_FD_BASE};
 
 /// A grant made ready for the jail: its idmapped, detached mount.
 #[derive(Debug)]
@@ -67,16 +67,17 @@ fn prepare_one(fd: i32, g: &Grant, (uid, gid): (u32, u32)) -> Result<GrantedTree
     };
     let source = syscall::adopt_inherited_fd(fd)
         .map_err(|e| fail(format!("no descriptor {fd} was inherited for it: {e}")))?;
+    let flags = nix::fcntl::fcntl(&source, nix::fcntl::FcntlArg::F_GETFL)
+        .map_err(|e| fail(format!("fcntl: {e}")))?;
     let st = fstat(&source).map_err(|e| fail(format!("fstat: {e}")))?;
-    let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
-    if kind != SFlag::S_IFDIR && kind != SFlag::S_IFREG {
-        return Err(fail(
-            "only a directory or a regular file can be granted".into(),
-        ));
+    if let Some(problem) = grant_source_problem(flags as u32, st.st_mode) {
+        return Err(fail(problem.into()));
     }
+    let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
     let mount = syscall::open_tree_clone_fd(source.as_fd(), false)
         .map_err(|e| fail(format!("cloning its mount: {e}")))?;
-    let userns = owner_seen_as(st.st_uid, st.st_gid, uid, gid)
+    let (owner, group) = g.owner.map_or((st.st_uid, st.st_gid), |o| (o.uid, o.gid));
+    let userns = owner_seen_as(owner, group, uid, gid)
         .map_err(|e| fail(format!("a user namespace for its idmap: {e}")))?;
     syscall::mount_setattr_idmapped(&mount, grant_attrs(g.writable), userns.as_fd()).map_err(
         |e| {

@@ -16,6 +16,8 @@ pub const MAX_ARG_BYTES: usize = 128 * 1024;
 pub const MAX_ARGS_BYTES: usize = 1024 * 1024;
 /// Longest script file name, policy name and input file name.
 pub const MAX_NAME_BYTES: usize = 255;
+/// Longest granted path (the kernel's PATH_MAX).
+pub const MAX_PATH_BYTES: usize = 4096;
 /// Most variables a request adds, and their bytes together.
 pub const MAX_VARIABLES: usize = 64;
 pub const MAX_VARIABLES_BYTES: usize = 256 * 1024;
@@ -149,6 +151,22 @@ pub fn check_allow(rules: &[String]) -> Result<(), OutOfBounds> {
     }
 }
 
+/// A request's grants: how many, how long their paths.
+pub fn check_grants(grants: &[crate::messages::PathGrant]) -> Result<(), OutOfBounds> {
+    let most = pycell_wire::spec::MAX_GRANTS;
+    if grants.len() > most {
+        let n = grants.len();
+        return Err(out("grants", format!("{n} paths; at most {most}")));
+    }
+    match grants
+        .iter()
+        .find(|g| g.target.as_os_str().len() > MAX_PATH_BYTES)
+    {
+        Some(_) => Err(out("grants", format!("a path over {MAX_PATH_BYTES} bytes"))),
+        None => Ok(()),
+    }
+}
+
 /// Input files: how many, their names' and contents' sizes.
 pub fn check_files(files: &[InputFile]) -> Result<(), OutOfBounds> {
     if files.len() > MAX_INPUT_FILES {
@@ -188,6 +206,7 @@ impl RunRequest {
         check_files(&self.files)?;
         check_variables(self.env.iter())?;
         check_allow(&self.allow)?;
+        check_grants(&self.grants)?;
         match &self.policy {
             Some(p) if p.len() > MAX_NAME_BYTES => Err(out(
                 "policy",

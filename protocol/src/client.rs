@@ -2,6 +2,7 @@
 //! `pycell mcp` (on a worker thread), and where clients find the daemon.
 
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -188,22 +189,31 @@ impl DaemonClient {
     /// [`DaemonClient::run_queued`] for a server over stdio
     /// (`request.serve_stdio`): `on_stdio` gets the socket of its stdin and
     /// stdout once it is up; the result comes when it ends.
+    /// `granted` are the descriptors of `request.grants`, in order.
     pub fn run_serving(
         &mut self,
         request: RunRequest,
+        granted: &[std::os::fd::OwnedFd],
         on_output: impl FnMut(Stream, &[u8]),
         on_stage: impl FnMut(Stage<'_>),
         mut on_stdio: impl FnMut(std::os::fd::OwnedFd),
     ) -> Result<RunResult, ClientError> {
-        self.run_with(request, on_output, on_stage, Some(&mut on_stdio))
+        let msg = ClientMessage::Run {
+            id: "1".into(),
+            request,
+        };
+        let fds: Vec<_> = granted.iter().map(|f| f.as_fd()).collect();
+        pycell_wire::fdpass::send_with_fds(self.stream.as_fd(), &framing::encode(&msg)?, &fds)
+            .map_err(|e| ClientError::Frame(e.into()))?;
+        self.relay_run(on_output, on_stage, Some(&mut on_stdio))
     }
 
     fn run_with(
         &mut self,
         request: RunRequest,
-        mut on_output: impl FnMut(Stream, &[u8]),
-        mut on_stage: impl FnMut(Stage<'_>),
-        mut on_stdio: Option<&mut dyn FnMut(std::os::fd::OwnedFd)>,
+        on_output: impl FnMut(Stream, &[u8]),
+        on_stage: impl FnMut(Stage<'_>),
+        on_stdio: Option<&mut dyn FnMut(std::os::fd::OwnedFd)>,
     ) -> Result<RunResult, ClientError> {
         framing::write_sync(
             &mut self.stream,
@@ -212,17 +222,24 @@ impl DaemonClient {
                 request,
             },
         )?;
-        let mut reader = FdReader {
-            stream: &self.stream,
-            fds: Vec::new(),
-        };
+        self.relay_run(on_output, on_stage, on_stdio)
+    }
+
+    /// A run's messages after its request, to its result.
+    fn relay_run(
+        &mut self,
+        mut on_output: impl FnMut(Stream, &[u8]),
+        mut on_stage: impl FnMut(Stage<'_>),
+        mut on_stdio: Option<&mut dyn FnMut(std::os::fd::OwnedFd)>,
+    ) -> Result<RunResult, ClientError> {
+        let mut reader = pycell_wire::fdpass::FdReader::new(&self.stream);
         loop {
             let msg = match on_stdio.is_some() {
                 true => framing::read_sync::<ServerMessage>(&mut reader)?,
                 false => framing::read_sync::<ServerMessage>(&mut reader.stream)?,
             };
             match msg {
-                ServerMessage::Stdio { .. } => match (reader.fds.pop(), on_stdio.as_mut()) {
+                ServerMessage::Stdio { .. } => match (reader.take().pop(), on_stdio.as_mut()) {
                     (Some(sock), Some(f)) => f(sock),
                     _ => {
                         return Err(ClientError::Unexpected(
@@ -393,22 +410,6 @@ impl DaemonClient {
             ServerMessage::Info { info } => Ok(*info),
             other => Err(unexpected(other)),
         }
-    }
-}
-
-/// Reads a stream socket with `recvmsg`, keeping the descriptors that come
-/// with the bytes (a `stdio` message's socket).
-struct FdReader<'a> {
-    stream: &'a UnixStream,
-    fds: Vec<std::os::fd::OwnedFd>,
-}
-
-impl io::Read for FdReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        use std::os::fd::AsFd;
-        let (n, fds) = pycell_wire::fdpass::recv_with_fds(self.stream.as_fd(), buf)?;
-        self.fds.extend(fds);
-        Ok(n)
     }
 }
 

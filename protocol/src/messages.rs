@@ -64,6 +64,22 @@ pub struct RunRequest {
     /// open the allowlist.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow: Vec<String>,
+    /// Host paths granted to the program, each with a descriptor of it
+    /// attached to this `run` message (SCM_RIGHTS, in this order), opened
+    /// by the client for reading: proof it may. In the jail the client's
+    /// own files there are the jail user's, other files anyone's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<PathGrant>,
+}
+
+/// A host path granted to a run (`pycell mcp-server --ro/--rw/--state`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathGrant {
+    /// Where it shows in the jail: its own canonical path.
+    pub target: std::path::PathBuf,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub writable: bool,
 }
 
 /// Variables pycell sets itself, which a request may not set: the egress

@@ -215,10 +215,9 @@ fn fetch_reaches_the_allowed_loopback_server_only_and_the_refusal_is_in_the_egre
     );
 }
 
-#[test]
-fn git_reads_a_repository_granted_read_only_and_cannot_change_it() {
-    let dir = test_dir("git");
-    let repo = dir.join("repo");
+/// A repository with one commit, in the test's directory `name`.
+fn repository(name: &str) -> PathBuf {
+    let repo = test_dir(name).join("repo");
     let git = |args: &[&str]| {
         let ok = Command::new("git")
             .args(["-c", "user.email=t@example.net", "-c", "user.name=t"])
@@ -234,6 +233,12 @@ fn git_reads_a_repository_granted_read_only_and_cannot_change_it() {
     fs::write(repo.join("a.txt"), "hi\n").unwrap();
     git(&["add", "a.txt"]);
     git(&["commit", "-qm", "a commit made by the test"]);
+    repo
+}
+
+/// mcp-server-git on `repo` granted read-only (with `env` for pycell):
+/// it reads the log and cannot make a branch.
+fn git_reads_but_cannot_change(repo: &Path, env: &[(&str, &str)]) {
     let r_path = repo.display().to_string();
     let r = session(
         &[
@@ -249,7 +254,7 @@ fn git_reads_a_repository_granted_read_only_and_cannot_change_it() {
             ["git_log", {"repo_path": r_path}],
             ["git_create_branch", {"repo_path": r_path, "branch_name": "from-the-jail"}]
         ]),
-        &[],
+        env,
         None,
     );
     answered_then_refused(&r, "a commit made by the test");
@@ -257,6 +262,22 @@ fn git_reads_a_repository_granted_read_only_and_cannot_change_it() {
         !repo.join(".git/refs/heads/from-the-jail").exists(),
         "the server wrote into a read-only grant"
     );
+}
+
+#[test]
+fn git_reads_a_repository_granted_read_only_and_cannot_change_it() {
+    git_reads_but_cannot_change(&repository("git"), &[]);
+}
+
+#[test]
+fn through_pycelld_a_repository_granted_read_only_is_read_and_not_changed() {
+    let d = daemon_allowing(9);
+    let socket = d.socket().display().to_string();
+    git_reads_but_cannot_change(
+        &repository("daemon-git"),
+        &[("PYCELL_SOCKET", socket.as_str())],
+    );
+    d.assert_sandbox_gone(Duration::from_secs(10));
 }
 
 #[test]
@@ -627,10 +648,9 @@ fn through_pycelld_a_server_gets_only_what_its_policy_allows_and_its_egress_is_a
     let (code, stderr) = through(&["mcp-server", "--allow", &allow, "mcp-server-time"]);
     assert_eq!(code, Some(125), "{stderr}");
     assert!(stderr.contains("has no network"), "{stderr}");
-    let dir_arg = dir.display().to_string();
-    let (code, stderr) = through(&["mcp-server", "--ro", &dir_arg, "mcp-server-time"]);
+    let (code, stderr) = through(&["mcp-server", "--ro", "/tmp", "mcp-server-time"]);
     assert_eq!(code, Some(125), "{stderr}");
-    assert!(stderr.contains("cannot be granted"), "{stderr}");
+    assert!(stderr.contains("grant a path elsewhere"), "{stderr}");
 }
 
 /// `pycell mcp-server mcp-server-time` through `d`, answered once: the

@@ -5,7 +5,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::net::{
     recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -50,6 +50,36 @@ pub fn send_some_with_fds(
     Ok(sent)
 }
 
+/// A unix stream socket read with `recvmsg`, keeping the descriptors that
+/// come with the bytes (see [`FdReader::take`]).
+#[derive(Debug)]
+pub struct FdReader<'a, S: AsFd> {
+    pub stream: &'a S,
+    fds: Vec<OwnedFd>,
+}
+
+impl<'a, S: AsFd> FdReader<'a, S> {
+    pub fn new(stream: &'a S) -> FdReader<'a, S> {
+        FdReader {
+            stream,
+            fds: Vec::new(),
+        }
+    }
+
+    /// The descriptors received since the last call.
+    pub fn take(&mut self) -> Vec<OwnedFd> {
+        std::mem::take(&mut self.fds)
+    }
+}
+
+impl<S: AsFd> io::Read for FdReader<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let (n, fds) = recv_with_fds(self.stream.as_fd(), buf)?;
+        self.fds.extend(fds);
+        Ok(n)
+    }
+}
+
 /// Receive into `buf` from a unix stream socket, taking any descriptors
 /// that came with it (close-on-exec). Returns the byte count and them.
 pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
@@ -74,7 +104,6 @@ pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize,
 mod tests {
     use super::*;
     use std::io::{Read, Seek, Write};
-    use std::os::fd::AsFd;
     use std::os::unix::net::UnixStream;
 
     #[test]

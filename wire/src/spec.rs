@@ -106,14 +106,19 @@ pub struct JailSpec {
 
 /// A granted host path: where it shows in the jail, and whether the jail
 /// may write there. Its files keep their owner on the host; in the jail
-/// the owner of the granted path is the jail's user (an idmapped mount),
-/// so the jail has the owner's rights there, and no one else's.
+/// files of `owner` are the jail user's (an idmapped mount), so the jail
+/// has that owner's rights there and nobody else's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Grant {
     pub target: PathBuf,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub writable: bool,
+    /// Whose files are the jail's: the caller's ids (through pycelld, the
+    /// client's), or, when none is given (a root caller), the granted
+    /// path's own owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<SlotIds>,
 }
 
 /// Where a run's env of installed dependencies is mounted.
@@ -593,6 +598,22 @@ pub fn grant_target_problem(target: &Path) -> Option<String> {
     None
 }
 
+/// Why a descriptor with open `flags` and `fstat` mode `mode` cannot be
+/// a grant's source, if it cannot: it must be a directory or a regular
+/// file, opened for reading (an `O_PATH` or write-only descriptor proves
+/// no right to read it).
+pub fn grant_source_problem(flags: u32, mode: u32) -> Option<&'static str> {
+    use rustix::fs::{FileType, OFlags};
+    let flags = OFlags::from_bits_retain(flags);
+    if flags.contains(OFlags::PATH) || flags & OFlags::RWMODE == OFlags::WRONLY {
+        return Some("its descriptor must be open for reading");
+    }
+    match FileType::from_raw_mode(mode) {
+        FileType::Directory | FileType::RegularFile => None,
+        _ => Some("only a directory or a regular file can be granted"),
+    }
+}
+
 /// A bind target the jailer does not build itself (the CA certificates
 /// under egress excepted, from their own source).
 fn check_target(
@@ -762,6 +783,7 @@ mod tests {
         let grant = |t: &str, writable| Grant {
             target: t.into(),
             writable,
+            owner: None,
         };
         cold.grants = vec![grant("/srv/repo", false), grant("/home/u/state", true)];
         cold.validate().unwrap();
@@ -782,6 +804,14 @@ mod tests {
             );
         }
         assert!(grant_target_problem(std::path::Path::new("/tmpfoo")).is_none());
+        use super::grant_source_problem as source;
+        let (dir, file, fifo) = (0o040755, 0o100644, 0o010644);
+        let (rdonly, rdwr, wronly, path) = (0, 2, 1, 0o10000000);
+        assert_eq!(source(rdonly, dir), None);
+        assert_eq!(source(rdwr | 0o2000000, file), None);
+        assert!(source(path, dir).is_some());
+        assert!(source(wronly, file).is_some());
+        assert!(source(rdonly, fifo).is_some());
         let mut twice = cold.clone();
         twice.grants.push(grant("/srv/repo", true));
         assert!(twice.validate().unwrap_err().to_string().contains("twice"));

@@ -14,9 +14,12 @@ use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
 use pycell_wire::report::JailFailure;
 
-use super::{found_in, packages, plan, relay, resolver_request, server_request, CLOSE_GRACE};
+use super::{
+    found_in, open_grants, packages, plan, relay, resolver_request, server_request, CLOSE_GRACE,
+};
 use crate::cli::McpServerArgs;
 use crate::run::request_failure;
+use pycell_protocol::messages::PathGrant;
 
 fn daemon_failure(e: pycell_protocol::client::ClientError, policy: &str) -> JailFailure {
     e.into_result(policy).error.unwrap_or_else(|| {
@@ -32,13 +35,30 @@ pub(super) fn serve(
     package: &str,
     variables: BTreeMap<String, String>,
 ) -> Result<(RunResult, Vec<String>), JailFailure> {
-    if !args.read_only.is_empty() || !args.read_write.is_empty() || args.state.is_some() {
-        return Err(request_failure(
-            "through pycelld, host paths cannot be granted yet (--ro, --rw, --state): run pycell mcp-server --embedded as root for them".into(),
-        ));
-    }
     let policy = args.policy.as_str();
     let mut client = DaemonClient::connect(socket).map_err(|e| daemon_failure(e, policy))?;
+    let info = client.info().map_err(|e| daemon_failure(e, policy))?;
+    let Some(summary) = info.host.policies.iter().find(|p| p.name == policy) else {
+        let names: Vec<&str> = info.host.policies.iter().map(|p| p.name.as_str()).collect();
+        return Err(request_failure(format!(
+            "pycelld has no policy {policy:?} (it has: {})",
+            names.join(", ")
+        )));
+    };
+    let (grants, sources): (Vec<_>, Vec<_>) = open_grants(args, summary.limits.disk_bytes)?
+        .into_iter()
+        .map(|(g, fd)| {
+            let grant = PathGrant {
+                target: g.target,
+                writable: g.writable,
+            };
+            (grant, fd)
+        })
+        .unzip();
+    let rules = match args.allow.is_empty() {
+        true => summary.network_allow.clone(),
+        false => args.allow.clone(),
+    };
     let on_stage = |stage: Stage<'_>| {
         if let Stage::Installing(m) = stage {
             eprintln!("pycell: {m}");
@@ -69,8 +89,9 @@ pub(super) fn serve(
     let mut req = server_request(args, &launch, variables);
     req.dependencies = packages(args);
     req.allow = args.allow.clone();
-    let result = run_server(&mut client, req).map_err(|e| daemon_failure(e, policy))?;
-    Ok((result, args.allow.clone()))
+    req.grants = grants;
+    let result = run_server(&mut client, req, &sources).map_err(|e| daemon_failure(e, policy))?;
+    Ok((result, rules))
 }
 
 /// The server's run: its socket relayed to our stdio once it comes; once
@@ -78,6 +99,7 @@ pub(super) fn serve(
 fn run_server(
     client: &mut DaemonClient,
     req: pycell_protocol::messages::RunRequest,
+    grant_sources: &[std::os::fd::OwnedFd],
 ) -> Result<RunResult, pycell_protocol::client::ClientError> {
     let mut canceller = client
         .canceller()
@@ -92,6 +114,7 @@ fn run_server(
     });
     client.run_serving(
         req,
+        grant_sources,
         |_, bytes| {
             // Its stderr; never our stdout, the client's channel.
             use std::io::Write;

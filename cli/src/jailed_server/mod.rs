@@ -162,7 +162,7 @@ fn serve_embedded(
         ..
     } = EmbeddedRun::new(&args.policy, RunRequest::default())?;
     plan::allow(&mut policy, &args.allow).map_err(request_failure)?;
-    let grants = open_grants(args, &policy)?;
+    let grants = open_grants(args, policy.limits.disk)?;
     let mut installer = Installer {
         handle: rt.handle().clone(),
         stop: stop.clone(),
@@ -247,13 +247,13 @@ fn resolve(
 /// process could reach it) and checked.
 fn open_grants(
     args: &McpServerArgs,
-    policy: &Policy,
+    disk_limit: u64,
 ) -> Result<Vec<(Grant, OwnedFd)>, JailFailure> {
     let mut asked: Vec<(&str, &Path, bool)> = Vec::new();
     asked.extend(args.read_only.iter().map(|p| ("--ro", p.as_path(), false)));
     asked.extend(args.read_write.iter().map(|p| ("--rw", p.as_path(), true)));
     if let Some(state) = &args.state {
-        make_state_dir(state, policy.limits.disk)?;
+        make_state_dir(state, disk_limit)?;
         asked.push(("--state", state.as_path(), true));
     }
     if asked.len() > MAX_GRANTS {
@@ -294,13 +294,21 @@ fn open_grant(flag: &str, path: &Path, writable: bool) -> Result<(Grant, OwnedFd
         format!("{flag} {p}: you cannot {what} it yourself ({e})")
     })?;
     let target = plan::grant_target(&canonical).map_err(|e| format!("{flag} {p}: {e}"))?;
+    // For reading (proof that we may), never blocking (on a FIFO swapped
+    // in since we looked: the jailer refuses anything but a directory or
+    // a regular file).
     let fd = nix::fcntl::open(
         &canonical,
-        OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK,
         Mode::empty(),
     )
     .map_err(|e| format!("{flag} {p}: {e}"))?;
-    Ok((Grant { target, writable }, fd))
+    let grant = Grant {
+        target,
+        writable,
+        owner: None,
+    };
+    Ok((grant, fd))
 }
 
 /// `--state DIR`: made (mode 0700) if missing; refused if it already holds

@@ -27,9 +27,12 @@ use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tokio::time::{sleep, timeout, Instant};
 
+mod descriptors;
 mod installing;
 mod session_calls;
 mod tool_relay;
+
+use descriptors::{Granted, WithFds};
 
 use super::order::{NotOrdered, Ordered};
 use super::{Broker, Peer, SpawnedRun};
@@ -181,9 +184,11 @@ async fn write_message(
 type Incoming = Result<ClientMessage, ServerMessage>;
 
 /// Read frames until the client closes, sends something fatal, or stalls
-/// inside a frame. The channel closing means the connection is over.
-fn start_reader(mut rd: OwnedReadHalf) -> mpsc::Receiver<Incoming> {
+/// inside a frame. The channel closing means the connection is over. The
+/// descriptors of a run's grants go to `granted`.
+fn start_reader(rd: OwnedReadHalf, granted: Granted) -> mpsc::Receiver<Incoming> {
     let (tx, rx) = mpsc::channel::<Incoming>(4);
+    let mut rd = WithFds::new(rd);
     tokio::spawn(async move {
         let mut bad = 0;
         loop {
@@ -200,6 +205,10 @@ fn start_reader(mut rd: OwnedReadHalf) -> mpsc::Receiver<Incoming> {
             };
             let msg = framing::decode::<ClientMessage>(&body)
                 .map_err(|e| error(None, ErrorCode::BadMessage, e.to_string()));
+            let fds = rd.take();
+            if let Ok(m) = &msg {
+                granted.keep(m, fds);
+            }
             if msg.is_err() {
                 bad += 1;
             }
@@ -215,6 +224,8 @@ fn start_reader(mut rd: OwnedReadHalf) -> mpsc::Receiver<Incoming> {
 struct Conn {
     out: Outbound,
     inbox: mpsc::Receiver<Incoming>,
+    /// The descriptors its runs' grants came with.
+    granted: Granted,
 }
 
 pub(crate) async fn serve(broker: Arc<Broker>, stream: UnixStream) {
@@ -222,9 +233,11 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: UnixStream) {
         return;
     };
     let (rd, wr) = stream.into_split();
+    let granted = Granted::default();
     let mut conn = Conn {
         out: Outbound::start(wr),
-        inbox: start_reader(rd),
+        inbox: start_reader(rd, granted.clone()),
+        granted,
     };
     let _counted = match broker.connections.enter(peer.uid) {
         Ok(c) => c,
@@ -338,7 +351,8 @@ async fn run(
     request: RunRequest,
 ) -> bool {
     let started = async {
-        let ordered = ordered(broker, &id, request).await?;
+        let granted = conn.granted.claim(&id);
+        let ordered = ordered(broker, &id, request, granted).await?;
         let slot = admit(broker, conn, peer, &id, &ordered.order).await?;
         Ok::<_, NotStarted>((ordered, slot))
     };
@@ -372,6 +386,7 @@ async fn ordered(
     broker: &Arc<Broker>,
     id: &str,
     request: RunRequest,
+    granted: Vec<std::os::fd::OwnedFd>,
 ) -> Result<Ordered, NotStarted> {
     if broker.stopping() {
         let msg = "pycelld is shutting down; try again when it is back";
@@ -381,7 +396,7 @@ async fn ordered(
             msg,
         )));
     }
-    broker.order(request).await.map_err(|n| {
+    broker.order(request, granted).await.map_err(|n| {
         NotStarted::Reply(match n {
             NotOrdered::Refused(code, message) => error(Some(id), code, message),
             NotOrdered::Failed { policy, failure } => not_started(id, &policy, failure),
@@ -483,6 +498,7 @@ async fn start(
         order,
         tools,
         egress: narrowed,
+        grant_sources,
     }: Ordered,
     upstream: Arc<dyn pycell_tools::service::Upstream>,
 ) -> Result<SpawnedRun, ServerMessage> {
@@ -490,7 +506,7 @@ async fn start(
     let serves_stdio = order.stdio;
     let (req, replies) = broker
         .link
-        .spawn(peer.ids(), order)
+        .spawn(peer.ids(), order, grant_sources)
         .await
         .map_err(|e| internal(e.to_string()))?;
     let ((reply, fds), cancelled) = installing::last_reply(broker, conn, id, req, replies)

@@ -73,8 +73,20 @@ impl MonitorLink {
     }
 
     fn send_frame(&self, frame: &[u8]) -> Result<(), LinkError> {
+        self.send_frame_with(frame, &[])
+    }
+
+    /// `frame`, with `fds` attached to its first byte.
+    fn send_frame_with(&self, frame: &[u8], fds: &[OwnedFd]) -> Result<(), LinkError> {
         let mut w = self.writer.lock().map_err(|_| LinkError::Poisoned)?;
-        w.write_all(frame).map_err(framing::FrameError::from)?;
+        match fds.is_empty() {
+            true => w.write_all(frame),
+            false => {
+                let fds: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+                crate::sockets::send_with_fds(w.as_fd(), frame, &fds)
+            }
+        }
+        .map_err(framing::FrameError::from)?;
         Ok(())
     }
 
@@ -82,10 +94,12 @@ impl MonitorLink {
     /// `Installing` while its env is built, then `Spawned`, `Refused` or
     /// `Failed`; the channel closes after that last one (or if the monitor
     /// goes away).
+    /// `grant_sources` (the descriptors of `order.grants`) go with it.
     pub(crate) async fn spawn(
         self: &Arc<Self>,
         peer: PeerIds,
         order: RunOrder,
+        grant_sources: Vec<OwnedFd>,
     ) -> Result<(u64, mpsc::UnboundedReceiver<Reply>), LinkError> {
         let req = self.next_req.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
@@ -99,10 +113,11 @@ impl MonitorLink {
         // ups). A large one may block on the socket for a moment: not on a
         // runtime worker.
         if frame.len() <= INLINE_FRAME {
-            self.send_frame(&frame)?;
+            self.send_frame_with(&frame, &grant_sources)?;
         } else {
             let link = Arc::clone(self);
-            tokio::task::spawn_blocking(move || link.send_frame(&frame)).await??;
+            tokio::task::spawn_blocking(move || link.send_frame_with(&frame, &grant_sources))
+                .await??;
         }
         Ok((req, rx))
     }

@@ -176,9 +176,13 @@ impl Broker {
     /// request that cannot run is refused at once; admission needs its
     /// memory limit): its parsing is CPU work on untrusted input, done on
     /// a blocking thread, off the runtime.
-    async fn order(&self, request: RunRequest) -> Result<order::Ordered, order::NotOrdered> {
+    async fn order(
+        &self,
+        request: RunRequest,
+        granted: Vec<std::os::fd::OwnedFd>,
+    ) -> Result<order::Ordered, order::NotOrdered> {
         let dir = self.config.policy_dir.clone();
-        tokio::task::spawn_blocking(move || order::order(&dir, request))
+        tokio::task::spawn_blocking(move || order::order(&dir, request, granted))
             .await
             .unwrap_or_else(|e| {
                 let m = format!("ordering the run: {e}");

@@ -4,6 +4,7 @@
 //! ceilings, the PEP 723 block and the requirement lists gathered and
 //! normalized), so that root only re-checks bounds.
 
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use pycell_launch::launcher::LaunchError;
@@ -37,6 +38,38 @@ pub(crate) struct Ordered {
     pub(crate) order: RunOrder,
     pub(crate) tools: Option<ToolGrant>,
     pub(crate) egress: Option<EgressRules>,
+    /// The descriptors of `order.grants`, in order, checked.
+    pub(crate) grant_sources: Vec<OwnedFd>,
+}
+
+/// The request's grants against the descriptors its message came with:
+/// one each, each a directory or a regular file open for reading, shown
+/// at a path the jail does not have its own of.
+fn check_grants(request: &RunRequest, fds: &[OwnedFd]) -> Result<(), String> {
+    if request.grants.len() != fds.len() {
+        return Err(format!(
+            "grants: {} paths, but {} descriptors came with the message (one each, in order, as SCM_RIGHTS)",
+            request.grants.len(),
+            fds.len()
+        ));
+    }
+    if !request.grants.is_empty() && !request.serve_stdio {
+        return Err("grants: only a server over stdio (serve_stdio) takes them".into());
+    }
+    for (g, fd) in request.grants.iter().zip(fds) {
+        let t = g.target.display();
+        if let Some(p) = pycell_wire::spec::grant_target_problem(&g.target) {
+            return Err(format!("grants: {p}"));
+        }
+        let flags = rustix::fs::fcntl_getfl(fd).map_err(|e| format!("grants: {t}: {e}"))?;
+        let mode = rustix::fs::fstat(fd)
+            .map_err(|e| format!("grants: {t}: {e}"))?
+            .st_mode;
+        if let Some(p) = pycell_wire::spec::grant_source_problem(flags.bits(), mode) {
+            return Err(format!("grants: {t}: {p}"));
+        }
+    }
+    Ok(())
 }
 
 /// A server over stdio's own fields (`serve_stdio`, `env`, `allow`),
@@ -64,11 +97,17 @@ fn server_fields(policy: &Policy, request: &RunRequest) -> Result<Option<EgressR
 }
 
 /// The order for `request` under the operator's policies in `policy_dir`.
-pub(crate) fn order(policy_dir: &Path, request: RunRequest) -> Result<Ordered, NotOrdered> {
+pub(crate) fn order(
+    policy_dir: &Path,
+    request: RunRequest,
+    grant_sources: Vec<OwnedFd>,
+) -> Result<Ordered, NotOrdered> {
     // Sizes and counts first, before anything that grows with them.
     request
         .check_bounds()
         .map_err(|e| NotOrdered::Refused(ErrorCode::InvalidRequest, e.to_string()))?;
+    check_grants(&request, &grant_sources)
+        .map_err(|m| NotOrdered::Refused(ErrorCode::InvalidRequest, m))?;
     let refused = |e: resolve::ResolveError| {
         let (code, message) = refusal(LaunchError::from(e));
         NotOrdered::Refused(code, message)
@@ -105,11 +144,13 @@ pub(crate) fn order(policy_dir: &Path, request: RunRequest) -> Result<Ordered, N
         session: false,
         stdio: request.serve_stdio,
         env: request.env,
+        grants: request.grants,
     };
     Ok(Ordered {
         order,
         tools,
         egress,
+        grant_sources,
     })
 }
 
@@ -139,7 +180,7 @@ mod tests {
             ..Default::default()
         };
         r.dependencies = vec!["attrs >= 23".into(), "six".into()];
-        let o = order(dir.path(), r.clone()).unwrap().order;
+        let o = order(dir.path(), r.clone(), Vec::new()).unwrap().order;
         assert_eq!(o.policy, "default");
         assert_eq!(o.limits.timeout_s, 2.5);
         let defaults = pycell_policy::builtin::load("default").unwrap().limits;
@@ -156,7 +197,7 @@ mod tests {
     #[test]
     fn bad_policies_and_limits_are_refused_bad_dependencies_fail() {
         let dir = tempfile::tempdir().unwrap();
-        match order(dir.path(), request("", "no-such-policy")) {
+        match order(dir.path(), request("", "no-such-policy"), Vec::new()) {
             Err(NotOrdered::Refused(ErrorCode::InvalidRequest, m)) => {
                 assert!(m.contains("no policy named"), "{m}")
             }
@@ -165,12 +206,12 @@ mod tests {
         let mut r = request("", "default");
         r.limits.timeout_s = Some(1e9);
         assert!(matches!(
-            order(dir.path(), r),
+            order(dir.path(), r, Vec::new()),
             Err(NotOrdered::Refused(ErrorCode::InvalidRequest, _))
         ));
         let mut r = request("", "default");
         r.dependencies = vec!["bad >> 1".into()];
-        match order(dir.path(), r) {
+        match order(dir.path(), r, Vec::new()) {
             Err(NotOrdered::Failed { policy, failure }) => {
                 assert_eq!(policy, "default");
                 assert_eq!(failure.code, FailureCode::DepsInvalid);

@@ -21,6 +21,7 @@ impl Monitor {
         policy: &pycell_policy::Policy,
         order: RunOrder,
         built: Option<EnvReport>,
+        grant_sources: &mut Vec<OwnedFd>,
     ) -> Result<EnvStep, Box<ToBroker>> {
         let failed = |failure| {
             Box::new(ToBroker::Failed {
@@ -62,7 +63,8 @@ impl Monitor {
             .env_build_started(&plan.key, peer, &policy.name, wanted);
         // Kept until the build is done.
         let name = policy.name.clone();
-        let build = Build::new(req, peer, order, name, plan.key, child, deadline);
+        let mut build = Build::new(req, peer, order, name, plan.key, child, deadline);
+        build.grant_sources = std::mem::take(grant_sources);
         self.builds.insert(build.pid(), build);
         Ok(EnvStep::Building((
             ToBroker::Installing { req },
@@ -78,7 +80,8 @@ impl Monitor {
             .env_build_ended(&build.key, build.elapsed(), how, &outcome);
         let reply = match outcome {
             Ok(env) => {
-                let reply = self.spawn(req, peer, build.order, Some(env));
+                let grants = std::mem::take(&mut build.grant_sources);
+                let reply = self.spawn(req, peer, build.order, Some(env), grants);
                 // After the run holds its env: gc never removes one in use.
                 self.collect_garbage();
                 reply

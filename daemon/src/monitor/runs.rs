@@ -3,6 +3,7 @@
 //! deadline.
 
 use super::*;
+use pycell_wire::spec::{Grant, SlotIds};
 
 /// How long a session's python may take to get ready (its imports).
 pub(crate) const SESSION_READY_WITHIN: Duration = Duration::from_secs(60);
@@ -16,6 +17,7 @@ impl Monitor {
         peer: PeerIds,
         order: RunOrder,
         built: Option<EnvReport>,
+        mut grant_sources: Vec<OwnedFd>,
     ) -> Reply {
         let refuse = |(code, message)| Box::new(ToBroker::Refused { req, code, message });
         order
@@ -41,7 +43,9 @@ impl Monitor {
         })?;
         let request = order.to_request();
         let session = order.session;
-        let env = match self.env_for(req, peer, &policy, order, built)? {
+        let granted = granted(&request, grant_sources.len(), peer)
+            .map_err(|m| refuse((ErrorCode::InvalidRequest, m)))?;
+        let env = match self.env_for(req, peer, &policy, order, built, &mut grant_sources)? {
             EnvStep::Building(reply) => return Ok(reply),
             EnvStep::Ready(env) => Some(env),
             EnvStep::NoDependencies => None,
@@ -56,10 +60,13 @@ impl Monitor {
         if let Some(reply) = self.start_warm(req, peer, &policy, &request, &extras, &env) {
             return Ok(reply);
         }
-        let prepared = self
+        let mut prepared = self
             .launcher
             .prepare_with(&policy, &request, &extras)
             .map_err(|e| refuse(refusal(e)))?;
+        prepared
+            .grant(granted.into_iter().zip(grant_sources).collect())
+            .map_err(|f| refuse((ErrorCode::InvalidRequest, f.message)))?;
         let launched = prepared.spawn(JailerStderr::Inherit).map_err(|r| {
             let message = r.error.map_or_else(String::new, |e| e.message);
             refuse((ErrorCode::Internal, message))
@@ -249,4 +256,29 @@ fn member_env(
         (Some((env, _)), Some(report)) => Some((env, report)),
         (held, _) => held,
     }
+}
+
+/// A run's grants as its jail takes them: one descriptor came for each
+/// (`count`), and the client's ids own them in the jail (the broker
+/// checked what it could; the jailer checks each descriptor again).
+fn granted(request: &RunRequest, count: usize, peer: PeerIds) -> Result<Vec<Grant>, String> {
+    if request.grants.len() != count {
+        return Err(format!(
+            "grants: {} paths but {count} descriptors",
+            request.grants.len()
+        ));
+    }
+    let owner = SlotIds {
+        uid: peer.uid,
+        gid: peer.gid,
+    };
+    Ok(request
+        .grants
+        .iter()
+        .map(|g| Grant {
+            target: g.target.clone(),
+            writable: g.writable,
+            owner: Some(owner),
+        })
+        .collect())
 }

@@ -64,10 +64,13 @@ impl Monitor {
             }
             if link_ready {
                 let began = Instant::now();
-                match framing::read_sync::<ToMonitor>(&mut self.link) {
+                let mut reader = pycell_wire::fdpass::FdReader::new(&self.link);
+                let read = framing::read_sync::<ToMonitor>(&mut reader);
+                let fds = reader.take();
+                match read {
                     Ok(msg) => {
                         let op = msg.op();
-                        self.handle(msg);
+                        self.handle(msg, fds);
                         over_budget(op, began.elapsed());
                     }
                     Err(e) if broker_went_away(&e) => {
@@ -179,7 +182,8 @@ impl Monitor {
         }
     }
 
-    pub(super) fn handle(&mut self, msg: ToMonitor) {
+    /// `fds` came with `msg`: a spawn's grants (any other's are closed).
+    pub(super) fn handle(&mut self, msg: ToMonitor, fds: Vec<std::os::fd::OwnedFd>) {
         match msg {
             ToMonitor::Ready => {
                 self.broker_seen = Instant::now();
@@ -225,7 +229,7 @@ impl Monitor {
                     });
                     return;
                 }
-                let reply = self.spawn(req, peer, order, None);
+                let reply = self.spawn(req, peer, order, None, fds);
                 self.reply(req, peer, reply);
             }
         }

@@ -53,7 +53,7 @@ async fn started(
         let m = format!("uid {} holds {held} sessions, the most policy {:?} allows ([session] per_uid = {per_uid}); end one with session_end", peer.uid, policy.name);
         return Err(refuse((ErrorCode::TooManySessions, m)));
     }
-    let mut ordered = ordered(broker, id, start_request(&request)).await?;
+    let mut ordered = ordered(broker, id, start_request(&request), Vec::new()).await?;
     ordered.order.session = true;
     let slot = admit(broker, conn, peer, id, &ordered.order).await?;
     // Where its tool calls go: the connection of the call being served.
