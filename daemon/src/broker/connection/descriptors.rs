@@ -65,9 +65,12 @@ impl AsyncRead for WithFds {
     }
 }
 
+/// A run's id and the descriptors its message came with.
+type RunFds = (String, Vec<OwnedFd>);
+
 /// The descriptors of runs that named grants, by run id.
 #[derive(Clone, Default)]
-pub(super) struct Granted(Arc<Mutex<VecDeque<(String, Vec<OwnedFd>)>>>);
+pub(super) struct Granted(Arc<Mutex<VecDeque<RunFds>>>);
 
 impl Granted {
     /// Keep `fds` if `msg` is a run that names grants (else they close).
