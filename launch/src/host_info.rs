@@ -65,12 +65,12 @@ mod tests {
         let (ok, problems) = policies(dir.path());
         assert_eq!(
             ok.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
-            ["data-science", "default", "install", "network"]
+            ["data-science", "default", "install", "mcp-server", "network"]
         );
         assert_eq!(ok[0].source, "built-in");
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert_eq!(problems[0].name, "broken");
-        assert_eq!(ok[3].network_label(), "allowlist (nothing allowed yet)");
+        assert_eq!(ok[4].network_label(), "allowlist (nothing allowed yet)");
     }
 
     #[test]
