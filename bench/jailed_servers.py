@@ -10,6 +10,9 @@ Rows (raw JSON-RPC over the server's stdio, one client for all rows):
   - tool call: one `tools/call` of get_current_time, after --warmup calls,
     median of --calls round trips in one session.
 
+`uvx --offline` (no revalidation of uv's cache against the index) is
+shown for information; the baseline is uvx as MCP hosts run it.
+
 Targets: a tool call through the jailed server at most 1 ms above uvx's;
 start at most 1.2x uvx's.
 """
@@ -89,6 +92,8 @@ def main():
     a = ap.parse_args()
     rows = {
         "uvx (bare)": [a.uv, "tool", "run", "mcp-server-time"],
+        # For information: uvx without revalidating its cache on the index.
+        "uvx --offline (bare)": [a.uv, "tool", "run", "--offline", "mcp-server-time"],
         "pycell mcp-server": [a.pycell, "mcp-server", "--embedded", "mcp-server-time"],
         "pycell mcp-server (daemon)": [a.pycell, "mcp-server", "--socket", a.socket, "mcp-server-time"],
     }
