@@ -28,6 +28,9 @@ use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
 use pycell_wire::spec::{grant_source_problem, Grant, JailSpec, GRANT_FD_BASE};
 
+const OTHER_NAMESPACE: &str = "the granted path is not in pycell's mount namespace: pycelld's systemd service has a namespace of its own (no /home), so it cannot take grants; run `pycell mcp-server --embedded` as root for them";
+const NOT_PRIVILEGED: &str = "cloning and idmapping a host mount needs CAP_SYS_ADMIN, which pycelld's systemd service does not have: run `pycell mcp-server --embedded` as root for grants";
+
 /// A grant made ready for the jail: its idmapped, detached mount.
 #[derive(Debug)]
 pub(crate) struct GrantedTree {
@@ -74,16 +77,26 @@ fn prepare_one(fd: i32, g: &Grant, (uid, gid): (u32, u32)) -> Result<GrantedTree
         return Err(fail(problem.into()));
     }
     let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
-    let mount = syscall::open_tree_clone_fd(source.as_fd(), false)
-        .map_err(|e| fail(format!("cloning its mount: {e}")))?;
+    let mount = syscall::open_tree_clone_fd(source.as_fd(), false).map_err(|e| {
+        let f = fail(format!("cloning its mount: {e}"));
+        match e.raw_os_error() {
+            // The path's mount is not in our mount namespace: pycelld as a
+            // systemd service has one of its own (ProtectHome, ...).
+            Some(libc::EINVAL) => f.with_hint(OTHER_NAMESPACE),
+            Some(libc::EPERM) => f.with_hint(NOT_PRIVILEGED),
+            _ => f,
+        }
+    })?;
     let (owner, group) = g.owner.map_or((st.st_uid, st.st_gid), |o| (o.uid, o.gid));
     let userns = owner_seen_as(owner, group, uid, gid)
         .map_err(|e| fail(format!("a user namespace for its idmap: {e}")))?;
     syscall::mount_setattr_idmapped(&mount, grant_attrs(g.writable), userns.as_fd()).map_err(
         |e| {
-            fail(format!("idmapping its mount: {e}")).with_hint(
-                "grant paths on a file system that supports idmapped mounts (ext4, xfs, btrfs; tmpfs from Linux 6.3)",
-            )
+            let hint = match e.raw_os_error() {
+                Some(libc::EPERM) => NOT_PRIVILEGED,
+                _ => "grant paths on a file system that supports idmapped mounts (ext4, xfs, btrfs; tmpfs from Linux 6.3)",
+            };
+            fail(format!("idmapping its mount: {e}")).with_hint(hint)
         },
     )?;
     Ok(GrantedTree {

@@ -65,7 +65,13 @@ mod tests {
         let (ok, problems) = policies(dir.path());
         assert_eq!(
             ok.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
-            ["data-science", "default", "install", "mcp-server", "network"]
+            [
+                "data-science",
+                "default",
+                "install",
+                "mcp-server",
+                "network"
+            ]
         );
         assert_eq!(ok[0].source, "built-in");
         assert_eq!(problems.len(), 1, "{problems:?}");

@@ -65,7 +65,9 @@ except FileNotFoundError:
     # An MCP server over stdio that probes what its jail lets it reach
     # (pycell mcp-server's tests); one with no console script.
     here = os.path.dirname(os.path.abspath(__file__))
-    with open(os.path.join(here, "..", "mcp", "probe_server.py"), "rb") as f:
+    # Beside this file in the VM test's payload, in tests/mcp/ in the tree.
+    beside = [os.path.join(here, "..", "mcp", "probe_server.py"), os.path.join(here, "probe_server.py")]
+    with open(next((p for p in beside if os.path.exists(p)), beside[0]), "rb") as f:
         probe = f.read()
     wheel(
         out,

@@ -920,6 +920,69 @@ def check_deps():
     return f"installed in {env.get('install_ms', 0) / 1000:.1f} s, then found ({r2.get('wall_ms', 0):.0f} ms run)"
 
 
+PROBE_SESSION = [
+    {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "vm", "version": "1"}}},
+    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "probe", "arguments": {}}},
+]
+
+
+def check_mcp_server():
+    """A third-party MCP server through the installed service: a member's
+    `pycell mcp-server` runs the probe server (a wheel of the local
+    wheelhouse, staged by the builder) in a jail of the shipped mcp-server
+    policy; it reaches nothing of the member's (home, environment) but the
+    variable it was given. A grant is refused, saying why (the service has
+    its own mount namespace and no CAP_SYS_ADMIN to idmap one), and leaves
+    nothing behind."""
+    wheels = "/var/cache/pycell-vm-wheels"
+    rc, out, err = sh(["python3", f"{PAYLOAD}/make_wheels.py", wheels])
+    expect(rc == 0, f"make_wheels.py: {out} {err}")
+    with open("/etc/pycell/policies/mcp-server.toml") as f:
+        shipped = f.read()
+    head = 'description = "vm"\nnamespaces = ["user", "pid", "mount", "net", "ipc", "uts", "cgroup"]\n[interpreter]\npython = "/usr/bin/python3"\n'
+    policies = {
+        "vm-install": 'name = "vm-install"\n' + head + '[limits]\nwall_timeout = "5m"\ncpu_time = "5m"\nmemory = "1GiB"\npids = 256\ndisk = "512MiB"\n'
+        + f'[install]\nfind_links = ["{wheels}"]\n' + VM_MOUNTS
+        + '[env]\nPATH = "/usr/bin:/bin"\nHOME = "/workspace"\nUV_CACHE_DIR = "/tmp/uv-cache"\nUV_PYTHON_DOWNLOADS = "never"\nUV_NO_PROGRESS = "1"\n',
+        "vm-probe": shipped.replace('name = "mcp-server"', 'name = "vm-probe"').replace(
+            'install_policy = "install"', 'install_policy = "vm-install"'),
+    }
+    home = f"/home/{MEMBER}"
+    sh(["sh", "-c", f"mkdir -p {home}/.ssh {home}/granted && echo canary > {home}/.ssh/id_canary && chmod 600 {home}/.ssh/id_canary"],
+       user=MEMBER, check=True)
+    secret, token = "vm-secret-not-for-the-server", "vm-token-for-the-server"
+    probe = ["pycell-probe-server", "--", "--canary", f"{home}/.ssh/id_canary", "--agent", f"{home}/agent.sock",
+             "--secret-reversed", secret[::-1]]
+    env = {"HOME": home, "CALLER_SECRET": secret, "GRANTED_TOKEN": token}
+    lines = "".join(json.dumps(m) + "\n" for m in PROBE_SESSION)
+    for name, text in policies.items():
+        with open(f"/etc/pycell/policies/{name}.toml", "w") as f:
+            f.write(text)
+    try:
+        served = sh(["pycell", "mcp-server", "--policy", "vm-probe", "--env", "GRANTED_TOKEN"] + probe,
+                    input=lines, user=MEMBER, env=env, timeout=600)
+        granted = sh(["pycell", "mcp-server", "--policy", "vm-probe", "--rw", f"{home}/granted"] + probe,
+                     input=lines, user=MEMBER, env=env)
+    finally:
+        for name in policies:
+            os.remove(f"/etc/pycell/policies/{name}.toml")
+    rc, out, err = served
+    expect(rc == 0, f"pycell mcp-server exited {rc}: {out[-800:]} {err[-1500:]}")
+    answers = {m.get("id"): m for m in map(json.loads, out.splitlines())}
+    expect(answers.get(1, {}).get("result", {}).get("serverInfo", {}).get("name") == "pycell-probe-server",
+           f"no handshake: {out[-800:]}")
+    p = json.loads(answers[2]["result"]["content"][0]["text"])
+    expect("error" in p["home_canary"] and "error" in p["home_listing"], f"the caller's home was reachable: {p}")
+    expect(p["secret_seen"] == [] and "CALLER_SECRET" not in p["env_names"], f"the caller's environment leaked: {p}")
+    expect(p["granted_token"] == token, f"--env GRANTED_TOKEN: {p['granted_token']!r}")
+    rc, out, err = granted
+    expect(rc == 125 and "mounts_failed" in err and "--embedded" in err, f"a grant through the service: exit {rc}, {err[-800:]!r}")
+    expect(wait_until(lambda: not sandbox_processes(), 10), f"left running: {sandbox_processes()}")
+    return f"probe server as uid {p['uid']}: home and environment unreachable; a grant refused: {err.strip().splitlines()[-1][:120]}"
+
+
 def check_mcp():
     client = f"{PAYLOAD}/mcp_client.py"
     env = {"PYTHONPATH": f"{PAYLOAD}/mcp-sdk", "PYTHONDONTWRITEBYTECODE": "1"}
@@ -1007,6 +1070,7 @@ def main():
         checks += [("daemon-outsider-refused", check_outsider_refused)]
         checks += [("daemon-cgroups-delegated", check_cgroups_delegated)]
         checks += [("daemon-egress", check_egress), ("daemon-deps", check_deps)]
+        checks += [("daemon-mcp-server", check_mcp_server)]
         checks += [("socket-activation", check_socket_activation), ("hand-start", check_hand_start)]
         if "mcp" in groups:
             checks += [("mcp-run-python", check_mcp), ("mcp-tool-call", check_mcp_tool_call)]
