@@ -15,7 +15,7 @@ use pycell_wire::events::Stream;
 use pycell_wire::report::JailFailure;
 
 use super::{
-    found_in, open_grants, packages, plan, relay, resolver_request, server_request, CLOSE_GRACE,
+    chosen, found_in, open_grants, packages, relay, resolver_request, server_request, CLOSE_GRACE,
 };
 use crate::cli::McpServerArgs;
 use crate::run::request_failure;
@@ -79,14 +79,7 @@ pub(super) fn serve(
         )
         .map_err(|e| daemon_failure(e, policy))?;
     let found = found_in(result, &stdout, package)?;
-    let launch = plan::choose(
-        package,
-        &found,
-        args.entry.as_deref(),
-        args.module.as_deref(),
-    )
-    .map_err(request_failure)?;
-    let mut req = server_request(args, &launch, variables);
+    let mut req = server_request(args, &chosen(args, package, &found)?, variables);
     req.dependencies = packages(args);
     req.allow = args.allow.clone();
     req.grants = grants;

@@ -93,6 +93,16 @@ fn serve(args: &McpServerArgs) -> Result<RunResult, JailFailure> {
     Ok(result)
 }
 
+/// What to run of what the resolver found, as the options say.
+fn chosen(
+    args: &McpServerArgs,
+    package: &str,
+    found: &plan::Found,
+) -> Result<plan::Launch, JailFailure> {
+    let (entry, module) = (args.entry.as_deref(), args.module.as_deref());
+    plan::choose(package, found, entry, module).map_err(request_failure)
+}
+
 /// The request that runs the server `launch` picked.
 fn server_request(
     args: &McpServerArgs,
@@ -169,14 +179,7 @@ fn serve_embedded(
     };
     let ensured = stage(args, &launcher, &policy, &mut installer)?;
     let found = resolve(args, &launcher, &policy, &ensured, package, &installer)?;
-    let launch = plan::choose(
-        package,
-        &found,
-        args.entry.as_deref(),
-        args.module.as_deref(),
-    )
-    .map_err(request_failure)?;
-    let req = server_request(args, &launch, variables);
+    let req = server_request(args, &chosen(args, package, &found)?, variables);
     let extras = Extras {
         env: Some(ensured.env.dir.clone()),
         ..Extras::default()
