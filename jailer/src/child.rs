@@ -363,34 +363,39 @@ impl RealSteps<'_> {
             .map_err(|e| StepError::new(Step::Loopback, format!("handing out /workspace: {e}")))
     }
 
-    /// Code mode: a socketpair, one end handed out on the jailer's stdin
-    /// socket (the launcher serves the program's tool calls on it), the
-    /// other kept for the program (both close-on-exec until then).
+    /// Code mode: the tool channel (the launcher serves the program's tool
+    /// calls on its end).
     fn hand_out_tool_channel(&mut self) -> Result<(), StepError> {
-        let (true, Some(channel)) = (self.spec.tools, self.handout_channel.as_ref()) else {
-            return Ok(());
-        };
-        let fail =
-            |e: std::io::Error| StepError::new(Step::Loopback, format!("the tool channel: {e}"));
-        let (ours, launchers) = std::os::unix::net::UnixStream::pair().map_err(fail)?;
-        handout::send(channel.as_fd(), Handout::ToolChannel, launchers.as_fd()).map_err(fail)?;
-        self.tool_end = Some(ours.into());
+        if self.spec.tools {
+            self.tool_end = self.hand_out_stream_pair(Handout::ToolChannel, "the tool channel")?;
+        }
         Ok(())
     }
 
-    /// A server over stdio: a socketpair, one end handed out on the
-    /// jailer's stdin socket (its launcher relays the client's bytes on
-    /// it), the other the program's stdin and stdout.
+    /// A server over stdio: the socket of its stdin and stdout (its
+    /// launcher relays the client's bytes on its end).
     fn hand_out_stdio(&mut self) -> Result<(), StepError> {
-        let (true, Some(channel)) = (self.spec.stdio_socket, self.handout_channel.as_ref()) else {
-            return Ok(());
-        };
-        let fail =
-            |e: std::io::Error| StepError::new(Step::Loopback, format!("the stdio socket: {e}"));
-        let (ours, launchers) = std::os::unix::net::UnixStream::pair().map_err(fail)?;
-        handout::send(channel.as_fd(), Handout::Stdio, launchers.as_fd()).map_err(fail)?;
-        self.stdio_end = Some(ours.into());
+        if self.spec.stdio_socket {
+            self.stdio_end = self.hand_out_stream_pair(Handout::Stdio, "the stdio socket")?;
+        }
         Ok(())
+    }
+
+    /// A stream socketpair: one end handed out as `what` on the jailer's
+    /// stdin socket, the other returned for the program (both
+    /// close-on-exec until then). None without a handout channel.
+    fn hand_out_stream_pair(
+        &self,
+        what: Handout,
+        name: &str,
+    ) -> Result<Option<OwnedFd>, StepError> {
+        let Some(channel) = self.handout_channel.as_ref() else {
+            return Ok(None);
+        };
+        let fail = |e: std::io::Error| StepError::new(Step::Loopback, format!("{name}: {e}"));
+        let (ours, launchers) = std::os::unix::net::UnixStream::pair().map_err(fail)?;
+        handout::send(channel.as_fd(), what, launchers.as_fd()).map_err(fail)?;
+        Ok(Some(ours.into()))
     }
 
     /// A zygote: a seqpacket socketpair, one end handed out on the

@@ -544,8 +544,6 @@ pub fn proxy_env(port: u16) -> Vec<(String, String)> {
     env
 }
 
-/// The policy's environment, plus the proxy's variables (which win) when
-/// it has egress.
 /// Thread pools that size themselves by the host's CPU count (OpenMP,
 /// OpenBLAS, MKL, numexpr): in a jail they get the run's CPU bandwidth
 /// instead ([`thread_pool_env`]).

@@ -45,49 +45,33 @@ pub(crate) fn validate(
     completeness: Completeness,
 ) -> Result<Policy> {
     let root = FieldPath::root();
-    let complete = |present: bool, path: FieldPath| -> Result<()> {
-        if completeness == Completeness::Complete && !present {
-            return Err(Diagnostic::at(
-                path,
-                "missing required field: shipped policies state every section and field explicitly",
-            ));
-        }
-        Ok(())
-    };
-
     let name = check_identity(&raw, origin, &root)?;
+    check_sections_present(&raw, completeness, &root)?;
 
     check_namespaces(&raw.namespaces, &root.key("namespaces"))?;
 
     let interpreter = check_interpreter(&raw, &root.key("interpreter"))?;
 
-    complete(raw.limits.is_some(), root.key("limits"))?;
     let (limits, ceilings) = check_limits_table(raw.limits, &root.key("limits"), completeness)?;
 
-    complete(raw.network.is_some(), root.key("network"))?;
     let network = raw
         .network
         .map(|n| check_network(n, &root.key("network"), completeness))
         .transpose()?
         .unwrap_or(NetworkMode::None);
 
-    complete(raw.mounts.is_some(), root.key("mounts"))?;
     let mounts = check_mounts(raw.mounts.unwrap_or_default(), &root.key("mounts"))?;
 
-    complete(raw.landlock.is_some(), root.key("landlock"))?;
     let landlock = check_landlock(
         raw.landlock.unwrap_or_default(),
         &root.key("landlock"),
         completeness,
     )?;
 
-    complete(raw.seccomp.is_some(), root.key("seccomp"))?;
     let seccomp_profile = check_seccomp(raw.seccomp, &root.key("seccomp"))?;
 
-    complete(raw.env.is_some(), root.key("env"))?;
     let env = check_env(raw.env.unwrap_or_default(), &root.key("env"))?;
 
-    complete(raw.dependencies.is_some(), root.key("dependencies"))?;
     let dependencies = check_dependencies(
         raw.dependencies.unwrap_or_default(),
         &interpreter,
@@ -120,6 +104,34 @@ pub(crate) fn validate(
         images,
         tools,
     })
+}
+
+/// In complete mode (the shipped policies) every section is written out:
+/// the first one missing is the error.
+fn check_sections_present(
+    raw: &RawPolicy,
+    completeness: Completeness,
+    root: &FieldPath,
+) -> Result<()> {
+    if completeness != Completeness::Complete {
+        return Ok(());
+    }
+    let sections = [
+        ("limits", raw.limits.is_some()),
+        ("network", raw.network.is_some()),
+        ("mounts", raw.mounts.is_some()),
+        ("landlock", raw.landlock.is_some()),
+        ("seccomp", raw.seccomp.is_some()),
+        ("env", raw.env.is_some()),
+        ("dependencies", raw.dependencies.is_some()),
+    ];
+    match sections.iter().find(|(_, present)| !present) {
+        Some((key, _)) => Err(Diagnostic::at(
+            root.key(key),
+            "missing required field: shipped policies state every section and field explicitly",
+        )),
+        None => Ok(()),
+    }
 }
 
 /// `[warm]`: its imports (none when it is absent).

@@ -170,32 +170,8 @@ fn loopback_page(body: &'static str) -> u16 {
 #[test]
 fn fetch_reaches_the_allowed_loopback_server_only_and_the_refusal_is_in_the_egress_report() {
     let port = loopback_page("pycell-marker-4711 from the loopback server");
-    let dir = test_dir("fetch");
-    let report_file = dir.join("egress.json");
     let allow = format!("http://127.0.0.1:{port}");
-    let url = format!("http://127.0.0.1:{port}/page.txt");
-    let report_arg = report_file.display().to_string();
-    let r = session(
-        &[
-            "mcp-server",
-            "--allow",
-            &allow,
-            "--egress-report",
-            &report_arg,
-            "mcp-server-fetch",
-            "--",
-            "--ignore-robots-txt",
-            "--allow-private-ips",
-        ],
-        json!([
-            ["fetch", {"url": url, "raw": true}],
-            ["fetch", {"url": "http://example.net/", "raw": true}]
-        ]),
-        &[],
-        None,
-    );
-    answered_then_refused(&r, "pycell-marker-4711");
-    let egress: Value = serde_json::from_slice(&fs::read(&report_file).unwrap()).unwrap();
+    let egress = fetch_allowed_then_refused("fetch", &allow, "pycell-marker-4711", &[], &[]);
     assert_eq!(egress["allowed_rules"], json!([allow]), "{egress}");
     let allowed = &egress["network"]["allowed"];
     assert!(
@@ -213,6 +189,36 @@ fn fetch_reaches_the_allowed_loopback_server_only_and_the_refusal_is_in_the_egre
             .any(|d| d["host"] == "example.net" && d["reason"] == "not_allowlisted"),
         "{egress}"
     );
+}
+
+/// mcp-server-fetch with `--allow ALLOW` (and `opts`, `env` for pycell):
+/// it fetches ALLOW's page (which holds `marker`) and is refused
+/// example.net. Its egress report.
+fn fetch_allowed_then_refused(
+    dir: &str,
+    allow: &str,
+    marker: &str,
+    opts: &[&str],
+    env: &[(&str, &str)],
+) -> Value {
+    let report_file = test_dir(dir).join("egress.json").display().to_string();
+    let mut args = vec!["mcp-server"];
+    args.extend_from_slice(opts);
+    args.extend([
+        "--allow",
+        allow,
+        "--egress-report",
+        &report_file,
+        "mcp-server-fetch",
+    ]);
+    args.extend(["--", "--ignore-robots-txt", "--allow-private-ips"]);
+    let calls = json!([
+        ["fetch", {"url": format!("{allow}/page.txt"), "raw": true}],
+        ["fetch", {"url": "http://example.net/", "raw": true}]
+    ]);
+    let r = session(&args, calls, env, None);
+    answered_then_refused(&r, marker);
+    serde_json::from_slice(&fs::read(&report_file).unwrap()).unwrap()
 }
 
 /// A repository with one commit, in the test's directory `name`.
@@ -569,32 +575,14 @@ fn through_pycelld_a_server_gets_only_what_its_policy_allows_and_its_egress_is_a
     let port = loopback_page("pycell-marker-4712 through pycelld");
     let d = daemon_allowing(port);
     let socket = d.socket().display().to_string();
-    let dir = test_dir("daemon-fetch");
-    let report_file = dir.join("egress.json").display().to_string();
     let allow = format!("http://127.0.0.1:{port}");
-    let r = session(
-        &[
-            "mcp-server",
-            "--policy",
-            "mcp-net",
-            "--allow",
-            &allow,
-            "--egress-report",
-            &report_file,
-            "mcp-server-fetch",
-            "--",
-            "--ignore-robots-txt",
-            "--allow-private-ips",
-        ],
-        json!([
-            ["fetch", {"url": format!("{allow}/page.txt"), "raw": true}],
-            ["fetch", {"url": "http://example.net/", "raw": true}]
-        ]),
+    let egress = fetch_allowed_then_refused(
+        "daemon-fetch",
+        &allow,
+        "pycell-marker-4712",
+        &["--policy", "mcp-net"],
         &[("PYCELL_SOCKET", socket.as_str())],
-        None,
     );
-    answered_then_refused(&r, "pycell-marker-4712");
-    let egress: Value = serde_json::from_slice(&fs::read(&report_file).unwrap()).unwrap();
     let denied = egress["network"]["denied"].as_array().unwrap();
     assert!(
         denied.iter().any(|x| x["host"] == "example.net"),

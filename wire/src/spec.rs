@@ -551,7 +551,13 @@ impl JailSpec {
                     ),
                 ));
             }
-            check_target("mounts", &m.target, self.network, &m.source)?;
+            let trust_store = m.source == Path::new(CA_CERTIFICATES)
+                && m.target == Path::new(CA_CERTIFICATES)
+                && self.network != NetworkSpec::Loopback;
+            if built_by_jailer(&m.target) && !trust_store {
+                let t = m.target.display();
+                return Err(bad("mounts", format!("target {t} is built by the jailer")));
+            }
         }
         self.validate_grants()
     }
@@ -585,7 +591,7 @@ pub fn grant_target_problem(target: &Path) -> Option<String> {
     if !is_clean_absolute(target) {
         return Some(format!("{t} is not a clean absolute path"));
     }
-    if target == Path::new("/") || RESERVED_TARGETS.iter().any(|r| target.starts_with(r)) {
+    if built_by_jailer(target) {
         return Some(format!(
             "{t} is in a place each jail has its own of (/, /proc, /dev, /tmp, /workspace, /etc): grant a path elsewhere"
         ));
@@ -614,23 +620,10 @@ pub fn grant_source_problem(flags: u32, mode: u32) -> Option<&'static str> {
     }
 }
 
-/// A bind target the jailer does not build itself (the CA certificates
-/// under egress excepted, from their own source).
-fn check_target(
-    field: &str,
-    target: &Path,
-    network: NetworkSpec,
-    source: &Path,
-) -> Result<(), SpecError> {
-    let trust_store = source == Path::new(CA_CERTIFICATES)
-        && target == Path::new(CA_CERTIFICATES)
-        && network != NetworkSpec::Loopback;
-    let reserved = RESERVED_TARGETS.iter().any(|r| target.starts_with(r)) && !trust_store;
-    if target == Path::new("/") || reserved {
-        let t = target.display();
-        return Err(bad(field, format!("target {t} is built by the jailer")));
-    }
-    Ok(())
+/// Whether the jailer builds `target` itself (/, or under /proc, /dev,
+/// /tmp, /workspace or /etc), so that no bind may cover it.
+fn built_by_jailer(target: &Path) -> bool {
+    target == Path::new("/") || RESERVED_TARGETS.iter().any(|r| target.starts_with(r))
 }
 
 impl JailLimits {

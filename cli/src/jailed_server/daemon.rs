@@ -15,7 +15,8 @@ use pycell_wire::events::Stream;
 use pycell_wire::report::JailFailure;
 
 use super::{
-    chosen, found_in, open_grants, packages, relay, resolver_request, server_request, CLOSE_GRACE,
+    chosen, found_in, open_grants, packages, relay, resolver_request, server_output,
+    server_request, CLOSE_GRACE,
 };
 use crate::cli::McpServerArgs;
 use crate::run::request_failure;
@@ -108,11 +109,7 @@ fn run_server(
     client.run_serving(
         req,
         grant_sources,
-        |_, bytes| {
-            // Its stderr; never our stdout, the client's channel.
-            use std::io::Write;
-            let _ = std::io::stderr().lock().write_all(bytes);
-        },
+        server_output,
         |_| {},
         |sock| {
             if let Some(closed) = closed_tx.take() {

@@ -55,19 +55,10 @@ use crate::run::{request_failure, EmbeddedRun};
 pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 pub fn main(args: &McpServerArgs) -> i32 {
-    match serve(args) {
-        Ok(result) => {
-            crate::run::emit(false, &result);
-            result.process_exit_code()
-        }
-        Err(f) => {
-            match &f.hint {
-                Some(h) => eprintln!("pycell mcp-server: {} ({}) — {h}", f.message, f.code),
-                None => eprintln!("pycell mcp-server: {} ({})", f.message, f.code),
-            }
-            125
-        }
-    }
+    // A server that never started ends as a refused run does.
+    let result = serve(args).unwrap_or_else(|f| RunResult::refused("", &args.policy, f));
+    crate::run::emit(false, &result);
+    result.process_exit_code()
 }
 
 fn internal(what: &str, e: impl std::fmt::Display) -> JailFailure {
@@ -379,14 +370,15 @@ async fn run_server(prepared: pycell_launch::launcher::Prepared, stop: StopReque
             by = client_closed(closed_rx) => by,
         }
     };
-    let (result, _) = supervise(launched, PATIENCE, until, services, |_, bytes| {
-        // Its stderr (and anything it wrote to the jail's own stdout):
-        // never to our stdout, which is the client's channel.
-        use std::io::Write;
-        let _ = std::io::stderr().lock().write_all(bytes);
-    })
-    .await;
+    let (result, _) = supervise(launched, PATIENCE, until, services, server_output).await;
     result
+}
+
+/// The server's output (its stderr, and anything it wrote to the jail's
+/// own stdout): to our stderr, never our stdout, the client's channel.
+fn server_output(_: Stream, bytes: &[u8]) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(bytes);
 }
 
 /// Resolves [`CLOSE_GRACE`] after the client closed its side (never if
