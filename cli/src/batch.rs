@@ -15,7 +15,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};
 
-use pycell_protocol::client::daemon_socket;
+use pycell_protocol::client::{daemon_socket, Endpoint};
 use pycell_protocol::messages::{RunRequest, MAX_FRAME};
 use pycell_protocol::result::RunResult;
 use pycell_wire::codes::{FailureCode, Layer};
@@ -202,7 +202,8 @@ impl Runs {
     fn run(&self, req: RunRequest, policy: &str) -> RunResult {
         match self {
             Runs::Daemon(socket) => {
-                pycell_protocol::client::run_patiently(socket, req, |_, _| {}, |_| {}, |_| {})
+                let endpoint = Endpoint::local(socket.clone());
+                pycell_protocol::client::run_patiently(&endpoint, req, |_, _| {}, |_| {}, |_| {})
                     .unwrap_or_else(|e| e.into_result(policy))
             }
             Runs::Embedded { stop, rt, zygote } => {

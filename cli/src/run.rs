@@ -13,7 +13,7 @@ use pycell_launch::resolve::Extras;
 use pycell_launch::supervisor::PATIENCE;
 use pycell_launch::tool_grant::ToolGrant;
 use pycell_policy::Policy;
-use pycell_protocol::client::{daemon_socket, Stage};
+use pycell_protocol::client::{daemon_socket, Endpoint, Stage};
 use pycell_protocol::messages::{LimitOverrides, RunRequest};
 use pycell_protocol::result::RunResult;
 use pycell_tools::service::ToolService;
@@ -265,7 +265,7 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
     // than a second says where it is in the queue, on stderr.
     let mut queue = QueueNotice::new();
     let result = pycell_protocol::client::run_patiently(
-        socket,
+        &Endpoint::local(socket.to_path_buf()),
         req,
         |stream, bytes| {
             if !args.json {

@@ -18,6 +18,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
+use crate::principal::Principal;
+
 /// How many runs may go and wait; from the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdmissionLimits {
@@ -29,9 +31,10 @@ pub struct AdmissionLimits {
 }
 
 /// One run asking to start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ask {
-    pub uid: u32,
+    /// A uid, or an identity a trusted front end speaks for.
+    pub who: Principal,
     /// The run's memory limit, in bytes.
     pub memory: u64,
 }
@@ -62,11 +65,11 @@ struct Waiter {
 pub struct Queue {
     limits: AdmissionLimits,
     running: usize,
-    running_per_uid: HashMap<u32, usize>,
+    running_per_uid: HashMap<Principal, usize>,
     memory: u64,
-    waiting: HashMap<u32, VecDeque<Waiter>>,
+    waiting: HashMap<Principal, VecDeque<Waiter>>,
     /// Uids with waiting runs, in the order they get their next turn.
-    turns: VecDeque<u32>,
+    turns: VecDeque<Principal>,
     queued: usize,
     next_ticket: u64,
 }
@@ -97,26 +100,26 @@ impl Queue {
         self.memory
     }
 
-    fn fits(&self, ask: Ask) -> bool {
-        let of_uid = self.running_per_uid.get(&ask.uid).copied().unwrap_or(0);
+    fn fits(&self, ask: &Ask) -> bool {
+        let of_uid = self.running_per_uid.get(&ask.who).copied().unwrap_or(0);
         self.running < self.limits.max_running
             && of_uid < self.limits.max_running_per_uid
             && self.memory.saturating_add(ask.memory) <= self.limits.memory_budget
     }
 
-    fn take(&mut self, ask: Ask) {
+    fn take(&mut self, ask: &Ask) {
         self.running += 1;
-        *self.running_per_uid.entry(ask.uid).or_insert(0) += 1;
+        *self.running_per_uid.entry(ask.who.clone()).or_insert(0) += 1;
         self.memory += ask.memory;
     }
 
     /// A new run: admitted now, queued, or refused. A uid that already has
     /// runs waiting queues behind them.
-    pub fn request(&mut self, ask: Ask) -> Decision {
+    pub fn request(&mut self, ask: &Ask) -> Decision {
         if ask.memory > self.limits.memory_budget {
             return Decision::Refused(Refusal::NeverFits);
         }
-        if !self.waiting.contains_key(&ask.uid) && self.fits(ask) {
+        if !self.waiting.contains_key(&ask.who) && self.fits(ask) {
             self.take(ask);
             return Decision::Admitted;
         }
@@ -126,23 +129,26 @@ impl Queue {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         self.waiting
-            .entry(ask.uid)
+            .entry(ask.who.clone())
             .or_insert_with(|| {
-                self.turns.push_back(ask.uid);
+                self.turns.push_back(ask.who.clone());
                 VecDeque::new()
             })
-            .push_back(Waiter { ticket, ask });
+            .push_back(Waiter {
+                ticket,
+                ask: ask.clone(),
+            });
         self.queued += 1;
         Decision::Queued(ticket)
     }
 
     /// An admitted run ended; returns the tickets admitted in its place.
-    pub fn release(&mut self, ask: Ask) -> Vec<u64> {
+    pub fn release(&mut self, ask: &Ask) -> Vec<u64> {
         self.running = self.running.saturating_sub(1);
-        if let Some(n) = self.running_per_uid.get_mut(&ask.uid) {
+        if let Some(n) = self.running_per_uid.get_mut(&ask.who) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                self.running_per_uid.remove(&ask.uid);
+                self.running_per_uid.remove(&ask.who);
             }
         }
         self.memory = self.memory.saturating_sub(ask.memory);
@@ -161,11 +167,11 @@ impl Queue {
                 .waiting
                 .get(&uid)
                 .and_then(|q| q.front())
-                .map(|w| w.ask);
+                .map(|w| w.ask.clone());
             match head {
-                Some(ask) if self.fits(ask) => {
-                    let w = self.pop_waiter(uid);
-                    self.take(ask);
+                Some(ask) if self.fits(&ask) => {
+                    let w = self.pop_waiter(&uid);
+                    self.take(&ask);
                     admitted.extend(w.map(|w| w.ticket));
                     passed = 0;
                 }
@@ -180,13 +186,13 @@ impl Queue {
 
     /// Take `uid`'s first waiter; its next turn comes after every other
     /// waiting uid's.
-    fn pop_waiter(&mut self, uid: u32) -> Option<Waiter> {
-        let q = self.waiting.get_mut(&uid)?;
+    fn pop_waiter(&mut self, uid: &Principal) -> Option<Waiter> {
+        let q = self.waiting.get_mut(uid)?;
         let w = q.pop_front();
         if q.is_empty() {
-            self.waiting.remove(&uid);
+            self.waiting.remove(uid);
         } else {
-            self.turns.push_back(uid);
+            self.turns.push_back(uid.clone());
         }
         self.queued -= usize::from(w.is_some());
         w
@@ -208,10 +214,12 @@ impl Queue {
         true
     }
 
-    fn find(&self, ticket: u64) -> Option<(u32, usize)> {
-        self.waiting
-            .iter()
-            .find_map(|(uid, q)| q.iter().position(|w| w.ticket == ticket).map(|i| (*uid, i)))
+    fn find(&self, ticket: u64) -> Option<(Principal, usize)> {
+        self.waiting.iter().find_map(|(uid, q)| {
+            q.iter()
+                .position(|w| w.ticket == ticket)
+                .map(|i| (uid.clone(), i))
+        })
     }
 
     /// 1 for the run that goes next, and so on: the order in which the
@@ -258,7 +266,7 @@ pub struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.admission.release(self.ask);
+        self.admission.release(&self.ask);
     }
 }
 
@@ -298,7 +306,7 @@ impl Admission {
 
     pub fn request(self: &Arc<Self>, ask: Ask) -> Entry {
         let mut inner = self.lock();
-        match inner.queue.request(ask) {
+        match inner.queue.request(&ask) {
             Decision::Admitted => Entry::Admitted(Slot {
                 admission: Arc::clone(self),
                 ask,
@@ -317,7 +325,7 @@ impl Admission {
         }
     }
 
-    fn release(&self, ask: Ask) {
+    fn release(&self, ask: &Ask) {
         let mut inner = self.lock();
         for ticket in inner.queue.release(ask) {
             if let Some(tx) = inner.wakers.remove(&ticket) {
@@ -355,7 +363,7 @@ impl Waiting {
         self.admitted = None;
         let slot = Slot {
             admission: Arc::clone(&self.admission),
-            ask: self.ask,
+            ask: self.ask.clone(),
         };
         self.ticket = 0;
         slot
@@ -372,7 +380,7 @@ impl Drop for Waiting {
         if !inner.queue.withdraw(self.ticket) {
             // Admitted just now, but nobody will use it.
             drop(inner);
-            self.admission.release(self.ask);
+            self.admission.release(&self.ask);
         }
     }
 }
@@ -395,7 +403,7 @@ mod tests {
 
     fn ask(uid: u32) -> Ask {
         Ask {
-            uid,
+            who: Principal::Uid(uid),
             memory: 100 * MIB,
         }
     }
@@ -410,25 +418,25 @@ mod tests {
     #[test]
     fn runs_start_while_they_fit_then_wait_then_are_refused() {
         let mut q = queue(2, 2, 10_000 * MIB, 2);
-        assert_eq!(q.request(ask(1)), Decision::Admitted);
-        assert_eq!(q.request(ask(1)), Decision::Admitted);
-        let t1 = ticket(q.request(ask(1)));
-        let t2 = ticket(q.request(ask(2)));
-        assert_eq!(q.request(ask(3)), Decision::Refused(Refusal::QueueFull));
+        assert_eq!(q.request(&ask(1)), Decision::Admitted);
+        assert_eq!(q.request(&ask(1)), Decision::Admitted);
+        let t1 = ticket(q.request(&ask(1)));
+        let t2 = ticket(q.request(&ask(2)));
+        assert_eq!(q.request(&ask(3)), Decision::Refused(Refusal::QueueFull));
         assert_eq!((q.running(), q.queued()), (2, 2));
         // uid 1 had a turn first: its waiter goes first.
-        assert_eq!(q.release(ask(1)), vec![t1]);
-        assert_eq!(q.release(ask(1)), vec![t2]);
+        assert_eq!(q.release(&ask(1)), vec![t1]);
+        assert_eq!(q.release(&ask(1)), vec![t2]);
         assert_eq!((q.running(), q.queued()), (2, 0));
     }
 
     #[test]
     fn uids_take_turns() {
         let mut q = queue(1, 1, 10_000 * MIB, 100);
-        assert_eq!(q.request(ask(1)), Decision::Admitted);
-        let a: Vec<u64> = (0..3).map(|_| ticket(q.request(ask(1)))).collect();
-        let b: Vec<u64> = (0..2).map(|_| ticket(q.request(ask(2)))).collect();
-        let c = ticket(q.request(ask(3)));
+        assert_eq!(q.request(&ask(1)), Decision::Admitted);
+        let a: Vec<u64> = (0..3).map(|_| ticket(q.request(&ask(1)))).collect();
+        let b: Vec<u64> = (0..2).map(|_| ticket(q.request(&ask(2)))).collect();
+        let c = ticket(q.request(&ask(3)));
         // Positions: a0 b0 c a1 b1 a2.
         let pos = |t| q.position(t).unwrap();
         assert_eq!(
@@ -445,7 +453,7 @@ mod tests {
         let mut order = Vec::new();
         let mut last = ask(1);
         for _ in 0..6 {
-            let next = q.release(last);
+            let next = q.release(&last);
             assert_eq!(next.len(), 1);
             order.push(next[0]);
             last = if a.contains(&next[0]) {
@@ -460,44 +468,63 @@ mod tests {
     }
 
     #[test]
+    fn identities_of_a_front_end_have_quotas_of_their_own() {
+        let mut q = queue(4, 1, 10_000 * MIB, 100);
+        let of = |name: &str| Ask {
+            who: Principal::Identity {
+                front_end: 998,
+                name: name.into(),
+            },
+            memory: 100 * MIB,
+        };
+        assert_eq!(q.request(&of("alice")), Decision::Admitted);
+        let t = ticket(q.request(&of("alice")));
+        assert_eq!(q.request(&of("bob")), Decision::Admitted);
+        // The front end's own uid is another principal still.
+        assert_eq!(q.request(&ask(998)), Decision::Admitted);
+        assert_eq!(q.release(&of("bob")), Vec::<u64>::new());
+        assert_eq!(q.release(&of("alice")), vec![t]);
+    }
+
+    #[test]
     fn a_uid_at_its_quota_waits_while_others_start() {
         let mut q = queue(4, 1, 10_000 * MIB, 100);
-        assert_eq!(q.request(ask(1)), Decision::Admitted);
-        let t = ticket(q.request(ask(1)));
-        assert_eq!(q.request(ask(2)), Decision::Admitted);
+        assert_eq!(q.request(&ask(1)), Decision::Admitted);
+        let t = ticket(q.request(&ask(1)));
+        assert_eq!(q.request(&ask(2)), Decision::Admitted);
         assert_eq!(q.position(t), Some(1));
-        assert_eq!(q.release(ask(2)), Vec::<u64>::new());
-        assert_eq!(q.release(ask(1)), vec![t]);
+        assert_eq!(q.release(&ask(2)), Vec::<u64>::new());
+        assert_eq!(q.release(&ask(1)), vec![t]);
     }
 
     #[test]
     fn memory_is_budgeted() {
         let mut q = queue(10, 10, 250 * MIB, 100);
-        assert_eq!(q.request(ask(1)), Decision::Admitted);
-        assert_eq!(q.request(ask(2)), Decision::Admitted);
-        let t = ticket(q.request(ask(3)));
+        assert_eq!(q.request(&ask(1)), Decision::Admitted);
+        assert_eq!(q.request(&ask(2)), Decision::Admitted);
+        let t = ticket(q.request(&ask(3)));
         assert_eq!(q.memory_admitted(), 200 * MIB);
         let huge = Ask {
-            uid: 4,
+            who: Principal::Uid(4),
             memory: 251 * MIB,
         };
-        assert_eq!(q.request(huge), Decision::Refused(Refusal::NeverFits));
-        assert_eq!(q.release(ask(1)), vec![t]);
+        assert_eq!(q.request(&huge), Decision::Refused(Refusal::NeverFits));
+        assert_eq!(q.release(&ask(1)), vec![t]);
     }
 
     #[test]
     fn withdrawn_waiters_leave_no_trace() {
         let mut q = queue(1, 1, 10_000 * MIB, 100);
-        assert_eq!(q.request(ask(1)), Decision::Admitted);
-        let t1 = ticket(q.request(ask(2)));
-        let t2 = ticket(q.request(ask(2)));
-        let t3 = ticket(q.request(ask(3)));
+        assert_eq!(q.request(&ask(1)), Decision::Admitted);
+        let t1 = ticket(q.request(&ask(2)));
+        let t2 = ticket(q.request(&ask(2)));
+        let t3 = ticket(q.request(&ask(3)));
         assert!(q.withdraw(t1));
         assert!(!q.withdraw(t1));
         assert_eq!((q.position(t2), q.position(t3)), (Some(1), Some(2)));
         assert!(q.withdraw(t2));
         assert_eq!(q.position(t3), Some(1));
-        assert_eq!(q.release(ask(1)), vec![t3]);
+        assert_eq!(q.release(&ask(1)), vec![t3]);
         assert_eq!(q.queued(), 0);
     }
 

@@ -39,7 +39,7 @@ enum Sink {
 #[derive(Debug)]
 pub struct RunStart<'a> {
     pub run_id: &'a str,
-    pub peer: PeerIds,
+    pub peer: &'a PeerIds,
     pub code: &'a str,
     pub policy: &'a str,
     pub limits: &'a LimitsReport,
@@ -135,6 +135,7 @@ impl AuditLog {
             "peer_uid": r.peer.uid,
             "peer_gid": r.peer.gid,
             "peer_pid": r.peer.pid,
+            "identity": r.peer.identity,
             "policy": r.policy,
             "code_sha256": format!("{:x}", Sha256::digest(r.code.as_bytes())),
             "limits": r.limits,
@@ -149,7 +150,7 @@ impl AuditLog {
     pub fn env_build_started(
         &mut self,
         key: &str,
-        peer: PeerIds,
+        peer: &PeerIds,
         policy: &str,
         deps: &DepsRequest,
     ) {
@@ -160,6 +161,7 @@ impl AuditLog {
             "peer_uid": peer.uid,
             "peer_gid": peer.gid,
             "peer_pid": peer.pid,
+            "identity": peer.identity,
             "policy": policy,
             "requirements": deps.requirements.iter().take(MAX_LISTED).map(|r| cut(r)).collect::<Vec<_>>(),
             "requires_python": deps.requires_python.as_deref().map(cut),

@@ -26,6 +26,7 @@ struct RawConfig {
     broker_user: Option<String>,
     allowed_uids: Option<Vec<u32>>,
     allowed_groups: Option<Vec<String>>,
+    front_end_uids: Option<Vec<u32>>,
     uid_range: Option<String>,
     max_concurrent_runs: Option<usize>,
     max_runs_per_uid: Option<usize>,
@@ -71,6 +72,10 @@ pub struct Config {
     /// Groups whose members (primary or supplementary) may run code
     /// (default: the socket group).
     pub allowed_groups: Vec<String>,
+    /// Uids of trusted front ends (`pycell mcp --http`), which may speak
+    /// for the identities they authenticate (default: none). A front end
+    /// must also be allowed to connect.
+    pub front_end_uids: Vec<u32>,
     pub uid_range: std::ops::RangeInclusive<u32>,
     /// Runs going at once (default: 4 per core, 4 to 256).
     pub max_concurrent_runs: usize,
@@ -183,6 +188,7 @@ impl Default for Config {
             broker_user: "pycell".into(),
             allowed_uids: Vec::new(),
             allowed_groups: vec!["pycell".into()],
+            front_end_uids: Vec::new(),
             uid_range: pycell_host::uidalloc::DEFAULT_RANGE,
             max_concurrent_runs: concurrent,
             max_runs_per_uid: per_uid,
@@ -280,6 +286,12 @@ impl Config {
         }
         if let Some(g) = &raw.allowed_groups {
             self.allowed_groups = g.clone();
+        }
+        if let Some(u) = &raw.front_end_uids {
+            if u.contains(&0) {
+                return Err(at.field("front_end_uids", "uid 0 cannot be a front end: a front end parses HTTP from the network and runs unprivileged"));
+            }
+            self.front_end_uids = u.clone();
         }
         Ok(())
     }
@@ -615,6 +627,11 @@ mod tests {
             "{e}"
         );
         assert!(Config::parse("cgroup_parent = \"../x\"\n", Path::new("c.toml")).is_err());
+        let c = Config::parse("front_end_uids = [998]\n", Path::new("c.toml")).unwrap();
+        assert_eq!(c.front_end_uids, vec![998]);
+        assert!(Config::default().front_end_uids.is_empty());
+        let e = Config::parse("front_end_uids = [0]\n", Path::new("c.toml")).unwrap_err();
+        assert!(e.to_string().contains("uid 0 cannot be a front end"), "{e}");
     }
 }
 

@@ -27,4 +27,5 @@ pub mod listen;
 pub mod logging;
 pub mod monitor;
 pub mod pool;
+pub mod principal;
 pub mod sockets;

@@ -232,12 +232,16 @@ impl RunOrder {
 }
 
 /// A client's credentials, as the kernel gave them to the broker.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeerIds {
     pub uid: u32,
     pub gid: u32,
     pub pid: i32,
+    /// The identity a trusted front end said the client speaks for (the
+    /// broker checked it: printable ASCII, bounded); for the audit log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
 }
 
 /// Monitor → broker. `Spawned` carries the read end of the jailer's event

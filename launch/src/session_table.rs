@@ -53,9 +53,10 @@ pub fn is_handle(s: &str) -> bool {
 
 /// One live session and what the server keeps about it.
 #[derive(Debug, Clone)]
-pub struct Entry<T> {
+pub struct Entry<T, O = u32> {
     pub session: Session,
-    pub owner: u32,
+    /// Who may name its handle: a uid, or whatever the server calls a caller.
+    pub owner: O,
     pub started: Instant,
     pub last_used: Instant,
     /// The caller's own record (policy, limits, env).
@@ -76,15 +77,15 @@ pub enum Lookup {
 
 /// The table.
 #[derive(Debug)]
-pub struct SessionTable<T> {
+pub struct SessionTable<T, O = u32> {
     /// This server instance, in hex (see [`handle_from`]).
     instance: String,
-    live: HashMap<String, Entry<T>>,
-    ended: HashMap<String, (u32, SessionEnded)>,
+    live: HashMap<String, Entry<T, O>>,
+    ended: HashMap<String, (O, SessionEnded)>,
     ended_order: VecDeque<String>,
 }
 
-impl<T> Default for SessionTable<T> {
+impl<T, O> Default for SessionTable<T, O> {
     fn default() -> Self {
         // Without randomness, handles cannot be made anyway.
         let instance = random::<INSTANCE_BYTES>()
@@ -99,7 +100,7 @@ impl<T> Default for SessionTable<T> {
     }
 }
 
-impl<T: Clone> SessionTable<T> {
+impl<T: Clone, O: Clone + Eq> SessionTable<T, O> {
     /// A new, unguessable handle of this server instance.
     pub fn new_handle(&self) -> std::io::Result<String> {
         if self.instance.is_empty() {
@@ -116,23 +117,22 @@ impl<T: Clone> SessionTable<T> {
         is_handle(handle) && !handle[2..].starts_with(&self.instance)
     }
 
-    /// Live sessions of `owner`.
     /// Live sessions of `owner` (ended ones not yet forgotten do not count).
-    pub fn count(&self, owner: u32) -> usize {
+    pub fn count(&self, owner: &O) -> usize {
         self.live
             .values()
-            .filter(|e| e.owner == owner && e.session.ended().is_none())
+            .filter(|e| &e.owner == owner && e.session.ended().is_none())
             .count()
     }
 
-    pub fn insert(&mut self, handle: String, entry: Entry<T>) {
+    pub fn insert(&mut self, handle: String, entry: Entry<T, O>) {
         self.live.insert(handle, entry);
     }
 
     /// The live session `handle` of `owner`, marked used; a session found
     /// ended is moved to the ended ones.
-    pub fn get(&mut self, owner: u32, handle: &str) -> Result<Entry<T>, Lookup> {
-        if let Some(e) = self.live.get_mut(handle).filter(|e| e.owner == owner) {
+    pub fn get(&mut self, owner: &O, handle: &str) -> Result<Entry<T, O>, Lookup> {
+        if let Some(e) = self.live.get_mut(handle).filter(|e| &e.owner == owner) {
             if let Some(ended) = e.session.ended() {
                 self.forget(handle, ended.clone());
                 return Err(Lookup::Gone(ended));
@@ -141,7 +141,7 @@ impl<T: Clone> SessionTable<T> {
             return Ok(e.clone());
         }
         match self.ended.get(handle) {
-            Some((o, ended)) if *o == owner => Err(Lookup::Gone(ended.clone())),
+            Some((o, ended)) if o == owner => Err(Lookup::Gone(ended.clone())),
             _ if self.of_an_earlier_instance(handle) => Err(Lookup::Restarted),
             _ => Err(Lookup::Unknown),
         }
@@ -162,7 +162,7 @@ impl<T: Clone> SessionTable<T> {
     }
 
     /// Live sessions of `owner` (ended ones found on the way are moved).
-    pub fn list(&mut self, owner: u32) -> Vec<(String, Entry<T>)> {
+    pub fn list(&mut self, owner: &O) -> Vec<(String, Entry<T, O>)> {
         let over: Vec<(String, SessionEnded)> = self
             .live
             .iter()
@@ -174,7 +174,7 @@ impl<T: Clone> SessionTable<T> {
         let mut out: Vec<_> = self
             .live
             .iter()
-            .filter(|(_, e)| e.owner == owner)
+            .filter(|(_, e)| &e.owner == owner)
             .map(|(h, e)| (h.clone(), e.clone()))
             .collect();
         out.sort_by_key(|(_, e)| e.started);
@@ -192,13 +192,13 @@ pub trait HeldPolicy {
     fn policy(&self) -> &pycell_policy::Policy;
 }
 
-impl<T: Clone + HeldPolicy> SessionTable<T> {
+impl<T: Clone + HeldPolicy, O: Clone + Eq> SessionTable<T, O> {
     /// A session just started for `owner`, in the table under a new handle
     /// if `owner` holds fewer than its policy's `[session] per_uid` (counted
     /// as it goes in: another start may have finished meanwhile); `None`
     /// if not, or if no handle could be made.
-    pub fn admit(&mut self, owner: u32, session: Session, info: T) -> Option<String> {
-        if self.count(owner) >= info.policy().session.per_uid as usize {
+    pub fn admit(&mut self, owner: O, session: Session, info: T) -> Option<String> {
+        if self.count(&owner) >= info.policy().session.per_uid as usize {
             return None;
         }
         let handle = self.new_handle().ok()?;
@@ -215,7 +215,7 @@ impl<T: Clone + HeldPolicy> SessionTable<T> {
     }
 
     /// `owner`'s live sessions as `session_list` shows them.
-    pub fn summaries(&mut self, owner: u32) -> Vec<SessionSummary> {
+    pub fn summaries(&mut self, owner: &O) -> Vec<SessionSummary> {
         let now = Instant::now();
         self.list(owner)
             .into_iter()
@@ -415,9 +415,9 @@ mod tests {
         let mut t: SessionTable<()> = SessionTable::default();
         let ours = t.new_handle().unwrap();
         let earlier = SessionTable::<()>::default().new_handle().unwrap();
-        assert!(matches!(t.get(0, &earlier), Err(Lookup::Restarted)));
-        assert!(matches!(t.get(0, &ours), Err(Lookup::Unknown)));
-        assert!(matches!(t.get(0, "s-nonsense"), Err(Lookup::Unknown)));
+        assert!(matches!(t.get(&0, &earlier), Err(Lookup::Restarted)));
+        assert!(matches!(t.get(&0, &ours), Err(Lookup::Unknown)));
+        assert!(matches!(t.get(&0, "s-nonsense"), Err(Lookup::Unknown)));
         let (code, message) = lookup_message(&Lookup::Restarted, &earlier);
         assert_eq!(code, FailureCode::SessionGone);
         assert!(message.contains("restarted"), "{message}");

@@ -25,6 +25,10 @@ pub const MAX_VARIABLES_BYTES: usize = 256 * 1024;
 pub const MAX_ALLOW_RULES: usize = 64;
 pub const MAX_RULE_BYTES: usize = 512;
 
+/// Longest identity a front end may name (a token's name, an OAuth
+/// issuer and subject).
+pub const MAX_IDENTITY_BYTES: usize = 256;
+
 /// A field over its bound: which, and by how much.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {problem}")]
@@ -130,6 +134,26 @@ pub fn check_variables<'a>(
             format!("{total} bytes together; at most {MAX_VARIABLES_BYTES}"),
         )),
         false => Ok(()),
+    }
+}
+
+/// An identity a front end names in its `hello`: 1 to
+/// [`MAX_IDENTITY_BYTES`] printable ASCII characters without spaces (it
+/// goes into log lines and error messages as it is).
+pub fn check_identity(identity: &str) -> Result<(), OutOfBounds> {
+    if identity.is_empty() || identity.len() > MAX_IDENTITY_BYTES {
+        let n = identity.len();
+        return Err(out(
+            "identity",
+            format!("{n} bytes; 1 to {MAX_IDENTITY_BYTES}"),
+        ));
+    }
+    match identity.bytes().all(|b| b.is_ascii_graphic()) {
+        true => Ok(()),
+        false => Err(out(
+            "identity",
+            "printable ASCII without spaces only".to_string(),
+        )),
     }
 }
 

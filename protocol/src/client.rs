@@ -39,6 +39,29 @@ pub fn daemon_socket(explicit: Option<&Path>) -> Option<PathBuf> {
     })
 }
 
+/// Where a client's requests go: pycelld's socket, and the identity a
+/// trusted front end speaks for there (none: the connecting uid's own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub socket: PathBuf,
+    pub identity: Option<std::sync::Arc<str>>,
+}
+
+impl Endpoint {
+    /// The socket, for the connecting uid itself.
+    pub fn local(socket: PathBuf) -> Endpoint {
+        Endpoint {
+            socket,
+            identity: None,
+        }
+    }
+
+    /// A connection, after the handshake (see [`DaemonClient::connect`]).
+    pub fn connect(&self) -> Result<DaemonClient, ClientError> {
+        DaemonClient::connect_as(&self.socket, self.identity.as_deref())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("cannot connect to pycelld at {path}: {source}")]
@@ -116,6 +139,13 @@ impl DaemonClient {
     /// Connect (waiting up to [`CONNECT_PATIENCE`] for a restarting
     /// daemon) and do the version handshake.
     pub fn connect(path: &Path) -> Result<DaemonClient, ClientError> {
+        DaemonClient::connect_as(path, None)
+    }
+
+    /// [`DaemonClient::connect`], speaking for `identity` (a front end's
+    /// authenticated caller; pycelld refuses it unless this process's uid
+    /// is one of its trusted front ends).
+    pub fn connect_as(path: &Path, identity: Option<&str>) -> Result<DaemonClient, ClientError> {
         let stream =
             connect_patiently(path, CONNECT_PATIENCE).map_err(|source| ClientError::Connect {
                 path: path.to_path_buf(),
@@ -130,6 +160,7 @@ impl DaemonClient {
             &ClientMessage::Hello {
                 version: PROTOCOL_VERSION,
                 client: format!("pycell {}", env!("CARGO_PKG_VERSION")),
+                identity: identity.map(str::to_string),
             },
         );
         // A daemon that refuses us (unauthorized) says why and hangs up
@@ -439,7 +470,7 @@ pub enum Stage<'a> {
 /// `on_connected` sees each connection before its run (to take a
 /// [`Canceller`]).
 pub fn run_patiently(
-    path: &Path,
+    endpoint: &Endpoint,
     request: RunRequest,
     mut on_output: impl FnMut(Stream, &[u8]),
     mut on_stage: impl FnMut(Stage<'_>),
@@ -447,7 +478,7 @@ pub fn run_patiently(
 ) -> Result<RunResult, ClientError> {
     let give_up = Instant::now() + CONNECT_PATIENCE;
     loop {
-        let mut client = DaemonClient::connect(path)?;
+        let mut client = endpoint.connect()?;
         on_connected(&client);
         match client.run_queued(request.clone(), &mut on_output, &mut on_stage) {
             Err(ClientError::Refused {

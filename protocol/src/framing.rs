@@ -88,6 +88,7 @@ mod tests {
         let msg = ClientMessage::Hello {
             version: 1,
             client: "t".into(),
+            identity: None,
         };
         let mut buf = Vec::new();
         write_sync(&mut buf, &msg).unwrap();

@@ -251,6 +251,11 @@ pub enum ClientMessage {
     Hello {
         version: u32,
         client: String,
+        /// The identity this connection speaks for: only a trusted front
+        /// end (a uid in pycelld's `front_end_uids`) may say; its runs and
+        /// sessions are then the identity's (see docs/protocol.md).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        identity: Option<String>,
     },
     Run {
         id: String,

@@ -74,6 +74,7 @@ fn hello(s: &mut UnixStream) {
         &ClientMessage::Hello {
             version: PROTOCOL_VERSION,
             client: "test".into(),
+            identity: None,
         },
     );
     assert!(matches!(read_reply(s), ServerMessage::Welcome { .. }));
@@ -257,6 +258,7 @@ fn bad_input_gets_an_error_code_and_the_daemon_keeps_serving() {
         &ClientMessage::Hello {
             version: 999,
             client: "future".into(),
+            identity: None,
         },
     );
     assert_eq!(error_code(&read_reply(&mut s)), ErrorCode::VersionMismatch);

@@ -424,7 +424,8 @@ async fn serve(args: &McpArgs) -> i32 {
         Some(servers) => Some(code_mode(servers, &args.policy).await),
         None => None,
     };
-    let sandboxes = Sandboxes::with_tools(args.embedded, servers.clone());
+    let sandboxes =
+        Sandboxes::with_tools(sandboxes::Mode::from_flag(args.embedded), servers.clone());
     let server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode.as_ref());
     // The end of stdin means the client is gone: nobody can read the results
     // of runs still going, so stop them at once rather than after rmcp's

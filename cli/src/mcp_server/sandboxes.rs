@@ -31,7 +31,7 @@ pub use pycell_launch::launcher::RequestError;
 use pycell_launch::launcher::{JailerStderr, LaunchError, Launcher, PolicyChoice, Prepared};
 use pycell_launch::resolve::Extras;
 use pycell_launch::supervisor::{supervise, Patience, Services, StoppedBy, PATIENCE};
-use pycell_protocol::client::{daemon_socket, ClientError, Stage};
+use pycell_protocol::client::{daemon_socket, ClientError, Endpoint, Stage};
 use pycell_protocol::messages::{ErrorCode, RunRequest};
 use pycell_protocol::result::RunResult;
 use pycell_wire::codes::{FailureCode, Layer};
@@ -102,14 +102,14 @@ type Canceller = Arc<std::sync::Mutex<Option<pycell_protocol::client::Canceller>
 /// The blocking side of a daemon run (on a worker thread): its events to
 /// `events`, its canceller to `canceller`, its tool calls to `calls`.
 fn run_on_daemon(
-    socket: &std::path::Path,
+    endpoint: &Endpoint,
     req: RunRequest,
     events: &mpsc::UnboundedSender<DaemonEvent>,
     canceller: &Canceller,
     calls: Option<&DaemonToolCalls>,
 ) -> Result<RunResult, ClientError> {
     pycell_protocol::client::run_patiently(
-        socket,
+        endpoint,
         req,
         |stream, bytes| {
             let _ = events.send(DaemonEvent::Output(stream, bytes.to_vec()));
@@ -137,6 +137,27 @@ fn run_on_daemon(
     )
 }
 
+/// Where runs may go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// Always jailed by this process (as root).
+    Embedded,
+    /// Always through the pycelld at this socket; never embedded.
+    Daemon(PathBuf),
+    /// Through pycelld when one is configured or listening, else embedded.
+    Either,
+}
+
+impl Mode {
+    /// `--embedded` or not.
+    pub fn from_flag(embedded: bool) -> Mode {
+        match embedded {
+            true => Mode::Embedded,
+            false => Mode::Either,
+        }
+    }
+}
+
 /// What this process keeps of an embedded session besides the session.
 #[derive(Debug, Clone)]
 pub struct SessionHeld {
@@ -151,6 +172,8 @@ pub struct SessionHeld {
 #[derive(Debug, Clone)]
 pub struct Sandboxes {
     inner: Arc<Inner>,
+    /// The identity this view's requests are for (a front end's caller).
+    identity: Option<Arc<str>>,
 }
 
 #[derive(Debug)]
@@ -161,8 +184,10 @@ struct Inner {
     tracker: TaskTracker,
     shutdown: CancellationToken,
     slots: Semaphore,
-    /// Never use a daemon (`pycell mcp --embedded`).
-    embedded_only: bool,
+    /// Where runs may go: embedded only (`pycell mcp --embedded`), through
+    /// pycelld only (`pycell mcp --http`: a front end never jails), or
+    /// through pycelld when one listens.
+    mode: Mode,
     /// How long a silent or stopping jailer is given (`PATIENCE`; shorter
     /// in tests).
     patience: Patience,
@@ -179,13 +204,25 @@ impl Sandboxes {
     /// With `embedded_only`, runs never go to a daemon, even if one is
     /// listening.
     pub fn from_env(embedded_only: bool) -> Sandboxes {
-        Sandboxes::new(Launcher::embedded_from_env(), embedded_only, PATIENCE)
+        Sandboxes::new(
+            Launcher::embedded_from_env(),
+            Mode::from_flag(embedded_only),
+            PATIENCE,
+        )
     }
 
     /// The same, offering every run the tools of `servers`.
-    pub fn with_tools(embedded_only: bool, servers: Option<ToolServers>) -> Sandboxes {
-        let launcher = Launcher::embedded_from_env();
-        Sandboxes::build(launcher, embedded_only, PATIENCE, servers)
+    pub fn with_tools(mode: Mode, servers: Option<ToolServers>) -> Sandboxes {
+        let launcher = match mode {
+            // A front end never jails: no launcher to hold or report.
+            Mode::Daemon(_) => Err(JailFailure::new(
+                FailureCode::Internal,
+                Layer::Daemon,
+                "this server runs code only through pycelld",
+            )),
+            _ => Launcher::embedded_from_env(),
+        };
+        Sandboxes::build(launcher, mode, PATIENCE, servers)
     }
 
     /// The client's tool servers, if it configured any.
@@ -193,35 +230,47 @@ impl Sandboxes {
         self.inner.tools.as_ref()
     }
 
-    /// Where runs go: the daemon's socket, if they go to one.
-    pub fn daemon(&self) -> Option<PathBuf> {
-        (!self.inner.embedded_only)
-            .then(|| daemon_socket(None))
-            .flatten()
+    /// The same sandboxes, with requests for `identity` (pycelld refuses
+    /// an identity unless this process is one of its trusted front ends).
+    pub fn speaking_for(&self, identity: Option<Arc<str>>) -> Sandboxes {
+        Sandboxes {
+            inner: Arc::clone(&self.inner),
+            identity,
+        }
+    }
+
+    /// Where runs go: the daemon's socket (and for whom), if they go to one.
+    pub fn daemon(&self) -> Option<Endpoint> {
+        let socket = match self.inner.mode {
+            Mode::Embedded => None,
+            Mode::Daemon(ref socket) => Some(socket.clone()),
+            Mode::Either => daemon_socket(None),
+        }?;
+        Some(Endpoint {
+            socket,
+            identity: self.identity.clone(),
+        })
     }
 
     /// `daemon (SOCKET)` or `embedded`, as `sandbox_info` reports it.
     pub fn mode(&self) -> String {
-        crate::info::mode_name(self.daemon().as_deref())
+        crate::info::mode_name(self.daemon().map(|e| e.socket).as_deref())
     }
 
-    fn new(
-        launcher: Result<Launcher, JailFailure>,
-        embedded_only: bool,
-        patience: Patience,
-    ) -> Sandboxes {
-        Sandboxes::build(launcher, embedded_only, patience, None)
+    fn new(launcher: Result<Launcher, JailFailure>, mode: Mode, patience: Patience) -> Sandboxes {
+        Sandboxes::build(launcher, mode, patience, None)
     }
 
     fn build(
         launcher: Result<Launcher, JailFailure>,
-        embedded_only: bool,
+        mode: Mode,
         patience: Patience,
         tools: Option<ToolServers>,
     ) -> Sandboxes {
         Sandboxes {
+            identity: None,
             inner: Arc::new(Inner {
-                embedded_only,
+                mode,
                 launcher,
                 tracker: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
@@ -248,11 +297,11 @@ impl Sandboxes {
         }
         // With a pycelld socket the daemon runs it (no root needed here);
         // otherwise this process is the embedded daemon.
-        if let Some(socket) = self.daemon() {
+        if let Some(endpoint) = self.daemon() {
             return self
                 .inner
                 .tracker
-                .track_future(self.run_via_daemon(socket, req, on_event, cancel))
+                .track_future(self.run_via_daemon(endpoint, req, on_event, cancel))
                 .await;
         }
         self.inner
@@ -266,7 +315,7 @@ impl Sandboxes {
     /// `cancel` (the daemon kills the sandbox; the result says `killed`).
     async fn run_via_daemon(
         &self,
-        socket: PathBuf,
+        endpoint: Endpoint,
         req: RunRequest,
         mut on_event: impl FnMut(RunEvent<'_>) + Send,
         cancel: CancellationToken,
@@ -283,7 +332,7 @@ impl Sandboxes {
             .map(|servers| DaemonToolCalls::new(servers, tokio::runtime::Handle::current()));
         let slot = Arc::clone(&canceller);
         let mut handle = tokio::task::spawn_blocking(move || {
-            run_on_daemon(&socket, req, &tx, &slot, calls.as_ref())
+            run_on_daemon(&endpoint, req, &tx, &slot, calls.as_ref())
         });
         let mut cancel_sent = false;
         let outcome = loop {
@@ -547,7 +596,7 @@ mod tests {
         require_root();
         let dir = tempfile::tempdir().unwrap();
         let jailer = fake_jailer(dir.path(), body);
-        let b = Sandboxes::new(with_jailer(jailer), true, PATIENCE);
+        let b = Sandboxes::new(with_jailer(jailer), Mode::Embedded, PATIENCE);
         let r = b.run(print1(), |_| {}, CancellationToken::new()).await;
         r.unwrap().error.expect("an error")
     }
@@ -578,7 +627,7 @@ mod tests {
             slack: margin,
             grace: Duration::from_millis(300),
         };
-        let b = Sandboxes::new(with_jailer(jailer), true, patience);
+        let b = Sandboxes::new(with_jailer(jailer), Mode::Embedded, patience);
         let mut req = print1();
         req.limits.timeout_s = Some(0.2);
         let start = std::time::Instant::now();
@@ -606,7 +655,7 @@ mod tests {
             dir.path(),
             "trap 'exit 143' TERM; cat >/dev/null; while :; do sleep 0.05; done",
         );
-        let b = Sandboxes::new(with_jailer(jailer), true, PATIENCE);
+        let b = Sandboxes::new(with_jailer(jailer), Mode::Embedded, PATIENCE);
         let req = RunRequest {
             code: "print(1)".into(),
             // A request no env in the store answers, so an install starts.
@@ -637,7 +686,7 @@ mod tests {
         require_root();
         let b = Sandboxes::new(
             with_jailer(PathBuf::from("/nonexistent/pycell-jailer")),
-            true,
+            Mode::Embedded,
             PATIENCE,
         );
         let r = b

@@ -6,7 +6,6 @@
 //! `[session] per_uid` of them at once. Both answer in the protocol's
 //! terms (`pycell_protocol::session`), so the tools do not know which.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +17,7 @@ use pycell_launch::session_table::{self, Entry, Lookup};
 use pycell_launch::supervisor::Services;
 use pycell_launch::tool_grant::ToolGrant;
 use pycell_policy::Policy;
-use pycell_protocol::client::{ClientError, DaemonClient};
+use pycell_protocol::client::{ClientError, DaemonClient, Endpoint};
 use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::LimitsReport;
 use pycell_protocol::session::{
@@ -84,11 +83,11 @@ fn owner() -> u32 {
 
 /// A blocking daemon request on a worker thread.
 async fn via_daemon<T: Send + 'static>(
-    socket: PathBuf,
+    endpoint: Endpoint,
     ask: impl FnOnce(&mut DaemonClient) -> Result<T, ClientError> + Send + 'static,
 ) -> Result<T, SessionFailure> {
     let done = tokio::task::spawn_blocking(move || {
-        let mut c = DaemonClient::connect(&socket)?;
+        let mut c = endpoint.connect()?;
         ask(&mut c)
     })
     .await;
@@ -107,8 +106,8 @@ impl Sandboxes {
         if let Some(servers) = self.tool_servers() {
             req.tools = Some(servers.catalog().await);
         }
-        if let Some(socket) = self.daemon() {
-            return via_daemon(socket, move |c| c.session_start(req, |_| {})).await;
+        if let Some(endpoint) = self.daemon() {
+            return via_daemon(endpoint, move |c| c.session_start(req, |_| {})).await;
         }
         let run_req = RunRequest {
             policy: req.policy,
@@ -119,7 +118,7 @@ impl Sandboxes {
         };
         let (prepared, policy, ensured, grant) = self.prepare_session(run_req).await?;
         let per_uid = policy.session.per_uid as usize;
-        if self.sessions().map(|t| t.count(owner())).unwrap_or(0) >= per_uid {
+        if self.sessions().map(|t| t.count(&owner())).unwrap_or(0) >= per_uid {
             return Err(too_many(&policy));
         }
         let session = self.launch_session(prepared, &policy, grant).await?;
@@ -261,7 +260,7 @@ impl Sandboxes {
     /// The live embedded session `handle` of this process.
     fn session(&self, handle: &str) -> Result<Entry<SessionHeld>, SessionFailure> {
         let looked = match self.sessions() {
-            Ok(mut t) => t.get(owner(), handle),
+            Ok(mut t) => t.get(&owner(), handle),
             Err(_) => Err(Lookup::Unknown),
         };
         looked.map_err(|l| gone(&l, handle))
@@ -277,9 +276,9 @@ impl Sandboxes {
         timeout_s: Option<f64>,
         cancel: CancellationToken,
     ) -> Result<SessionAnswer, SessionFailure> {
-        if let Some(socket) = self.daemon() {
+        if let Some(endpoint) = self.daemon() {
             return self
-                .daemon_call(socket, handle, call, timeout_s, cancel)
+                .daemon_call(endpoint, handle, call, timeout_s, cancel)
                 .await;
         }
         let entry = self.session(handle)?;
@@ -313,7 +312,7 @@ impl Sandboxes {
 
     async fn daemon_call(
         &self,
-        socket: PathBuf,
+        endpoint: Endpoint,
         handle: &str,
         call: SessionCall,
         timeout_s: Option<f64>,
@@ -325,7 +324,7 @@ impl Sandboxes {
             .tool_servers()
             .cloned()
             .map(|servers| DaemonToolCalls::new(servers, tokio::runtime::Handle::current()));
-        let asked = via_daemon(socket, move |c| {
+        let asked = via_daemon(endpoint, move |c| {
             let _ = tx.send(c.canceller());
             if let Some(calls) = &calls {
                 calls.connected(c);
@@ -348,9 +347,9 @@ impl Sandboxes {
 
     /// End session `handle` and wait until its jail is gone.
     pub async fn end_session(&self, handle: &str) -> Result<SessionEndInfo, SessionFailure> {
-        if let Some(socket) = self.daemon() {
+        if let Some(endpoint) = self.daemon() {
             let h = handle.to_string();
-            return via_daemon(socket, move |c| c.session_end(&h)).await;
+            return via_daemon(endpoint, move |c| c.session_end(&h)).await;
         }
         let entry = self.session(handle)?;
         let ended = entry.session.end().await;
@@ -362,12 +361,12 @@ impl Sandboxes {
 
     /// The open sessions (this process's, or this uid's in pycelld).
     pub async fn list_sessions(&self) -> Result<Vec<SessionSummary>, SessionFailure> {
-        if let Some(socket) = self.daemon() {
-            return via_daemon(socket, |c| c.session_list()).await;
+        if let Some(endpoint) = self.daemon() {
+            return via_daemon(endpoint, |c| c.session_list()).await;
         }
         Ok(self
             .sessions()
-            .map(|mut t| t.summaries(owner()))
+            .map(|mut t| t.summaries(&owner()))
             .unwrap_or_default())
     }
 

@@ -229,7 +229,7 @@ struct Conn {
 }
 
 pub(crate) async fn serve(broker: Arc<Broker>, stream: UnixStream) {
-    let Some((peer, groups)) = super::peer_of(&stream) else {
+    let Some((mut peer, groups)) = super::peer_of(&stream) else {
         return;
     };
     let (rd, wr) = stream.into_split();
@@ -239,7 +239,8 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: UnixStream) {
         inbox: start_reader(rd, granted.clone()),
         granted,
     };
-    let _counted = match broker.connections.enter(peer.uid) {
+    let front_end = broker.config.front_end_uids.contains(&peer.uid);
+    let _counted = match broker.connections.enter(peer.uid, front_end) {
         Ok(c) => c,
         Err(message) => {
             conn.out.send(error(None, ErrorCode::Busy, message)).await;
@@ -253,8 +254,9 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: UnixStream) {
             .await;
         return;
     }
-    if !handshake(&mut conn).await {
-        return;
+    match handshake(&mut conn, &broker.config.front_end_uids, peer.uid).await {
+        Some(identity) => peer.identity = identity,
+        None => return,
     }
     loop {
         let msg = match timeout(IDLE_TIMEOUT, conn.inbox.recv()).await {
@@ -280,21 +282,21 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: UnixStream) {
                 let e = error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN);
                 conn.out.send(e).await
             }
-            ClientMessage::Run { id, request } => run(&broker, &mut conn, peer, id, request).await,
+            ClientMessage::Run { id, request } => run(&broker, &mut conn, &peer, id, request).await,
             ClientMessage::SessionStart { id, request } => {
-                session_calls::start_session(&broker, &mut conn, peer, id, request).await
+                session_calls::start_session(&broker, &mut conn, &peer, id, request).await
             }
             ClientMessage::Session {
                 id,
                 session,
                 call,
                 timeout_s,
-            } => session_calls::call(&broker, &mut conn, peer, id, session, call, timeout_s).await,
+            } => session_calls::call(&broker, &mut conn, &peer, id, session, call, timeout_s).await,
             ClientMessage::SessionEnd { id, session } => {
-                session_calls::end(&broker, &mut conn, peer, id, session).await
+                session_calls::end(&broker, &mut conn, &peer, id, session).await
             }
             ClientMessage::SessionList { id } => {
-                session_calls::list(&broker, &mut conn, peer, id).await
+                session_calls::list(&broker, &mut conn, &peer, id).await
             }
             ClientMessage::ToolAnswer { id, .. } => {
                 let e = error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN);
@@ -307,20 +309,37 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: UnixStream) {
     }
 }
 
-/// The version handshake: `hello` first, in our protocol version, soon.
-async fn handshake(conn: &mut Conn) -> bool {
+/// The version handshake: `hello` first, in our protocol version, soon;
+/// an identity only from a trusted front end. The identity the connection
+/// speaks for, if it goes on.
+async fn handshake(conn: &mut Conn, front_ends: &[u32], peer_uid: u32) -> Option<Option<Arc<str>>> {
     let first = match timeout(HANDSHAKE_TIMEOUT, conn.inbox.recv()).await {
         Ok(Some(m)) => m,
-        _ => return false,
+        _ => return None,
     };
     let reply = match first {
         Err(reply) => reply,
-        Ok(ClientMessage::Hello { version, .. }) if version == PROTOCOL_VERSION => {
+        Ok(ClientMessage::Hello {
+            version, identity, ..
+        }) if version == PROTOCOL_VERSION => {
+            let problem = identity
+                .as_deref()
+                .and_then(|i| crate::principal::identity_problem(peer_uid, front_ends, i));
+            if let Some(message) = problem {
+                conn.out
+                    .send(error(None, ErrorCode::Unauthorized, message))
+                    .await;
+                return None;
+            }
             let welcome = ServerMessage::Welcome {
                 version: PROTOCOL_VERSION,
                 server: format!("pycelld {}", env!("CARGO_PKG_VERSION")),
             };
-            return conn.out.send(welcome).await;
+            return conn
+                .out
+                .send(welcome)
+                .await
+                .then(|| identity.map(Arc::from));
         }
         Ok(ClientMessage::Hello { version, .. }) => {
             let msg = format!("this pycelld speaks protocol version {PROTOCOL_VERSION}, the client {version}; upgrade the older one");
@@ -333,7 +352,7 @@ async fn handshake(conn: &mut Conn) -> bool {
         ),
     };
     conn.out.send(reply).await;
-    false
+    None
 }
 
 /// How a run that did not get to start ends, for the client.
@@ -346,7 +365,7 @@ enum NotStarted {
 async fn run(
     broker: &Arc<Broker>,
     conn: &mut Conn,
-    peer: Peer,
+    peer: &Peer,
     id: String,
     request: RunRequest,
 ) -> bool {
@@ -408,18 +427,19 @@ async fn ordered(
 async fn admit(
     broker: &Arc<Broker>,
     conn: &mut Conn,
-    peer: Peer,
+    peer: &Peer,
     id: &str,
     order: &RunOrder,
 ) -> Result<Slot, NotStarted> {
     let ask = Ask {
-        uid: peer.uid,
+        who: peer.principal(),
         memory: order.limits.memory_bytes,
     };
+    let memory = ask.memory;
     match broker.admission.request(ask) {
         Entry::Admitted(slot) => Ok(slot),
         Entry::Refused(r) => {
-            let msg = broker.refusal_message(r, ask);
+            let msg = broker.refusal_message(r, memory);
             Err(NotStarted::Reply(error(Some(id), ErrorCode::Busy, msg)))
         }
         Entry::Waiting(waiting) => wait_turn(broker, conn, id, &order.policy, waiting).await,
@@ -492,7 +512,7 @@ fn cancelled_before_start(doing: &str) -> JailFailure {
 async fn start(
     broker: &Arc<Broker>,
     conn: &mut Conn,
-    peer: Peer,
+    peer: &Peer,
     id: &str,
     Ordered {
         order,
@@ -589,7 +609,7 @@ async fn start(
 async fn run_admitted(
     broker: &Arc<Broker>,
     conn: &mut Conn,
-    peer: Peer,
+    peer: &Peer,
     id: &str,
     ordered: Ordered,
 ) -> Vec<ServerMessage> {

@@ -21,9 +21,10 @@ use pycell_protocol::messages::{ErrorCode, RunRequest};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{watch, Notify};
 
-use crate::admission::{Admission, AdmissionLimits, Ask, Refusal};
+use crate::admission::{Admission, AdmissionLimits, Refusal};
 use crate::config::Config;
 use crate::link::ToBroker;
+use crate::principal::Principal;
 use link::MonitorLink;
 
 pub(crate) struct Broker {
@@ -66,19 +67,33 @@ pub(crate) struct SpawnedRun {
 
 /// Credentials of a connected peer, as the kernel recorded them when it
 /// connected (SO_PEERCRED).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Peer {
     uid: u32,
     gid: u32,
     pid: i32,
+    /// The identity a trusted front end said this connection speaks for.
+    identity: Option<Arc<str>>,
 }
 
 impl Peer {
+    /// Who its requests are for.
+    pub(crate) fn principal(&self) -> Principal {
+        match &self.identity {
+            None => Principal::Uid(self.uid),
+            Some(name) => Principal::Identity {
+                front_end: self.uid,
+                name: name.clone(),
+            },
+        }
+    }
+
     fn ids(&self) -> crate::link::PeerIds {
         crate::link::PeerIds {
             uid: self.uid,
             gid: self.gid,
             pid: self.pid,
+            identity: self.identity.as_deref().map(str::to_string),
         }
     }
 }
@@ -98,10 +113,12 @@ struct Counted<'a> {
 }
 
 impl Connections {
-    fn enter(&self, uid: u32) -> Result<Counted<'_>, String> {
+    /// Count a connection of `uid`; a trusted front end's (which carries
+    /// many identities) is capped only by the total.
+    fn enter(&self, uid: u32, front_end: bool) -> Result<Counted<'_>, String> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let of_uid = open.1.get(&uid).copied().unwrap_or(0);
-        if of_uid >= self.max_per_uid {
+        if of_uid >= self.max_per_uid && !front_end {
             return Err(format!("uid {uid} already has {of_uid} connections open (max_connections_per_uid); close some"));
         }
         if open.0 >= self.max {
@@ -190,12 +207,12 @@ impl Broker {
             })
     }
 
-    fn refusal_message(&self, r: Refusal, ask: Ask) -> String {
+    fn refusal_message(&self, r: Refusal, memory: u64) -> String {
         let c = &self.config;
         match r {
             Refusal::NeverFits => format!(
                 "the run's memory limit ({} MiB) is more than the daemon's whole memory_budget ({} MiB); ask for less memory",
-                ask.memory >> 20,
+                memory >> 20,
                 c.memory_budget >> 20
             ),
             Refusal::QueueFull => format!(
@@ -284,6 +301,7 @@ fn peer_of(stream: &UnixStream) -> Option<(Peer, Vec<u32>)> {
         uid: c.uid(),
         gid: c.gid(),
         pid: c.pid().unwrap_or(0),
+        identity: None,
     };
     Some((peer, groups))
 }

@@ -1,8 +1,9 @@
 //! Sessions in pycelld: the broker holds each session (its stream half and
 //! request stream, driven by `pycell_launch::session`), the root monitor
-//! its jailer (as for a run). A session belongs to the uid that started
-//! it: any connection of that uid may name its handle, any other uid gets
-//! the answer an unknown handle gets. It holds an admission slot (its
+//! its jailer (as for a run). A session belongs to the principal that
+//! started it (a uid, or an identity a trusted front end speaks for): any
+//! connection of that principal may name its handle, any other gets the
+//! answer an unknown handle gets. It holds an admission slot (its
 //! memory limit counts in the budget, as a run's does) until it ends,
 //! however it ends; a session's jailer keeps its clocks, so a session ends
 //! on time even if the broker does not ask.
@@ -30,6 +31,7 @@ use super::link::MonitorLink;
 use super::{Broker, SpawnedRun};
 use crate::admission::Slot;
 use crate::link::ToMonitor;
+use crate::principal::Principal;
 
 /// How long a session's python may take to get ready.
 const READY_WITHIN: Duration = crate::monitor::SESSION_READY_WITHIN;
@@ -52,7 +54,7 @@ pub(crate) struct Held {
     tools: Option<Arc<RelaySwitch>>,
 }
 
-pub(crate) type Sessions = std::sync::Mutex<SessionTable<Held>>;
+pub(crate) type Sessions = std::sync::Mutex<SessionTable<Held, Principal>>;
 
 /// A session's jailer, which the monitor holds: the broker asks it.
 #[derive(Debug)]
@@ -104,8 +106,8 @@ pub(crate) fn start_request(r: &SessionStartRequest) -> RunRequest {
 }
 
 impl Broker {
-    pub(crate) fn sessions_held(&self, uid: u32) -> usize {
-        self.sessions.lock().map(|t| t.count(uid)).unwrap_or(0)
+    pub(crate) fn sessions_held(&self, who: &Principal) -> usize {
+        self.sessions.lock().map(|t| t.count(who)).unwrap_or(0)
     }
 
     /// The policy a session start names, with its `[session]` settings.
@@ -117,11 +119,11 @@ impl Broker {
         })
     }
 
-    /// A session the monitor started for `uid`: driven here, and in the
+    /// A session the monitor started for `who`: driven here, and in the
     /// table (holding its admission slot) until it ends.
     pub(super) async fn open_session(
         self: &Arc<Self>,
-        uid: u32,
+        who: Principal,
         spawned: SpawnedRun,
         policy: Policy,
         slot: Slot,
@@ -143,10 +145,10 @@ impl Broker {
             .sessions
             .lock()
             .ok()
-            .and_then(|mut t| t.admit(uid, session.clone(), held));
+            .and_then(|mut t| t.admit(who.clone(), session.clone(), held));
         let Some(handle) = admitted else {
             session.end().await;
-            let m = format!("uid {uid} holds the most sessions policy {:?} allows ([session] per_uid = {}): another session started meanwhile", policy.name, policy.session.per_uid);
+            let m = format!("{who} holds the most sessions policy {:?} allows ([session] per_uid = {}): another session started meanwhile", policy.name, policy.session.per_uid);
             return Err(refused(FailureCode::TooManySessions, m));
         };
         let (broker, h) = (Arc::clone(self), handle.clone());
@@ -199,9 +201,9 @@ impl Broker {
         })
     }
 
-    fn session_of(&self, uid: u32, handle: &str) -> Result<Entry<Held>, Refused> {
+    fn session_of(&self, who: &Principal, handle: &str) -> Result<Entry<Held, Principal>, Refused> {
         let looked = match self.sessions.lock() {
-            Ok(mut t) => t.get(uid, handle),
+            Ok(mut t) => t.get(who, handle),
             Err(_) => Err(Lookup::Unknown),
         };
         looked.map_err(|l| {
@@ -210,15 +212,15 @@ impl Broker {
         })
     }
 
-    /// The session `handle` of `uid` and the request `call` asks of it.
+    /// The session `handle` of `who` and the request `call` asks of it.
     pub(crate) fn session_op(
         &self,
-        uid: u32,
+        who: &Principal,
         handle: &str,
         call: SessionCall,
         timeout_s: Option<f64>,
     ) -> Result<(Session, SessionOp, Option<Arc<RelaySwitch>>), Refused> {
-        let entry = self.session_of(uid, handle)?;
+        let entry = self.session_of(who, handle)?;
         let max_output = entry.info.limits.max_output_bytes;
         let op = session_table::op_for(&entry.info.policy, max_output, call, timeout_s)
             .map_err(|(code, message)| refused(code, message))?;
@@ -245,13 +247,13 @@ impl Broker {
         }
     }
 
-    /// End session `handle` of `uid`, once its jail is gone.
+    /// End session `handle` of `who`, once its jail is gone.
     pub(crate) async fn end_session(
         &self,
-        uid: u32,
+        who: &Principal,
         handle: &str,
     ) -> Result<SessionEndInfo, Refused> {
-        let entry = self.session_of(uid, handle)?;
+        let entry = self.session_of(who, handle)?;
         let ended = entry.session.end().await;
         if let Ok(mut t) = self.sessions.lock() {
             t.forget(handle, ended.clone());
@@ -259,10 +261,10 @@ impl Broker {
         Ok(session_table::end_info(handle, &ended))
     }
 
-    pub(crate) fn list_sessions(&self, uid: u32) -> Vec<SessionSummary> {
+    pub(crate) fn list_sessions(&self, who: &Principal) -> Vec<SessionSummary> {
         self.sessions
             .lock()
-            .map(|mut t| t.summaries(uid))
+            .map(|mut t| t.summaries(who))
             .unwrap_or_default()
     }
 

@@ -17,7 +17,7 @@ impl Monitor {
     pub(super) fn env_for(
         &mut self,
         req: u64,
-        peer: PeerIds,
+        peer: &PeerIds,
         policy: &pycell_policy::Policy,
         order: RunOrder,
         built: Option<EnvReport>,
@@ -63,7 +63,7 @@ impl Monitor {
             .env_build_started(&plan.key, peer, &policy.name, wanted);
         // Kept until the build is done.
         let name = policy.name.clone();
-        let mut build = Build::new(req, peer, order, name, plan.key, child, deadline);
+        let mut build = Build::new(req, peer.clone(), order, name, plan.key, child, deadline);
         build.grant_sources = std::mem::take(grant_sources);
         self.builds.insert(build.pid(), build);
         Ok(EnvStep::Building((
@@ -74,14 +74,14 @@ impl Monitor {
 
     /// A builder ended: start its run, or say why it cannot start.
     pub(super) fn built(&mut self, mut build: Build, how: &str) {
-        let (req, peer) = (build.req, build.peer);
+        let (req, peer) = (build.req, build.peer.clone());
         let outcome = build.outcome(how);
         self.audit
             .env_build_ended(&build.key, build.elapsed(), how, &outcome);
         let reply = match outcome {
             Ok(env) => {
                 let grants = std::mem::take(&mut build.grant_sources);
-                let reply = self.spawn(req, peer, build.order, Some(env), grants);
+                let reply = self.spawn(req, &peer, build.order, Some(env), grants);
                 // After the run holds its env: gc never removes one in use.
                 self.collect_garbage();
                 reply
@@ -92,7 +92,7 @@ impl Monitor {
                 failure,
             })),
         };
-        self.reply(req, peer, reply);
+        self.reply(req, &peer, reply);
     }
 
     /// After a build: envs over the store's age and size caps go (by a

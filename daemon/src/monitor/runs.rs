@@ -14,7 +14,7 @@ impl Monitor {
     pub(super) fn spawn(
         &mut self,
         req: u64,
-        peer: PeerIds,
+        peer: &PeerIds,
         order: RunOrder,
         built: Option<EnvReport>,
         mut grant_sources: Vec<OwnedFd>,
@@ -81,7 +81,7 @@ impl Monitor {
     fn start_session(
         &mut self,
         req: u64,
-        peer: PeerIds,
+        peer: &PeerIds,
         policy: &pycell_policy::Policy,
         request: &RunRequest,
         extras: &Extras,
@@ -136,7 +136,7 @@ impl Monitor {
     pub(super) fn start_warm(
         &mut self,
         req: u64,
-        peer: PeerIds,
+        peer: &PeerIds,
         policy: &pycell_policy::Policy,
         request: &RunRequest,
         extras: &Extras,
@@ -157,7 +157,7 @@ impl Monitor {
     pub(super) fn started(
         &mut self,
         req: u64,
-        peer: PeerIds,
+        peer: &PeerIds,
         launched: Launched,
         env: Option<(EnvInUse, EnvReport)>,
         code: &str,
@@ -173,7 +173,7 @@ impl Monitor {
     fn started_for(
         &mut self,
         req: u64,
-        peer: PeerIds,
+        peer: &PeerIds,
         launched: Launched,
         env: Option<(EnvInUse, EnvReport)>,
         code: &str,
@@ -261,7 +261,7 @@ fn member_env(
 /// A run's grants as its jail takes them: one descriptor came for each
 /// (`count`), and the client's ids own them in the jail (the broker
 /// checked what it could; the jailer checks each descriptor again).
-fn granted(request: &RunRequest, count: usize, peer: PeerIds) -> Result<Vec<Grant>, String> {
+fn granted(request: &RunRequest, count: usize, peer: &PeerIds) -> Result<Vec<Grant>, String> {
     if request.grants.len() != count {
         return Err(format!(
             "grants: {} paths but {count} descriptors",

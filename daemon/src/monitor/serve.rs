@@ -229,14 +229,14 @@ impl Monitor {
                     });
                     return;
                 }
-                let reply = self.spawn(req, peer, order, None, fds);
-                self.reply(req, peer, reply);
+                let reply = self.spawn(req, &peer, order, None, fds);
+                self.reply(req, &peer, reply);
             }
         }
     }
 
     /// Send the answer to a spawn request, with its descriptors.
-    pub(super) fn reply(&mut self, req: u64, peer: PeerIds, reply: Reply) {
+    pub(super) fn reply(&mut self, req: u64, peer: &PeerIds, reply: Reply) {
         let (msg, fds) = match reply {
             Ok(sent) => sent,
             Err(refusal) => (*refusal, Vec::new()),

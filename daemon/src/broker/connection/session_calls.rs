@@ -17,7 +17,7 @@ use crate::broker::{Broker, Peer};
 pub(super) async fn start_session(
     broker: &Arc<Broker>,
     conn: &mut Conn,
-    peer: Peer,
+    peer: &Peer,
     id: String,
     request: SessionStartRequest,
 ) -> bool {
@@ -32,7 +32,7 @@ pub(super) async fn start_session(
 async fn started(
     broker: &Arc<Broker>,
     conn: &mut Conn,
-    peer: Peer,
+    peer: &Peer,
     id: &str,
     request: SessionStartRequest,
 ) -> Result<ServerMessage, NotStarted> {
@@ -48,9 +48,9 @@ async fn started(
         );
         return Err(refuse((ErrorCode::SessionsUnavailable, m)));
     }
-    let held = broker.sessions_held(peer.uid);
+    let held = broker.sessions_held(&peer.principal());
     if held >= per_uid {
-        let m = format!("uid {} holds {held} sessions, the most policy {:?} allows ([session] per_uid = {per_uid}); end one with session_end", peer.uid, policy.name);
+        let m = format!("{} holds {held} sessions, the most policy {:?} allows ([session] per_uid = {per_uid}); end one with session_end", peer.principal(), policy.name);
         return Err(refuse((ErrorCode::TooManySessions, m)));
     }
     let mut ordered = ordered(broker, id, start_request(&request), Vec::new()).await?;
@@ -63,7 +63,7 @@ async fn started(
         .await
         .map_err(NotStarted::Reply)?;
     let info = broker
-        .open_session(peer.uid, spawned, policy, slot, tools)
+        .open_session(peer.principal(), spawned, policy, slot, tools)
         .await
         .map_err(refuse)?;
     Ok(ServerMessage::SessionStarted {
@@ -77,13 +77,14 @@ async fn started(
 pub(super) async fn call(
     broker: &Arc<Broker>,
     conn: &mut Conn,
-    peer: Peer,
+    peer: &Peer,
     id: String,
     handle: String,
     call: SessionCall,
     timeout_s: Option<f64>,
 ) -> bool {
-    let (session, op, tools) = match broker.session_op(peer.uid, &handle, call, timeout_s) {
+    let (session, op, tools) = match broker.session_op(&peer.principal(), &handle, call, timeout_s)
+    {
         Ok(s) => s,
         Err(r) => return conn.out.send(refusal(&id, r)).await,
     };
@@ -136,11 +137,11 @@ pub(super) async fn call(
 pub(super) async fn end(
     broker: &Arc<Broker>,
     conn: &mut Conn,
-    peer: Peer,
+    peer: &Peer,
     id: String,
     handle: String,
 ) -> bool {
-    let reply = match broker.end_session(peer.uid, &handle).await {
+    let reply = match broker.end_session(&peer.principal(), &handle).await {
         Ok(ended) => ServerMessage::SessionEnded { id, ended },
         Err(r) => refusal(&id, r),
     };
@@ -148,8 +149,8 @@ pub(super) async fn end(
 }
 
 /// `session_list`.
-pub(super) async fn list(broker: &Arc<Broker>, conn: &mut Conn, peer: Peer, id: String) -> bool {
-    let sessions = broker.list_sessions(peer.uid);
+pub(super) async fn list(broker: &Arc<Broker>, conn: &mut Conn, peer: &Peer, id: String) -> bool {
+    let sessions = broker.list_sessions(&peer.principal());
     conn.out
         .send(ServerMessage::Sessions { id, sessions })
         .await
