@@ -59,6 +59,11 @@ pub enum Command {
     /// allows), else embedded (as root). Exit status: the server's own; 125
     /// if it could not start.
     McpServer(McpServerArgs),
+    /// Make a bearer token for `pycell mcp --http --tokens FILE`: prints
+    /// the token (on stderr: give it to the caller, it is stored nowhere)
+    /// and the [[token]] entry for FILE (on stdout, its SHA-256 only), as
+    /// in `pycell mcp-token ci-bot >> /etc/pycell/mcp-tokens.toml`.
+    McpToken(McpTokenArgs),
     /// Sessions: a sandbox whose Python stays alive between commands, like
     /// a Jupyter kernel (variables, imports and /workspace files persist).
     ///
@@ -357,6 +362,16 @@ pub struct ReplArgs {
     pub embedded: bool,
 }
 
+/// `pycell mcp-token`.
+#[derive(Debug, Args, Clone)]
+pub struct McpTokenArgs {
+    /// The caller's name: its identity in pycelld's queue and audit log.
+    pub name: String,
+    /// Scopes the token grants (pycell:run, pycell:tools); default pycell:run.
+    #[arg(long = "scope", value_name = "SCOPE")]
+    pub scopes: Vec<String>,
+}
+
 /// `pycell mcp-server`.
 #[derive(Debug, Args, Clone)]
 pub struct McpServerArgs {
@@ -431,4 +446,47 @@ pub struct McpArgs {
     /// starts them, and they never enter a sandbox.
     #[arg(long, value_name = "FILE")]
     pub tool_servers: Option<PathBuf>,
+    /// Serve the same tools over MCP's streamable HTTP transport at ADDR
+    /// (host:port), for agents on other hosts, instead of stdio. Runs go
+    /// through pycelld only (this process never jails, and never runs as
+    /// root: see --user). Callers authenticate with --tokens and/or
+    /// --oauth; --no-auth only on a loopback address. TLS with --tls-cert
+    /// and --tls-key, or plain HTTP on loopback or --behind-proxy.
+    #[arg(long, value_name = "ADDR", conflicts_with = "embedded")]
+    pub http: Option<String>,
+    /// Bearer tokens: a TOML file of [[token]] entries (name, sha256 of the
+    /// token, scopes, quotas); `pycell mcp-token NAME` makes one.
+    #[arg(long, value_name = "FILE", requires = "http")]
+    pub tokens: Option<PathBuf>,
+    /// OAuth 2.1 access tokens (JWTs) of an authorization server: a TOML
+    /// file naming its issuer, its key set (JWKS file) and the audience.
+    #[arg(long, value_name = "FILE", requires = "http")]
+    pub oauth: Option<PathBuf>,
+    /// Serve without authentication, as this process's own uid: only on a
+    /// loopback address.
+    #[arg(long, requires = "http", conflicts_with_all = ["tokens", "oauth"])]
+    pub no_auth: bool,
+    /// TLS certificate chain (PEM) for HTTPS.
+    #[arg(long, value_name = "FILE", requires_all = ["http", "tls_key"])]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) for HTTPS.
+    #[arg(long, value_name = "FILE", requires_all = ["http", "tls_cert"])]
+    pub tls_key: Option<PathBuf>,
+    /// Plain HTTP on a non-loopback address: a proxy in front of this
+    /// server terminates TLS.
+    #[arg(long, requires = "http", conflicts_with = "tls_cert")]
+    pub behind_proxy: bool,
+    /// The URL clients use (e.g. https://pycell.example.net/mcp): the
+    /// OAuth audience, the protected resource metadata's `resource`, the
+    /// Host header accepted and the endpoint's path. Default:
+    /// http(s)://ADDR/mcp.
+    #[arg(long, value_name = "URL", requires = "http")]
+    pub public_url: Option<String>,
+    /// Started as root: the user to serve as, once ADDR is bound and the
+    /// key and token files are read.
+    #[arg(long, value_name = "USER", requires = "http")]
+    pub user: Option<String>,
+    /// pycelld's socket (default: $PYCELL_SOCKET, else /run/pycell/pycell.sock).
+    #[arg(long, value_name = "PATH", requires = "http")]
+    pub socket: Option<PathBuf>,
 }

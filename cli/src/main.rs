@@ -16,6 +16,7 @@ mod embedded;
 mod env_cmd;
 mod info;
 mod jailed_server;
+mod mcp_http;
 mod mcp_server;
 mod policy_cmd;
 mod repl;
@@ -32,7 +33,11 @@ fn main() {
     let code = match cli.command {
         cli::Command::Run(args) => run::main(&args),
         cli::Command::Batch(args) => batch::main(&args),
-        cli::Command::Mcp(args) => mcp_server::main(&args),
+        cli::Command::Mcp(args) => match &args.http {
+            Some(addr) => mcp_http::main(&args, addr),
+            None => mcp_server::main(&args),
+        },
+        cli::Command::McpToken(args) => mcp_http::token_cmd::main(&args),
         cli::Command::McpServer(args) => jailed_server::main(&args),
         cli::Command::Session(args) => session_cmd::main(&args),
         cli::Command::Repl(args) => repl::main(&args),

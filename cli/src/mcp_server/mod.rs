@@ -16,10 +16,10 @@
 mod cell_output;
 mod eof;
 mod output;
-mod sandboxes;
-mod session_tools;
+pub(crate) mod sandboxes;
+pub(crate) mod session_tools;
 mod sessions;
-mod tools;
+pub(crate) mod tools;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,6 +38,8 @@ use pycell_launch::resolve::POLICY_DIR;
 use pycell_wire::events::Stream;
 
 use crate::cli::McpArgs;
+use crate::mcp_http::callers::Caller;
+use crate::mcp_http::limiter::{Limiter, Permit};
 use crate::tool_servers::ToolServers;
 use output::{human_bytes, RunPythonOutput};
 use pycell_protocol::info::ToolsInfo;
@@ -51,12 +53,27 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 const INSTRUCTIONS: &str = "pycell runs Python code in a locked-down Linux sandbox: call run_python with the code (each call is a fresh sandbox with no state from earlier calls and no network beyond the hosts its policy allowlists; print what you want to see). For work that builds up over several steps, call session_start and pass its handle as run_python's `session`: variables, imports and files then persist between calls, a cell's last expression is shown, and matplotlib figures come back as images; move files with write_file, read_file and list_files, and call session_end when done. Call sandbox_info to see the policies (limits, network) you can choose and what isolation this host enforces.";
 
+/// The tools that run code or touch a session: over HTTP they need the
+/// `pycell:run` scope and count in the caller's quotas.
+pub(crate) const CODE_TOOLS: [&str; 6] = [
+    tools::RUN_PYTHON,
+    session_tools::SESSION_START,
+    session_tools::WRITE_FILE,
+    session_tools::READ_FILE,
+    session_tools::LIST_FILES,
+    session_tools::SESSION_END,
+];
+
 /// The MCP server: its tools and where runs go.
 #[derive(Debug, Clone)]
 pub struct PycellServer {
     sandboxes: Sandboxes,
     default_policy: String,
     tools: Arc<Vec<Tool>>,
+    /// Over authenticated HTTP: every call must come with its caller
+    /// (`pycell mcp --http` puts it in the request), whose quotas this
+    /// counts. None: stdio, or HTTP without authentication.
+    callers: Option<Arc<Limiter>>,
 }
 
 impl PycellServer {
@@ -76,6 +93,49 @@ impl PycellServer {
             sandboxes,
             default_policy,
             tools: Arc::new(tools),
+            callers: None,
+        }
+    }
+
+    /// The same server, requiring a caller on every call (see `callers`).
+    pub fn with_callers(mut self, limiter: Arc<Limiter>) -> Self {
+        self.callers = Some(limiter);
+        self
+    }
+
+    /// This server as the HTTP caller of `context` may use it: its
+    /// identity's sandboxes (tool servers only with `pycell:tools`), and for
+    /// a tool that runs code, a place in its quotas.
+    fn as_caller(
+        &self,
+        tool: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<(PycellServer, Option<Permit>), CallToolResult> {
+        let Some(limiter) = &self.callers else {
+            return Ok((self.clone(), None));
+        };
+        let caller = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Arc<Caller>>())
+            .cloned();
+        let Some(caller) = caller else {
+            return Err(internal_error(
+                "the call came without an authenticated caller; refused",
+            ));
+        };
+        let mut view = self.clone();
+        view.sandboxes = self
+            .sandboxes
+            .speaking_for(Some(caller.identity.clone()), caller.scopes.tools);
+        if !CODE_TOOLS.contains(&tool) {
+            return Ok((view, None));
+        }
+        match limiter.begin(&caller, Instant::now()) {
+            Ok(permit) => Ok((view, Some(permit))),
+            Err(m) => Err(CallToolResult::error(vec![ContentBlock::text(format!(
+                "{tool} was not run: {m}"
+            ))])),
         }
     }
 
@@ -354,19 +414,32 @@ impl ServerHandler for PycellServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        let (server, _permit) = match self.as_caller(request.name.as_ref(), &context) {
+            Ok(v) => v,
+            Err(refused) => return Ok(refused.into()),
+        };
+        let server = &server;
         let result = match request.name.as_ref() {
-            tools::RUN_PYTHON => self.run_python(request, context).await,
-            tools::SANDBOX_INFO => self.sandbox_info().await,
-            session_tools::SESSION_START => self.session_start(request.arguments).await,
+            tools::RUN_PYTHON => server.run_python(request, context).await,
+            tools::SANDBOX_INFO => server.sandbox_info().await,
+            session_tools::SESSION_START => server.session_start(request.arguments).await,
             session_tools::WRITE_FILE => {
-                self.write_file(request.arguments, context.ct.clone()).await
+                server
+                    .write_file(request.arguments, context.ct.clone())
+                    .await
             }
-            session_tools::READ_FILE => self.read_file(request.arguments, context.ct.clone()).await,
+            session_tools::READ_FILE => {
+                server
+                    .read_file(request.arguments, context.ct.clone())
+                    .await
+            }
             session_tools::LIST_FILES => {
-                self.list_files(request.arguments, context.ct.clone()).await
+                server
+                    .list_files(request.arguments, context.ct.clone())
+                    .await
             }
-            session_tools::SESSION_END => self.session_end(request.arguments).await,
-            session_tools::SESSION_LIST => self.session_list().await,
+            session_tools::SESSION_END => server.session_end(request.arguments).await,
+            session_tools::SESSION_LIST => server.session_list().await,
             other => {
                 let names: Vec<String> = self.tools.iter().map(|t| t.name.to_string()).collect();
                 return Err(McpError::invalid_params(
@@ -398,22 +471,28 @@ pub fn main(args: &McpArgs) -> i32 {
     runtime.block_on(serve(args))
 }
 
-async fn serve(args: &McpArgs) -> i32 {
-    if let Err(e) =
-        pycell_launch::resolve::load_policy_by_name(&args.policy, std::path::Path::new(POLICY_DIR))
-    {
-        eprintln!("pycell mcp: --policy {}: {e}", args.policy);
-        return 2;
-    }
-    let servers = match args
-        .tool_servers
+/// `--policy` names a policy that loads.
+pub(crate) fn check_policy(name: &str) -> Result<(), String> {
+    pycell_launch::resolve::load_policy_by_name(name, std::path::Path::new(POLICY_DIR))
+        .map(|_| ())
+        .map_err(|e| format!("--policy {name}: {e}"))
+}
+
+/// The `--tool-servers` file's servers, if it names one.
+pub(crate) fn load_tool_servers(args: &McpArgs) -> Result<Option<ToolServers>, String> {
+    args.tool_servers
         .as_deref()
         .map(ToolServers::load)
         .transpose()
-    {
+        .map_err(|e| format!("--tool-servers {e}"))
+}
+
+async fn serve(args: &McpArgs) -> i32 {
+    let checked = check_policy(&args.policy).and_then(|()| load_tool_servers(args));
+    let servers = match checked {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("pycell mcp: --tool-servers {e}");
+            eprintln!("pycell mcp: {e}");
             return 2;
         }
     };
@@ -468,7 +547,7 @@ async fn serve(args: &McpArgs) -> i32 {
 }
 
 /// The client's tools as `policy` lets code call them.
-async fn code_mode(servers: &ToolServers, policy: &str) -> ToolsInfo {
+pub(crate) async fn code_mode(servers: &ToolServers, policy: &str) -> ToolsInfo {
     let catalog = servers.catalog().await;
     match pycell_launch::resolve::load_policy_by_name(policy, std::path::Path::new(POLICY_DIR)) {
         Ok(p) => pycell_launch::tool_grant::tools_info(&p, &catalog),

@@ -174,6 +174,9 @@ pub struct Sandboxes {
     inner: Arc<Inner>,
     /// The identity this view's requests are for (a front end's caller).
     identity: Option<Arc<str>>,
+    /// Whether this view's runs are offered the tool servers (an HTTP
+    /// caller needs the `pycell:tools` scope).
+    offer_tools: bool,
 }
 
 #[derive(Debug)]
@@ -227,15 +230,17 @@ impl Sandboxes {
 
     /// The client's tool servers, if it configured any.
     pub fn tool_servers(&self) -> Option<&ToolServers> {
-        self.inner.tools.as_ref()
+        self.inner.tools.as_ref().filter(|_| self.offer_tools)
     }
 
     /// The same sandboxes, with requests for `identity` (pycelld refuses
     /// an identity unless this process is one of its trusted front ends).
-    pub fn speaking_for(&self, identity: Option<Arc<str>>) -> Sandboxes {
+    /// Without `offer_tools`, its runs get no tool servers.
+    pub fn speaking_for(&self, identity: Option<Arc<str>>, offer_tools: bool) -> Sandboxes {
         Sandboxes {
             inner: Arc::clone(&self.inner),
             identity,
+            offer_tools,
         }
     }
 
@@ -269,6 +274,7 @@ impl Sandboxes {
     ) -> Sandboxes {
         Sandboxes {
             identity: None,
+            offer_tools: true,
             inner: Arc::new(Inner {
                 mode,
                 launcher,
@@ -292,7 +298,7 @@ impl Sandboxes {
         on_event: impl FnMut(RunEvent<'_>) + Send,
         cancel: CancellationToken,
     ) -> Result<RunResult, RequestError> {
-        if let Some(servers) = &self.inner.tools {
+        if let Some(servers) = self.tool_servers() {
             offer(servers, &mut req).await;
         }
         // With a pycelld socket the daemon runs it (no root needed here);
@@ -326,9 +332,8 @@ impl Sandboxes {
         let canceller: Canceller = Arc::default();
         let (tx, mut rx) = mpsc::unbounded_channel::<DaemonEvent>();
         let calls = self
-            .inner
-            .tools
-            .clone()
+            .tool_servers()
+            .cloned()
             .map(|servers| DaemonToolCalls::new(servers, tokio::runtime::Handle::current()));
         let slot = Arc::clone(&canceller);
         let mut handle = tokio::task::spawn_blocking(move || {
@@ -527,10 +532,12 @@ impl Sandboxes {
             run_id: &launched.run_id,
             sandbox_uid: Some(launched.lease.uid),
         });
-        let tools = grant.zip(self.inner.tools.clone()).map(|(grant, servers)| {
-            let upstream: Arc<dyn pycell_tools::service::Upstream> = Arc::new(servers);
-            grant.service(upstream, None)
-        });
+        let tools = grant
+            .zip(self.tool_servers().cloned())
+            .map(|(grant, servers)| {
+                let upstream: Arc<dyn pycell_tools::service::Upstream> = Arc::new(servers);
+                grant.service(upstream, None)
+            });
         let (mut result, _) = supervise(
             launched,
             self.inner.patience,

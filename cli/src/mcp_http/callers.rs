@@ -1,0 +1,301 @@
+//! Who calls `pycell mcp --http`, and what each caller may do: the
+//! identity a bearer token or an OAuth access token proves, its scopes and
+//! its quotas. Pure data and parsing; no I/O but reading the files named.
+//!
+//! The tokens file (`--tokens`) holds only SHA-256 hashes of tokens, so a
+//! leaked file grants nothing:
+//!
+//! ```toml
+//! [[token]]
+//! name = "ci-bot"                 # the identity: in pycelld's queue and audit log
+//! sha256 = "9f86d081884c7d65..."  # of the token; `pycell mcp-token ci-bot` makes one
+//! scopes = ["pycell:run"]         # default; add "pycell:tools" for code mode
+//! max_concurrent_runs = 2         # default 4
+//! runs_per_minute = 30            # default 60
+//! ```
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// Scope to run code: run_python, sessions and their files.
+pub const SCOPE_RUN: &str = "pycell:run";
+/// Scope for a run's code to call the tool servers this front end offers
+/// (code mode); without it, runs get no tools.
+pub const SCOPE_TOOLS: &str = "pycell:tools";
+/// Every scope, as the protected resource metadata lists them.
+pub const SCOPES: [&str; 2] = [SCOPE_RUN, SCOPE_TOOLS];
+
+/// What a caller's token grants.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Scopes {
+    pub run: bool,
+    pub tools: bool,
+}
+
+impl Scopes {
+    /// From scope names; unknown ones are ignored (an issuer may put
+    /// others' scopes in the same token).
+    pub fn from_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Scopes {
+        let mut s = Scopes::default();
+        for n in names {
+            match n {
+                SCOPE_RUN => s.run = true,
+                SCOPE_TOOLS => s.tools = true,
+                _ => {}
+            }
+        }
+        s
+    }
+}
+
+/// A caller's limits, enforced by this front end (pycelld's per-identity
+/// admission queues and shares slots on top).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quotas {
+    /// Calls that run code going at once.
+    #[serde(default = "default_concurrent")]
+    pub max_concurrent_runs: u32,
+    /// Calls that run code in any minute (a bucket refilled evenly).
+    #[serde(default = "default_per_minute")]
+    pub runs_per_minute: u32,
+}
+
+fn default_concurrent() -> u32 {
+    4
+}
+
+fn default_per_minute() -> u32 {
+    60
+}
+
+impl Default for Quotas {
+    fn default() -> Quotas {
+        Quotas {
+            max_concurrent_runs: default_concurrent(),
+            runs_per_minute: default_per_minute(),
+        }
+    }
+}
+
+impl Quotas {
+    pub fn problem(&self) -> Option<&'static str> {
+        match (self.max_concurrent_runs, self.runs_per_minute) {
+            (0, _) => Some("max_concurrent_runs must be at least 1"),
+            (_, 0) => Some("runs_per_minute must be at least 1"),
+            (c, _) if c > 1024 => Some("max_concurrent_runs is at most 1024"),
+            (_, r) if r > 60_000 => Some("runs_per_minute is at most 60000"),
+            _ => None,
+        }
+    }
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// Its name for pycelld: a token's name, or `oauth:` and the token's
+    /// subject.
+    pub identity: Arc<str>,
+    pub scopes: Scopes,
+    pub quotas: Quotas,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokensFile {
+    #[serde(default)]
+    token: Vec<TokenEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenEntry {
+    name: String,
+    sha256: String,
+    #[serde(default)]
+    scopes: Option<Vec<String>>,
+    // Not a flattened Quotas: serde cannot deny unknown fields through one.
+    #[serde(default = "default_concurrent")]
+    max_concurrent_runs: u32,
+    #[serde(default = "default_per_minute")]
+    runs_per_minute: u32,
+}
+
+/// The bearer tokens, by the SHA-256 of each.
+#[derive(Debug, Default)]
+pub struct TokenTable {
+    by_hash: HashMap<[u8; 32], Arc<Caller>>,
+}
+
+impl TokenTable {
+    pub fn load(path: &Path) -> Result<TokenTable, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        TokenTable::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<TokenTable, String> {
+        let file: TokensFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut table = TokenTable::default();
+        for (i, t) in file.token.into_iter().enumerate() {
+            let at = format!("token {} ({:?})", i + 1, t.name);
+            let (hash, caller) = entry(t).map_err(|e| format!("{at}: {e}"))?;
+            if table
+                .by_hash
+                .values()
+                .any(|c| c.identity == caller.identity)
+            {
+                return Err(format!(
+                    "{at}: another token has the same name; names are identities and must differ"
+                ));
+            }
+            if table.by_hash.insert(hash, Arc::new(caller)).is_some() {
+                return Err(format!("{at}: the same sha256 as an earlier token"));
+            }
+        }
+        Ok(table)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    /// The caller whose token this is.
+    pub fn caller(&self, token: &str) -> Option<Arc<Caller>> {
+        self.by_hash.get(&token_hash(token)).cloned()
+    }
+}
+
+fn entry(t: TokenEntry) -> Result<([u8; 32], Caller), String> {
+    if let Some(p) = name_problem(&t.name) {
+        return Err(p);
+    }
+    let hash = parse_hash(&t.sha256)?;
+    let quotas = Quotas {
+        max_concurrent_runs: t.max_concurrent_runs,
+        runs_per_minute: t.runs_per_minute,
+    };
+    if let Some(p) = quotas.problem() {
+        return Err(p.to_string());
+    }
+    let scopes = match &t.scopes {
+        None => Scopes {
+            run: true,
+            tools: false,
+        },
+        Some(names) => {
+            if let Some(n) = names.iter().find(|n| !SCOPES.contains(&n.as_str())) {
+                return Err(format!(
+                    "unknown scope {n:?}; the scopes are {}",
+                    SCOPES.join(", ")
+                ));
+            }
+            Scopes::from_names(names.iter().map(String::as_str))
+        }
+    };
+    let caller = Caller {
+        identity: Arc::from(t.name.as_str()),
+        scopes,
+        quotas,
+    };
+    Ok((hash, caller))
+}
+
+/// A token's name: 1 to 64 of `A-Z a-z 0-9 . _ -` (no `:`, which OAuth
+/// identities have).
+pub fn name_problem(name: &str) -> Option<String> {
+    let ok = (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    (!ok).then(|| format!("name {name:?}: 1 to 64 letters, digits, '.', '_' or '-'"))
+}
+
+fn parse_hash(hex: &str) -> Result<[u8; 32], String> {
+    let bad = || {
+        format!("sha256 {hex:?}: not 64 hexadecimal digits (the SHA-256 of the token, as `pycell mcp-token` prints it)")
+    };
+    if hex.len() != 64 {
+        return Err(bad());
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
+pub fn token_hash(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// A hash as the tokens file writes it.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(name: &str, token: &str) -> String {
+        format!(
+            "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\n",
+            hex(&token_hash(token))
+        )
+    }
+
+    #[test]
+    fn a_token_maps_to_its_name_scopes_and_quotas() {
+        let text = format!(
+            "{}scopes = [\"pycell:run\", \"pycell:tools\"]\nmax_concurrent_runs = 2\n{}",
+            line("ci-bot", "secret-1"),
+            line("alice", "secret-2")
+        );
+        let t = TokenTable::parse(&text).unwrap();
+        assert_eq!(t.len(), 2);
+        let ci = t.caller("secret-1").unwrap();
+        assert_eq!(&*ci.identity, "ci-bot");
+        assert_eq!(
+            ci.scopes,
+            Scopes {
+                run: true,
+                tools: true
+            }
+        );
+        assert_eq!(ci.quotas.max_concurrent_runs, 2);
+        assert_eq!(ci.quotas.runs_per_minute, 60);
+        let alice = t.caller("secret-2").unwrap();
+        assert_eq!(
+            alice.scopes,
+            Scopes {
+                run: true,
+                tools: false
+            }
+        );
+        assert!(t.caller("secret-3").is_none());
+        assert!(t.caller("").is_none());
+    }
+
+    #[test]
+    fn mistakes_in_the_file_say_where() {
+        let e = |text: &str| TokenTable::parse(text).unwrap_err();
+        assert!(
+            e("[[token]]\nname = \"a b\"\nsha256 = \"00\"\n").contains("token 1 (\"a b\"): name")
+        );
+        assert!(e("[[token]]\nname = \"a\"\nsha256 = \"00\"\n").contains("not 64 hexadecimal"));
+        let twice = format!("{}{}", line("a", "x"), line("a", "y"));
+        assert!(e(&twice).contains("token 2 (\"a\"): another token has the same name"));
+        let same = format!("{}{}", line("a", "x"), line("b", "x"));
+        assert!(e(&same).contains("the same sha256"));
+        let scope = format!("{}scopes = [\"admin\"]\n", line("a", "x"));
+        assert!(e(&scope).contains("unknown scope \"admin\""));
+        let zero = format!("{}runs_per_minute = 0\n", line("a", "x"));
+        assert!(e(&zero).contains("runs_per_minute must be at least 1"));
+        assert!(e("[[token]]\nname = \"a\"\nhash = \"x\"\n").contains("unknown field"));
+    }
+}

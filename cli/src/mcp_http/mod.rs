@@ -1,0 +1,188 @@
+//! `pycell mcp --http ADDR`: pycell's MCP tools over MCP's streamable HTTP
+//! transport (rmcp's, stateless: no protocol sessions, so clients of the
+//! 2025 revisions and of 2026-07-28 alike; pycell's sessions are explicit
+//! handles), for agents on other hosts.
+//!
+//! A front end: it authenticates each request ([`gate`]: hashed bearer
+//! tokens, OAuth access tokens), counts each caller's quotas ([`limiter`])
+//! and sends runs to pycelld as the caller's identity (pycelld trusts it
+//! only from a uid in its `front_end_uids`; admission, sessions and the
+//! audit log then go by identity). It never builds a jail itself and never
+//! runs as root: HTTP and TLS from the network are parsed by hyper and
+//! rustls in this unprivileged process. Started as root (to bind a low
+//! port, read a key only root reads), it binds and reads first, then
+//! becomes `--user` before it parses a byte.
+
+pub mod callers;
+mod front;
+mod gate;
+pub mod limiter;
+mod oauth;
+mod setup;
+pub mod token_cmd;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::server::graceful::GracefulShutdown;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::McpArgs;
+use crate::mcp_server::sandboxes::{Mode, Sandboxes};
+use crate::mcp_server::PycellServer;
+use front::Front;
+use setup::Setup;
+
+/// Largest request body (a write_file's content, base64, is the largest).
+const MAX_BODY: usize = 32 << 20;
+/// Connections served at once; more wait in the listen backlog.
+const MAX_CONNECTIONS: usize = 512;
+/// How long a TLS handshake may take.
+const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
+/// After SIGTERM: how long requests in flight get to finish (under
+/// Kubernetes' default 30 s grace period).
+const DRAIN_GRACE: Duration = Duration::from_secs(20);
+
+/// `pycell mcp --http ADDR`.
+pub fn main(args: &McpArgs, addr: &str) -> i32 {
+    let setup = match Setup::prepare(args, addr) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("pycell mcp --http: {e}");
+            return 2;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("pycell-http")
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("pycell mcp --http: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    runtime.block_on(serve(args, setup))
+}
+
+async fn serve(args: &McpArgs, setup: Setup) -> i32 {
+    let servers = match crate::mcp_server::load_tool_servers(args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("pycell mcp --http: {e}");
+            return 2;
+        }
+    };
+    let code_mode = match &servers {
+        Some(s) => Some(crate::mcp_server::code_mode(s, &args.policy).await),
+        None => None,
+    };
+    let sandboxes = Sandboxes::with_tools(Mode::Daemon(setup.socket.clone()), servers.clone());
+    let mut server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode.as_ref());
+    if !setup.gate.open {
+        server = server.with_callers(Arc::default());
+    }
+    let stop = CancellationToken::new();
+    let mut config =
+        StreamableHttpServerConfig::default().with_allowed_hosts(setup.allowed_hosts.clone());
+    config.legacy_session_mode = false;
+    config.json_response = true;
+    config.max_request_body_bytes = MAX_BODY;
+    config.cancellation_token = stop.child_token();
+    let mcp = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(NeverSessionManager::default()),
+        config,
+    );
+    let issuer = setup.gate.oauth.as_ref().map(|o| o.issuer.as_str());
+    let front = Front {
+        metadata: front::metadata(&setup.public_url.url, issuer),
+        gate: Arc::clone(&setup.gate),
+        mcp,
+        path: Arc::from(setup.public_url.path.as_str()),
+        max_body: MAX_BODY,
+    };
+    eprintln!("{}", setup.banner());
+    let listener = match tokio::net::TcpListener::from_std(setup.listener) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("pycell mcp --http: cannot listen: {e}");
+            return 1;
+        }
+    };
+    let graceful = GracefulShutdown::new();
+    accept_until_stopped(&listener, &front, setup.tls, &graceful).await;
+    // Draining: no new connection; requests in flight may finish, idle
+    // connections close.
+    drop(listener);
+    if tokio::time::timeout(DRAIN_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        eprintln!(
+            "pycell mcp --http: requests still running after {} s are cut off",
+            DRAIN_GRACE.as_secs()
+        );
+    }
+    stop.cancel();
+    sandboxes.shutdown(Duration::from_secs(5)).await;
+    if let Some(servers) = servers {
+        servers.shutdown().await;
+    }
+    0
+}
+
+/// Accept connections (at most [`MAX_CONNECTIONS`] at once) until SIGTERM
+/// or SIGINT.
+async fn accept_until_stopped(
+    listener: &tokio::net::TcpListener,
+    front: &Front,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    graceful: &GracefulShutdown,
+) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        eprintln!("pycell mcp --http: cannot handle signals");
+        return;
+    };
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            p = Arc::clone(&slots).acquire_owned() => p,
+            _ = term.recv() => return,
+            _ = int.recv() => return,
+        };
+        let Ok(permit) = permit else { return };
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = term.recv() => return,
+            _ = int.recv() => return,
+        };
+        let Ok((stream, _peer)) = accepted else {
+            // Out of descriptors, say: pause rather than spin.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let (front, tls, watcher) = (front.clone(), tls.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            let _permit = permit;
+            match tls {
+                None => front.serve_connection(stream, watcher).await,
+                Some(acceptor) => {
+                    if let Ok(Ok(s)) =
+                        tokio::time::timeout(HANDSHAKE_WITHIN, acceptor.accept(stream)).await
+                    {
+                        front.serve_connection(s, watcher).await;
+                    }
+                }
+            }
+        });
+    }
+}

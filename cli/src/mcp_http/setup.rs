@@ -1,0 +1,393 @@
+//! Everything `pycell mcp --http` settles before it serves, in order: who
+//! may start it (not root, unless it is to become `--user`), the listening
+//! socket, how callers authenticate and whether that is allowed on this
+//! address, the public URL, TLS, the token and key files; then it drops
+//! root, and checks that pycelld takes it as a front end. Each refusal says
+//! what to change.
+
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::unistd::{Gid, Uid, User};
+
+use super::callers::TokenTable;
+use super::front::METADATA_PREFIX;
+use super::gate::Gate;
+use super::oauth::OAuth;
+use crate::cli::McpArgs;
+
+/// The URL clients use, taken apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicUrl {
+    pub url: String,
+    /// `https://host:port`.
+    pub origin: String,
+    /// The Host header clients send (host, with its port if it has one).
+    pub authority: String,
+    pub path: String,
+}
+
+impl PublicUrl {
+    pub fn parse(url: &str) -> Result<PublicUrl, String> {
+        let bad = |why: &str| format!("--public-url {url:?}: {why}");
+        let uri: http::Uri = url.parse().map_err(|_| bad("not a URL"))?;
+        let scheme = uri.scheme_str().ok_or_else(|| bad("no scheme"))?;
+        if scheme != "https" && scheme != "http" {
+            return Err(bad("use https:// (or http:// behind a proxy)"));
+        }
+        let authority = uri.authority().ok_or_else(|| bad("no host"))?.to_string();
+        if authority.contains('@') {
+            return Err(bad("no user information in the URL"));
+        }
+        if uri.query().is_some() {
+            return Err(bad("no query in the URL"));
+        }
+        let path = match uri.path() {
+            "" | "/" => "/mcp".to_string(),
+            p if p.starts_with(METADATA_PREFIX) || p == "/healthz" => {
+                return Err(bad("that path is the server's own"))
+            }
+            p => p.to_string(),
+        };
+        Ok(PublicUrl {
+            url: format!("{scheme}://{authority}{path}"),
+            origin: format!("{scheme}://{authority}"),
+            authority,
+            path,
+        })
+    }
+
+    /// The host without a port (rmcp's Host check takes either form).
+    fn host(&self) -> &str {
+        match self.authority.rsplit_once(':') {
+            Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':') => h,
+            _ => &self.authority,
+        }
+    }
+}
+
+/// How callers authenticate, as the flags say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuthFlags {
+    pub tokens: bool,
+    pub oauth: bool,
+    pub none: bool,
+}
+
+/// Whether this combination may listen on `addr`: authentication unless
+/// loopback and said so; TLS unless loopback or a proxy terminates it; a
+/// public URL for any address others reach.
+pub fn listen_problem(
+    addr: SocketAddr,
+    auth: AuthFlags,
+    tls: bool,
+    behind_proxy: bool,
+    public_url: bool,
+) -> Option<String> {
+    let loopback = addr.ip().is_loopback();
+    if !auth.tokens && !auth.oauth && !auth.none {
+        return Some("say how callers authenticate: --tokens FILE, --oauth FILE, or both (or --no-auth on a loopback address)".into());
+    }
+    if auth.none && !loopback {
+        return Some(format!("--no-auth serves anyone who reaches {addr}: only a loopback address (127.0.0.1, ::1) may go without authentication"));
+    }
+    if !tls && !loopback && !behind_proxy {
+        return Some(format!("plain HTTP on {addr} would carry bearer tokens in clear: give --tls-cert and --tls-key, or --behind-proxy if a proxy in front terminates TLS"));
+    }
+    if !loopback && !public_url {
+        return Some(format!("{addr} is reached by other hosts: give --public-url (the URL they use; its host is the only Host header accepted, and it is the OAuth audience)"));
+    }
+    None
+}
+
+/// All that serving needs.
+pub struct Setup {
+    pub listener: TcpListener,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    pub gate: Arc<Gate>,
+    pub public_url: PublicUrl,
+    pub allowed_hosts: Vec<String>,
+    pub socket: PathBuf,
+    addr: SocketAddr,
+}
+
+impl std::fmt::Debug for Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Setup").field("addr", &self.addr).finish()
+    }
+}
+
+impl Setup {
+    pub fn prepare(args: &McpArgs, addr: &str) -> Result<Setup, String> {
+        let root = Uid::effective().is_root();
+        let user = match (&args.user, root) {
+            (None, true) => return Err("it parses HTTP from the network and does not run as root: give --user NAME (it binds ADDR and reads its files as root, then serves as NAME), or start it as that user".into()),
+            (Some(name), _) => Some(lookup_user(name)?),
+            (None, false) => None,
+        };
+        let wanted = resolve(addr)?;
+        let auth = AuthFlags {
+            tokens: args.tokens.is_some(),
+            oauth: args.oauth.is_some(),
+            none: args.no_auth,
+        };
+        let tls = args.tls_cert.is_some();
+        if let Some(p) = listen_problem(
+            wanted,
+            auth,
+            tls,
+            args.behind_proxy,
+            args.public_url.is_some(),
+        ) {
+            return Err(p);
+        }
+        crate::mcp_server::check_policy(&args.policy)?;
+        let listener =
+            TcpListener::bind(wanted).map_err(|e| format!("cannot listen on {wanted}: {e}"))?;
+        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let scheme = if tls { "https" } else { "http" };
+        let public_url = PublicUrl::parse(&match &args.public_url {
+            Some(u) => u.clone(),
+            None => format!("{scheme}://{addr}/mcp"),
+        })?;
+        let tls = match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),
+            _ => None,
+        };
+        let gate = Arc::new(gate(args, &public_url)?);
+        if let Some(user) = user {
+            become_user(&user)?;
+        }
+        let socket = pycell_protocol::client::daemon_socket(args.socket.as_deref()).ok_or(
+            "no pycelld socket: it sends runs to pycelld only (install the pycell package, or give --socket)",
+        )?;
+        if !gate.open {
+            check_front_end(&socket)?;
+        }
+        let mut allowed_hosts = vec![public_url.host().to_string(), public_url.authority.clone()];
+        if addr.ip().is_loopback() {
+            allowed_hosts.extend(["localhost", "127.0.0.1", "::1"].map(String::from));
+        }
+        Ok(Setup {
+            listener,
+            tls,
+            gate,
+            public_url,
+            allowed_hosts,
+            socket,
+            addr,
+        })
+    }
+
+    /// The line it says when it serves (tests read the address from it).
+    pub fn banner(&self) -> String {
+        let g = &self.gate;
+        let mut how = Vec::new();
+        if let Some(t) = &g.tokens {
+            how.push(format!("{} bearer tokens", t.len()));
+        }
+        if let Some(o) = &g.oauth {
+            how.push(format!(
+                "OAuth access tokens of {} for {}",
+                o.issuer, o.audience
+            ));
+        }
+        if g.open {
+            how.push("no authentication".into());
+        }
+        format!(
+            "pycell mcp: serving MCP at {} (listening on {}{}; {}); runs go to pycelld at {}",
+            self.public_url.url,
+            self.addr,
+            if self.tls.is_some() { ", TLS" } else { "" },
+            how.join(" and "),
+            self.socket.display()
+        )
+    }
+}
+
+fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    let mut found = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("--http {addr:?}: not HOST:PORT ({e})"))?;
+    found
+        .next()
+        .ok_or_else(|| format!("--http {addr:?}: the name has no address"))
+}
+
+fn gate(args: &McpArgs, public_url: &PublicUrl) -> Result<Gate, String> {
+    let tokens = args.tokens.as_deref().map(TokenTable::load).transpose()?;
+    let oauth = args
+        .oauth
+        .as_deref()
+        .map(|p| OAuth::load(p, &public_url.url))
+        .transpose()?;
+    Ok(Gate {
+        open: args.no_auth,
+        tokens,
+        oauth,
+        metadata_url: format!("{}{METADATA_PREFIX}{}", public_url.origin, public_url.path),
+    })
+}
+
+fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!(
+            "--tls-cert {}: no certificate in it",
+            cert.display()
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let mut config = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
+        .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+fn lookup_user(name: &str) -> Result<User, String> {
+    let found = match name.parse::<u32>() {
+        Ok(uid) => User::from_uid(Uid::from_raw(uid)),
+        Err(_) => User::from_name(name),
+    };
+    let user = match found {
+        Ok(Some(u)) => u,
+        Ok(None) => match name.parse::<u32>() {
+            // A bare uid with no passwd entry (a container's): its own group.
+            Ok(uid) => numeric_user(uid),
+            Err(_) => return Err(format!("--user {name}: no such user")),
+        },
+        Err(e) => return Err(format!("--user {name}: {e}")),
+    };
+    if user.uid.is_root() {
+        return Err(format!(
+            "--user {name}: that is root; name an unprivileged user"
+        ));
+    }
+    Ok(user)
+}
+
+fn numeric_user(uid: u32) -> User {
+    User {
+        name: uid.to_string(),
+        passwd: Default::default(),
+        uid: Uid::from_raw(uid),
+        gid: Gid::from_raw(uid),
+        gecos: Default::default(),
+        dir: PathBuf::from("/"),
+        shell: PathBuf::from("/bin/false"),
+    }
+}
+
+/// Become `user` for good: no supplementary groups, all three gids and
+/// uids its own (so root cannot be taken back).
+fn become_user(user: &User) -> Result<(), String> {
+    if !Uid::effective().is_root() {
+        return match Uid::effective() == user.uid {
+            true => Ok(()),
+            false => Err(format!(
+                "--user {}: only root can become another user",
+                user.name
+            )),
+        };
+    }
+    let failed = |what: &str, e: nix::Error| format!("--user {}: {what}: {e}", user.name);
+    nix::unistd::setgroups(&[]).map_err(|e| failed("setgroups", e))?;
+    nix::unistd::setresgid(user.gid, user.gid, user.gid).map_err(|e| failed("setresgid", e))?;
+    nix::unistd::setresuid(user.uid, user.uid, user.uid).map_err(|e| failed("setresuid", e))?;
+    match nix::unistd::setuid(Uid::from_raw(0)) {
+        Err(_) => Ok(()),
+        Ok(()) => Err(format!(
+            "--user {}: root could be taken back; refusing to serve",
+            user.name
+        )),
+    }
+}
+
+/// pycelld takes identities from this uid (its `front_end_uids`), or
+/// serving would fail on every call: say so now.
+fn check_front_end(socket: &Path) -> Result<(), String> {
+    use pycell_protocol::client::{ClientError, DaemonClient};
+    match DaemonClient::connect_as(socket, Some("pycell-front-end-check")) {
+        Ok(_) => Ok(()),
+        Err(ClientError::Refused { message, .. }) => Err(format!(
+            "pycelld at {} refuses this front end: {message}",
+            socket.display()
+        )),
+        Err(e) => Err(format!(
+            "{e}: is pycelld running? (a front end sends every run to it)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKENS: AuthFlags = AuthFlags {
+        tokens: true,
+        oauth: false,
+        none: false,
+    };
+    const NONE: AuthFlags = AuthFlags {
+        tokens: false,
+        oauth: false,
+        none: true,
+    };
+
+    #[test]
+    fn a_public_listener_needs_authentication_tls_and_a_url() {
+        let lo: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let any: SocketAddr = "0.0.0.0:8443".parse().unwrap();
+        assert_eq!(listen_problem(lo, NONE, false, false, false), None);
+        assert_eq!(listen_problem(lo, TOKENS, false, false, false), None);
+        let neither = AuthFlags {
+            tokens: false,
+            ..TOKENS
+        };
+        assert!(listen_problem(lo, neither, false, false, false)
+            .unwrap()
+            .contains("say how callers authenticate"));
+        assert!(listen_problem(any, NONE, true, false, true)
+            .unwrap()
+            .contains("only a loopback address"));
+        assert!(listen_problem(any, TOKENS, false, false, true)
+            .unwrap()
+            .contains("in clear"));
+        assert!(listen_problem(any, TOKENS, true, false, false)
+            .unwrap()
+            .contains("--public-url"));
+        assert_eq!(listen_problem(any, TOKENS, true, false, true), None);
+        assert_eq!(listen_problem(any, TOKENS, false, true, true), None);
+        let v6: SocketAddr = "[::1]:80".parse().unwrap();
+        assert_eq!(listen_problem(v6, NONE, false, false, false), None);
+    }
+
+    #[test]
+    fn the_public_url_gives_origin_host_and_path() {
+        let u = PublicUrl::parse("https://pycell.example.net/agents/mcp").unwrap();
+        assert_eq!(u.origin, "https://pycell.example.net");
+        assert_eq!(u.path, "/agents/mcp");
+        assert_eq!(u.host(), "pycell.example.net");
+        let u = PublicUrl::parse("http://127.0.0.1:8080").unwrap();
+        assert_eq!(u.url, "http://127.0.0.1:8080/mcp");
+        assert_eq!(u.host(), "127.0.0.1");
+        assert_eq!(u.authority, "127.0.0.1:8080");
+        let u = PublicUrl::parse("http://[::1]:9/mcp").unwrap();
+        assert_eq!(u.host(), "[::1]");
+        assert!(PublicUrl::parse("ftp://x.example.net/").is_err());
+        assert!(PublicUrl::parse("https://a@x.example.net/").is_err());
+        assert!(PublicUrl::parse("https://x.example.net/healthz").is_err());
+        assert!(PublicUrl::parse("/mcp").is_err());
+    }
+}
