@@ -114,9 +114,16 @@ impl OAuth {
     /// the client in `WWW-Authenticate`: nothing secret in it).
     pub fn verify(&self, token: &str) -> Result<Caller, String> {
         let header = jsonwebtoken::decode_header(token).map_err(|e| why(e.kind()))?;
+        if !self.validation.algorithms.contains(&header.alg) {
+            return Err(why(&ErrorKind::InvalidAlgorithm));
+        }
         let key = self.key(header.kid.as_deref())?;
-        let data = jsonwebtoken::decode::<Claims>(token, &key, &self.validation)
-            .map_err(|e| why(e.kind()))?;
+        // One algorithm at a time: the library wants each it is given to
+        // be of the key's family.
+        let mut validation = self.validation.clone();
+        validation.algorithms = vec![header.alg];
+        let data =
+            jsonwebtoken::decode::<Claims>(token, &key, &validation).map_err(|e| why(e.kind()))?;
         let claims = data.claims;
         let identity = format!("oauth:{}", claims.sub);
         if pycell_protocol::bounds::check_identity(&identity).is_err() {

@@ -1,0 +1,459 @@
+//! `pycell mcp --http`: the MCP tools over streamable HTTP for remote
+//! agents, driven by the official MCP Python SDK's HTTP client
+//! (tests/mcp/sdk_http.py) against a real pycelld started here. The front
+//! end starts as root and becomes an unused uid (FRONT_UID), which the
+//! daemon lists in `front_end_uids`; callers authenticate with tokens made
+//! by `pycell mcp-token` and with JWTs of a test issuer whose keys the
+//! script makes.
+//!
+//! Needs root and the tools venv's python (PYCELL_TEST_TOOLS_PYTHON).
+
+#![forbid(unsafe_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use pycell_tests::daemon::Daemon;
+use pycell_tests::sdk::{sdk_report_with, tools_python};
+use pycell_tests::{pycell_bin, repo_root, require_root};
+use serde_json::Value;
+
+/// The front end's uid: no user has it.
+const FRONT_UID: u32 = 64_981;
+const ISSUER: &str = "https://issuer.example.net";
+const GUARD: Duration = Duration::from_secs(240);
+
+fn daemon_for_front_ends() -> Daemon {
+    Daemon::start(&format!(
+        "socket_mode = \"0666\"\nallowed_uids = [{FRONT_UID}]\nfront_end_uids = [{FRONT_UID}]\n"
+    ))
+}
+
+/// A running `pycell mcp --http`, killed on drop.
+struct Front {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `pycell mcp --http 127.0.0.1:0 ARGS` as root becoming FRONT_UID;
+/// its URL from the line it says when it serves.
+fn start_front(socket: &Path, args: &[&str]) -> Front {
+    let mut child = Command::new(pycell_bin())
+        .args([
+            "mcp",
+            "--http",
+            "127.0.0.1:0",
+            "--user",
+            &FRONT_UID.to_string(),
+        ])
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("pycell mcp --http starts");
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let url = line
+        .split("serving MCP at ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or_else(|| panic!("no serving line from pycell mcp --http: {line:?}"))
+        .to_string();
+    // The rest of its stderr must not fill the pipe.
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    Front { child, url }
+}
+
+/// `pycell mcp-token NAME [--scope S]...`: (token, [[token]] entry).
+fn make_token(name: &str, scopes: &[&str]) -> (String, String) {
+    let mut cmd = Command::new(pycell_bin());
+    cmd.args(["mcp-token", name]);
+    for s in scopes {
+        cmd.args(["--scope", s]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8(out.stderr).unwrap();
+    let token = err.lines().last().unwrap().trim().to_string();
+    (token, String::from_utf8(out.stdout).unwrap())
+}
+
+/// Tokens for alice, bob (run), viewer (tools only) and limited (one run
+/// at once, three a minute), their file, and the keys and oauth file.
+fn credentials(dir: &Path) -> serde_json::Map<String, Value> {
+    let mut file = String::new();
+    let mut tokens = serde_json::Map::new();
+    for (name, scopes) in [
+        ("alice", vec![]),
+        ("bob", vec![]),
+        ("viewer", vec!["pycell:tools"]),
+        ("limited", vec![]),
+    ] {
+        let (token, entry) = make_token(name, &scopes);
+        file.push_str(&entry);
+        if name == "limited" {
+            file.push_str("max_concurrent_runs = 1\nruns_per_minute = 3\n");
+        }
+        tokens.insert(name.into(), Value::String(token));
+    }
+    std::fs::write(dir.join("tokens.toml"), file).unwrap();
+    let keys = Command::new(tools_python())
+        .arg(repo_root().join("tests/mcp/sdk_http.py"))
+        .arg("keys")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(keys.status.success(), "{keys:?}");
+    std::fs::write(
+        dir.join("oauth.toml"),
+        format!(
+            "issuer = \"{ISSUER}\"\njwks = \"{}\"\n",
+            dir.join("jwks.json").display()
+        ),
+    )
+    .unwrap();
+    tokens
+}
+
+fn get<'a>(v: &'a Value, pointer: &str) -> &'a Value {
+    v.pointer(pointer).unwrap_or(&Value::Null)
+}
+
+fn text(v: &Value, pointer: &str) -> String {
+    get(v, pointer).as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn remote_callers_are_authenticated_limited_and_kept_apart() {
+    require_root();
+    let daemon = daemon_for_front_ends();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = credentials(dir.path());
+    let front = start_front(
+        &daemon.socket(),
+        &[
+            "--tokens",
+            dir.path().join("tokens.toml").to_str().unwrap(),
+            "--oauth",
+            dir.path().join("oauth.toml").to_str().unwrap(),
+        ],
+    );
+    let keys = dir.path().to_str().unwrap();
+    let tokens = Value::Object(tokens).to_string();
+    let r = sdk_report_with(
+        "sdk_http.py",
+        &[
+            "check", "--url", &front.url, "--keys", keys, "--issuer", ISSUER, "--tokens", &tokens,
+        ],
+        GUARD,
+    );
+    let show = || serde_json::to_string_pretty(&r).unwrap();
+    let meta = format!(
+        "resource_metadata=\"{}",
+        front
+            .url
+            .replace("/mcp", "/.well-known/oauth-protected-resource/mcp")
+    );
+
+    // Refusals: 401 with the challenge RFC 6750 and RFC 9728 describe.
+    assert_eq!(get(&r, "/no_token/status"), 401, "{}", show());
+    let challenge = text(&r, "/no_token/www_authenticate");
+    assert!(
+        challenge.starts_with("Bearer ")
+            && challenge.contains(&meta)
+            && !challenge.contains("error="),
+        "{challenge}"
+    );
+    for (step, why) in [
+        ("wrong_token", "not valid here"),
+        ("jwt_expired", "expired"),
+        ("jwt_wrong_audience", "another audience"),
+        ("jwt_wrong_issuer", "another issuer"),
+        ("jwt_wrong_key", "signature does not verify"),
+    ] {
+        assert_eq!(
+            get(&r, &format!("/{step}/status")),
+            401,
+            "{step}: {}",
+            show()
+        );
+        let c = text(&r, &format!("/{step}/www_authenticate"));
+        assert!(
+            c.contains("error=\"invalid_token\"") && c.contains(why) && c.contains(&meta),
+            "{step}: {c}"
+        );
+    }
+    assert_eq!(get(&r, "/metadata/status"), 200, "{}", show());
+    assert_eq!(
+        get(&r, "/metadata/json/resource").as_str(),
+        Some(front.url.as_str())
+    );
+    assert_eq!(
+        get(&r, "/metadata/json/authorization_servers/0").as_str(),
+        Some(ISSUER)
+    );
+    assert_eq!(get(&r, "/metadata/healthz"), 200);
+
+    // A token's caller runs code and owns a session (handshake era).
+    assert_eq!(get(&r, "/alice/run/is_error"), false, "{}", show());
+    assert!(text(&r, "/alice/run/text").contains("42"), "{}", show());
+    let handle = text(&r, "/alice/handle");
+    assert!(handle.starts_with("s-"), "{}", show());
+    assert!(text(&r, "/alice/list/text").contains(&handle), "{}", show());
+    // Both eras: alice and bob by the initialize handshake, carol by the
+    // 2026-07-28 per-request envelope (no protocol session either way).
+    assert_eq!(
+        text(&r, "/alice/protocol_version"),
+        "2025-11-25",
+        "{}",
+        show()
+    );
+    assert_eq!(
+        text(&r, "/bob/protocol_version"),
+        "2025-11-25",
+        "{}",
+        show()
+    );
+    assert_eq!(
+        text(&r, "/carol/protocol_version"),
+        "2026-07-28",
+        "{}",
+        show()
+    );
+    // Another token's caller, and an OAuth caller (2026-07-28), cannot
+    // use it, nor see it; they run their own code.
+    for who in ["bob", "carol"] {
+        for op in ["cell", "read", "end"] {
+            assert_eq!(
+                get(&r, &format!("/{who}/{op}/is_error")),
+                true,
+                "{who} {op}: {}",
+                show()
+            );
+            assert!(
+                text(&r, &format!("/{who}/{op}/text")).contains("there is no session"),
+                "{who} {op}: {}",
+                show()
+            );
+        }
+        assert!(
+            !text(&r, &format!("/{who}/list/text")).contains(&handle),
+            "{who}: {}",
+            show()
+        );
+        assert!(
+            text(&r, &format!("/{who}/own_run/text")).contains("mine"),
+            "{who}: {}",
+            show()
+        );
+    }
+    // ... while its owner's state is intact, on a new connection.
+    assert!(
+        text(&r, "/alice_again/value/text").contains("42"),
+        "{}",
+        show()
+    );
+    assert_eq!(get(&r, "/alice_again/end/is_error"), false, "{}", show());
+
+    // Without the run scope: 403 insufficient_scope; sandbox_info works.
+    assert_eq!(get(&r, "/viewer/run_raw/status"), 403, "{}", show());
+    let c = text(&r, "/viewer/run_raw/www_authenticate");
+    assert!(
+        c.contains("error=\"insufficient_scope\"") && c.contains("scope=\"pycell:run\""),
+        "{c}"
+    );
+    assert_eq!(get(&r, "/viewer/info/is_error"), false, "{}", show());
+    assert!(get(&r, "/viewer/run/exception").is_string(), "{}", show());
+
+    // One run at once, three a minute, for `limited`.
+    let concurrent = get(&r, "/limited/concurrent")
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let refused: Vec<_> = concurrent
+        .iter()
+        .filter(|c| c["is_error"] == true)
+        .collect();
+    assert_eq!(refused.len(), 1, "{}", show());
+    assert!(
+        refused[0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("max_concurrent_runs = 1"),
+        "{}",
+        show()
+    );
+    let sequential = get(&r, "/limited/sequential")
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        sequential.iter().any(|c| c["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("runs_per_minute = 3")),
+        "{}",
+        show()
+    );
+
+    // pycelld ran them as the identities, and says so.
+    let audit = daemon.audit();
+    for identity in [
+        "\"identity\":\"alice\"",
+        "\"identity\":\"bob\"",
+        "\"identity\":\"oauth:carol\"",
+    ] {
+        assert!(
+            audit.contains(identity),
+            "{identity} not in the audit log:\n{audit}"
+        );
+    }
+}
+
+#[test]
+fn https_by_rustls_and_nothing_in_clear() {
+    require_root();
+    let daemon = daemon_for_front_ends();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = credentials(dir.path());
+    let p = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
+    let front = start_front(
+        &daemon.socket(),
+        &[
+            "--tokens",
+            &p("tokens.toml"),
+            "--tls-cert",
+            &p("tls-cert.pem"),
+            "--tls-key",
+            &p("tls-key.pem"),
+        ],
+    );
+    assert!(front.url.starts_with("https://127.0.0.1:"), "{}", front.url);
+    let token = tokens["alice"].as_str().unwrap();
+    let r = sdk_report_with(
+        "sdk_http.py",
+        &[
+            "tls",
+            "--url",
+            &front.url,
+            "--keys",
+            &p(""),
+            "--token",
+            token,
+        ],
+        GUARD,
+    );
+    let show = || serde_json::to_string_pretty(&r).unwrap();
+    assert_eq!(get(&r, "/tls_run/is_error"), false, "{}", show());
+    assert!(text(&r, "/tls_run/text").contains("over tls"), "{}", show());
+    assert_eq!(get(&r, "/tls_unverified/refused"), true, "{}", show());
+    assert!(get(&r, "/tls_plain/exception").is_string(), "{}", show());
+}
+
+/// `pycell mcp --http ARGS` that must refuse to start: its exit status and stderr.
+fn refused(args: &[&str]) -> String {
+    let out = Command::new(pycell_bin())
+        .args(["mcp", "--http"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    err
+}
+
+#[test]
+fn what_cannot_be_served_safely_is_refused_at_start() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let (_, entry) = make_token("alice", &[]);
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(&tokens, &entry).unwrap();
+    let tokens = tokens.to_str().unwrap();
+    let user = FRONT_UID.to_string();
+    let e = refused(&["127.0.0.1:0", "--tokens", tokens]);
+    assert!(e.contains("does not run as root: give --user"), "{e}");
+    let e = refused(&["0.0.0.0:0", "--no-auth", "--user", &user]);
+    assert!(e.contains("only a loopback address"), "{e}");
+    let e = refused(&["127.0.0.1:0", "--user", &user]);
+    assert!(e.contains("say how callers authenticate"), "{e}");
+    let e = refused(&[
+        "0.0.0.0:0",
+        "--tokens",
+        tokens,
+        "--user",
+        &user,
+        "--public-url",
+        "https://pycell.example.net/mcp",
+    ]);
+    assert!(e.contains("in clear"), "{e}");
+    let e = refused(&[
+        "0.0.0.0:0",
+        "--tokens",
+        tokens,
+        "--user",
+        &user,
+        "--behind-proxy",
+    ]);
+    assert!(e.contains("--public-url"), "{e}");
+    let e = refused(&["127.0.0.1:0", "--tokens", tokens, "--user", "0"]);
+    assert!(e.contains("that is root"), "{e}");
+    std::fs::write(
+        dir.path().join("bad.toml"),
+        "[[token]]\nname = \"x\"\nsha256 = \"zz\"\n",
+    )
+    .unwrap();
+    let bad = dir.path().join("bad.toml");
+    let e = refused(&[
+        "127.0.0.1:0",
+        "--tokens",
+        bad.to_str().unwrap(),
+        "--user",
+        &user,
+    ]);
+    assert!(e.contains("bad.toml: token 1 (\"x\"): sha256"), "{e}");
+    // A pycelld that does not list the uid in front_end_uids.
+    let daemon = Daemon::start(&format!(
+        "socket_mode = \"0666\"\nallowed_uids = [{FRONT_UID}]\n"
+    ));
+    let socket = daemon.socket();
+    let e = refused(&[
+        "127.0.0.1:0",
+        "--tokens",
+        tokens,
+        "--user",
+        &user,
+        "--socket",
+        socket.to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("refuses this front end") && e.contains("front_end_uids"),
+        "{e}"
+    );
+}
+
+#[test]
+fn only_a_trusted_front_end_may_name_an_identity() {
+    require_root();
+    let daemon = daemon_for_front_ends();
+    // Root is no front end (a front end never runs as root).
+    let e = pycell_protocol::client::DaemonClient::connect_as(&daemon.socket(), Some("alice"))
+        .expect_err("root may not speak for an identity");
+    assert!(e.to_string().contains("only trusted front ends may"), "{e}");
+    // Without an identity, the same connection is fine.
+    assert!(pycell_protocol::client::DaemonClient::connect(&daemon.socket()).is_ok());
+}
