@@ -36,7 +36,7 @@ class Raw:
     def __init__(self, path):
         self.s = sk.socket(sk.AF_UNIX)
         self.s.connect(path)
-        self.send({"type": "hello", "version": 5, "client": "bench/sessions.py"})
+        self.send({"type": "hello", "version": 6, "client": "bench/sessions.py"})
         self.recv()
 
     def send(self, m):

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::framing::{self, FrameError};
-use crate::info::DaemonInfo;
+use crate::info::{DaemonInfo, DaemonStatus};
 use crate::messages::{
     decode_b64, ClientMessage, ErrorCode, RunRequest, ServerMessage, Stream, PROTOCOL_VERSION,
 };
@@ -439,6 +439,15 @@ impl DaemonClient {
         framing::write_sync(&mut self.stream, &ClientMessage::Info)?;
         match self.next_reply()? {
             ServerMessage::Info { info } => Ok(*info),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The daemon's load and limits (`status`).
+    pub fn status(&mut self) -> Result<DaemonStatus, ClientError> {
+        framing::write_sync(&mut self.stream, &ClientMessage::Status)?;
+        match self.next_reply()? {
+            ServerMessage::Status { status } => Ok(*status),
             other => Err(unexpected(other)),
         }
     }

@@ -10,7 +10,7 @@ use pycell_wire::codes::FailureCode;
 pub use pycell_wire::events::Stream;
 
 /// Bumped on any incompatible change; the handshake refuses a mismatch.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 /// Largest code (and largest stdin) a request may carry.
 pub const MAX_CODE_BYTES: usize = 16 << 20;
 
@@ -270,6 +270,9 @@ pub enum ClientMessage {
         id: String,
     },
     Info,
+    /// The daemon's load and limits only (what a router polls): `status`
+    /// answers; cheaper than `info`, which measures the host.
+    Status,
     /// Start a session; `session_started` answers.
     SessionStart {
         id: String,
@@ -345,6 +348,9 @@ pub enum ServerMessage {
     },
     Info {
         info: Box<crate::info::DaemonInfo>,
+    },
+    Status {
+        status: Box<crate::info::DaemonStatus>,
     },
     SessionStarted {
         id: String,

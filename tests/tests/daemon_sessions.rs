@@ -77,7 +77,7 @@ def send(m):
 def recv():
     n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
     return json.loads(s.recv(n, socket.MSG_WAITALL))
-send({"type": "hello", "version": 5, "client": "a raw client"})
+send({"type": "hello", "version": 6, "client": "a raw client"})
 recv()
 send({"type": "session", "id": "1", "session": sys.argv[2], "call": {"op": "cell", "code": sys.argv[3]}})
 print(json.dumps(recv()))

@@ -278,6 +278,12 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: UnixStream) {
                 };
                 conn.out.send(info).await
             }
+            ClientMessage::Status => {
+                let status = ServerMessage::Status {
+                    status: Box::new(broker.status()),
+                };
+                conn.out.send(status).await
+            }
             ClientMessage::Cancel { id } | ClientMessage::Interrupt { id } => {
                 let e = error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN);
                 conn.out.send(e).await

@@ -266,29 +266,34 @@ impl Broker {
     /// What `info` answers: the host as measured now, and our own state.
     fn info(&self) -> DaemonInfo {
         let c = &self.config;
-        let (running, queued, memory) = self.admission.status();
         DaemonInfo {
             host: pycell_launch::host_info::host_info(
                 "daemon".into(),
                 &c.policy_dir,
                 pycell_launch::layers::layers(),
             ),
-            daemon: DaemonStatus {
-                socket: c.socket.clone(),
-                max_concurrent_runs: c.max_concurrent_runs,
-                max_runs_per_uid: c.max_runs_per_uid,
-                active_runs: running,
-                queued_runs: queued,
-                max_queued_runs: c.max_queued_runs,
-                queue_wait_s: c.queue_wait.as_secs_f64(),
-                memory_budget_bytes: c.memory_budget,
-                memory_admitted_bytes: memory,
-                max_connections: c.max_connections,
-                max_connections_per_uid: c.max_connections_per_uid,
-                connections: self.connections.count(),
-                uid_range: format!("{}-{}", c.uid_range.start(), c.uid_range.end()),
-                warm_pools: self.link.warm_pools(),
-            },
+            daemon: self.status(),
+        }
+    }
+
+    fn status(&self) -> DaemonStatus {
+        let c = &self.config;
+        let (running, queued, memory) = self.admission.status();
+        DaemonStatus {
+            socket: c.socket.clone(),
+            max_concurrent_runs: c.max_concurrent_runs,
+            max_runs_per_uid: c.max_runs_per_uid,
+            active_runs: running,
+            queued_runs: queued,
+            max_queued_runs: c.max_queued_runs,
+            queue_wait_s: c.queue_wait.as_secs_f64(),
+            memory_budget_bytes: c.memory_budget,
+            memory_admitted_bytes: memory,
+            max_connections: c.max_connections,
+            max_connections_per_uid: c.max_connections_per_uid,
+            connections: self.connections.count(),
+            uid_range: format!("{}-{}", c.uid_range.start(), c.uid_range.end()),
+            warm_pools: self.link.warm_pools(),
         }
     }
 }
