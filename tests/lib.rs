@@ -22,6 +22,8 @@ use serde_json::Value;
 
 #[path = "daemon_harness.rs"]
 pub mod daemon;
+#[path = "http_harness.rs"]
+pub mod http;
 #[path = "sdk.rs"]
 pub mod sdk;
 

@@ -64,6 +64,11 @@ pub enum Command {
     /// and the [[token]] entry for FILE (on stdout, its SHA-256 only), as
     /// in `pycell mcp-token ci-bot >> /etc/pycell/mcp-tokens.toml`.
     McpToken(McpTokenArgs),
+    /// A cluster node's door for `pycell mcp --http` front ends on other
+    /// hosts: mutual TLS (certificates of the cluster's CA) carried to this
+    /// node's pycelld, which must list this process's uid in
+    /// `front_end_uids`. See docs/cluster.md.
+    Gateway(GatewayArgs),
     /// Sessions: a sandbox whose Python stays alive between commands, like
     /// a Jupyter kernel (variables, imports and /workspace files persist).
     ///
@@ -362,6 +367,31 @@ pub struct ReplArgs {
     pub embedded: bool,
 }
 
+/// `pycell gateway`.
+#[derive(Debug, Args, Clone)]
+pub struct GatewayArgs {
+    /// Address to listen on (HOST:PORT).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: String,
+    /// This node's pycelld socket (default: $PYCELL_SOCKET, else
+    /// /run/pycell/pycell.sock).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// The gateway's certificate (PEM), for the name `pycell-gateway`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: PathBuf,
+    /// Its private key (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: PathBuf,
+    /// The CA whose certificates front ends present (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub client_ca: PathBuf,
+    /// Started as root: the user to serve as once the address is bound and
+    /// the key read (the uid pycelld lists in front_end_uids).
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
+}
+
 /// `pycell mcp-token`.
 #[derive(Debug, Args, Clone)]
 pub struct McpTokenArgs {
@@ -487,6 +517,21 @@ pub struct McpArgs {
     #[arg(long, value_name = "USER", requires = "http")]
     pub user: Option<String>,
     /// pycelld's socket (default: $PYCELL_SOCKET, else /run/pycell/pycell.sock).
-    #[arg(long, value_name = "PATH", requires = "http")]
+    #[arg(long, value_name = "PATH", requires = "http", conflicts_with = "nodes")]
     pub socket: Option<PathBuf>,
+    /// A cluster node, instead of one pycelld: NAME=unix:PATH (a socket on
+    /// this host) or NAME=HOST:PORT (its `pycell gateway`, mutual TLS);
+    /// repeat for each node. Runs go to the least-loaded node, sessions stay
+    /// on theirs (the handle names it).
+    #[arg(long = "node", value_name = "NAME=ADDR", requires = "http")]
+    pub nodes: Vec<String>,
+    /// This front end's certificate for gateways (PEM, of the cluster CA).
+    #[arg(long, value_name = "FILE", requires_all = ["node_tls_key", "node_ca"])]
+    pub node_tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "node_tls_cert")]
+    pub node_tls_key: Option<PathBuf>,
+    /// The CA that signs the gateways' certificates (PEM).
+    #[arg(long, value_name = "FILE", requires = "node_tls_cert")]
+    pub node_ca: Option<PathBuf>,
 }

@@ -12,6 +12,7 @@
 
 mod batch;
 mod cli;
+mod cluster;
 mod embedded;
 mod env_cmd;
 mod info;
@@ -19,6 +20,7 @@ mod jailed_server;
 mod mcp_http;
 mod mcp_server;
 mod policy_cmd;
+mod privileges;
 mod repl;
 mod run;
 mod say;
@@ -38,6 +40,7 @@ fn main() {
             None => mcp_server::main(&args),
         },
         cli::Command::McpToken(args) => mcp_http::token_cmd::main(&args),
+        cli::Command::Gateway(args) => cluster::gateway::main(&args),
         cli::Command::McpServer(args) => jailed_server::main(&args),
         cli::Command::Session(args) => session_cmd::main(&args),
         cli::Command::Repl(args) => repl::main(&args),

@@ -167,10 +167,16 @@ impl DaemonClient {
         // without reading: its reason may already be waiting even though
         // our hello could not be written.
         let reply = framing::read_sync::<ServerMessage>(&mut c.stream);
+        // No handshake: nothing was asked of this daemon (a router may
+        // try another), as when the socket cannot be connected at all.
+        let unreachable = |e: FrameError| ClientError::Connect {
+            path: path.to_path_buf(),
+            source: io::Error::other(format!("the handshake broke off: {e}")),
+        };
         let reply = match (hello, reply) {
             (_, Ok(r)) => r,
-            (Err(e), Err(_)) => return Err(e.into()),
-            (Ok(()), Err(e)) => return Err(e.into()),
+            (Err(e), Err(_)) => return Err(unreachable(e)),
+            (Ok(()), Err(e)) => return Err(unreachable(e)),
         };
         match reply {
             ServerMessage::Welcome { .. } => Ok(c),

@@ -81,6 +81,60 @@ def make_keys(d):
     )
     with open(os.path.join(d, "tls-cert.pem"), "wb") as f:
         f.write(cert.public_bytes(serialization.Encoding.PEM))
+    make_cluster_ca(d)
+
+
+def make_cluster_ca(d):
+    """A cluster CA (DIR/ca.pem), the gateways' certificate for the name
+    pycell-gateway (DIR/gateway-cert.pem, -key.pem) and the front end's
+    (DIR/front-cert.pem, -key.pem), both signed by it; and a stranger's
+    certificate signed by another CA (DIR/stranger-cert.pem, -key.pem)."""
+    import datetime
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def name(cn):
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def ca(stem):
+        key = write_key(os.path.join(d, f"{stem}-key.pem"))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name(stem))
+            .issuer_name(name(stem))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256())
+        )
+        with open(os.path.join(d, f"{stem}.pem"), "wb") as f:
+            f.write(cert.public_bytes(serialization.Encoding.PEM))
+        return key, cert
+
+    def leaf(stem, cn, by, server):
+        key = write_key(os.path.join(d, f"{stem}-key.pem"))
+        usage = x509.oid.ExtendedKeyUsageOID.SERVER_AUTH if server else x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(name(cn))
+            .issuer_name(by[1].subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        )
+        if server:
+            b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName(cn)]), critical=False)
+        with open(os.path.join(d, f"{stem}-cert.pem"), "wb") as f:
+            f.write(b.sign(by[0], hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+
+    cluster = ca("ca")
+    leaf("gateway", "pycell-gateway", cluster, True)
+    leaf("front", "pycell-front-end", cluster, False)
+    leaf("stranger", "pycell-front-end", ca("other-ca"), False)
 
 
 def mint(keys, key="issuer.pem", **claims):
@@ -235,6 +289,50 @@ async def check(args):
     await step("limited", lambda: limit_steps(url, tokens["limited"]), timeout=90)
 
 
+async def cluster_phase(args):
+    """One phase of tests/tests/cluster.rs: `spread` (runs, then a session
+    per node with state), `after_kill` and `after_restart` (the sessions of
+    --handles, and new runs), `slow` (a run cut off by the test)."""
+    handles = json.loads(args.handles or "[]")
+    url, token = args.url, args.token
+
+    async def runs(n):
+        async with client(url, token, "legacy") as c:
+            return [await call(c, "run_python", {"code": "print('ran')"}) for _ in range(n)]
+
+    async def sessions():
+        out = []
+        async with client(url, token, "auto") as c:
+            for _ in range(3):
+                s = await call(c, "session_start", {})
+                h = (s.get("structured") or {}).get("session")
+                out.append({"handle": h, "start": s, "assign": await call(c, "run_python", {"session": h, "code": "x = 41"})})
+        return out
+
+    async def cells():
+        async with client(url, token, "auto") as c:
+            return {h: await call(c, "run_python", {"session": h, "code": "x + 1"}) for h in handles}
+
+    async def listed():
+        async with client(url, token, "legacy") as c:
+            return await call(c, "session_list", {})
+
+    if args.phase == "spread":
+        await step("runs", lambda: runs(6), timeout=90)
+        await step("sessions", sessions, timeout=90)
+        await step("info", lambda: listed(), timeout=30)
+    elif args.phase in ("after_kill", "after_restart"):
+        await step("cells", cells, timeout=90)
+        await step("runs", lambda: runs(4), timeout=90)
+        await step("list", listed, timeout=30)
+    elif args.phase == "slow":
+        async def slow():
+            async with client(url, token, "legacy") as c:
+                return await call(c, "run_python", {"code": "import time\nprint('started', flush=True)\ntime.sleep(60)"})
+
+        await step("slow", slow, timeout=90)
+
+
 async def tls(args):
     async def run():
         cert = os.path.join(args.keys, "tls-cert.pem")
@@ -258,7 +356,9 @@ async def tls(args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["keys", "check", "tls"])
+    p.add_argument("what", choices=["keys", "check", "tls", "cluster"])
+    p.add_argument("--phase")
+    p.add_argument("--handles")
     p.add_argument("dir", nargs="?")
     p.add_argument("--url")
     p.add_argument("--keys")
@@ -270,7 +370,7 @@ def main():
     if args.what == "keys":
         make_keys(args.dir)
         return
-    anyio.run(check if args.what == "check" else tls, args)
+    anyio.run({"check": check, "tls": tls, "cluster": cluster_phase}[args.what], args)
     print(json.dumps(REPORT, default=str))
 
 

@@ -10,19 +10,15 @@
 
 #![forbid(unsafe_code)]
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use pycell_tests::daemon::Daemon;
-use pycell_tests::sdk::{sdk_report_with, tools_python};
-use pycell_tests::{pycell_bin, repo_root, require_root};
+use pycell_tests::http::{credentials, get, make_token, start_front, text, FRONT_UID, ISSUER};
+use pycell_tests::sdk::sdk_report_with;
+use pycell_tests::{pycell_bin, require_root};
 use serde_json::Value;
 
-/// The front end's uid: no user has it.
-const FRONT_UID: u32 = 64_981;
-const ISSUER: &str = "https://issuer.example.net";
 const GUARD: Duration = Duration::from_secs(240);
 
 fn daemon_for_front_ends() -> Daemon {
@@ -31,132 +27,27 @@ fn daemon_for_front_ends() -> Daemon {
     ))
 }
 
-/// A running `pycell mcp --http`, killed on drop.
-struct Front {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Front {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Start `pycell mcp --http 127.0.0.1:0 ARGS` as root becoming FRONT_UID;
-/// its URL from the line it says when it serves.
-fn start_front(socket: &Path, args: &[&str]) -> Front {
-    let mut child = Command::new(pycell_bin())
-        .args([
-            "mcp",
-            "--http",
-            "127.0.0.1:0",
-            "--user",
-            &FRONT_UID.to_string(),
-        ])
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("pycell mcp --http starts");
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    let url = line
-        .split("serving MCP at ")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .unwrap_or_else(|| panic!("no serving line from pycell mcp --http: {line:?}"))
-        .to_string();
-    // The rest of its stderr must not fill the pipe.
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    Front { child, url }
-}
-
-/// `pycell mcp-token NAME [--scope S]...`: (token, [[token]] entry).
-fn make_token(name: &str, scopes: &[&str]) -> (String, String) {
-    let mut cmd = Command::new(pycell_bin());
-    cmd.args(["mcp-token", name]);
-    for s in scopes {
-        cmd.args(["--scope", s]);
-    }
-    let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let err = String::from_utf8(out.stderr).unwrap();
-    let token = err.lines().last().unwrap().trim().to_string();
-    (token, String::from_utf8(out.stdout).unwrap())
-}
-
-/// Tokens for alice, bob (run), viewer (tools only) and limited (one run
-/// at once, three a minute), their file, and the keys and oauth file.
-fn credentials(dir: &Path) -> serde_json::Map<String, Value> {
-    let mut file = String::new();
-    let mut tokens = serde_json::Map::new();
-    for (name, scopes) in [
-        ("alice", vec![]),
-        ("bob", vec![]),
-        ("viewer", vec!["pycell:tools"]),
-        ("limited", vec![]),
-    ] {
-        let (token, entry) = make_token(name, &scopes);
-        file.push_str(&entry);
-        if name == "limited" {
-            file.push_str("max_concurrent_runs = 1\nruns_per_minute = 3\n");
-        }
-        tokens.insert(name.into(), Value::String(token));
-    }
-    std::fs::write(dir.join("tokens.toml"), file).unwrap();
-    let keys = Command::new(tools_python())
-        .arg(repo_root().join("tests/mcp/sdk_http.py"))
-        .arg("keys")
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(keys.status.success(), "{keys:?}");
-    std::fs::write(
-        dir.join("oauth.toml"),
-        format!(
-            "issuer = \"{ISSUER}\"\njwks = \"{}\"\n",
-            dir.join("jwks.json").display()
-        ),
-    )
-    .unwrap();
-    tokens
-}
-
-fn get<'a>(v: &'a Value, pointer: &str) -> &'a Value {
-    v.pointer(pointer).unwrap_or(&Value::Null)
-}
-
-fn text(v: &Value, pointer: &str) -> String {
-    get(v, pointer).as_str().unwrap_or_default().to_string()
-}
-
 #[test]
 fn remote_callers_are_authenticated_limited_and_kept_apart() {
     require_root();
     let daemon = daemon_for_front_ends();
     let dir = tempfile::tempdir().unwrap();
     let tokens = credentials(dir.path());
-    let front = start_front(
-        &daemon.socket(),
-        &[
-            "--tokens",
-            dir.path().join("tokens.toml").to_str().unwrap(),
-            "--oauth",
-            dir.path().join("oauth.toml").to_str().unwrap(),
-        ],
-    );
+    let socket = daemon.socket();
+    let front = start_front(&[
+        "--socket",
+        socket.to_str().unwrap(),
+        "--tokens",
+        dir.path().join("tokens.toml").to_str().unwrap(),
+        "--oauth",
+        dir.path().join("oauth.toml").to_str().unwrap(),
+    ]);
     let keys = dir.path().to_str().unwrap();
     let tokens = Value::Object(tokens).to_string();
     let r = sdk_report_with(
         "sdk_http.py",
         &[
-            "check", "--url", &front.url, "--keys", keys, "--issuer", ISSUER, "--tokens", &tokens,
+            "check", "--url", &front.at, "--keys", keys, "--issuer", ISSUER, "--tokens", &tokens,
         ],
         GUARD,
     );
@@ -164,7 +55,7 @@ fn remote_callers_are_authenticated_limited_and_kept_apart() {
     let meta = format!(
         "resource_metadata=\"{}",
         front
-            .url
+            .at
             .replace("/mcp", "/.well-known/oauth-protected-resource/mcp")
     );
 
@@ -199,7 +90,7 @@ fn remote_callers_are_authenticated_limited_and_kept_apart() {
     assert_eq!(get(&r, "/metadata/status"), 200, "{}", show());
     assert_eq!(
         get(&r, "/metadata/json/resource").as_str(),
-        Some(front.url.as_str())
+        Some(front.at.as_str())
     );
     assert_eq!(
         get(&r, "/metadata/json/authorization_servers/0").as_str(),
@@ -330,25 +221,25 @@ fn https_by_rustls_and_nothing_in_clear() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = credentials(dir.path());
     let p = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
-    let front = start_front(
-        &daemon.socket(),
-        &[
-            "--tokens",
-            &p("tokens.toml"),
-            "--tls-cert",
-            &p("tls-cert.pem"),
-            "--tls-key",
-            &p("tls-key.pem"),
-        ],
-    );
-    assert!(front.url.starts_with("https://127.0.0.1:"), "{}", front.url);
+    let socket = daemon.socket();
+    let front = start_front(&[
+        "--socket",
+        socket.to_str().unwrap(),
+        "--tokens",
+        &p("tokens.toml"),
+        "--tls-cert",
+        &p("tls-cert.pem"),
+        "--tls-key",
+        &p("tls-key.pem"),
+    ]);
+    assert!(front.at.starts_with("https://127.0.0.1:"), "{}", front.at);
     let token = tokens["alice"].as_str().unwrap();
     let r = sdk_report_with(
         "sdk_http.py",
         &[
             "tls",
             "--url",
-            &front.url,
+            &front.at,
             "--keys",
             &p(""),
             "--token",

@@ -30,10 +30,11 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::McpArgs;
+use crate::cluster::NodeAddr;
 use crate::mcp_server::sandboxes::{Mode, Sandboxes};
 use crate::mcp_server::PycellServer;
 use front::Front;
-use setup::Setup;
+use setup::{Backend, Setup};
 
 /// Largest request body (a write_file's content, base64, is the largest).
 const MAX_BODY: usize = 32 << 20;
@@ -80,12 +81,20 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
         Some(s) => Some(crate::mcp_server::code_mode(s, &args.policy).await),
         None => None,
     };
-    let sandboxes = Sandboxes::with_tools(Mode::Daemon(setup.socket.clone()), servers.clone());
+    let stop = CancellationToken::new();
+    let banner = setup.banner();
+    let (mode, _tunnels) = match where_runs_go(setup.backend, &stop) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("pycell mcp --http: {e}");
+            return 1;
+        }
+    };
+    let sandboxes = Sandboxes::with_tools(mode, servers.clone());
     let mut server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode.as_ref());
     if !setup.gate.open {
         server = server.with_callers(Arc::default());
     }
-    let stop = CancellationToken::new();
     let mut config =
         StreamableHttpServerConfig::default().with_allowed_hosts(setup.allowed_hosts.clone());
     config.legacy_session_mode = false;
@@ -105,7 +114,7 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
         path: Arc::from(setup.public_url.path.as_str()),
         max_body: MAX_BODY,
     };
-    eprintln!("{}", setup.banner());
+    eprintln!("{banner}");
     let listener = match tokio::net::TcpListener::from_std(setup.listener) {
         Ok(l) => l,
         Err(e) => {
@@ -133,6 +142,45 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
         servers.shutdown().await;
     }
     0
+}
+
+/// The mode of the sandboxes: one pycelld, or a cluster's nodes (each
+/// behind a gateway reached through a tunnel socket in a directory of
+/// this process's own, kept while the guard lives), watched until `stop`.
+fn where_runs_go(
+    backend: Backend,
+    stop: &CancellationToken,
+) -> Result<(Mode, Option<tempfile::TempDir>), String> {
+    let (nodes, tls) = match backend {
+        Backend::Daemon(socket) => return Ok((Mode::Daemon(socket), None)),
+        Backend::Cluster { nodes, tls } => (nodes, tls),
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("pycell-tunnels-")
+        .tempdir()
+        .map_err(|e| format!("cannot make a directory for the tunnels: {e}"))?;
+    let mut sockets = Vec::new();
+    for (name, addr) in nodes {
+        let socket = match (addr, &tls) {
+            (NodeAddr::Unix(path), _) => path,
+            (NodeAddr::Tls(remote), Some(tls)) => {
+                let path = dir.path().join(format!("{name}.sock"));
+                let listener = tokio::net::UnixListener::bind(&path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                tokio::spawn(crate::cluster::tunnel::serve_tunnel(
+                    listener,
+                    remote,
+                    tls.clone(),
+                ));
+                path
+            }
+            (NodeAddr::Tls(_), None) => return Err(format!("node {name}: no TLS to reach it")),
+        };
+        sockets.push((name, socket));
+    }
+    let nodes = crate::cluster::Nodes::new(sockets);
+    tokio::spawn(Arc::clone(&nodes).watch(stop.clone()));
+    Ok((Mode::Cluster(nodes), Some(dir)))
 }
 
 /// Accept connections (at most [`MAX_CONNECTIONS`] at once) until SIGTERM

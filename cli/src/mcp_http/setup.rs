@@ -9,13 +9,13 @@ use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nix::unistd::{Gid, Uid, User};
-
 use super::callers::TokenTable;
 use super::front::METADATA_PREFIX;
 use super::gate::Gate;
 use super::oauth::OAuth;
 use crate::cli::McpArgs;
+use crate::cluster::tunnel::{connector, TlsFiles};
+use crate::cluster::{parse_node, NodeAddr};
 
 /// The URL clients use, taken apart.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,8 +108,65 @@ pub struct Setup {
     pub gate: Arc<Gate>,
     pub public_url: PublicUrl,
     pub allowed_hosts: Vec<String>,
-    pub socket: PathBuf,
+    pub backend: Backend,
     addr: SocketAddr,
+}
+
+/// Where runs go.
+pub enum Backend {
+    /// One pycelld, at this socket.
+    Daemon(PathBuf),
+    /// The nodes of a cluster; TLS to reach those behind a gateway.
+    Cluster {
+        nodes: Vec<(String, NodeAddr)>,
+        tls: Option<tokio_rustls::TlsConnector>,
+    },
+}
+
+impl Backend {
+    fn describe(&self) -> String {
+        match self {
+            Backend::Daemon(socket) => format!("pycelld at {}", socket.display()),
+            Backend::Cluster { nodes, .. } => {
+                let each: Vec<String> = nodes
+                    .iter()
+                    .map(|(name, addr)| match addr {
+                        NodeAddr::Unix(p) => format!("{name} (unix:{})", p.display()),
+                        NodeAddr::Tls(a) => format!("{name} ({a}, mutual TLS)"),
+                    })
+                    .collect();
+                format!("the nodes {}", each.join(", "))
+            }
+        }
+    }
+}
+
+/// The `--node` flags, and the TLS they need (read while still root).
+fn cluster(args: &McpArgs) -> Result<Option<Backend>, String> {
+    if args.nodes.is_empty() {
+        return Ok(None);
+    }
+    let mut nodes = Vec::new();
+    for spec in &args.nodes {
+        let (name, addr) = parse_node(spec)?;
+        if nodes.iter().any(|(n, _)| n == &name) {
+            return Err(format!(
+                "--node {spec:?}: another node has the name {name:?}"
+            ));
+        }
+        nodes.push((name, addr));
+    }
+    let remote = nodes.iter().any(|(_, a)| matches!(a, NodeAddr::Tls(_)));
+    let tls = match (&args.node_tls_cert, &args.node_tls_key, &args.node_ca) {
+        (Some(cert), Some(key), Some(ca)) => Some(connector(&TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: ca.clone(),
+        })?),
+        _ if remote => return Err("a --node behind a gateway (HOST:PORT) needs --node-tls-cert, --node-tls-key and --node-ca (mutual TLS with the cluster's CA)".into()),
+        _ => None,
+    };
+    Ok(Some(Backend::Cluster { nodes, tls }))
 }
 
 impl std::fmt::Debug for Setup {
@@ -120,12 +177,10 @@ impl std::fmt::Debug for Setup {
 
 impl Setup {
     pub fn prepare(args: &McpArgs, addr: &str) -> Result<Setup, String> {
-        let root = Uid::effective().is_root();
-        let user = match (&args.user, root) {
-            (None, true) => return Err("it parses HTTP from the network and does not run as root: give --user NAME (it binds ADDR and reads its files as root, then serves as NAME), or start it as that user".into()),
-            (Some(name), _) => Some(lookup_user(name)?),
-            (None, false) => None,
-        };
+        let user = crate::privileges::planned_user(
+            args.user.as_deref(),
+            "it parses HTTP from the network",
+        )?;
         let wanted = resolve(addr)?;
         let auth = AuthFlags {
             tokens: args.tokens.is_some(),
@@ -157,15 +212,22 @@ impl Setup {
             _ => None,
         };
         let gate = Arc::new(gate(args, &public_url)?);
+        let cluster = cluster(args)?;
         if let Some(user) = user {
-            become_user(&user)?;
+            crate::privileges::become_user(&user)?;
         }
-        let socket = pycell_protocol::client::daemon_socket(args.socket.as_deref()).ok_or(
-            "no pycelld socket: it sends runs to pycelld only (install the pycell package, or give --socket)",
-        )?;
-        if !gate.open {
-            check_front_end(&socket)?;
-        }
+        let backend = match cluster {
+            Some(c) => c,
+            None => {
+                let socket = pycell_protocol::client::daemon_socket(args.socket.as_deref()).ok_or(
+                    "no pycelld socket: it sends runs to pycelld only (install the pycell package, or give --socket)",
+                )?;
+                if !gate.open {
+                    check_front_end(&socket)?;
+                }
+                Backend::Daemon(socket)
+            }
+        };
         let mut allowed_hosts = vec![public_url.host().to_string(), public_url.authority.clone()];
         if addr.ip().is_loopback() {
             allowed_hosts.extend(["localhost", "127.0.0.1", "::1"].map(String::from));
@@ -176,7 +238,7 @@ impl Setup {
             gate,
             public_url,
             allowed_hosts,
-            socket,
+            backend,
             addr,
         })
     }
@@ -198,12 +260,12 @@ impl Setup {
             how.push("no authentication".into());
         }
         format!(
-            "pycell mcp: serving MCP at {} (listening on {}{}; {}); runs go to pycelld at {}",
+            "pycell mcp: serving MCP at {} (listening on {}{}; {}); runs go to {}",
             self.public_url.url,
             self.addr,
             if self.tls.is_some() { ", TLS" } else { "" },
             how.join(" and "),
-            self.socket.display()
+            self.backend.describe()
         )
     }
 }
@@ -253,65 +315,6 @@ fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, St
         .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
-}
-
-fn lookup_user(name: &str) -> Result<User, String> {
-    let found = match name.parse::<u32>() {
-        Ok(uid) => User::from_uid(Uid::from_raw(uid)),
-        Err(_) => User::from_name(name),
-    };
-    let user = match found {
-        Ok(Some(u)) => u,
-        Ok(None) => match name.parse::<u32>() {
-            // A bare uid with no passwd entry (a container's): its own group.
-            Ok(uid) => numeric_user(uid),
-            Err(_) => return Err(format!("--user {name}: no such user")),
-        },
-        Err(e) => return Err(format!("--user {name}: {e}")),
-    };
-    if user.uid.is_root() {
-        return Err(format!(
-            "--user {name}: that is root; name an unprivileged user"
-        ));
-    }
-    Ok(user)
-}
-
-fn numeric_user(uid: u32) -> User {
-    User {
-        name: uid.to_string(),
-        passwd: Default::default(),
-        uid: Uid::from_raw(uid),
-        gid: Gid::from_raw(uid),
-        gecos: Default::default(),
-        dir: PathBuf::from("/"),
-        shell: PathBuf::from("/bin/false"),
-    }
-}
-
-/// Become `user` for good: no supplementary groups, all three gids and
-/// uids its own (so root cannot be taken back).
-fn become_user(user: &User) -> Result<(), String> {
-    if !Uid::effective().is_root() {
-        return match Uid::effective() == user.uid {
-            true => Ok(()),
-            false => Err(format!(
-                "--user {}: only root can become another user",
-                user.name
-            )),
-        };
-    }
-    let failed = |what: &str, e: nix::Error| format!("--user {}: {what}: {e}", user.name);
-    nix::unistd::setgroups(&[]).map_err(|e| failed("setgroups", e))?;
-    nix::unistd::setresgid(user.gid, user.gid, user.gid).map_err(|e| failed("setresgid", e))?;
-    nix::unistd::setresuid(user.uid, user.uid, user.uid).map_err(|e| failed("setresuid", e))?;
-    match nix::unistd::setuid(Uid::from_raw(0)) {
-        Err(_) => Ok(()),
-        Ok(()) => Err(format!(
-            "--user {}: root could be taken back; refusing to serve",
-            user.name
-        )),
-    }
 }
 
 /// pycelld takes identities from this uid (its `front_end_uids`), or

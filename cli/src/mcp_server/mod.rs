@@ -15,6 +15,7 @@
 
 mod cell_output;
 mod eof;
+mod in_cluster;
 mod output;
 pub(crate) mod sandboxes;
 pub(crate) mod session_tools;

@@ -138,7 +138,7 @@ fn run_on_daemon(
 }
 
 /// Where runs may go.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Mode {
     /// Always jailed by this process (as root).
     Embedded,
@@ -146,6 +146,8 @@ pub enum Mode {
     Daemon(PathBuf),
     /// Through pycelld when one is configured or listening, else embedded.
     Either,
+    /// On the nodes of a cluster (`crate::cluster`); never embedded.
+    Cluster(Arc<crate::cluster::Nodes>),
 }
 
 impl Mode {
@@ -218,7 +220,7 @@ impl Sandboxes {
     pub fn with_tools(mode: Mode, servers: Option<ToolServers>) -> Sandboxes {
         let launcher = match mode {
             // A front end never jails: no launcher to hold or report.
-            Mode::Daemon(_) => Err(JailFailure::new(
+            Mode::Daemon(_) | Mode::Cluster(_) => Err(JailFailure::new(
                 FailureCode::Internal,
                 Layer::Daemon,
                 "this server runs code only through pycelld",
@@ -247,7 +249,7 @@ impl Sandboxes {
     /// Where runs go: the daemon's socket (and for whom), if they go to one.
     pub fn daemon(&self) -> Option<Endpoint> {
         let socket = match self.inner.mode {
-            Mode::Embedded => None,
+            Mode::Embedded | Mode::Cluster(_) => None,
             Mode::Daemon(ref socket) => Some(socket.clone()),
             Mode::Either => daemon_socket(None),
         }?;
@@ -257,9 +259,26 @@ impl Sandboxes {
         })
     }
 
-    /// `daemon (SOCKET)` or `embedded`, as `sandbox_info` reports it.
+    /// The cluster runs go to, if they go to one.
+    pub fn cluster(&self) -> Option<&Arc<crate::cluster::Nodes>> {
+        match &self.inner.mode {
+            Mode::Cluster(nodes) => Some(nodes),
+            _ => None,
+        }
+    }
+
+    /// Whom this view's requests are for.
+    pub fn identity(&self) -> Option<Arc<str>> {
+        self.identity.clone()
+    }
+
+    /// `daemon (SOCKET)`, `cluster (...)` or `embedded`, as `sandbox_info`
+    /// reports it.
     pub fn mode(&self) -> String {
-        crate::info::mode_name(self.daemon().map(|e| e.socket).as_deref())
+        match self.cluster() {
+            Some(nodes) => format!("cluster (nodes {})", nodes.names().join(", ")),
+            None => crate::info::mode_name(self.daemon().map(|e| e.socket).as_deref()),
+        }
     }
 
     fn new(launcher: Result<Launcher, JailFailure>, mode: Mode, patience: Patience) -> Sandboxes {
@@ -301,6 +320,10 @@ impl Sandboxes {
         if let Some(servers) = self.tool_servers() {
             offer(servers, &mut req).await;
         }
+        if let Some(nodes) = self.cluster() {
+            let run = self.run_in_cluster(nodes, req, on_event, cancel);
+            return self.inner.tracker.track_future(run).await;
+        }
         // With a pycelld socket the daemon runs it (no root needed here);
         // otherwise this process is the embedded daemon.
         if let Some(endpoint) = self.daemon() {
@@ -319,7 +342,7 @@ impl Sandboxes {
     /// A run through pycelld: the blocking client on a worker thread, its
     /// output relayed to `on_event`, cancellation sent as the protocol's
     /// `cancel` (the daemon kills the sandbox; the result says `killed`).
-    async fn run_via_daemon(
+    pub(super) async fn run_via_daemon(
         &self,
         endpoint: Endpoint,
         req: RunRequest,

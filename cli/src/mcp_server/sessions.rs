@@ -82,7 +82,7 @@ fn owner() -> u32 {
 }
 
 /// A blocking daemon request on a worker thread.
-async fn via_daemon<T: Send + 'static>(
+pub(super) async fn via_daemon<T: Send + 'static>(
     endpoint: Endpoint,
     ask: impl FnOnce(&mut DaemonClient) -> Result<T, ClientError> + Send + 'static,
 ) -> Result<T, SessionFailure> {
@@ -105,6 +105,9 @@ impl Sandboxes {
     ) -> Result<SessionInfo, SessionFailure> {
         if let Some(servers) = self.tool_servers() {
             req.tools = Some(servers.catalog().await);
+        }
+        if let Some(nodes) = self.cluster() {
+            return self.start_in_cluster(nodes, req).await;
         }
         if let Some(endpoint) = self.daemon() {
             return via_daemon(endpoint, move |c| c.session_start(req, |_| {})).await;
@@ -276,6 +279,11 @@ impl Sandboxes {
         timeout_s: Option<f64>,
         cancel: CancellationToken,
     ) -> Result<SessionAnswer, SessionFailure> {
+        if let Some(nodes) = self.cluster() {
+            return self
+                .call_in_cluster(nodes, handle, call, timeout_s, cancel)
+                .await;
+        }
         if let Some(endpoint) = self.daemon() {
             return self
                 .daemon_call(endpoint, handle, call, timeout_s, cancel)
@@ -310,7 +318,7 @@ impl Sandboxes {
         })
     }
 
-    async fn daemon_call(
+    pub(super) async fn daemon_call(
         &self,
         endpoint: Endpoint,
         handle: &str,
@@ -347,6 +355,9 @@ impl Sandboxes {
 
     /// End session `handle` and wait until its jail is gone.
     pub async fn end_session(&self, handle: &str) -> Result<SessionEndInfo, SessionFailure> {
+        if let Some(nodes) = self.cluster() {
+            return self.end_in_cluster(nodes, handle).await;
+        }
         if let Some(endpoint) = self.daemon() {
             let h = handle.to_string();
             return via_daemon(endpoint, move |c| c.session_end(&h)).await;
@@ -361,6 +372,9 @@ impl Sandboxes {
 
     /// The open sessions (this process's, or this uid's in pycelld).
     pub async fn list_sessions(&self) -> Result<Vec<SessionSummary>, SessionFailure> {
+        if let Some(nodes) = self.cluster() {
+            return self.list_in_cluster(nodes).await;
+        }
         if let Some(endpoint) = self.daemon() {
             return via_daemon(endpoint, |c| c.session_list()).await;
         }

@@ -1,0 +1,355 @@
+//! Many pycelld nodes behind one front end (`pycell mcp --http --node
+//! NAME=ADDR ...`): where each run and session goes, and how the front end
+//! reaches a node.
+//!
+//! - A run goes to the least-loaded node that is up (runs going and
+//!   waiting there, as its last `status` said, plus this front end's calls
+//!   in flight to it, over its `max_concurrent_runs`; ties rotate). A node
+//!   that cannot be reached, or is draining (`shutting_down`), before the
+//!   run started is marked down and the run goes to the next one.
+//! - A session stays on the node that started it: its handle names the
+//!   node (`s-...@NAME`). A node that is gone (unreachable, or restarted,
+//!   which ends its sessions) answers `session_gone` for its handles.
+//! - Each node's `status` is polled every [`POLL`]; a node that does not
+//!   answer is down until it does.
+//!
+//! A node is a pycelld socket on this host (`NAME=unix:/run/pycell/pycell.sock`)
+//! or a `pycell gateway` on another (`NAME=HOST:PORT`, mutual TLS: see
+//! [`tunnel`]). Either way the daemon client speaks to a Unix socket: for a
+//! remote node, one this process serves, each of whose connections it
+//! carries over TLS to the node's gateway.
+
+pub mod gateway;
+pub mod tunnel;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pycell_protocol::client::{DaemonClient, Endpoint};
+
+/// How often each node's load is asked.
+pub const POLL: Duration = Duration::from_secs(1);
+/// The least a node stays down once a call could not reach it.
+const DOWN_AT_LEAST: Duration = Duration::from_secs(2);
+
+/// Where a node is, as `--node NAME=ADDR` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeAddr {
+    Unix(PathBuf),
+    /// `HOST:PORT` of its gateway (TLS).
+    Tls(String),
+}
+
+/// `NAME=unix:PATH` or `NAME=HOST:PORT`.
+pub fn parse_node(spec: &str) -> Result<(String, NodeAddr), String> {
+    let (name, addr) = spec
+        .split_once('=')
+        .ok_or_else(|| format!("--node {spec:?}: write NAME=unix:PATH or NAME=HOST:PORT"))?;
+    if let Some(p) = name_problem(name) {
+        return Err(format!("--node {spec:?}: {p}"));
+    }
+    let addr = match addr.strip_prefix("unix:") {
+        Some(path) if path.starts_with('/') => NodeAddr::Unix(PathBuf::from(path)),
+        Some(_) => return Err(format!("--node {spec:?}: the socket path must be absolute")),
+        None if addr
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) =>
+        {
+            NodeAddr::Tls(addr.to_string())
+        }
+        None => return Err(format!("--node {spec:?}: the address is not HOST:PORT")),
+    };
+    Ok((name.to_string(), addr))
+}
+
+/// A node's name: it goes into session handles after `@`.
+fn name_problem(name: &str) -> Option<&'static str> {
+    let ok = (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    (!ok).then_some("a node name is 1 to 63 of a-z, 0-9, '-' and '.'")
+}
+
+/// The handle a caller sees for session `local` of node `node`.
+pub fn join_handle(local: &str, node: &str) -> String {
+    format!("{local}@{node}")
+}
+
+/// A caller's handle taken apart: (the node's own handle, the node).
+pub fn split_handle(handle: &str) -> Option<(&str, &str)> {
+    handle.rsplit_once('@')
+}
+
+#[derive(Debug, Default)]
+struct NodeState {
+    /// Runs going and waiting there, and how many may go, as last told.
+    active: usize,
+    max: usize,
+    /// This front end's calls to it now.
+    in_flight: usize,
+    down_until: Option<Instant>,
+    /// Why it is down, for messages.
+    down_because: String,
+}
+
+/// One node.
+#[derive(Debug)]
+pub struct Node {
+    pub name: String,
+    /// The socket the daemon client connects to for it.
+    pub socket: PathBuf,
+    state: Mutex<NodeState>,
+}
+
+/// A call in flight to a node; dropping it ends the count.
+#[derive(Debug)]
+pub struct Lease(Arc<Node>);
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut s = self.0.state();
+        s.in_flight = s.in_flight.saturating_sub(1);
+    }
+}
+
+impl Node {
+    fn state(&self) -> std::sync::MutexGuard<'_, NodeState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn endpoint(&self, identity: Option<Arc<str>>) -> Endpoint {
+        Endpoint {
+            socket: self.socket.clone(),
+            identity,
+        }
+    }
+
+    /// Count a call to it (for placement) while the lease lives.
+    pub fn lease(self: &Arc<Self>) -> Lease {
+        self.state().in_flight += 1;
+        Lease(Arc::clone(self))
+    }
+
+    /// It could not be reached (or is draining): down until a poll finds
+    /// it again, and at least [`DOWN_AT_LEAST`].
+    pub fn mark_down(&self, because: &str) {
+        let mut s = self.state();
+        s.down_until = Some(Instant::now() + DOWN_AT_LEAST);
+        s.down_because = because.to_string();
+    }
+
+    /// Why it is down, if it is.
+    pub fn down(&self) -> Option<String> {
+        let s = self.state();
+        s.down_until.map(|_| s.down_because.clone())
+    }
+
+    /// Load: calls going and waiting per slot.
+    fn load(&self) -> f64 {
+        let s = self.state();
+        (s.active + s.in_flight) as f64 / s.max.max(1) as f64
+    }
+
+    fn polled(&self, answer: Result<pycell_protocol::info::DaemonStatus, String>) {
+        let mut s = self.state();
+        match answer {
+            Ok(st) => {
+                s.active = st.active_runs + st.queued_runs;
+                s.max = st.max_concurrent_runs;
+                if s.down_until.is_some_and(|t| Instant::now() >= t) {
+                    s.down_until = None;
+                }
+            }
+            Err(why) => {
+                let at_least = Instant::now() + DOWN_AT_LEAST;
+                s.down_until = Some(s.down_until.map_or(at_least, |t| t.max(at_least)));
+                s.down_because = why;
+            }
+        }
+    }
+}
+
+/// The cluster's nodes.
+#[derive(Debug)]
+pub struct Nodes {
+    list: Vec<Arc<Node>>,
+    turn: AtomicUsize,
+}
+
+impl Nodes {
+    pub fn new(nodes: Vec<(String, PathBuf)>) -> Arc<Nodes> {
+        let list = nodes
+            .into_iter()
+            .map(|(name, socket)| {
+                Arc::new(Node {
+                    name,
+                    socket,
+                    state: Mutex::new(NodeState {
+                        max: 1,
+                        ..NodeState::default()
+                    }),
+                })
+            })
+            .collect();
+        Arc::new(Nodes {
+            list,
+            turn: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.list.iter().map(|n| n.name.as_str()).collect()
+    }
+
+    pub fn named(&self, name: &str) -> Option<Arc<Node>> {
+        self.list.iter().find(|n| n.name == name).cloned()
+    }
+
+    /// The nodes that are up, least loaded first (equal loads take turns).
+    pub fn ranked(&self) -> Vec<Arc<Node>> {
+        let start = self.turn.fetch_add(1, Ordering::Relaxed);
+        let n = self.list.len().max(1);
+        let mut up: Vec<(f64, usize, Arc<Node>)> = self
+            .list
+            .iter()
+            .enumerate()
+            .filter(|(_, node)| node.down().is_none())
+            .map(|(i, node)| (node.load(), (i + n - start % n) % n, Arc::clone(node)))
+            .collect();
+        up.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        up.into_iter().map(|(_, _, node)| node).collect()
+    }
+
+    /// Why no node can take a call.
+    pub fn none_up(&self) -> String {
+        let why: Vec<String> = self
+            .list
+            .iter()
+            .map(|n| format!("{}: {}", n.name, n.down().unwrap_or_else(|| "up".into())))
+            .collect();
+        format!(
+            "no node of the cluster can take it now ({}); try again shortly",
+            why.join("; ")
+        )
+    }
+
+    /// Ask every node its load now, and then every [`POLL`], until `stop`.
+    pub async fn watch(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+        loop {
+            for node in &self.list {
+                let socket = node.socket.clone();
+                let answer = tokio::task::spawn_blocking(move || {
+                    DaemonClient::connect(&socket)
+                        .and_then(|mut c| c.status())
+                        .map_err(|e| e.to_string())
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+                node.polled(answer);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(active: usize, max: usize) -> pycell_protocol::info::DaemonStatus {
+        pycell_protocol::info::DaemonStatus {
+            socket: PathBuf::new(),
+            max_concurrent_runs: max,
+            max_runs_per_uid: max,
+            active_runs: active,
+            queued_runs: 0,
+            max_queued_runs: 0,
+            queue_wait_s: 0.0,
+            memory_budget_bytes: 0,
+            memory_admitted_bytes: 0,
+            max_connections: 0,
+            max_connections_per_uid: 0,
+            connections: 0,
+            uid_range: String::new(),
+            warm_pools: vec![],
+        }
+    }
+
+    fn three() -> Arc<Nodes> {
+        Nodes::new(
+            ["a", "b", "c"]
+                .map(|n| (n.to_string(), PathBuf::from(n)))
+                .to_vec(),
+        )
+    }
+
+    #[test]
+    fn runs_go_to_the_least_loaded_node_that_is_up() {
+        let nodes = three();
+        nodes.named("a").unwrap().polled(Ok(status(6, 8)));
+        nodes.named("b").unwrap().polled(Ok(status(1, 8)));
+        nodes.named("c").unwrap().polled(Ok(status(3, 8)));
+        let order: Vec<String> = nodes.ranked().iter().map(|n| n.name.clone()).collect();
+        assert_eq!(order, ["b", "c", "a"]);
+        // Calls in flight count: three more on b put it after c.
+        let b = nodes.named("b").unwrap();
+        let leases: Vec<Lease> = (0..3).map(|_| b.lease()).collect();
+        assert_eq!(nodes.ranked()[0].name, "c");
+        drop(leases);
+        assert_eq!(nodes.ranked()[0].name, "b");
+        b.mark_down("gone");
+        assert!(nodes.ranked().iter().all(|n| n.name != "b"));
+        assert!(nodes.none_up().contains("b: gone"));
+        nodes.named("a").unwrap().polled(Err("refused".into()));
+        assert_eq!(nodes.ranked().len(), 1);
+    }
+
+    #[test]
+    fn equal_loads_take_turns() {
+        let nodes = three();
+        let firsts: Vec<String> = (0..3).map(|_| nodes.ranked()[0].name.clone()).collect();
+        let mut sorted = firsts.clone();
+        sorted.sort();
+        assert_eq!(sorted, ["a", "b", "c"], "{firsts:?}");
+    }
+
+    #[test]
+    fn handles_name_their_node() {
+        let h = join_handle("s-0123abcd", "node-2");
+        assert_eq!(h, "s-0123abcd@node-2");
+        assert_eq!(split_handle(&h), Some(("s-0123abcd", "node-2")));
+        assert_eq!(split_handle("s-0123abcd"), None);
+    }
+
+    #[test]
+    fn node_flags_are_checked() {
+        assert_eq!(
+            parse_node("a=unix:/run/pycell/pycell.sock").unwrap(),
+            ("a".into(), NodeAddr::Unix("/run/pycell/pycell.sock".into()))
+        );
+        assert_eq!(
+            parse_node("node-1.example=10.0.0.1:7433").unwrap().1,
+            NodeAddr::Tls("10.0.0.1:7433".into())
+        );
+        assert_eq!(
+            parse_node("b=[::1]:7433").unwrap().1,
+            NodeAddr::Tls("[::1]:7433".into())
+        );
+        for bad in [
+            "a",
+            "A=unix:/x",
+            "a=unix:x",
+            "a=host",
+            "a@b=unix:/x",
+            "a=:80",
+        ] {
+            assert!(parse_node(bad).is_err(), "{bad}");
+        }
+    }
+}

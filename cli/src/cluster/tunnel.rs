@@ -1,0 +1,132 @@
+//! The front end's way to a node on another host: mutual TLS (rustls)
+//! between the front end and the node's `pycell gateway`, each side
+//! proving itself with a certificate of the cluster's own CA. The gateway's
+//! certificate is for the name [`GATEWAY_NAME`] (one name for every node:
+//! nodes come and go by IP), the front end's for any name the CA signs.
+//!
+//! Neither side parses the daemon protocol: the front end's daemon client
+//! connects to a Unix socket this process serves ([`serve_tunnel`]), each
+//! of whose connections is carried over TLS to the gateway, which carries
+//! it on to its pycelld's socket ([`gateway`](super::gateway)). pycelld
+//! parses the requests, as it does a local client's, and trusts the
+//! gateway's uid as a front end.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpStream, UnixListener};
+use tokio_rustls::rustls::{self, RootCertStore};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+/// The name on every gateway's certificate.
+pub const GATEWAY_NAME: &str = "pycell-gateway";
+/// How long connecting to a gateway (TCP and TLS) may take.
+pub const CONNECT_WITHIN: Duration = Duration::from_secs(5);
+
+/// A certificate, its key and the CA that signs the other side's.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|c| c.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    match certs.is_empty() {
+        true => Err(format!("{}: no certificate in it", path.display())),
+        false => Ok(certs),
+    }
+}
+
+fn key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn roots(ca: &Path) -> Result<RootCertStore, String> {
+    let mut roots = RootCertStore::empty();
+    for c in chain(ca)? {
+        roots.add(c).map_err(|e| format!("{}: {e}", ca.display()))?;
+    }
+    Ok(roots)
+}
+
+/// The front end's side: connects to gateways.
+pub fn connector(files: &TlsFiles) -> Result<TlsConnector, String> {
+    let config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots(&files.ca)?)
+        .with_client_auth_cert(chain(&files.cert)?, key(&files.key)?)
+        .map_err(|e| format!("{}: {e}", files.cert.display()))?;
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
+/// The gateway's side: only clients with a certificate of the CA.
+pub fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, String> {
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots(&files.ca)?),
+        provider(),
+    )
+    .build()
+    .map_err(|e| format!("{}: {e}", files.ca.display()))?;
+    let config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain(&files.cert)?, key(&files.key)?)
+        .map_err(|e| format!("{}: {e}", files.cert.display()))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Carry bytes both ways until either side ends, then close both: a
+/// client that goes away must not leave half a connection open to
+/// pycelld, which ends a run when its client's connection closes.
+pub async fn splice<A, B>(a: A, b: B)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut a_in, mut a_out) = tokio::io::split(a);
+    let (mut b_in, mut b_out) = tokio::io::split(b);
+    tokio::select! {
+        _ = tokio::io::copy(&mut a_in, &mut b_out) => {}
+        _ = tokio::io::copy(&mut b_in, &mut a_out) => {}
+    }
+}
+
+/// Serve `listener` (a socket of this process's own, in a directory only
+/// it reaches): each connection is carried over TLS to the gateway at
+/// `remote`. A gateway that cannot be reached closes the connection at
+/// once, which the daemon client takes as a node it cannot reach.
+pub async fn serve_tunnel(listener: UnixListener, remote: String, tls: TlsConnector) {
+    let name = ServerName::try_from(GATEWAY_NAME).expect("a valid DNS name");
+    loop {
+        let Ok((local, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let (remote, tls, name) = (remote.clone(), tls.clone(), name.clone());
+        tokio::spawn(async move {
+            let connected = tokio::time::timeout(CONNECT_WITHIN, async {
+                let tcp = TcpStream::connect(&remote).await?;
+                let _ = tcp.set_nodelay(true);
+                tls.connect(name, tcp).await
+            })
+            .await;
+            if let Ok(Ok(far)) = connected {
+                splice(local, far).await;
+            }
+        });
+    }
+}
