@@ -24,6 +24,7 @@ mod privileges;
 mod repl;
 mod run;
 mod say;
+mod serving;
 mod session_cmd;
 mod tool_servers;
 

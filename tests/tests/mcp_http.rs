@@ -27,21 +27,47 @@ fn daemon_for_front_ends() -> Daemon {
     ))
 }
 
-#[test]
-fn remote_callers_are_authenticated_limited_and_kept_apart() {
+/// A pycelld, credentials in a directory, and a front end for the daemon
+/// with the tokens file and `files` (flag, file in the directory) more.
+struct Setup {
+    daemon: Daemon,
+    dir: tempfile::TempDir,
+    tokens: serde_json::Map<String, Value>,
+    front: pycell_tests::http::Served,
+}
+
+fn set_up(files: &[(&str, &str)]) -> Setup {
     require_root();
     let daemon = daemon_for_front_ends();
     let dir = tempfile::tempdir().unwrap();
     let tokens = credentials(dir.path());
-    let socket = daemon.socket();
-    let front = start_front(&[
-        "--socket",
-        socket.to_str().unwrap(),
-        "--tokens",
-        dir.path().join("tokens.toml").to_str().unwrap(),
-        "--oauth",
-        dir.path().join("oauth.toml").to_str().unwrap(),
-    ]);
+    let p = |f: &str| dir.path().join(f).to_string_lossy().to_string();
+    let mut args = vec![
+        "--socket".to_string(),
+        daemon.socket().to_string_lossy().to_string(),
+        "--tokens".into(),
+        p("tokens.toml"),
+    ];
+    for (flag, file) in files {
+        args.extend([flag.to_string(), p(file)]);
+    }
+    let front = start_front(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    Setup {
+        daemon,
+        dir,
+        tokens,
+        front,
+    }
+}
+
+#[test]
+fn remote_callers_are_authenticated_limited_and_kept_apart() {
+    let Setup {
+        daemon,
+        dir,
+        tokens,
+        front,
+    } = set_up(&[("--oauth", "oauth.toml")]);
     let keys = dir.path().to_str().unwrap();
     let tokens = Value::Object(tokens).to_string();
     let r = sdk_report_with(
@@ -216,22 +242,9 @@ fn remote_callers_are_authenticated_limited_and_kept_apart() {
 
 #[test]
 fn https_by_rustls_and_nothing_in_clear() {
-    require_root();
-    let daemon = daemon_for_front_ends();
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = credentials(dir.path());
-    let p = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
-    let socket = daemon.socket();
-    let front = start_front(&[
-        "--socket",
-        socket.to_str().unwrap(),
-        "--tokens",
-        &p("tokens.toml"),
-        "--tls-cert",
-        &p("tls-cert.pem"),
-        "--tls-key",
-        &p("tls-key.pem"),
-    ]);
+    let s = set_up(&[("--tls-cert", "tls-cert.pem"), ("--tls-key", "tls-key.pem")]);
+    let (front, tokens) = (&s.front, &s.tokens);
+    let p = |f: &str| s.dir.path().join(f).to_str().unwrap().to_string();
     assert!(front.at.starts_with("https://127.0.0.1:"), "{}", front.at);
     let token = tokens["alice"].as_str().unwrap();
     let r = sdk_report_with(

@@ -101,24 +101,11 @@ async fn carry_until_stopped(
     socket: &std::path::Path,
     tracker: &tokio_util::task::TaskTracker,
 ) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let Ok(mut until) = crate::serving::UntilStopped::new() else {
+        eprintln!("pycell gateway: cannot handle signals");
         return;
     };
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = term.recv() => return,
-            _ = int.recv() => return,
-        };
-        let Ok((tcp, _)) = accepted else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let _ = tcp.set_nodelay(true);
+    while let Some(tcp) = until.accept(listener).await {
         let (acceptor, socket) = (acceptor.clone(), socket.to_path_buf());
         tracker.spawn(async move {
             let Ok(Ok(far)) = tokio::time::timeout(HANDSHAKE_WITHIN, acceptor.accept(tcp)).await

@@ -191,11 +191,7 @@ async fn accept_until_stopped(
     tls: Option<tokio_rustls::TlsAcceptor>,
     graceful: &GracefulShutdown,
 ) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let Ok(mut until) = crate::serving::UntilStopped::new() else {
         eprintln!("pycell mcp --http: cannot handle signals");
         return;
     };
@@ -203,21 +199,12 @@ async fn accept_until_stopped(
     loop {
         let permit = tokio::select! {
             p = Arc::clone(&slots).acquire_owned() => p,
-            _ = term.recv() => return,
-            _ = int.recv() => return,
+            _ = until.stopped() => return,
         };
         let Ok(permit) = permit else { return };
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = term.recv() => return,
-            _ = int.recv() => return,
+        let Some(stream) = until.accept(listener).await else {
+            return;
         };
-        let Ok((stream, _peer)) = accepted else {
-            // Out of descriptors, say: pause rather than spin.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
         let (front, tls, watcher) = (front.clone(), tls.clone(), graceful.watcher());
         tokio::spawn(async move {
             let _permit = permit;
