@@ -262,6 +262,12 @@ async def limit_steps(url, token):
     return out
 
 
+async def get_endpoint(url, token):
+    async with httpx2.AsyncClient(timeout=30) as c:
+        r = await c.get(url, headers={"Authorization": f"Bearer {token}", "Accept": "text/event-stream"})
+    return {"status": r.status_code, "allow": r.headers.get("allow")}
+
+
 async def metadata(url):
     origin, _, path = url.partition("://")[2].partition("/")
     scheme = url.split("://")[0]
@@ -280,6 +286,8 @@ async def check(args):
     for name in ["expired", "wrong_audience", "wrong_issuer", "wrong_key"]:
         await step(f"jwt_{name}", lambda name=name: raw(url, t[name]))
     await step("metadata", lambda: metadata(url))
+    await step("rebinding", lambda: raw(url, tokens["alice"], extra={"Host": "evil.example.net"}))
+    await step("get", lambda: get_endpoint(url, tokens["alice"]))
     await step("alice", lambda: owner_steps(url, tokens["alice"], "legacy"), timeout=90)
     handle = (REPORT.get("alice") or {}).get("handle")
     await step("bob", lambda: stranger_steps(url, tokens["bob"], "legacy", handle), timeout=90)

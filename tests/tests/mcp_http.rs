@@ -123,6 +123,10 @@ fn remote_callers_are_authenticated_limited_and_kept_apart() {
         Some(ISSUER)
     );
     assert_eq!(get(&r, "/metadata/healthz"), 200);
+    // A Host that is not this server's (DNS rebinding), and GET (no
+    // protocol sessions, so no stream to resume).
+    assert_eq!(get(&r, "/rebinding/status"), 403, "{}", show());
+    assert_eq!(get(&r, "/get/status"), 405, "{}", show());
 
     // A token's caller runs code and owns a session (handshake era).
     assert_eq!(get(&r, "/alice/run/is_error"), false, "{}", show());

@@ -1,0 +1,180 @@
+"""`pycell mcp --http` (issue 32), against baselines of the same run.
+
+Run by bench/run with the tools venv's python (it needs the MCP SDK), as
+root. It starts its own pycelld nodes (like bench/run's, with the front
+end's uid in front_end_uids), and front ends that become that uid. Rows,
+medians:
+
+  - per call: run_python `print(1)` through the official SDK, over stdio
+    (`pycell mcp` on the node's socket) and over streamable HTTP on
+    loopback (`pycell mcp --http`, a bearer token, one node): the HTTP
+    front end's cost per call, target <= +1 ms;
+  - sessions per second through a front end over three nodes (each behind
+    its `pycell gateway`, mutual TLS): session_start, one cell, session_end,
+    from --clients concurrent clients; against the same through a front end
+    over one node.
+"""
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+FRONT_UID = 64981
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def start_node(pycelld, jailer, d, name, uid_base):
+    os.makedirs(d, exist_ok=True)
+    os.chmod(d, 0o755)
+    conf = os.path.join(d, "pycelld.toml")
+    with open(conf, "w") as f:
+        f.write(
+            f'socket = "{d}/pycell.sock"\nsocket_mode = "0666"\naudit_log = "off"\n'
+            f'cgroup_parent = "pycelld-bench-http-{name}"\nuid_range = "{uid_base}-{uid_base + 63}"\n'
+            f"allowed_uids = [{FRONT_UID}]\nfront_end_uids = [{FRONT_UID}]\n"
+            f'warm_pools = {{ default = 2 }}\nsession_pools = {{ default = 2 }}\nenv_store = "{d}/envs"\n'
+        )
+    p = subprocess.Popen([pycelld, "--config", conf], env=dict(os.environ, PYCELL_JAILER=jailer),
+                         stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "log"), "w"))
+    for _ in range(200):
+        if os.path.exists(f"{d}/pycell.sock"):
+            break
+        time.sleep(0.05)
+    return p, f"{d}/pycell.sock"
+
+
+def serve(cmd, marker):
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    line = p.stderr.readline()
+    if marker not in line:
+        raise SystemExit(f"bench/mcp_http.py: {cmd[:3]} did not start: {line}")
+    return p, line.split(marker)[1].split(" ")[0]
+
+
+def token(pycell, d):
+    out = subprocess.run([pycell, "mcp-token", "bench"], capture_output=True, text=True, check=True)
+    path = os.path.join(d, "tokens.toml")
+    with open(path, "w") as f:
+        f.write(out.stdout)
+    return out.stderr.strip().splitlines()[-1], path
+
+
+async def calls(client, n):
+    times = []
+    for i in range(n + 10):
+        t0 = time.perf_counter()
+        r = await client.call_tool("run_python", {"code": "print(1)"})
+        if r.is_error:
+            raise SystemExit(f"bench/mcp_http.py: a call failed: {r}")
+        if i >= 10:
+            times.append((time.perf_counter() - t0) * 1000)
+    return times
+
+
+def http_client(url, tok):
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {tok}"}, timeout=120)
+    return Client(streamable_http_client(url, http_client=http), mode="legacy")
+
+
+async def per_call(pycell, sock, url, tok, n):
+    env = dict(os.environ, PYCELL_SOCKET=sock)
+    stdio = StdioServerParameters(command=pycell, args=["mcp"], env=env)
+    out = {"stdio": [], "http": []}
+    # Interleaved rounds, so that drift on the machine hits both alike.
+    async with Client(stdio, mode="legacy") as s, http_client(url, tok) as h:
+        for _ in range(4):
+            out["stdio"] += await calls(s, n // 4)
+            out["http"] += await calls(h, n // 4)
+    return out
+
+
+async def sessions_per_second(url, tok, clients, seconds):
+    done = 0
+    deadline = time.monotonic() + seconds
+
+    async def one():
+        nonlocal done
+        async with http_client(url, tok) as c:
+            while time.monotonic() < deadline:
+                s = await c.call_tool("session_start", {})
+                h = s.structured_content["session"]
+                await c.call_tool("run_python", {"session": h, "code": "x = 1"})
+                await c.call_tool("session_end", {"session": h})
+                done += 1
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(one() for _ in range(clients)))
+    return done / (time.monotonic() - t0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pycell", required=True)
+    ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=10)
+    a = ap.parse_args()
+    target_dir = os.path.dirname(a.pycell)
+    pycelld, jailer = os.path.join(target_dir, "pycelld"), os.path.join(target_dir, "pycell-jailer")
+    procs = []
+    with tempfile.TemporaryDirectory(prefix="pycell-bench-http-") as d:
+        os.chmod(d, 0o755)
+        try:
+            subprocess.run([sys.executable, os.path.join(HERE, "..", "tests", "mcp", "sdk_http.py"), "keys", d],
+                           check=True, capture_output=True)
+            tok, tokens = token(a.pycell, d)
+            nodes = []
+            for i, name in enumerate("abc"):
+                p, sock = start_node(pycelld, jailer, os.path.join(d, name), name, 1_700_000_000 + i * 64)
+                procs.append(p)
+                nodes.append(sock)
+            front = [a.pycell, "mcp", "--http", "127.0.0.1:0", "--user", str(FRONT_UID), "--tokens", tokens]
+            p, one = serve(front + ["--socket", nodes[0]], "serving MCP at ")
+            procs.append(p)
+            gw = []
+            for sock in nodes:
+                p, at = serve([a.pycell, "gateway", "--listen", "127.0.0.1:0", "--socket", sock,
+                               "--tls-cert", f"{d}/gateway-cert.pem", "--tls-key", f"{d}/gateway-key.pem",
+                               "--client-ca", f"{d}/ca.pem", "--user", str(FRONT_UID)], "connections on ")
+                procs.append(p)
+                gw.append(at)
+            tls = ["--node-tls-cert", f"{d}/front-cert.pem", "--node-tls-key", f"{d}/front-key.pem", "--node-ca", f"{d}/ca.pem"]
+            p, three = serve(front + tls + [f"--node={n}={at}" for n, at in zip("abc", gw)], "serving MCP at ")
+            procs.append(p)
+            p, single = serve(front + tls + [f"--node=a={gw[0]}"], "serving MCP at ")
+            procs.append(p)
+            time.sleep(1.5)
+            t = asyncio.run(per_call(a.pycell, nodes[0], one, tok, a.runs))
+            s1 = asyncio.run(sessions_per_second(single, tok, a.clients, a.seconds))
+            s3 = asyncio.run(sessions_per_second(three, tok, a.clients, a.seconds))
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    stdio, http = statistics.median(t["stdio"]), statistics.median(t["http"])
+    print(f"pycell mcp over HTTP; run_python print(1) medians over {len(t['http'])} calls each (interleaved)")
+    print(f"  {'stdio (pycell mcp, through pycelld)':<52} {stdio:8.2f} ms    (base)")
+    print(f"  {'streamable HTTP on loopback (bearer token)':<52} {http:8.2f} ms  {http - stdio:+7.2f} ms")
+    print(f"  sessions/s (start, a cell, end; {a.clients} clients, {a.seconds:.0f} s):"
+          f" front end over 1 node {s1:.1f}, over 3 nodes {s3:.1f} ({s3 / s1:.2f}x)")
+    print("targets:")
+    ok = http - stdio <= 1.0
+    print(f"  {'PASS' if ok else 'MISS'}  run_python over HTTP <= +1 ms over stdio: {http - stdio:+.2f} ms")
+    print(json.dumps({"stdio_ms": stdio, "http_ms": http, "sessions_per_s_1": s1, "sessions_per_s_3": s3}))
+
+
+if __name__ == "__main__":
+    main()
