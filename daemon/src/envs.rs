@@ -66,55 +66,73 @@ impl Builders {
     /// For the monitor's `launcher` and `config`; `pycell` is found beside
     /// this executable, else at /usr/bin/pycell.
     pub fn new(config: &Config, launcher: &Launcher) -> Result<Builders, EnvsError> {
-        let beside = std::env::current_exe()
-            .map_err(EnvsError::Locate)?
-            .with_file_name("pycell");
-        let cli = [beside.clone(), PathBuf::from(INSTALLED_CLI)]
-            .into_iter()
-            .find(|p| p.is_file())
-            .ok_or(EnvsError::NoCli(beside))?;
-        let jailer = launcher
-            .jailer
-            .clone()
-            .map_err(|f| EnvsError::Jailer(f.message))?;
-        let uids = format!(
-            "{}-{}",
-            launcher.uid_range.start(),
-            launcher.uid_range.end()
-        );
-        let mut env: Vec<(String, OsString)> = vec![
-            (
-                "PYCELL_POLICY_DIR".into(),
-                launcher.policy_dir.clone().into(),
-            ),
-            ("PYCELL_ENV_STORE".into(), config.env_store.clone().into()),
-            ("PYCELL_JAILER".into(), jailer.into()),
-            ("PYCELL_UID_RANGE".into(), uids.into()),
-            (
-                "PYCELL_CGROUP_PARENT".into(),
-                launcher.cgroup_parent.clone().into(),
-            ),
-        ];
-        // The install's proxy goes upstream as pycelld's environment says;
-        // a test's uv comes from PYCELL_UV.
-        env.extend(
-            std::env::vars_os()
-                .filter_map(|(k, v)| Some((k.into_string().ok()?, v)))
-                .filter(|(k, _)| passed_to_builders(k)),
-        );
+        let (cli, env) = cli_and_env(config, launcher)?;
         Ok(Builders { cli, env })
     }
 
     /// `pycell ARGS` with the builders' environment and no stdin.
     fn command(&self, args: Vec<String>) -> Command {
-        let mut cmd = Command::new(&self.cli);
-        cmd.args(args)
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null());
-        cmd
+        cli_command(&self.cli, &self.env, args)
     }
+}
 
+/// `pycell ARGS` with `env` only and no stdin.
+pub(crate) fn cli_command(cli: &Path, env: &[(String, OsString)], args: Vec<String>) -> Command {
+    let mut cmd = Command::new(cli);
+    cmd.args(args)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// The `pycell` the monitor runs (beside this executable, else
+/// /usr/bin/pycell) and the environment that makes its embedded runs the
+/// daemon's: its policies, jailer, sandbox uids and cgroup parent.
+pub(crate) fn cli_and_env(
+    config: &Config,
+    launcher: &Launcher,
+) -> Result<(PathBuf, Vec<(String, OsString)>), EnvsError> {
+    let beside = std::env::current_exe()
+        .map_err(EnvsError::Locate)?
+        .with_file_name("pycell");
+    let cli = [beside.clone(), PathBuf::from(INSTALLED_CLI)]
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or(EnvsError::NoCli(beside))?;
+    let jailer = launcher
+        .jailer
+        .clone()
+        .map_err(|f| EnvsError::Jailer(f.message))?;
+    let uids = format!(
+        "{}-{}",
+        launcher.uid_range.start(),
+        launcher.uid_range.end()
+    );
+    let mut env: Vec<(String, OsString)> = vec![
+        (
+            "PYCELL_POLICY_DIR".into(),
+            launcher.policy_dir.clone().into(),
+        ),
+        ("PYCELL_ENV_STORE".into(), config.env_store.clone().into()),
+        ("PYCELL_JAILER".into(), jailer.into()),
+        ("PYCELL_UID_RANGE".into(), uids.into()),
+        (
+            "PYCELL_CGROUP_PARENT".into(),
+            launcher.cgroup_parent.clone().into(),
+        ),
+    ];
+    // The install's proxy goes upstream as pycelld's environment says;
+    // a test's uv comes from PYCELL_UV.
+    env.extend(
+        std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v)))
+            .filter(|(k, _)| passed_to_builders(k)),
+    );
+    Ok((cli, env))
+}
+
+impl Builders {
     /// Start building `deps` for `policy`: the builder, and the read end of
     /// its progress (a line per step).
     pub fn start(&self, policy: &str, deps: &DepsRequest) -> std::io::Result<(Child, OwnedFd)> {

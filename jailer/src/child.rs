@@ -236,8 +236,13 @@ impl JailSteps for RealSteps<'_> {
             hostname: HOSTNAME,
             cover_proc: self.kind != JailKind::Zygote,
         };
-        mounts::build_root(sources, &layout)
-            .map_err(|e| StepError::new(Step::Rootfs, e.to_string()))?;
+        mounts::build_root(sources, &layout).map_err(|e| {
+            let step = StepError::new(Step::Rootfs, e.to_string());
+            match e.hint() {
+                Some(h) => step.with_hint(h),
+                None => step,
+            }
+        })?;
         mounts::pivot().map_err(|e| StepError::new(Step::Rootfs, e.to_string()))?;
         self.hand_disk_to_jailer()
     }

@@ -39,6 +39,19 @@ pub struct MountError {
     pub source: std::io::Error,
 }
 
+/// What mounting a fresh /proc needs, when the kernel refuses it.
+const PROC_MASKED: &str = "the kernel mounts a fresh /proc in a new user namespace only where the /proc above is whole, and this one has files covered or read-only (a container runtime's masked paths do that): run pycell where /proc is unmasked (Kubernetes: securityContext.procMount: Unmasked; podman: --security-opt unmask=ALL); see docs/cluster.md";
+
+impl MountError {
+    /// What to change, for failures whose cause is known.
+    pub fn hint(&self) -> Option<&'static str> {
+        let eperm = self.source.raw_os_error() == Some(libc::EPERM);
+        (eperm && self.what == PROC_MOUNT).then_some(PROC_MASKED)
+    }
+}
+
+const PROC_MOUNT: &str = "mounting a fresh /proc";
+
 fn err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> MountError {
     let what = what.into();
     move |source| MountError { what, source }
@@ -328,7 +341,7 @@ fn mount_proc() -> Result<(), MountError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None::<&str>,
     )
-    .map_err(nix_err("mounting a fresh /proc"))
+    .map_err(nix_err(PROC_MOUNT))
 }
 
 /// Host-wide /proc files hidden behind /dev/null: counters and lists that

@@ -1110,3 +1110,63 @@ fn hostile_requests_are_refused_at_once_and_stall_no_one() {
         d.log()
     );
 }
+
+/// Where a jail cannot be built, pycelld does not start: it says which
+/// step failed and what to change, and leaves nothing behind. The host
+/// here is a mount namespace whose /proc has a file covered, as a
+/// container runtime's masked paths cover them (a fresh /proc cannot then
+/// be mounted in a new user namespace).
+#[test]
+fn pycelld_refuses_to_start_where_it_cannot_build_a_jail() {
+    pycell_tests::require_root();
+    let dir = pycell_tests::open_tempdir("pycelld-self-check");
+    let base = 1_950_000_200 + (std::process::id() % 1000) * 64;
+    let cgroup = format!("pycelld-test-self-check-{}", std::process::id());
+    let config = dir.path().join("pycelld.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "socket = \"{0}/pycell.sock\"\naudit_log = \"off\"\ncgroup_parent = \"{cgroup}\"\nuid_range = \"{base}-{1}\"\nwarm_pools = {{}}\nsession_pools = {{}}\nenv_store = \"{0}/envs\"\n",
+            dir.path().display(),
+            base + 63
+        ),
+    )
+    .unwrap();
+    let script = format!(
+        "mount --bind /dev/null /proc/keys && exec {} --config {}",
+        pycell_tests::pycelld_bin().display(),
+        config.display()
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .env(
+            "PYCELL_JAILER",
+            pycell_bin().with_file_name("pycell-jailer"),
+        )
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "pycelld started: {err}");
+    assert!(
+        err.contains("cannot build a jail here, so it does not start")
+            && err.contains("mounting a fresh /proc")
+            && err.contains("procMount: Unmasked"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("pycell.sock").exists(),
+        "it made its socket"
+    );
+    let found = Command::new("find")
+        .args(["/sys/fs/cgroup", "-maxdepth", "5", "-name", &cgroup])
+        .output()
+        .unwrap();
+    let found = String::from_utf8_lossy(&found.stdout);
+    assert!(found.trim().is_empty(), "left behind: {found}");
+    let left: Vec<_> = pycell_tests::host_processes()
+        .into_iter()
+        .filter(|p| p.uids.iter().any(|u| (base..base + 64).contains(u)))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -71,6 +71,8 @@ pub enum MonitorError {
     Jailer(String),
     #[error("{0}")]
     Sys(String),
+    #[error("pycelld cannot build a jail here, so it does not start: {0}. In a container, the pod lacks what this step needs: docs/cluster.md lists what a pod must have")]
+    SelfCheck(String),
 }
 
 struct Run {
@@ -121,6 +123,11 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
         cgroup_parent: cgroup_parent.clone(),
         jailer: Ok(launch::find_jailer().map_err(|f| MonitorError::Jailer(f.message))?),
     };
+    let took = self_check::check(&config, &launcher).inspect_err(|_| {
+        layout.remove_stale(&cgroup_parent, "pycell-");
+        layout.remove_created(&created_cgroups);
+    })?;
+    tracing::info!("self-check: a jail of the default policy built and ran in {took:?}");
     let audit = AuditLog::open(&config.audit)
         .map_err(|e| MonitorError::Sys(format!("audit log {:?}: {e}", config.audit)))?;
     let (listener, origin) = listening_socket(&config, ids.socket_gid)?;
@@ -205,6 +212,7 @@ struct Monitor {
 
 mod builds;
 mod runs;
+mod self_check;
 pub(crate) use runs::SESSION_READY_WITHIN;
 mod serve;
 mod setup;
