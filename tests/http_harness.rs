@@ -24,19 +24,33 @@ pub struct Served {
     pub child: Child,
     /// What it said it serves: the front end's URL, the gateway's address.
     pub at: String,
+    /// The rest of its stderr.
+    pub log: std::path::PathBuf,
+}
+
+impl Served {
+    /// What it said on stderr after it started serving.
+    pub fn said(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
 }
 
 impl Drop for Served {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
 /// Start `pycell ARGS`, reading what it serves from the first line of its
 /// stderr (the word after `marker`).
 fn serve(args: &[String], marker: &str) -> Served {
-    let mut child = Command::new(pycell_bin())
+    serve_program(&pycell_bin().to_string_lossy(), args, marker)
+}
+
+fn serve_program(program: &str, args: &[String], marker: &str) -> Served {
+    let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -52,29 +66,53 @@ fn serve(args: &[String], marker: &str) -> Served {
         .and_then(|r| r.split(' ').next())
         .unwrap_or_else(|| panic!("pycell {args:?} did not say {marker:?}: {line:?}"))
         .to_string();
-    // The rest of its stderr must not fill the pipe.
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    Served { child, at }
+    // The rest of its stderr, to a file (the pipe must not fill).
+    let log = std::env::temp_dir().join(format!("pycell-served-{}.log", child.id()));
+    let mut file = std::fs::File::create(&log).unwrap();
+    std::thread::spawn(move || std::io::copy(&mut err, &mut file));
+    Served { child, at, log }
 }
 
 /// `pycell mcp --http 127.0.0.1:0 --user FRONT_UID ARGS`; `at` is its URL.
 pub fn start_front(args: &[&str]) -> Served {
+    serve(&front_args(args), "serving MCP at ")
+}
+
+fn front_args(args: &[&str]) -> Vec<String> {
     let mut all: Vec<String> = ["mcp", "--http", "127.0.0.1:0", "--user"]
         .map(String::from)
         .to_vec();
     all.push(FRONT_UID.to_string());
     all.extend(args.iter().map(|s| s.to_string()));
-    serve(&all, "serving MCP at ")
+    all
+}
+
+/// [`start_front`] in a mount namespace of its own whose /etc/hosts is
+/// `hosts` (bound over it: names the test controls, changed in place).
+pub fn start_front_with_hosts(hosts: &Path, args: &[&str]) -> Served {
+    let script = "mount --bind \"$0\" /etc/hosts && exec \"$@\"";
+    let mut all: Vec<String> = ["--mount", "--propagation", "private", "sh", "-c", script]
+        .map(String::from)
+        .to_vec();
+    all.push(hosts.to_string_lossy().to_string());
+    all.push(pycell_bin().to_string_lossy().to_string());
+    all.extend(front_args(args));
+    serve_program("unshare", &all, "serving MCP at ")
 }
 
 /// `pycell gateway` on a loopback port for the pycelld at `socket`, with
 /// the certificates in `dir` (see [`credentials`]); `at` is HOST:PORT.
 pub fn start_gateway(socket: &Path, dir: &Path) -> Served {
+    start_gateway_at(socket, dir, "127.0.0.1:0")
+}
+
+/// [`start_gateway`], listening on `listen`.
+pub fn start_gateway_at(socket: &Path, dir: &Path, listen: &str) -> Served {
     let p = |f: &str| dir.join(f).to_string_lossy().to_string();
     let args = [
         "gateway".to_string(),
         "--listen".into(),
-        "127.0.0.1:0".into(),
+        listen.into(),
         "--socket".into(),
         socket.to_string_lossy().to_string(),
         "--tls-cert".into(),

@@ -525,6 +525,17 @@ pub struct McpArgs {
     /// on theirs (the handle names it).
     #[arg(long = "node", value_name = "NAME=ADDR", requires = "http")]
     pub nodes: Vec<String>,
+    /// Find the cluster's nodes by DNS: every address HOST has is a node's
+    /// `pycell gateway` on PORT (on Kubernetes, the nodes' headless
+    /// Service), asked again every second; a node no longer listed is gone
+    /// (its sessions answer session_gone).
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        requires = "http",
+        conflicts_with = "socket"
+    )]
+    pub nodes_dns: Option<String>,
     /// This front end's certificate for gateways (PEM, of the cluster CA).
     #[arg(long, value_name = "FILE", requires_all = ["node_tls_key", "node_ca"])]
     pub node_tls_cert: Option<PathBuf>,

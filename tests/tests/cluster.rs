@@ -17,7 +17,10 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use pycell_tests::daemon::Daemon;
-use pycell_tests::http::{credentials, get, start_front, start_gateway, text, Served, GATEWAY_UID};
+use pycell_tests::http::{
+    credentials, get, start_front, start_front_with_hosts, start_gateway, start_gateway_at, text,
+    Served, GATEWAY_UID,
+};
 use pycell_tests::sdk::{sdk_report_with, tools_python};
 use pycell_tests::{repo_root, require_root};
 use serde_json::Value;
@@ -324,4 +327,106 @@ fn a_gateway_takes_only_front_ends_of_the_cluster_ca() {
         );
     }
     assert_eq!(cluster.runs_per_node().iter().sum::<usize>(), 0);
+}
+
+/// Nodes found by DNS (`--nodes-dns`, as a Kubernetes headless Service
+/// lists a DaemonSet's pods): a node the name starts to list joins and
+/// takes runs; one it no longer lists is gone, and its sessions answer
+/// `session_gone`. The name is the front end's own /etc/hosts (a mount
+/// namespace of its own), the gateways on 127.0.0.2 and 127.0.0.3.
+#[test]
+fn nodes_found_by_dns_join_and_leave() {
+    require_root();
+    let cluster = Cluster::start();
+    let first = start_gateway_at(
+        &cluster.nodes[0].socket(),
+        cluster.dir.path(),
+        "127.0.0.2:0",
+    );
+    let port = first.at.rsplit_once(':').unwrap().1.to_string();
+    let _second = start_gateway_at(
+        &cluster.nodes[1].socket(),
+        cluster.dir.path(),
+        &format!("127.0.0.3:{port}"),
+    );
+    let hosts = cluster.dir.path().join("hosts");
+    let name = "pycell-nodes.invalid";
+    std::fs::write(&hosts, format!("127.0.0.2 {name}\n")).unwrap();
+    let p = |f: &str| cluster.dir.path().join(f).to_string_lossy().to_string();
+    let args = [
+        "--tokens".to_string(),
+        p("tokens.toml"),
+        "--nodes-dns".into(),
+        format!("{name}:{port}"),
+        "--node-tls-cert".into(),
+        p("front-cert.pem"),
+        "--node-tls-key".into(),
+        p("front-key.pem"),
+        "--node-ca".into(),
+        p("ca.pem"),
+    ];
+    let front =
+        start_front_with_hosts(&hosts, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    std::thread::sleep(Duration::from_millis(1500));
+    let show = |r: &Value| serde_json::to_string_pretty(r).unwrap();
+
+    // One node listed: every run goes to it.
+    let r = cluster.phase(&front, "after_restart", &[]);
+    assert!(
+        get(&r, "/runs")
+            .as_array()
+            .is_some_and(|a| a.len() == 4 && a.iter().all(|x| x["is_error"] == false)),
+        "{}",
+        show(&r)
+    );
+    assert_eq!(cluster.runs_per_node()[..2], [4, 0]);
+
+    // The second joins: sessions land on both (the least loaded first).
+    std::fs::write(&hosts, format!("127.0.0.2 {name}\n127.0.0.3 {name}\n")).unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let r = cluster.phase(&front, "spread", &[]);
+    let handles: Vec<String> = get(&r, "/sessions")
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|s| s["handle"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(
+        handles.iter().any(|h| h.ends_with("@127.0.0.3")),
+        "{}\nthe front end said:\n{}",
+        show(&r),
+        front.said()
+    );
+    assert!(
+        handles.iter().any(|h| h.ends_with("@127.0.0.2")),
+        "{}",
+        show(&r)
+    );
+    assert!(
+        cluster.runs_per_node()[1] >= 1,
+        "{:?}",
+        cluster.runs_per_node()
+    );
+
+    // It leaves the listing: its sessions are gone, the first's are not.
+    std::fs::write(&hosts, format!("127.0.0.2 {name}\n")).unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = cluster.runs_per_node();
+    let r = cluster.phase(&front, "after_kill", &handles);
+    for h in &handles {
+        let t = get(&r, &format!("/cells/{h}/text"))
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        match h.ends_with("@127.0.0.3") {
+            true => assert!(t.contains("left the cluster"), "{h}: {t}"),
+            false => assert!(t.contains("42"), "{h}: {t}"),
+        }
+    }
+    assert_eq!(
+        cluster.runs_per_node()[1],
+        before[1],
+        "a run went to the node that left"
+    );
 }

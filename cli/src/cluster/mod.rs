@@ -22,9 +22,10 @@
 pub mod gateway;
 pub mod tunnel;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use pycell_protocol::client::{DaemonClient, Endpoint};
@@ -90,9 +91,14 @@ struct NodeState {
     max: usize,
     /// This front end's calls to it now.
     in_flight: usize,
+    /// Calls this front end sent it since its last status (a session
+    /// started holds a slot there, which only the next status shows).
+    placed: usize,
     down_until: Option<Instant>,
     /// Why it is down, for messages.
     down_because: String,
+    /// No longer listed by the DNS name nodes are found by.
+    gone: bool,
 }
 
 /// One node.
@@ -129,7 +135,10 @@ impl Node {
 
     /// Count a call to it (for placement) while the lease lives.
     pub fn lease(self: &Arc<Self>) -> Lease {
-        self.state().in_flight += 1;
+        let mut s = self.state();
+        s.in_flight += 1;
+        s.placed += 1;
+        drop(s);
         Lease(Arc::clone(self))
     }
 
@@ -137,6 +146,9 @@ impl Node {
     /// it again, and at least [`DOWN_AT_LEAST`].
     pub fn mark_down(&self, because: &str) {
         let mut s = self.state();
+        if s.down_until.is_none() {
+            say(&format!("node {} is down: {because}", self.name));
+        }
         s.down_until = Some(Instant::now() + DOWN_AT_LEAST);
         s.down_because = because.to_string();
     }
@@ -144,13 +156,30 @@ impl Node {
     /// Why it is down, if it is.
     pub fn down(&self) -> Option<String> {
         let s = self.state();
+        if s.gone {
+            return Some("it left the cluster (no longer listed)".into());
+        }
         s.down_until.map(|_| s.down_because.clone())
     }
 
-    /// Load: calls going and waiting per slot.
+    fn set_gone(&self, gone: bool) {
+        let mut s = self.state();
+        if s.gone != gone {
+            let what = if gone {
+                "left the cluster"
+            } else {
+                "is listed again"
+            };
+            say(&format!("node {} {what}", self.name));
+        }
+        s.gone = gone;
+    }
+
+    /// Load: calls going and waiting per slot, as its last status said,
+    /// with those sent since (or, while they last, going: the larger).
     fn load(&self) -> f64 {
         let s = self.state();
-        (s.active + s.in_flight) as f64 / s.max.max(1) as f64
+        (s.active + s.in_flight.max(s.placed)) as f64 / s.max.max(1) as f64
     }
 
     fn polled(&self, answer: Result<pycell_protocol::info::DaemonStatus, String>) {
@@ -159,11 +188,16 @@ impl Node {
             Ok(st) => {
                 s.active = st.active_runs + st.queued_runs;
                 s.max = st.max_concurrent_runs;
+                s.placed = 0;
                 if s.down_until.is_some_and(|t| Instant::now() >= t) {
                     s.down_until = None;
+                    say(&format!("node {} is up", self.name));
                 }
             }
             Err(why) => {
+                if s.down_until.is_none() {
+                    say(&format!("node {} is down: {why}", self.name));
+                }
                 let at_least = Instant::now() + DOWN_AT_LEAST;
                 s.down_until = Some(s.down_until.map_or(at_least, |t| t.max(at_least)));
                 s.down_because = why;
@@ -172,52 +206,74 @@ impl Node {
     }
 }
 
-/// The cluster's nodes.
+/// The cluster's nodes: those given, or those a DNS name lists now (a
+/// node no longer listed stays, gone, so that its handles answer
+/// `session_gone`).
 #[derive(Debug)]
 pub struct Nodes {
-    list: Vec<Arc<Node>>,
+    list: RwLock<Vec<Arc<Node>>>,
     turn: AtomicUsize,
+    /// `--nodes-dns HOST:PORT`: every address the name has is a node's
+    /// gateway.
+    dns: Option<String>,
+    /// The tunnels to nodes behind gateways (their sockets' directory
+    /// lives as long as this).
+    tunnels: Option<tunnel::Tunnels>,
+}
+
+fn node(name: String, socket: PathBuf) -> Arc<Node> {
+    Arc::new(Node {
+        name,
+        socket,
+        state: Mutex::new(NodeState {
+            max: 1,
+            ..NodeState::default()
+        }),
+    })
+}
+
+/// A node's name for the gateway at `addr`: its address, `:` as `-`.
+pub fn name_of(addr: &SocketAddr) -> String {
+    addr.ip().to_string().replace(':', "-")
 }
 
 impl Nodes {
-    pub fn new(nodes: Vec<(String, PathBuf)>) -> Arc<Nodes> {
-        let list = nodes
-            .into_iter()
-            .map(|(name, socket)| {
-                Arc::new(Node {
-                    name,
-                    socket,
-                    state: Mutex::new(NodeState {
-                        max: 1,
-                        ..NodeState::default()
-                    }),
-                })
-            })
-            .collect();
+    pub fn new(
+        nodes: Vec<(String, PathBuf)>,
+        dns: Option<String>,
+        tunnels: Option<tunnel::Tunnels>,
+    ) -> Arc<Nodes> {
+        let list = nodes.into_iter().map(|(n, s)| node(n, s)).collect();
         Arc::new(Nodes {
-            list,
+            list: RwLock::new(list),
             turn: AtomicUsize::new(0),
+            dns,
+            tunnels,
         })
     }
 
-    pub fn names(&self) -> Vec<&str> {
-        self.list.iter().map(|n| n.name.as_str()).collect()
+    fn list(&self) -> Vec<Arc<Node>> {
+        self.list.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.list().iter().map(|n| n.name.clone()).collect()
     }
 
     pub fn named(&self, name: &str) -> Option<Arc<Node>> {
-        self.list.iter().find(|n| n.name == name).cloned()
+        self.list().into_iter().find(|n| n.name == name)
     }
 
     /// The nodes that are up, least loaded first (equal loads take turns).
     pub fn ranked(&self) -> Vec<Arc<Node>> {
+        let list = self.list();
         let start = self.turn.fetch_add(1, Ordering::Relaxed);
-        let n = self.list.len().max(1);
-        let mut up: Vec<(f64, usize, Arc<Node>)> = self
-            .list
-            .iter()
+        let n = list.len().max(1);
+        let mut up: Vec<(f64, usize, Arc<Node>)> = list
+            .into_iter()
             .enumerate()
             .filter(|(_, node)| node.down().is_none())
-            .map(|(i, node)| (node.load(), (i + n - start % n) % n, Arc::clone(node)))
+            .map(|(i, node)| (node.load(), (i + n - start % n) % n, node))
             .collect();
         up.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         up.into_iter().map(|(_, _, node)| node).collect()
@@ -225,8 +281,11 @@ impl Nodes {
 
     /// Why no node can take a call.
     pub fn none_up(&self) -> String {
-        let why: Vec<String> = self
-            .list
+        let list = self.list();
+        if list.is_empty() {
+            return "the cluster has no node yet; try again shortly".into();
+        }
+        let why: Vec<String> = list
             .iter()
             .map(|n| format!("{}: {}", n.name, n.down().unwrap_or_else(|| "up".into())))
             .collect();
@@ -236,10 +295,57 @@ impl Nodes {
         )
     }
 
-    /// Ask every node its load now, and then every [`POLL`], until `stop`.
+    /// The nodes the DNS name lists now: new ones joined (a tunnel each),
+    /// those no longer listed gone, those listed again back.
+    async fn discover(&self) {
+        let (Some(name), Some(tunnels)) = (&self.dns, &self.tunnels) else {
+            return;
+        };
+        let name = name.clone();
+        let found = tokio::task::spawn_blocking(move || {
+            std::net::ToSocketAddrs::to_socket_addrs(&name).map(|a| a.collect::<Vec<_>>())
+        })
+        .await;
+        let Ok(Ok(found)) = found else {
+            // A name that does not resolve now changes nothing: the
+            // status polls say which nodes still answer.
+            return;
+        };
+        let mut joined = Vec::new();
+        let known = self.list();
+        for addr in &found {
+            let name = name_of(addr);
+            if known.iter().any(|n| n.name == name)
+                || joined.iter().any(|n: &Arc<Node>| n.name == name)
+            {
+                continue;
+            }
+            match tunnels.open(&name, addr.to_string()) {
+                Ok(socket) => {
+                    say(&format!("node {name} joined (its gateway at {addr})"));
+                    joined.push(node(name, socket));
+                }
+                Err(e) => say(&format!("node {name}: {e}")),
+            }
+        }
+        let listed: Vec<String> = found.iter().map(name_of).collect();
+        for n in &known {
+            n.set_gone(!listed.contains(&n.name));
+        }
+        if !joined.is_empty() {
+            self.list
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(joined);
+        }
+    }
+
+    /// Ask every node its load now, and then every [`POLL`], until `stop`
+    /// (finding nodes by DNS first, if that is how they are found).
     pub async fn watch(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
         loop {
-            for node in &self.list {
+            self.discover().await;
+            for node in self.list() {
                 let socket = node.socket.clone();
                 let answer = tokio::task::spawn_blocking(move || {
                     DaemonClient::connect(&socket)
@@ -256,6 +362,11 @@ impl Nodes {
             }
         }
     }
+}
+
+/// What becomes of the nodes, on the front end's stderr (its log).
+fn say(m: &str) {
+    eprintln!("pycell mcp --http: {m}");
 }
 
 #[cfg(test)]
@@ -286,6 +397,8 @@ mod tests {
             ["a", "b", "c"]
                 .map(|n| (n.to_string(), PathBuf::from(n)))
                 .to_vec(),
+            None,
+            None,
         )
     }
 
@@ -297,11 +410,14 @@ mod tests {
         nodes.named("c").unwrap().polled(Ok(status(3, 8)));
         let order: Vec<String> = nodes.ranked().iter().map(|n| n.name.clone()).collect();
         assert_eq!(order, ["b", "c", "a"]);
-        // Calls in flight count: three more on b put it after c.
+        // Calls sent since its status count: three more on b put it after
+        // c, until b's next status (sessions started there hold slots).
         let b = nodes.named("b").unwrap();
         let leases: Vec<Lease> = (0..3).map(|_| b.lease()).collect();
         assert_eq!(nodes.ranked()[0].name, "c");
         drop(leases);
+        assert_eq!(nodes.ranked()[0].name, "c");
+        b.polled(Ok(status(1, 8)));
         assert_eq!(nodes.ranked()[0].name, "b");
         b.mark_down("gone");
         assert!(nodes.ranked().iter().all(|n| n.name != "b"));

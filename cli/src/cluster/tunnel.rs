@@ -89,6 +89,41 @@ pub fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, String> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
+/// The front end's tunnels: a Unix socket per remote node, in a directory
+/// of this process's own (removed when it ends), each carried over TLS to
+/// the node's gateway.
+pub struct Tunnels {
+    dir: tempfile::TempDir,
+    tls: TlsConnector,
+}
+
+impl std::fmt::Debug for Tunnels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tunnels")
+            .field("dir", &self.dir.path())
+            .finish()
+    }
+}
+
+impl Tunnels {
+    pub fn new(tls: TlsConnector) -> Result<Tunnels, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("pycell-tunnels-")
+            .tempdir()
+            .map_err(|e| format!("cannot make a directory for the tunnels: {e}"))?;
+        Ok(Tunnels { dir, tls })
+    }
+
+    /// The socket for node `name`, whose gateway is at `remote` (from
+    /// within the runtime: it starts serving at once).
+    pub fn open(&self, name: &str, remote: String) -> Result<PathBuf, String> {
+        let path = self.dir.path().join(format!("{name}.sock"));
+        let listener = UnixListener::bind(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        tokio::spawn(serve_tunnel(listener, remote, self.tls.clone()));
+        Ok(path)
+    }
+}
+
 /// Carry bytes both ways until either side ends, then close both: a
 /// client that goes away must not leave half a connection open to
 /// pycelld, which ends a run when its client's connection closes.

@@ -30,7 +30,8 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::McpArgs;
-use crate::cluster::NodeAddr;
+use crate::cluster::tunnel::Tunnels;
+use crate::cluster::{NodeAddr, Nodes};
 use crate::mcp_server::sandboxes::{Mode, Sandboxes};
 use crate::mcp_server::PycellServer;
 use front::Front;
@@ -82,8 +83,9 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
         None => None,
     };
     let stop = CancellationToken::new();
-    let banner = setup.banner();
-    let (mode, _tunnels) = match where_runs_go(setup.backend, &stop) {
+    // Said first: what becomes of the nodes follows (tests read this line).
+    eprintln!("{}", setup.banner());
+    let mode = match where_runs_go(setup.backend, &stop) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("pycell mcp --http: {e}");
@@ -114,7 +116,6 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
         path: Arc::from(setup.public_url.path.as_str()),
         max_body: MAX_BODY,
     };
-    eprintln!("{banner}");
     let listener = match tokio::net::TcpListener::from_std(setup.listener) {
         Ok(l) => l,
         Err(e) => {
@@ -144,43 +145,29 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
     0
 }
 
-/// The mode of the sandboxes: one pycelld, or a cluster's nodes (each
-/// behind a gateway reached through a tunnel socket in a directory of
-/// this process's own, kept while the guard lives), watched until `stop`.
-fn where_runs_go(
-    backend: Backend,
-    stop: &CancellationToken,
-) -> Result<(Mode, Option<tempfile::TempDir>), String> {
-    let (nodes, tls) = match backend {
-        Backend::Daemon(socket) => return Ok((Mode::Daemon(socket), None)),
-        Backend::Cluster { nodes, tls } => (nodes, tls),
+/// The mode of the sandboxes: one pycelld, or a cluster's nodes (those
+/// behind a gateway reached through tunnels), watched until `stop`.
+fn where_runs_go(backend: Backend, stop: &CancellationToken) -> Result<Mode, String> {
+    let (nodes, dns, tls) = match backend {
+        Backend::Daemon(socket) => return Ok(Mode::Daemon(socket)),
+        Backend::Cluster { nodes, dns, tls } => (nodes, dns, tls),
     };
-    let dir = tempfile::Builder::new()
-        .prefix("pycell-tunnels-")
-        .tempdir()
-        .map_err(|e| format!("cannot make a directory for the tunnels: {e}"))?;
+    let tunnels = tls.map(Tunnels::new).transpose()?;
     let mut sockets = Vec::new();
     for (name, addr) in nodes {
-        let socket = match (addr, &tls) {
+        let socket = match (addr, &tunnels) {
             (NodeAddr::Unix(path), _) => path,
-            (NodeAddr::Tls(remote), Some(tls)) => {
-                let path = dir.path().join(format!("{name}.sock"));
-                let listener = tokio::net::UnixListener::bind(&path)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                tokio::spawn(crate::cluster::tunnel::serve_tunnel(
-                    listener,
-                    remote,
-                    tls.clone(),
-                ));
-                path
-            }
+            (NodeAddr::Tls(remote), Some(t)) => t.open(&name, remote)?,
             (NodeAddr::Tls(_), None) => return Err(format!("node {name}: no TLS to reach it")),
         };
         sockets.push((name, socket));
     }
-    let nodes = crate::cluster::Nodes::new(sockets);
+    if dns.is_some() && tunnels.is_none() {
+        return Err("--nodes-dns needs the node TLS flags".into());
+    }
+    let nodes = Nodes::new(sockets, dns, tunnels);
     tokio::spawn(Arc::clone(&nodes).watch(stop.clone()));
-    Ok((Mode::Cluster(nodes), Some(dir)))
+    Ok(Mode::Cluster(nodes))
 }
 
 /// Accept connections (at most [`MAX_CONNECTIONS`] at once) until SIGTERM

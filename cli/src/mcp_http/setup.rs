@@ -119,6 +119,8 @@ pub enum Backend {
     /// The nodes of a cluster; TLS to reach those behind a gateway.
     Cluster {
         nodes: Vec<(String, NodeAddr)>,
+        /// `--nodes-dns HOST:PORT`.
+        dns: Option<String>,
         tls: Option<tokio_rustls::TlsConnector>,
     },
 }
@@ -127,14 +129,17 @@ impl Backend {
     fn describe(&self) -> String {
         match self {
             Backend::Daemon(socket) => format!("pycelld at {}", socket.display()),
-            Backend::Cluster { nodes, .. } => {
-                let each: Vec<String> = nodes
+            Backend::Cluster { nodes, dns, .. } => {
+                let mut each: Vec<String> = nodes
                     .iter()
                     .map(|(name, addr)| match addr {
                         NodeAddr::Unix(p) => format!("{name} (unix:{})", p.display()),
                         NodeAddr::Tls(a) => format!("{name} ({a}, mutual TLS)"),
                     })
                     .collect();
+                if let Some(name) = dns {
+                    each.push(format!("every gateway {name} lists (mutual TLS)"));
+                }
                 format!("the nodes {}", each.join(", "))
             }
         }
@@ -143,7 +148,7 @@ impl Backend {
 
 /// The `--node` flags, and the TLS they need (read while still root).
 fn cluster(args: &McpArgs) -> Result<Option<Backend>, String> {
-    if args.nodes.is_empty() {
+    if args.nodes.is_empty() && args.nodes_dns.is_none() {
         return Ok(None);
     }
     let mut nodes = Vec::new();
@@ -156,17 +161,30 @@ fn cluster(args: &McpArgs) -> Result<Option<Backend>, String> {
         }
         nodes.push((name, addr));
     }
-    let remote = nodes.iter().any(|(_, a)| matches!(a, NodeAddr::Tls(_)));
+    let remote =
+        args.nodes_dns.is_some() || nodes.iter().any(|(_, a)| matches!(a, NodeAddr::Tls(_)));
     let tls = match (&args.node_tls_cert, &args.node_tls_key, &args.node_ca) {
         (Some(cert), Some(key), Some(ca)) => Some(connector(&TlsFiles {
             cert: cert.clone(),
             key: key.clone(),
             ca: ca.clone(),
         })?),
-        _ if remote => return Err("a --node behind a gateway (HOST:PORT) needs --node-tls-cert, --node-tls-key and --node-ca (mutual TLS with the cluster's CA)".into()),
+        _ if remote => return Err("nodes behind a gateway (--node NAME=HOST:PORT, --nodes-dns) need --node-tls-cert, --node-tls-key and --node-ca (mutual TLS with the cluster's CA)".into()),
         _ => None,
     };
-    Ok(Some(Backend::Cluster { nodes, tls }))
+    if let Some(name) = &args.nodes_dns {
+        if !name
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+        {
+            return Err(format!("--nodes-dns {name:?}: write HOST:PORT"));
+        }
+    }
+    Ok(Some(Backend::Cluster {
+        nodes,
+        dns: args.nodes_dns.clone(),
+        tls,
+    }))
 }
 
 impl std::fmt::Debug for Setup {
