@@ -36,7 +36,8 @@ pub enum Command {
     /// Exit status: 0 when every line got its result, 125 if FILE cannot be
     /// read or the results cannot be written (the lines after are not run).
     Batch(BatchArgs),
-    /// Serve the Model Context Protocol on stdin/stdout, for agents' MCP clients.
+    /// Serve the Model Context Protocol on stdin/stdout, for agents' MCP
+    /// clients (or, with --http ADDR, over HTTP for remote agents).
     ///
     /// Tools: run_python (run code in a fresh sandbox) and sandbox_info
     /// (policies, limits, isolation status). Configure a client with
