@@ -26,6 +26,7 @@ mod run;
 mod say;
 mod serving;
 mod session_cmd;
+mod tls;
 mod tool_servers;
 
 use clap::Parser;

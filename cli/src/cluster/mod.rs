@@ -54,15 +54,16 @@ pub fn parse_node(spec: &str) -> Result<(String, NodeAddr), String> {
     let addr = match addr.strip_prefix("unix:") {
         Some(path) if path.starts_with('/') => NodeAddr::Unix(PathBuf::from(path)),
         Some(_) => return Err(format!("--node {spec:?}: the socket path must be absolute")),
-        None if addr
-            .rsplit_once(':')
-            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) =>
-        {
-            NodeAddr::Tls(addr.to_string())
-        }
+        None if is_host_port(addr) => NodeAddr::Tls(addr.to_string()),
         None => return Err(format!("--node {spec:?}: the address is not HOST:PORT")),
     };
     Ok((name.to_string(), addr))
+}
+
+/// `HOST:PORT` (a name or an address, then a port number).
+pub fn is_host_port(s: &str) -> bool {
+    s.rsplit_once(':')
+        .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
 }
 
 /// A node's name: it goes into session handles after `@`.

@@ -11,82 +11,29 @@
 //! parses the requests, as it does a local client's, and trusts the
 //! gateway's uid as a front end.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixListener};
-use tokio_rustls::rustls::{self, RootCertStore};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+pub use crate::tls::TlsFiles;
 
 /// The name on every gateway's certificate.
 pub const GATEWAY_NAME: &str = "pycell-gateway";
 /// How long connecting to a gateway (TCP and TLS) may take.
 pub const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 
-/// A certificate, its key and the CA that signs the other side's.
-#[derive(Debug, Clone)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    pub ca: PathBuf,
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-fn chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|c| c.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    match certs.is_empty() {
-        true => Err(format!("{}: no certificate in it", path.display())),
-        false => Ok(certs),
-    }
-}
-
-fn key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-fn roots(ca: &Path) -> Result<RootCertStore, String> {
-    let mut roots = RootCertStore::empty();
-    for c in chain(ca)? {
-        roots.add(c).map_err(|e| format!("{}: {e}", ca.display()))?;
-    }
-    Ok(roots)
-}
-
 /// The front end's side: connects to gateways.
 pub fn connector(files: &TlsFiles) -> Result<TlsConnector, String> {
-    let config = rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots(&files.ca)?)
-        .with_client_auth_cert(chain(&files.cert)?, key(&files.key)?)
-        .map_err(|e| format!("{}: {e}", files.cert.display()))?;
-    Ok(TlsConnector::from(Arc::new(config)))
+    crate::tls::client(files).map(TlsConnector::from)
 }
 
 /// The gateway's side: only clients with a certificate of the CA.
 pub fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, String> {
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-        Arc::new(roots(&files.ca)?),
-        provider(),
-    )
-    .build()
-    .map_err(|e| format!("{}: {e}", files.ca.display()))?;
-    let config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain(&files.cert)?, key(&files.key)?)
-        .map_err(|e| format!("{}: {e}", files.cert.display()))?;
-    Ok(TlsAcceptor::from(Arc::new(config)))
+    crate::tls::server(&files.cert, &files.key, Some(&files.ca)).map(TlsAcceptor::from)
 }
 
 /// The front end's tunnels: a Unix socket per remote node, in a directory

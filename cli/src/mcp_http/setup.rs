@@ -173,10 +173,7 @@ fn cluster(args: &McpArgs) -> Result<Option<Backend>, String> {
         _ => None,
     };
     if let Some(name) = &args.nodes_dns {
-        if !name
-            .rsplit_once(':')
-            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
-        {
+        if !crate::cluster::is_host_port(name) {
             return Err(format!("--nodes-dns {name:?}: write HOST:PORT"));
         }
     }
@@ -226,7 +223,11 @@ impl Setup {
             None => format!("{scheme}://{addr}/mcp"),
         })?;
         let tls = match (&args.tls_cert, &args.tls_key) {
-            (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),
+            (Some(cert), Some(key)) => Some(
+                crate::tls::server(cert, key, None)
+                    .map(tokio_rustls::TlsAcceptor::from)
+                    .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?,
+            ),
             _ => None,
         };
         let gate = Arc::new(gate(args, &public_url)?);
@@ -310,29 +311,6 @@ fn gate(args: &McpArgs, public_url: &PublicUrl) -> Result<Gate, String> {
         oauth,
         metadata_url: format!("{}{METADATA_PREFIX}{}", public_url.origin, public_url.path),
     })
-}
-
-fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, String> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let chain = CertificateDer::pem_file_iter(cert)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
-    if chain.is_empty() {
-        return Err(format!(
-            "--tls-cert {}: no certificate in it",
-            cert.display()
-        ));
-    }
-    let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
-    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    let mut config = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
-        .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
 /// pycelld takes identities from this uid (its `front_end_uids`), or

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::sandboxes::{RequestError, RunEvent, Sandboxes};
 use super::sessions::{via_daemon, SessionFailure};
 use crate::cluster::{join_handle, split_handle, Node, Nodes};
+use pycell_launch::session_table::{self, Lookup};
 use pycell_protocol::messages::RunRequest;
 
 /// Nothing of the call happened on the node: another may take it.
@@ -89,10 +90,8 @@ impl Sandboxes {
         handle: &'h str,
     ) -> Result<(Arc<Node>, &'h str), SessionFailure> {
         let unknown = || {
-            SessionFailure::new(
-                FailureCode::UnknownSession,
-                format!("there is no session {handle:?}: start one with session_start (session_list shows yours)"),
-            )
+            let (code, message) = session_table::lookup_message(&Lookup::Unknown, handle);
+            SessionFailure::new(code, message)
         };
         let (local, name) = split_handle(handle).ok_or_else(unknown)?;
         let node = nodes.named(name).ok_or_else(unknown)?;

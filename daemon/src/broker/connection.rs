@@ -267,50 +267,53 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: UnixStream) {
             },
             _ => return,
         };
-        let going = match msg {
-            ClientMessage::Hello { .. } => {
-                let e = error(None, ErrorCode::BadMessage, "hello was already received");
-                conn.out.send(e).await
-            }
-            ClientMessage::Info => {
-                let info = ServerMessage::Info {
-                    info: Box::new(broker.info()),
-                };
-                conn.out.send(info).await
-            }
-            ClientMessage::Status => {
-                let status = ServerMessage::Status {
-                    status: Box::new(broker.status()),
-                };
-                conn.out.send(status).await
-            }
-            ClientMessage::Cancel { id } | ClientMessage::Interrupt { id } => {
-                let e = error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN);
-                conn.out.send(e).await
-            }
-            ClientMessage::Run { id, request } => run(&broker, &mut conn, &peer, id, request).await,
-            ClientMessage::SessionStart { id, request } => {
-                session_calls::start_session(&broker, &mut conn, &peer, id, request).await
-            }
-            ClientMessage::Session {
-                id,
-                session,
-                call,
-                timeout_s,
-            } => session_calls::call(&broker, &mut conn, &peer, id, session, call, timeout_s).await,
-            ClientMessage::SessionEnd { id, session } => {
-                session_calls::end(&broker, &mut conn, &peer, id, session).await
-            }
-            ClientMessage::SessionList { id } => {
-                session_calls::list(&broker, &mut conn, &peer, id).await
-            }
-            ClientMessage::ToolAnswer { id, .. } => {
-                let e = error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN);
-                conn.out.send(e).await
-            }
-        };
-        if !going {
+        if !answer(&broker, &mut conn, &peer, msg).await {
             return;
+        }
+    }
+}
+
+/// One message of a connection past its handshake. False once the
+/// connection is finished.
+async fn answer(broker: &Arc<Broker>, conn: &mut Conn, peer: &Peer, msg: ClientMessage) -> bool {
+    match msg {
+        ClientMessage::Hello { .. } => {
+            let e = error(None, ErrorCode::BadMessage, "hello was already received");
+            conn.out.send(e).await
+        }
+        ClientMessage::Info => {
+            let info = ServerMessage::Info {
+                info: Box::new(broker.info()),
+            };
+            conn.out.send(info).await
+        }
+        ClientMessage::Status => {
+            let status = ServerMessage::Status {
+                status: Box::new(broker.status()),
+            };
+            conn.out.send(status).await
+        }
+        ClientMessage::Cancel { id } | ClientMessage::Interrupt { id } => {
+            let e = error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN);
+            conn.out.send(e).await
+        }
+        ClientMessage::Run { id, request } => run(broker, conn, peer, id, request).await,
+        ClientMessage::SessionStart { id, request } => {
+            session_calls::start_session(broker, conn, peer, id, request).await
+        }
+        ClientMessage::Session {
+            id,
+            session,
+            call,
+            timeout_s,
+        } => session_calls::call(broker, conn, peer, id, session, call, timeout_s).await,
+        ClientMessage::SessionEnd { id, session } => {
+            session_calls::end(broker, conn, peer, id, session).await
+        }
+        ClientMessage::SessionList { id } => session_calls::list(broker, conn, peer, id).await,
+        ClientMessage::ToolAnswer { id, .. } => {
+            let e = error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN);
+            conn.out.send(e).await
         }
     }
 }
