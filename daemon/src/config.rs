@@ -170,11 +170,14 @@ fn slot_sized(concurrent: usize) -> (usize, usize) {
 /// This host's CPU count and RAM, as the defaults are sized. RAM comes from
 /// sysinfo(2), not /proc/meminfo, which pycelld.service cannot read
 /// (`ProcSubset=pid`): a default memory_budget from a 1 GiB guess left the
-/// default warm pool without members on any host.
+/// default warm pool without members on any host. A memory limit on
+/// pycelld's own cgroup (a pod's `limits.memory`, a unit's `MemoryMax`)
+/// caps it: every run's cgroup is below it, so that is all runs can have.
 pub fn host_resources() -> (usize, u64) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let memory = nix::sys::sysinfo::sysinfo().map_or(1 << 30, |s| s.ram_total());
-    (cores, memory)
+    let ram = nix::sys::sysinfo::sysinfo().map_or(1 << 30, |s| s.ram_total());
+    let limit = pycell_host::cgroup::layout::own_memory_limit().unwrap_or(u64::MAX);
+    (cores, ram.min(limit))
 }
 
 impl Default for Config {

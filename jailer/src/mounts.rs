@@ -40,7 +40,7 @@ pub struct MountError {
 }
 
 /// What mounting a fresh /proc needs, when the kernel refuses it.
-const PROC_MASKED: &str = "the kernel mounts a fresh /proc in a new user namespace only where the /proc above is whole, and this one has files covered or read-only (a container runtime's masked paths do that): run pycell where /proc is unmasked (Kubernetes: securityContext.procMount: Unmasked; podman: --security-opt unmask=ALL); see docs/cluster.md";
+const PROC_MASKED: &str = "the kernel mounts a fresh /proc in a new user namespace only where the /proc above is whole, and this one has files covered or read-only (a container runtime's masked paths do that): run pycell where /proc is unmasked (Kubernetes: securityContext.procMount: Unmasked; podman: --security-opt unmask=/proc/*); see docs/cluster.md";
 
 impl MountError {
     /// What to change, for failures whose cause is known.

@@ -73,6 +73,19 @@ pub enum MonitorError {
     Sys(String),
     #[error("pycelld cannot build a jail here, so it does not start: {0}. In a container, the pod lacks what this step needs: docs/cluster.md lists what a pod must have")]
     SelfCheck(String),
+    #[error("pycelld cannot limit runs here, so it does not start: {0}. The cgroup hierarchy is read-only: a container needs a writable cgroup v2 of its own (Kubernetes: the pycell RuntimeClass, docs/cluster.md; podman: --security-opt unmask=/sys/fs/cgroup)")]
+    CgroupReadOnly(pycell_host::cgroup::CgroupError),
+}
+
+impl MonitorError {
+    /// A cgroup error, told apart when the hierarchy is read-only.
+    fn cgroup(e: pycell_host::cgroup::CgroupError) -> MonitorError {
+        if e.is_read_only() {
+            MonitorError::CgroupReadOnly(e)
+        } else {
+            MonitorError::Cgroup(e)
+        }
+    }
 }
 
 struct Run {
@@ -111,8 +124,9 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
     // Runs live below this service's own (systemd-delegated) cgroup; on v2
     // the monitor first moves into a leaf of it, before any child exists.
     let layout = CgroupLayout::detect()?;
-    let cgroup_parent =
-        layout.adopt_own_subtree(crate::config::SUPERVISOR_CGROUP, &config.cgroup_parent)?;
+    let cgroup_parent = layout
+        .adopt_own_subtree(crate::config::SUPERVISOR_CGROUP, &config.cgroup_parent)
+        .map_err(MonitorError::cgroup)?;
     // Leftovers of an earlier instance that was killed: nothing of ours runs yet.
     layout.remove_stale(&cgroup_parent, "pycell-");
     let created_cgroups = layout.missing_dirs(&cgroup_parent);

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use pycell_launch::launcher::Launcher;
 use pycell_protocol::result::RunResult;
+use pycell_wire::codes::Layer;
 use pycell_wire::report::RunStatus;
 
 use super::MonitorError;
@@ -78,6 +79,7 @@ fn verdict(json: &str) -> Result<(), MonitorError> {
             let hint = f
                 .hint
                 .as_deref()
+                .or_else(|| profile_hint(f.layer, &f.message))
                 .map(|h| format!(" ({h})"))
                 .unwrap_or_default();
             format!("{} at {}: {}{hint}", f.code, f.layer, f.message)
@@ -90,6 +92,19 @@ fn verdict(json: &str) -> Result<(), MonitorError> {
         ),
     };
     Err(MonitorError::SelfCheck(why))
+}
+
+/// Where a step a jail takes in its own namespaces was refused with EPERM
+/// and the jailer named no cause: in a container, that is the runtime's
+/// seccomp or AppArmor profile (root in a user namespace may make these
+/// calls; only a filter or an LSM says no).
+fn profile_hint(layer: Layer, message: &str) -> Option<&'static str> {
+    let own_namespaces = matches!(
+        layer,
+        Layer::Namespaces | Layer::UserNamespace | Layer::Mounts | Layer::Network
+    );
+    (own_namespaces && (message.contains("EPERM") || message.contains("Operation not permitted")))
+        .then_some("in a container, its seccomp or AppArmor profile refuses this call: a node pod needs seccompProfile Localhost pycell/pycelld.json and appArmorProfile Unconfined")
 }
 
 #[cfg(test)]
@@ -112,6 +127,17 @@ mod tests {
             "{e}"
         );
         assert!(verdict("not json").is_err());
+    }
+
+    #[test]
+    fn a_refused_namespace_call_points_at_the_profiles() {
+        let hint = profile_hint(
+            Layer::Namespaces,
+            "sethostname: EPERM: Operation not permitted",
+        );
+        assert!(hint.is_some_and(|h| h.contains("pycell/pycelld.json")));
+        assert_eq!(profile_hint(Layer::Cgroup, "EPERM"), None);
+        assert_eq!(profile_hint(Layer::Namespaces, "ENOSPC"), None);
     }
 
     fn dummy() -> pycell_wire::report::JailFailure {

@@ -162,8 +162,14 @@ impl CgroupLayout {
     /// itself, so this process moves into the leaf `<own>/<supervisor>` and
     /// the memory, pids and cpu controllers are enabled for the children.
     /// Refused when the own cgroup holds other processes (a login session,
-    /// say): that cgroup is not ours to split. Call it while single-threaded,
-    /// before starting any child.
+    /// say): that cgroup is not ours to split.
+    ///
+    /// In a container (a cgroup namespace whose root is the container's
+    /// cgroup, not the host's root) the runtime gave the container that
+    /// whole cgroup: every process in it is the container's own (its init,
+    /// tini), so they all move into the leaf, as container engines do for
+    /// nested containers. Call it while single-threaded, before starting
+    /// any child.
     pub fn adopt_own_subtree(&self, supervisor: &str, runs: &str) -> Result<String, CgroupError> {
         let CgroupLayout::V2 { root, proc_self } = self else {
             return Ok(runs.to_string());
@@ -173,12 +179,17 @@ impl CgroupLayout {
             detail: "no cgroup v2 (0::) line".into(),
         })?;
         let own_rel = own.trim_matches('/');
-        // The root cgroup may hold processes and children at once.
         if own_rel.is_empty() {
+            // The host's root cgroup may hold processes and children at once;
+            // a container's, seen as the root of its cgroup namespace, not.
+            if is_host_root(root) {
+                return Ok(runs.to_string());
+            }
+            claim_own_cgroup(root, supervisor, Others::MoveAlong)?;
             return Ok(runs.to_string());
         }
         let own_dir = join_rel(root, own_rel);
-        claim_own_cgroup(&own_dir, supervisor)?;
+        claim_own_cgroup(&own_dir, supervisor, Others::Refuse)?;
         Ok(format!("{own_rel}/{runs}"))
     }
 
@@ -227,6 +238,28 @@ impl CgroupLayout {
     }
 }
 
+/// The memory limit on this process's cgroup v2 and on the ancestors it can
+/// see (a container's limit, a unit's `MemoryMax`): the smallest, or `None`
+/// where none is set or there is no v2 memory controller.
+pub fn own_memory_limit() -> Option<u64> {
+    memory_limit_in(&HostPaths::default())
+}
+
+pub(super) fn memory_limit_in(host: &HostPaths) -> Option<u64> {
+    let own = fs::read_to_string(host.proc_self.join("cgroup")).ok()?;
+    let mut dir = join_rel(&host.cgroup_root, own_path(&own, "")?.trim_matches('/'));
+    let mut limit: Option<u64> = None;
+    loop {
+        let here = fs::read_to_string(dir.join("memory.max")).ok();
+        if let Some(bytes) = here.and_then(|s| s.trim().parse::<u64>().ok()) {
+            limit = Some(limit.map_or(bytes, |l| l.min(bytes)));
+        }
+        if dir == host.cgroup_root || !dir.pop() {
+            return limit;
+        }
+    }
+}
+
 /// The controllers every run's cgroup needs.
 const V2_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 
@@ -256,25 +289,47 @@ pub(super) fn enable_v2_controllers(dir: &Path) -> Result<(), CgroupError> {
     Ok(())
 }
 
-/// v2: move this process into `<own_dir>/<supervisor>` and enable the
-/// controllers for `own_dir`'s children; refused if others live in `own_dir`.
-fn claim_own_cgroup(own_dir: &Path, supervisor: &str) -> Result<(), CgroupError> {
+/// Is the v2 hierarchy mounted at `root` the host's whole tree? Only the
+/// host's root cgroup has no `cgroup.type`; the root of a cgroup namespace
+/// is an ordinary cgroup, under the no-internal-processes rule.
+fn is_host_root(root: &Path) -> bool {
+    !root.join("cgroup.type").exists()
+}
+
+/// What [`claim_own_cgroup`] does with other processes in the cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Others {
+    /// Refuse: the cgroup is shared (a login session's, say).
+    Refuse,
+    /// Move them into the leaf too: the cgroup is a container's, whole.
+    MoveAlong,
+}
+
+/// Rounds of moving a container's processes before giving up.
+const MOVE_ROUNDS: usize = 8;
+
+/// v2: move this process (and, with [`Others::MoveAlong`], every other one)
+/// into `<own_dir>/<supervisor>` and enable the controllers for `own_dir`'s
+/// children.
+fn claim_own_cgroup(own_dir: &Path, supervisor: &str, others: Others) -> Result<(), CgroupError> {
     let not_ours = |detail: String| CgroupError::NotDelegated {
         path: own_dir.to_path_buf(),
         detail,
     };
-    let procs = fs::read_to_string(own_dir.join("cgroup.procs"))
-        .map_err(|e| not_ours(format!("cannot read cgroup.procs: {e}")))?;
+    let procs_of = |dir: &Path| {
+        fs::read_to_string(dir.join("cgroup.procs"))
+            .map(|s| s.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .map_err(|e| not_ours(format!("cannot read cgroup.procs: {e}")))
+    };
     let me = std::process::id().to_string();
-    let others: Vec<&str> = procs
-        .lines()
-        .map(str::trim)
-        .filter(|p| !p.is_empty() && *p != me)
+    let strangers: Vec<String> = procs_of(own_dir)?
+        .into_iter()
+        .filter(|p| *p != me)
         .collect();
-    if !others.is_empty() {
+    if others == Others::Refuse && !strangers.is_empty() {
         return Err(not_ours(format!(
             "it holds other processes too (pids {})",
-            others.join(", ")
+            strangers.join(", ")
         )));
     }
     let leaf = own_dir.join(supervisor);
@@ -282,12 +337,52 @@ fn claim_own_cgroup(own_dir: &Path, supervisor: &str) -> Result<(), CgroupError>
         path: leaf.clone(),
         source,
     })?;
-    files::write(&leaf.join("cgroup.procs"), &me).map_err(|source| CgroupError::Attach {
-        pid: std::process::id() as i32,
-        path: leaf.clone(),
-        source,
-    })?;
+    let attach = |pid: &str| {
+        files::write(&leaf.join("cgroup.procs"), pid).map_err(|source| CgroupError::Attach {
+            pid: pid.parse().unwrap_or(0),
+            path: leaf.clone(),
+            source,
+        })
+    };
+    attach(&me)?;
+    if others == Others::MoveAlong {
+        move_along(own_dir, &procs_of, &attach)?;
+    }
     enable_v2_controllers(own_dir)
+}
+
+/// Move every process still in `own_dir` with `attach`, in rounds, until
+/// none is left (one that forks meanwhile shows up in the next round).
+fn move_along(
+    own_dir: &Path,
+    procs_of: &dyn Fn(&Path) -> Result<Vec<String>, CgroupError>,
+    attach: &dyn Fn(&str) -> Result<(), CgroupError>,
+) -> Result<(), CgroupError> {
+    for _ in 0..MOVE_ROUNDS {
+        let left = procs_of(own_dir)?;
+        if left.is_empty() {
+            return Ok(());
+        }
+        // A process that exited meanwhile cannot move, and need not.
+        for pid in &left {
+            match attach(pid) {
+                Err(CgroupError::Attach { source, .. })
+                    if source.raw_os_error() == Some(nix::libc::ESRCH) => {}
+                other => other?,
+            }
+        }
+    }
+    let left = procs_of(own_dir)?;
+    if !left.is_empty() {
+        return Err(CgroupError::NotDelegated {
+            path: own_dir.to_path_buf(),
+            detail: format!(
+                "processes kept appearing in it while they were moved out (pids {})",
+                left.join(", ")
+            ),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -401,6 +496,91 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("other processes too (pids 1)"), "{e}");
+    }
+
+    #[test]
+    fn a_containers_cgroup_namespace_root_is_claimed_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = host(dir.path(), "0::/\n");
+        let root = h.cgroup_root.clone();
+        fs::write(root.join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        fs::write(root.join("cgroup.subtree_control"), "").unwrap();
+        fs::write(root.join("cgroup.procs"), "1\n").unwrap();
+        let l = CgroupLayout::detect_in(&h).unwrap();
+        // The host's root (no cgroup.type): runs go right below it.
+        assert_eq!(l.adopt_own_subtree("supervisor", "runs").unwrap(), "runs");
+        assert!(!root.join("supervisor").exists());
+        // A container's cgroup seen as the namespace's root: its processes
+        // are moved (here a plain file cannot take them, so they "keep
+        // appearing" and the claim is refused rather than half done).
+        fs::write(root.join("cgroup.type"), "domain\n").unwrap();
+        fs::create_dir(root.join("supervisor")).unwrap();
+        fs::write(root.join("supervisor/cgroup.procs"), "").unwrap();
+        let e = l
+            .adopt_own_subtree("supervisor", "runs")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("kept appearing") && e.contains("pids 1"), "{e}");
+        assert_eq!(
+            fs::read_to_string(root.join("cgroup.subtree_control")).unwrap(),
+            ""
+        );
+    }
+
+    #[test]
+    fn the_memory_limit_is_the_smallest_on_the_way_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = host(dir.path(), "0::/pod/ctr\n");
+        assert_eq!(memory_limit_in(&h), None);
+        let ctr = h.cgroup_root.join("pod/ctr");
+        fs::create_dir_all(&ctr).unwrap();
+        fs::write(ctr.join("memory.max"), "max\n").unwrap();
+        assert_eq!(memory_limit_in(&h), None);
+        fs::write(h.cgroup_root.join("pod/memory.max"), "4294967296\n").unwrap();
+        assert_eq!(memory_limit_in(&h), Some(4 << 30));
+        fs::write(ctr.join("memory.max"), "1073741824\n").unwrap();
+        assert_eq!(memory_limit_in(&h), Some(1 << 30));
+    }
+
+    #[test]
+    fn moving_along_takes_rounds_and_skips_the_dead() {
+        use std::cell::RefCell;
+        let rounds = RefCell::new(vec![vec![], vec!["9"], vec!["1", "7"]]);
+        let moved = RefCell::new(Vec::new());
+        let procs_of = |_: &Path| {
+            Ok(rounds
+                .borrow_mut()
+                .pop()
+                .unwrap_or_default()
+                .into_iter()
+                .map(String::from)
+                .collect())
+        };
+        let attach = |pid: &str| {
+            if pid == "7" {
+                // Exited before it could move.
+                return Err(CgroupError::Attach {
+                    pid: 7,
+                    path: PathBuf::from("leaf"),
+                    source: std::io::Error::from_raw_os_error(nix::libc::ESRCH),
+                });
+            }
+            moved.borrow_mut().push(pid.to_string());
+            Ok(())
+        };
+        move_along(Path::new("c"), &procs_of, &attach).unwrap();
+        assert_eq!(*moved.borrow(), ["1", "9"]);
+        // Any other failure to move stops the claim.
+        let procs_of = |_: &Path| Ok(vec!["3".to_string()]);
+        let refuse = |_: &str| {
+            Err(CgroupError::Attach {
+                pid: 3,
+                path: PathBuf::from("leaf"),
+                source: std::io::Error::from_raw_os_error(nix::libc::EACCES),
+            })
+        };
+        let e = move_along(Path::new("c"), &procs_of, &refuse).unwrap_err();
+        assert!(e.to_string().contains("attach pid 3"), "{e}");
     }
 
     #[test]

@@ -61,6 +61,19 @@ pub enum CgroupError {
     NotDelegated { path: PathBuf, detail: String },
 }
 
+impl CgroupError {
+    /// Whether the cgroup hierarchy refused a write because it is mounted
+    /// read-only (a container not given a writable cgroup).
+    pub fn is_read_only(&self) -> bool {
+        match self {
+            CgroupError::Create { source, .. }
+            | CgroupError::SetLimit { source, .. }
+            | CgroupError::Attach { source, .. } => source.raw_os_error() == Some(nix::libc::EROFS),
+            _ => false,
+        }
+    }
+}
+
 /// The prefix of every cgroup name of runs under sandbox uid `uid`: the
 /// holder of that uid's lease owns every cgroup that starts with it.
 pub fn run_prefix(uid: u32) -> String {
@@ -79,5 +92,21 @@ pub fn run_name(uid: u32, run_id: &str) -> String {
 pub fn reclaim_uid(parent: &str, uid: u32) {
     if let Ok(layout) = CgroupLayout::detect() {
         layout.remove_stale(parent, &run_prefix(uid));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_only_hierarchy_is_told_apart() {
+        let create = |errno| CgroupError::Create {
+            path: PathBuf::from("/sys/fs/cgroup/supervisor"),
+            source: io::Error::from_raw_os_error(errno),
+        };
+        assert!(create(nix::libc::EROFS).is_read_only());
+        assert!(!create(nix::libc::EACCES).is_read_only());
+        assert!(!CgroupError::SwapNotLimitable.is_read_only());
     }
 }
