@@ -8,7 +8,10 @@
   pycelld's config, sandbox uids fit the pod's user namespace, selectors
   and names match, the seccomp profile refuses what the unit refuses and
   allows what a jail needs;
-- kustomization.yaml lists every manifest.
+- kustomization.yaml lists every manifest;
+- podman.py (the DaemonSet's pycelld container as podman options, which the
+  Debian VM test runs) gives exactly the declared privileges and refuses
+  what it cannot reproduce.
 
 Prints one JSON object: {"versions": [...], "problems": [...],
 "pycelld_toml": "..."} (pycelld's config, which the Rust test parses with
@@ -28,6 +31,7 @@ import kubernetes_validate
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 ROOT = os.path.join(HERE, "..", "..")
 problems = []
 
@@ -155,6 +159,46 @@ def check_kustomization():
         problem(f"kustomization.yaml lists {k['resources']}, not every manifest")
 
 
+def check_podman():
+    import podman
+    template = docs()[("DaemonSet", "pycelld")]["spec"]["template"]
+    pod = template["spec"]
+    sc = container(template, "pycelld")["securityContext"]
+    host = podman.Host(tempfile.mkdtemp(), "/at", "/seccomp", 65536 * 4)
+    run = podman.translate(pod, "pycelld", podman.load_configmaps(os.path.join(HERE, "nodes")), host)["run"]
+    opts = [run[i + 1] for i, a in enumerate(run[:-1]) if a == "--security-opt"]
+    adds = [run[i + 1] for i, a in enumerate(run[:-1]) if a == "--cap-add"]
+    want = {
+        "capabilities": adds == sc["capabilities"]["add"] and run[run.index("--cap-drop") + 1] == "all",
+        "user namespace": run[run.index("--uidmap") + 1] == f"0:{65536 * 4}:65536",
+        "procMount": "unmask=/proc/*" in opts,
+        "writable cgroup": "unmask=/sys/fs/cgroup" in opts,
+        "seccomp": f"seccomp=/seccomp/{sc['seccompProfile']['localhostProfile']}" in opts,
+        "no_new_privs": "no-new-privileges" in opts,
+        "read-only root": "--read-only" in run and "--read-only-tmpfs=false" in run,
+        "config": "/at/configmap-pycelld/pycelld.toml:/etc/pycell/pycelld.toml:ro" in run,
+    }
+    for what, ok in want.items():
+        if not ok:
+            problem(f"podman.py: the pycelld container's {what} is not as declared: {run}")
+    looser = [
+        ("a hostPath volume", lambda p, c: p["volumes"].append({"name": "run", "hostPath": {"path": "/run"}})),
+        ("an unknown securityContext field", lambda p, c: c["securityContext"].update(seLinuxOptions={})),
+        ("capabilities not dropped", lambda p, c: c["securityContext"]["capabilities"].pop("drop")),
+        ("hostPID", lambda p, c: p.update(hostPID=True)),
+        ("a secret", lambda p, c: c["volumeMounts"].append({"name": "s", "mountPath": "/s"})
+         or p["volumes"].append({"name": "s", "secret": {"secretName": "s"}})),
+    ]
+    for what, change in looser:
+        spec = copy.deepcopy(template)
+        change(spec["spec"], container(spec, "pycelld"))
+        try:
+            podman.translate(spec["spec"], "pycelld", {"pycelld": {"pycelld.toml": ""}}, host)
+            problem(f"podman.py translated a pod with {what} instead of refusing it")
+        except podman.Untranslatable:
+            pass
+
+
 def main():
     versions = newest_versions()
     for v in versions:
@@ -174,6 +218,7 @@ def main():
     check_front(d, svc)
     check_seccomp()
     check_kustomization()
+    check_podman()
     print(json.dumps({"versions": versions, "problems": problems, "pycelld_toml": cfg_text}))
 
 
