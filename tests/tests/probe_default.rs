@@ -380,14 +380,37 @@ fn no_capabilities_no_new_privs_seccomp_uid_1000() {
     f.check(layers["capabilities"] == "none", || {
         format!("result layers.capabilities = {}", layers["capabilities"])
     });
-    let uid = layers["sandbox_uid"].as_u64().unwrap_or(0);
-    f.check(uid >= 65536, || {
-        format!(
-            "result layers.sandbox_uid = {}: want a unique host uid outside the system/user ranges",
-            layers["sandbox_uid"]
-        )
-    });
+    let uid = layers["sandbox_uid"].as_u64().unwrap_or(0) as u32;
+    // Where pycelld runs in a pod's user namespace, its sandbox uids are
+    // inside the pod's 65536 and land on unprivileged host uids.
+    let host = host_uid(uid);
+    let account = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid));
+    f.check(
+        host.is_some_and(|h| h >= 65536) && uid >= 1000 && matches!(account, Ok(None)),
+        || {
+            format!(
+                "result layers.sandbox_uid = {uid} (host uid {host:?}, account {account:?}): want a unique host uid outside the system/user ranges, of no account"
+            )
+        },
+    );
     f.finish("credentials");
+}
+
+/// `uid` of this process's user namespace as the host sees it (through
+/// /proc/self/uid_map: itself on the host).
+fn host_uid(uid: u32) -> Option<u64> {
+    let map = std::fs::read_to_string("/proc/self/uid_map").ok()?;
+    map.lines().find_map(|line| {
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        let (inside, outside, count) = (*f.first()?, *f.get(1)?, *f.get(2)?);
+        let uid = u64::from(uid);
+        (inside..inside + count)
+            .contains(&uid)
+            .then(|| outside + uid - inside)
+    })
 }
 
 #[test]

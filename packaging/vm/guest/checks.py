@@ -11,7 +11,8 @@ Prints exactly one line per check on stdout (the serial console):
 
 followed by indented diagnostics for failures, and `RESULT-END` last. The
 host (scripts/vm-test) decides which checks it expects; this script runs the
-groups named in payload/groups (base, daemon, mcp).
+groups named in payload/groups (base, daemon, mcp, image; image_checks.py
+has the image group's).
 """
 
 import json
@@ -450,27 +451,41 @@ DAEMON_SKIPS = {
 TEST_LINE = re.compile(r"^test (\S+) \.\.\. (ok|FAILED|ignored)$", re.M)
 
 
-def escape_tests(via, binaries):
+def read_file(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def escape_tests(via, binaries, root=ESCAPE, wrap=None, read_report=read_file, label=None):
     """The host's escape tests (the same binaries, scripts/vm-test built
     them) against the installed package on this kernel; `via` says how
-    their runs reach a jailer. Every test must pass, as on the host."""
+    their runs reach a jailer. Every test must pass, as on the host.
+    `wrap(env, argv)` makes the command that runs them elsewhere (in a pod,
+    where the payload's escape directory is `root`); the probe's report is
+    printed as `label`'s."""
     report = f"/tmp/probe-report-{via}.json"
     env = {
         "PYCELL_BIN": "/usr/bin/pycell",
-        "PYCELL_TEST_REPO": f"{ESCAPE}/repo",
+        "PYCELL_TEST_REPO": f"{root}/repo",
         "PYCELL_TEST_VIA": via,
         "PYCELL_TEST_PROBE_REPORT": report,
-        "PYCELL_SECCOMP_TRY": f"{ESCAPE}/bin/pycell-seccomp-try",
-        "PYCELL_SECCOMP_DIR": f"{ESCAPE}/repo/seccomp",
+        "PYCELL_SECCOMP_TRY": f"{root}/bin/pycell-seccomp-try",
+        "PYCELL_SECCOMP_DIR": f"{root}/repo/seccomp",
         "RUST_BACKTRACE": "0",
     }
     counts, failed, notes = {}, [], []
     for binary in binaries:
         skips = DAEMON_SKIPS.get(binary, {}) if via == "daemon" else {}
-        args = [f"{ESCAPE}/bin/{binary}", "--test-threads=2"]
+        args = [f"{root}/bin/{binary}", "--test-threads=2"]
         for name in skips:
             args += ["--skip", name]
-        rc, out, err = sh(args, env=env, timeout=600)
+        if wrap is None:
+            rc, out, err = sh(args, env=env, timeout=600)
+        else:
+            rc, out, err = sh(wrap(env, args), timeout=600)
         results = TEST_LINE.findall(out)
         counts[binary] = sum(1 for _, r in results if r == "ok")
         bad = [name for name, r in results if r != "ok"]
@@ -481,9 +496,9 @@ def escape_tests(via, binaries):
             for line in (out[-6000:] + err[-2000:]).splitlines():
                 log(f"{binary}: {line}")
         notes += [f"{binary}::{name} left out ({why})" for name, why in skips.items()]
-    if os.path.exists(report):
-        with open(report) as f:
-            print(f"PROBE-REPORT {via} {f.read().strip()}", flush=True)
+    text = read_report(report)
+    if text:
+        print(f"PROBE-REPORT {label or via} {text.strip()}", flush=True)
     expect(not failed, f"{len(failed)} failed on this kernel: {', '.join(failed)}")
     note = ", ".join(f"{b} {n}" for b, n in counts.items())
     return f"{sum(counts.values())} tests passed ({note})" + (f"; {'; '.join(notes)}" if notes else "")
@@ -1055,13 +1070,19 @@ def main():
     with open(f"{PAYLOAD}/groups") as f:
         groups = set(f.read().split())
     print(f"RESULT-BEGIN groups={' '.join(sorted(groups))}", flush=True)
-    checks = [("install", check_install), ("accounts", check_accounts), ("cgroup-v2", check_cgroup_v2)]
-    checks += [("landlock-policy", check_landlock_policy)]
-    checks += limit_checks("embedded", ["--embedded"], None)
-    checks += [("escape-embedded", check_escape_embedded), ("seccomp-filter", check_seccomp_filter)]
-    checks += [("embedded-zygote", check_zygote_embedded)]
-    checks += [("security-score", check_security_score)]
-    if "daemon" in groups:
+    checks = [("install", check_install)]
+    if "base" in groups:
+        checks += [("accounts", check_accounts), ("cgroup-v2", check_cgroup_v2)]
+        checks += [("landlock-policy", check_landlock_policy)]
+        checks += limit_checks("embedded", ["--embedded"], None)
+        checks += [("escape-embedded", check_escape_embedded), ("seccomp-filter", check_seccomp_filter)]
+        checks += [("embedded-zygote", check_zygote_embedded)]
+        checks += [("security-score", check_security_score)]
+    if "image" in groups:
+        # The image's own pycelld in a pod, beside the installed one.
+        import image_checks
+        checks += image_checks.checks(sys.modules[__name__])
+    if "base" in groups and "daemon" in groups:
         checks += [("service-active", lambda: (make_users(), check_service_active())[1])]
         checks += limit_checks("daemon", [], MEMBER)
         checks += [("daemon-journal", check_journal)]
