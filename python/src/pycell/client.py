@@ -1,0 +1,399 @@
+"""The blocking client: `Client` talks to pycelld over its Unix socket
+(one connection per run, one per session), `Session` keeps a python
+alive between calls.
+
+    import pycell
+    print(pycell.run("print(1 + 1)").stdout)
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from pycell import protocol as p
+from pycell.errors import DaemonUnavailable, ProtocolError, PycellError, error_for
+from pycell.types import CellResult, DirEntry, Result, SessionInfo, SessionSummary
+
+__all__ = ["Client", "OutputCallback", "ProgressCallback", "Session", "default_socket"]
+
+#: Called with each chunk of the program's output as it comes: ("stdout"
+#: or "stderr", the bytes).
+OutputCallback = Callable[[str, bytes], None]
+#: Called with each step of a dependency install, or a queue position.
+ProgressCallback = Callable[[str], None]
+
+CLIENT_NAME = "pycell-python 0.1.0"
+_ids = itertools.count(1)
+
+
+def default_socket() -> str:
+    """$PYCELL_SOCKET, else the installed pycelld's socket."""
+    return os.environ.get("PYCELL_SOCKET") or "/run/pycell/pycell.sock"
+
+
+def _next_id() -> str:
+    return str(next(_ids))
+
+
+def raise_for(error: p.Error) -> PycellError:
+    return error_for(error.code, error.message)
+
+
+def run_step(m: Any, on_output: OutputCallback | None, on_progress: ProgressCallback | None) -> Result | None:
+    """One message of a run: its Result when it is the last, else None
+    (output and progress go to the callbacks); an error raises."""
+    if isinstance(m, p.RunResult):
+        return m.result
+    if isinstance(m, p.Error):
+        raise raise_for(m)
+    if isinstance(m, p.Output) and on_output is not None:
+        on_output(m.stream, base64.b64decode(m.data_base64))
+    elif isinstance(m, p.Installing) and on_progress is not None:
+        on_progress(m.message)
+    elif isinstance(m, p.Queued) and on_progress is not None:
+        on_progress(f"queued: position {m.position}")
+    return None
+
+
+def checked(result: Result) -> Result:
+    """`result`, or the PycellError of a run pycell refused."""
+    if result.status == "refused" and result.error is not None:
+        e = result.error
+        raise error_for(e.code, e.message, hint=e.hint, result=result)
+    return result
+
+
+def run_request(
+    code: str,
+    *,
+    dependencies: Iterable[str] | None,
+    policy: str | None,
+    timeout: float | None,
+    memory: int | None,
+    stdin: bytes | str | None,
+    files: Mapping[str, bytes | str] | None,
+    args: Iterable[str] | None,
+    env: Mapping[str, str] | None,
+) -> p.RunRequest:
+    """The request of a run, from `run`'s arguments."""
+    if isinstance(stdin, str):
+        stdin = stdin.encode()
+    return p.RunRequest(
+        code=code,
+        args=list(args or []),
+        stdin_base64=base64.b64encode(stdin).decode() if stdin else None,
+        policy=policy,
+        limits=p.LimitOverrides(timeout_s=float(timeout) if timeout is not None else None, memory_bytes=memory),
+        dependencies=list(dependencies or []),
+        files=[
+            p.InputFile(name, base64.b64encode(data.encode() if isinstance(data, str) else data).decode())
+            for name, data in (files or {}).items()
+        ],
+        env=dict(env or {}),
+    )
+
+
+class Connection:
+    """One handshaken connection to pycelld."""
+
+    def __init__(self, path: str, timeout: float | None = None) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock.settimeout(timeout)
+            self.sock.connect(path)
+        except OSError as e:
+            self.sock.close()
+            raise DaemonUnavailable(
+                f"cannot connect to pycelld at {path}: {e.strerror or e}",
+                hint="is pycelld running (systemctl status pycelld), and are you in group pycell? "
+                "PYCELL_SOCKET names another socket",
+            ) from None
+        self.sock.settimeout(None)
+        self.send(p.Hello(version=p.PROTOCOL_VERSION, client=CLIENT_NAME))
+        reply = self.receive()
+        if isinstance(reply, p.Error):
+            self.close()
+            raise raise_for(reply)
+        if not isinstance(reply, p.Welcome):
+            self.close()
+            raise ProtocolError(f"pycelld answered hello with {reply.TYPE}")
+
+    def send(self, message: p.ClientMessage) -> None:
+        try:
+            self.sock.sendall(p.frame(message))
+        except OSError as e:
+            raise DaemonUnavailable(f"pycelld closed the connection: {e}") from None
+
+    def _exactly(self, n: int) -> bytes:
+        chunks, left = [], n
+        while left:
+            chunk = self.sock.recv(min(left, 1 << 20))
+            if not chunk:
+                raise DaemonUnavailable("pycelld closed the connection (did it restart?)")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def receive(self) -> Any:
+        try:
+            return p.parse(self._exactly(p.frame_length(self._exactly(4))))
+        except OSError as e:
+            raise DaemonUnavailable(f"reading from pycelld: {e}") from None
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Client:
+    """pycelld at `socket` (default: $PYCELL_SOCKET, else
+    /run/pycell/pycell.sock). Safe to share between threads: each run has
+    its own connection."""
+
+    def __init__(self, socket: str | None = None, *, connect_timeout: float = 10.0) -> None:
+        self.socket = socket or default_socket()
+        self.connect_timeout = connect_timeout
+
+    def connect(self) -> Connection:
+        return Connection(self.socket, self.connect_timeout)
+
+    def run(
+        self,
+        code: str,
+        *,
+        dependencies: Iterable[str] | None = None,
+        policy: str | None = None,
+        timeout: float | None = None,
+        memory: int | None = None,
+        stdin: bytes | str | None = None,
+        files: Mapping[str, bytes | str] | None = None,
+        args: Iterable[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        on_output: OutputCallback | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> Result:
+        """Run `code` in a fresh jail and return its Result, whatever the
+        program did (`result.status`: ok, error, timeout, oom, killed). A
+        run pycell refuses (an unknown policy, dependencies without wheels,
+        a busy daemon) raises the PycellError of its code. ^C (or any
+        exception in a callback) cancels the run, then re-raises."""
+        request = run_request(
+            code,
+            dependencies=dependencies,
+            policy=policy,
+            timeout=timeout,
+            memory=memory,
+            stdin=stdin,
+            files=files,
+            args=args,
+            env=env,
+        )
+        conn = self.connect()
+        try:
+            rid = _next_id()
+            conn.send(p.Run(id=rid, request=request))
+            try:
+                result = self._follow(conn, on_output, on_progress)
+            except BaseException:
+                self._cancel(conn, rid)
+                raise
+        finally:
+            conn.close()
+        return checked(result)
+
+    @staticmethod
+    def _follow(conn: Connection, on_output: OutputCallback | None, on_progress: ProgressCallback | None) -> Result:
+        while True:
+            result = run_step(conn.receive(), on_output, on_progress)
+            if result is not None:
+                return result
+
+    @staticmethod
+    def _cancel(conn: Connection, rid: str) -> None:
+        """Cancel run `rid` and wait (briefly) for pycelld to end it."""
+        try:
+            conn.send(p.Cancel(id=rid))
+            conn.sock.settimeout(10)
+            while not isinstance(conn.receive(), (p.RunResult, p.Error)):
+                pass
+        except (PycellError, OSError):
+            pass
+
+    def _ask(self, message: p.ClientMessage) -> Any:
+        conn = self.connect()
+        try:
+            conn.send(message)
+            reply = conn.receive()
+        finally:
+            conn.close()
+        if isinstance(reply, p.Error):
+            raise raise_for(reply)
+        return reply
+
+    def info(self) -> dict[str, Any]:
+        """What pycelld offers: version, policies, the host's layers, its load."""
+        reply = self._ask(p.Info())
+        return dict(reply.info)
+
+    def status(self) -> dict[str, Any]:
+        """pycelld's load and limits (cheaper than info)."""
+        reply = self._ask(p.Status())
+        return dict(reply.status)
+
+    def sessions(self) -> list[SessionSummary]:
+        """Your open sessions."""
+        reply = self._ask(p.SessionList(id=_next_id()))
+        return list(reply.sessions)
+
+    def session(
+        self,
+        *,
+        policy: str | None = None,
+        dependencies: Iterable[str] | None = None,
+        memory: int | None = None,
+        timeout: float | None = None,
+    ) -> Session:
+        """A new session (end it with `.end()`, or use it in a `with`)."""
+        return Session(policy=policy, dependencies=dependencies, memory=memory, timeout=timeout, client=self)
+
+
+class Session:
+    """A python that stays alive between calls, in its own jail:
+
+        with pycell.Session() as s:
+            s.run("x = 41")
+            print(s.run("x + 1").value)   # '42'
+
+    Calls are served in order; one Session may be used from several
+    threads. The session belongs to your uid and outlives this object's
+    connection, until `end()`, its idle timeout or its lifetime."""
+
+    def __init__(
+        self,
+        *,
+        policy: str | None = None,
+        dependencies: Iterable[str] | None = None,
+        memory: int | None = None,
+        timeout: float | None = None,
+        client: Client | None = None,
+    ) -> None:
+        self.client = client or Client()
+        self._lock = threading.Lock()
+        self._conn: Connection | None = self.client.connect()
+        request = p.SessionStartRequest(
+            policy=policy,
+            dependencies=list(dependencies or []),
+            limits=p.LimitOverrides(memory_bytes=memory, timeout_s=float(timeout) if timeout is not None else None),
+        )
+        reply = self._call(p.SessionStart(id=_next_id(), request=request), p.SessionStarted)
+        self.info: SessionInfo = reply.session
+        self.handle = self.info.session
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end()
+
+    def _call(self, message: Any, want: type) -> Any:
+        with self._lock:
+            if self._conn is None:
+                raise error_for("session_gone", "this session was ended")
+            try:
+                return self._exchange(message, want)
+            except DaemonUnavailable:
+                # The connection broke (pycelld restarted?): a session
+                # outlives connections, so ask again on a new one; a
+                # restarted pycelld answers that the session is gone.
+                self._conn.close()
+                self._conn = self.client.connect()
+                return self._exchange(message, want)
+
+    def _exchange(self, message: Any, want: type) -> Any:
+        assert self._conn is not None
+        self._conn.send(message)
+        try:
+            while True:
+                m = self._conn.receive()
+                if isinstance(m, want):
+                    return m
+                if isinstance(m, p.Error):
+                    raise raise_for(m)
+                if isinstance(m, p.RunResult) and m.result.error is not None:
+                    e = m.result.error
+                    raise error_for(e.code, e.message, hint=e.hint, result=m.result)
+        except KeyboardInterrupt:
+            if isinstance(message, p.Session):
+                self._interrupt(message.id, want)
+            raise
+
+    def _interrupt(self, rid: str, want: type) -> None:
+        """^C during a call: interrupt it (KeyboardInterrupt in the cell)
+        and take its answer, so that the connection stays in step."""
+        assert self._conn is not None
+        try:
+            self._conn.send(p.Cancel(id=rid))
+            while not isinstance(self._conn.receive(), (want, p.Error)):
+                pass
+        except PycellError:
+            pass
+
+    def _op(self, call: p.SessionCall, timeout: float | None = None) -> Any:
+        msg = p.Session(
+            id=_next_id(), session=self.handle, call=call, timeout_s=float(timeout) if timeout is not None else None
+        )
+        answer = self._call(msg, p.SessionAnswered).answer
+        if answer.reply.refused is not None:
+            raise error_for("file_refused", answer.reply.refused)
+        return answer
+
+    def run(self, code: str, *, timeout: float | None = None) -> CellResult:
+        """Run `code` as the next cell; its output, value, exception,
+        files and images."""
+        a = self._op(p.SessionCall(op="cell", code=code), timeout)
+        r = a.reply
+        return CellResult(
+            cell=r.cell,
+            stdout=a.stdout,
+            stderr=a.stderr,
+            value=r.value,
+            error=r.error,
+            files=r.files,
+            images=r.images,
+            measure=a.measure,
+        )
+
+    def write_file(self, path: str, data: bytes | str) -> int:
+        """Write a file under /workspace; its size."""
+        raw = data.encode() if isinstance(data, str) else data
+        a = self._op(p.SessionCall(op="write", path=path, data_base64=base64.b64encode(raw).decode()))
+        return int(a.reply.size or 0)
+
+    def read_file(self, path: str) -> bytes:
+        """A file's bytes, from under /workspace."""
+        a = self._op(p.SessionCall(op="read", path=path))
+        return base64.b64decode(a.reply.data or "")
+
+    def files(self, path: str = "") -> list[DirEntry]:
+        """The entries of a directory under /workspace."""
+        return list(self._op(p.SessionCall(op="list", path=path)).reply.entries)
+
+    def end(self) -> None:
+        """End the session (its jail goes); calling it again does nothing."""
+        if self._conn is None:
+            return
+        try:
+            self._call(p.SessionEnd(id=_next_id(), session=self.handle), p.SessionEndedReply)
+        except PycellError as e:
+            if e.code not in ("session_gone", "unknown_session", "daemon_unavailable"):
+                raise
+        finally:
+            with self._lock:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None

@@ -1,0 +1,249 @@
+"""What pycelld sends back, typed: a run's `Result`, a session's answers
+and its files, and the pieces they are made of. Field names are the
+protocol's (docs/protocol.md); `extra` keeps fields a newer pycelld adds.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+from pycell._codec import field
+
+__all__ = [
+    "CellError",
+    "CellResult",
+    "ChangedFile",
+    "DirEntry",
+    "Failure",
+    "Image",
+    "Limits",
+    "Measure",
+    "Reply",
+    "Result",
+    "SessionAnswer",
+    "SessionEnded",
+    "SessionInfo",
+    "SessionSummary",
+]
+
+
+@dataclass
+class Failure:
+    """Why a run was refused or ended other than by itself: `code` is a
+    stable failure code (docs/errors.md), `layer` the part concerned."""
+
+    code: str
+    layer: str
+    message: str
+    hint: str | None = field(default=None, omit="none")
+    extra: dict[str, Any] = field(factory=dict)
+
+
+@dataclass
+class Limits:
+    """The limits a run or session had."""
+
+    wall_timeout_s: float
+    cpu_time_s: float
+    memory_bytes: int
+    pids: int
+    cpus: float
+    open_files: int
+    file_size_bytes: int
+    disk_bytes: int
+    max_output_bytes: int
+    extra: dict[str, Any] = field(factory=dict)
+
+
+@dataclass
+class ChangedFile:
+    """A file the run created or changed in /workspace."""
+
+    path: str
+    size: int
+    sha256: str | None
+    created: bool
+    extra: dict[str, Any] = field(factory=dict)
+
+
+@dataclass
+class Image:
+    """A figure the code left open, or a PNG/JPEG it wrote, as a PNG."""
+
+    path: str
+    png: str
+    width: int
+    height: int
+    extra: dict[str, Any] = field(factory=dict)
+
+    @property
+    def data(self) -> bytes:
+        """The PNG's bytes."""
+        return base64.b64decode(self.png)
+
+
+@dataclass
+class Result:
+    """A run's outcome, as `pycell run --json` prints it. `status` is
+    ok, error (the program failed), timeout, oom, killed or refused."""
+
+    run_id: str
+    status: str
+    exit_code: int | None
+    signal: int | None
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    wall_ms: float
+    cpu_ms: float
+    peak_memory_bytes: int
+    policy: str
+    limits: Limits | None
+    layers: dict[str, Any] | None
+    error: Failure | None
+    disk_used_bytes: int = 0
+    warm: bool = False
+    warm_waited_ms: float | None = field(default=None, omit="none")
+    session_end: dict[str, Any] | None = field(default=None, omit="none")
+    files: list[ChangedFile] = field(factory=list)
+    files_truncated: bool = False
+    images: list[Image] = field(factory=list, omit="empty")
+    images_omitted: int = field(default=0, omit="zero")
+    network: dict[str, Any] | None = field(default=None, omit="none")
+    env: dict[str, Any] | None = field(default=None, omit="none")
+    tool_calls: dict[str, Any] | None = field(default=None, omit="none")
+    timings: list[Any] = field(factory=list, omit="empty")
+    extra: dict[str, Any] = field(factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """The program ran and exited 0."""
+        return self.status == "ok"
+
+
+@dataclass
+class CellError:
+    """The exception a cell ended with."""
+
+    type: str
+    message: str
+    traceback: str
+
+
+@dataclass
+class DirEntry:
+    """One entry of a session's file listing."""
+
+    name: str
+    kind: str
+    size: int
+    mtime: float
+
+
+@dataclass
+class Reply:
+    """The session runner's reply to one call (which fields are set
+    depends on the call: a cell, a write, a read, a listing)."""
+
+    refused: str | None = None
+    cell: int | None = None
+    value: str | None = None
+    value_truncated: bool = False
+    error: CellError | None = None
+    files: list[ChangedFile] = field(factory=list)
+    files_truncated: bool = False
+    images: list[Image] = field(factory=list)
+    images_omitted: int = 0
+    path: str | None = None
+    size: int | None = None
+    data: str | None = None
+    entries: list[DirEntry] = field(factory=list)
+    truncated: bool = False
+    extra: dict[str, Any] = field(factory=dict)
+
+
+@dataclass
+class Measure:
+    """What one session call took."""
+
+    wall_ms: float
+    cpu_ms: float
+    memory_bytes: int
+    peak_memory_bytes: int
+    stdout_truncated: bool
+    stderr_truncated: bool
+    interrupted: bool
+    extra: dict[str, Any] = field(factory=dict)
+
+
+@dataclass
+class SessionAnswer:
+    """pycelld's answer to one session call."""
+
+    run_id: str
+    policy: str
+    timeout_s: float
+    reply: Reply
+    stdout: str
+    stderr: str
+    measure: Measure
+
+
+@dataclass
+class CellResult:
+    """What a session cell did: its output, the repr of its last
+    expression (`value`), the exception it raised (`error`), the files it
+    changed and the images it made (PNG bytes)."""
+
+    cell: int | None
+    stdout: str
+    stderr: str
+    value: str | None
+    error: CellError | None
+    files: list[ChangedFile]
+    images: list[Image]
+    measure: Measure
+
+    @property
+    def ok(self) -> bool:
+        """The cell raised nothing."""
+        return self.error is None
+
+
+@dataclass
+class SessionInfo:
+    """A started session: its handle and what it may use."""
+
+    session: str
+    run_id: str
+    policy: str
+    sandbox_uid: int
+    limits: Limits
+    idle_timeout_s: float
+    lifetime_s: float
+    max_file_bytes: int
+    env: dict[str, Any] | None = field(default=None, omit="none")
+
+
+@dataclass
+class SessionEnded:
+    """How a session ended."""
+
+    session: str
+    reason: str
+    message: str
+    peak_memory_bytes: int
+
+
+@dataclass
+class SessionSummary:
+    """One of the caller's open sessions."""
+
+    session: str
+    policy: str
+    age_s: float
+    idle_s: float
+    expires_in_s: float

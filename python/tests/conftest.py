@@ -1,0 +1,115 @@
+"""A real pycelld for the client's tests: the one built next to $PYCELL_BIN
+(scripts/test sets it; default target/debug), as root, on a socket in a
+temporary directory, with sandbox uids and a cgroup parent of its own;
+killed by its pid when the test is done."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def built(name: str) -> pathlib.Path:
+    pycell = pathlib.Path(os.environ.get("PYCELL_BIN") or REPO / "target" / "debug" / "pycell")
+    path = pycell.with_name(name)
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: build pycell first (cargo build --workspace), or set PYCELL_BIN")
+    return path
+
+
+class Pycelld:
+    """One pycelld; `restart()` kills it (SIGKILL) and starts another on
+    the same socket and config."""
+
+    def __init__(self, directory: pathlib.Path, uid_base: int) -> None:
+        self.dir = directory
+        self.socket = str(directory / "pycell.sock")
+        self.config = directory / "pycelld.toml"
+        self.config.write_text(
+            f'socket = "{self.socket}"\n'
+            f'audit_log = "{directory}/audit.jsonl"\n'
+            f'cgroup_parent = "pycelld-pytest-{directory.name}"\n'
+            f'uid_range = "{uid_base}-{uid_base + 63}"\n'
+            'shutdown_grace = "5s"\n'
+            "warm_pools = { default = 1 }\n"
+            "session_pools = {}\n"
+            f'env_store = "{directory}/envs"\n'
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        if os.geteuid() != 0:
+            pytest.fail("these tests start a real pycelld, which needs root: run them as root (scripts/test does)")
+        log = open(self.dir / "pycelld.log", "ab")
+        env = dict(os.environ, PYCELL_JAILER=str(built("pycell-jailer")))
+        self.process = subprocess.Popen(
+            [str(built("pycelld")), "--config", str(self.config)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+        )
+        log.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"pycelld exited {self.process.returncode}: {self.log()}")
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(self.socket)
+                return
+            except OSError:
+                time.sleep(0.05)
+        pytest.fail(f"pycelld did not listen within 30 s: {self.log()}")
+
+    def log(self) -> str:
+        return (self.dir / "pycelld.log").read_text(errors="replace")[-3000:]
+
+    def audit(self) -> str:
+        path = self.dir / "audit.jsonl"
+        return path.read_text() if path.exists() else ""
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(30)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+_daemons = iter(range(64))
+
+
+@pytest.fixture
+def pycelld(monkeypatch: pytest.MonkeyPatch) -> Iterator[Pycelld]:
+    """A pycelld of this test's own; PYCELL_SOCKET names it."""
+    with tempfile.TemporaryDirectory(prefix="pycelld-pytest-", dir="/tmp") as d:
+        os.chmod(d, 0o755)
+        base = 1_910_000_000 + (os.getpid() % 1000) * 4096 + next(_daemons) * 64
+        daemon = Pycelld(pathlib.Path(d), base)
+        monkeypatch.setenv("PYCELL_SOCKET", daemon.socket)
+        try:
+            yield daemon
+        finally:
+            daemon.stop()

@@ -1,0 +1,154 @@
+"""The client against a real pycelld (conftest.py starts one per test)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import Pycelld
+
+import pycell
+from pycell import errors
+from pycell.aio import AsyncClient, AsyncSession
+
+# A 1x1 PNG, written by a cell: pycell returns the images a cell writes.
+PNG_CELL = (
+    "import struct, zlib\n"
+    "def chunk(kind, data):\n"
+    "    return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data))\n"
+    "png = b'\\x89PNG\\r\\n\\x1a\\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', 1, 1, 8, 2, 0, 0, 0))\n"
+    "png += chunk(b'IDAT', zlib.compress(b'\\x00\\xff\\x00\\x00')) + chunk(b'IEND', b'')\n"
+    "open('dot.png', 'wb').write(png)\n"
+)
+
+
+def test_a_run_prints_and_its_result_is_typed(pycelld: Pycelld) -> None:
+    r = pycell.run("import sys\nprint(sys.argv[1:], input())\n", args=["a"], stdin="hi\n", files={"x.txt": "x"})
+    assert r.ok and r.stdout == "['a'] hi\n", r
+    assert r.exit_code == 0 and r.policy == "default"
+    assert r.limits is not None and r.limits.memory_bytes > 0
+    assert r.layers is not None and r.layers["no_new_privs"] is True
+    failed = pycell.run("raise SystemExit(3)")
+    assert failed.status == "error" and failed.exit_code == 3
+
+
+def test_a_timeout_is_a_result_and_a_refusal_raises_its_code(pycelld: Pycelld) -> None:
+    r = pycell.run("import time\ntime.sleep(30)\n", timeout=1)
+    assert r.status == "timeout" and r.error is not None and r.error.code == "timeout"
+    with pytest.raises(errors.InvalidRequest, match="no-such-policy"):
+        pycell.run("print(1)", policy="no-such-policy")
+    with pytest.raises(errors.DependencyError) as e:
+        pycell.run("print(1)", dependencies=["six"])
+    assert e.value.code.startswith("deps_") and e.value.result is not None
+
+
+def test_output_streams_as_it_is_written(pycelld: Pycelld) -> None:
+    seen: list[tuple[str, bytes, float]] = []
+    code = "import sys, time\nprint('one', flush=True)\ntime.sleep(1)\nprint('two', file=sys.stderr)\n"
+    started = time.monotonic()
+    r = pycell.run(code, on_output=lambda stream, data: seen.append((stream, data, time.monotonic() - started)))
+    assert r.ok
+    assert [(s, d) for s, d, _ in seen] == [("stdout", b"one\n"), ("stderr", b"two\n")]
+    # The first chunk came before the run was over.
+    assert seen[0][2] + 0.5 < seen[1][2], seen
+
+
+def test_ctrl_c_cancels_the_run(pycelld: Pycelld) -> None:
+    # ^C: SIGINT to this (the main) thread, as a terminal sends it.
+    main = threading.main_thread().ident
+    assert main is not None
+    timer = threading.Timer(1.0, lambda: signal.pthread_kill(main, signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        pycell.run("import time\ntime.sleep(60)\n")
+    assert time.monotonic() - started < 20
+    # pycelld ended the run: its audit log says so.
+    deadline = time.monotonic() + 15
+    while '"event":"run_end"' not in pycelld.audit() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert '"status":"killed"' in pycelld.audit(), pycelld.audit()
+
+
+def test_a_task_cancel_cancels_the_run(pycelld: Pycelld) -> None:
+    async def main() -> None:
+        task = asyncio.create_task(AsyncClient().run("import time\ntime.sleep(60)\n"))
+        await asyncio.sleep(1.0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        r = await AsyncClient().run("print('after')")
+        assert r.stdout == "after\n"
+
+    asyncio.run(main())
+    assert '"status":"killed"' in pycelld.audit(), pycelld.audit()
+
+
+def test_a_session_keeps_state_files_and_images(pycelld: Pycelld) -> None:
+    with pycell.Session() as s:
+        assert s.run("x = 41").ok
+        cell = s.run("print('hi')\nx + 1")
+        assert (cell.stdout, cell.value) == ("hi\n", "42")
+        boom = s.run("1/0")
+        assert boom.error is not None and boom.error.type == "ZeroDivisionError"
+        assert s.write_file("data/in.csv", b"x,y\n1,2\n") == 8
+        assert s.read_file("data/in.csv") == b"x,y\n1,2\n"
+        assert [e.name for e in s.files()] == ["data"]
+        with pytest.raises(errors.FileRefused):
+            s.read_file("../etc/passwd")
+        drawn = s.run(PNG_CELL)
+        assert [i.path for i in drawn.images] == ["/workspace/dot.png"], drawn
+        assert drawn.images[0].data.startswith(b"\x89PNG") and zlib.crc32(drawn.images[0].data)
+        handle = s.handle
+        assert [x.session for x in pycell.sessions()] == [handle]
+    assert pycell.sessions() == []
+
+
+def test_runs_go_at_once_from_threads_and_tasks(pycelld: Pycelld) -> None:
+    code = "import time\ntime.sleep(1)\nprint('done')\n"
+    started = time.monotonic()
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: pycell.run(code), range(4)))
+    assert all(r.stdout == "done\n" for r in results)
+    threaded = time.monotonic() - started
+
+    async def main() -> list[pycell.Result]:
+        client = AsyncClient()
+        return await asyncio.gather(*(client.run(code) for _ in range(4)))
+
+    started = time.monotonic()
+    assert all(r.stdout == "done\n" for r in asyncio.run(main()))
+    # Four runs of a second each, at once: well under four seconds each way.
+    assert threaded < 3.5 and time.monotonic() - started < 3.5
+
+
+def test_an_async_session(pycelld: Pycelld) -> None:
+    async def main() -> None:
+        async with await AsyncSession.start() as s:
+            await s.run("import math")
+            assert (await s.run("round(math.pi, 2)")).value == "3.14"
+            await s.write_file("a.txt", "a")
+            assert await s.read_file("a.txt") == b"a"
+
+    asyncio.run(main())
+
+
+def test_a_daemon_restart_mid_session_says_the_session_is_gone(pycelld: Pycelld) -> None:
+    s = pycell.Session()
+    assert s.run("x = 1").ok
+    pycelld.restart()
+    with pytest.raises((errors.SessionGone, errors.UnknownSession)):
+        s.run("x")
+    s.end()
+    assert pycell.run("print(2)").stdout == "2\n"
+
+
+def test_no_daemon_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYCELL_SOCKET", "/nonexistent/pycell.sock")
+    with pytest.raises(errors.DaemonUnavailable, match="cannot connect to pycelld at /nonexistent"):
+        pycell.run("print(1)")
