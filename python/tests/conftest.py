@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -31,7 +33,7 @@ class Pycelld:
     """One pycelld; `restart()` kills it (SIGKILL) and starts another on
     the same socket and config."""
 
-    def __init__(self, directory: pathlib.Path, uid_base: int) -> None:
+    def __init__(self, directory: pathlib.Path, uid_base: int, extra: str = "") -> None:
         self.dir = directory
         self.socket = str(directory / "pycell.sock")
         self.config = directory / "pycelld.toml"
@@ -42,8 +44,7 @@ class Pycelld:
             f'uid_range = "{uid_base}-{uid_base + 63}"\n'
             'shutdown_grace = "5s"\n'
             "warm_pools = { default = 1 }\n"
-            "session_pools = {}\n"
-            f'env_store = "{directory}/envs"\n'
+            "session_pools = {}\n" + (extra or f'env_store = "{directory}/envs"\n')
         )
         self.process: subprocess.Popen[bytes] | None = None
         self.start()
@@ -101,15 +102,55 @@ class Pycelld:
 _daemons = iter(range(64))
 
 
-@pytest.fixture
-def pycelld(monkeypatch: pytest.MonkeyPatch) -> Iterator[Pycelld]:
-    """A pycelld of this test's own; PYCELL_SOCKET names it."""
+def started(monkeypatch: pytest.MonkeyPatch, extra: str = "") -> Iterator[Pycelld]:
     with tempfile.TemporaryDirectory(prefix="pycelld-pytest-", dir="/tmp") as d:
         os.chmod(d, 0o755)
         base = 1_910_000_000 + (os.getpid() % 1000) * 4096 + next(_daemons) * 64
-        daemon = Pycelld(pathlib.Path(d), base)
+        daemon = Pycelld(pathlib.Path(d), base, extra)
         monkeypatch.setenv("PYCELL_SOCKET", daemon.socket)
         try:
             yield daemon
         finally:
             daemon.stop()
+
+
+@pytest.fixture
+def pycelld(monkeypatch: pytest.MonkeyPatch) -> Iterator[Pycelld]:
+    """A pycelld of this test's own; PYCELL_SOCKET names it. Its env store
+    is under /tmp, so runs with dependencies are refused."""
+    yield from started(monkeypatch)
+
+
+# Root-owned and not under a world-writable directory: pycelld builds envs
+# and mounts wheelhouses only from such places.
+DEPS = pathlib.Path("/var/cache/pycell-tests/pytest-deps")
+MOUNTS = "".join(f'[[mounts]]\nsource = "{m}"\n' for m in ("/usr", "/bin", "/lib", "/lib64", "/sbin"))
+HEAD = (
+    'description = "pycell\'s Python client tests"\n'
+    'namespaces = ["user", "pid", "mount", "net", "ipc", "uts", "cgroup"]\n'
+    '[interpreter]\npython = "/usr/bin/python3"\n'
+)
+
+
+@pytest.fixture
+def pycelld_with_deps(monkeypatch: pytest.MonkeyPatch) -> Iterator[Pycelld]:
+    """A pycelld whose policy `pytest-deps` installs dependencies from the
+    tests' offline wheelhouse (tests/deps/make_wheels.py), into an env
+    store of its own."""
+    shutil.rmtree(DEPS, ignore_errors=True)
+    (DEPS / "policies").mkdir(parents=True)
+    subprocess.run([sys.executable, str(REPO / "tests" / "deps" / "make_wheels.py"), str(DEPS / "wheels")], check=True)
+    (DEPS / "policies" / "pytest-install.toml").write_text(
+        'name = "pytest-install"\n' + HEAD + '[limits]\nwall_timeout = "2m"\ncpu_time = "2m"\nmemory = "1GiB"\n'
+        'pids = 256\ncpus = 2.0\nopen_files = 4096\ndisk = "512MiB"\n'
+        f'[install]\nfind_links = ["{DEPS}/wheels"]\n' + MOUNTS + '[env]\nPATH = "/usr/bin:/bin"\n'
+        'HOME = "/workspace"\nUV_CACHE_DIR = "/tmp/uv-cache"\nUV_PYTHON_DOWNLOADS = "never"\nUV_NO_PROGRESS = "1"\n'
+    )
+    (DEPS / "policies" / "pytest-deps.toml").write_text(
+        'name = "pytest-deps"\n'
+        + HEAD
+        + '[dependencies]\nallow = true\ninstall_policy = "pytest-install"\n'
+        + MOUNTS
+        + '[env]\nPATH = "/usr/bin:/bin"\nHOME = "/workspace"\n'
+    )
+    yield from started(monkeypatch, f'policy_dir = "{DEPS}/policies"\nenv_store = "{DEPS}/envs"\n')

@@ -89,6 +89,7 @@ class AsyncClient:
         self.connect_timeout = connect_timeout
 
     async def connect(self) -> AsyncConnection:
+        """A new handshaken connection (runs and sessions make their own)."""
         return await AsyncConnection.open(self.socket, self.connect_timeout)
 
     async def run(
@@ -146,12 +147,15 @@ class AsyncClient:
         return reply
 
     async def info(self) -> dict[str, Any]:
+        """What pycelld offers: version, policies, the host's layers, its load."""
         return dict((await self._ask(p.Info())).info)
 
     async def status(self) -> dict[str, Any]:
+        """pycelld's load and limits (cheaper than info)."""
         return dict((await self._ask(p.Status())).status)
 
     async def sessions(self) -> list[SessionSummary]:
+        """Your open sessions."""
         return list((await self._ask(p.SessionList(id=_next_id()))).sessions)
 
     async def session(
@@ -262,6 +266,7 @@ class AsyncSession:
         return answer
 
     async def run(self, code: str, *, timeout: float | None = None) -> CellResult:
+        """Run `code` as the next cell (see `pycell.Session.run`)."""
         a = await self._op(p.SessionCall(op="cell", code=code), timeout)
         r = a.reply
         return CellResult(
@@ -276,18 +281,22 @@ class AsyncSession:
         )
 
     async def write_file(self, path: str, data: bytes | str) -> int:
+        """Write a file under /workspace; its size."""
         raw = data.encode() if isinstance(data, str) else data
         a = await self._op(p.SessionCall(op="write", path=path, data_base64=base64.b64encode(raw).decode()))
         return int(a.reply.size or 0)
 
     async def read_file(self, path: str) -> bytes:
+        """A file's bytes, from under /workspace."""
         a = await self._op(p.SessionCall(op="read", path=path))
         return base64.b64decode(a.reply.data or "")
 
     async def files(self, path: str = "") -> list[DirEntry]:
+        """The entries of a directory under /workspace."""
         return list((await self._op(p.SessionCall(op="list", path=path))).reply.entries)
 
     async def end(self) -> None:
+        """End the session (its jail goes); calling it again does nothing."""
         if self._conn is None:
             return
         try:

@@ -160,6 +160,7 @@ class Client:
         self.connect_timeout = connect_timeout
 
     def connect(self) -> Connection:
+        """A new handshaken connection (runs and sessions make their own)."""
         return Connection(self.socket, self.connect_timeout)
 
     def run(
