@@ -16,11 +16,10 @@ refuses raise the `pycell.errors` class of their stable code.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 from pycell import errors
-from pycell.client import Client, OutputCallback, ProgressCallback, Session
+from pycell.client import Client, OutputCallback, ProgressCallback, RunOptions, Session
 from pycell.errors import PycellError
 from pycell.types import CellResult, ChangedFile, DirEntry, Failure, Image, Result
 
@@ -36,6 +35,7 @@ __all__ = [
     "ProgressCallback",
     "PycellError",
     "Result",
+    "RunOptions",
     "Session",
     "errors",
     "info",
@@ -48,31 +48,13 @@ __all__ = [
 def run(
     code: str,
     *,
-    dependencies: Iterable[str] | None = None,
-    policy: str | None = None,
-    timeout: float | None = None,
-    memory: int | None = None,
-    stdin: bytes | str | None = None,
-    files: Mapping[str, bytes | str] | None = None,
-    args: Iterable[str] | None = None,
-    env: Mapping[str, str] | None = None,
     on_output: OutputCallback | None = None,
     on_progress: ProgressCallback | None = None,
+    **options: Unpack[RunOptions],
 ) -> Result:
-    """Run `code` in a fresh jail of pycelld's (see `Client.run`)."""
-    return Client().run(
-        code,
-        dependencies=dependencies,
-        policy=policy,
-        timeout=timeout,
-        memory=memory,
-        stdin=stdin,
-        files=files,
-        args=args,
-        env=env,
-        on_output=on_output,
-        on_progress=on_progress,
-    )
+    """Run `code` in a fresh jail of pycelld's (see `Client.run`; the
+    keywords are `RunOptions`)."""
+    return Client().run(code, on_output=on_output, on_progress=on_progress, **options)
 
 
 def info() -> dict[str, Any]:

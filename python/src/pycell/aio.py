@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Unpack
 
 from pycell import protocol as p
 from pycell.client import (
     CLIENT_NAME,
     OutputCallback,
     ProgressCallback,
+    RunOptions,
     _next_id,
     checked,
     default_socket,
@@ -96,29 +97,12 @@ class AsyncClient:
         self,
         code: str,
         *,
-        dependencies: Iterable[str] | None = None,
-        policy: str | None = None,
-        timeout: float | None = None,
-        memory: int | None = None,
-        stdin: bytes | str | None = None,
-        files: Mapping[str, bytes | str] | None = None,
-        args: Iterable[str] | None = None,
-        env: Mapping[str, str] | None = None,
         on_output: OutputCallback | None = None,
         on_progress: ProgressCallback | None = None,
+        **options: Unpack[RunOptions],
     ) -> Result:
         """As `pycell.Client.run`; cancelling the task cancels the run."""
-        request = run_request(
-            code,
-            dependencies=dependencies,
-            policy=policy,
-            timeout=timeout,
-            memory=memory,
-            stdin=stdin,
-            files=files,
-            args=args,
-            env=env,
-        )
+        request = run_request(code, **options)
         conn = await self.connect()
         rid = _next_id()
         try:

@@ -14,13 +14,13 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from pycell import protocol as p
 from pycell.errors import DaemonUnavailable, ProtocolError, PycellError, error_for
 from pycell.types import CellResult, DirEntry, Result, SessionInfo, SessionSummary
 
-__all__ = ["Client", "OutputCallback", "ProgressCallback", "Session", "default_socket"]
+__all__ = ["Client", "OutputCallback", "ProgressCallback", "RunOptions", "Session", "default_socket"]
 
 #: Called with each chunk of the program's output as it comes: ("stdout"
 #: or "stderr", the bytes).
@@ -69,33 +69,43 @@ def checked(result: Result) -> Result:
     return result
 
 
-def run_request(
-    code: str,
-    *,
-    dependencies: Iterable[str] | None,
-    policy: str | None,
-    timeout: float | None,
-    memory: int | None,
-    stdin: bytes | str | None,
-    files: Mapping[str, bytes | str] | None,
-    args: Iterable[str] | None,
-    env: Mapping[str, str] | None,
-) -> p.RunRequest:
+class RunOptions(TypedDict, total=False):
+    """How a run goes; every `run` takes these keywords. `dependencies`:
+    packages to install first (PEP 508, wheels only); `policy`: a policy
+    name (default `default`); `timeout` (seconds) and `memory` (bytes):
+    lower (or, up to the policy's ceiling, raise) its limits; `stdin`; `files`:
+    name -> bytes put into /workspace; `args`: sys.argv[1:]; `env`: variables."""
+
+    dependencies: Iterable[str] | None
+    policy: str | None
+    timeout: float | None
+    memory: int | None
+    stdin: bytes | str | None
+    files: Mapping[str, bytes | str] | None
+    args: Iterable[str] | None
+    env: Mapping[str, str] | None
+
+
+def run_request(code: str, **options: Unpack[RunOptions]) -> p.RunRequest:
     """The request of a run, from `run`'s arguments."""
+    stdin = options.get("stdin")
     if isinstance(stdin, str):
         stdin = stdin.encode()
+    timeout = options.get("timeout")
     return p.RunRequest(
         code=code,
-        args=list(args or []),
+        args=list(options.get("args") or []),
         stdin_base64=base64.b64encode(stdin).decode() if stdin else None,
-        policy=policy,
-        limits=p.LimitOverrides(timeout_s=float(timeout) if timeout is not None else None, memory_bytes=memory),
-        dependencies=list(dependencies or []),
+        policy=options.get("policy"),
+        limits=p.LimitOverrides(
+            timeout_s=float(timeout) if timeout is not None else None, memory_bytes=options.get("memory")
+        ),
+        dependencies=list(options.get("dependencies") or []),
         files=[
             p.InputFile(name, base64.b64encode(data.encode() if isinstance(data, str) else data).decode())
-            for name, data in (files or {}).items()
+            for name, data in (options.get("files") or {}).items()
         ],
-        env=dict(env or {}),
+        env=dict(options.get("env") or {}),
     )
 
 
@@ -167,33 +177,16 @@ class Client:
         self,
         code: str,
         *,
-        dependencies: Iterable[str] | None = None,
-        policy: str | None = None,
-        timeout: float | None = None,
-        memory: int | None = None,
-        stdin: bytes | str | None = None,
-        files: Mapping[str, bytes | str] | None = None,
-        args: Iterable[str] | None = None,
-        env: Mapping[str, str] | None = None,
         on_output: OutputCallback | None = None,
         on_progress: ProgressCallback | None = None,
+        **options: Unpack[RunOptions],
     ) -> Result:
         """Run `code` in a fresh jail and return its Result, whatever the
         program did (`result.status`: ok, error, timeout, oom, killed). A
         run pycell refuses (an unknown policy, dependencies without wheels,
         a busy daemon) raises the PycellError of its code. ^C (or any
         exception in a callback) cancels the run, then re-raises."""
-        request = run_request(
-            code,
-            dependencies=dependencies,
-            policy=policy,
-            timeout=timeout,
-            memory=memory,
-            stdin=stdin,
-            files=files,
-            args=args,
-            env=env,
-        )
+        request = run_request(code, **options)
         conn = self.connect()
         try:
             rid = _next_id()
