@@ -251,18 +251,7 @@ class AsyncSession:
 
     async def run(self, code: str, *, timeout: float | None = None) -> CellResult:
         """Run `code` as the next cell (see `pycell.Session.run`)."""
-        a = await self._op(p.SessionCall(op="cell", code=code), timeout)
-        r = a.reply
-        return CellResult(
-            cell=r.cell,
-            stdout=a.stdout,
-            stderr=a.stderr,
-            value=r.value,
-            error=r.error,
-            files=r.files,
-            images=r.images,
-            measure=a.measure,
-        )
+        return CellResult.of(await self._op(p.SessionCall(op="cell", code=code), timeout))
 
     async def write_file(self, path: str, data: bytes | str) -> int:
         """Write a file under /workspace; its size."""

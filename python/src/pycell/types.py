@@ -212,6 +212,21 @@ class CellResult:
         """The cell raised nothing."""
         return self.error is None
 
+    @classmethod
+    def of(cls, answer: SessionAnswer) -> CellResult:
+        """A cell's result, from pycelld's answer."""
+        r = answer.reply
+        return cls(
+            cell=r.cell,
+            stdout=answer.stdout,
+            stderr=answer.stderr,
+            value=r.value,
+            error=r.error,
+            files=r.files,
+            images=r.images,
+            measure=answer.measure,
+        )
+
 
 @dataclass
 class SessionInfo:
