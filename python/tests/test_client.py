@@ -171,3 +171,8 @@ def test_dependencies_are_installed_once_and_their_steps_told(pycelld_with_deps:
     with pytest.raises(errors.DependencyError) as e:
         pycell.run("print(1)", dependencies=["pycell-test-sdist"], policy="pytest-deps")
     assert e.value.code == "deps_no_wheel", e.value
+
+
+def test_a_session_pycell_refuses_raises_its_code(pycelld: Pycelld) -> None:
+    with pytest.raises(errors.InvalidRequest):
+        pycell.Session(policy="no-such-policy")

@@ -284,7 +284,12 @@ class Session:
             dependencies=list(dependencies or []),
             limits=p.LimitOverrides(memory_bytes=memory, timeout_s=float(timeout) if timeout is not None else None),
         )
-        reply = self._call(p.SessionStart(id=_next_id(), request=request), p.SessionStarted)
+        try:
+            reply = self._call(p.SessionStart(id=_next_id(), request=request), p.SessionStarted)
+        except BaseException:
+            if self._conn is not None:
+                self._conn.close()
+            raise
         self.info: SessionInfo = reply.session
         self.handle = self.info.session
 
