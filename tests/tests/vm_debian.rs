@@ -35,11 +35,29 @@ fn expected_checks(groups: &BTreeSet<String>) -> Vec<String> {
         .collect()
 }
 
+/// Every group expected-checks names, in order: what runs by default.
+fn all_groups() -> String {
+    let path = repo_root().join("packaging/vm/expected-checks");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let mut groups: Vec<&str> = Vec::new();
+    for group in text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_whitespace().next())
+    {
+        if !groups.contains(&group) {
+            groups.push(group);
+        }
+    }
+    groups.join(" ")
+}
+
 #[test]
 fn debian_package_in_a_fresh_vm() {
     require_root();
-    let groups_env =
-        std::env::var("PYCELL_VM_GROUPS").unwrap_or_else(|_| "base daemon mcp".to_string());
+    let groups_env = std::env::var("PYCELL_VM_GROUPS").unwrap_or_else(|_| all_groups());
     let groups: BTreeSet<String> = groups_env.split_whitespace().map(String::from).collect();
     let script = repo_root().join("scripts/vm-test");
     let start = Instant::now();
