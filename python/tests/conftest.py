@@ -88,6 +88,17 @@ class Pycelld:
 
     def restart(self) -> None:
         self.kill()
+        # The killed monitor's broker goes a moment later: until then it
+        # may still accept on the socket. Start the next one once nothing
+        # answers there.
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(self.socket)
+            except OSError:
+                break
+            time.sleep(0.05)
         self.start()
 
     def stop(self) -> None:

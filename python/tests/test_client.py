@@ -176,3 +176,15 @@ def test_dependencies_are_installed_once_and_their_steps_told(pycelld_with_deps:
 def test_a_session_pycell_refuses_raises_its_code(pycelld: Pycelld) -> None:
     with pytest.raises(errors.InvalidRequest):
         pycell.Session(policy="no-such-policy")
+
+
+def test_an_async_session_after_a_restart_is_gone(pycelld: Pycelld) -> None:
+    async def main() -> None:
+        s = await AsyncSession.start()
+        await s.run("x = 1")
+        pycelld.restart()
+        with pytest.raises((errors.SessionGone, errors.UnknownSession)):
+            await s.run("x")
+        await s.end()
+
+    asyncio.run(main())

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import Iterable
 from typing import Any, Unpack
 
 from pycell import protocol as p
 from pycell.client import (
     CLIENT_NAME,
+    RECONNECT_PATIENCE,
     OutputCallback,
     ProgressCallback,
     RunOptions,
@@ -220,9 +222,17 @@ class AsyncSession:
             try:
                 return await self._exchange(message, want)
             except DaemonUnavailable:
-                self._conn.close()
-                self._conn = await self.client.connect()
-                return await self._exchange(message, want)
+                # As pycell.Session: ask again on a new connection, for a while.
+                deadline = time.monotonic() + RECONNECT_PATIENCE
+                while True:
+                    self._conn.close()
+                    try:
+                        self._conn = await self.client.connect()
+                        return await self._exchange(message, want)
+                    except DaemonUnavailable:
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.2)
 
     async def _exchange(self, message: Any, want: type) -> Any:
         assert self._conn is not None

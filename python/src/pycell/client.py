@@ -13,6 +13,7 @@ import itertools
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypedDict, Unpack
 
@@ -29,6 +30,9 @@ OutputCallback = Callable[[str, bytes], None]
 ProgressCallback = Callable[[str], None]
 
 CLIENT_NAME = "pycell-python 0.1.0"
+#: How long a session keeps trying to reach pycelld again after its
+#: connection broke (a restart takes a moment).
+RECONNECT_PATIENCE = 5.0
 _ids = itertools.count(1)
 
 
@@ -307,11 +311,18 @@ class Session:
                 return self._exchange(message, want)
             except DaemonUnavailable:
                 # The connection broke (pycelld restarted?): a session
-                # outlives connections, so ask again on a new one; a
-                # restarted pycelld answers that the session is gone.
-                self._conn.close()
-                self._conn = self.client.connect()
-                return self._exchange(message, want)
+                # outlives connections, so ask again on a new one, for a
+                # while; a restarted pycelld answers that it is gone.
+                deadline = time.monotonic() + RECONNECT_PATIENCE
+                while True:
+                    self._conn.close()
+                    try:
+                        self._conn = self.client.connect()
+                        return self._exchange(message, want)
+                    except DaemonUnavailable:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.2)
 
     def _exchange(self, message: Any, want: type) -> Any:
         assert self._conn is not None
