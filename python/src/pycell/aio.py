@@ -26,6 +26,8 @@ from pycell.client import (
     raise_for,
     run_request,
     run_step,
+    seconds,
+    session_request,
 )
 from pycell.errors import DaemonUnavailable, ProtocolError, PycellError, error_for
 from pycell.types import CellResult, DirEntry, Result, SessionInfo, SessionSummary
@@ -190,11 +192,7 @@ class AsyncSession:
     ) -> AsyncSession:
         client = client or AsyncClient()
         conn = await client.connect()
-        request = p.SessionStartRequest(
-            policy=policy,
-            dependencies=list(dependencies or []),
-            limits=p.LimitOverrides(memory_bytes=memory, timeout_s=float(timeout) if timeout is not None else None),
-        )
+        request = session_request(policy, dependencies, memory, timeout)
         try:
             await conn.send(p.SessionStart(id=_next_id(), request=request))
             while True:
@@ -251,9 +249,7 @@ class AsyncSession:
             raise
 
     async def _op(self, call: p.SessionCall, timeout: float | None = None) -> Any:
-        msg = p.Session(
-            id=_next_id(), session=self.handle, call=call, timeout_s=float(timeout) if timeout is not None else None
-        )
+        msg = p.Session(id=_next_id(), session=self.handle, call=call, timeout_s=seconds(timeout))
         answer = (await self._call(msg, p.SessionAnswered)).answer
         if answer.reply.refused is not None:
             raise error_for("file_refused", answer.reply.refused)

@@ -90,6 +90,19 @@ class RunOptions(TypedDict, total=False):
     env: Mapping[str, str] | None
 
 
+def seconds(timeout: float | None) -> float | None:
+    """A timeout as the protocol has it (a float), or None."""
+    return float(timeout) if timeout is not None else None
+
+
+def session_request(
+    policy: str | None, dependencies: Iterable[str] | None, memory: int | None, timeout: float | None
+) -> p.SessionStartRequest:
+    """The request of a session, from `session`'s arguments."""
+    limits = p.LimitOverrides(memory_bytes=memory, timeout_s=seconds(timeout))
+    return p.SessionStartRequest(policy=policy, dependencies=list(dependencies or []), limits=limits)
+
+
 def run_request(code: str, **options: Unpack[RunOptions]) -> p.RunRequest:
     """The request of a run, from `run`'s arguments."""
     stdin = options.get("stdin")
@@ -101,9 +114,7 @@ def run_request(code: str, **options: Unpack[RunOptions]) -> p.RunRequest:
         args=list(options.get("args") or []),
         stdin_base64=base64.b64encode(stdin).decode() if stdin else None,
         policy=options.get("policy"),
-        limits=p.LimitOverrides(
-            timeout_s=float(timeout) if timeout is not None else None, memory_bytes=options.get("memory")
-        ),
+        limits=p.LimitOverrides(timeout_s=seconds(timeout), memory_bytes=options.get("memory")),
         dependencies=list(options.get("dependencies") or []),
         files=[
             p.InputFile(name, base64.b64encode(data.encode() if isinstance(data, str) else data).decode())
@@ -283,11 +294,7 @@ class Session:
         self.client = client or Client()
         self._lock = threading.Lock()
         self._conn: Connection | None = self.client.connect()
-        request = p.SessionStartRequest(
-            policy=policy,
-            dependencies=list(dependencies or []),
-            limits=p.LimitOverrides(memory_bytes=memory, timeout_s=float(timeout) if timeout is not None else None),
-        )
+        request = session_request(policy, dependencies, memory, timeout)
         try:
             reply = self._call(p.SessionStart(id=_next_id(), request=request), p.SessionStarted)
         except BaseException:
@@ -354,9 +361,7 @@ class Session:
             pass
 
     def _op(self, call: p.SessionCall, timeout: float | None = None) -> Any:
-        msg = p.Session(
-            id=_next_id(), session=self.handle, call=call, timeout_s=float(timeout) if timeout is not None else None
-        )
+        msg = p.Session(id=_next_id(), session=self.handle, call=call, timeout_s=seconds(timeout))
         answer = self._call(msg, p.SessionAnswered).answer
         if answer.reply.refused is not None:
             raise error_for("file_refused", answer.reply.refused)
