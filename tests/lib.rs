@@ -518,6 +518,19 @@ pub fn children_of(pid: u32) -> Vec<HostProc> {
 
 /// Every host process below `pid` (children, theirs, and so on), as the
 /// host sees them now.
+/// Every entry below `dir` with its own metadata (links not followed),
+/// handed to `each`.
+pub fn walk_tree(dir: &Path, each: &mut dyn FnMut(&Path, &fs::Metadata)) {
+    for entry in fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        let meta = fs::symlink_metadata(&path).unwrap();
+        each(&path, &meta);
+        if meta.is_dir() {
+            walk_tree(&path, each);
+        }
+    }
+}
+
 pub fn descendants_of(pid: u32) -> Vec<HostProc> {
     let all = host_processes();
     let mut found: Vec<HostProc> = Vec::new();

@@ -28,6 +28,8 @@ use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
 use pycell_wire::spec::{grant_source_problem, Grant, JailSpec, GRANT_FD_BASE};
 
+use crate::grant_sweep::GrantRoot;
+
 const OTHER_NAMESPACE: &str = "the granted path is not in pycell's mount namespace: pycelld's systemd service has a namespace of its own (no /home), so it cannot take grants; run `pycell mcp-server --embedded` as root for them";
 const NOT_PRIVILEGED: &str = "cloning and idmapping a host mount needs CAP_SYS_ADMIN, which pycelld's systemd service does not have: run `pycell mcp-server --embedded` as root for grants";
 
@@ -39,14 +41,32 @@ pub(crate) struct GrantedTree {
     pub is_dir: bool,
 }
 
-/// Every grant of `spec`, from the descriptors inherited for them.
-pub(crate) fn prepare(spec: &JailSpec) -> Result<Vec<GrantedTree>, JailFailure> {
+/// Every grant of `spec`, from the descriptors inherited for them,
+/// parents first: a grant inside another (`--ro PROJECT/.git` in `--rw
+/// PROJECT`) is attached on top of it, never hidden under it. Also the
+/// writable grants' own descriptors, to sweep once the jail has ended
+/// (`crate::grant_sweep`).
+pub(crate) fn prepare(spec: &JailSpec) -> Result<(Vec<GrantedTree>, Vec<GrantRoot>), JailFailure> {
     let ids = (spec.sandbox_uid, spec.sandbox_gid);
-    spec.grants
-        .iter()
-        .enumerate()
-        .map(|(i, g)| prepare_one(GRANT_FD_BASE + i as i32, g, ids))
-        .collect()
+    let mut trees = Vec::new();
+    let mut roots = Vec::new();
+    for (i, g) in spec.grants.iter().enumerate() {
+        let (tree, source) = prepare_one(GRANT_FD_BASE + i as i32, g, ids)?;
+        if g.writable {
+            roots.push(GrantRoot {
+                source,
+                target: g.target.clone(),
+            });
+        }
+        trees.push(tree);
+    }
+    trees.sort_by_key(|t| attach_order(&t.target));
+    Ok((trees, roots))
+}
+
+/// Attached in this order: by depth, so that parents come first.
+fn attach_order(target: &std::path::Path) -> usize {
+    target.components().count()
 }
 
 /// The mount flags of a grant: never set-uid or devices; read-only, or
@@ -59,7 +79,11 @@ pub(crate) fn grant_attrs(writable: bool) -> u64 {
     }
 }
 
-fn prepare_one(fd: i32, g: &Grant, (uid, gid): (u32, u32)) -> Result<GrantedTree, JailFailure> {
+fn prepare_one(
+    fd: i32,
+    g: &Grant,
+    (uid, gid): (u32, u32),
+) -> Result<(GrantedTree, OwnedFd), JailFailure> {
     let t = g.target.display();
     let fail = |what: String| {
         JailFailure::new(
@@ -99,11 +123,12 @@ fn prepare_one(fd: i32, g: &Grant, (uid, gid): (u32, u32)) -> Result<GrantedTree
             fail(format!("idmapping its mount: {e}")).with_hint(hint)
         },
     )?;
-    Ok(GrantedTree {
+    let tree = GrantedTree {
         mount,
         target: g.target.clone(),
         is_dir: kind == SFlag::S_IFDIR,
-    })
+    };
+    Ok((tree, source))
 }
 
 /// The id maps that show files of `owner`:`group` as the sandbox's
@@ -151,6 +176,13 @@ mod tests {
         assert_ne!(ro & MOUNT_ATTR_RDONLY, 0);
         assert_eq!(rw & MOUNT_ATTR_RDONLY, 0);
         assert_ne!(rw & MOUNT_ATTR_NOEXEC, 0);
+    }
+
+    #[test]
+    fn a_grant_inside_another_is_attached_after_it() {
+        let mut targets = vec!["/p/.git/hooks", "/p/.git", "/p", "/q/file"];
+        targets.sort_by_key(|t| attach_order(std::path::Path::new(t)));
+        assert_eq!(targets, ["/p", "/p/.git", "/q/file", "/p/.git/hooks"]);
     }
 
     #[test]

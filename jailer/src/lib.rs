@@ -18,6 +18,7 @@
 mod capabilities;
 mod changed;
 mod child;
+mod grant_sweep;
 mod grants;
 mod landlock_rules;
 mod mounts;

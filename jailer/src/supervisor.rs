@@ -8,7 +8,7 @@
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use nix::fcntl::OFlag;
 use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
@@ -112,7 +112,9 @@ fn run_checked(
         .map_err(io_failure("writing output"))?;
     let usage = jail.cgroup.usage();
     mark("jailer: cgroup emptied, usage read");
-    let report = assemble_report(spec, &checked, relayed, &usage, end, &jail.cgroup)?;
+    let cleanups = crate::grant_sweep::sweep(&jail.grants.roots, jail.grants.started_at);
+    let mut report = assemble_report(spec, &checked, relayed, &usage, end, &jail.cgroup)?;
+    report.grant_cleanups = cleanups;
     let remains = Remains {
         _cgroup: jail.cgroup,
         _mounts: mounts,
@@ -161,6 +163,7 @@ fn assemble_report(
         session_end,
         files: changes.files,
         files_truncated: changes.truncated,
+        grant_cleanups: Vec::new(),
         layers: layers(spec, checked, &outcome, cgroup),
         error: outcome.error,
         timings: jail_timings(&seen.messages),
@@ -397,6 +400,13 @@ struct Jail {
     cgroup: SandboxCgroup,
     ends: ParentEnds,
     start: Instant,
+    grants: Grants,
+}
+
+/// The writable grants of a jail, swept once it has ended.
+struct Grants {
+    roots: Vec<crate::grant_sweep::GrantRoot>,
+    started_at: SystemTime,
 }
 
 /// Clone the jail and set it up from outside: id maps, then the cgroup.
@@ -412,7 +422,8 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     let (mut child_fds, go, ends) = pipes(spec.session.is_some() || spec.images.is_some())
         .map_err(io_failure("creating pipes"))?;
     child_fds.handout_channel = handout_channel(spec)?;
-    child_fds.grants = crate::grants::prepare(spec)?;
+    let (trees, grant_roots) = crate::grants::prepare(spec)?;
+    child_fds.grants = trees;
     if let Some(z) = &spec.zygote {
         let lib = crate::zygote::library_memfd(&z.lib).map_err(|e| {
             zygote_failure("the zygote's library")(io::Error::other(format!(
@@ -427,6 +438,7 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     let joins_itself = !child_fds.cgroup_tasks.is_empty();
     mark("jailer: pipes and the cgroup made");
     let start = Instant::now();
+    let started_at = SystemTime::now();
     let (pid, born_inside) = match clone_jail(&cgroup)? {
         (CloneResult::Child, _) => {
             drop((go, ends));
@@ -458,6 +470,10 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
             cgroup,
             ends,
             start,
+            grants: Grants {
+                roots: grant_roots,
+                started_at,
+            },
         }),
         Err(f) => {
             let _ = kill(pid, Signal::SIGKILL);
@@ -515,6 +531,10 @@ fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFai
         cgroup,
         ends,
         start,
+        grants: Grants {
+            roots: Vec::new(),
+            started_at: SystemTime::now(),
+        },
     })
 }
 

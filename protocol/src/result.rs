@@ -5,7 +5,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use pycell_wire::report::{
-    exit_code_for, ChangedFile, Image, JailFailure, JailReport, Layers, RunStatus, SessionEnd,
+    exit_code_for, ChangedFile, GrantCleanup, Image, JailFailure, JailReport, Layers, RunStatus,
+    SessionEnd,
 };
 
 pub use pycell_policy::LimitsReport;
@@ -51,6 +52,11 @@ pub struct RunResult {
     /// More files changed than are listed.
     #[serde(default)]
     pub files_truncated: bool,
+    /// What a writable grant held when the jail ended that a grant may not
+    /// leave on the host (set-id bits, FIFOs, sockets, links out of the
+    /// grant, modes writable by others), and what pycell did about it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grant_cleanups: Vec<GrantCleanup>,
     /// Figures the run left open (matplotlib; saved under
     /// /workspace/figures) and PNG or JPEG files it wrote, as PNG scaled
     /// to the policy's `[images]` bounds.
@@ -198,6 +204,7 @@ impl RunResult {
             session_end: report.session_end,
             files: report.files,
             files_truncated: report.files_truncated,
+            grant_cleanups: report.grant_cleanups,
             images: Vec::new(),
             images_omitted: 0,
             policy: policy.to_string(),

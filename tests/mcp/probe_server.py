@@ -5,7 +5,11 @@ granted directory (read and write). Shipped as the test wheel
 `pycell-probe-server` (tests/deps/make_wheels.py) for pycell mcp-server's
 tests (tests/tests/jailed_servers.rs).
 
-    pycell-probe-server --canary PATH --agent SOCKET --secret-reversed TXET [--dir DIR]
+    pycell-probe-server --canary PATH --agent SOCKET --secret-reversed TXET [--dir DIR] [--file FILE]
+
+Its second tool, `plant`, tries to leave in DIR (and on FILE) what a
+caller must never find on the host after the server: set-id programs,
+FIFOs, sockets, links out of the grant, modes open to everyone.
 
 (the secret is given reversed, so that our own command line does not hold
 the text we look for)
@@ -62,6 +66,51 @@ def write_in(d):
     return path
 
 
+def plant_in(d, f):
+    """Each attempt's outcome: what the jail allowed, or its error."""
+    out = {}
+    exe = os.path.join(d, "suid-python")
+    with open(sys.executable, "rb") as src, open(exe, "wb") as dst:
+        dst.write(src.read())
+    out["chmod_4755"] = attempt(lambda: os.chmod(exe, 0o4755))
+    out["chmod_2755"] = attempt(lambda: os.chmod(exe, 0o2755))
+    out["open_06755"] = attempt(lambda: os.close(os.open(os.path.join(d, "created-setid"), os.O_CREAT | os.O_WRONLY, 0o6755)))
+    out["mknod_04755"] = attempt(lambda: os.mknod(os.path.join(d, "mknod-setuid"), 0o104755))
+    out["openat2"] = attempt(lambda: openat2(os.path.join(d, "via-openat2")))
+    out["fifo"] = attempt(lambda: os.mkfifo(os.path.join(d, "a-fifo")))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    out["socket"] = attempt(lambda: sock.bind(os.path.join(d, "a-socket")))
+    out["symlink_out"] = attempt(lambda: os.symlink("/etc/shadow", os.path.join(d, "to-shadow")))
+    out["symlink_up"] = attempt(lambda: os.symlink("../../../etc", os.path.join(d, "up-and-out")))
+    out["symlink_in"] = attempt(lambda: os.symlink("suid-python", os.path.join(d, "link-inside")))
+    open_dir = os.path.join(d, "open-dir")
+    os.mkdir(open_dir)
+    out["chmod_dir_2777"] = attempt(lambda: os.chmod(open_dir, 0o2777))
+    out["chmod_dir_0777"] = attempt(lambda: os.chmod(open_dir, 0o777))
+    writable = os.path.join(open_dir, "for-everyone.txt")
+    with open(writable, "w") as w:
+        w.write("anyone may change me\n")
+    out["chmod_0666"] = attempt(lambda: os.chmod(writable, 0o666))
+    if f:
+        out["file_chmod_4777"] = attempt(lambda: os.chmod(f, 0o4777))
+        out["file_chmod_0777"] = attempt(lambda: os.chmod(f, 0o777))
+    return out
+
+
+def openat2(path):
+    """openat2(2) with O_CREAT and a set-uid mode, by number (x86_64)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    how = (ctypes.c_uint64 * 3)(os.O_CREAT | os.O_WRONLY, 0o4755, 0)
+    fd = libc.syscall(437, -100, path.encode(), ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    os.close(fd)
+    return "created"
+
+
 def probe(args):
     out = {
         "uid": os.getuid(),
@@ -89,9 +138,17 @@ def answer(msg, args):
         }
     if method == "tools/list":
         schema = {"type": "object", "properties": {}}
-        return {"tools": [{"name": "probe", "description": "What the jail lets me reach.", "inputSchema": schema}]}
+        return {
+            "tools": [
+                {"name": "probe", "description": "What the jail lets me reach.", "inputSchema": schema},
+                {"name": "plant", "description": "Leave what must not stay in the grant.", "inputSchema": schema},
+            ]
+        }
     if method == "tools/call":
-        text = json.dumps(probe(args))
+        if msg["params"]["name"] == "plant":
+            text = json.dumps(plant_in(args.dir, args.file))
+        else:
+            text = json.dumps(probe(args))
         return {"content": [{"type": "text", "text": text}], "isError": False}
     if method == "ping":
         return {}
@@ -104,6 +161,7 @@ def main():
     p.add_argument("--agent", required=True)
     p.add_argument("--secret-reversed", required=True)
     p.add_argument("--dir")
+    p.add_argument("--file")
     args = p.parse_args()
     for line in sys.stdin:
         msg = json.loads(line)

@@ -5,12 +5,13 @@ assertions).
 
     .cache/tools/bin/python tests/mcp/sdk_jailed.py --pycell PATH \\
         --args '["mcp-server", "mcp-server-time"]' \\
-        --calls '[["get_current_time", {"timezone": "Etc/UTC"}]]' [--scan-for TEXT]
+        --calls '[["get_current_time", {"timezone": "Etc/UTC"}]]' [--scan-for TEXT] [--errlog FILE]
 
 The server gets this process's whole environment (the SDK would pass only
 a few variables). Reported: the handshake, the tool names, each call's
 error flag and text, the time to the first answer, and with --scan-for,
 the host processes whose command line held TEXT while the server ran.
+With --errlog, pycell's stderr goes to FILE instead of ours.
 """
 
 import argparse
@@ -43,7 +44,8 @@ def cmdlines_with(text):
 async def session(args, report):
     params = StdioServerParameters(command=args.pycell, args=json.loads(args.args), env=dict(os.environ))
     t0 = time.monotonic()
-    async with stdio_client(params) as (read, write):
+    errlog = open(args.errlog, "w") if args.errlog else sys.stderr  # noqa: SIM115 - open for the session
+    async with stdio_client(params, errlog=errlog) as (read, write):
         async with ClientSession(read, write) as s:
             init = await s.initialize()
             report["initialize"] = {"server_name": init.server_info.name, "elapsed_s": time.monotonic() - t0}
@@ -68,6 +70,7 @@ async def main():
     p.add_argument("--args", required=True)
     p.add_argument("--calls", default="[]")
     p.add_argument("--scan-for")
+    p.add_argument("--errlog")
     p.add_argument("--timeout", type=float, default=300)
     args = p.parse_args()
     report = {}

@@ -88,6 +88,12 @@ fn test_dir(name: &str) -> PathBuf {
 /// The SDK's report of `pycell ARGS` (as an MCP host's config would start
 /// it) and `calls` made on it, with `env` added to pycell's environment.
 fn session(args: &[&str], calls: Value, env: &[(&str, &str)], scan_for: Option<&str>) -> Value {
+    let scan: Vec<&str> = scan_for.map_or(vec![], |text| vec!["--scan-for", text]);
+    session_with(args, calls, env, &scan)
+}
+
+/// [`session`], with `more` arguments for tests/mcp/sdk_jailed.py.
+fn session_with(args: &[&str], calls: Value, env: &[(&str, &str)], more: &[&str]) -> Value {
     let (store, policies) = (store(), policies());
     let mut all_env = vec![
         ("PYCELL_ENV_STORE", store.as_str()),
@@ -97,9 +103,7 @@ fn session(args: &[&str], calls: Value, env: &[(&str, &str)], scan_for: Option<&
     let args = serde_json::to_string(args).unwrap();
     let calls = calls.to_string();
     let mut script_args = vec!["--args", args.as_str(), "--calls", calls.as_str()];
-    if let Some(text) = scan_for {
-        script_args.extend(["--scan-for", text]);
-    }
+    script_args.extend_from_slice(more);
     let report = sdk_report_in("sdk_jailed.py", &script_args, &all_env, GUARD);
     assert_eq!(
         report["completed"],
@@ -371,6 +375,188 @@ fn a_server_reaches_nothing_of_the_callers_but_the_variables_and_paths_it_is_giv
         ),
         "a file the server wrote belongs to the granted directory's owner"
     );
+}
+
+/// The probe server's `plant` in a `--rw` directory and on a `--rw` file,
+/// both root's (with `env` for pycell): in the jail every set-id mode is
+/// refused; on the host, once the server has ended, nothing set-id, no
+/// FIFO, no socket, no link out of the grant and nothing writable by
+/// others is left, and pycell said what it undid.
+fn nothing_planted_in_a_grant_stays(name: &str, env: &[(&str, &str)]) {
+    let dir = test_dir(name);
+    let granted = dir.join("granted");
+    fs::create_dir_all(&granted).unwrap();
+    let file = dir.join("granted-file");
+    fs::write(&file, "the caller's\n").unwrap();
+    let errlog = dir.join("pycell.stderr");
+    let (g, f, e) = (
+        granted.display().to_string(),
+        file.display().to_string(),
+        errlog.display().to_string(),
+    );
+    let r = session_with(
+        &[
+            "mcp-server",
+            "--policy",
+            "mcp-probe",
+            "--rw",
+            &g,
+            "--rw",
+            &f,
+            "pycell-probe-server",
+            "--",
+            "--canary",
+            "/nonexistent",
+            "--agent",
+            "/nonexistent",
+            "--secret-reversed",
+            "x",
+            "--dir",
+            &g,
+            "--file",
+            &f,
+        ],
+        json!([["plant", {}]]),
+        env,
+        &["--errlog", &e],
+    );
+    let text = call(&r, 0)["text"].as_str().unwrap_or("{}").to_string();
+    let p: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {r}"));
+    for key in [
+        "chmod_4755",
+        "chmod_2755",
+        "open_06755",
+        "mknod_04755",
+        "chmod_dir_2777",
+        "file_chmod_4777",
+    ] {
+        let error = p[key]["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{key} was allowed: {p}"));
+        assert!(error.contains("Operation not permitted"), "{key}: {p}");
+    }
+    let error = p["openat2"]["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("openat2 worked: {p}"));
+    assert!(error.contains("Function not implemented"), "{p}");
+    for key in [
+        "fifo",
+        "socket",
+        "symlink_out",
+        "symlink_up",
+        "chmod_dir_0777",
+        "chmod_0666",
+    ] {
+        assert!(p[key].get("ok").is_some(), "{key} failed in the jail: {p}");
+    }
+    // On the host.
+    let mut left = Vec::new();
+    pycell_tests::walk_tree(&granted, &mut |path, meta| {
+        left.push((path.to_path_buf(), meta.clone()))
+    });
+    for (path, meta) in &left {
+        let kind = meta.file_type();
+        assert!(
+            kind.is_file() || kind.is_dir() || kind.is_symlink(),
+            "{} is left: {kind:?}",
+            path.display()
+        );
+        if !kind.is_symlink() {
+            assert_eq!(
+                meta.mode() & 0o6002,
+                0,
+                "{} is left with mode {:o}",
+                path.display(),
+                meta.mode()
+            );
+        }
+    }
+    let names: Vec<String> = left
+        .iter()
+        .map(|(p, _)| p.strip_prefix(&granted).unwrap().display().to_string())
+        .collect();
+    for gone in ["a-fifo", "a-socket", "to-shadow", "up-and-out"] {
+        assert!(
+            !names.contains(&gone.to_string()),
+            "{gone} is left: {names:?}"
+        );
+    }
+    assert!(names.contains(&"link-inside".to_string()), "{names:?}");
+    assert_eq!(
+        fs::metadata(&file).unwrap().mode() & 0o7777,
+        0o775,
+        "the granted file"
+    );
+    let said = fs::read_to_string(&errlog).unwrap();
+    for line in [
+        format!("pycell: grant: {g}/a-fifo: removed (a FIFO)"),
+        format!("pycell: grant: {g}/a-socket: removed (a socket)"),
+        format!("pycell: grant: {g}/to-shadow: removed (a symbolic link out of the grant)"),
+        format!("pycell: grant: {g}/open-dir: mode 0777 -> 0775 (writable by others)"),
+        format!("pycell: grant: {f}: mode 0777 -> 0775 (writable by others)"),
+    ] {
+        assert!(said.contains(&line), "{line:?} not in:\n{said}");
+    }
+}
+
+#[test]
+fn embedded_as_root_a_server_leaves_nothing_set_id_nor_unsafe_in_its_grants() {
+    nothing_planted_in_a_grant_stays("plant-embedded", &[]);
+}
+
+#[test]
+fn through_pycelld_a_server_leaves_nothing_set_id_nor_unsafe_in_its_grants() {
+    let d = Daemon::start(&format!(
+        "policy_dir = {:?}\nenv_store = {:?}\n",
+        policies(),
+        base().join("plant-store").display().to_string()
+    ));
+    let socket = d.socket().display().to_string();
+    nothing_planted_in_a_grant_stays("plant-daemon", &[("PYCELL_SOCKET", socket.as_str())]);
+    d.assert_sandbox_gone(Duration::from_secs(10));
+}
+
+/// `--ro` inside `--rw`: the inner grant stays read-only.
+#[test]
+fn a_read_only_grant_inside_a_writable_one_stays_read_only() {
+    let dir = test_dir("nested");
+    let project = dir.join("project");
+    let git = project.join(".git");
+    fs::create_dir_all(&git).unwrap();
+    fs::write(git.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+    let (p, g) = (project.display().to_string(), git.display().to_string());
+    let r = session(
+        &[
+            "mcp-server",
+            "--policy",
+            "mcp-probe",
+            "--ro",
+            &g,
+            "--rw",
+            &p,
+            "pycell-probe-server",
+            "--",
+            "--canary",
+            "/nonexistent",
+            "--agent",
+            "/nonexistent",
+            "--secret-reversed",
+            "x",
+            "--dir",
+            &g,
+        ],
+        json!([["probe", {}]]),
+        &[],
+        None,
+    );
+    let text = call(&r, 0)["text"].as_str().unwrap_or("{}").to_string();
+    let probe: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {r}"));
+    assert_eq!(probe["dir_listing"]["ok"], json!(["HEAD"]), "{probe}");
+    let error = probe["dir_write"]["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the read-only grant inside was written: {probe}"));
+    assert!(error.contains("Read-only file system"), "{probe}");
+    assert!(!git.join("written-by-server.txt").exists());
 }
 
 /// `pycell mcp-server ARGS` run to its end with nothing on stdin.

@@ -66,6 +66,27 @@ pub struct ChangedFile {
 /// An image for the caller: a figure a run or cell left open, or a PNG or
 /// JPEG file it wrote, as the runner made it in the jail (untrusted: only
 /// its shape is checked).
+/// What a writable grant held when its jail ended that a grant may not
+/// leave on the host, and what the jailer did about it (see the jailer's
+/// `grant_sweep`): `path` is the host path (a grant shows at the same
+/// path in the jail).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GrantCleanup {
+    pub path: String,
+    /// What was done, e.g. "removed (a FIFO)" or "mode 0777 -> 0775 (writable by others)".
+    pub action: String,
+}
+
+impl GrantCleanup {
+    /// The cleanup as one line: `PATH: ACTION`.
+    pub fn line(&self) -> String {
+        match self.path.is_empty() {
+            true => self.action.clone(),
+            false => format!("{}: {}", self.path, self.action),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Image {
     /// Where the full-size image is in /workspace.
@@ -238,6 +259,9 @@ pub struct JailReport {
     /// More files changed than are listed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub files_truncated: bool,
+    /// What the jailer undid in the writable grants once the jail ended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grant_cleanups: Vec<GrantCleanup>,
     pub layers: Option<Layers>,
     pub error: Option<JailFailure>,
     /// The jailer's and the jail's steps, when the spec asked for them.
@@ -262,6 +286,7 @@ impl JailReport {
             session_end: None,
             files: Vec::new(),
             files_truncated: false,
+            grant_cleanups: Vec::new(),
             layers: None,
             error: Some(failure),
             timings: Vec::new(),

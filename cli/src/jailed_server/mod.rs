@@ -81,6 +81,9 @@ fn serve(args: &McpServerArgs) -> Result<RunResult, JailFailure> {
     };
     write_egress_report(args, allowed_rules, &result)?;
     say_egress(&result);
+    for cleanup in &result.grant_cleanups {
+        eprintln!("pycell: grant: {}", cleanup.line());
+    }
     Ok(result)
 }
 

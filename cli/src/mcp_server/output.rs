@@ -395,6 +395,7 @@ mod tests {
             session_end: None,
             files: Vec::new(),
             files_truncated: false,
+            grant_cleanups: Vec::new(),
             layers: None,
             error: None,
             timings: Vec::new(),

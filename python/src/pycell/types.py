@@ -69,6 +69,16 @@ class ChangedFile:
 
 
 @dataclass
+class GrantCleanup:
+    """What a writable grant held when its jail ended that a grant may not
+    leave on the host, and what pycell did about it."""
+
+    path: str
+    action: str
+    extra: dict[str, Any] = field(factory=dict)
+
+
+@dataclass
 class Image:
     """A figure the code left open, or a PNG/JPEG it wrote, as a PNG."""
 
@@ -110,6 +120,7 @@ class Result:
     session_end: dict[str, Any] | None = field(default=None, omit="none")
     files: list[ChangedFile] = field(factory=list)
     files_truncated: bool = False
+    grant_cleanups: list[GrantCleanup] = field(factory=list, omit="empty")
     images: list[Image] = field(factory=list, omit="empty")
     images_omitted: int = field(default=0, omit="zero")
     network: dict[str, Any] | None = field(default=None, omit="none")
