@@ -91,11 +91,13 @@ def compile_bytecode():
     compiles every module it imports, and unchecked hash-based .pyc files
     neither depend on file times (the same lock gives the same files) nor
     cost a read of the source at import. A file that does not compile
-    (some packages ship such templates or tests) is left as it is."""
+    (some packages ship such templates or tests) is left as it is. Without
+    `site` (-S): it would run the packages' .pth files, and an install
+    runs no package code."""
     python = os.path.join(ENV, "bin", "python")
     progress("compiling the env to bytecode")
     subprocess.run(
-        [python, "-I", "-m", "compileall", "-q", "-q", "-j", "0",
+        [python, "-I", "-S", "-m", "compileall", "-q", "-q", "-j", "0",
          "--invalidation-mode", "unchecked-hash", os.path.join(ENV, "lib")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
     )

@@ -60,6 +60,10 @@ except FileNotFoundError:
     BUILT_NOW = True
 """
     wheel(out, "matplotlib", "0.0.1", extra={"matplotlib/font_manager.py": font_manager})
+    # A .pth file runs whenever python starts with `site`: it leaves a
+    # marker in the env's prefix, which is writable only while it installs.
+    pth = b"import pathlib, sys; pathlib.Path(sys.prefix, 'pth-ran').touch()\n"
+    wheel(out, "pycell-test-pth", "1.0", extra={"pycell_test_pth.pth": pth})
     big = {"pycell_test_big/blob.bin": os.urandom(4 << 20)}
     wheel(out, "pycell-test-big", "1.0", extra=big)
     # An MCP server over stdio that probes what its jail lets it reach

@@ -241,6 +241,25 @@ fn an_env_is_byte_compiled_when_built_and_its_runs_compile_nothing() {
     }
 }
 
+/// A wheel's `.pth` file runs when python starts with `site`: not while
+/// its env is built (the marker it leaves would then be in the env), only
+/// in the runs that use it (where the env is read-only, so it cannot).
+#[test]
+fn an_install_runs_no_package_code_not_even_a_pth_file() {
+    let store = store("pth");
+    let code = "# /// script\n# dependencies = [\"pycell-test-pth\"]\n# ///\nimport os, sys\nprint(sys.prefix, os.path.exists(os.path.join(sys.prefix, 'pth-ran')))\n";
+    let out = run_in(&store, "deps", code, &[]);
+    let r = out.result();
+    assert_eq!(r["status"], "ok", "{}", out.describe());
+    assert_eq!(packages(&r), ["pycell-test-pth 1.0"], "{}", out.describe());
+    assert_eq!(r["stdout"], "/venv False\n", "{}", out.describe());
+    let markers: Vec<PathBuf> = walk(&store)
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n == "pth-ran"))
+        .collect();
+    assert_eq!(markers, Vec::<PathBuf>::new(), "a .pth file ran at install");
+}
+
 /// An env with matplotlib carries its font cache, built once when the env
 /// was (by a jail like the run's), and runs find it instead of building
 /// it: the wheelhouse's stand-in matplotlib says whether it had to.
