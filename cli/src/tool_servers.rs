@@ -28,10 +28,7 @@ use pycell_tools::allow::Pattern;
 use pycell_tools::catalog::{Catalog, CatalogServer, CatalogTool};
 use pycell_tools::config::{self, ServerConfig, Transport};
 use pycell_tools::frames::{FailureKind, ToolFailure};
-use pycell_tools::service::{CallFuture, Upstream};
-
-/// How long a server has to start and list its tools.
-const START_WITHIN: Duration = Duration::from_secs(60);
+use pycell_tools::service::{timed_out, CallFuture, Upstream, SERVER_START_ALLOWANCE};
 
 type Client = RunningService<RoleClient, ()>;
 
@@ -89,7 +86,7 @@ impl ToolServers {
     /// included, and tried again next time.
     pub async fn catalog(&self) -> Catalog {
         let listings = self.servers.iter().map(|(name, server)| async move {
-            match tokio::time::timeout(START_WITHIN, server.running(name)).await {
+            match tokio::time::timeout(SERVER_START_ALLOWANCE, server.running(name)).await {
                 Ok(Ok((_, tools))) => CatalogServer {
                     name: name.clone(),
                     tools,
@@ -98,7 +95,10 @@ impl ToolServers {
                 Ok(Err(why)) => unavailable(name, why),
                 Err(_) => unavailable(
                     name,
-                    format!("it did not start within {} s", START_WITHIN.as_secs()),
+                    format!(
+                        "it did not start within {} s",
+                        SERVER_START_ALLOWANCE.as_secs()
+                    ),
                 ),
             }
         });
@@ -120,24 +120,41 @@ impl ToolServers {
         }
     }
 
+    /// Call `tool` of `server`, starting the server first if it is not
+    /// running (within [`SERVER_START_ALLOWANCE`]); `call_timeout` counts
+    /// from when it is up, so a server restarted after a crash does not
+    /// cost its next call the time it took to start.
     async fn call_tool(
         &self,
         server: String,
         tool: String,
         arguments: Map<String, Value>,
+        call_timeout: Option<Duration>,
     ) -> Result<Value, ToolFailure> {
         let s = self
             .servers
             .get(&server)
             .ok_or_else(|| failure(FailureKind::Unknown, format!("no tool server {server:?}")))?;
-        let (client, _) = s.running(&server).await.map_err(|why| {
+        let unavailable = |why: String| {
             failure(
                 FailureKind::UpstreamFailed,
                 format!("{server} is unavailable: {why}"),
             )
-        })?;
+        };
+        let (client, _) = tokio::time::timeout(SERVER_START_ALLOWANCE, s.running(&server))
+            .await
+            .map_err(|_| {
+                let secs = SERVER_START_ALLOWANCE.as_secs();
+                unavailable(format!("it did not start within {secs} s"))
+            })?
+            .map_err(unavailable)?;
         let params = CallToolRequestParams::new(tool.clone()).with_arguments(arguments);
-        match client.call_tool(params).await {
+        let limit = call_timeout.unwrap_or(SERVER_START_ALLOWANCE);
+        let answer = match tokio::time::timeout(limit, client.call_tool(params)).await {
+            Ok(answer) => answer,
+            Err(_) => return Err(timed_out(&server, &tool, limit)),
+        };
+        match answer {
             Ok(result) => tool_value(&server, &tool, result),
             Err(e) => {
                 // Its connection is broken (it crashed, or sent what is
@@ -153,10 +170,19 @@ impl ToolServers {
 }
 
 impl Upstream for ToolServers {
-    fn call(&self, server: &str, tool: &str, arguments: Map<String, Value>) -> CallFuture {
+    fn call(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+        call_timeout: Duration,
+    ) -> CallFuture {
         let this = self.clone();
         let (server, tool) = (server.to_string(), tool.to_string());
-        Box::pin(async move { this.call_tool(server, tool, arguments).await })
+        Box::pin(async move {
+            this.call_tool(server, tool, arguments, Some(call_timeout))
+                .await
+        })
     }
 }
 
@@ -323,19 +349,30 @@ impl DaemonToolCalls {
                 server,
                 tool,
                 arguments,
+                timeout,
             },
         ) = (calls, stage)
         {
-            calls.on_call(call, server, tool, arguments);
+            calls.on_call(call, (server, tool), arguments, timeout);
         }
     }
 
     /// A call from the run's code: answered when the server is done.
-    pub fn on_call(&self, call: u64, server: &str, tool: &str, arguments: &Map<String, Value>) {
+    pub fn on_call(
+        &self,
+        call: u64,
+        (server, tool): (&str, &str),
+        arguments: &Map<String, Value>,
+        timeout: Option<Duration>,
+    ) {
         let this = self.clone();
         let (server, tool, arguments) = (server.to_string(), tool.to_string(), arguments.clone());
         self.handle.spawn(async move {
-            let outcome = this.servers.call_tool(server, tool, arguments).await.into();
+            let outcome = this
+                .servers
+                .call_tool(server, tool, arguments, timeout)
+                .await
+                .into();
             if let Ok(mut a) = this.answerer.lock() {
                 if let Some(a) = a.as_mut() {
                     let _ = a.answer(call, outcome);

@@ -292,12 +292,14 @@ impl DaemonClient {
                     server,
                     tool,
                     arguments,
+                    timeout_ms,
                     ..
                 } => on_stage(Stage::ToolCall {
                     call,
                     server: &server,
                     tool: &tool,
                     arguments: &arguments,
+                    timeout: timeout_ms.map(Duration::from_millis),
                 }),
                 ServerMessage::Output {
                     stream,
@@ -389,12 +391,14 @@ impl DaemonClient {
                     server,
                     tool,
                     arguments,
+                    timeout_ms,
                     ..
                 } => on_tool_call(Stage::ToolCall {
                     call,
                     server: &server,
                     tool: &tool,
                     arguments: &arguments,
+                    timeout: timeout_ms.map(Duration::from_millis),
                 }),
                 other => return Err(unexpected(other)),
             }
@@ -475,6 +479,8 @@ pub enum Stage<'a> {
         server: &'a str,
         tool: &'a str,
         arguments: &'a serde_json::Map<String, serde_json::Value>,
+        /// The policy's `call_timeout`, counted once the server is up.
+        timeout: Option<std::time::Duration>,
     },
 }
 

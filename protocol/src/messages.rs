@@ -378,6 +378,10 @@ pub enum ServerMessage {
         server: String,
         tool: String,
         arguments: serde_json::Map<String, serde_json::Value>,
+        /// The policy's `call_timeout`: how long the call may take once
+        /// the client's server is up (starting it is not counted).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
     },
     Error {
         #[serde(default, skip_serializing_if = "Option::is_none")]

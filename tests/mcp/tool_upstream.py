@@ -91,8 +91,12 @@ def picture() -> Image:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--marker")
+    parser.add_argument("--restart-delay", type=float, default=0.0, help="seconds a restart takes to serve")
     args = parser.parse_args()
     if args.marker:
+        restarted = os.path.exists(args.marker)
         with open(args.marker, "a") as f:
             f.write("%d\n" % os.getpid())
+        if restarted:
+            time.sleep(args.restart_delay)
     mcp.run()

@@ -40,7 +40,10 @@ impl Servers {
         let config = serde_json::json!({"mcpServers": {
             "test": {
                 "command": python,
-                "args": [upstream, "--marker", dir.path().join("starts")],
+                // A restart is slower than the 1 s call_timeout of
+                // the_policy_decides_first_and_bounds_every_call: it must
+                // not count against the call that waits for it.
+                "args": [upstream, "--marker", dir.path().join("starts"), "--restart-delay", "1.5"],
                 "env": {"UPSTREAM_SECRET": "s3cret", "FORBIDDEN_MARKER": dir.path().join("forbidden")},
                 "allowTools": ["add", "echo", "fail", "hang", "crash", "flood", "whoami", "picture"],
             },

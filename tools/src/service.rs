@@ -28,10 +28,34 @@ use pycell_wire::framing::{encode_within, frame_len};
 /// What a call returns: the tool's result as a Python value.
 pub type CallFuture = Pin<Box<dyn Future<Output = Result<Value, ToolFailure>> + Send>>;
 
+/// How long an upstream server may take to (re)start before a call: not
+/// counted in the call's `call_timeout`, which starts once the server is
+/// up (a server restarted after a crash is not slow to answer).
+pub const SERVER_START_ALLOWANCE: Duration = Duration::from_secs(60);
+
 /// Where calls go: the client's upstream servers (in its own process, or
-/// relayed to it by pycelld).
+/// relayed to it by pycelld). The upstream bounds the call itself by
+/// `call_timeout`, counted from when its server is up; the service bounds
+/// the whole by `call_timeout` plus [`SERVER_START_ALLOWANCE`].
 pub trait Upstream: Send + Sync + 'static {
-    fn call(&self, server: &str, tool: &str, arguments: Map<String, Value>) -> CallFuture;
+    fn call(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+        call_timeout: Duration,
+    ) -> CallFuture;
+}
+
+/// The failure of a call `server`/`tool` that did not answer within `limit`.
+pub fn timed_out(server: &str, tool: &str, limit: Duration) -> ToolFailure {
+    ToolFailure {
+        code: FailureKind::UpstreamFailed,
+        message: format!(
+            "{server}/{tool} did not answer within {} s (the policy's [tools] call_timeout)",
+            limit.as_secs_f64()
+        ),
+    }
 }
 
 /// How much a run (or session) may call.
@@ -250,16 +274,12 @@ impl State {
         arguments: Map<String, Value>,
     ) -> Result<Value, ToolFailure> {
         let limit = self.service.limits.call_timeout;
-        let call = self.service.upstream.call(server, tool, arguments);
-        match tokio::time::timeout(limit, call).await {
+        let call = self.service.upstream.call(server, tool, arguments, limit);
+        // The upstream counts `limit` from when its server is up; this
+        // bounds a call whatever the upstream does.
+        match tokio::time::timeout(limit + SERVER_START_ALLOWANCE, call).await {
             Ok(outcome) => outcome,
-            Err(_) => Err(ToolFailure {
-                code: FailureKind::UpstreamFailed,
-                message: format!(
-                    "{server}/{tool} did not answer within {} s (the policy's [tools] call_timeout)",
-                    limit.as_secs_f64()
-                ),
-            }),
+            Err(_) => Err(timed_out(server, tool, limit)),
         }
     }
 
@@ -365,17 +385,28 @@ mod tests {
     struct Echo;
 
     impl Upstream for Echo {
-        fn call(&self, _server: &str, tool: &str, arguments: Map<String, Value>) -> CallFuture {
-            let tool = tool.to_string();
+        fn call(
+            &self,
+            server: &str,
+            tool: &str,
+            arguments: Map<String, Value>,
+            call_timeout: Duration,
+        ) -> CallFuture {
+            let (server, tool) = (server.to_string(), tool.to_string());
             Box::pin(async move {
-                match tool.as_str() {
-                    "hang" => {
-                        tokio::time::sleep(Duration::from_secs(60)).await;
-                        Ok(Value::Null)
+                let answer = async {
+                    match tool.as_str() {
+                        "hang" => {
+                            tokio::time::sleep(Duration::from_secs(60)).await;
+                            Ok(Value::Null)
+                        }
+                        "big" => Ok(json!("x".repeat(5000))),
+                        _ => Ok(Value::Object(arguments)),
                     }
-                    "big" => Ok(json!("x".repeat(5000))),
-                    _ => Ok(Value::Object(arguments)),
-                }
+                };
+                tokio::time::timeout(call_timeout, answer)
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out(&server, &tool, call_timeout)))
             })
         }
     }

@@ -270,6 +270,7 @@ class ToolCall:
     server: str
     tool: str
     arguments: dict[str, Any]
+    timeout_ms: int | None = field(default=None, omit="none")
 
 
 @dataclass

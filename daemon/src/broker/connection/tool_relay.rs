@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use pycell_protocol::messages::ServerMessage;
 use pycell_tools::frames::{FailureKind, Outcome, ToolFailure};
@@ -46,7 +47,15 @@ impl ToolRelay {
 }
 
 impl Upstream for ToolRelay {
-    fn call(&self, server: &str, tool: &str, arguments: Map<String, Value>) -> CallFuture {
+    /// The client bounds the call by `call_timeout` once its server is up
+    /// (it is told the limit); the tool service bounds the whole.
+    fn call(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+        call_timeout: Duration,
+    ) -> CallFuture {
         let call = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         if let Ok(mut w) = self.waiting.lock() {
@@ -58,6 +67,7 @@ impl Upstream for ToolRelay {
             server: server.to_string(),
             tool: tool.to_string(),
             arguments,
+            timeout_ms: Some(call_timeout.as_millis() as u64),
         };
         let out = self.out.clone();
         Box::pin(async move {
@@ -88,10 +98,16 @@ impl RelaySwitch {
 }
 
 impl Upstream for RelaySwitch {
-    fn call(&self, server: &str, tool: &str, arguments: Map<String, Value>) -> CallFuture {
+    fn call(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+        call_timeout: Duration,
+    ) -> CallFuture {
         let current = self.current.lock().ok().and_then(|c| c.clone());
         match current {
-            Some(relay) => relay.call(server, tool, arguments),
+            Some(relay) => relay.call(server, tool, arguments, call_timeout),
             None => Box::pin(async {
                 Err(ToolFailure {
                     code: FailureKind::UpstreamFailed,
