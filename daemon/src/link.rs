@@ -249,6 +249,8 @@ pub struct PeerIds {
 /// egress, the jailer's stdin socket).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+// One message a run, decoded and moved once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum ToBroker {
     Spawned {
         req: u64,
@@ -256,6 +258,9 @@ pub enum ToBroker {
         sandbox_uid: u32,
         policy: String,
         limits: LimitsReport,
+        /// The run's `[images]` bounds, for its images to be held to.
+        #[serde(default)]
+        images: Option<pycell_wire::spec::ImageLimits>,
         /// With egress: the policy's rules; the second descriptor is the
         /// jailer's stdin, on which its jail hands out the proxy's listener
         /// (`pycell_wire::handout`).

@@ -31,7 +31,7 @@ use pycell_protocol::result::{LimitsReport, NetworkReport, RunResult};
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::{Event, EventError, Stream};
 use pycell_wire::report::{JailFailure, JailReport, RunImages};
-use pycell_wire::spec::{new_run_id, Grant, JailSpec, GRANT_FD_BASE};
+use pycell_wire::spec::{new_run_id, Grant, ImageLimits, JailSpec, GRANT_FD_BASE};
 
 /// Where sandbox uid leases are kept (by embedded runs and pycelld alike:
 /// one directory, so the two can never hand out the same uid).
@@ -403,6 +403,8 @@ pub struct Started<Child, Events> {
     pub run_id: String,
     pub policy: String,
     pub limits: LimitsReport,
+    /// The images it sends back are held to these (none: it sends none).
+    pub images: Option<ImageLimits>,
     pub child: Child,
     /// The jailer's event stream.
     pub events: Events,
@@ -645,6 +647,7 @@ impl Prepared {
             run_id: self.run_id,
             policy: self.policy,
             limits: self.limits,
+            images: self.spec.images,
             child,
             events,
             egress: self.egress,
@@ -724,6 +727,7 @@ pub struct Collector {
     broken: Option<EventError>,
     network: Option<NetworkReport>,
     images: RunImages,
+    image_limits: Option<ImageLimits>,
     tool_calls: Option<pycell_tools::service::ToolCalls>,
 }
 
@@ -743,6 +747,7 @@ impl Collector {
             broken: None,
             network: None,
             images: RunImages::default(),
+            image_limits: None,
             tool_calls: None,
         }
     }
@@ -776,9 +781,15 @@ impl Collector {
     }
 
     /// The images the run's runner sent back (untrusted bytes from the
-    /// jail: only well-formed PNGs under /workspace are kept).
+    /// jail: only what the run's image limits allow is kept).
     pub fn images(&mut self, body: &[u8]) {
-        self.images = checked_images(body);
+        self.images = checked_images(body, self.image_limits);
+    }
+
+    /// The run's `[images]` bounds (none: it captures no images).
+    pub fn with_image_limits(mut self, limits: Option<ImageLimits>) -> Collector {
+        self.image_limits = limits;
+        self
     }
 
     /// What the run did through its egress proxy (after the proxy ended).
@@ -828,26 +839,77 @@ impl Collector {
     }
 }
 
-/// A run's images as its runner sent them, checked.
-fn checked_images(body: &[u8]) -> RunImages {
+/// A run's images as its runner sent them, checked against `limits`.
+fn checked_images(body: &[u8], limits: Option<ImageLimits>) -> RunImages {
     let mut sent = serde_json::from_slice::<RunImages>(body).unwrap_or_default();
-    keep_valid_images(&mut sent.images, &mut sent.images_omitted);
+    keep_valid_images(&mut sent.images, &mut sent.images_omitted, limits);
     sent
 }
 
-/// Keep each image the runner (in the jail) sent only if it is a PNG (in
-/// base64) with a path in /workspace; the others count as omitted.
-pub fn keep_valid_images(images: &mut Vec<pycell_wire::report::Image>, omitted: &mut u32) {
+/// Keep the images the runner sent (from the jail: untrusted, whatever
+/// the runner checked) only while they are what `limits` allow: a PNG
+/// whose header has the size it claims, neither side over `max_edge`,
+/// all kept together within `max_bytes`, at a plain path in /workspace.
+/// The others count as omitted. Without limits the run captured no
+/// images, so none it sent is kept.
+pub fn keep_valid_images(
+    images: &mut Vec<pycell_wire::report::Image>,
+    omitted: &mut u32,
+    limits: Option<ImageLimits>,
+) {
+    let sent = std::mem::take(images);
+    let count = sent.len();
+    let mut budget = limits.map_or(0, |l| l.max_bytes);
+    for image in sent {
+        if limits.is_some_and(|l| image_fits(&image, l.max_edge, &mut budget)) {
+            images.push(image);
+        }
+    }
+    *omitted = omitted.saturating_add((count - images.len()) as u32);
+}
+
+/// Whether `image` is within `max_edge` and what is left of the byte
+/// `budget` (taken from it if so). Its size is looked at before it is
+/// decoded.
+fn image_fits(image: &pycell_wire::report::Image, max_edge: u32, budget: &mut u64) -> bool {
     use base64::Engine;
-    let is_png = |i: &pycell_wire::report::Image| {
-        i.path.starts_with("/workspace/")
-            && base64::engine::general_purpose::STANDARD
-                .decode(&i.png)
-                .is_ok_and(|b| b.starts_with(b"\x89PNG\r\n\x1a\n"))
+    if !plain_workspace_path(&image.path) {
+        return false;
+    }
+    match pycell_protocol::bounds::base64_decoded_len(&image.png) {
+        Some(n) if n <= *budget => {}
+        _ => return false,
+    }
+    let Ok(png) = base64::engine::general_purpose::STANDARD.decode(&image.png) else {
+        return false;
     };
-    let before = images.len();
-    images.retain(is_png);
-    *omitted = omitted.saturating_add((before - images.len()) as u32);
+    let fits = png_size(&png).is_some_and(|(w, h)| {
+        (w, h) == (image.width, image.height)
+            && (1..=max_edge).contains(&w)
+            && (1..=max_edge).contains(&h)
+    });
+    if fits {
+        *budget -= png.len() as u64;
+    }
+    fits
+}
+
+/// The (width, height) of a PNG's header (its IHDR chunk, first).
+pub fn png_size(png: &[u8]) -> Option<(u32, u32)> {
+    let be = |at: usize| Some(u32::from_be_bytes(png.get(at..at + 4)?.try_into().ok()?));
+    let header_ok = png.starts_with(b"\x89PNG\r\n\x1a\n") && png.get(12..16) == Some(b"IHDR");
+    header_ok.then_some(())?;
+    Some((be(16)?, be(20)?))
+}
+
+/// A path under /workspace with no `.`, `..` or empty component.
+fn plain_workspace_path(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix("/workspace/") else {
+        return false;
+    };
+    path.len() <= pycell_protocol::bounds::MAX_PATH_BYTES
+        && !path.contains('\0')
+        && rest.split('/').all(|part| !matches!(part, "" | "." | ".."))
 }
 
 /// What to tell about a jailer that gave no result.
@@ -874,7 +936,7 @@ fn no_result_message(broken: Option<&EventError>, end: &JailerEnd) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pycell_wire::report::RunStatus;
+    use pycell_wire::report::{Image, RunStatus};
     use std::os::unix::process::ExitStatusExt;
 
     fn limits(cap: u64) -> LimitsReport {
@@ -998,5 +1060,46 @@ mod tests {
             Err(LaunchError::Refused(f)) => assert_eq!(f.code, FailureCode::InvalidPolicy),
             other => panic!("{other:?}"),
         }
+    }
+
+    fn image(path: &str, (w, h): (u32, u32), claimed: (u32, u32), pad: usize) -> Image {
+        use base64::Engine;
+        let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+        png.extend_from_slice(&w.to_be_bytes());
+        png.extend_from_slice(&h.to_be_bytes());
+        png.resize(png.len() + 5 + pad, 0);
+        Image {
+            path: path.into(),
+            png: base64::engine::general_purpose::STANDARD.encode(&png),
+            width: claimed.0,
+            height: claimed.1,
+        }
+    }
+
+    #[test]
+    fn images_are_kept_only_within_the_limits_at_plain_workspace_paths() {
+        let limits = ImageLimits {
+            max_edge: 100,
+            max_bytes: 100,
+        };
+        let mut images = vec![
+            image("/workspace/a.png", (20, 10), (20, 10), 0),
+            image("/workspace/../etc/shadow", (20, 10), (20, 10), 0),
+            image("/workspace/./b.png", (20, 10), (20, 10), 0),
+            image("/workspace/big.png", (101, 10), (101, 10), 0),
+            image("/workspace/liar.png", (20, 10), (10, 10), 0),
+            image("/workspace/c.png", (1, 1), (1, 1), 40),
+            // Over what is left of the 100 bytes (29 + 69 kept).
+            image("/workspace/d.png", (1, 1), (1, 1), 10),
+        ];
+        let mut omitted = 1;
+        keep_valid_images(&mut images, &mut omitted, Some(limits));
+        let kept: Vec<&str> = images.iter().map(|i| i.path.as_str()).collect();
+        assert_eq!(kept, ["/workspace/a.png", "/workspace/c.png"]);
+        assert_eq!(omitted, 6);
+        let mut none = vec![image("/workspace/a.png", (2, 2), (2, 2), 0)];
+        keep_valid_images(&mut none, &mut omitted, None);
+        assert!(none.is_empty(), "a run without image limits sends none");
+        assert_eq!(png_size(b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR\0\0"), None);
     }
 }

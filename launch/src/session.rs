@@ -154,11 +154,13 @@ pub enum SessionError {
     Ended(SessionEnded),
     /// [`MAX_QUEUED`] requests already wait.
     Busy,
+    /// This request was refused; the session lives on.
+    Refused(FailureCode, String),
 }
 
 struct Call {
     op: SessionOp,
-    answer: oneshot::Sender<Result<Answer, SessionEnded>>,
+    answer: oneshot::Sender<Result<Answer, SessionError>>,
 }
 
 /// A live session. Cheap to clone; clones share the session. Dropping
@@ -364,6 +366,16 @@ impl Session {
             Ok(_) => Ok(session),
             Err(SessionError::Ended(e)) => Err(e),
             Err(SessionError::Busy) => unreachable!("the first request waits behind none"),
+            Err(SessionError::Refused(code, message)) => {
+                // Our own first request, which is small: a bug if refused.
+                let f = JailFailure::new(code, Layer::Session, message);
+                session.close.cancel();
+                Err(SessionEnded::from_result(RunResult::refused(
+                    &session.run_id,
+                    &session.policy,
+                    f,
+                )))
+            }
         }
     }
 
@@ -386,7 +398,7 @@ impl Session {
             }
         }
         match answered.await {
-            Ok(r) => r.map_err(SessionError::Ended),
+            Ok(r) => r,
             Err(_) => Err(SessionError::Ended(self.wait_ended().await)),
         }
     }
@@ -448,7 +460,9 @@ fn not_ready(result: RunResult) -> SessionEnded {
 
 /// The request running, and the output it printed so far.
 struct InFlight {
-    answer: oneshot::Sender<Result<Answer, SessionEnded>>,
+    answer: oneshot::Sender<Result<Answer, SessionError>>,
+    /// What the reply's images are held to.
+    images: pycell_wire::spec::ImageLimits,
     output: [Vec<u8>; 2],
     cap: usize,
     timeout_s: f64,
@@ -510,11 +524,11 @@ impl<C: JailerControl> Driver<C> {
         let ended = SessionEnded::from_result(result);
         let _ = ended_tx.send(Some(ended.clone()));
         if let Some(f) = self.in_flight.take() {
-            let _ = f.answer.send(Err(ended.clone()));
+            let _ = f.answer.send(Err(SessionError::Ended(ended.clone())));
         }
         self.calls.close();
         while let Ok(call) = self.calls.try_recv() {
-            let _ = call.answer.send(Err(ended.clone()));
+            let _ = call.answer.send(Err(SessionError::Ended(ended.clone())));
         }
     }
 
@@ -523,17 +537,12 @@ impl<C: JailerControl> Driver<C> {
         let frame = match pycell_wire::framing::encode_within(&call.op, MAX_REQUEST_FRAME) {
             Ok(f) => f,
             Err(e) => {
-                // Checked by the caller's limits; a bug if it happens.
-                let f = JailFailure::new(
-                    FailureCode::Internal,
-                    Layer::Jailer,
-                    format!("encoding the request: {e}"),
-                );
+                // `session_table::op_for` bounds every call, so this is a
+                // bug if it happens; either way only this call fails.
+                let why = format!("encoding the call for the session: {e}");
                 let _ = call
                     .answer
-                    .send(Err(SessionEnded::from_result(RunResult::refused(
-                        "", "", f,
-                    ))));
+                    .send(Err(SessionError::Refused(FailureCode::InvalidRequest, why)));
                 return;
             }
         };
@@ -549,8 +558,16 @@ impl<C: JailerControl> Driver<C> {
         for o in &mut output {
             o.truncate(cap);
         }
+        let images = match &call.op.request {
+            SessionRequest::Cell { limits, .. } => limits.images,
+            _ => pycell_wire::spec::ImageLimits {
+                max_edge: 0,
+                max_bytes: 0,
+            },
+        };
         self.in_flight = Some(InFlight {
             answer: call.answer,
+            images,
             output,
             cap,
             timeout_s: call.op.wall_timeout_ms as f64 / 1000.0,
@@ -582,7 +599,11 @@ impl<C: JailerControl> Driver<C> {
                         )),
                         ..RunnerReply::default()
                     });
-                crate::launcher::keep_valid_images(&mut reply.images, &mut reply.images_omitted);
+                crate::launcher::keep_valid_images(
+                    &mut reply.images,
+                    &mut reply.images_omitted,
+                    Some(f.images),
+                );
                 let answer = Answer {
                     run_id: self.run_id.clone(),
                     policy: self.policy.clone(),

@@ -10,13 +10,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use pycell_protocol::bounds;
 use pycell_protocol::result::{EnvReport, LimitsReport};
 use pycell_protocol::session::{SessionCall, SessionEndInfo, SessionInfo, SessionSummary};
-use pycell_runner::session::{CellLimits, SessionOp, SessionRequest};
+use pycell_runner::session::{CellLimits, SessionOp, SessionRequest, MAX_REQUEST_FRAME};
 
 use pycell_wire::codes::FailureCode;
 
-use crate::session::{EndReason, Session, SessionEnded};
+use crate::session::{EndReason, Session, SessionEnded, SessionError};
 
 /// Ended sessions remembered, for their handles' next calls.
 const REMEMBERED_ENDS: usize = 1024;
@@ -159,6 +160,26 @@ impl<T: Clone, O: Clone + Eq> SessionTable<T, O> {
         }
         self.ended.insert(handle.to_string(), (e.owner, ended));
         self.ended_order.push_back(handle.to_string());
+    }
+
+    /// The refusal of a call to `handle` that got no answer. A session
+    /// that ended is forgotten (its next call says why); after any other
+    /// failure it lives on, still in the table and still admitted.
+    pub fn call_failed(&mut self, handle: &str, e: SessionError) -> (FailureCode, String) {
+        match e {
+            SessionError::Busy => (
+                FailureCode::SessionBusy,
+                format!(
+                    "session {handle} already has {} calls waiting; wait for them to finish",
+                    crate::session::MAX_QUEUED
+                ),
+            ),
+            SessionError::Refused(code, message) => (code, message),
+            SessionError::Ended(ended) => {
+                self.forget(handle, ended.clone());
+                lookup_message(&Lookup::Gone(ended), handle)
+            }
+        }
     }
 
     /// Live sessions of `owner` (ended ones found on the way are moved).
@@ -319,10 +340,14 @@ pub fn lookup_message(l: &Lookup, handle: &str) -> (FailureCode, String) {
     }
 }
 
-/// The request a session call makes under `policy`: a cell's clocks (its
-/// `timeout_s`, if given, within the policy's ceiling) and reply limits,
-/// a file's size bound. `max_output` is the session's output cap. `Err`
-/// is the call's refusal (`invalid_request`, `file_refused`).
+/// The operation `call` asks of a session of `policy`: a cell's clocks
+/// (its `timeout_s`, if given, within the policy's ceiling) and reply
+/// limits, and every bound checked here, where the call arrives (not
+/// only by the runner in the jail): its code, paths and data, and the
+/// frame it makes for the session's runner. `max_output` is the
+/// session's output cap. A call out of bounds is refused with
+/// `invalid_request` (a file too large, `file_refused`); the session
+/// lives on.
 pub fn op_for(
     policy: &pycell_policy::Policy,
     max_output: u64,
@@ -334,28 +359,58 @@ pub fn op_for(
         None => policy.limits.wall_timeout,
         Some(t) if t.is_finite() && t > 0.0 && t <= ceiling => Duration::from_secs_f64(t),
         Some(t) => {
-            return Err((
-                FailureCode::InvalidRequest,
-                format!("timeout_s must be more than 0 and at most the policy's ceiling of {ceiling} s (got {t})"),
-            ))
+            return Err(invalid(format!(
+                "timeout_s must be more than 0 and at most the policy's ceiling of {ceiling} s (got {t})"
+            )))
         }
     };
+    let op = SessionOp {
+        wall_timeout_ms: u64::try_from(wall.as_millis()).unwrap_or(u64::MAX).max(1),
+        cpu_time_s: policy.limits.cpu_time.as_secs().max(1),
+        max_output_bytes: max_output,
+        request: session_request(policy, call)?,
+    };
+    let encoded = pycell_wire::framing::encoded_len(&op) as u64;
+    if encoded > MAX_REQUEST_FRAME {
+        return Err(invalid(format!(
+            "the call is {encoded} bytes once encoded, more than the {} MiB a session takes at once (characters JSON escapes, such as control characters, count up to 6 times): send it in parts",
+            MAX_REQUEST_FRAME >> 20
+        )));
+    }
+    Ok(op)
+}
+
+fn invalid(message: String) -> (FailureCode, String) {
+    (FailureCode::InvalidRequest, message)
+}
+
+/// The runner's request for `call`, its code, paths and data in bounds.
+fn session_request(
+    policy: &pycell_policy::Policy,
+    call: SessionCall,
+) -> Result<SessionRequest, (FailureCode, String)> {
     let s = &policy.session;
-    let request = match call {
-        SessionCall::Cell { code } => SessionRequest::Cell {
-            code,
-            limits: CellLimits {
-                images: crate::resolve::image_limits(&policy.images),
-                ..CellLimits::default()
-            },
-        },
+    let bounded = |r: Result<(), bounds::OutOfBounds>| r.map_err(|e| invalid(e.to_string()));
+    Ok(match call {
+        SessionCall::Cell { code } => {
+            bounded(bounds::check_code(&code))?;
+            SessionRequest::Cell {
+                code,
+                limits: CellLimits {
+                    images: crate::resolve::image_limits(&policy.images),
+                    ..CellLimits::default()
+                },
+            }
+        }
         SessionCall::Write { path, data_base64 } => {
-            // The size, before decoding: base64 is 4/3 of it.
-            let size = (data_base64.len() as u64 / 4) * 3;
-            if size > s.max_file + 2 {
+            bounded(bounds::check_session_path(&path))?;
+            let size = bounds::base64_decoded_len(&data_base64).ok_or_else(|| {
+                invalid("data_base64: not padded base64 (its length is not a multiple of 4)".into())
+            })?;
+            if size > s.max_file {
                 return Err((
                     FailureCode::FileRefused,
-                    format!("the file is about {size} bytes, more than the {} the policy's [session] max_file allows at once", s.max_file),
+                    format!("the file is {size} bytes, more than the {} the policy's [session] max_file allows at once", s.max_file),
                 ));
             }
             SessionRequest::Write {
@@ -363,20 +418,20 @@ pub fn op_for(
                 data: data_base64,
             }
         }
-        SessionCall::Read { path } => SessionRequest::Read {
-            path,
-            max_bytes: s.max_file,
-        },
-        SessionCall::List { path } => SessionRequest::List {
-            path,
-            max_entries: MAX_LISTED,
-        },
-    };
-    Ok(SessionOp {
-        wall_timeout_ms: u64::try_from(wall.as_millis()).unwrap_or(u64::MAX).max(1),
-        cpu_time_s: policy.limits.cpu_time.as_secs().max(1),
-        max_output_bytes: max_output,
-        request,
+        SessionCall::Read { path } => {
+            bounded(bounds::check_session_path(&path))?;
+            SessionRequest::Read {
+                path,
+                max_bytes: s.max_file,
+            }
+        }
+        SessionCall::List { path } => {
+            bounded(bounds::check_session_path(&path))?;
+            SessionRequest::List {
+                path,
+                max_entries: MAX_LISTED,
+            }
+        }
     })
 }
 

@@ -598,7 +598,8 @@ pub async fn supervise(
     mut services: Services,
     mut on_output: impl FnMut(Stream, &[u8]),
 ) -> (RunResult, Option<OwnedFd>) {
-    let collector = Collector::new(&l.run_id, &l.policy, Some(l.limits.clone()));
+    let collector =
+        Collector::new(&l.run_id, &l.policy, Some(l.limits.clone())).with_image_limits(l.images);
     services.egress = l
         .egress
         .take()

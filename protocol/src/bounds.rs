@@ -105,6 +105,32 @@ pub fn check_args(args: &[String]) -> Result<(), OutOfBounds> {
     }
 }
 
+/// A path a session call names: at most [`MAX_PATH_BYTES`], no NUL.
+pub fn check_session_path(path: &str) -> Result<(), OutOfBounds> {
+    if path.len() > MAX_PATH_BYTES {
+        let n = path.len();
+        return Err(out(
+            "path",
+            format!("{n} bytes; a path has at most {MAX_PATH_BYTES}"),
+        ));
+    }
+    match path.contains('\0') {
+        true => Err(out("path", "contains a NUL byte".into())),
+        false => Ok(()),
+    }
+}
+
+/// How many bytes padded base64 `text` decodes to (None: its length is
+/// not a multiple of 4, so it is not padded base64), from its length alone.
+pub fn base64_decoded_len(text: &str) -> Option<u64> {
+    let len = text.len() as u64;
+    if !len.is_multiple_of(4) {
+        return None;
+    }
+    let padding = text.bytes().rev().take(2).filter(|b| *b == b'=').count() as u64;
+    Some(len / 4 * 3 - padding.min(len / 4 * 3))
+}
+
 /// The program's stdin, as base64.
 pub fn check_stdin(stdin_base64: Option<&str>) -> Result<(), OutOfBounds> {
     match stdin_base64 {
@@ -303,5 +329,17 @@ mod tests {
         at_bounds.files = vec![file("a", base64_len(MAX_CODE_BYTES))];
         at_bounds.stdin_base64 = Some("A".repeat(base64_len(MAX_CODE_BYTES)));
         assert_eq!(at_bounds.check_bounds(), Ok(()));
+    }
+
+    #[test]
+    fn padded_base64_is_measured_from_its_length_and_session_paths_are_bounded() {
+        assert_eq!(base64_decoded_len(""), Some(0));
+        assert_eq!(base64_decoded_len("QUFB"), Some(3));
+        assert_eq!(base64_decoded_len("QUE="), Some(2));
+        assert_eq!(base64_decoded_len("QQ=="), Some(1));
+        assert_eq!(base64_decoded_len("QUFBQ"), None);
+        assert!(check_session_path(&"a".repeat(MAX_PATH_BYTES)).is_ok());
+        assert!(check_session_path(&"a".repeat(MAX_PATH_BYTES + 1)).is_err());
+        assert!(check_session_path("a\0b").is_err());
     }
 }

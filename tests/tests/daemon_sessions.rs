@@ -386,3 +386,59 @@ fn a_killed_jailer_kills_its_session_and_a_killed_client_does_not() {
     ));
     assert_eq!(code, ErrorCode::SessionKilled, "{message}");
 }
+
+/// Every bound of a session call is checked by pycelld where the call
+/// arrives, not only by the runner in the jail: code over 16 MiB, a cell
+/// whose code is within that but over what the session's runner takes
+/// once encoded (control characters are escaped six-fold), a path over
+/// PATH_MAX, a file one byte over `max_file`. Each is refused, and the
+/// session lives on: it answers, it is listed, it still counts against
+/// `per_uid`.
+#[test]
+fn an_oversized_session_call_is_refused_and_the_session_lives_on() {
+    let d = Daemon::start("");
+    let s = start(&d, None).session;
+    let mut c = d.client();
+    assert!(cell(&mut c, &s, "x = 41").reply.error.is_none());
+    let too_long = "#".repeat(17 << 20);
+    let (code, message) =
+        refused_code(c.session_call(&s, SessionCall::Cell { code: too_long }, None));
+    assert_eq!(code, ErrorCode::InvalidRequest, "{message}");
+    assert!(
+        message.contains("code") && message.contains("16 MiB"),
+        "{message}"
+    );
+    let escaped = format!("s = '{}'", "\u{1}".repeat(7 << 20));
+    let (code, message) =
+        refused_code(c.session_call(&s, SessionCall::Cell { code: escaped }, None));
+    assert_eq!(code, ErrorCode::InvalidRequest, "{message}");
+    assert!(message.contains("once encoded"), "{message}");
+    let path = "d/".repeat(2100);
+    let (code, message) = refused_code(c.session_call(&s, SessionCall::Read { path }, None));
+    assert_eq!(code, ErrorCode::InvalidRequest, "{message}");
+    assert!(message.contains("4096"), "{message}");
+    let over = base64::engine::general_purpose::STANDARD.encode(vec![7u8; (8 << 20) + 1]);
+    let write = SessionCall::Write {
+        path: "big.bin".into(),
+        data_base64: over,
+    };
+    let (code, message) = refused_code(c.session_call(&s, write, None));
+    assert_eq!(code, ErrorCode::FileRefused, "{message}");
+    assert!(message.contains("8388609 bytes"), "{message}");
+    // Still there, with its state, and still counted.
+    let a = cell(&mut c, &s, "x + 1");
+    assert_eq!(a.reply.value.as_deref(), Some("42"), "{a:?}");
+    let listed = c.session_list().unwrap();
+    assert!(listed.iter().any(|l| l.session == s), "{listed:?}");
+    let more: Vec<_> = (0..3).map(|_| start(&d, None).session).collect();
+    let req = SessionStartRequest::default();
+    let (code, message) = match d.client().session_start(req, |_| {}) {
+        Err(ClientError::Refused { code, message }) => (code, message),
+        other => panic!("a fifth session of per_uid = 4 started: {other:?}"),
+    };
+    assert_eq!(code, ErrorCode::TooManySessions, "{message}");
+    for h in more.iter().chain([&s]) {
+        c.session_end(h).unwrap();
+    }
+    d.assert_sandbox_gone(Duration::from_secs(10));
+}

@@ -101,3 +101,52 @@ fn a_run_that_replaces_or_writes_on_its_stdin_gets_no_images_and_loses_nothing()
         }
     }
 }
+
+/// Code that writes an image frame of its own on the runner's way back
+/// (its stdin) and closes it, so the runner sends none: the host holds
+/// what arrives to the policy's `[images]` (1024 px a side, 1 MiB in
+/// all) and to plain paths in /workspace, whatever the jail said.
+const FORGED: &str = r#"
+import base64, json, os, struct, zlib
+def png(w, h, pad=0):
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"tEXt", b"\0" * pad) + chunk(b"IEND", b"")
+def image(path, w, h, claimed=None, pad=0):
+    cw, ch = claimed or (w, h)
+    return {"path": path, "png": base64.b64encode(png(w, h, pad)).decode(), "width": cw, "height": ch}
+frame = {"images": [
+    image("/workspace/ok.png", 20, 10),
+    image("/workspace/../../etc/shadow", 20, 10),
+    image("/workspace/huge.png", 4000, 4000),
+    image("/workspace/liar.png", 4000, 4000, claimed=(20, 10)),
+    image("/workspace/heavy.png", 20, 10, pad=2 << 20),
+], "images_omitted": 0}
+body = json.dumps(frame).encode()
+os.write(0, len(body).to_bytes(4, "big") + body)
+os.close(0)
+print("forged")
+"#;
+
+fn only_the_honest_image_is_kept(v: &Value) {
+    let images = v["images"].as_array().expect("images listed");
+    let paths: Vec<&str> = images.iter().filter_map(|i| i["path"].as_str()).collect();
+    assert_eq!(paths, ["/workspace/ok.png"], "{v}");
+    assert_eq!(v["images_omitted"], 4, "{v}");
+}
+
+#[test]
+fn images_the_code_forges_are_held_to_the_policy_on_the_host() {
+    let out = run_code("main.py", FORGED, &[], &[]);
+    assert_eq!(status_of(&out), "ok", "{}", out.describe());
+    let r = out.result();
+    assert_eq!(r["stdout"], "forged\n", "{}", out.describe());
+    only_the_honest_image_is_kept(&r);
+    let d = Daemon::start("warm_pools = { default = 1 }\n");
+    let result = d.warm_run(&RunRequest {
+        code: FORGED.into(),
+        ..RunRequest::default()
+    });
+    only_the_honest_image_is_kept(&serde_json::to_value(&result).unwrap());
+}

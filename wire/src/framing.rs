@@ -30,6 +30,25 @@ pub fn frame_len(head: [u8; 4], max: u64) -> Result<usize, FrameError> {
     Ok(len as usize)
 }
 
+/// How many bytes `msg`'s JSON takes, counted without keeping it.
+pub fn encoded_len<T: Serialize>(msg: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, msg) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
+    }
+}
+
 /// One frame of `msg`, if its JSON is at most `max` bytes (and `u32::MAX`).
 pub fn encode_within<T: Serialize>(msg: &T, max: u64) -> Result<Vec<u8>, FrameError> {
     let body = serde_json::to_vec(msg).map_err(|e| FrameError::BadMessage(e.to_string()))?;

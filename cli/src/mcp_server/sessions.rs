@@ -12,7 +12,7 @@ use std::time::Duration;
 use pycell_deps::build::Ensured;
 use pycell_launch::launcher::{JailerStderr, LaunchError, PolicyChoice, Prepared};
 use pycell_launch::resolve::Extras;
-use pycell_launch::session::{Session, SessionError, SessionParts, SessionTiming};
+use pycell_launch::session::{Session, SessionParts, SessionTiming};
 use pycell_launch::session_table::{self, Entry, Lookup};
 use pycell_launch::supervisor::Services;
 use pycell_launch::tool_grant::ToolGrant;
@@ -307,14 +307,15 @@ impl Sandboxes {
                 asked.await
             }
         };
-        answered.map_err(|e| match e {
-            SessionError::Busy => busy(handle),
-            SessionError::Ended(ended) => {
-                if let Ok(mut t) = self.sessions() {
-                    t.forget(handle, ended.clone());
-                }
-                gone(&Lookup::Gone(ended), handle)
-            }
+        answered.map_err(|e| {
+            let (code, message) = match self.sessions() {
+                Ok(mut t) => t.call_failed(handle, e),
+                Err(_) => (
+                    FailureCode::Internal,
+                    "the session table is poisoned".into(),
+                ),
+            };
+            SessionFailure::new(code, message)
         })
     }
 
@@ -398,16 +399,6 @@ fn too_many(policy: &Policy) -> SessionFailure {
         format!(
             "the most sessions policy {:?} allows ([session] per_uid = {}) are open; end one with session_end (session_list shows them)",
             policy.name, policy.session.per_uid
-        ),
-    )
-}
-
-fn busy(handle: &str) -> SessionFailure {
-    SessionFailure::new(
-        FailureCode::SessionBusy,
-        format!(
-            "session {handle} already has {} calls waiting; wait for them to finish",
-            pycell_launch::session::MAX_QUEUED
         ),
     )
 }

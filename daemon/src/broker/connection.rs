@@ -541,17 +541,27 @@ async fn start(
     let ((reply, fds), cancelled) = installing::last_reply(broker, conn, id, req, replies)
         .await
         .map_err(|e| internal(e.to_string()))?;
-    let (run_id, sandbox_uid, policy, limits, egress, env, ready) = match reply {
+    let (run_id, sandbox_uid, policy, limits, images, egress, env, ready) = match reply {
         ToBroker::Spawned {
             run_id,
             sandbox_uid,
             policy,
             limits,
+            images,
             egress,
             env,
             ready,
             ..
-        } => (run_id, sandbox_uid, policy, limits, egress, env, ready),
+        } => (
+            run_id,
+            sandbox_uid,
+            policy,
+            limits,
+            images,
+            egress,
+            env,
+            ready,
+        ),
         ToBroker::Refused { code, message, .. } => return Err(error(Some(id), code, message)),
         ToBroker::Failed {
             policy, failure, ..
@@ -600,6 +610,7 @@ async fn start(
             ready,
             policy,
             limits,
+            images,
             events,
             handouts,
             services,
@@ -682,7 +693,8 @@ async fn relay_run(
     control: &RunControl<'_>,
 ) -> Vec<ServerMessage> {
     let kill = control.kill;
-    let collector = Collector::new(&started.run_id, &started.policy, Some(started.limits));
+    let collector = Collector::new(&started.run_id, &started.policy, Some(started.limits))
+        .with_image_limits(started.images);
     let env = started.env;
     let mut stdio = started.stdio;
     let mut stream = RunStream::start(

@@ -56,6 +56,8 @@ pub(crate) struct SpawnedRun {
     pub(crate) ready: bool,
     pub(crate) policy: String,
     pub(crate) limits: pycell_protocol::result::LimitsReport,
+    /// The run's `[images]` bounds.
+    pub(crate) images: Option<pycell_wire::spec::ImageLimits>,
     pub(crate) events: tokio::net::unix::pipe::Receiver,
     pub(crate) handouts: Option<std::os::fd::OwnedFd>,
     pub(crate) services: pycell_launch::supervisor::Services,

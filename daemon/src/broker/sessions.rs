@@ -229,22 +229,14 @@ impl Broker {
 
     /// The wire's error for a session call that got no answer.
     pub(crate) fn session_error(&self, handle: &str, e: SessionError) -> Refused {
-        match e {
-            SessionError::Busy => refused(
-                FailureCode::SessionBusy,
-                format!(
-                    "session {handle} already has {} calls waiting; wait for them to finish",
-                    pycell_launch::session::MAX_QUEUED
-                ),
+        let (code, message) = match self.sessions.lock() {
+            Ok(mut t) => t.call_failed(handle, e),
+            Err(_) => (
+                FailureCode::Internal,
+                "the session table is poisoned".into(),
             ),
-            SessionError::Ended(ended) => {
-                if let Ok(mut t) = self.sessions.lock() {
-                    t.forget(handle, ended.clone());
-                }
-                let (code, message) = session_table::lookup_message(&Lookup::Gone(ended), handle);
-                refused(code, message)
-            }
-        }
+        };
+        refused(code, message)
     }
 
     /// End session `handle` of `who`, once its jail is gone.

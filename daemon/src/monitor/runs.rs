@@ -208,6 +208,7 @@ impl Monitor {
             sandbox_uid: launched.lease.uid,
             policy: launched.policy,
             limits: launched.limits,
+            images: launched.images,
             egress,
             env: report,
             ready: warm,
