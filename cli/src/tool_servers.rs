@@ -28,7 +28,7 @@ use pycell_tools::allow::Pattern;
 use pycell_tools::catalog::{Catalog, CatalogServer, CatalogTool};
 use pycell_tools::config::{self, ServerConfig, Transport};
 use pycell_tools::frames::{FailureKind, ToolFailure};
-use pycell_tools::service::{timed_out, CallFuture, Upstream, SERVER_START_ALLOWANCE};
+use pycell_tools::service::{timed_out, CallFuture, ToolLimits, Upstream, SERVER_START_ALLOWANCE};
 
 type Client = RunningService<RoleClient, ()>;
 
@@ -175,12 +175,12 @@ impl Upstream for ToolServers {
         server: &str,
         tool: &str,
         arguments: Map<String, Value>,
-        call_timeout: Duration,
+        limits: ToolLimits,
     ) -> CallFuture {
         let this = self.clone();
         let (server, tool) = (server.to_string(), tool.to_string());
         Box::pin(async move {
-            this.call_tool(server, tool, arguments, Some(call_timeout))
+            this.call_tool(server, tool, arguments, Some(limits.call_timeout))
                 .await
         })
     }
@@ -237,7 +237,12 @@ async fn start(name: &str, transport: &Transport) -> Result<Client, String> {
             let (child, _) = TokioChildProcess::builder(tokio::process::Command::from(cmd))
                 .stderr(std::process::Stdio::inherit())
                 .spawn()
-                .map_err(|e| format!("starting {command:?} failed: {e}"))?;
+                .map_err(|e| {
+                    // The command is the client's own business, told on its
+                    // stderr; the jail (which sees the error) gets no host path.
+                    eprintln!("pycell: tool server {name}: starting {command:?} failed: {e}");
+                    format!("starting it failed: {e}")
+                })?;
             ().serve(child)
                 .await
                 .map_err(|e| format!("{name}: the MCP handshake failed: {e}"))

@@ -3,11 +3,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pycell_protocol::framing::decode;
+use pycell_protocol::framing::decode_client_message;
 use pycell_protocol::messages::ClientMessage;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(ClientMessage::Run { request, .. }) = decode::<ClientMessage>(data) {
+    if let Ok(ClientMessage::Run { request, .. }) = decode_client_message(data) {
         if request.check_bounds().is_ok() {
             let _ = request.stdin_bytes();
         }

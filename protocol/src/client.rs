@@ -571,6 +571,9 @@ impl ToolAnswerer {
         call: u64,
         outcome: pycell_tools::frames::Outcome,
     ) -> Result<(), ClientError> {
+        let outcome = serde_json::value::to_raw_value(&outcome)
+            .map(crate::messages::RawJson)
+            .map_err(|e| ClientError::Unexpected(format!("encoding a tool answer: {e}")))?;
         let _writing = self.writing.lock();
         let msg = ClientMessage::ToolAnswer {
             id: "1".into(),

@@ -9,7 +9,39 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub use pycell_wire::framing::{decode, encode_within, frame_len, read_sync_within, FrameError};
 
-use crate::messages::MAX_FRAME;
+use crate::messages::{ClientMessage, RawJson, MAX_FRAME};
+
+/// A client's message from its frame's body. A `tool_answer` is decoded
+/// as a plain struct, its `outcome` kept as text (serde buffers an
+/// internally tagged enum's fields into a tree first, which for a large
+/// outcome costs many times its size, and cannot keep text as it came).
+pub fn decode_client_message(body: &[u8]) -> Result<ClientMessage, FrameError> {
+    #[derive(serde::Deserialize)]
+    struct Kind {
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct ToolAnswer {
+        #[serde(rename = "type")]
+        _kind: String,
+        id: String,
+        call: u64,
+        outcome: RawJson,
+    }
+    // Every other field skipped, not kept.
+    let kind: Kind = decode(body)?;
+    if kind.kind != "tool_answer" {
+        return decode(body);
+    }
+    let a: ToolAnswer = decode(body)?;
+    Ok(ClientMessage::ToolAnswer {
+        id: a.id,
+        call: a.call,
+        outcome: a.outcome,
+    })
+}
 
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
     encode_within(msg, u64::from(MAX_FRAME))

@@ -302,8 +302,28 @@ pub enum ClientMessage {
     ToolAnswer {
         id: String,
         call: u64,
-        outcome: pycell_tools::frames::Outcome,
+        /// A `pycell_tools::frames::Outcome`, kept as it came: pycelld
+        /// parses it only if its size is within the call's `max_result`.
+        outcome: RawJson,
     },
+}
+
+/// A JSON value kept as the text it came as, parsed only when wanted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RawJson(pub Box<serde_json::value::RawValue>);
+
+impl RawJson {
+    /// Its JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl PartialEq for RawJson {
+    fn eq(&self, other: &RawJson) -> bool {
+        self.get() == other.get()
+    }
 }
 
 /// Daemon → client.

@@ -490,3 +490,28 @@ fn a_sigkilled_client_leaves_no_upstream_behind() {
     child.wait().unwrap();
     assert_gone(&started);
 }
+
+/// A server that cannot start is unavailable to the code, which is told
+/// why, but not the host path of its command (the client's business,
+/// said on pycell's stderr).
+#[test]
+fn a_server_that_cannot_start_shows_the_code_no_host_path() {
+    let dir = pycell_tests::open_tempdir("pycell-tools-");
+    let command = dir.path().join("secret-place/no-such-server");
+    let config = serde_json::json!({"mcpServers": {"gone": {"command": command}}});
+    let file = dir.path().join("servers.json");
+    std::fs::write(&file, config.to_string()).unwrap();
+    let code = "import pycell_tools as t\ntry:\n    t.call('gone', 'anything', {})\nexcept t.ToolError as e:\n    print(e.code, e)\n";
+    let out = run_code(
+        "main.py",
+        code,
+        &["--tool-servers", file.to_str().unwrap()],
+        &[],
+    );
+    let r = out.result();
+    assert_eq!(status_of(&out), "ok", "{}", out.describe());
+    let stdout = r["stdout"].as_str().unwrap();
+    assert!(stdout.contains("No such file"), "{stdout}");
+    assert!(!stdout.contains("secret-place"), "{stdout}");
+    assert!(out.stderr.contains("secret-place"), "{}", out.describe());
+}

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::Semaphore;
 
@@ -35,16 +35,28 @@ pub const SERVER_START_ALLOWANCE: Duration = Duration::from_secs(60);
 
 /// Where calls go: the client's upstream servers (in its own process, or
 /// relayed to it by pycelld). The upstream bounds the call itself by
-/// `call_timeout`, counted from when its server is up; the service bounds
-/// the whole by `call_timeout` plus [`SERVER_START_ALLOWANCE`].
+/// `limits.call_timeout`, counted from when its server is up (the service
+/// bounds the whole by that plus [`SERVER_START_ALLOWANCE`]), and may
+/// refuse a result over `limits.max_result` before it parses it (the
+/// service checks the size of what it gets again).
 pub trait Upstream: Send + Sync + 'static {
     fn call(
         &self,
         server: &str,
         tool: &str,
         arguments: Map<String, Value>,
-        call_timeout: Duration,
+        limits: ToolLimits,
     ) -> CallFuture;
+}
+
+/// The failure of a result of `size` bytes, over `max`.
+pub fn too_large(size: u64, max: u64) -> ToolFailure {
+    ToolFailure {
+        code: FailureKind::Limit,
+        message: format!(
+            "the result is {size} bytes, over the {max} a call may bring back (the policy's [tools] max_result)"
+        ),
+    }
 }
 
 /// The failure of a call `server`/`tool` that did not answer within `limit`.
@@ -141,8 +153,63 @@ struct State {
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
 }
 
+/// The status of a call still in flight when its run ended.
+pub const CANCELLED: &str = "cancelled";
+
+/// A call being served: recorded once, when it is done or dropped.
+struct PendingCall<'a> {
+    state: &'a State,
+    start: Instant,
+    record: Option<CallRecord>,
+}
+
+impl PendingCall<'_> {
+    fn done(&mut self, status: String, bytes_in: u64) {
+        if let Some(mut r) = self.record.take() {
+            r.status = status;
+            r.bytes_in = bytes_in;
+            r.duration_ms = self.start.elapsed().as_millis() as u64;
+            self.state.record(&r);
+        }
+    }
+}
+
+impl Drop for PendingCall<'_> {
+    fn drop(&mut self) {
+        self.done(CANCELLED.to_string(), 0);
+    }
+}
+
+/// Whether the other end of `channel` has closed (the jail's code ended,
+/// or closed its channel), even while requests it sent are still unread.
+fn peer_closed(channel: &OwnedReadHalf) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let stream: &UnixStream = channel.as_ref();
+    let mut fds = [PollFd::new(stream, PollFlags::RDHUP)];
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match poll(&mut fds, Some(&now)) {
+        Ok(_) => fds[0]
+            .revents()
+            .intersects(PollFlags::RDHUP | PollFlags::HUP),
+        Err(_) => false,
+    }
+}
+
+/// Resolves once [`peer_closed`] (looked at every 50 ms: only while every
+/// slot is taken).
+async fn hung_up(channel: &OwnedReadHalf) {
+    while !peer_closed(channel) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 impl ToolService {
     /// Serve `channel` until the jail closes it; what the calls came to.
+    /// Requests still unread when the jail's end closes are dropped, never
+    /// served: the code that sent them has ended.
     pub async fn serve(self, channel: UnixStream) -> ToolCalls {
         let (mut reader, writer) = channel.into_split();
         let slots = Arc::new(Semaphore::new(self.limits.max_concurrent.max(1) as usize));
@@ -155,9 +222,14 @@ impl ToolService {
         let mut calls = tokio::task::JoinSet::new();
         loop {
             // A slot first: while every one is taken, the jail's requests
-            // wait in its socket.
-            let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-                break;
+            // wait in its socket; if its end closes meanwhile, the calls in
+            // flight are dropped (below) and the waiting ones never served.
+            let slot = tokio::select! {
+                slot = Arc::clone(&slots).acquire_owned() => match slot {
+                    Ok(slot) => slot,
+                    Err(_) => break,
+                },
+                () = hung_up(&reader) => break,
             };
             let body = match read_frame(&mut reader).await {
                 Ok(Some(body)) => body,
@@ -168,6 +240,9 @@ impl ToolService {
                     break;
                 }
             };
+            if peer_closed(&reader) {
+                break;
+            }
             while calls.try_join_next().is_some() {}
             let state = Arc::clone(&state);
             calls.spawn(async move {
@@ -215,34 +290,46 @@ impl State {
         arguments: Map<String, Value>,
         bytes_out: usize,
     ) {
-        let start = Instant::now();
         let digest = hex(&Sha256::digest(
             serde_json::to_vec(&arguments).unwrap_or_default(),
         ));
+        // Counted and audited however it ends: if the run ends first (this
+        // future is then dropped), as `cancelled`.
+        let mut pending = PendingCall {
+            state: self,
+            start: Instant::now(),
+            record: Some(CallRecord {
+                server: server.clone(),
+                tool: tool.clone(),
+                arguments_sha256: digest,
+                status: CANCELLED.to_string(),
+                duration_ms: 0,
+                bytes_out: bytes_out as u64,
+                bytes_in: 0,
+            }),
+        };
         let outcome = match self.admit(&server, &tool, &arguments) {
             Ok(()) => self.forward(&server, &tool, arguments).await,
             Err(f) => Err(f),
         };
         let (outcome, bytes_in) = self.cap(outcome);
-        let record = CallRecord {
-            server,
-            tool,
-            arguments_sha256: digest,
-            status: match &outcome {
+        pending.done(
+            match &outcome {
                 Ok(_) => "ok".to_string(),
                 Err(f) => kind_name(f.code),
             },
-            duration_ms: start.elapsed().as_millis() as u64,
-            bytes_out: bytes_out as u64,
             bytes_in,
-        };
+        );
+        let _ = self.reply(id, outcome).await;
+    }
+
+    fn record(&self, record: &CallRecord) {
         if let Ok(mut c) = self.counts.lock() {
-            c.add(&record);
+            c.add(record);
         }
         if let Some(audit) = &self.service.audit {
-            audit(&record);
+            audit(record);
         }
-        let _ = self.reply(id, outcome).await;
     }
 
     /// The toolbox's checks, then the per-run bound on calls.
@@ -274,7 +361,10 @@ impl State {
         arguments: Map<String, Value>,
     ) -> Result<Value, ToolFailure> {
         let limit = self.service.limits.call_timeout;
-        let call = self.service.upstream.call(server, tool, arguments, limit);
+        let call = self
+            .service
+            .upstream
+            .call(server, tool, arguments, self.service.limits);
         // The upstream counts `limit` from when its server is up; this
         // bounds a call whatever the upstream does.
         match tokio::time::timeout(limit + SERVER_START_ALLOWANCE, call).await {
@@ -295,16 +385,7 @@ impl State {
             .max_result
             .min(u64::from(MAX_REPLY) - 4096);
         if size > max {
-            let message = format!(
-                "the result is {size} bytes, over the {max} a call may bring back (the policy's [tools] max_result)"
-            );
-            return (
-                Err(ToolFailure {
-                    code: FailureKind::Limit,
-                    message,
-                }),
-                size,
-            );
+            return (Err(too_large(size, max)), size);
         }
         (Ok(value), size)
     }
@@ -390,8 +471,9 @@ mod tests {
             server: &str,
             tool: &str,
             arguments: Map<String, Value>,
-            call_timeout: Duration,
+            limits: ToolLimits,
         ) -> CallFuture {
+            let call_timeout = limits.call_timeout;
             let (server, tool) = (server.to_string(), tool.to_string());
             Box::pin(async move {
                 let answer = async {
@@ -513,5 +595,51 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(counts.calls, 0);
+    }
+
+    async fn send(s: &mut UnixStream, body: Value) {
+        let body = serde_json::to_vec(&body).unwrap();
+        s.write_all(&(body.len() as u32).to_be_bytes())
+            .await
+            .unwrap();
+        s.write_all(&body).await.unwrap();
+    }
+
+    /// The jail queues calls and its code ends: the calls in flight are
+    /// counted (as cancelled, their upstream had them), the queued ones
+    /// never reach an upstream.
+    #[tokio::test]
+    async fn calls_queued_when_the_code_ends_are_dropped_and_calls_in_flight_counted() {
+        let (mut jail, ours) = UnixStream::pair().unwrap();
+        let audited = Arc::new(Mutex::new(Vec::new()));
+        let mut s = service(10);
+        s.limits.max_concurrent = 1;
+        s.limits.call_timeout = Duration::from_secs(30);
+        let log = Arc::clone(&audited);
+        s.audit = Some(Arc::new(move |r: &CallRecord| {
+            log.lock().unwrap().push(r.status.clone())
+        }));
+        let served = tokio::spawn(s.serve(ours));
+        send(
+            &mut jail,
+            json!({"op": "call", "id": 1, "server": "t", "tool": "hang"}),
+        )
+        .await;
+        for id in 2..=10 {
+            send(
+                &mut jail,
+                json!({"op": "call", "id": id, "server": "t", "tool": "echo"}),
+            )
+            .await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(jail);
+        let counts = tokio::time::timeout(Duration::from_secs(5), served)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(counts.calls, 1, "{counts:?}");
+        assert_eq!(counts.failures.get(CANCELLED), Some(&1), "{counts:?}");
+        assert_eq!(*audited.lock().unwrap(), [CANCELLED]);
     }
 }

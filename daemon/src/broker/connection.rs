@@ -203,7 +203,7 @@ fn start_reader(rd: OwnedReadHalf, granted: Granted) -> mpsc::Receiver<Incoming>
                 }
                 _ => return,
             };
-            let msg = framing::decode::<ClientMessage>(&body)
+            let msg = framing::decode_client_message(&body)
                 .map_err(|e| error(None, ErrorCode::BadMessage, e.to_string()));
             let fds = rd.take();
             if let Ok(m) = &msg {
@@ -798,7 +798,7 @@ fn during_run(
             id: cid,
             call,
             outcome,
-        })) if cid == id => tools.answer(call, outcome),
+        })) if cid == id => tools.answer(call, &outcome),
         Some(Ok(ClientMessage::Interrupt { id: cid })) if cid == id => (control.interrupt)(),
         Some(other) => {
             conn.out.offer(reply_during_run(other));

@@ -114,7 +114,7 @@ pub(super) async fn call(
                 }
                 Some(Ok(ClientMessage::ToolAnswer { id: cid, call, outcome })) if cid == id => {
                     if let Some(relay) = &relay {
-                        relay.answer(call, outcome);
+                        relay.answer(call, &outcome);
                     }
                 }
                 Some(other) => {
