@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import signal
+import socket
 import threading
 import time
 import zlib
@@ -157,6 +159,36 @@ def test_no_daemon_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYCELL_SOCKET", "/nonexistent/pycell.sock")
     with pytest.raises(errors.DaemonUnavailable, match="cannot connect to pycelld at /nonexistent"):
         pycell.run("print(1)")
+
+
+def silent_socket(path: str) -> socket.socket:
+    """A listening socket whose server accepts and never answers."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(path)
+    s.listen(4)
+    return s
+
+
+def test_a_socket_that_never_answers_hello_is_a_clear_error(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "silent.sock")
+    with silent_socket(path):
+        with pytest.raises(errors.DaemonUnavailable, match=r"did not answer pycell's hello within 0\.5 s"):
+            pycell.Client(path, connect_timeout=0.5).run("print(1)")
+
+        async def main() -> None:
+            with pytest.raises(errors.DaemonUnavailable, match="did not answer pycell's hello"):
+                await AsyncClient(path, connect_timeout=0.5).run("print(1)")
+
+        asyncio.run(main())
+
+
+def test_a_frame_nested_too_deeply_is_a_protocol_error() -> None:
+    from pycell import protocol
+
+    with pytest.raises(errors.ProtocolError, match="nested too deeply"):
+        protocol.parse(b"[" * 200_000 + b"]" * 200_000)
 
 
 def test_dependencies_are_installed_once_and_their_steps_told(pycelld_with_deps: Pycelld) -> None:

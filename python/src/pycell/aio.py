@@ -58,7 +58,14 @@ class AsyncConnection:
             ) from None
         conn = cls(reader, writer)
         await conn.send(p.Hello(version=p.PROTOCOL_VERSION, client=CLIENT_NAME))
-        reply = await conn.receive()
+        try:
+            reply = await asyncio.wait_for(conn.receive(), timeout)
+        except TimeoutError:
+            conn.close()
+            raise DaemonUnavailable(
+                f"{path} did not answer pycell's hello within {timeout} s",
+                hint="is it pycelld's socket? PYCELL_SOCKET names another socket",
+            ) from None
         if isinstance(reply, p.Error):
             conn.close()
             raise raise_for(reply)

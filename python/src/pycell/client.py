@@ -139,9 +139,18 @@ class Connection:
                 hint="is pycelld running (systemctl status pycelld), and are you in group pycell? "
                 "PYCELL_SOCKET names another socket",
             ) from None
-        self.sock.settimeout(None)
+        # The handshake is bounded by the same timeout: a socket whose
+        # server never answers is not pycelld.
         self.send(p.Hello(version=p.PROTOCOL_VERSION, client=CLIENT_NAME))
-        reply = self.receive()
+        try:
+            reply = self.receive()
+        except DaemonUnavailable:
+            self.close()
+            raise DaemonUnavailable(
+                f"{path} did not answer pycell's hello within {timeout} s",
+                hint="is it pycelld's socket? PYCELL_SOCKET names another socket",
+            ) from None
+        self.sock.settimeout(None)
         if isinstance(reply, p.Error):
             self.close()
             raise raise_for(reply)

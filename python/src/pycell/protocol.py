@@ -347,4 +347,6 @@ def parse(body: bytes) -> Any:
         data = json.loads(body)
     except ValueError as e:
         raise ProtocolError(f"pycelld sent a frame that is not JSON: {e}") from None
+    except RecursionError:
+        raise ProtocolError("pycelld sent a frame nested too deeply to read") from None
     return decode(data)
