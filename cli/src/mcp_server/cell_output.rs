@@ -78,7 +78,7 @@ pub fn image_info(i: &Image) -> ImageInfo {
         path: i.path.clone(),
         width: i.width,
         height: i.height,
-        png_bytes: (i.png.len() as u64 * 3) / 4,
+        png_bytes: pycell_protocol::bounds::base64_decoded_len(&i.png).unwrap_or(0),
     }
 }
 
