@@ -377,6 +377,17 @@ fn a_server_reaches_nothing_of_the_callers_but_the_variables_and_paths_it_is_giv
     );
 }
 
+/// `pycell mcp-server` of the probe server under `mcp-probe` with
+/// `grants`, the probe given nothing of the caller's and `probe` more.
+fn probe_args(grants: &[&str], probe: &[&str]) -> Vec<String> {
+    let mut args = vec!["mcp-server", "--policy", "mcp-probe"];
+    args.extend_from_slice(grants);
+    args.extend(["pycell-probe-server", "--", "--canary", "/nonexistent"]);
+    args.extend(["--agent", "/nonexistent", "--secret-reversed", "x"]);
+    args.extend_from_slice(probe);
+    args.into_iter().map(String::from).collect()
+}
+
 /// The probe server's `plant` in a `--rw` directory and on a `--rw` file,
 /// both root's (with `env` for pycell): in the jail every set-id mode is
 /// refused; on the host, once the server has ended, nothing set-id, no
@@ -394,28 +405,9 @@ fn nothing_planted_in_a_grant_stays(name: &str, env: &[(&str, &str)]) {
         file.display().to_string(),
         errlog.display().to_string(),
     );
+    let args = probe_args(&["--rw", &g, "--rw", &f], &["--dir", &g, "--file", &f]);
     let r = session_with(
-        &[
-            "mcp-server",
-            "--policy",
-            "mcp-probe",
-            "--rw",
-            &g,
-            "--rw",
-            &f,
-            "pycell-probe-server",
-            "--",
-            "--canary",
-            "/nonexistent",
-            "--agent",
-            "/nonexistent",
-            "--secret-reversed",
-            "x",
-            "--dir",
-            &g,
-            "--file",
-            &f,
-        ],
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
         json!([["plant", {}]]),
         env,
         &["--errlog", &e],
@@ -525,26 +517,9 @@ fn a_read_only_grant_inside_a_writable_one_stays_read_only() {
     fs::create_dir_all(&git).unwrap();
     fs::write(git.join("HEAD"), "ref: refs/heads/main\n").unwrap();
     let (p, g) = (project.display().to_string(), git.display().to_string());
+    let args = probe_args(&["--ro", &g, "--rw", &p], &["--dir", &g]);
     let r = session(
-        &[
-            "mcp-server",
-            "--policy",
-            "mcp-probe",
-            "--ro",
-            &g,
-            "--rw",
-            &p,
-            "pycell-probe-server",
-            "--",
-            "--canary",
-            "/nonexistent",
-            "--agent",
-            "/nonexistent",
-            "--secret-reversed",
-            "x",
-            "--dir",
-            &g,
-        ],
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
         json!([["probe", {}]]),
         &[],
         None,
