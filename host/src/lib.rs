@@ -1,7 +1,6 @@
 //! The root-only side of a run on the host: its cgroups ([`cgroup`]: made,
-//! limited, measured, killed and removed), its sandbox uid lease
-//! ([`uidalloc`]), and the kernel features the jail's setup depends on
-//! ([`kernel`]).
+//! limited, measured, killed and removed) and its sandbox uid lease
+//! ([`uidalloc`]).
 //!
 //! Threat model: only root processes use this crate to change anything
 //! (the jailer, and the holders of sandbox uid leases: embedded `pycell
@@ -13,5 +12,4 @@
 #![forbid(unsafe_code)]
 
 pub mod cgroup;
-pub mod kernel;
 pub mod uidalloc;

@@ -153,8 +153,7 @@ impl JailSteps for RealSteps<'_> {
             .map_err(step)
             .map_err(|e| {
                 e.with_hint("pycell gives every run its own time namespace: it needs Linux 5.6+ built with CONFIG_TIME_NS")
-            })?;
-        crate::ns_settings::seal_memfds().map_err(step)
+            })
     }
 
     fn wait_for_cgroup(&mut self) -> Result<(), StepError> {
@@ -235,6 +234,7 @@ impl JailSteps for RealSteps<'_> {
             files: &self.spec.files,
             hostname: HOSTNAME,
             cover_proc: self.kind != JailKind::Zygote,
+            user_limits: crate::ns_settings::user_limits(l),
         };
         mounts::build_root(sources, &layout).map_err(|e| {
             let step = StepError::new(Step::Rootfs, e.to_string());

@@ -152,7 +152,8 @@ fn owner_seen_as(owner: u32, group: u32, uid: u32, gid: u32) -> std::io::Result<
         CloneResult::Parent(pid) => {
             drop(wait_r);
             let maps = idmap(owner, group, uid, gid);
-            let ns = crate::supervisor::write_maps(pid, &maps)
+            let ns = crate::ns_owner::MapFiles::open(pid)
+                .and_then(|files| files.write(&maps))
                 .and_then(|()| File::open(format!("/proc/{}/ns/user", pid.as_raw())));
             drop(wait_w);
             let _ = waitpid(pid, None);

@@ -22,6 +22,7 @@ mod grant_sweep;
 mod grants;
 mod landlock_rules;
 mod mounts;
+mod ns_owner;
 mod ns_settings;
 mod outbox;
 mod outcome;

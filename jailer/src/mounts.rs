@@ -196,6 +196,9 @@ pub struct RootfsLayout<'a> {
     /// user namespace may mount a new /proc only where one is fully
     /// visible, and the zygote's children must.
     pub cover_proc: bool,
+    /// `/proc/sys/user` limits of the jail's user namespace, written in
+    /// the fresh /proc (`crate::ns_settings::set_user_limits`).
+    pub user_limits: Vec<(&'static str, u64)>,
 }
 
 fn staged(p: &Path) -> PathBuf {
@@ -242,6 +245,9 @@ pub fn build_root(sources: PreparedSources, layout: &RootfsLayout<'_>) -> Result
     }
     crate::timings::mark("jail: rootfs: binds attached");
     mount_proc()?;
+    crate::ns_settings::set_user_limits(&staged(Path::new("/proc")), &layout.user_limits).map_err(
+        err("limiting the jail's per-user kernel counters".to_string()),
+    )?;
     let dev = build_dev(sources.devices)?;
     crate::timings::mark("jail: rootfs: /proc and /dev");
     if layout.cover_proc {

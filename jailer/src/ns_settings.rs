@@ -5,21 +5,27 @@
 //!   clocks moved back so that they start near zero: the host's uptime and
 //!   boot time are a fingerprint of the machine (`/proc/uptime`,
 //!   `CLOCK_BOOTTIME`, `time.monotonic()`), the same for every run on it;
-//! - `vm.memfd_noexec = 2` in the jail's pid namespace (Linux 6.3+; the
-//!   setting is per pid namespace and can only be raised): every memfd is
-//!   sealed non-executable, so code the run writes into one cannot be run.
-//!   Without it the jailer refuses `memfd_create` in the seccomp filter
-//!   instead (see `supervisor::preflight`).
+//!
+//! - the per-user counters its user namespace bounds
+//!   (`/proc/sys/user/max_*`): inotify instances and watches as the policy
+//!   says, fanotify none. Written in the jail's own fresh /proc (the
+//!   host's /proc/sys is read-only under pycelld's unit) while the jail's
+//!   init still has CAP_SYS_RESOURCE over its namespace; the program,
+//!   without it, can only read them.
+//!
+//! No `vm.memfd_noexec`: the kernel lets only host root set it, and a
+//! jail's init is its sandbox uid (the owner of its user namespace, see
+//! `crate::ns_owner`); `memfd_create` is refused by the seccomp profile
+//! instead.
 
 use std::fs;
 use std::io;
+use std::path::Path;
+
+use pycell_wire::spec::JailLimits;
 
 use nix::sched::{unshare, CloneFlags};
 use nix::time::{clock_gettime, ClockId};
-pub(crate) use pycell_host::kernel::{memfd_noexec_available, MEMFD_NOEXEC};
-
-/// "memfd_create() without MFD_NOEXEC_SEAL gets it; MFD_EXEC is refused".
-const MEMFD_NOEXEC_ENFORCED: &str = "2";
 
 /// The `/proc/self/timens_offsets` text that moves `monotonic` and
 /// `boottime` back by their whole seconds now, so that they read between 0
@@ -71,19 +77,38 @@ pub(crate) fn new_time_namespace() -> io::Result<()> {
         .map_err(|e| io::Error::other(format!("writing /proc/self/timens_offsets: {e}")))
 }
 
-/// Seal every memfd of our pid namespace non-executable, where the kernel
-/// can. A pid namespace starts with its parent's setting: a run forked
-/// from a zygote finds it set already (and could not write it: the file
-/// is the host root's).
-pub(crate) fn seal_memfds() -> io::Result<()> {
-    if !memfd_noexec_available() {
-        return Ok(());
+/// The `/proc/sys/user` limits of a jail's user namespace, by file name.
+pub(crate) fn user_limits(l: &JailLimits) -> Vec<(&'static str, u64)> {
+    vec![
+        ("max_inotify_instances", u64::from(l.inotify_instances)),
+        ("max_inotify_watches", l.inotify_watches),
+        ("max_fanotify_groups", 0),
+        ("max_fanotify_marks", 0),
+    ]
+}
+
+/// Write `limits` into `proc_dir/sys/user` (the kernel applies them to the
+/// writer's user namespace) and read each back. A kernel without the
+/// counter (no inotify or fanotify built in) has no file and nothing to
+/// bound.
+pub(crate) fn set_user_limits(proc_dir: &Path, limits: &[(&str, u64)]) -> io::Result<()> {
+    for (name, value) in limits {
+        let path = proc_dir.join("sys/user").join(name);
+        let context = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+        match fs::write(&path, value.to_string()) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            other => other.map_err(context)?,
+        }
+        let read = fs::read_to_string(&path).map_err(context)?;
+        if read.trim() != value.to_string() {
+            return Err(io::Error::other(format!(
+                "{} reads {:?} after writing {value}",
+                path.display(),
+                read.trim()
+            )));
+        }
     }
-    if fs::read_to_string(MEMFD_NOEXEC).is_ok_and(|v| v.trim() == MEMFD_NOEXEC_ENFORCED) {
-        return Ok(());
-    }
-    fs::write(MEMFD_NOEXEC, MEMFD_NOEXEC_ENFORCED)
-        .map_err(|e| io::Error::other(format!("writing {MEMFD_NOEXEC}: {e}")))
+    Ok(())
 }
 
 #[cfg(test)]

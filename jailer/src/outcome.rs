@@ -155,6 +155,8 @@ mod tests {
             file_size_bytes: 1 << 20,
             disk_bytes: 1 << 20,
             max_output_bytes: 1 << 20,
+            inotify_instances: 16,
+            inotify_watches: 8192,
         }
     }
 

@@ -46,19 +46,14 @@ pub(crate) fn preflight(spec: &JailSpec) -> Result<Checked, JailFailure> {
         )
         .with_hint("run pycell as root, or through the pycelld service"));
     }
-    let mut filter = pycell_seccomp::compile(&spec.seccomp_profile).map_err(|e| {
+    let filter = pycell_seccomp::compile(&spec.seccomp_profile).map_err(|e| {
         JailFailure::new(
             FailureCode::SeccompUnavailable,
             Layer::Seccomp,
             e.to_string(),
         )
     })?;
-    let mut gaps = Vec::new();
-    if !pycell_host::kernel::memfd_noexec_available() {
-        // No per-namespace memfd sealing on this kernel: no memfds at all.
-        filter = filter.with_refused(KernelGap::MemfdExec);
-        gaps.push(KernelGap::MemfdExec);
-    }
+    let gaps = Vec::new();
     let layout = CgroupLayout::detect().map_err(cgroup_failure)?;
     let sources = check_sources(spec)?;
     Ok(Checked {

@@ -418,6 +418,7 @@ impl Relay {
         let work = w.work.as_ref().expect("work arrived");
         w.cpu_before_ns = cgroup.usage().cpu_ns;
         if let Err(e) = crate::rlimits::restart_cpu_clock(
+            spec,
             pid,
             cgroup,
             spec.limits.cpu_time_s,
@@ -471,8 +472,13 @@ impl Relay {
         };
         s.cpu_before_ns = cgroup.usage().cpu_ns;
         // A program that is gone has no clock to restart: the jail ends.
-        let _ =
-            crate::rlimits::restart_cpu_clock(pid, cgroup, op.cpu_time_s, spec.limits.cpu_time_s);
+        let _ = crate::rlimits::restart_cpu_clock(
+            spec,
+            pid,
+            cgroup,
+            op.cpu_time_s,
+            spec.limits.cpu_time_s,
+        );
         s.clocks
             .begin(Instant::now(), Duration::from_millis(op.wall_timeout_ms));
         self.sent = [0, 0];

@@ -12,7 +12,7 @@
 use nix::unistd::Pid;
 use pycell_host::cgroup::SandboxCgroup;
 
-use pycell_wire::spec::JailLimits;
+use pycell_wire::spec::{JailLimits, JailSpec};
 
 use pycell_syscall as syscall;
 
@@ -104,6 +104,7 @@ pub(crate) fn apply(pid: Pid, limits: &JailLimits, warm: bool) -> Result<(), Str
 /// limit): a run's own for a warm jail, the whole session's for a
 /// session, whose requests each get `cpu_time_s` from there.
 pub(crate) fn restart_cpu_clock(
+    spec: &JailSpec,
     init: Pid,
     cgroup: &SandboxCgroup,
     cpu_time_s: u64,
@@ -125,8 +126,14 @@ pub(crate) fn restart_cpu_clock(
         .unwrap_or(100) as u64;
     let hard = cpu_seconds_hard(jail_cpu_time_s);
     let (soft, hard) = crate::warm::cpu_clock_from_now(used, ticks, cpu_time_s, hard);
-    syscall::prlimit(program, libc::RLIMIT_CPU, soft, hard)
-        .map_err(|e| format!("prlimit(RLIMIT_CPU, {soft}/{hard}): {e}"))
+    // As the owner of the jail's user namespace: pycelld's jailer has no
+    // CAP_SYS_RESOURCE over it otherwise (see `crate::ns_owner`).
+    let owner = crate::ns_owner::host_owner(spec);
+    crate::ns_owner::as_owner(owner, || {
+        syscall::prlimit(program, libc::RLIMIT_CPU, soft, hard)
+    })
+    .and_then(|r| r)
+    .map_err(|e| format!("prlimit(RLIMIT_CPU, {soft}/{hard}): {e}"))
 }
 
 /// The hard RLIMIT_CPU a warm jail started with.
@@ -154,6 +161,8 @@ mod tests {
             file_size_bytes: 64 << 20,
             disk_bytes: 64 << 20,
             max_output_bytes: 1 << 20,
+            inotify_instances: 16,
+            inotify_watches: 8192,
         }
     }
 

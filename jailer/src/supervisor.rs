@@ -5,7 +5,7 @@
 //! ([`crate::outcome::classify`]) and reports. The cgroup is killed before
 //! the report is written, and removed (by its `Drop`) after.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant, SystemTime};
@@ -22,6 +22,7 @@ use pycell_wire::report::{CgroupReport, JailFailure, JailReport, Layers, Seccomp
 use pycell_wire::spec::{JailSpec, NetworkSpec, SlotIds, WorkspaceFile, JAIL_GID, JAIL_UID};
 
 use crate::child::{child_main, ChildFds};
+use crate::ns_owner::{AsOwner, MapFiles};
 use crate::outcome::{classify, Observed};
 use crate::preflight::{cgroup_failure, preflight, Checked};
 use crate::relay::{self, ParentEnds};
@@ -439,15 +440,25 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     mark("jailer: pipes and the cgroup made");
     let start = Instant::now();
     let started_at = SystemTime::now();
-    let (pid, born_inside) = match clone_jail(&cgroup)? {
-        (CloneResult::Child, _) => {
+    let owner = crate::ns_owner::AsOwner::enter(spec.sandbox_uid, Some(spec.sandbox_gid), true)
+        .map_err(owner_failure)?;
+    let (pid, born_inside) = match clone_jail(&cgroup) {
+        Ok((CloneResult::Child, _)) => {
+            owner.stay();
             drop((go, ends));
             // The jail handles its own signals (see `child`).
             let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&jailer_signals()), None);
             child_main(spec, checked, child_fds)
         }
-        (CloneResult::Parent(pid), inside) => (pid, inside),
+        Ok((CloneResult::Parent(pid), inside)) => (pid, inside),
+        Err(e) => {
+            owner.leave().map_err(owner_failure)?;
+            return Err(e);
+        }
     };
+    // Still the namespace's owner: its maps' files and its rlimits.
+    let owned = as_the_owner(spec, pid, &owner);
+    owner.leave().map_err(owner_failure)?;
     mark("jailer: jail cloned");
     drop(child_fds);
     let mut ends = ends;
@@ -460,7 +471,9 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
         (true, None) => Err(io_failure("keeping stdin for the work")(
             io::Error::last_os_error(),
         )),
-        _ => attach(spec, pid, go, cgroup, born_inside || joins_itself),
+        _ => {
+            owned.and_then(|maps| attach(spec, pid, maps, go, cgroup, born_inside || joins_itself))
+        }
     };
     match attached {
         Ok(cgroup) => Ok(Jail {
@@ -495,10 +508,7 @@ fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFai
     let cgroup = create_cgroup(spec, &checked.layout)?;
     child_fds.cgroup_tasks = cgroup.open_join_files().map_err(cgroup_failure)?;
     mark("jailer: pipes and the cgroup made");
-    let request = crate::zygote::ForkRequest {
-        spec: spec.clone(),
-        memfd_refused: checked.gaps.contains(&KernelGap::MemfdExec),
-    };
+    let request = crate::zygote::ForkRequest { spec: spec.clone() };
     let start = Instant::now();
     crate::zygote::send_request(channel.as_fd(), &request, &child_fds)
         .map_err(zygote_failure("sending the run to its zygote"))?;
@@ -520,8 +530,13 @@ fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFai
         rustix::process::PidfdFlags::empty(),
     )
     .map_err(|e| zygote_failure("opening the jail's pidfd")(e.into()))?;
-    crate::rlimits::apply(pid, &spec.limits, spec.warm)
-        .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e))?;
+    // As the zygote's uid, the owner of the namespace the run's is in.
+    crate::ns_owner::as_owner(crate::ns_owner::host_owner(spec), || {
+        crate::rlimits::apply(pid, &spec.limits, spec.warm)
+    })
+    .map_err(|e| e.to_string())
+    .and_then(|r| r)
+    .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e))?;
     go.write_all(&[GO_CGROUP])
         .map_err(zygote_failure("starting the jail"))?;
     Ok(Jail {
@@ -620,15 +635,14 @@ fn clone_jail(cgroup: &SandboxCgroup) -> Result<(CloneResult, bool), JailFailure
 fn attach(
     spec: &JailSpec,
     pid: Pid,
+    maps: MapFiles,
     go: OwnedFd,
     cgroup: SandboxCgroup,
     inside: bool,
 ) -> Result<SandboxCgroup, JailFailure> {
     let mut go = File::from(go);
     let start_failed = io_failure("starting the jail");
-    crate::rlimits::apply(pid, &spec.limits, spec.warm)
-        .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e))?;
-    write_id_maps(pid, spec).map_err(|e| {
+    maps.write(&id_maps(spec)).map_err(|e| {
         JailFailure::new(
             FailureCode::UserNamespaceFailed,
             Layer::UserNamespace,
@@ -645,8 +659,31 @@ fn attach(
     Ok(cgroup)
 }
 
-fn write_id_maps(pid: Pid, spec: &JailSpec) -> io::Result<()> {
-    let maps = match &spec.zygote {
+/// What only the owner of the jail's new user namespace may do from the
+/// host without CAP_SYS_ADMIN and CAP_SYS_RESOURCE there (pycelld's
+/// jailer): open its id maps' files and pin its rlimits.
+fn as_the_owner(spec: &JailSpec, pid: Pid, owner: &AsOwner) -> Result<MapFiles, JailFailure> {
+    crate::rlimits::apply(pid, &spec.limits, spec.warm)
+        .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e))?;
+    owner.open_maps(pid).map_err(|e| {
+        JailFailure::new(
+            FailureCode::UserNamespaceFailed,
+            Layer::UserNamespace,
+            format!("opening the uid/gid maps: {e}"),
+        )
+    })
+}
+
+fn owner_failure(e: io::Error) -> JailFailure {
+    JailFailure::new(
+        FailureCode::UserNamespaceFailed,
+        Layer::UserNamespace,
+        format!("switching to the sandbox's ids to create its user namespace: {e}"),
+    )
+}
+
+fn id_maps(spec: &JailSpec) -> (String, String) {
+    match &spec.zygote {
         Some(z) => {
             let own = SlotIds {
                 uid: spec.sandbox_uid,
@@ -655,8 +692,7 @@ fn write_id_maps(pid: Pid, spec: &JailSpec) -> io::Result<()> {
             crate::zygote::id_maps(own, &z.slots)
         }
         None => jail_id_maps(spec.sandbox_uid, spec.sandbox_gid),
-    };
-    write_maps(pid, &maps)
+    }
 }
 
 /// A jail's uid and gid maps: the jail ids, and nothing else, mapped to
@@ -666,15 +702,6 @@ pub(crate) fn jail_id_maps(uid: u32, gid: u32) -> (String, String) {
         format!("{JAIL_UID} {uid} 1\n"),
         format!("{JAIL_GID} {gid} 1\n"),
     )
-}
-
-/// Write `pid`'s (uid_map, gid_map), setgroups denied first: the jail
-/// must never regain groups.
-pub(crate) fn write_maps(pid: Pid, (uid_map, gid_map): &(String, String)) -> io::Result<()> {
-    let base = format!("/proc/{}", pid.as_raw());
-    fs::write(format!("{base}/setgroups"), "deny")?;
-    fs::write(format!("{base}/uid_map"), uid_map)?;
-    fs::write(format!("{base}/gid_map"), gid_map)
 }
 
 /// The jail's pipes: the child's ends, our go-pipe end, our other ends.

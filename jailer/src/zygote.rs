@@ -30,12 +30,13 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Mutex, OnceLock};
 
 use nix::sched::CloneFlags;
-use pycell_seccomp::{CompiledFilter, KernelGap};
+use pycell_seccomp::CompiledFilter;
 use pycell_syscall::{self as syscall, CloneResult};
 use pycell_wire::spec::{JailSpec, SlotIds, ZYGOTE_SLOT_BASE};
 use serde::{Deserialize, Serialize};
 
 use crate::child::{self, ChildFds};
+use crate::ns_owner::AsOwner;
 use crate::pipeline::{Step, StepError};
 use crate::status::ChildMessage;
 use pycell_wire::report::JailFailure;
@@ -56,8 +57,6 @@ const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWUSER
 #[serde(deny_unknown_fields)]
 pub(crate) struct ForkRequest {
     pub spec: JailSpec,
-    /// The kernel cannot seal memfds per namespace: refuse them.
-    pub memfd_refused: bool,
 }
 
 /// The jailer's side: send `spec`'s request with the child's descriptors
@@ -212,17 +211,13 @@ fn filter_for(request: &ForkRequest) -> Result<CompiledFilter, String> {
     static COMPILED: Mutex<Vec<(String, CompiledFilter)>> = Mutex::new(Vec::new());
     let mut compiled = COMPILED.lock().unwrap_or_else(|e| e.into_inner());
     let profile = &request.spec.seccomp_profile;
-    let filter = match compiled.iter().find(|(p, _)| p == profile) {
+    Ok(match compiled.iter().find(|(p, _)| p == profile) {
         Some((_, f)) => f.clone(),
         None => {
             let f = pycell_seccomp::compile(profile).map_err(|e| e.to_string())?;
             compiled.push((profile.clone(), f.clone()));
             f
         }
-    };
-    Ok(match request.memfd_refused {
-        true => filter.with_refused(KernelGap::MemfdExec),
-        false => filter,
     })
 }
 
@@ -270,17 +265,30 @@ pub fn fork_run() -> i32 {
         Ok(p) => p,
         Err(e) => return failed(&fds, format!("pipe2: {e}")),
     };
+    // The run's namespace is its slot's: created as the slot's ids, so
+    // that what the run holds (processes under RLIMIT_NPROC, inotify
+    // instances, ...) is charged to its slot, not to the zygote that every
+    // run shares (see `crate::ns_owner`).
+    let slot = spec.from_zygote.as_ref().map_or(0, |z| z.slot);
+    let id = ZYGOTE_SLOT_BASE + slot;
+    let owner = match AsOwner::enter(id, Some(id), false) {
+        Ok(o) => o,
+        Err(e) => return failed(&fds, format!("switching to the slot's ids: {e}")),
+    };
     match syscall::clone_fork(NAMESPACES.bits()) {
         Ok(CloneResult::Child) => {
+            owner.stay();
             drop(maps_write);
             run_jail(spec, &filter, fds, maps_read, forked_us)
         }
         Ok(CloneResult::Parent(pid)) => {
             drop(maps_read);
-            let slot = spec.from_zygote.as_ref().map_or(0, |z| z.slot);
-            let id = ZYGOTE_SLOT_BASE + slot;
+            let opened = owner.open_maps(pid);
+            let left = owner.leave();
             let maps = crate::supervisor::jail_id_maps(id, id);
-            let written = crate::supervisor::write_maps(pid, &maps)
+            let written = left
+                .and(opened)
+                .and_then(|files| files.write(&maps))
                 .and_then(|()| nix::unistd::write(&maps_write, b"M").map_err(io::Error::from));
             if let Err(e) = written {
                 let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
@@ -288,7 +296,10 @@ pub fn fork_run() -> i32 {
             }
             0
         }
-        Err(e) => failed(&fds, format!("clone(user, pid, mount, net, ipc, uts): {e}")),
+        Err(e) => {
+            drop(owner);
+            failed(&fds, format!("clone(user, pid, mount, net, ipc, uts): {e}"))
+        }
     }
 }
 

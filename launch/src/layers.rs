@@ -46,12 +46,11 @@ fn time_namespace() -> LayerStatus {
 
 /// How a run is kept from executing a memfd it wrote.
 fn memfd_exec() -> LayerStatus {
-    let detail = if pycell_host::kernel::memfd_noexec_available() {
-        "vm.memfd_noexec = 2 in each run's pid namespace: every memfd is sealed non-executable"
-    } else {
-        "no vm.memfd_noexec on this kernel (before Linux 6.3): memfd_create is refused by seccomp"
-    };
-    LayerStatus::new("memfd_exec", true, detail)
+    LayerStatus::new(
+        "memfd_exec",
+        true,
+        "memfd_create is refused by seccomp in every run (ENOSYS): no jail can set vm.memfd_noexec, which only host root may",
+    )
 }
 
 /// Whether socket buffers count against a run's memory limit.

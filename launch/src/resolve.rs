@@ -364,6 +364,8 @@ fn jail_limits(l: &Limits) -> JailLimits {
         file_size_bytes: l.file_size,
         disk_bytes: l.disk,
         max_output_bytes: l.max_output,
+        inotify_instances: l.inotify_instances,
+        inotify_watches: l.inotify_watches,
     }
 }
 

@@ -216,11 +216,12 @@ impl Launcher {
         };
         lease.release_after_cgroups(&self.cgroup_parent);
         let mut spec = zygote.parts.runs.clone();
+        let zygote_uid = spec.sandbox_uid;
         spec.run_id = new_run_id();
         spec.sandbox_uid = lease.uid;
         spec.sandbox_gid = lease.gid;
         spec.cgroup.parent = self.cgroup_parent.clone();
-        spec.from_zygote = Some(FromZygote { slot });
+        spec.from_zygote = Some(FromZygote { slot, zygote_uid });
         let channel = zygote.channel.try_clone().map_err(|e| {
             LaunchError::Refused(JailFailure::new(
                 FailureCode::Internal,
@@ -361,7 +362,10 @@ impl Drop for Zygote {
 /// What a zygote's runs cannot have.
 fn check_fits_a_zygote(runs: &JailSpec) -> Result<(), LaunchError> {
     let mut probe = runs.clone();
-    probe.from_zygote = Some(FromZygote { slot: 0 });
+    probe.from_zygote = Some(FromZygote {
+        slot: 0,
+        zygote_uid: runs.sandbox_uid,
+    });
     probe.validate().map_err(|e| {
         LaunchError::Refused(
             JailFailure::new(

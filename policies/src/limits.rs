@@ -23,6 +23,13 @@ pub const PIDS_RANGE: (u32, u32) = (1, 65536);
 pub const CPUS_RANGE: (f64, f64) = (0.01, 1024.0);
 /// Range of `open_files` (RLIMIT_NOFILE). Python itself needs a few.
 pub const OPEN_FILES_RANGE: (u64, u64) = (16, 1_048_576);
+/// Range of `inotify_instances`: the run's own ceiling on inotify
+/// instances (a sandbox uid's are also bounded by the host's
+/// `fs.inotify.max_user_instances`).
+pub const INOTIFY_INSTANCES_RANGE: (u32, u32) = (0, 1024);
+/// Range of `inotify_watches` (also bounded by the host's
+/// `fs.inotify.max_user_watches`).
+pub const INOTIFY_WATCHES_RANGE: (u64, u64) = (0, 1_048_576);
 /// Smallest tmpfs for `/workspace` and `/tmp`.
 pub const MIN_TMPFS_SIZE: u64 = MIB;
 /// Smallest cap on each of stdout and stderr.
@@ -58,6 +65,11 @@ pub struct Limits {
     /// Cap in bytes for EACH of stdout and stderr; the rest is dropped and
     /// the result says it was truncated.
     pub max_output: u64,
+    /// inotify instances the run may hold at once (`max_inotify_instances`
+    /// of its user namespace).
+    pub inotify_instances: u32,
+    /// inotify watches the run may hold at once (`max_inotify_watches`).
+    pub inotify_watches: u64,
 }
 
 impl Default for Limits {
@@ -72,6 +84,8 @@ impl Default for Limits {
             file_size: 64 * MIB,
             disk: 128 * MIB,
             max_output: MIB,
+            inotify_instances: 16,
+            inotify_watches: 8192,
         }
     }
 }
@@ -123,6 +137,20 @@ impl Limits {
         }
         if !(OPEN_FILES_RANGE.0..=OPEN_FILES_RANGE.1).contains(&self.open_files) {
             return fail("open_files", between(OPEN_FILES_RANGE, self.open_files));
+        }
+        if !(INOTIFY_INSTANCES_RANGE.0..=INOTIFY_INSTANCES_RANGE.1)
+            .contains(&self.inotify_instances)
+        {
+            return fail(
+                "inotify_instances",
+                between(INOTIFY_INSTANCES_RANGE, self.inotify_instances),
+            );
+        }
+        if !(INOTIFY_WATCHES_RANGE.0..=INOTIFY_WATCHES_RANGE.1).contains(&self.inotify_watches) {
+            return fail(
+                "inotify_watches",
+                between(INOTIFY_WATCHES_RANGE, self.inotify_watches),
+            );
         }
         if self.file_size < 1 {
             return fail("file_size", at_least(1, self.file_size));
@@ -285,6 +313,13 @@ pub struct LimitsReport {
     pub disk_bytes: u64,
     /// Cap on each of stdout and stderr; the rest is dropped and the result says it was truncated.
     pub max_output_bytes: u64,
+    /// inotify instances the run may hold at once (absent from a server
+    /// older than these limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inotify_instances: Option<u32>,
+    /// inotify watches the run may hold at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inotify_watches: Option<u64>,
 }
 
 impl From<&Limits> for LimitsReport {
@@ -299,6 +334,8 @@ impl From<&Limits> for LimitsReport {
             file_size_bytes: l.file_size,
             disk_bytes: l.disk,
             max_output_bytes: l.max_output,
+            inotify_instances: Some(l.inotify_instances),
+            inotify_watches: Some(l.inotify_watches),
         }
     }
 }
@@ -395,6 +432,8 @@ mod tests {
             file_size: 1,
             disk: MIB,
             max_output: KIB,
+            inotify_instances: 0,
+            inotify_watches: 1_048_576,
         };
         assert_eq!(limits.validate(), Ok(()));
     }
@@ -412,7 +451,9 @@ mod tests {
              open_files = 256\n\
              file_size_bytes = 67108864\n\
              disk_bytes = 134217728\n\
-             max_output_bytes = 1048576\n"
+             max_output_bytes = 1048576\n\
+             inotify_instances = 16\n\
+             inotify_watches = 8192\n"
         );
     }
 }

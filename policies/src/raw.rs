@@ -104,6 +104,8 @@ pub(crate) struct RawLimits {
     /// Replaced by `disk`; kept only to say so.
     pub(crate) tmp_size: Option<Quantity>,
     pub(crate) max_output: Option<Quantity>,
+    pub(crate) inotify_instances: Option<i64>,
+    pub(crate) inotify_watches: Option<i64>,
     /// `[limits.max]`: how far a request may raise each limit.
     pub(crate) max: Option<RawCeilings>,
 }

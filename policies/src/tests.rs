@@ -85,6 +85,7 @@ fn good_policy_parses_into_typed_values() {
             file_size: 1 << 20,
             disk: 48 << 20,
             max_output: 64 << 10,
+            ..Limits::default()
         }
     );
     assert_eq!(p.network, NetworkMode::None);
@@ -166,7 +167,7 @@ fn unknown_field_lists_the_known_ones() {
         error_with("memory = ", "memroy = "),
         "policies/custom.toml:11:1: limits.memroy: unknown field \"memroy\"; expected one of: \
          wall_timeout, cpu_time, memory, pids, cpus, open_files, file_size, disk, \
-         workspace_size, tmp_size, max_output, max"
+         workspace_size, tmp_size, max_output, inotify_instances, inotify_watches, max"
     );
     assert_eq!(
         error_with("[network]", "[netwrok]"),

@@ -8,7 +8,10 @@ use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::{Diagnostic, FieldPath};
-use crate::limits::{between, LimitCeilings, Limits, OPEN_FILES_RANGE, PIDS_RANGE};
+use crate::limits::{
+    between, LimitCeilings, Limits, INOTIFY_INSTANCES_RANGE, INOTIFY_WATCHES_RANGE,
+    OPEN_FILES_RANGE, PIDS_RANGE,
+};
 use crate::network::{EgressLimits, EgressRules, Host, Rule, RuleKind, Scheme};
 use crate::raw::{duration, size};
 use crate::raw::{
@@ -330,6 +333,10 @@ fn check_limits(raw: RawLimits, path: &FieldPath, completeness: Completeness) ->
     set!(file_size, size);
     set!(disk, size);
     set!(max_output, size);
+    set!(inotify_instances, |v: i64| u32::try_from(v)
+        .map_err(|_| between(INOTIFY_INSTANCES_RANGE, v)));
+    set!(inotify_watches, |v: i64| u64::try_from(v)
+        .map_err(|_| between(INOTIFY_WATCHES_RANGE, v)));
     limits
         .check()
         .map_err(|e| Diagnostic::at(field(e.field), e.message))?;

@@ -82,10 +82,6 @@ impl CompiledFilter {
 /// jailer refuses them on those kernels only ([`CompiledFilter::with_refused`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelGap {
-    /// No `vm.memfd_noexec` (before Linux 6.3): a memfd the jail wrote could
-    /// be executed. `memfd_create` fails with `ENOSYS`, as on a kernel
-    /// without memfds.
-    MemfdExec,
     /// The kernel lets an unprivileged process set `security.*` (or
     /// `trusted.*`) attributes on the jail's own files (seen on Debian 12's
     /// 6.1, whose BPF LSM answers the xattr hook before the capability
@@ -98,7 +94,6 @@ impl KernelGap {
     /// The calls refused, by name and number for the running architecture.
     pub fn calls(self) -> &'static [(&'static str, i64)] {
         match self {
-            KernelGap::MemfdExec => &[("memfd_create", libc::SYS_memfd_create)],
             KernelGap::SecurityXattrs => &[
                 ("setxattr", libc::SYS_setxattr),
                 ("lsetxattr", libc::SYS_lsetxattr),
@@ -113,7 +108,6 @@ impl KernelGap {
     /// The errno the refused calls fail with.
     pub fn errno(self) -> i32 {
         match self {
-            KernelGap::MemfdExec => libc::ENOSYS,
             KernelGap::SecurityXattrs => libc::EOPNOTSUPP,
         }
     }

@@ -23,6 +23,12 @@ const ENOSPC: u64 = 28;
 /// An embedded `pycell run` of `code`, started; returns once the code
 /// printed its first line.
 fn start_embedded(code: &str, opts: &[&str]) -> (Child, Script) {
+    let (child, script, _) = start_embedded_line(code, opts);
+    (child, script)
+}
+
+/// [`start_embedded`], with the first line the code printed.
+fn start_embedded_line(code: &str, opts: &[&str]) -> (Child, Script, String) {
     require_root();
     let script = Script::new("long.py", code);
     let mut child = Command::new(pycell_bin())
@@ -39,7 +45,7 @@ fn start_embedded(code: &str, opts: &[&str]) -> (Child, Script) {
         .read_line(&mut first)
         .expect("read the run's first line");
     assert!(!first.is_empty(), "the run printed nothing");
-    (child, script)
+    (child, script, first)
 }
 
 /// The only child of `pid` called `name`.
@@ -456,4 +462,60 @@ print(json.dumps(seen))
     );
     // Its own instance: none of the host's terminals, only its own.
     assert_eq!(r["pts"], serde_json::json!(["0", "ptmx"]), "{r}");
+}
+
+/// How many more inotify instances this process (host root) can open
+/// now: the kernel's per-user count against fs.inotify.max_user_instances.
+fn free_inotify_instances() -> usize {
+    use nix::sys::inotify::{InitFlags, Inotify};
+    let mut held = Vec::new();
+    while held.len() < 1 << 20 {
+        match Inotify::init(InitFlags::IN_CLOEXEC) {
+            Ok(i) => held.push(i),
+            Err(_) => break,
+        }
+    }
+    held.len()
+}
+
+#[test]
+fn a_sandbox_pays_for_its_own_inotify_instances_never_host_roots() {
+    require_root();
+    // A policy that lets the run hold 100 instances (of the host's 128
+    // per user): when the jail's user namespace was host root's, what it
+    // held was taken from root's budget, from every service of root's.
+    let default = std::fs::read_to_string(pycell_tests::repo_root().join("policies/default.toml"))
+        .expect("default policy");
+    let policy = default
+        .replace("name = \"default\"", "name = \"watcher\"")
+        .replace("inotify_instances = 16", "inotify_instances = 100");
+    assert!(policy.contains("inotify_instances = 100"), "{policy}");
+    let dir = tempfile::tempdir().expect("policy dir");
+    let file = dir.path().join("watcher.toml");
+    std::fs::write(&file, policy).unwrap();
+    let code = r#"
+import ctypes, time
+libc = ctypes.CDLL(None, use_errno=True)
+fds = []
+while len(fds) < 1000:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        break
+    fds.append(fd)
+print(len(fds), ctypes.get_errno(), flush=True)
+time.sleep(60)
+"#;
+    let before = free_inotify_instances();
+    let (mut child, _script, held) =
+        start_embedded_line(code, &["--policy", &file.to_string_lossy()]);
+    let during = free_inotify_instances();
+    let _ = child.kill();
+    let _ = child.wait();
+    // The run's own limit stopped it (EMFILE), at exactly its policy's 100.
+    assert!(held.starts_with("100 24"), "the run held: {held:?}");
+    // Other tests may open a few meanwhile; 100 is far outside that.
+    assert!(
+        during + 8 >= before,
+        "host root could open {before} inotify instances before the run and {during} while it held 100"
+    );
 }

@@ -164,11 +164,14 @@ pub struct SlotIds {
 }
 
 /// Which of its zygote's slots a run has (its `sandbox_uid` is that
-/// slot's host uid).
+/// slot's host uid), and the zygote's own host uid, which owns the user
+/// namespace the run's is nested in (its jailer acts as that owner to pin
+/// the run's rlimits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FromZygote {
     pub slot: u32,
+    pub zygote_uid: u32,
 }
 
 /// How large the images a run sends back may be.
@@ -286,6 +289,21 @@ pub struct JailLimits {
     pub disk_bytes: u64,
     /// Cap for each of stdout and stderr.
     pub max_output_bytes: u64,
+    /// `max_inotify_instances` and `max_inotify_watches` of the jail's
+    /// user namespace (the kernel's per-user counters, charged to the
+    /// sandbox uid: see the jailer's `ns_owner`).
+    #[serde(default = "default_inotify_instances")]
+    pub inotify_instances: u32,
+    #[serde(default = "default_inotify_watches")]
+    pub inotify_watches: u64,
+}
+
+fn default_inotify_instances() -> u32 {
+    16
+}
+
+fn default_inotify_watches() -> u64 {
+    8192
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -506,6 +524,12 @@ impl JailSpec {
                 ))
             }
             (Some(z), None) => ("zygote", z.slots.len()),
+            (None, Some(f)) if f.zygote_uid == 0 || f.zygote_uid == u32::MAX => {
+                return Err(bad(
+                    "from_zygote",
+                    "the zygote's uid: not root, not (uid_t)-1",
+                ));
+            }
             (None, Some(f)) => ("from_zygote", f.slot as usize + 1),
         };
         if !self.warm || self.session.is_some() || self.tools {
@@ -709,14 +733,20 @@ mod tests {
         });
         z.validate().unwrap();
         let mut run = warm();
-        run.from_zygote = Some(FromZygote { slot: 1 });
+        run.from_zygote = Some(FromZygote {
+            slot: 1,
+            zygote_uid: 1_800_000_001,
+        });
         run.validate().unwrap();
         let refused = |s: &JailSpec, why: &str| {
             let e = s.validate().unwrap_err().to_string();
             assert!(e.contains(why), "{e}");
         };
         let mut both = z.clone();
-        both.from_zygote = Some(FromZygote { slot: 0 });
+        both.from_zygote = Some(FromZygote {
+            slot: 0,
+            zygote_uid: 1_800_000_001,
+        });
         refused(&both, "not both");
         let mut cold = run.clone();
         cold.warm = false;
@@ -740,7 +770,10 @@ mod tests {
         none.zygote.as_mut().unwrap().slots = vec![];
         refused(&none, "slots");
         let mut far = run;
-        far.from_zygote = Some(FromZygote { slot: 256 });
+        far.from_zygote = Some(FromZygote {
+            slot: 256,
+            zygote_uid: 1_800_000_001,
+        });
         refused(&far, "slots");
     }
 

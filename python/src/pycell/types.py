@@ -54,6 +54,8 @@ class Limits:
     file_size_bytes: int
     disk_bytes: int
     max_output_bytes: int
+    inotify_instances: int | None = field(default=None, omit="none")
+    inotify_watches: int | None = field(default=None, omit="none")
     extra: dict[str, Any] = field(factory=dict)
 
 
