@@ -99,6 +99,9 @@ enum Runs {
 /// With `--zygote`: the zygote, and what its runs are prepared with.
 struct Forked {
     launcher: Launcher,
+    /// The policy as `--policy` named it (a name or a file's path): the
+    /// runs that name it are the zygote's.
+    chosen_as: String,
     policy: Policy,
     /// The dependencies of runs it serves (the policy's): a run that
     /// brings more goes the cold way, to an env of its own.
@@ -119,7 +122,7 @@ fn embedded_runs(zygote: Option<(&str, usize)>) -> Result<Runs, String> {
 
 /// The zygote of `policy` (its env built first, if it has dependencies).
 fn start_zygote(
-    policy: &str,
+    chosen_as: &str,
     slots: usize,
     rt: &tokio::runtime::Runtime,
     stop: &StopRequest,
@@ -127,7 +130,7 @@ fn start_zygote(
     let failed = |f: JailFailure| format!("starting the zygote: {}", f.message);
     let launcher = Launcher::embedded_from_env().map_err(failed)?;
     let policy = launcher
-        .load_policy(PolicyChoice::from_arg(policy))
+        .load_policy(PolicyChoice::from_arg(chosen_as))
         .map_err(|e| failed(e.failure()))?;
     let none = RunRequest::default();
     let deps = pycell_deps::gather(&policy, "", &[]).map_err(failed)?;
@@ -143,6 +146,7 @@ fn start_zygote(
         .map_err(|e| failed(e.failure()))?;
     Ok(Forked {
         launcher,
+        chosen_as: chosen_as.to_string(),
         policy,
         deps,
         zygote: Mutex::new(zygote),
@@ -207,7 +211,7 @@ impl Runs {
                     .unwrap_or_else(|e| e.into_result(policy))
             }
             Runs::Embedded { stop, rt, zygote } => {
-                let forked = zygote.as_ref().filter(|z| z.policy.name == policy);
+                let forked = zygote.as_ref().filter(|z| z.chosen_as == policy);
                 if let Some(result) = forked.and_then(|z| z.run(&req, rt, stop)) {
                     return result;
                 }

@@ -62,10 +62,15 @@ def _pycell_zygote(modules):
 
 
 def _pycell_reseed():
-    """A run must not draw the zygote's random numbers: `random`'s and
-    numpy's global generators, seeded when they were imported, are
-    reseeded here from the kernel (the clone was not python's os.fork,
-    which would have reseeded `random` itself)."""
+    """A run must not draw the zygote's random numbers or share its
+    secrets: `random`'s and numpy's global generators, seeded when they
+    were imported, are reseeded here from the kernel (the clone was not
+    python's os.fork, which would have reseeded `random` itself);
+    multiprocessing's authkey, drawn when it was imported, is drawn again;
+    tempfile's name generator starts over (it would only notice a new pid,
+    and the run's pid in its own namespace may be the zygote's). What
+    stays shared is listed in docs/threat-model.md."""
+    import os
     import sys
 
     random = sys.modules.get("random")
@@ -74,6 +79,12 @@ def _pycell_reseed():
     np_random = sys.modules.get("numpy.random")
     if np_random is not None:
         np_random.seed()
+    mp_process = sys.modules.get("multiprocessing.process")
+    if mp_process is not None:
+        mp_process.current_process().authkey = os.urandom(32)
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile._name_sequence = None
 
 
 def _pycell_serve_one():

@@ -249,3 +249,104 @@ fn when_the_zygote_dies_its_runs_end_and_the_batch_goes_on_cold() {
     assert!(left.is_empty(), "left running: {left:?}");
     assert_no_cgroups_under(&parent);
 }
+
+/// A run that holds 61 sleeping children for 12 s (with its init and
+/// itself, 63 of its 64 pids), printing how many it got, when it held
+/// them and when it let go (wall clock).
+const HOLDS_CHILDREN: &str = r#"
+import os, time
+kids = []
+try:
+    for _ in range(61):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(12)
+            os._exit(0)
+        kids.append(pid)
+except OSError:
+    pass
+held = time.time()
+for pid in kids:
+    os.waitpid(pid, 0)
+print(len(kids), held, time.time())
+"#;
+
+/// A run that waits 5 s, then forks 10 children that sleep 1 s, all held
+/// at once, printing how many it got, the errno that stopped it, when,
+/// and multiprocessing's authkey.
+const FORKS_LATER: &str = r#"
+import multiprocessing, os, time
+time.sleep(5)
+start = time.time()
+kids, errno = [], None
+for _ in range(10):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        errno = e.errno
+        break
+    if pid == 0:
+        time.sleep(1)
+        os._exit(0)
+    kids.append(pid)
+end = time.time()
+for pid in kids:
+    os.waitpid(pid, 0)
+print(len(kids), errno, start, end, multiprocessing.current_process().authkey.hex())
+"#;
+
+#[test]
+fn runs_of_one_zygote_have_their_own_process_budgets_and_secrets() {
+    // A zygote that imported multiprocessing (its authkey is drawn then).
+    let default = std::fs::read_to_string(pycell_tests::repo_root().join("policies/default.toml"))
+        .expect("default policy");
+    let policy = default
+        .replace("name = \"default\"", "name = \"mp-warm\"")
+        .replace("imports = []", "imports = [\"multiprocessing\"]");
+    assert!(
+        policy.contains("\"multiprocessing\""),
+        "no [warm] imports line"
+    );
+    let dir = tempfile::tempdir().expect("policy dir");
+    let file = dir.path().join("mp-warm.toml");
+    std::fs::write(&file, policy).unwrap();
+    let file = file.to_string_lossy().into_owned();
+    let lines = [
+        json!({"code": HOLDS_CHILDREN}),
+        json!({"code": FORKS_LATER}),
+        json!({"code": "import multiprocessing\nprint(multiprocessing.current_process().authkey.hex())"}),
+    ];
+    let results = forked(&["--jobs", "2", "--policy", &file], &lines);
+    for r in &results {
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["warm"], true, "not forked from the zygote: {r}");
+    }
+    let words = |r: &Value| -> Vec<String> {
+        let out = r["stdout"].as_str().unwrap_or_default();
+        out.split_whitespace().map(str::to_string).collect()
+    };
+    let (held, later) = (words(&results[0]), words(&results[1]));
+    let time = |w: &[String], i: usize| w[i].parse::<f64>().unwrap();
+    // Before runs had namespaces of their own slot's, every run of a
+    // zygote counted against one RLIMIT_NPROC budget: this one stopped at
+    // 59, the other could not fork at all.
+    assert_eq!(held[0], "61", "{}", results[0]);
+    // The second run forked while the first held its children.
+    assert!(
+        time(&held, 1) < time(&later, 2) && time(&later, 3) < time(&held, 2),
+        "the runs did not overlap: {} {}",
+        results[0],
+        results[1]
+    );
+    assert_eq!(
+        (later[0].as_str(), later[1].as_str()),
+        ("10", "None"),
+        "one run's children took another's process budget: {}",
+        results[1]
+    );
+    let zygote_key = words(&results[2]);
+    assert_ne!(
+        later[4], zygote_key[0],
+        "two runs share multiprocessing's authkey"
+    );
+}
