@@ -365,3 +365,121 @@ fn only_a_trusted_front_end_may_name_an_identity() {
     // Without an identity, the same connection is fine.
     assert!(pycell_protocol::client::DaemonClient::connect(&daemon.socket()).is_ok());
 }
+
+/// One HTTP/1.1 POST of `body` to the front end at `url` (plain HTTP on
+/// loopback) with `headers`; the status and the body of the answer.
+fn post(url: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").expect("a plain http URL");
+    let (authority, path) = rest.split_once('/').expect("a path");
+    let mut s = std::net::TcpStream::connect(authority).expect("connect to the front end");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut head = format!(
+        "POST /{path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    // The front end may answer (and close) before it has read it all.
+    let _ = s.write_all(body);
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP answer: {answer:?}"));
+    (status, answer)
+}
+
+/// The front end's peak resident memory, in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmHWM")
+}
+
+const TOOLS_LIST: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+
+#[test]
+fn idle_half_sent_foreign_or_oversized_requests_never_lock_callers_out() {
+    let Setup { front, tokens, .. } = set_up(&[]);
+    let bearer = |name: &str| format!("Bearer {}", tokens[name].as_str().unwrap());
+    let alice = bearer("alice");
+    let authorized = [("Authorization", alice.as_str())];
+    let (status, answer) = post(&front.at, &authorized, TOOLS_LIST.as_bytes());
+    assert_eq!(status, 200, "{answer}");
+
+    // 600 connections that say nothing or half a request head, more than
+    // the front end serves at once: callers still get in at once.
+    let authority = front.at["http://".len()..]
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let mut idle = Vec::new();
+    for i in 0..600 {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect(&authority).expect("connect");
+        if i % 2 == 1 {
+            let _ = s.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+        }
+        idle.push(s);
+    }
+    let (status, answer) = post(&front.at, &authorized, TOOLS_LIST.as_bytes());
+    assert_eq!(
+        status, 200,
+        "a caller was locked out by idle connections: {answer}"
+    );
+    // And they do not stay: the front end closes every one of them.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    for mut s in idle {
+        use std::io::Read;
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let closed = matches!(s.read(&mut buf), Ok(0))
+            || matches!(s.read(&mut buf), Err(ref e) if e.kind() == std::io::ErrorKind::ConnectionReset);
+        assert!(closed, "an idle connection was still open after 90 s");
+    }
+
+    // A page of another site may not call it (DNS rebinding).
+    let foreign = [
+        ("Authorization", alice.as_str()),
+        ("Origin", "https://evil.example.org"),
+    ];
+    let (status, answer) = post(&front.at, &foreign, TOOLS_LIST.as_bytes());
+    assert_eq!(status, 403, "{answer}");
+    assert!(answer.contains("Origin"), "{answer}");
+    let own = format!("http://{authority}");
+    let same = [("Authorization", alice.as_str()), ("Origin", own.as_str())];
+    assert_eq!(post(&front.at, &same, TOOLS_LIST.as_bytes()).0, 200);
+
+    // 30 MB of small values, from a token that may not even run code:
+    // refused before any tree of it is built.
+    let before = peak_rss_kib(front.child.id());
+    let zeros = vec!["0"; 15 << 20].join(",");
+    let big =
+        format!(r#"{{"jsonrpc":"2.0","id":2,"method":"tools/list","params":{{"x":[{zeros}]}}}}"#);
+    let viewer = bearer("viewer");
+    let (status, answer) = post(&front.at, &[("Authorization", &viewer)], big.as_bytes());
+    assert_eq!(status, 400, "{}", &answer[..answer.len().min(400)]);
+    assert!(
+        answer.contains("JSON values"),
+        "{}",
+        &answer[..answer.len().min(400)]
+    );
+    let grown = peak_rss_kib(front.child.id()).saturating_sub(before);
+    assert!(
+        grown < 200 << 10,
+        "the front end grew by {grown} KiB for one 30 MB request"
+    );
+}

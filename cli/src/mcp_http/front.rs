@@ -12,14 +12,21 @@ use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::Watcher;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::StreamableHttpService;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::gate::{scope_needed, Denial, Gate};
+use super::conns::{Activity, Admission, Watched};
+use super::gate::{origin_allowed, scope_needed, Denial, Gate};
 use crate::mcp_server::PycellServer;
+
+/// How long a request's body may take to arrive, once its head has.
+const BODY_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a request's head may take (hyper's, for every request after
+/// a connection's first; [`super::conns`] bounds the first).
+const HEAD_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Where RFC 9728 puts a resource's metadata.
 pub const METADATA_PREFIX: &str = "/.well-known/oauth-protected-resource";
@@ -36,6 +43,9 @@ pub struct Front {
     /// The metadata document, JSON.
     pub metadata: Bytes,
     pub max_body: usize,
+    /// The hosts a request's `Host` and `Origin` may name.
+    pub allowed_hosts: Arc<[String]>,
+    pub admission: Arc<Admission>,
 }
 
 impl std::fmt::Debug for Front {
@@ -46,26 +56,42 @@ impl std::fmt::Debug for Front {
 
 impl Front {
     /// Serve one accepted connection (HTTP/1.1 or HTTP/2) until it ends,
-    /// or until the drain `watcher` belongs to begins (then requests in
-    /// flight finish and the connection closes).
-    pub async fn serve_connection<S>(self, stream: S, watcher: Watcher)
+    /// expires (`super::conns`), or the drain `watcher` belongs to begins
+    /// (then requests in flight finish and the connection closes).
+    pub async fn serve_connection<S>(self, stream: S, watcher: Watcher, conn: Arc<Activity>)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        let this = Arc::clone(&conn);
         let service = hyper::service::service_fn(move |req| {
-            let front = self.clone();
-            async move { Ok::<_, Infallible>(front.answer(req).await) }
+            let (front, conn) = (self.clone(), Arc::clone(&this));
+            async move {
+                let _in_flight = conn.request();
+                Ok::<_, Infallible>(front.answer(req, &conn).await)
+            }
         });
-        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEAD_WITHIN);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(std::time::Duration::from_secs(20)));
+        let io = TokioIo::new(Watched::new(stream, Arc::clone(&conn)));
         // A connection that breaks mid-request is the client's business.
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
-        let _ = watcher.watch(connection).await;
+        let connection = builder.serve_connection(io, service);
+        tokio::select! {
+            _ = watcher.watch(connection) => {}
+            _ = conn.until_expired() => {}
+        }
     }
 
-    async fn answer(&self, req: Request<Incoming>) -> Response<Body> {
+    async fn answer(&self, req: Request<Incoming>, conn: &Activity) -> Response<Body> {
         let path = req.uri().path();
         if path == &*self.path {
-            return self.mcp_request(req).await;
+            return self.mcp_request(req, conn).await;
         }
         if path == "/healthz" {
             return plain(StatusCode::OK, "ok\n");
@@ -85,9 +111,16 @@ impl Front {
         }
     }
 
-    /// Authenticate, check the scope the message needs, and hand it to
-    /// rmcp with the caller in its extensions.
-    async fn mcp_request(&self, req: Request<Incoming>) -> Response<Body> {
+    /// Check the origin, authenticate, read the body (bounded in size and
+    /// time), check the scope the message needs, and hand it to rmcp
+    /// with the caller in its extensions.
+    async fn mcp_request(&self, req: Request<Incoming>, conn: &Activity) -> Response<Body> {
+        if let Some(origin) = req.headers().get(header::ORIGIN) {
+            if !origin_allowed(origin.as_bytes(), &self.allowed_hosts) {
+                let m = "the Origin header names a site this server does not serve (MCP servers refuse other origins against DNS rebinding)\n";
+                return plain(StatusCode::FORBIDDEN, m);
+            }
+        }
         let authorization = req
             .headers()
             .get(header::AUTHORIZATION)
@@ -96,17 +129,20 @@ impl Front {
             Ok(c) => c,
             Err(d) => return self.denied(&d),
         };
+        if !self.admission.authenticated(conn) {
+            let m = "every connection slot is taken by authenticated callers; try again shortly\n";
+            return plain(StatusCode::SERVICE_UNAVAILABLE, m);
+        }
         let (mut parts, body) = req.into_parts();
-        // Bounded before it is read whole: rmcp's own limit, applied here.
-        let bytes = match Limited::new(body, self.max_body).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                let m = format!("the request is over {} bytes\n", self.max_body);
-                return plain(StatusCode::PAYLOAD_TOO_LARGE, &m);
-            }
-            Err(_) => return plain(StatusCode::BAD_REQUEST, "the request body broke off\n"),
+        let bytes = match self.read_body(body).await {
+            Ok(b) => b,
+            Err(answer) => return answer,
         };
-        if let (Some(c), Some(needed)) = (&caller, scope_needed(&bytes)) {
+        let needed = match scope_needed(&bytes) {
+            Ok(n) => n,
+            Err(why) => return plain(StatusCode::BAD_REQUEST, &format!("{why}\n")),
+        };
+        if let (Some(c), Some(needed)) = (&caller, needed) {
             if !c.scopes.run {
                 return self.denied(&Denial::Scope(needed));
             }
@@ -117,6 +153,27 @@ impl Front {
         self.mcp
             .handle(Request::from_parts(parts, Full::new(bytes)))
             .await
+    }
+
+    /// The whole body: at most `max_body` bytes (rmcp's own limit,
+    /// applied before anything is kept), within [`BODY_WITHIN`].
+    async fn read_body(&self, body: Incoming) -> Result<Bytes, Response<Body>> {
+        let collect = Limited::new(body, self.max_body).collect();
+        match tokio::time::timeout(BODY_WITHIN, collect).await {
+            Ok(Ok(b)) => Ok(b.to_bytes()),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                let m = format!("the request is over {} bytes\n", self.max_body);
+                Err(plain(StatusCode::PAYLOAD_TOO_LARGE, &m))
+            }
+            Ok(Err(_)) => Err(plain(
+                StatusCode::BAD_REQUEST,
+                "the request body broke off\n",
+            )),
+            Err(_) => {
+                let m = format!("the request body took over {} s\n", BODY_WITHIN.as_secs());
+                Err(plain(StatusCode::REQUEST_TIMEOUT, &m))
+            }
+        }
     }
 
     fn denied(&self, d: &Denial) -> Response<Body> {

@@ -14,6 +14,7 @@
 //! becomes `--user` before it parses a byte.
 
 pub mod callers;
+mod conns;
 mod front;
 mod gate;
 pub mod limiter;
@@ -39,8 +40,6 @@ use setup::{Backend, Setup};
 
 /// Largest request body (a write_file's content, base64, is the largest).
 const MAX_BODY: usize = 32 << 20;
-/// Connections served at once; more wait in the listen backlog.
-const MAX_CONNECTIONS: usize = 512;
 /// How long a TLS handshake may take.
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
 /// After SIGTERM: how long requests in flight get to finish (under
@@ -115,6 +114,8 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
         mcp,
         path: Arc::from(setup.public_url.path.as_str()),
         max_body: MAX_BODY,
+        allowed_hosts: Arc::from(setup.allowed_hosts.clone()),
+        admission: conns::Admission::new(conns::MAX_AUTHENTICATED, conns::MAX_UNAUTHENTICATED),
     };
     let listener = match tokio::net::TcpListener::from_std(setup.listener) {
         Ok(l) => l,
@@ -170,8 +171,8 @@ fn where_runs_go(backend: Backend, stop: &CancellationToken) -> Result<Mode, Str
     Ok(Mode::Cluster(nodes))
 }
 
-/// Accept connections (at most [`MAX_CONNECTIONS`] at once) until SIGTERM
-/// or SIGINT.
+/// Accept connections until SIGTERM or SIGINT; which are kept, and how
+/// long, is `conns`'s.
 async fn accept_until_stopped(
     listener: &tokio::net::TcpListener,
     front: &Front,
@@ -182,26 +183,23 @@ async fn accept_until_stopped(
         eprintln!("pycell mcp --http: cannot handle signals");
         return;
     };
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let permit = tokio::select! {
-            p = Arc::clone(&slots).acquire_owned() => p,
-            _ = until.stopped() => return,
-        };
-        let Ok(permit) = permit else { return };
         let Some(stream) = until.accept(listener).await else {
             return;
         };
+        let conn = front.admission.admit();
         let (front, tls, watcher) = (front.clone(), tls.clone(), graceful.watcher());
         tokio::spawn(async move {
-            let _permit = permit;
             match tls {
-                None => front.serve_connection(stream, watcher).await,
+                None => front.serve_connection(stream, watcher, conn).await,
                 Some(acceptor) => {
-                    if let Ok(Ok(s)) =
-                        tokio::time::timeout(HANDSHAKE_WITHIN, acceptor.accept(stream)).await
-                    {
-                        front.serve_connection(s, watcher).await;
+                    let handshake = tokio::time::timeout(HANDSHAKE_WITHIN, acceptor.accept(stream));
+                    let shaken = tokio::select! {
+                        s = handshake => s,
+                        _ = conn.until_expired() => return,
+                    };
+                    if let Ok(Ok(s)) = shaken {
+                        front.serve_connection(s, watcher, conn).await;
                     }
                 }
             }
