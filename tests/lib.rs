@@ -785,3 +785,19 @@ pub fn pycell_gid() -> nix::unistd::Gid {
         .expect("the pycell group (scripts/setup creates it)")
         .gid
 }
+
+/// This test process's own directory under `base` (`base/PID`), empty:
+/// two runs of the suite at once never remove each other's files. Those
+/// of processes that are gone are removed first.
+pub fn own_dir_under(base: &Path) -> PathBuf {
+    for old in fs::read_dir(base).into_iter().flatten().flatten() {
+        let pid = old.file_name().to_string_lossy().parse::<u32>().ok();
+        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = fs::remove_dir_all(old.path());
+        }
+    }
+    let own = base.join(std::process::id().to_string());
+    let _ = fs::remove_dir_all(&own);
+    fs::create_dir_all(&own).expect("the test's own directory");
+    own
+}

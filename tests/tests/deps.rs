@@ -63,8 +63,7 @@ fn base() -> &'static Path {
     static BASE_DIR: OnceLock<PathBuf> = OnceLock::new();
     BASE_DIR.get_or_init(|| {
         pycell_tests::require_root();
-        let base = PathBuf::from(BASE);
-        let _ = fs::remove_dir_all(&base);
+        let base = pycell_tests::own_dir_under(std::path::Path::new(BASE));
         fs::create_dir_all(base.join("policies")).expect("create the test base");
         let wheels = base.join("wheels");
         let made = std::process::Command::new("python3")

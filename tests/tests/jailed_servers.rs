@@ -39,12 +39,14 @@ const GUARD: Duration = Duration::from_secs(300);
 
 /// The base: a store shared by these tests (each server is installed once)
 /// and, for the probe server, the tests' wheelhouse and its policies.
+/// This test process's own directory under [`BASE`] (two runs of the
+/// suite at once must not remove each other's), made anew; those of
+/// processes that are gone are removed.
 fn base() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         require_root();
-        let base = PathBuf::from(BASE);
-        let _ = fs::remove_dir_all(&base);
+        let base = pycell_tests::own_dir_under(Path::new(BASE));
         fs::create_dir_all(base.join("policies")).unwrap();
         let wheels = base.join("wheels");
         let made = Command::new("python3")
@@ -104,12 +106,20 @@ fn session_with(args: &[&str], calls: Value, env: &[(&str, &str)], more: &[&str]
     let calls = calls.to_string();
     let mut script_args = vec!["--args", args.as_str(), "--calls", calls.as_str()];
     script_args.extend_from_slice(more);
+    // pycell's stderr, to say why a session failed (unless the caller
+    // reads it itself).
+    let errlog = tempfile::NamedTempFile::new().unwrap();
+    let errlog_path = errlog.path().display().to_string();
+    if !more.contains(&"--errlog") {
+        script_args.extend(["--errlog", errlog_path.as_str()]);
+    }
     let report = sdk_report_in("sdk_jailed.py", &script_args, &all_env, GUARD);
     assert_eq!(
         report["completed"],
         true,
-        "the SDK session failed: {}",
-        compact(&report, 6000)
+        "the SDK session failed: {}\npycell said: {}",
+        compact(&report, 6000),
+        fs::read_to_string(errlog.path()).unwrap_or_default()
     );
     report
 }
