@@ -589,6 +589,9 @@ impl<C: JailerControl> Driver<C> {
             }
             StreamItem::Reply(measure, body) => {
                 let Some(f) = self.in_flight.take() else {
+                    // A reply nobody asked for: the jail broke the
+                    // protocol (its jailer ends such a session itself).
+                    self.control.stop();
                     return;
                 };
                 let [stdout, stderr] = f.output.map(|o| String::from_utf8_lossy(&o).into_owned());

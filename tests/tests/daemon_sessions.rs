@@ -442,3 +442,53 @@ fn an_oversized_session_call_is_refused_and_the_session_lives_on() {
     }
     d.assert_sandbox_gone(Duration::from_secs(10));
 }
+
+/// A cell that writes a reply frame of its own on the runner's channel
+/// (the socket the runner moved off stdin), as the runner would, as its
+/// last act: the runner's own reply follows at once, often in the same
+/// read of the jailer's.
+const FORGES_REPLIES: &str = r#"
+import json, os, stat
+def is_socket(fd):
+    try:
+        return stat.S_ISSOCK(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+frame = json.dumps({"value": "666"}).encode()
+channel = [fd for fd in range(3, 256) if is_socket(fd)][0]
+os.write(channel, len(frame).to_bytes(4, "big") + frame)
+"#;
+
+#[test]
+fn a_reply_nobody_asked_for_ends_the_session_and_shifts_no_answer() {
+    let d = Daemon::start("");
+    let s = start(&d, None).session;
+    let mut c = d.client();
+    assert!(cell(&mut c, &s, "x = 41").reply.error.is_none());
+    // The forging cell's own answer is whatever it wrote (its code may
+    // say anything about itself); nothing after it may be.
+    let forged = c.session_call(
+        &s,
+        SessionCall::Cell {
+            code: FORGES_REPLIES.into(),
+        },
+        None,
+    );
+    // It was sent (the code found the channel).
+    if let Ok(a) = &forged {
+        assert!(a.reply.error.is_none(), "{a:?}");
+    }
+    for code in ["x + 1", "x + 2"] {
+        match c.session_call(&s, SessionCall::Cell { code: code.into() }, None) {
+            Ok(a) => panic!("{code} was answered after a forged reply: {a:?}"),
+            Err(ClientError::Refused { code: e, .. }) => {
+                assert!(
+                    matches!(e, ErrorCode::SessionGone | ErrorCode::SessionKilled),
+                    "{code}: {e:?}"
+                );
+            }
+            Err(e) => panic!("{code}: {e}"),
+        }
+    }
+    d.assert_sandbox_gone(Duration::from_secs(10));
+}

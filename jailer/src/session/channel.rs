@@ -185,17 +185,77 @@ impl SessionRelay {
             }
             Some(n) => self.replies.push(&buf[..n]),
         }
-        match self.replies.next() {
-            Ok(None) => {}
-            Ok(Some(_)) if !self.clocks.busy() => self.ended(
-                SessionEnd::Protocol,
-                Some("the runner replied to no request".into()),
-            ),
-            Ok(Some(body)) => self.steps.push_back(SessionStep::Reply(body)),
-            Err(e) => self.ended(
-                SessionEnd::Protocol,
-                Some(format!("the runner's reply: {e}")),
-            ),
+        // Every whole frame now: one left in the buffer would answer the
+        // next request (and shift every later answer by one).
+        let mut answered = false;
+        loop {
+            match self.replies.next() {
+                Ok(None) => return,
+                Ok(Some(_)) if answered || !self.clocks.busy() => {
+                    let why = "the runner replied to no request (the code wrote a reply frame of its own)";
+                    return self.ended(SessionEnd::Protocol, Some(why.into()));
+                }
+                Ok(Some(body)) => {
+                    answered = true;
+                    self.steps.push_back(SessionStep::Reply(body));
+                }
+                Err(e) => {
+                    let why = format!("the runner's reply: {e}");
+                    return self.ended(SessionEnd::Protocol, Some(why));
+                }
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    fn frame(body: &str) -> Vec<u8> {
+        let mut f = (body.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(body.as_bytes());
+        f
+    }
+
+    fn busy_relay() -> (SessionRelay, UnixStream, UnixStream) {
+        let (requests, launcher) = UnixStream::pair().unwrap();
+        let (runner, code) = UnixStream::pair().unwrap();
+        let spec = SessionSpec {
+            idle_timeout_ms: 10_000,
+            lifetime_ms: 60_000,
+            cell_grace_ms: 2_000,
+        };
+        let mut relay = SessionRelay::new(spec, requests.into(), runner.into());
+        relay.clocks.ready();
+        relay
+            .clocks
+            .begin(Instant::now(), std::time::Duration::from_secs(30));
+        (relay, launcher, code)
+    }
+
+    fn replies(relay: &SessionRelay) -> usize {
+        let reply = |s: &&SessionStep| matches!(s, SessionStep::Reply(_));
+        relay.steps.iter().filter(reply).count()
+    }
+
+    #[test]
+    fn one_request_gets_one_reply_and_a_second_in_the_same_read_ends_the_session() {
+        // A cell wrote a frame of its own, and the runner's real reply came
+        // right behind it, in one read: the second must not wait in the
+        // buffer to answer the next request.
+        let (mut relay, _launcher, mut code) = busy_relay();
+        let mut both = frame(r#"{"value":"666"}"#);
+        both.extend(frame(r#"{"value":"41"}"#));
+        code.write_all(&both).unwrap();
+        relay.read_runner();
+        assert_eq!(replies(&relay), 1);
+        assert_eq!(relay.end, Some(SessionEnd::Protocol), "{:?}", relay.broken);
+
+        let (mut relay, _launcher, mut code) = busy_relay();
+        code.write_all(&frame(r#"{"value":"41"}"#)).unwrap();
+        relay.read_runner();
+        assert_eq!((replies(&relay), relay.end), (1, None));
     }
 }
