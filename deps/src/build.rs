@@ -304,8 +304,35 @@ pub fn embedded_store() -> Result<EnvStore, JailFailure> {
 /// created if need be.
 pub fn open_store(root: Option<&std::path::Path>) -> Result<EnvStore, JailFailure> {
     let root = root.unwrap_or(std::path::Path::new(crate::store::EMBEDDED_STORE));
-    EnvStore::open(root).map_err(|e| {
+    let store = EnvStore::open(root).map_err(|e| {
         unavailable(format!("the env store {}: {e}", root.display()))
             .with_hint("run as root, or set PYCELL_ENV_STORE to a directory root owns")
+    })?;
+    store_path_problem(root).map_or(Ok(store), |why| {
+        Err(unavailable(format!("the env store {}: {why}", root.display())).with_hint(
+            "runs mount their envs from it, and the jailer mounts only what root owns and no one else may write, on a path of such directories without symlinks: set PYCELL_ENV_STORE to such a directory (the default is /var/cache/pycell)",
+        ))
     })
+}
+
+/// Why the jailer would refuse to mount envs from the store at `root`
+/// (each directory from `/` to it owned by root, writable by no one
+/// else, and no symlink): found before anything is installed into it.
+fn store_path_problem(root: &std::path::Path) -> Option<String> {
+    let mut at = std::path::PathBuf::new();
+    for part in root.components() {
+        at.push(part);
+        let meta = match std::fs::symlink_metadata(&at) {
+            Ok(m) => m,
+            Err(e) => return Some(format!("{}: {e}", at.display())),
+        };
+        if meta.file_type().is_symlink() {
+            return Some(format!("{} is a symlink", at.display()));
+        }
+        use std::os::unix::fs::MetadataExt;
+        if let Err(why) = pycell_wire::spec::trusted(meta.uid(), meta.gid(), meta.mode()) {
+            return Some(format!("{} {why}", at.display()));
+        }
+    }
+    None
 }

@@ -751,3 +751,26 @@ fn pycelld_outlives_a_sigkilled_builder_and_takes_its_builds_along_when_killed()
     );
     assert!(nothing_building(&store));
 }
+
+#[test]
+fn an_env_store_the_jailer_would_not_mount_is_refused_before_any_install() {
+    // Under /var/tmp, which anyone may write: the jailer would refuse to
+    // mount an env from there, so nothing is installed into it first.
+    let dir = tempfile::Builder::new()
+        .prefix("pycell-store-")
+        .tempdir_in("/var/tmp")
+        .expect("tempdir");
+    let store = dir.path().join("store");
+    let out = run_in(&store, "deps", IMPORT_A, &[]);
+    let r = out.result();
+    assert_eq!(r["status"], "refused", "{}", out.describe());
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("/var/tmp is writable by others"),
+        "{}",
+        out.describe()
+    );
+    let hint = r["error"]["hint"].as_str().unwrap_or_default();
+    assert!(hint.contains("PYCELL_ENV_STORE"), "{hint}");
+    assert!(!out.stderr.contains("installing"), "{}", out.describe());
+}
