@@ -483,3 +483,37 @@ fn idle_half_sent_foreign_or_oversized_requests_never_lock_callers_out() {
         "the front end grew by {grown} KiB for one 30 MB request"
     );
 }
+
+#[test]
+fn a_caller_names_only_the_policies_its_token_was_given() {
+    let Setup {
+        front,
+        tokens,
+        daemon: _daemon,
+        ..
+    } = set_up(&[]);
+    let alice = format!("Bearer {}", tokens["alice"].as_str().unwrap());
+    let call = |tool: &str, args: &str| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#
+        );
+        let (status, answer) = post(&front.at, &[("Authorization", &alice)], body.as_bytes());
+        assert_eq!(status, 200, "{answer}");
+        answer
+    };
+    // mcp-server's 24 h clocks, or another policy alice's token does not
+    // name: refused, saying what she may use; default: runs.
+    for (tool, args) in [
+        ("run_python", r#"{"code":"print(1)","policy":"mcp-server"}"#),
+        ("session_start", r#"{"policy":"network"}"#),
+    ] {
+        let answer = call(tool, args);
+        assert!(
+            answer.contains("\"isError\":true")
+                && answer.contains("is not one this caller may use (it may use: default)"),
+            "{tool}: {answer}"
+        );
+    }
+    let answer = call("run_python", r#"{"code":"print(6 * 7)"}"#);
+    assert!(answer.contains("42"), "{answer}");
+}

@@ -12,7 +12,14 @@
 //! scopes = ["pycell:run"]         # default; add "pycell:tools" for code mode
 //! max_concurrent_runs = 2         # default 4
 //! runs_per_minute = 30            # default 60
+//! policies = ["default", "data-science"]  # default: ["default"] only
 //! ```
+//!
+//! A caller may name only its policies in `run_python` and `session_start`
+//! (an OAuth access token: `default` and each `pycell:policy:NAME` scope
+//! it carries): a token cannot pick a policy with longer clocks or more
+//! reach than its owner was given (`mcp-server`'s 24 h, `network`'s
+//! egress).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -28,6 +35,18 @@ pub const SCOPE_RUN: &str = "pycell:run";
 pub const SCOPE_TOOLS: &str = "pycell:tools";
 /// Every scope, as the protected resource metadata lists them.
 pub const SCOPES: [&str; 2] = [SCOPE_RUN, SCOPE_TOOLS];
+/// An OAuth scope `pycell:policy:NAME` lets its caller name policy NAME.
+pub const POLICY_SCOPE_PREFIX: &str = "pycell:policy:";
+/// What a caller may name when its token says nothing.
+pub const DEFAULT_POLICIES: [&str; 1] = ["default"];
+
+/// The policies of a token that names `listed` (None: the default).
+pub fn policies_allowed(listed: Option<&[String]>) -> Arc<[String]> {
+    match listed {
+        Some(l) => l.iter().cloned().collect(),
+        None => DEFAULT_POLICIES.iter().map(|p| p.to_string()).collect(),
+    }
+}
 
 /// What a caller's token grants.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -102,6 +121,21 @@ pub struct Caller {
     pub identity: Arc<str>,
     pub scopes: Scopes,
     pub quotas: Quotas,
+    /// The policies it may name.
+    pub policies: Arc<[String]>,
+}
+
+impl Caller {
+    /// Whether it may run under `policy`; else what to say.
+    pub fn may_use(&self, policy: &str) -> Result<(), String> {
+        match self.policies.iter().any(|p| p == policy) {
+            true => Ok(()),
+            false => Err(format!(
+                "policy {policy:?} is not one this caller may use (it may use: {}); the operator grants more with `policies` in the tokens file or {POLICY_SCOPE_PREFIX}NAME scopes",
+                self.policies.join(", ")
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -123,6 +157,8 @@ struct TokenEntry {
     max_concurrent_runs: u32,
     #[serde(default = "default_per_minute")]
     runs_per_minute: u32,
+    #[serde(default)]
+    policies: Option<Vec<String>>,
 }
 
 /// The bearer tokens, by the SHA-256 of each.
@@ -197,10 +233,19 @@ fn entry(t: TokenEntry) -> Result<([u8; 32], Caller), String> {
             Scopes::from_names(names.iter().map(String::as_str))
         }
     };
+    if let Some(bad) = t
+        .policies
+        .iter()
+        .flatten()
+        .find(|p| !pycell_policy::is_valid_name(p))
+    {
+        return Err(format!("policies: {bad:?} is not a policy name"));
+    }
     let caller = Caller {
         identity: Arc::from(t.name.as_str()),
         scopes,
         quotas,
+        policies: policies_allowed(t.policies.as_deref()),
     };
     Ok((hash, caller))
 }
@@ -240,6 +285,33 @@ pub fn hex(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_token_names_its_policies_else_it_has_only_default() {
+        let line = |extra: &str| {
+            format!(
+                "[[token]]\nname = \"t\"\nsha256 = \"{}\"\n{extra}",
+                "ab".repeat(32)
+            )
+        };
+        let only = |extra: &str| {
+            let t = TokenTable::parse(&line(extra)).unwrap();
+            let c = t.by_hash.values().next().unwrap().clone();
+            c
+        };
+        let c = only("");
+        assert!(c.may_use("default").is_ok());
+        let e = c.may_use("mcp-server").unwrap_err();
+        assert!(
+            e.contains("\"mcp-server\" is not one this caller may use (it may use: default)"),
+            "{e}"
+        );
+        let c = only("policies = [\"data-science\"]\n");
+        assert!(c.may_use("data-science").is_ok());
+        assert!(c.may_use("default").is_err());
+        let e = TokenTable::parse(&line("policies = [\"../x\"]\n")).unwrap_err();
+        assert!(e.contains("not a policy name"), "{e}");
+    }
     use super::*;
 
     fn line(name: &str, token: &str) -> String {

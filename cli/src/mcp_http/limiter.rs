@@ -93,6 +93,7 @@ mod tests {
                 max_concurrent_runs: concurrent,
                 runs_per_minute: per_minute,
             },
+            policies: crate::mcp_http::callers::policies_allowed(None),
         }
     }
 

@@ -131,10 +131,23 @@ impl OAuth {
         }
         let scope_names = claims.scope.iter().flat_map(|s| s.split(' '));
         let listed = claims.scp.iter().flatten().map(String::as_str);
+        let all: Vec<&str> = scope_names.chain(listed).collect();
+        let mut policies: Vec<String> = super::callers::DEFAULT_POLICIES
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        policies.extend(
+            all.iter()
+                .filter_map(|s| s.strip_prefix(super::callers::POLICY_SCOPE_PREFIX))
+                .filter(|p| pycell_policy::is_valid_name(p) && !policies.iter().any(|q| q == p))
+                .map(str::to_string)
+                .collect::<Vec<_>>(),
+        );
         Ok(Caller {
             identity: Arc::from(identity),
-            scopes: Scopes::from_names(scope_names.chain(listed)),
+            scopes: Scopes::from_names(all.iter().copied()),
             quotas: self.quotas,
+            policies: policies.into(),
         })
     }
 

@@ -75,6 +75,9 @@ pub struct PycellServer {
     /// (`pycell mcp --http` puts it in the request), whose quotas this
     /// counts. None: stdio, or HTTP without authentication.
     callers: Option<Arc<Limiter>>,
+    /// The policies the HTTP caller of this view may name (None: any the
+    /// server has; stdio, or HTTP without authentication).
+    caller: Option<Arc<Caller>>,
 }
 
 impl PycellServer {
@@ -95,6 +98,7 @@ impl PycellServer {
             default_policy,
             tools: Arc::new(tools),
             callers: None,
+            caller: None,
         }
     }
 
@@ -102,6 +106,15 @@ impl PycellServer {
     pub fn with_callers(mut self, limiter: Arc<Limiter>) -> Self {
         self.callers = Some(limiter);
         self
+    }
+
+    /// Whether this view's caller may name `policy` (the server's default
+    /// when None); no caller: any.
+    pub(super) fn may_use(&self, policy: Option<&str>) -> Result<(), String> {
+        match &self.caller {
+            Some(c) => c.may_use(policy.unwrap_or(&self.default_policy)),
+            None => Ok(()),
+        }
     }
 
     /// This server as the HTTP caller of `context` may use it: its
@@ -126,6 +139,7 @@ impl PycellServer {
             ));
         };
         let mut view = self.clone();
+        view.caller = Some(Arc::clone(&caller));
         view.sandboxes = self
             .sandboxes
             .speaking_for(Some(caller.identity.clone()), caller.scopes.tools);
@@ -158,6 +172,9 @@ impl PycellServer {
             }
             Err(e) => return argument_error(&e.0),
         };
+        if let Err(m) = self.may_use(req.policy.as_deref()) {
+            return argument_error(&m);
+        }
         let progress = Arc::new(Progress::default());
         let sink = Arc::clone(&progress);
         let on_event = move |ev: RunEvent<'_>| sink.record(ev);

@@ -179,6 +179,9 @@ impl PycellServer {
             Ok(a) => a,
             Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
         };
+        if let Err(m) = self.may_use(a.policy.as_deref()) {
+            return CallToolResult::error(vec![ContentBlock::text(m)]);
+        }
         let req = SessionStartRequest {
             policy: Some(a.policy.unwrap_or_else(|| self.default_policy.clone())),
             dependencies: a.dependencies.unwrap_or_default(),
