@@ -776,13 +776,18 @@ fn jailer_init_and_interpreter_basics_are_allowed() {
     }
 }
 
+/// The running architecture, as the filter's evaluator names it.
+fn native_arch() -> (TargetArch, u32) {
+    match crate::bpf::Arch::native().expect("supported arch") {
+        crate::bpf::Arch::X86_64 => (TargetArch::x86_64, AUDIT_ARCH_X86_64),
+        crate::bpf::Arch::Aarch64 => (TargetArch::aarch64, AUDIT_ARCH_AARCH64),
+    }
+}
+
 #[test]
 fn kernel_gaps_can_be_refused_in_front_of_the_profile() {
     let base = crate::compile("default").expect("default compiles");
-    let native = match crate::bpf::Arch::native().expect("supported arch") {
-        crate::bpf::Arch::X86_64 => (TargetArch::x86_64, AUDIT_ARCH_X86_64),
-        crate::bpf::Arch::Aarch64 => (TargetArch::aarch64, AUDIT_ARCH_AARCH64),
-    };
+    let native = native_arch();
     let gap = crate::KernelGap::SecurityXattrs;
     let filter = base.with_refused(gap);
     let call = |name: &str, args| eval(&filter, native.1, syscall_nr(name, native.0), args);
@@ -808,10 +813,7 @@ fn memfd_create_is_refused_in_every_jail_as_a_kernel_without_memfds_would() {
     // No jail can set vm.memfd_noexec (its init is not host root), so a
     // memfd the code wrote could be executed: there are none.
     let base = crate::compile("default").expect("default compiles");
-    let native = match crate::bpf::Arch::native().expect("supported arch") {
-        crate::bpf::Arch::X86_64 => (TargetArch::x86_64, AUDIT_ARCH_X86_64),
-        crate::bpf::Arch::Aarch64 => (TargetArch::aarch64, AUDIT_ARCH_AARCH64),
-    };
+    let native = native_arch();
     let call = |name: &str, flags| eval(&base, native.1, syscall_nr(name, native.0), args1(flags));
     for flags in [0, 1, 8, 0x10] {
         assert_eq!(
