@@ -27,6 +27,7 @@ struct RawConfig {
     allowed_uids: Option<Vec<u32>>,
     allowed_groups: Option<Vec<String>>,
     front_end_uids: Option<Vec<u32>>,
+    policies_by_uid: Option<std::collections::BTreeMap<String, Vec<String>>>,
     uid_range: Option<String>,
     max_concurrent_runs: Option<usize>,
     max_runs_per_uid: Option<usize>,
@@ -76,6 +77,9 @@ pub struct Config {
     /// for the identities they authenticate (default: none). A front end
     /// must also be allowed to connect.
     pub front_end_uids: Vec<u32>,
+    /// Which policies each local uid may name (`policies_by_uid`;
+    /// default: `default` only, any for root).
+    pub policy_access: crate::policy_access::PolicyAccess,
     pub uid_range: std::ops::RangeInclusive<u32>,
     /// Runs going at once (default: 4 per core, 4 to 256).
     pub max_concurrent_runs: usize,
@@ -192,6 +196,7 @@ impl Default for Config {
             allowed_uids: Vec::new(),
             allowed_groups: vec!["pycell".into()],
             front_end_uids: Vec::new(),
+            policy_access: Default::default(),
             uid_range: pycell_host::uidalloc::DEFAULT_RANGE,
             max_concurrent_runs: concurrent,
             max_runs_per_uid: per_uid,
@@ -295,6 +300,16 @@ impl Config {
                 return Err(at.field("front_end_uids", "uid 0 cannot be a front end: a front end parses HTTP from the network and runs unprivileged"));
             }
             self.front_end_uids = u.clone();
+        }
+        if let Some(t) = &raw.policies_by_uid {
+            let user_uid = |name: &str| {
+                nix::unistd::User::from_name(name)
+                    .ok()
+                    .flatten()
+                    .map(|u| u.uid.as_raw())
+            };
+            self.policy_access = crate::policy_access::PolicyAccess::from_table(t, user_uid)
+                .map_err(|m| at.field(crate::policy_access::KEY, m))?;
         }
         Ok(())
     }
@@ -630,6 +645,25 @@ mod tests {
             "{e}"
         );
         assert!(Config::parse("cgroup_parent = \"../x\"\n", Path::new("c.toml")).is_err());
+        let text = "policies_by_uid = { \"*\" = [\"default\", \"network\"], root = [\"install\"], \"1000\" = [\"mcp-server\"] }\n";
+        let c = Config::parse(text, Path::new("c.toml")).unwrap();
+        assert_eq!(c.policy_access.check(1000, "mcp-server"), Ok(()));
+        assert_eq!(c.policy_access.check(1001, "network"), Ok(()));
+        assert!(c.policy_access.check(1001, "mcp-server").is_err());
+        assert!(Config::default()
+            .policy_access
+            .check(1001, "network")
+            .is_err());
+        let e = Config::parse(
+            "policies_by_uid = { nobody-here = [\"default\"] }\n",
+            Path::new("c.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("c.toml:1:1: policies_by_uid: \"nobody-here\" is neither"),
+            "{e}"
+        );
         let c = Config::parse("front_end_uids = [998]\n", Path::new("c.toml")).unwrap();
         assert_eq!(c.front_end_uids, vec![998]);
         assert!(Config::default().front_end_uids.is_empty());

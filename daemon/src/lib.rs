@@ -26,6 +26,7 @@ pub mod link;
 pub mod listen;
 pub mod logging;
 pub mod monitor;
+pub mod policy_access;
 pub mod pool;
 pub mod principal;
 pub mod sockets;

@@ -425,6 +425,12 @@ pub fn resolve_with(
     req: &RunRequest,
     extras: &Extras,
 ) -> Result<Resolved, ResolveError> {
+    if let Some(problem) = policy.purpose_problem(req.serve_stdio) {
+        return Err(ResolveError::BadRequest {
+            field: "policy",
+            problem,
+        });
+    }
     let stdin = checked_input(req)?;
     let limits = effective_limits(policy, &req.limits)?;
     let (python, mounts) = python_and_mounts(policy, extras)?;

@@ -42,7 +42,7 @@ pub use session::{ImageSettings, SessionSettings};
 pub use tools::ToolSettings;
 pub use types::{
     namespaces, Dependencies, InstallSource, Interpreter, LandlockRules, Namespace, NetworkMode,
-    ReadOnlyMount,
+    Purpose, ReadOnlyMount,
 };
 pub use units::{format_duration, format_size, parse_duration, parse_size, UnitError};
 pub use validate::is_valid_name;
@@ -60,6 +60,8 @@ pub struct Policy {
     pub name: String,
     /// One line for humans and for `sandbox_info`.
     pub description: String,
+    /// `purpose`: code runs and sessions, or servers over stdio only.
+    pub purpose: Purpose,
     pub interpreter: Interpreter,
     pub limits: Limits,
     /// How far a request may raise `limits` (`[limits.max]`).
@@ -103,6 +105,16 @@ impl Policy {
             error,
         })?;
         Policy::from_toml_str(&text, path)
+    }
+
+    /// Why a jail of this policy may not be what is asked for, if it may
+    /// not: a server policy's jails only serve stdio (`pycell
+    /// mcp-server`), so no code run or session borrows its long clocks.
+    pub fn purpose_problem(&self, serves_stdio: bool) -> Option<String> {
+        (self.purpose == Purpose::Server && !serves_stdio).then(|| format!(
+            "policy {:?} is for MCP servers over stdio (pycell mcp-server), not for code runs or sessions: name a policy whose purpose is code (`pycell info` lists them)",
+            self.name
+        ))
     }
 
     /// The namespaces every run of this policy gets: all of them.

@@ -10,7 +10,7 @@ use std::fmt;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
-use crate::types::Namespace;
+use crate::types::{Namespace, Purpose};
 use crate::units::{parse_duration, parse_size, UnitError};
 
 #[derive(Debug, Deserialize)]
@@ -18,6 +18,7 @@ use crate::units::{parse_duration, parse_size, UnitError};
 pub(crate) struct RawPolicy {
     pub(crate) name: String,
     pub(crate) description: String,
+    pub(crate) purpose: Option<Purpose>,
     pub(crate) namespaces: Vec<Namespace>,
     pub(crate) interpreter: RawInterpreter,
     pub(crate) limits: Option<RawLimits>,

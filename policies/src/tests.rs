@@ -172,7 +172,7 @@ fn unknown_field_lists_the_known_ones() {
     assert_eq!(
         error_with("[network]", "[netwrok]"),
         "policies/custom.toml:20:2: netwrok: unknown field \"netwrok\"; expected one of: \
-         name, description, namespaces, interpreter, limits, network, mounts, landlock, seccomp, env, \
+         name, description, purpose, namespaces, interpreter, limits, network, mounts, landlock, seccomp, env, \
          dependencies, install, warm, session, images, tools"
     );
 }
@@ -491,7 +491,7 @@ fn builtin_files_must_be_complete() {
     let err = parse_complete(&text).unwrap_err().to_string();
     assert_eq!(
         err,
-        "<builtin>/default.toml:27:1: limits.pids: missing required field: shipped policies set \
+        "<builtin>/default.toml:29:1: limits.pids: missing required field: shipped policies set \
          every limit explicitly"
     );
     // The same text is fine as a user file.
@@ -730,4 +730,41 @@ fn image_settings_default_and_are_checked() {
     assert!(e.contains("images.max_bytes"), "{e}");
     let e = minimal_with("[session]\nimage_edge = 1024\n").unwrap_err();
     assert!(e.contains("image_edge"), "{e}");
+}
+
+#[test]
+fn a_server_policy_serves_stdio_only() {
+    let with = |purpose: &str| {
+        let text = format!(
+            "name = \"custom\"\ndescription = \"d\"\n{purpose}namespaces = [\"user\", \"pid\", \"mount\", \"net\", \"ipc\", \"uts\", \"cgroup\"]\n[interpreter]\npython = \"/usr/bin/python3\"\n"
+        );
+        Policy::from_toml_str(&text, Path::new("custom.toml")).map_err(|e| e.to_string())
+    };
+    let code = with("").unwrap();
+    assert_eq!(code.purpose, Purpose::Code);
+    assert_eq!(code.purpose_problem(false), None);
+    assert_eq!(code.purpose_problem(true), None);
+    let server = with("purpose = \"server\"\n").unwrap();
+    assert_eq!(server.purpose_problem(true), None);
+    let refused = server.purpose_problem(false).unwrap();
+    assert!(
+        refused.contains("\"custom\" is for MCP servers over stdio"),
+        "{refused}"
+    );
+    let e = with("purpose = \"daemon\"\n").unwrap_err();
+    assert!(
+        e.contains("purpose: unknown value \"daemon\"; expected one of: code, server"),
+        "{e}"
+    );
+    assert_eq!(
+        builtin::load("mcp-server").unwrap().purpose,
+        Purpose::Server
+    );
+    for name in ["default", "network", "data-science"] {
+        assert_eq!(
+            builtin::load(name).unwrap().purpose,
+            Purpose::Code,
+            "{name}"
+        );
+    }
 }

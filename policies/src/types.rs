@@ -6,6 +6,26 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+/// What a policy's jails are for (`purpose`): code (runs and sessions:
+/// `pycell run`, `run_python`, `session_start`), or a server over stdio
+/// only (`pycell mcp-server`), whose long clocks no code run may borrow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Purpose {
+    #[default]
+    Code,
+    Server,
+}
+
+impl Purpose {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Purpose::Code => "code",
+            Purpose::Server => "server",
+        }
+    }
+}
+
 /// A Linux namespace. pycell puts every run in a new one of each kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -92,6 +92,7 @@ pub(crate) fn validate(
     Ok(Policy {
         name,
         description: raw.description,
+        purpose: raw.purpose.unwrap_or_default(),
         interpreter,
         limits,
         ceilings,

@@ -378,6 +378,70 @@ fn supplementary_group_members_are_let_in() {
     assert!(stderr.contains("unauthorized"), "stderr: {stderr}");
 }
 
+/// `pycell` as `uid` through `d`, `args` then `-` (code on stdin):
+/// exit code, stdout, stderr.
+fn cli_as(d: &Daemon, uid: u32, args: &[&str], code: &str) -> (Option<i32>, String, String) {
+    let client = d.dir.path().join("pycell");
+    if !client.exists() {
+        std::fs::copy(pycell_bin(), &client).unwrap();
+    }
+    let mut cmd = Command::new(&client);
+    cmd.args(args).arg("--socket").arg(d.socket());
+    if args[0] == "run" {
+        cmd.arg("-");
+    }
+    let out = output_with_stdin(cmd.uid(uid).gid(uid), code.as_bytes());
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_local_user_names_only_the_policies_granted_to_its_uid_and_no_code_borrows_a_server_policy() {
+    let d = Daemon::start(
+        "socket_mode = \"0666\"\nallowed_uids = [4244, 4245]\npolicies_by_uid = { \"*\" = [\"default\", \"mcp-server\"], \"4244\" = [\"network\"] }\n",
+    );
+    let (code, out, err) = cli_as(&d, 4244, &["run", "--policy", "network"], "print(1)");
+    assert_eq!(
+        (code, out.as_str()),
+        (Some(0), "1\n"),
+        "stderr: {err}\n{}",
+        d.log()
+    );
+    // Another uid gets what "*" lists only, for runs and sessions alike.
+    let (code, _, err) = cli_as(&d, 4245, &["run", "--policy", "network"], "print(1)");
+    assert_eq!(code, Some(125), "stderr: {err}");
+    assert!(
+        err.contains("uid 4245 may not use policy \"network\" through pycelld (it may use: default, mcp-server)")
+            && err.contains("policies_by_uid"),
+        "stderr: {err}"
+    );
+    let (code, _, err) = cli_as(&d, 4245, &["session", "start", "--policy", "network"], "");
+    assert_ne!(code, Some(0), "stderr: {err}");
+    assert!(
+        err.contains("may not use policy \"network\""),
+        "stderr: {err}"
+    );
+    // A server policy serves stdio only: no code run or session of any
+    // uid, root's included, gets its clocks.
+    for uid in [4245, 0] {
+        let (code, _, err) = cli_as(&d, uid, &["run", "--policy", "mcp-server"], "print(1)");
+        assert_eq!(code, Some(125), "uid {uid}: stderr: {err}");
+        assert!(
+            err.contains("\"mcp-server\" is for MCP servers over stdio"),
+            "uid {uid}: {err}"
+        );
+        let (code, _, err) = cli_as(&d, uid, &["session", "start", "--policy", "mcp-server"], "");
+        assert_ne!(code, Some(0), "uid {uid}: stderr: {err}");
+        assert!(
+            err.contains("is for MCP servers over stdio"),
+            "uid {uid}: {err}"
+        );
+    }
+}
+
 /// Wait until the daemon reports `active` runs going and `queued` waiting.
 fn wait_for_runs(d: &Daemon, active: usize, queued: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);

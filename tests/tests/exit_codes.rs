@@ -135,3 +135,19 @@ fn a_reader_that_went_away_ends_pycell_info_quietly() {
     assert_eq!(out.status.code(), Some(141), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn no_code_run_borrows_a_server_policy_embedded() {
+    let out = Pycell::new(["run", "--embedded", "--json", "--policy", "mcp-server", "-"])
+        .stdin("print(1)\n")
+        .run();
+    assert_eq!(out.exit_code, Some(125), "{}", out.describe());
+    let r = out.result();
+    assert_eq!(r["status"], "refused", "{}", out.describe());
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("\"mcp-server\" is for MCP servers over stdio"),
+        "{}",
+        out.describe()
+    );
+}

@@ -11,11 +11,10 @@ use std::path::Path;
 use pycell_protocol::client::{DaemonClient, Stage};
 use pycell_protocol::result::RunResult;
 use pycell_wire::codes::{FailureCode, Layer};
-use pycell_wire::events::Stream;
 use pycell_wire::report::JailFailure;
 
 use super::{
-    chosen, found_in, open_grants, packages, relay, resolver_request, server_output,
+    chosen, found_in, open_grants, packages, read_answer, relay, resolver_request, server_output,
     server_request, CLOSE_GRACE,
 };
 use crate::cli::McpServerArgs;
@@ -67,19 +66,18 @@ pub(super) fn serve(
     };
     let mut resolver = resolver_request(args, package);
     resolver.dependencies = packages(args);
-    let mut stdout = Vec::new();
+    let mut reader = None;
     let result = client
-        .run_queued(
+        .run_serving(
             resolver,
-            |s, b| {
-                if s == Stream::Stdout {
-                    stdout.extend_from_slice(b)
-                }
-            },
+            &[],
+            |_, _| {},
             on_stage,
+            |sock| reader = Some(std::thread::spawn(move || read_answer(sock))),
         )
         .map_err(|e| daemon_failure(e, policy))?;
-    let found = found_in(result, &stdout, package)?;
+    let answer = reader.and_then(|r| r.join().ok()).unwrap_or_default();
+    let found = found_in(result, &answer, package)?;
     let mut req = server_request(args, &chosen(args, package, &found)?, variables);
     req.dependencies = packages(args);
     req.allow = args.allow.clone();

@@ -116,13 +116,17 @@ fn server_request(
     req
 }
 
-/// The request that reads the env's console scripts for `package`.
+/// The request that reads the env's console scripts for `package`: a
+/// server over stdio too, whose one answer is what it writes there (so
+/// that a server policy, whose long clocks no code run may borrow, serves
+/// it: see `Policy::purpose_problem`).
 fn resolver_request(args: &McpServerArgs, package: &str) -> RunRequest {
     RunRequest {
         code: plan::RESOLVER.to_string(),
         filename: Some("pycell_resolve.py".to_string()),
         args: vec![package.to_string()],
         policy: Some(args.policy.clone()),
+        serve_stdio: true,
         ..RunRequest::default()
     }
 }
@@ -135,7 +139,7 @@ fn packages(args: &McpServerArgs) -> Vec<String> {
 }
 
 /// What the resolver's run said, or why it said nothing.
-fn found_in(result: RunResult, stdout: &[u8], package: &str) -> Result<plan::Found, JailFailure> {
+fn found_in(result: RunResult, answer: &[u8], package: &str) -> Result<plan::Found, JailFailure> {
     let failed = |why: String| {
         JailFailure::new(
             FailureCode::JailerFailed,
@@ -149,7 +153,10 @@ fn found_in(result: RunResult, stdout: &[u8], package: &str) -> Result<plan::Fou
             None => failed(format!("{}: {}", result.status.as_str(), result.stderr)),
         });
     }
-    serde_json::from_slice(stdout).map_err(|e| failed(format!("its answer: {e}")))
+    if answer.len() > MAX_ANSWER {
+        return Err(failed(format!("its answer is over {MAX_ANSWER} bytes")));
+    }
+    serde_json::from_slice(answer).map_err(|e| failed(format!("its answer: {e}")))
 }
 
 /// Embedded: this process stages, resolves and runs the jails itself.
@@ -224,20 +231,45 @@ fn resolve(
     let prepared = launcher
         .prepare_with(&offline, &resolver_request(args, package), &extras)
         .map_err(|e| e.failure())?;
-    let mut stdout = Vec::new();
-    let (result, _) = embedded::run_here(
-        &installer.handle,
-        prepared,
-        PATIENCE,
-        &installer.stop,
-        None,
-        &mut |s, b| {
-            if s == Stream::Stdout {
-                stdout.extend_from_slice(b)
+    let stop = installer.stop.clone();
+    let (result, answer) = installer.handle.block_on(async move {
+        let launched = match prepared.spawn_async(JailerStderr::Capture).await {
+            Ok(l) => l,
+            Err(result) => return (*result, Vec::new()),
+        };
+        let (stdio_tx, stdio_rx) = tokio::sync::oneshot::channel();
+        let reader = tokio::spawn(async move {
+            match stdio_rx.await {
+                Ok(sock) => tokio::task::spawn_blocking(move || read_answer(sock))
+                    .await
+                    .unwrap_or_default(),
+                Err(_) => Vec::new(),
             }
-        },
-    );
-    found_in(result, &stdout, package)
+        });
+        let services = Services {
+            stdio: Some(stdio_tx),
+            ..Services::default()
+        };
+        let until = embedded::stopped(stop);
+        let (result, _) = supervise(launched, PATIENCE, until, services, |_, _| {}).await;
+        (result, reader.await.unwrap_or_default())
+    });
+    found_in(result, &answer, package)
+}
+
+/// The most a resolver's answer may be: the env's console scripts, as JSON.
+const MAX_ANSWER: usize = 4 << 20;
+
+/// What the resolver wrote on its stdio socket, to its end (at most
+/// [`MAX_ANSWER`] and a byte: then the socket is closed, and the
+/// resolver's next write fails).
+fn read_answer(sock: OwnedFd) -> Vec<u8> {
+    use std::io::Read;
+    let sock = std::os::unix::net::UnixStream::from(sock);
+    let _ = sock.shutdown(std::net::Shutdown::Write);
+    let mut answer = Vec::new();
+    let _ = sock.take(MAX_ANSWER as u64 + 1).read_to_end(&mut answer);
+    answer
 }
 
 /// The paths granted (`--ro`, `--rw`, `--state`), each opened here (so this

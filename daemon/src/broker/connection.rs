@@ -380,7 +380,7 @@ async fn run(
 ) -> bool {
     let started = async {
         let granted = conn.granted.claim(&id);
-        let ordered = ordered(broker, &id, request, granted).await?;
+        let ordered = ordered(broker, peer, &id, request, granted).await?;
         let slot = admit(broker, conn, peer, &id, &ordered.order).await?;
         Ok::<_, NotStarted>((ordered, slot))
     };
@@ -412,6 +412,7 @@ async fn run(
 /// a slot.
 async fn ordered(
     broker: &Arc<Broker>,
+    peer: &Peer,
     id: &str,
     request: RunRequest,
     granted: Vec<std::os::fd::OwnedFd>,
@@ -424,12 +425,23 @@ async fn ordered(
             msg,
         )));
     }
+    may_use(broker, peer, id, request.policy_name())?;
     broker.order(request, granted).await.map_err(|n| {
         NotStarted::Reply(match n {
             NotOrdered::Refused(code, message) => error(Some(id), code, message),
             NotOrdered::Failed { policy, failure } => not_started(id, &policy, failure),
         })
     })
+}
+
+/// Whether the peer may name `policy` (`policies_by_uid`; a front end's
+/// uid for every identity it speaks for).
+fn may_use(broker: &Broker, peer: &Peer, id: &str, policy: &str) -> Result<(), NotStarted> {
+    broker
+        .config
+        .policy_access
+        .check(peer.uid, policy)
+        .map_err(|m| NotStarted::Reply(error(Some(id), ErrorCode::InvalidRequest, m)))
 }
 
 /// A slot for the run: at once, or after waiting in the queue.

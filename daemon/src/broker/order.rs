@@ -114,6 +114,9 @@ pub(crate) fn order(
     };
     let policy =
         resolve::load_policy_by_name(request.policy_name(), policy_dir).map_err(refused)?;
+    if let Some(m) = policy.purpose_problem(request.serve_stdio) {
+        return Err(NotOrdered::Refused(ErrorCode::InvalidRequest, m));
+    }
     let limits = resolve::effective_limits(&policy, &request.limits).map_err(refused)?;
     let dependencies =
         pycell_deps::gather(&policy, &request.code, &request.dependencies).map_err(|failure| {

@@ -112,11 +112,12 @@ impl Broker {
 
     /// The policy a session start names, with its `[session]` settings.
     pub(crate) fn session_policy(&self, name: &str) -> Result<Policy, Refused> {
-        pycell_launch::resolve::load_policy_by_name(name, &self.config.policy_dir).map_err(|e| {
-            let (code, message) =
-                crate::link::refusal(pycell_launch::launcher::LaunchError::from(e));
-            (code, message)
-        })
+        let policy = pycell_launch::resolve::load_policy_by_name(name, &self.config.policy_dir)
+            .map_err(|e| crate::link::refusal(pycell_launch::launcher::LaunchError::from(e)))?;
+        match policy.purpose_problem(false) {
+            Some(m) => Err((ErrorCode::InvalidRequest, m)),
+            None => Ok(policy),
+        }
     }
 
     /// A session the monitor started for `who`: driven here, and in the

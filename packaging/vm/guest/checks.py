@@ -387,6 +387,25 @@ def make_users():
         sh(["useradd", "--create-home", "--groups", "pycell", MEMBER], check=True)
     if subprocess.run(["getent", "passwd", OUTSIDER], stdout=subprocess.DEVNULL).returncode != 0:
         sh(["useradd", "--create-home", OUTSIDER], check=True)
+    grant_member_policies()
+
+
+# The policies the member names through pycelld besides `default` (every
+# other one is refused a uid that pycelld.toml's policies_by_uid does not
+# grant it).
+MEMBER_POLICIES = ["default", "egress-vm", "deps-vm", "vm-probe"]
+
+
+def grant_member_policies():
+    """The operator's step for a user who needs more than `default`."""
+    with open("/etc/pycell/pycelld.toml") as f:
+        text = f.read()
+    if "\npolicies_by_uid" in text:
+        return
+    names = ", ".join(json.dumps(n) for n in MEMBER_POLICIES)
+    with open("/etc/pycell/pycelld.toml", "a") as f:
+        f.write(f"\npolicies_by_uid = {{ {MEMBER} = [{names}] }}\n")
+    sh(["systemctl", "try-restart", "pycelld.service"], check=True)
 
 
 def limit_checks(prefix, opts, user):

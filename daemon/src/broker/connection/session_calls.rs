@@ -37,6 +37,7 @@ async fn started(
     request: SessionStartRequest,
 ) -> Result<ServerMessage, NotStarted> {
     let refuse = |r| NotStarted::Reply(refusal(id, r));
+    super::may_use(broker, peer, id, request.policy_name())?;
     let policy = broker
         .session_policy(request.policy_name())
         .map_err(refuse)?;
@@ -53,7 +54,7 @@ async fn started(
         let m = format!("{} holds {held} sessions, the most policy {:?} allows ([session] per_uid = {per_uid}); end one with session_end", peer.principal(), policy.name);
         return Err(refuse((ErrorCode::TooManySessions, m)));
     }
-    let mut ordered = ordered(broker, id, start_request(&request), Vec::new()).await?;
+    let mut ordered = ordered(broker, peer, id, start_request(&request), Vec::new()).await?;
     ordered.order.session = true;
     let slot = admit(broker, conn, peer, id, &ordered.order).await?;
     // Where its tool calls go: the connection of the call being served.
