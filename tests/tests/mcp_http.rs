@@ -517,3 +517,82 @@ fn a_caller_names_only_the_policies_its_token_was_given() {
     let answer = call("run_python", r#"{"code":"print(6 * 7)"}"#);
     assert!(answer.contains("42"), "{answer}");
 }
+
+/// The error object of a JSON-RPC answer in `answer` (an HTTP response or
+/// a line): its id and code.
+fn error_of(answer: &str) -> (Value, i64) {
+    let start = answer
+        .find('{')
+        .unwrap_or_else(|| panic!("no JSON in {answer:?}"));
+    let v: Value = serde_json::Deserializer::from_str(&answer[start..])
+        .into_iter()
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| panic!("no JSON in {answer:?}"));
+    let obj = v.as_object().unwrap_or_else(|| panic!("{v}"));
+    assert!(obj.contains_key("id"), "an error without id: {v}");
+    (
+        v["id"].clone(),
+        v["error"]["code"].as_i64().unwrap_or_else(|| panic!("{v}")),
+    )
+}
+
+#[test]
+fn every_malformed_message_gets_a_json_rpc_error_over_http_and_stdio() {
+    let Setup { front, tokens, .. } = set_up(&[]);
+    let alice = format!("Bearer {}", tokens["alice"].as_str().unwrap());
+    let bad_params = r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":5}}"#;
+    let cases: [(&str, u16, Value, i64); 3] = [
+        ("this is not json", 400, Value::Null, -32700),
+        (
+            r#"{"jsonrpc":"2.0","id":7,"method":5}"#,
+            400,
+            7.into(),
+            -32600,
+        ),
+        (bad_params, 200, 8.into(), -32602),
+    ];
+    for (body, status, id, code) in &cases {
+        let (got, answer) = post(&front.at, &[("Authorization", &alice)], body.as_bytes());
+        assert_eq!(got, *status, "{body}: {answer}");
+        assert_eq!(error_of(&answer), (id.clone(), *code), "{body}: {answer}");
+    }
+
+    // Over stdio, the same, and a message over 32 MiB answered to its id.
+    let mut mcp = Command::new(pycell_bin())
+        .args(["mcp", "--embedded"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = mcp.stdin.take().unwrap();
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{{"name":"run_python","arguments":{{"code":"{}"}}}}}}"#,
+        "#".repeat(33 << 20)
+    );
+    let lines: Vec<String> = cases.iter().map(|c| c.0.to_string()).collect();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        for line in &lines {
+            writeln!(stdin, "{line}").unwrap();
+        }
+        writeln!(stdin, "{huge}").unwrap();
+        // The end of input ends the server once it has answered.
+        drop(stdin);
+    });
+    let out = pycell_tests::output_guarded(mcp, GUARD);
+    writer.join().unwrap();
+    assert!(
+        out.status.is_some(),
+        "pycell mcp did not end: {}",
+        out.stderr
+    );
+    // Answers may come in any order (JSON-RPC pairs them by id).
+    let mut answers: Vec<(Value, i64)> = out.stdout.lines().map(error_of).collect();
+    let mut want: Vec<(Value, i64)> = cases.iter().map(|(_, _, id, c)| (id.clone(), *c)).collect();
+    want.push((9.into(), -32600));
+    answers.sort_by_key(|(id, code)| (id.to_string(), *code));
+    want.sort_by_key(|(id, code)| (id.to_string(), *code));
+    assert_eq!(answers, want, "stderr: {}", out.stderr);
+}

@@ -150,9 +150,17 @@ impl Front {
         if let Some(c) = caller {
             parts.extensions.insert(c);
         }
-        self.mcp
-            .handle(Request::from_parts(parts, Full::new(bytes)))
-            .await
+        let json_body = is_json(&parts.headers);
+        let answer = self
+            .mcp
+            .handle(Request::from_parts(parts, Full::new(bytes.clone())))
+            .await;
+        // rmcp answers a JSON body it cannot read as a message with 415
+        // and text; JSON-RPC wants an error object (MCP: with status 400).
+        if answer.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE && json_body {
+            return unreadable_message(&bytes).unwrap_or(answer);
+        }
+        answer
     }
 
     /// The whole body: at most `max_body` bytes (rmcp's own limit,
@@ -192,6 +200,32 @@ impl Front {
             .body(Full::new(Bytes::from(text)).boxed())
             .unwrap_or_else(|_| plain(status, ""))
     }
+}
+
+/// Whether the request says its body is JSON (`application/json`, any
+/// parameters).
+fn is_json(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// The JSON-RPC error for a body that is no client message, with status
+/// 400 (None if it is one after all, or a notification).
+fn unreadable_message(body: &[u8]) -> Option<Response<Body>> {
+    use crate::mcp_server::jsonrpc::answer_unparsed;
+    let error = serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(body).err()?;
+    let answer = answer_unparsed(body, &error).unwrap_or_else(|| {
+        let m = format!("Invalid Request: not a notification of MCP ({error})");
+        crate::mcp_server::jsonrpc::error_response(None, -32600, m)
+    });
+    Response::builder()
+        .status(StatusCode::BAD_REQUEST)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(answer.to_string())).boxed())
+        .ok()
 }
 
 fn plain(status: StatusCode, text: &str) -> Response<Body> {

@@ -38,8 +38,8 @@ use crate::mcp_server::PycellServer;
 use front::Front;
 use setup::{Backend, Setup};
 
-/// Largest request body (a write_file's content, base64, is the largest).
-const MAX_BODY: usize = 32 << 20;
+/// Largest request body: the largest message any MCP front end reads.
+const MAX_BODY: usize = crate::mcp_server::jsonrpc::MAX_MESSAGE;
 /// How long a TLS handshake may take.
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
 /// After SIGTERM: how long requests in flight get to finish (under

@@ -16,10 +16,12 @@
 mod cell_output;
 mod eof;
 mod in_cluster;
+pub(crate) mod jsonrpc;
 mod output;
 pub(crate) mod sandboxes;
 pub(crate) mod session_tools;
 mod sessions;
+mod stdio;
 pub(crate) mod tools;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,9 +29,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
-    ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomRequest,
+    CustomResult, Implementation, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ProgressToken, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{Peer, RequestContext, ServerInitializeError};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
@@ -427,6 +429,23 @@ impl ServerHandler for PycellServer {
         self.tools.iter().find(|t| t.name == name).cloned()
     }
 
+    /// A request rmcp did not parse into an MCP type: an MCP method whose
+    /// params did not fit it (`-32602`), or a method MCP does not have.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        match jsonrpc::invalid_params(&request.method) {
+            Some(m) => Err(McpError::invalid_params(m, None)),
+            None => Err(McpError::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                format!("Method not found: {}", request.method),
+                None,
+            )),
+        }
+    }
+
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
@@ -536,7 +555,7 @@ async fn serve(args: &McpArgs) -> i32 {
         sandboxes.clone(),
     ));
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
-    let transport = (eof::EofSignal::new(stdin, eof), stdout);
+    let transport = stdio::StdioTransport::new(eof::EofSignal::new(stdin, eof), stdout);
     let quit = match server.serve_with_ct(transport, stop).await {
         Ok(service) => service
             .waiting()
