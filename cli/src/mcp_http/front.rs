@@ -46,6 +46,8 @@ pub struct Front {
     /// The hosts a request's `Host` and `Origin` may name.
     pub allowed_hosts: Arc<[String]>,
     pub admission: Arc<Admission>,
+    /// The calls in flight, by caller and request id.
+    pub cancels: Arc<crate::mcp_server::cancels::Cancels>,
 }
 
 impl std::fmt::Debug for Front {
@@ -146,6 +148,11 @@ impl Front {
             if !c.scopes.run {
                 return self.denied(&Denial::Scope(needed));
             }
+        }
+        if let Some(id) = crate::mcp_server::cancels::cancelled_request_id(&bytes) {
+            // Stateless: rmcp would accept it and cancel nothing.
+            self.cancels.cancel(caller.map(|c| c.identity.clone()), &id);
+            return plain(StatusCode::ACCEPTED, "");
         }
         if let Some(c) = caller {
             parts.extensions.insert(c);

@@ -92,7 +92,9 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
         }
     };
     let sandboxes = Sandboxes::with_tools(mode, servers.clone());
-    let mut server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode.as_ref());
+    let cancels = Arc::<crate::mcp_server::cancels::Cancels>::default();
+    let mut server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode.as_ref())
+        .with_cancels(Arc::clone(&cancels));
     if !setup.gate.open {
         server = server.with_callers(Arc::default());
     }
@@ -116,6 +118,7 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
         max_body: MAX_BODY,
         allowed_hosts: Arc::from(setup.allowed_hosts.clone()),
         admission: conns::Admission::new(conns::MAX_AUTHENTICATED, conns::MAX_UNAUTHENTICATED),
+        cancels,
     };
     let listener = match tokio::net::TcpListener::from_std(setup.listener) {
         Ok(l) => l,

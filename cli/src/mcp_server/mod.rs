@@ -13,6 +13,7 @@
 //! process holds no privilege beyond what embedded mode needs to start the
 //! jailer; with the daemon it needs none.
 
+pub(crate) mod cancels;
 mod cell_output;
 mod eof;
 mod in_cluster;
@@ -80,6 +81,9 @@ pub struct PycellServer {
     /// The policies the HTTP caller of this view may name (None: any the
     /// server has; stdio, or HTTP without authentication).
     caller: Option<Arc<Caller>>,
+    /// Over HTTP: the calls in flight, for the front end to cancel when
+    /// their caller sends `notifications/cancelled` (stdio: rmcp pairs them).
+    cancels: Option<Arc<cancels::Cancels>>,
 }
 
 impl PycellServer {
@@ -101,7 +105,14 @@ impl PycellServer {
             tools: Arc::new(tools),
             callers: None,
             caller: None,
+            cancels: None,
         }
+    }
+
+    /// The same server, keeping its calls where `cancels` can cancel them.
+    pub fn with_cancels(mut self, cancels: Arc<cancels::Cancels>) -> Self {
+        self.cancels = Some(cancels);
+        self
     }
 
     /// The same server, requiring a caller on every call (see `callers`).
@@ -455,6 +466,10 @@ impl ServerHandler for PycellServer {
             Ok(v) => v,
             Err(refused) => return Ok(refused.into()),
         };
+        let _in_flight = self.cancels.as_ref().map(|c| {
+            let caller = server.caller.as_ref().map(|c| c.identity.clone());
+            c.register(caller, &context.id, context.ct.clone())
+        });
         let server = &server;
         let result = match request.name.as_ref() {
             tools::RUN_PYTHON => server.run_python(request, context).await,
