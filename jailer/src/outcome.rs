@@ -65,17 +65,41 @@ fn ready_and_end(seen: &Observed) -> Result<(ReadyLayers, Option<&ChildMessage>)
             _ => ended = Some(m),
         }
     }
-    let ready = ready.ok_or_else(|| {
-        JailFailure::new(
-            FailureCode::JailSetupFailed,
-            Layer::Jailer,
-            format!(
-                "the jail ended before reporting ready (init: {})",
-                seen.init_status
-            ),
-        )
-    })?;
+    let ready = ready.ok_or_else(|| not_ready(seen))?;
     Ok((ready, ended))
+}
+
+/// Why a jail that never reported ready ran no code: stopped on
+/// purpose while it was set up (a cancel, the wall clock), or ended.
+fn not_ready(seen: &Observed) -> JailFailure {
+    if seen.cancelled {
+        let m = "the run was cancelled while its jail was being set up: no code ran";
+        return JailFailure::new(FailureCode::Cancelled, Layer::Jailer, m);
+    }
+    if seen.timed_out {
+        let m = "the wall-clock timeout expired while the jail was being set up: no code ran";
+        return JailFailure::new(FailureCode::Timeout, Layer::Limits, m)
+            .with_hint("raise --timeout; if setup alone takes this long, the host is overloaded");
+    }
+    JailFailure::new(
+        FailureCode::JailSetupFailed,
+        Layer::Jailer,
+        format!(
+            "the jail ended before reporting ready (its init {})",
+            seen.init_status
+        ),
+    )
+}
+
+/// How a process ended, in words (for messages).
+pub(crate) fn describe_end(status: Option<nix::sys::wait::WaitStatus>) -> String {
+    use nix::sys::wait::WaitStatus;
+    match status {
+        Some(WaitStatus::Exited(_, code)) => format!("exited with status {code}"),
+        Some(WaitStatus::Signaled(_, signal, _)) => format!("was killed by {}", signal.as_str()),
+        Some(other) => format!("stopped otherwise ({other:?})"),
+        None => "had not ended".to_string(),
+    }
 }
 
 /// Decide the run's outcome. `Err` means the code never ran (the jail
@@ -178,7 +202,7 @@ mod tests {
             cancelled: false,
             oom_kills: 0,
             messages: [Some(ready()), end].into_iter().flatten().collect(),
-            init_status: "Exited(1, 0)".into(),
+            init_status: "exited with status 1".into(),
         }
     }
 
@@ -280,6 +304,45 @@ mod tests {
         s.messages.clear();
         let f = classify(&s, &limits()).unwrap_err();
         assert_eq!(f.code, FailureCode::JailSetupFailed);
-        assert!(f.message.contains("Exited(1, 0)"), "{f:?}");
+        assert!(
+            f.message.contains("(its init exited with status 1)"),
+            "{f:?}"
+        );
+    }
+
+    #[test]
+    fn a_run_stopped_while_its_jail_was_set_up_says_so() {
+        let mut s = seen(None);
+        s.messages.clear();
+        s.cancelled = true;
+        let f = classify(&s, &limits()).unwrap_err();
+        assert_eq!(f.code, FailureCode::Cancelled, "{f:?}");
+        assert!(
+            f.message
+                .contains("cancelled while its jail was being set up"),
+            "{f:?}"
+        );
+        s.cancelled = false;
+        s.timed_out = true;
+        let f = classify(&s, &limits()).unwrap_err();
+        assert_eq!(
+            (f.code, f.layer),
+            (FailureCode::Timeout, Layer::Limits),
+            "{f:?}"
+        );
+    }
+
+    #[test]
+    fn how_init_ended_is_said_in_words() {
+        use nix::sys::wait::WaitStatus;
+        use nix::unistd::Pid;
+        let pid = Pid::from_raw(7);
+        assert_eq!(
+            describe_end(Some(WaitStatus::Exited(pid, 1))),
+            "exited with status 1"
+        );
+        let killed = WaitStatus::Signaled(pid, Signal::SIGKILL, false);
+        assert_eq!(describe_end(Some(killed)), "was killed by SIGKILL");
+        assert_eq!(describe_end(None), "had not ended");
     }
 }

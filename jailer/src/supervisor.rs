@@ -144,7 +144,7 @@ fn assemble_report(
         cancelled: relayed.cancelled,
         oom_kills: usage.oom_kills,
         messages: relayed.messages,
-        init_status: format!("{:?}", relayed.init_status),
+        init_status: crate::outcome::describe_end(relayed.init_status),
     };
     let mut outcome = classify(&seen, &run.limits)?;
     if let (Some(why), Some(clocks)) = (session_end, spec.session) {
