@@ -18,6 +18,7 @@ mod env_cmd;
 mod info;
 mod jailed_server;
 mod mcp_http;
+mod mcp_lines;
 mod mcp_server;
 mod policy_cmd;
 mod privileges;

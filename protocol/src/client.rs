@@ -293,6 +293,7 @@ impl DaemonClient {
                     tool,
                     arguments,
                     timeout_ms,
+                    max_result_bytes,
                     ..
                 } => on_stage(Stage::ToolCall {
                     call,
@@ -300,6 +301,7 @@ impl DaemonClient {
                     tool: &tool,
                     arguments: &arguments,
                     timeout: timeout_ms.map(Duration::from_millis),
+                    max_result: max_result_bytes,
                 }),
                 ServerMessage::Output {
                     stream,
@@ -392,6 +394,7 @@ impl DaemonClient {
                     tool,
                     arguments,
                     timeout_ms,
+                    max_result_bytes,
                     ..
                 } => on_tool_call(Stage::ToolCall {
                     call,
@@ -399,6 +402,7 @@ impl DaemonClient {
                     tool: &tool,
                     arguments: &arguments,
                     timeout: timeout_ms.map(Duration::from_millis),
+                    max_result: max_result_bytes,
                 }),
                 other => return Err(unexpected(other)),
             }
@@ -481,6 +485,8 @@ pub enum Stage<'a> {
         arguments: &'a serde_json::Map<String, serde_json::Value>,
         /// The policy's `call_timeout`, counted once the server is up.
         timeout: Option<std::time::Duration>,
+        /// The policy's `max_result`, in bytes.
+        max_result: Option<u64>,
     },
 }
 

@@ -402,6 +402,10 @@ pub enum ServerMessage {
         /// the client's server is up (starting it is not counted).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
+        /// The policy's `max_result`: the client may refuse a larger
+        /// answer before it parses it (the daemon checks it again).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_result_bytes: Option<u64>,
     },
     Error {
         #[serde(default, skip_serializing_if = "Option::is_none")]

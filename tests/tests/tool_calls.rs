@@ -226,6 +226,35 @@ fn code_calls_tools_of_its_clients_servers_and_nothing_else() {
 }
 
 #[test]
+fn a_result_too_large_for_its_policy_is_refused_unread_and_the_server_goes_on() {
+    let servers = Servers::new();
+    let policy = servers.policy("allow = [\"test/*\"]\nmax_result = \"1MiB\"");
+    let code = r#"
+import json
+import pycell_tools as t
+def error(f, *a, **k):
+    try:
+        return ["ok", f(*a, **k)]
+    except t.ToolError as e:
+        return [e.code, str(e)]
+print(json.dumps({"flood": error(t.test.flood, size=14_000_000), "after": error(t.test.add, a=2, b=3)}))
+"#;
+    let out = run(&servers, code, &["--policy", policy.to_str().unwrap()]);
+    let o = stdout_json(&out);
+    // 14 MB is more than a 1 MiB result can be: never parsed (it grew the
+    // client by 820 MiB when it was), a limit failure of that call only.
+    assert_eq!(o["flood"][0], "limit", "{o}");
+    let m = o["flood"][1].as_str().unwrap();
+    assert!(
+        m.contains("max_result") && m.contains("it was not read"),
+        "{o}"
+    );
+    assert_eq!(o["after"], serde_json::json!(["ok", {"result": 5}]), "{o}");
+    assert_eq!(servers.started().len(), 1, "{:?}", servers.started());
+    assert_gone(&servers.started());
+}
+
+#[test]
 fn the_policy_decides_first_and_bounds_every_call() {
     let servers = Servers::new();
     let policy = servers.policy(

@@ -1,38 +1,19 @@
 //! `pycell mcp`'s stdio transport: newline-delimited JSON-RPC as rmcp's
 //! own, but every message that cannot be served is answered
-//! ([`super::jsonrpc`]): not JSON, no message, over [`MAX_MESSAGE`].
-//! A line is read into a buffer that never grows past the limit (an
-//! oversized one keeps only its first [`HEAD`] bytes, for its id).
-
-use std::sync::Arc;
+//! ([`super::jsonrpc`]): not JSON, no message, over [`MAX_MESSAGE`]
+//! (lines read bounded: [`crate::mcp_lines`]).
 
 use rmcp::service::{RoleServer, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::jsonrpc::{answer_oversized, answer_unparsed, MAX_MESSAGE};
-
-/// How much of an oversized message is kept to find its id in.
-const HEAD: usize = 64 << 10;
-
-/// One line read, or why there is none.
-enum Line {
-    /// A whole line is in the buffer.
-    Whole,
-    /// The line was over the limit; the buffer holds its head.
-    Oversized,
-    End,
-}
+use crate::mcp_lines::{message_of, Line, LineReader, LineWriter};
 
 pub struct StdioTransport<R, W> {
-    read: BufReader<R>,
-    line: Vec<u8>,
-    limit: usize,
-    /// Dropping the rest of an oversized line.
-    discarding: bool,
-    write: Arc<Mutex<Option<W>>>,
+    read: LineReader<R>,
+    write: LineWriter<W>,
     /// Answers being written; `close` waits for them.
     answering: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -48,80 +29,21 @@ where
 
     fn with_limit(read: R, write: W, limit: usize) -> Self {
         StdioTransport {
-            read: BufReader::new(read),
-            line: Vec::new(),
-            limit,
-            discarding: false,
-            write: Arc::new(Mutex::new(Some(write))),
+            read: LineReader::new(read, limit),
+            write: LineWriter::new(write),
             answering: Vec::new(),
-        }
-    }
-
-    /// The next line into `self.line`, never past `limit`. Cancel-safe: a
-    /// partial line stays in the buffer for the next call (rmcp polls
-    /// `receive` in a `select!`), and nothing awaits between a copy and
-    /// its `consume`.
-    async fn read_line(&mut self) -> Line {
-        loop {
-            let available = match self.read.fill_buf().await {
-                Ok([]) | Err(_) => return Line::End,
-                Ok(a) => a,
-            };
-            let newline = available.iter().position(|b| *b == b'\n');
-            let take = newline.map_or(available.len(), |i| i + 1);
-            let room = HEAD.saturating_sub(self.line.len()).min(take);
-            let over = self.discarding || self.line.len() + take > self.limit;
-            if over {
-                // Keep the head only (it may already be longer: cut it).
-                self.line.truncate(HEAD);
-                self.line.extend_from_slice(&available[..room]);
-                self.discarding = newline.is_none();
-            } else {
-                self.line.extend_from_slice(&available[..take]);
-            }
-            self.read.consume(take);
-            match (newline.is_some(), over) {
-                (true, false) => return Line::Whole,
-                (true, true) => return Line::Oversized,
-                (false, _) => {}
-            }
         }
     }
 
     /// Write `answer` as a line, on a task of its own (so that a
     /// cancelled `receive` never leaves half a line written).
     fn answer(&mut self, answer: Value) {
-        let write = Arc::clone(&self.write);
+        let write = self.write.clone();
         self.answering.retain(|t| !t.is_finished());
         self.answering.push(tokio::spawn(async move {
-            let mut bytes = answer.to_string().into_bytes();
-            bytes.push(b'\n');
-            let _ = write_line(&write, &bytes).await;
+            let _ = write.send(&answer).await;
         }));
     }
-}
-
-async fn write_line<W: AsyncWrite + Unpin>(
-    write: &Mutex<Option<W>>,
-    bytes: &[u8],
-) -> std::io::Result<()> {
-    let mut guard = write.lock().await;
-    let Some(w) = guard.as_mut() else {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::NotConnected,
-            "the transport is closed",
-        ));
-    };
-    w.write_all(bytes).await?;
-    w.flush().await
-}
-
-/// The message of a line: without its newline, a carriage return or a
-/// UTF-8 byte order mark.
-fn message_of(line: &[u8]) -> &[u8] {
-    let line = line.strip_suffix(b"\n").unwrap_or(line);
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line)
 }
 
 impl<R, W> Transport<RoleServer> for StdioTransport<R, W>
@@ -135,22 +57,17 @@ where
         &mut self,
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
-        let write = Arc::clone(&self.write);
-        async move {
-            let mut bytes = serde_json::to_vec(&item)?;
-            bytes.push(b'\n');
-            write_line(&write, &bytes).await
-        }
+        let write = self.write.clone();
+        async move { write.send(&item).await }
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         loop {
-            let read = self.read_line().await;
-            let line = std::mem::take(&mut self.line);
+            let (read, line) = self.read.next().await;
             match read {
                 Line::End => return None,
                 Line::Oversized => {
-                    self.answer(answer_oversized(&line, self.limit));
+                    self.answer(answer_oversized(&line, self.read.limit()));
                     continue;
                 }
                 Line::Whole => {}
@@ -174,11 +91,7 @@ where
         for answer in std::mem::take(&mut self.answering) {
             let _ = answer.await;
         }
-        let mut write = self.write.lock().await;
-        match write.take() {
-            Some(mut w) => w.shutdown().await,
-            None => Ok(()),
-        }
+        self.write.close().await
     }
 }
 

@@ -425,7 +425,9 @@ async fn ordered(
             msg,
         )));
     }
-    may_use(broker, peer, id, request.policy_name())?;
+    if let Some(refused) = may_use(broker, peer, id, request.policy_name()) {
+        return Err(refused);
+    }
     broker.order(request, granted).await.map_err(|n| {
         NotStarted::Reply(match n {
             NotOrdered::Refused(code, message) => error(Some(id), code, message),
@@ -436,12 +438,14 @@ async fn ordered(
 
 /// Whether the peer may name `policy` (`policies_by_uid`; a front end's
 /// uid for every identity it speaks for).
-fn may_use(broker: &Broker, peer: &Peer, id: &str, policy: &str) -> Result<(), NotStarted> {
-    broker
-        .config
-        .policy_access
-        .check(peer.uid, policy)
-        .map_err(|m| NotStarted::Reply(error(Some(id), ErrorCode::InvalidRequest, m)))
+/// None if it may; else the refusal to send.
+fn may_use(broker: &Broker, peer: &Peer, id: &str, policy: &str) -> Option<NotStarted> {
+    let refused = broker.config.policy_access.check(peer.uid, policy).err()?;
+    Some(NotStarted::Reply(error(
+        Some(id),
+        ErrorCode::InvalidRequest,
+        refused,
+    )))
 }
 
 /// A slot for the run: at once, or after waiting in the queue.

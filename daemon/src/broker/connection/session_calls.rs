@@ -37,7 +37,9 @@ async fn started(
     request: SessionStartRequest,
 ) -> Result<ServerMessage, NotStarted> {
     let refuse = |r| NotStarted::Reply(refusal(id, r));
-    super::may_use(broker, peer, id, request.policy_name())?;
+    if let Some(refused) = super::may_use(broker, peer, id, request.policy_name()) {
+        return Err(refused);
+    }
     let policy = broker
         .session_policy(request.policy_name())
         .map_err(refuse)?;

@@ -85,6 +85,7 @@ impl Upstream for ToolRelay {
             tool: tool.to_string(),
             arguments,
             timeout_ms: Some(limits.call_timeout.as_millis() as u64),
+            max_result_bytes: Some(limits.max_result),
         };
         let out = self.out.clone();
         Box::pin(async move {

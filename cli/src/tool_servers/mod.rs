@@ -15,9 +15,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock};
-use rmcp::service::RunningService;
-use rmcp::transport::TokioChildProcess;
+mod transport;
+
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, ContentBlock,
+    ServerResult,
+};
+use rmcp::service::{PeerRequestOptions, RunningService, ServiceError};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{json, Map, Value};
 use tokio::sync::Mutex;
@@ -129,7 +133,7 @@ impl ToolServers {
         server: String,
         tool: String,
         arguments: Map<String, Value>,
-        call_timeout: Option<Duration>,
+        limits: CallLimits,
     ) -> Result<Value, ToolFailure> {
         let s = self
             .servers
@@ -148,14 +152,20 @@ impl ToolServers {
                 unavailable(format!("it did not start within {secs} s"))
             })?
             .map_err(unavailable)?;
-        let params = CallToolRequestParams::new(tool.clone()).with_arguments(arguments);
-        let limit = call_timeout.unwrap_or(SERVER_START_ALLOWANCE);
-        let answer = match tokio::time::timeout(limit, client.call_tool(params)).await {
-            Ok(answer) => answer,
-            Err(_) => return Err(timed_out(&server, &tool, limit)),
-        };
-        match answer {
-            Ok(result) => tool_value(&server, &tool, result),
+        let limit = limits.timeout.unwrap_or(SERVER_START_ALLOWANCE);
+        match send_call(&client, tool.clone(), arguments, limit, limits.max_result).await {
+            Ok(ServerResult::CallToolResult(result)) => tool_value(&server, &tool, result),
+            Ok(_) => Err(failure(
+                FailureKind::UpstreamFailed,
+                format!("{server}/{tool}: the server answered with no tool result"),
+            )),
+            Err(ServiceError::Timeout { .. }) => Err(timed_out(&server, &tool, limit)),
+            Err(ServiceError::McpError(e)) if e.code.0 == transport::RESULT_TOO_LARGE => {
+                Err(failure(
+                    FailureKind::Limit,
+                    format!("{server}/{tool}: {}", e.message),
+                ))
+            }
             Err(e) => {
                 // Its connection is broken (it crashed, or sent what is
                 // not MCP): the next call starts it again.
@@ -169,6 +179,38 @@ impl ToolServers {
     }
 }
 
+/// What bounds one call: the policy's `call_timeout` (counted once the
+/// server is up) and `max_result`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallLimits {
+    pub timeout: Option<Duration>,
+    pub max_result: Option<u64>,
+}
+
+/// `tools/call` of `tool`, answered within `limit` (else cancelled, as
+/// MCP says), its answer measured against `max_result` before it is
+/// parsed (see [`transport`]).
+async fn send_call(
+    client: &Client,
+    tool: String,
+    arguments: Map<String, Value>,
+    limit: Duration,
+    max_result: Option<u64>,
+) -> Result<ServerResult, ServiceError> {
+    let params = CallToolRequestParams::new(tool).with_arguments(arguments);
+    let mut request = CallToolRequest::new(params);
+    if let Some(max) = max_result {
+        request.extensions.insert(transport::ResultCap(max));
+    }
+    let mut options = PeerRequestOptions::no_options();
+    options.timeout = Some(limit);
+    client
+        .send_request_with_option(ClientRequest::CallToolRequest(request), options)
+        .await?
+        .await_response()
+        .await
+}
+
 impl Upstream for ToolServers {
     fn call(
         &self,
@@ -180,8 +222,11 @@ impl Upstream for ToolServers {
         let this = self.clone();
         let (server, tool) = (server.to_string(), tool.to_string());
         Box::pin(async move {
-            this.call_tool(server, tool, arguments, Some(limits.call_timeout))
-                .await
+            let limits = CallLimits {
+                timeout: Some(limits.call_timeout),
+                max_result: Some(limits.max_result),
+            };
+            this.call_tool(server, tool, arguments, limits).await
         })
     }
 }
@@ -234,9 +279,13 @@ async fn start(name: &str, transport: &Transport) -> Result<Client, String> {
                 cmd.current_dir(dir);
             }
             pycell_syscall::die_with_parent(&mut cmd);
-            let (child, _) = TokioChildProcess::builder(tokio::process::Command::from(cmd))
+            let child = tokio::process::Command::from(cmd)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::inherit())
+                .kill_on_drop(true)
                 .spawn()
+                .and_then(transport::ChildTransport::new)
                 .map_err(|e| {
                     // The command is the client's own business, told on its
                     // stderr; the jail (which sees the error) gets no host path.
@@ -355,10 +404,15 @@ impl DaemonToolCalls {
                 tool,
                 arguments,
                 timeout,
+                max_result,
             },
         ) = (calls, stage)
         {
-            calls.on_call(call, (server, tool), arguments, timeout);
+            let limits = CallLimits {
+                timeout,
+                max_result,
+            };
+            calls.on_call(call, (server, tool), arguments, limits);
         }
     }
 
@@ -368,14 +422,14 @@ impl DaemonToolCalls {
         call: u64,
         (server, tool): (&str, &str),
         arguments: &Map<String, Value>,
-        timeout: Option<Duration>,
+        limits: CallLimits,
     ) {
         let this = self.clone();
         let (server, tool, arguments) = (server.to_string(), tool.to_string(), arguments.clone());
         self.handle.spawn(async move {
             let outcome = this
                 .servers
-                .call_tool(server, tool, arguments, timeout)
+                .call_tool(server, tool, arguments, limits)
                 .await
                 .into();
             if let Ok(mut a) = this.answerer.lock() {
