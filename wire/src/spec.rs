@@ -292,18 +292,8 @@ pub struct JailLimits {
     /// `max_inotify_instances` and `max_inotify_watches` of the jail's
     /// user namespace (the kernel's per-user counters, charged to the
     /// sandbox uid: see the jailer's `ns_owner`).
-    #[serde(default = "default_inotify_instances")]
     pub inotify_instances: u32,
-    #[serde(default = "default_inotify_watches")]
     pub inotify_watches: u64,
-}
-
-fn default_inotify_instances() -> u32 {
-    16
-}
-
-fn default_inotify_watches() -> u64 {
-    8192
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -711,7 +701,8 @@ mod tests {
             "argv": ["/usr/bin/python3"], "env": [], "files": [], "mounts": [],
             "limits": {"wall_timeout_ms": 1000, "cpu_time_s": 1, "memory_bytes": 64 << 20,
                        "pids": 16, "cpu_millicores": 1000, "open_files": 64,
-                       "file_size_bytes": 1 << 20, "disk_bytes": 1 << 20, "max_output_bytes": 1 << 20},
+                       "file_size_bytes": 1 << 20, "disk_bytes": 1 << 20, "max_output_bytes": 1 << 20,
+                       "inotify_instances": 16, "inotify_watches": 8192},
             "landlock": {"min_abi": 1, "read_exec": [], "read_only": [], "read_write": []},
             "seccomp_profile": "default", "cgroup": {"parent": "pycell"}, "warm": true,
         }))
