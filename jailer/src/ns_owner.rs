@@ -138,9 +138,19 @@ impl Drop for AsOwner {
     }
 }
 
+/// Run `f` as the host uid that owns `spec`'s jail ([`host_owner`]),
+/// capabilities taken back, then switch back: the one way a running
+/// jail's owner acts on it (its rlimits, its CPU clock).
+pub(crate) fn as_jail_owner<T>(
+    spec: &pycell_wire::spec::JailSpec,
+    f: impl FnOnce() -> T,
+) -> io::Result<T> {
+    as_owner(host_owner(spec), f)
+}
+
 /// Run `f` as the owner `uid` of a user namespace (see the module's
 /// doc), capabilities taken back, then switch back.
-pub(crate) fn as_owner<T>(uid: u32, f: impl FnOnce() -> T) -> io::Result<T> {
+fn as_owner<T>(uid: u32, f: impl FnOnce() -> T) -> io::Result<T> {
     let owner = AsOwner::enter(uid, None, true)?;
     let out = f();
     owner.leave()?;
@@ -183,7 +193,7 @@ impl MapFiles {
 /// The host uid that owns the outermost user namespace of `spec`'s jail,
 /// the one a process on the host must be to act as its owner: the
 /// sandbox's, or for a run forked from a zygote, the zygote's.
-pub(crate) fn host_owner(spec: &pycell_wire::spec::JailSpec) -> u32 {
+fn host_owner(spec: &pycell_wire::spec::JailSpec) -> u32 {
     spec.from_zygote
         .as_ref()
         .map_or(spec.sandbox_uid, |z| z.zygote_uid)

@@ -128,8 +128,7 @@ pub(crate) fn restart_cpu_clock(
     let (soft, hard) = crate::warm::cpu_clock_from_now(used, ticks, cpu_time_s, hard);
     // As the owner of the jail's user namespace: pycelld's jailer has no
     // CAP_SYS_RESOURCE over it otherwise (see `crate::ns_owner`).
-    let owner = crate::ns_owner::host_owner(spec);
-    crate::ns_owner::as_owner(owner, || {
+    crate::ns_owner::as_jail_owner(spec, || {
         syscall::prlimit(program, libc::RLIMIT_CPU, soft, hard)
     })
     .and_then(|r| r)

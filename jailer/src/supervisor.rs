@@ -531,12 +531,10 @@ fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFai
     )
     .map_err(|e| zygote_failure("opening the jail's pidfd")(e.into()))?;
     // As the zygote's uid, the owner of the namespace the run's is in.
-    crate::ns_owner::as_owner(crate::ns_owner::host_owner(spec), || {
-        crate::rlimits::apply(pid, &spec.limits, spec.warm)
-    })
-    .map_err(|e| e.to_string())
-    .and_then(|r| r)
-    .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e))?;
+    crate::ns_owner::as_jail_owner(spec, || crate::rlimits::apply(pid, &spec.limits, spec.warm))
+        .map_err(|e| e.to_string())
+        .and_then(|r| r)
+        .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e))?;
     go.write_all(&[GO_CGROUP])
         .map_err(zygote_failure("starting the jail"))?;
     Ok(Jail {
