@@ -271,6 +271,7 @@ class ToolCall:
     tool: str
     arguments: dict[str, Any]
     timeout_ms: int | None = field(default=None, omit="none")
+    max_result_bytes: int | None = field(default=None, omit="none")
 
 
 @dataclass
