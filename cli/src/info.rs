@@ -50,8 +50,12 @@ fn print_policies(policies: &[PolicySummary], with_limits: bool) {
             ),
             false => p.source.clone(),
         };
+        let purpose = match p.for_code() {
+            true => String::new(),
+            false => format!("purpose {}, not for code runs; ", p.purpose),
+        };
         say!(
-            "  {:<14} {} [network: {}; {detail}]",
+            "  {:<14} {} [{purpose}network: {}; {detail}]",
             p.name,
             p.description,
             p.network_label()

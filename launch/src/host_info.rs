@@ -35,6 +35,10 @@ pub fn policies(dir: &Path) -> (Vec<PolicySummary>, Vec<PolicyProblem>) {
         };
         match resolve::load_policy_by_name(&name, dir) {
             Ok(p) => ok.push(PolicySummary {
+                purpose: match p.install {
+                    Some(_) => "install".to_string(),
+                    None => p.purpose.as_str().to_string(),
+                },
                 limits: LimitsReport::from(&p.limits),
                 max: (&p.ceilings).into(),
                 network: p.network.as_str().to_string(),
@@ -74,6 +78,8 @@ mod tests {
             ]
         );
         assert_eq!(ok[0].source, "built-in");
+        let purposes: Vec<&str> = ok.iter().map(|p| p.purpose.as_str()).collect();
+        assert_eq!(purposes, ["code", "code", "install", "server", "code"]);
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert_eq!(problems[0].name, "broken");
         assert_eq!(ok[4].network_label(), "allowlist (nothing allowed yet)");

@@ -38,6 +38,11 @@ pub struct PolicySummary {
     /// The name to pass as `policy`.
     pub name: String,
     pub description: String,
+    /// What its jails are for: `code` (runs and sessions), `server` (MCP
+    /// servers over stdio, `pycell mcp-server`, only) or `install` (the
+    /// jail that builds envs; no run may name it).
+    #[serde(default = "code_purpose")]
+    pub purpose: String,
     /// Network access: `none` means a private network namespace with
     /// loopback only; `allowlist` adds HTTP(S) through pycell's egress
     /// proxy to the hosts in `network_allow` only.
@@ -57,7 +62,16 @@ pub struct PolicySummary {
     pub max: pycell_policy::LimitCeilingsReport,
 }
 
+fn code_purpose() -> String {
+    "code".to_string()
+}
+
 impl PolicySummary {
+    /// Whether runs and sessions may name it.
+    pub fn for_code(&self) -> bool {
+        self.purpose == "code"
+    }
+
     /// The network mode in words: `none`, or the allowlist with its rules.
     pub fn network_label(&self) -> String {
         if self.network != "allowlist" {

@@ -256,6 +256,14 @@ fn render_info(info: &pycell_protocol::info::HostInfo) -> String {
         info.version, info.mode
     );
     for p in &info.policies {
+        if !p.for_code() {
+            let m = format!(
+                "  {}: {} (purpose {}: not for run_python or sessions)\n",
+                p.name, p.description, p.purpose
+            );
+            t.push_str(&m);
+            continue;
+        }
         let (l, m) = (&p.limits, &p.max);
         t.push_str(&format!(
             "  {}: {} network: {}; limits: {} s wall (timeout_s up to {} s), {} s CPU, {} memory, {} processes, {} output per stream, {} disk\n",
