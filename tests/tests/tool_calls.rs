@@ -225,21 +225,24 @@ fn code_calls_tools_of_its_clients_servers_and_nothing_else() {
     assert_gone(&servers.started());
 }
 
-#[test]
-fn a_result_too_large_for_its_policy_is_refused_unread_and_the_server_goes_on() {
-    let servers = Servers::new();
-    let policy = servers.policy("allow = [\"test/*\"]\nmax_result = \"1MiB\"");
-    let code = r#"
-import json
-import pycell_tools as t
+/// Python calling tools: `error(f, ...)` is `["ok", value]` or
+/// `[code, message]` of the ToolError it raised.
+const CATCHING: &str = r#"import pycell_tools as t
 def error(f, *a, **k):
     try:
         return ["ok", f(*a, **k)]
     except t.ToolError as e:
         return [e.code, str(e)]
-print(json.dumps({"flood": error(t.test.flood, size=14_000_000), "after": error(t.test.add, a=2, b=3)}))
 "#;
-    let out = run(&servers, code, &["--policy", policy.to_str().unwrap()]);
+
+#[test]
+fn a_result_too_large_for_its_policy_is_refused_unread_and_the_server_goes_on() {
+    let servers = Servers::new();
+    let policy = servers.policy("allow = [\"test/*\"]\nmax_result = \"1MiB\"");
+    let code = format!(
+        "import json\n{CATCHING}print(json.dumps({{\"flood\": error(t.test.flood, size=14_000_000), \"after\": error(t.test.add, a=2, b=3)}}))\n"
+    );
+    let out = run(&servers, &code, &["--policy", policy.to_str().unwrap()]);
     let o = stdout_json(&out);
     // 14 MB is more than a 1 MiB result can be: never parsed (it grew the
     // client by 820 MiB when it was), a limit failure of that call only.
@@ -260,14 +263,9 @@ fn the_policy_decides_first_and_bounds_every_call() {
     let policy = servers.policy(
         "allow = [\"test/*\"]\nmax_calls = 5\nmax_concurrent = 2\ncall_timeout = \"1s\"\nmax_result = \"1KiB\"",
     );
-    let code = r#"
+    let code = CATCHING.to_string()
+        + r#"
 import json, time
-import pycell_tools as t
-def error(f, *a, **k):
-    try:
-        return ["ok", f(*a, **k)]
-    except t.ToolError as e:
-        return [e.code, str(e)]
 out = {}
 out["time_listed"] = [s["tools"] for s in t.list_servers() if s["name"] == "time"]
 out["time"] = error(t.call, "time", "get_current_time", {"timezone": "UTC"})
@@ -281,7 +279,7 @@ out["fifth"] = error(t.test.add, a=1, b=1)
 out["over"] = error(t.test.add, a=1, b=1)
 print(json.dumps(out))
 "#;
-    let out = run(&servers, code, &["--policy", policy.to_str().unwrap()]);
+    let out = run(&servers, &code, &["--policy", policy.to_str().unwrap()]);
     let o = stdout_json(&out);
     assert_eq!(o["time_listed"], serde_json::json!([[]]), "{o}");
     assert_eq!(o["time"][0], "denied", "{o}");
