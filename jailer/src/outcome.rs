@@ -72,14 +72,15 @@ fn ready_and_end(seen: &Observed) -> Result<(ReadyLayers, Option<&ChildMessage>)
 /// Why a jail that never reported ready ran no code: stopped on
 /// purpose while it was set up (a cancel, the wall clock), or ended.
 fn not_ready(seen: &Observed) -> JailFailure {
-    if seen.cancelled {
-        let m = "the run was cancelled while its jail was being set up: no code ran";
-        return JailFailure::new(FailureCode::Cancelled, Layer::Jailer, m);
-    }
+    // As for a run that started: a timeout wins over a cancel.
     if seen.timed_out {
         let m = "the wall-clock timeout expired while the jail was being set up: no code ran";
         return JailFailure::new(FailureCode::Timeout, Layer::Limits, m)
             .with_hint("raise --timeout; if setup alone takes this long, the host is overloaded");
+    }
+    if seen.cancelled {
+        let m = "the run was cancelled while its jail was being set up: no code ran";
+        return JailFailure::new(FailureCode::Cancelled, Layer::Jailer, m);
     }
     JailFailure::new(
         FailureCode::JailSetupFailed,
@@ -322,7 +323,6 @@ mod tests {
                 .contains("cancelled while its jail was being set up"),
             "{f:?}"
         );
-        s.cancelled = false;
         s.timed_out = true;
         let f = classify(&s, &limits()).unwrap_err();
         assert_eq!(

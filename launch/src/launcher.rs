@@ -189,15 +189,6 @@ impl Launcher {
         request: &RunRequest,
         extras: &resolve::Extras,
     ) -> Result<Prepared, LaunchError> {
-        if policy.install.is_some() && !extras.export_workspace {
-            return Err(LaunchError::Request(RequestError {
-                field: "policy",
-                problem: format!(
-                    "policy {:?} is the jail that builds dependency envs (it has an [install] section); runs cannot use it",
-                    policy.name
-                ),
-            }));
-        }
         let resolved = resolve::resolve_with(policy, request, extras)?;
         if !nix::unistd::geteuid().is_root() {
             return Err(LaunchError::Refused(not_root()));

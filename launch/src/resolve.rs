@@ -425,11 +425,14 @@ pub fn resolve_with(
     req: &RunRequest,
     extras: &Extras,
 ) -> Result<Resolved, ResolveError> {
-    if let Some(problem) = policy.purpose_problem(req.serve_stdio) {
-        return Err(ResolveError::BadRequest {
-            field: "policy",
-            problem,
-        });
+    // The install jail itself (it exports its workspace) is no run.
+    if !extras.export_workspace {
+        if let Some(problem) = policy.purpose_problem(req.serve_stdio) {
+            return Err(ResolveError::BadRequest {
+                field: "policy",
+                problem,
+            });
+        }
     }
     let stdin = checked_input(req)?;
     let limits = effective_limits(policy, &req.limits)?;

@@ -107,13 +107,20 @@ impl Policy {
         Policy::from_toml_str(&text, path)
     }
 
-    /// Why a jail of this policy may not be what is asked for, if it may
-    /// not: a server policy's jails only serve stdio (`pycell
-    /// mcp-server`), so no code run or session borrows its long clocks.
+    /// Why a run or session of this policy may not be what is asked for,
+    /// if it may not: the jail that builds envs (`[install]`) takes no
+    /// run of anyone's, and a server policy's jails only serve stdio
+    /// (`pycell mcp-server`), so no code run or session gets its long
+    /// clocks.
     pub fn purpose_problem(&self, serves_stdio: bool) -> Option<String> {
+        let name = &self.name;
+        if self.install.is_some() {
+            return Some(format!(
+                "policy {name:?} is the jail that builds dependency envs (it has an [install] section); no run or session may name it"
+            ));
+        }
         (self.purpose == Purpose::Server && !serves_stdio).then(|| format!(
-            "policy {:?} is for MCP servers over stdio (pycell mcp-server), not for code runs or sessions: name a policy whose purpose is code (`pycell info` lists them)",
-            self.name
+            "policy {name:?} is for MCP servers over stdio (pycell mcp-server), not for code runs or sessions: name a policy whose purpose is code (`pycell info` lists them)"
         ))
     }
 

@@ -41,7 +41,8 @@ pub struct PolicySummary {
     /// What its jails are for: `code` (runs and sessions), `server` (MCP
     /// servers over stdio, `pycell mcp-server`, only) or `install` (the
     /// jail that builds envs; no run may name it).
-    #[serde(default = "code_purpose")]
+    /// Left out for `code`.
+    #[serde(default = "code_purpose", skip_serializing_if = "is_code")]
     pub purpose: String,
     /// Network access: `none` means a private network namespace with
     /// loopback only; `allowlist` adds HTTP(S) through pycell's egress
@@ -64,6 +65,10 @@ pub struct PolicySummary {
 
 fn code_purpose() -> String {
     "code".to_string()
+}
+
+fn is_code(purpose: &str) -> bool {
+    purpose == "code"
 }
 
 impl PolicySummary {

@@ -440,6 +440,10 @@ fn a_local_user_names_only_the_policies_granted_to_its_uid_and_no_code_borrows_a
             "uid {uid}: {err}"
         );
     }
+    // Nor does any run get the install jail's network and clocks.
+    let (code, _, err) = cli_as(&d, 0, &["run", "--policy", "install"], "print(1)");
+    assert_eq!(code, Some(125), "stderr: {err}");
+    assert!(err.contains("builds dependency envs"), "stderr: {err}");
 }
 
 /// Wait until the daemon reports `active` runs going and `queued` waiting.

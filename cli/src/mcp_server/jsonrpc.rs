@@ -46,7 +46,11 @@ pub const MCP_REQUESTS: &[&str] = &[
     "completion/complete",
     "logging/setLevel",
     "tasks/get",
+    "tasks/update",
     "tasks/cancel",
+    "skills/list",
+    "skills/get",
+    "resources/directory/read",
 ];
 
 /// An error response to `id` (`null` if none could be read).

@@ -531,11 +531,15 @@ pub fn main(args: &McpArgs) -> i32 {
     runtime.block_on(serve(args))
 }
 
-/// `--policy` names a policy that loads.
+/// `--policy` names a policy that loads and runs code.
 pub(crate) fn check_policy(name: &str) -> Result<(), String> {
-    pycell_launch::resolve::load_policy_by_name(name, std::path::Path::new(POLICY_DIR))
-        .map(|_| ())
-        .map_err(|e| format!("--policy {name}: {e}"))
+    let policy =
+        pycell_launch::resolve::load_policy_by_name(name, std::path::Path::new(POLICY_DIR))
+            .map_err(|e| format!("--policy {name}: {e}"))?;
+    match policy.purpose_problem(false) {
+        Some(problem) => Err(format!("--policy {name}: {problem}")),
+        None => Ok(()),
+    }
 }
 
 /// The `--tool-servers` file's servers, if it names one.

@@ -11,6 +11,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::jsonrpc::{answer_oversized, answer_unparsed, MAX_MESSAGE};
 use crate::mcp_lines::{message_of, Line, LineReader, LineWriter};
 
+/// Error answers being written at once, at most: past it no line is read
+/// until one is out (a client that sends bad lines and reads nothing
+/// stops being read).
+const MAX_PENDING_ANSWERS: usize = 64;
+
 pub struct StdioTransport<R, W> {
     read: LineReader<R>,
     write: LineWriter<W>,
@@ -63,6 +68,12 @@ where
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         loop {
+            self.answering.retain(|t| !t.is_finished());
+            while self.answering.len() >= MAX_PENDING_ANSWERS {
+                // Cancelled here, the answer's task goes on by itself.
+                let oldest = self.answering.remove(0);
+                let _ = oldest.await;
+            }
             let (read, line) = self.read.next().await;
             match read {
                 Line::End => return None,

@@ -160,12 +160,10 @@ impl ToolServers {
                 format!("{server}/{tool}: the server answered with no tool result"),
             )),
             Err(ServiceError::Timeout { .. }) => Err(timed_out(&server, &tool, limit)),
-            Err(ServiceError::McpError(e)) if e.code.0 == transport::RESULT_TOO_LARGE => {
-                Err(failure(
-                    FailureKind::Limit,
-                    format!("{server}/{tool}: {}", e.message),
-                ))
-            }
+            Err(ServiceError::McpError(e)) if transport::is_too_large(&e) => Err(failure(
+                FailureKind::Limit,
+                format!("{server}/{tool}: {}", e.message),
+            )),
             Err(e) => {
                 // Its connection is broken (it crashed, or sent what is
                 // not MCP): the next call starts it again.

@@ -3,13 +3,14 @@
 //! look at its size (a 14 MB result grew the client by 820 MiB). Here a
 //! line is read bounded ([`crate::mcp_lines`]), and the answer to a
 //! `tools/call` sent with a [`ResultCap`] is measured before it is
-//! parsed: one longer than the cap allows is never parsed and becomes a
-//! [`RESULT_TOO_LARGE`] error for that call.
+//! parsed: one far longer than any answer within the cap can be is never
+//! parsed and becomes a [`RESULT_TOO_LARGE`] error for that call (the
+//! exact check of the result's size comes after, in the tool service).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use rmcp::model::{ClientRequest, JsonRpcMessage};
+use rmcp::model::{ClientNotification, ClientRequest, JsonRpcMessage};
 use rmcp::service::{RoleClient, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use serde_json::{json, Value};
@@ -23,8 +24,10 @@ use crate::mcp_server::jsonrpc::id_in_head;
 pub const MAX_ANSWER: usize = pycell_tools::frames::MAX_REPLY as usize + HEAD;
 
 /// The error code of an answer refused for its size (JSON-RPC's range for
-/// implementations' own errors).
+/// implementations' own errors), with [`TOO_LARGE_TAG`] as its data, by
+/// which it is told from a server's own error of that code.
 pub const RESULT_TOO_LARGE: i32 = -32001;
+pub const TOO_LARGE_TAG: &str = "pycell: result too large";
 
 /// The most bytes a call's result may bring back (the policy's
 /// `max_result`), carried in the request's extensions (never sent).
@@ -32,10 +35,13 @@ pub const RESULT_TOO_LARGE: i32 = -32001;
 pub struct ResultCap(pub u64);
 
 impl ResultCap {
-    /// How long its answer's line may be: the result twice (a tool's
-    /// structured content usually comes again as text) and an envelope.
+    /// How long its answer's line may be before it is refused unread: a
+    /// loose bound, as what the service measures (the result as compact
+    /// JSON) comes in the line escaped, and usually twice (structured
+    /// content, then the same as indented text): eight times the result
+    /// and an envelope.
     fn line_allowance(self) -> usize {
-        (self.0 as usize).saturating_mul(2).saturating_add(HEAD)
+        (self.0 as usize).saturating_mul(8).saturating_add(HEAD)
     }
 }
 
@@ -71,6 +77,11 @@ impl ChildTransport {
     }
 }
 
+/// Whether `e` is this transport's refusal of an answer for its size.
+pub fn is_too_large(e: &rmcp::ErrorData) -> bool {
+    e.code.0 == RESULT_TOO_LARGE && e.data.as_ref().and_then(Value::as_str) == Some(TOO_LARGE_TAG)
+}
+
 /// How long an answer was: `Exactly` its length, or `Over` the most read.
 #[derive(Debug, Clone, Copy)]
 enum Size {
@@ -98,7 +109,7 @@ fn too_large(
     let answer = json!({
         "jsonrpc": "2.0",
         "id": id,
-        "error": {"code": RESULT_TOO_LARGE, "message": message},
+        "error": {"code": RESULT_TOO_LARGE, "message": message, "data": TOO_LARGE_TAG},
     });
     serde_json::from_value(answer).ok()
 }
@@ -110,6 +121,14 @@ impl Transport<RoleClient> for ChildTransport {
         &mut self,
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        if let JsonRpcMessage::Notification(n) = &item {
+            // A call given up (timed out): its answer, if it comes, is nobody's.
+            if let ClientNotification::CancelledNotification(c) = &n.notification {
+                if let Ok(id) = serde_json::to_value(&c.params.request_id) {
+                    self.cap(&id, true);
+                }
+            }
+        }
         if let JsonRpcMessage::Request(r) = &item {
             if let ClientRequest::CallToolRequest(call) = &r.request {
                 if let Some(cap) = call.extensions.get::<ResultCap>() {
@@ -134,9 +153,10 @@ impl Transport<RoleClient> for ChildTransport {
             match read {
                 Line::End => return None,
                 Line::Oversized => {
-                    let Some(id) = id_in_head(&line) else {
-                        continue;
-                    };
+                    // An answer of nobody we can name: the connection is
+                    // out of step, so it ends (the calls in flight fail at
+                    // once, and the next one starts the server again).
+                    let id = id_in_head(&line)?;
                     let cap = self.cap(&id, true);
                     match too_large(id, Size::Over(self.read.limit()), cap) {
                         Some(m) => return Some(m),
@@ -190,11 +210,12 @@ mod tests {
     #[test]
     fn an_answer_too_large_for_its_call_is_an_error_for_that_call() {
         let cap = ResultCap(1000);
-        assert_eq!(cap.line_allowance(), 2000 + HEAD);
+        assert_eq!(cap.line_allowance(), 8000 + HEAD);
         let m = too_large(json!(5), Size::Exactly(70_000), Some(cap)).unwrap();
         let v = serde_json::to_value(&m).unwrap();
         assert_eq!(v["id"], 5);
         assert_eq!(v["error"]["code"], RESULT_TOO_LARGE);
+        assert_eq!(v["error"]["data"], TOO_LARGE_TAG);
         assert!(
             v["error"]["message"]
                 .as_str()

@@ -75,10 +75,8 @@ pub fn plan(config: &Config) -> (Vec<PoolPlan>, Vec<String>) {
         } else {
             "warm_pools"
         };
-        let policy = pycell_launch::resolve::load_policy_by_name(name, &config.policy_dir)
-            .and_then(|p| pycell_launch::resolve::effective_limits(&p, &Default::default()));
-        let memory = match policy {
-            Ok(limits) => limits.memory,
+        let memory = match pool_memory(name, config) {
+            Ok(memory) => memory,
             Err(e) => {
                 warnings.push(format!("{key}: policy {name:?} gets no pool: {e}"));
                 continue;
@@ -106,6 +104,19 @@ pub fn plan(config: &Config) -> (Vec<PoolPlan>, Vec<String>) {
         }
     }
     (plans, warnings)
+}
+
+/// The memory limit of a member of `name`'s pool, or why it can have
+/// none (it does not load, or it serves stdio only: no run would take it).
+fn pool_memory(name: &str, config: &Config) -> Result<u64, String> {
+    let policy = pycell_launch::resolve::load_policy_by_name(name, &config.policy_dir)
+        .map_err(|e| e.to_string())?;
+    if let Some(problem) = policy.purpose_problem(false) {
+        return Err(problem);
+    }
+    pycell_launch::resolve::effective_limits(&policy, &Default::default())
+        .map(|limits| limits.memory)
+        .map_err(|e| e.to_string())
 }
 
 /// A zygote's slots: its members, and the runs they become (at most
@@ -592,6 +603,14 @@ mod tests {
         assert!(plans.is_empty());
         assert!(
             warnings[0].contains("\"nope\" gets no pool"),
+            "{warnings:?}"
+        );
+        // A server policy runs no code: no run would take a warm jail of it.
+        let c = config_with(&[("mcp-server", 2)], 4 << 30, dir.path());
+        let (plans, warnings) = plan(&c);
+        assert!(plans.is_empty());
+        assert!(
+            warnings[0].contains("is for MCP servers over stdio"),
             "{warnings:?}"
         );
     }
