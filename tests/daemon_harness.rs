@@ -32,6 +32,23 @@ fn uid_base() -> u32 {
 }
 
 impl Daemon {
+    /// Waits until the daemon reports `active` runs going and, if given,
+    /// `queued` waiting; panics past `within`, saying what it reported.
+    pub fn wait_for_runs(&self, active: usize, queued: Option<usize>, within: std::time::Duration) {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let d = self.client().info().unwrap().daemon;
+            if d.active_runs == active && queued.is_none_or(|q| d.queued_runs == q) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never {active} going and {queued:?} waiting: {d:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     pub fn start(extra_config: &str) -> Daemon {
         require_root();
         let dir = crate::open_tempdir("pycelld-test");

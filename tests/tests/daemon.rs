@@ -448,19 +448,7 @@ fn a_local_user_names_only_the_policies_granted_to_its_uid_and_no_code_borrows_a
 
 /// Wait until the daemon reports `active` runs going and `queued` waiting.
 fn wait_for_runs(d: &Daemon, active: usize, queued: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let info = d.client().info().unwrap();
-        if (info.daemon.active_runs, info.daemon.queued_runs) == (active, queued) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never {active} going and {queued} waiting: {:?}",
-            info.daemon
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    d.wait_for_runs(active, Some(queued), Duration::from_secs(20));
 }
 
 #[test]

@@ -597,23 +597,6 @@ fn every_malformed_message_gets_a_json_rpc_error_over_http_and_stdio() {
     assert_eq!(answers, want, "stderr: {}", out.stderr);
 }
 
-/// Waits until `d` has `active` runs going (at most `within`).
-fn wait_for_active(d: &Daemon, active: usize, within: Duration) {
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        let info = d.client().info().unwrap();
-        if info.daemon.active_runs == active {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never {active} runs going: {:?}",
-            info.daemon
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn a_callers_cancel_notification_stops_its_own_call_and_no_one_elses() {
     let Setup {
@@ -629,7 +612,7 @@ fn a_callers_cancel_notification_stops_its_own_call_and_no_one_elses() {
     let alice_call = alice.clone();
     let call =
         std::thread::spawn(move || post(&at, &[("Authorization", &alice_call)], long.as_bytes()));
-    wait_for_active(&daemon, 1, GUARD);
+    daemon.wait_for_runs(1, None, GUARD);
     let cancel = br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"long-1","reason":"test"}}"#;
     // Bob's cancel of the same id is his own business: alice's run goes on.
     let (status, answer) = post(&front.at, &[("Authorization", &bob)], cancel);
@@ -640,7 +623,7 @@ fn a_callers_cancel_notification_stops_its_own_call_and_no_one_elses() {
     let (status, answer) = post(&front.at, &[("Authorization", &alice)], cancel);
     assert_eq!(status, 202, "{answer}");
     // Her run ends long before its 600 s: the sandbox is gone.
-    wait_for_active(&daemon, 0, GUARD);
+    daemon.wait_for_runs(0, None, GUARD);
     let (status, _) = call.join().unwrap();
     assert!(
         status == 200 || status == 202 || status == 204,
