@@ -24,10 +24,10 @@ use pycell_wire::report::RunStatus;
 use serde_json::Value;
 
 use crate::cli::BatchArgs;
-use crate::embedded::{self, Installer, StopRequest};
-use crate::run::{EmbeddedRun, HowToRun};
 use crate::say::say;
 use pycell_deps::DepsRequest;
+use pycell_engine::local::{self, Installer, StopRequest};
+use pycell_engine::local::{EmbeddedRun, HowToRun};
 use pycell_launch::launcher::{Launcher, PolicyChoice};
 use pycell_launch::zygote::Zygote;
 use pycell_policy::Policy;
@@ -91,7 +91,7 @@ enum Runs {
     /// (and no new line is taken).
     Embedded {
         stop: StopRequest,
-        rt: embedded::Runtime,
+        rt: local::Runtime,
         zygote: Option<Box<Forked>>,
     },
 }
@@ -112,8 +112,8 @@ struct Forked {
 /// Before any thread exists (the signals are blocked in every thread).
 /// With `zygote` (a policy, slots): its zygote, started and ready.
 fn embedded_runs(zygote: Option<(&str, usize)>) -> Result<Runs, String> {
-    let stop = embedded::stop_on_every_signal().map_err(|e| format!("signalfd: {e}"))?;
-    let rt = embedded::runtime().map_err(|e| format!("starting a runtime: {e}"))?;
+    let stop = local::stop_on_every_signal().map_err(|e| format!("signalfd: {e}"))?;
+    let rt = local::runtime().map_err(|e| format!("starting a runtime: {e}"))?;
     let zygote = zygote
         .map(|(p, slots)| start_zygote(p, slots, &rt, &stop).map(Box::new))
         .transpose()?;
@@ -139,8 +139,8 @@ fn start_zygote(
         stop: stop.clone(),
     };
     let mut progress = |m: &str| eprintln!("pycell: {m}");
-    let env = embedded::env_for(&launcher, &policy, &none, &mut installer, &mut progress)
-        .map_err(failed)?;
+    let env =
+        local::env_for(&launcher, &policy, &none, &mut installer, &mut progress).map_err(failed)?;
     let zygote = launcher
         .start_zygote(&policy, env.map(|e| e.env.dir.clone()), slots)
         .map_err(|e| failed(e.failure()))?;
@@ -180,7 +180,7 @@ impl Forked {
             Ok(None) => return None,
             Err(e) => return Some(RunResult::refused("", name, e.failure())),
         };
-        let result = embedded::run_warm_here(rt.handle(), prepared, &work, stop, &mut |_, _| {});
+        let result = local::run_warm_here(rt.handle(), prepared, &work, stop, &mut |_, _| {});
         let gone = || {
             !self
                 .zygote
@@ -227,7 +227,7 @@ impl Runs {
                     installer: &mut installer,
                     stop,
                     tools: None,
-                    timings: false,
+                    marks: None,
                     on_output: &mut |_, _| {},
                 })
             }

@@ -1,18 +1,19 @@
 //! `pycell env build | list | gc | rm`: an env store (embedded mode's by
-//! default). pycelld builds its runs' envs with `pycell env build --json`.
+//! default). The build itself is `pycell_engine::envs`'s, shared with
+//! pycelld's env builders.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use pycell_deps as deps;
 use pycell_deps::build::{open_store, BuildOutcome};
 use pycell_deps::store::{EnvEntry, EnvStore};
-use pycell_deps::{self as deps, pep723};
-use pycell_launch::launcher::{Launcher, PolicyChoice};
+use pycell_engine::envs::{self, EnvWanted};
+use pycell_launch::launcher::Launcher;
 use pycell_protocol::result::{CacheOutcome, EnvReport};
 use pycell_wire::codes::FailureCode;
 use pycell_wire::report::JailFailure;
 
 use crate::cli::{EnvArgs, EnvBuildArgs, EnvCommand};
-use crate::embedded::{self, ensure_here};
 use crate::run::{listed_dependencies, read_code};
 use crate::say::say;
 
@@ -101,21 +102,12 @@ fn rm(store: &EnvStore, keys: &[String]) -> Result<(), String> {
 
 /// `pycell env build`: exit 0 with the env ready, 1 if it cannot be.
 fn build_main(args: &EnvBuildArgs, store: Result<EnvStore, JailFailure>) -> i32 {
-    // Started by pycelld (or a shell) that goes away: stop, and let the
-    // install jail clean up (SIGTERM is read, not fatal, once building).
+    // Started from a shell that goes away: stop, and let the install jail
+    // clean up (SIGTERM is read, not fatal, once building).
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
-    let outcome = match store.and_then(|s| build(args, &s)) {
-        Ok(env) => BuildOutcome::Ready { env },
-        Err(mut failure) => {
-            cap_message(&mut failure.message);
-            BuildOutcome::Failed { failure }
-        }
-    };
+    let outcome = envs::outcome(store.and_then(|s| build(args, &s)));
     if args.json {
-        match serde_json::to_string(&outcome) {
-            Ok(s) => say!("{s}"),
-            Err(e) => eprintln!("pycell: {e}"),
-        }
+        say!("{}", envs::outcome_line(&outcome));
     }
     match outcome {
         BuildOutcome::Ready { env } => {
@@ -136,20 +128,6 @@ fn build_main(args: &EnvBuildArgs, store: Result<EnvStore, JailFailure>) -> i32 
     }
 }
 
-/// A failure's message, cut to 16 KiB: pycelld reads the outcome only once
-/// the builder has exited, so it must fit a pipe's buffer.
-fn cap_message(m: &mut String) {
-    const CAP: usize = 16 << 10;
-    if m.len() > CAP {
-        let mut at = CAP;
-        while !m.is_char_boundary(at) {
-            at -= 1;
-        }
-        m.truncate(at);
-        m.push_str(" [...]");
-    }
-}
-
 fn ready_line(env: &EnvReport) -> String {
     let packages: Vec<String> = env
         .packages
@@ -166,40 +144,16 @@ fn ready_line(env: &EnvReport) -> String {
 fn build(args: &EnvBuildArgs, store: &EnvStore) -> Result<EnvReport, JailFailure> {
     let invalid = |m: String| deps::failure(FailureCode::DepsInvalid, m);
     let launcher = Launcher::embedded_from_env()?;
-    let policy = launcher
-        .load_policy(PolicyChoice::from_arg(&args.policy))
-        .map_err(|e| e.failure())?;
     let code = match &args.script {
         Some(script) => read_code(script).map_err(invalid)?,
         None => String::new(),
     };
     let listed = listed_dependencies(args.requirements.as_deref(), &args.with).map_err(invalid)?;
-    let Some(mut wanted) = deps::gather(&policy, &code, &listed)? else {
-        return Err(invalid(format!(
-            "nothing to install: policy {:?} lists no packages, and neither a script's block, --with nor --requirements names any",
-            policy.name
-        )));
+    let wanted = EnvWanted {
+        policy: &args.policy,
+        code: &code,
+        listed: &listed,
+        requires_python: args.requires_python.as_deref(),
     };
-    if let Some(spec) = &args.requires_python {
-        pep723::check_requires_python(spec)
-            .map_err(|m| invalid(format!("--requires-python: {m}")))?;
-        wanted.requires_python = Some(spec.clone());
-    }
-    let internal = |m: String| deps::failure(FailureCode::Internal, m);
-    let stop = embedded::stop_on_signals().map_err(|e| internal(format!("signalfd: {e}")))?;
-    let rt = embedded::runtime().map_err(|e| internal(format!("starting a runtime: {e}")))?;
-    let mut installer = embedded::Installer {
-        handle: rt.handle().clone(),
-        stop,
-    };
-    let mut progress = |m: &str| eprintln!("pycell: {m}");
-    let ensured = ensure_here(
-        &launcher,
-        store,
-        &policy,
-        &wanted,
-        &mut installer,
-        &mut progress,
-    )?;
-    Ok(ensured.report)
+    envs::build(&launcher, store, wanted, &mut |m| eprintln!("pycell: {m}"))
 }

@@ -13,7 +13,6 @@
 mod batch;
 mod cli;
 mod cluster;
-mod embedded;
 mod env_cmd;
 mod info;
 mod jailed_server;

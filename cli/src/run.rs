@@ -8,11 +8,8 @@ use std::io::{self, Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 
-use pycell_launch::launcher::{LaunchError, Launcher, PolicyChoice, Prepared};
-use pycell_launch::resolve::Extras;
-use pycell_launch::supervisor::PATIENCE;
+use pycell_launch::launcher::{PolicyChoice, Prepared};
 use pycell_launch::tool_grant::ToolGrant;
-use pycell_policy::Policy;
 use pycell_protocol::client::{daemon_socket, Endpoint, Stage};
 use pycell_protocol::messages::{LimitOverrides, RunRequest};
 use pycell_protocol::result::RunResult;
@@ -22,10 +19,12 @@ use pycell_wire::events::Stream;
 use pycell_wire::report::{JailFailure, RunStatus};
 use pycell_wire::timings::{self, Recorder};
 
+use pycell_engine::local::{EmbeddedRun, HowToRun};
+
 use crate::cli::RunArgs;
-use crate::embedded;
 use crate::say::say;
 use crate::tool_servers::{offer, DaemonToolCalls, ToolServers};
+use pycell_engine::local;
 
 /// When this process started, for `--timings`.
 pub(crate) static STARTED_US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
@@ -133,37 +132,6 @@ pub(crate) fn request_failure(message: String) -> JailFailure {
     JailFailure::new(FailureCode::InvalidRequest, Layer::Request, message)
 }
 
-/// An embedded run before anything is leased: where it launches, its
-/// policy and its request.
-pub(crate) struct EmbeddedRun {
-    pub launcher: Launcher,
-    pub policy: Policy,
-    pub req: RunRequest,
-}
-
-impl EmbeddedRun {
-    /// `req` under the policy `policy` names (a name, or in embedded mode
-    /// a path to a .toml file).
-    pub(crate) fn new(policy: &str, req: RunRequest) -> Result<EmbeddedRun, JailFailure> {
-        let launcher = Launcher::embedded_from_env()?;
-        let policy = launcher
-            .load_policy(PolicyChoice::from_arg(policy))
-            .map_err(|e| match e {
-                LaunchError::Request(r) if r.field == "policy" => {
-                    let mut f = r.failure();
-                    f.message += "; in embedded mode you can also pass a path to a .toml file";
-                    f
-                }
-                e => e.failure(),
-            })?;
-        Ok(EmbeddedRun {
-            launcher,
-            policy,
-            req,
-        })
-    }
-}
-
 fn embedded_run(args: &RunArgs) -> Result<EmbeddedRun, JailFailure> {
     let req = request(args).map_err(request_failure)?;
     EmbeddedRun::new(&args.policy, req)
@@ -249,7 +217,7 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
         Err(m) => return refused(policy, request_failure(m)),
     };
     // Before any thread exists, so that every thread has SIGINT blocked.
-    let ctrl_c = match embedded::interrupt_on_ctrl_c() {
+    let ctrl_c = match local::interrupt_on_ctrl_c() {
         Ok(c) => c,
         Err(e) => return daemon(FailureCode::Internal, format!("signalfd: {e}")),
     };
@@ -298,13 +266,13 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
 fn offered_tools(
     args: &RunArgs,
     req: &mut RunRequest,
-) -> Result<Option<(ToolServers, embedded::Runtime)>, JailFailure> {
+) -> Result<Option<(ToolServers, local::Runtime)>, JailFailure> {
     let Some(path) = &args.tool_servers else {
         return Ok(None);
     };
     let servers =
         ToolServers::load(path).map_err(|m| request_failure(format!("--tool-servers {m}")))?;
-    let rt = embedded::runtime().map_err(|e| {
+    let rt = local::runtime().map_err(|e| {
         JailFailure::new(
             FailureCode::Internal,
             Layer::Jailer,
@@ -364,16 +332,16 @@ fn run_embedded(args: &RunArgs) -> RunResult {
         let f = JailFailure::new(FailureCode::Internal, Layer::Jailer, format!("{what}: {e}"));
         refused(&run.policy.name, f)
     };
-    let stop = match embedded::stop_on_signals() {
+    let stop = match local::stop_on_signals() {
         Ok(s) => s,
         Err(e) => return internal("signalfd", &e),
     };
-    let rt = match embedded::runtime() {
+    let rt = match local::runtime() {
         Ok(rt) => rt,
         Err(e) => return internal("starting a runtime", &e),
     };
     OUR_MARKS.mark("pycell: signal thread and runtime started");
-    let mut installer = embedded::Installer {
+    let mut installer = local::Installer {
         handle: rt.handle().clone(),
         stop: stop.clone(),
     };
@@ -387,7 +355,7 @@ fn run_embedded(args: &RunArgs) -> RunResult {
         installer: &mut installer,
         stop: &stop,
         tools,
-        timings: args.timings,
+        marks: args.timings.then_some(&OUR_MARKS),
         on_output: &mut |s, b| {
             if stream {
                 show(s, b)
@@ -399,62 +367,6 @@ fn run_embedded(args: &RunArgs) -> RunResult {
         rt.block_on(servers.shutdown());
     }
     result
-}
-
-/// How an embedded run is run: its dependencies' installer, what stops
-/// it, the tools it may call, whether its steps are marked, and where its
-/// output goes as it arrives.
-pub(crate) struct HowToRun<'a> {
-    pub installer: &'a mut embedded::Installer,
-    pub stop: &'a embedded::StopRequest,
-    pub tools: Option<ToolService>,
-    pub timings: bool,
-    pub on_output: &'a mut dyn FnMut(Stream, &[u8]),
-}
-
-impl EmbeddedRun {
-    /// The run, embedded, from this thread (which must outlive it): its
-    /// dependencies' env found or built, its spec resolved and uid leased,
-    /// its jailer started and supervised to its end.
-    pub(crate) fn run(self, how: HowToRun<'_>) -> RunResult {
-        let name = &self.policy.name;
-        let mut progress = |m: &str| eprintln!("pycell: {m}");
-        let ensured = match embedded::env_for(
-            &self.launcher,
-            &self.policy,
-            &self.req,
-            how.installer,
-            &mut progress,
-        ) {
-            Ok(e) => e,
-            Err(f) => return refused(name, f),
-        };
-        OUR_MARKS.mark("pycell: dependencies' env found");
-        let extras = Extras {
-            env: ensured.as_ref().map(|e| e.env.dir.clone()),
-            ..Extras::default()
-        };
-        let mut prepared = match self.launcher.prepare_with(&self.policy, &self.req, &extras) {
-            Ok(p) => p,
-            Err(e) => return refused(name, e.failure()),
-        };
-        if how.timings {
-            prepared.mark_timings();
-        }
-        OUR_MARKS.mark("pycell: spec resolved, uid leased");
-        let handle = how.installer.handle.clone();
-        let (mut result, _) = embedded::run_here(
-            &handle,
-            prepared,
-            PATIENCE,
-            how.stop,
-            how.tools,
-            how.on_output,
-        );
-        OUR_MARKS.mark("pycell: jailer ended, its uid given back");
-        result.env = ensured.map(|e| e.report);
-        result
-    }
 }
 
 /// An embedded run's `--tool-servers`: started here, their catalog in its

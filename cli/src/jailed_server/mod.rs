@@ -47,8 +47,9 @@ use pycell_wire::spec::{Grant, MAX_GRANTS};
 use serde::Serialize;
 
 use crate::cli::McpServerArgs;
-use crate::embedded::{self, Installer, StopRequest};
-use crate::run::{request_failure, EmbeddedRun};
+use crate::run::request_failure;
+use pycell_engine::local::EmbeddedRun;
+use pycell_engine::local::{self, Installer, StopRequest};
 
 /// How long a server has to exit once its stdin has ended (or its client's
 /// end of stdout is gone) before its jail is stopped.
@@ -165,8 +166,8 @@ fn serve_embedded(
     package: &str,
     variables: BTreeMap<String, String>,
 ) -> Result<(RunResult, Vec<String>), JailFailure> {
-    let stop = embedded::stop_on_signals().map_err(|e| internal("signalfd", e))?;
-    let rt = embedded::runtime().map_err(|e| internal("starting a runtime", e))?;
+    let stop = local::stop_on_signals().map_err(|e| internal("signalfd", e))?;
+    let rt = local::runtime().map_err(|e| internal("starting a runtime", e))?;
     let EmbeddedRun {
         launcher,
         mut policy,
@@ -209,7 +210,7 @@ fn stage(
         .ok_or_else(|| request_failure("no package to install".into()))?;
     let store = pycell_deps::build::embedded_store()?;
     let mut progress = |m: &str| eprintln!("pycell: {m}");
-    embedded::ensure_here(launcher, &store, policy, &deps, installer, &mut progress)
+    local::ensure_here(launcher, &store, policy, &deps, installer, &mut progress)
 }
 
 /// The env's console scripts, read by a jail of the policy without
@@ -250,7 +251,7 @@ fn resolve(
             stdio: Some(stdio_tx),
             ..Services::default()
         };
-        let until = embedded::stopped(stop);
+        let until = local::stopped(stop);
         let (result, _) = supervise(launched, PATIENCE, until, services, |_, _| {}).await;
         (result, reader.await.unwrap_or_default())
     });
@@ -401,7 +402,7 @@ async fn run_server(prepared: pycell_launch::launcher::Prepared, stop: StopReque
     };
     let until = async move {
         tokio::select! {
-            by = embedded::stopped(stop) => by,
+            by = local::stopped(stop) => by,
             by = client_closed(closed_rx) => by,
         }
     };

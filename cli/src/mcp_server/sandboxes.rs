@@ -38,8 +38,8 @@ use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
 use pycell_wire::report::JailFailure;
 
-use crate::embedded::{self, stopped, Installer};
 use crate::tool_servers::{offer, DaemonToolCalls, ToolServers};
+use pycell_engine::local::{self, stopped, Installer};
 use pycell_launch::session_table::SessionTable;
 use pycell_launch::tool_grant::ToolGrant;
 use pycell_policy::Policy;
@@ -454,7 +454,7 @@ impl Sandboxes {
             .as_ref()
             .map_err(|f| LaunchError::Refused(f.clone()))?;
         let policy = launcher.load_policy(PolicyChoice::Name(req.policy_name()))?;
-        let ensured = embedded::env_for(launcher, &policy, req, installer, progress)
+        let ensured = local::env_for(launcher, &policy, req, installer, progress)
             .map_err(LaunchError::Refused)?;
         let extras = Extras {
             env: ensured.as_ref().map(|e| e.env.dir.clone()),

@@ -28,8 +28,8 @@ use pycell_wire::report::JailFailure;
 use tokio_util::sync::CancellationToken;
 
 use super::sandboxes::{RequestError, Sandboxes, SessionHeld};
-use crate::embedded::Installer;
 use crate::tool_servers::DaemonToolCalls;
+use pycell_engine::local::Installer;
 
 /// How long a session's python may take to import its policy's modules
 /// and get ready.
@@ -237,9 +237,14 @@ impl Sandboxes {
                 handle: tokio::runtime::Handle::current(),
                 stop,
             };
-            let ensured =
-                crate::embedded::env_for(&launcher, &policy, &req, &mut installer, &mut |_| {})
-                    .map_err(LaunchError::Refused)?;
+            let ensured = pycell_engine::local::env_for(
+                &launcher,
+                &policy,
+                &req,
+                &mut installer,
+                &mut |_| {},
+            )
+            .map_err(LaunchError::Refused)?;
             let extras = Extras {
                 env: ensured.as_ref().map(|e| e.env.dir.clone()),
                 ..Extras::default()

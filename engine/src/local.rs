@@ -1,8 +1,9 @@
 //! Runs this process starts itself (embedded mode, as root, no pycelld):
 //! the env of a run's dependencies, built here if it must be, and the way
 //! a launched jailer is supervised and stopped. `pycell run`, `pycell env
-//! build` and embedded `pycell mcp` share it; the supervision itself is
-//! `pycell_launch::supervisor`, the same for every mode.
+//! build`, embedded `pycell mcp` and pycelld's env builders share it; the
+//! supervision itself is `pycell_launch::supervisor`, the same for every
+//! mode.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
@@ -13,22 +14,25 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use pycell_deps::build::{Ensured, InstallRunner, ProgressLines};
 use pycell_deps::store::EnvStore;
 use pycell_deps::{self as deps, DepsRequest};
-use pycell_launch::launcher::{JailerStderr, Launcher, Prepared};
-use pycell_launch::supervisor::{supervise, Patience, Services, StoppedBy};
+use pycell_launch::launcher::{JailerStderr, LaunchError, Launcher, PolicyChoice, Prepared};
+use pycell_launch::resolve::Extras;
+use pycell_launch::supervisor::{supervise, Patience, Services, StoppedBy, PATIENCE};
 use pycell_policy::Policy;
 use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::{CacheOutcome, RunResult};
 use pycell_tools::service::ToolService;
+use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
 use pycell_wire::report::JailFailure;
+use pycell_wire::timings::Recorder;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
 /// Whether, and why, this process's runs are to stop: `None` until then.
-pub(crate) type StopRequest = watch::Receiver<Option<StoppedBy>>;
+pub type StopRequest = watch::Receiver<Option<StoppedBy>>;
 
 /// Resolves when `stop` asks for it (never, if nobody can any more).
-pub(crate) async fn stopped(mut stop: StopRequest) -> StoppedBy {
+pub async fn stopped(mut stop: StopRequest) -> StoppedBy {
     let by = stop.wait_for(Option::is_some).await.ok().and_then(|by| *by);
     match by {
         Some(by) => by,
@@ -43,14 +47,14 @@ pub(crate) async fn stopped(mut stop: StopRequest) -> StoppedBy {
 /// blocked here, before any thread exists, so every thread (and the
 /// jailer, which resets its own mask) starts with them blocked, and read
 /// on a thread of their own.
-pub(crate) fn stop_on_signals() -> nix::Result<StopRequest> {
+pub fn stop_on_signals() -> nix::Result<StopRequest> {
     // SIGINT only goes to the program, which the jailer did.
     stop_request(false)
 }
 
 /// The stop request of `pycell batch`: SIGINT too stops every run (and
 /// the batch takes no new line). Blocked here like [`stop_on_signals`]'.
-pub(crate) fn stop_on_every_signal() -> nix::Result<StopRequest> {
+pub fn stop_on_every_signal() -> nix::Result<StopRequest> {
     stop_request(true)
 }
 
@@ -94,19 +98,20 @@ fn on_signals(signals: &[Signal], mut on: impl FnMut(i32) + Send + 'static) -> n
 /// when whoever started us ignores it), becomes an `interrupt` message
 /// for the run of the latest connection, which the daemon passes to its
 /// program.
-pub(crate) struct CtrlC {
+#[derive(Debug)]
+pub struct CtrlC {
     target: Arc<Mutex<Option<pycell_protocol::client::Canceller>>>,
 }
 
 impl CtrlC {
     /// The run of `client`'s connection is the one ^C now interrupts.
-    pub(crate) fn connected(&self, client: &pycell_protocol::client::DaemonClient) {
+    pub fn connected(&self, client: &pycell_protocol::client::DaemonClient) {
         let canceller = client.canceller().ok();
         *self.target.lock().unwrap_or_else(|p| p.into_inner()) = canceller;
     }
 }
 
-pub(crate) fn interrupt_on_ctrl_c() -> nix::Result<CtrlC> {
+pub fn interrupt_on_ctrl_c() -> nix::Result<CtrlC> {
     let target: Arc<Mutex<Option<pycell_protocol::client::Canceller>>> = Arc::default();
     let theirs = Arc::clone(&target);
     on_signals(&[Signal::SIGINT], move |_| {
@@ -120,7 +125,7 @@ pub(crate) fn interrupt_on_ctrl_c() -> nix::Result<CtrlC> {
 /// A runtime for a command-line process's runs: one worker, so that the
 /// calling thread can drive runs with `Handle::block_on` (the jailer's
 /// parent-death signal follows that thread, which lives as long as we do).
-pub(crate) fn runtime() -> std::io::Result<Runtime> {
+pub fn runtime() -> std::io::Result<Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -132,7 +137,8 @@ pub(crate) fn runtime() -> std::io::Result<Runtime> {
 /// for blocking work still in flight: a name lookup the egress proxy
 /// started (getaddrinfo cannot be cancelled) kept `pycell run` of a new
 /// env alive ~8 s after its result. The runs themselves are over by then.
-pub(crate) struct Runtime(Option<tokio::runtime::Runtime>);
+#[derive(Debug)]
+pub struct Runtime(Option<tokio::runtime::Runtime>);
 
 impl std::ops::Deref for Runtime {
     type Target = tokio::runtime::Runtime;
@@ -152,7 +158,7 @@ impl Drop for Runtime {
 
 /// Start `prepared` and supervise it to its end from this thread (which
 /// must outlive the run), `stop` stopping it; its output to `on_output`.
-pub(crate) fn run_here(
+pub fn run_here(
     handle: &Handle,
     prepared: Prepared,
     patience: Patience,
@@ -174,7 +180,7 @@ pub(crate) fn run_here(
 /// A warm run (one from a zygote) from this thread: its jailer started,
 /// its work sent at once (the jailer takes it when the jail is ready),
 /// supervised to its end.
-pub(crate) fn run_warm_here(
+pub fn run_warm_here(
     handle: &Handle,
     prepared: Prepared,
     work: &pycell_runner::Work,
@@ -203,7 +209,8 @@ pub(crate) fn run_warm_here(
 }
 
 /// Runs the install jail from this process, like a run.
-pub(crate) struct Installer {
+#[derive(Debug)]
+pub struct Installer {
     pub handle: Handle,
     pub stop: StopRequest,
 }
@@ -234,7 +241,7 @@ impl InstallRunner for Installer {
 /// The env of an embedded run's dependencies (built now if it must be,
 /// from this thread, which waits for the install jail), the install's
 /// progress to `progress`; `None` if the run names none.
-pub(crate) fn env_for(
+pub fn env_for(
     launcher: &Launcher,
     policy: &Policy,
     req: &RunRequest,
@@ -249,7 +256,7 @@ pub(crate) fn env_for(
 }
 
 /// The env for `deps` from `store`, built by this process if it must be.
-pub(crate) fn ensure_here(
+pub fn ensure_here(
     launcher: &Launcher,
     store: &EnvStore,
     policy: &Policy,
@@ -263,4 +270,140 @@ pub(crate) fn ensure_here(
         progress(&format!("dependencies installed in {secs:.1}s"));
     }
     Ok(ensured)
+}
+
+/// An embedded run before anything is leased: where it launches, its
+/// policy and its request.
+#[derive(Debug)]
+pub struct EmbeddedRun {
+    pub launcher: Launcher,
+    pub policy: Policy,
+    pub req: RunRequest,
+}
+
+impl EmbeddedRun {
+    /// `req` under the policy `policy` names (a name, or in embedded mode
+    /// a path to a .toml file).
+    pub fn new(policy: &str, req: RunRequest) -> Result<EmbeddedRun, JailFailure> {
+        let launcher = Launcher::embedded_from_env()?;
+        let policy = launcher
+            .load_policy(PolicyChoice::from_arg(policy))
+            .map_err(|e| match e {
+                LaunchError::Request(r) if r.field == "policy" => {
+                    let mut f = r.failure();
+                    f.message += "; in embedded mode you can also pass a path to a .toml file";
+                    f
+                }
+                e => e.failure(),
+            })?;
+        Ok(EmbeddedRun {
+            launcher,
+            policy,
+            req,
+        })
+    }
+}
+
+/// How an embedded run is run: its dependencies' installer, what stops
+/// it, the tools it may call, where its steps are marked, and where its
+/// output goes as it arrives.
+pub struct HowToRun<'a> {
+    pub installer: &'a mut Installer,
+    pub stop: &'a StopRequest,
+    pub tools: Option<ToolService>,
+    /// Where the run's steps are marked (`--timings`), if anywhere.
+    pub marks: Option<&'a Recorder>,
+    pub on_output: &'a mut dyn FnMut(Stream, &[u8]),
+}
+
+impl std::fmt::Debug for HowToRun<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HowToRun")
+            .field("installer", &self.installer)
+            .field("tools", &self.tools.is_some())
+            .field("marks", &self.marks.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl EmbeddedRun {
+    /// The run, embedded, from this thread (which must outlive it): its
+    /// dependencies' env found or built, its spec resolved and uid leased,
+    /// its jailer started and supervised to its end.
+    pub fn run(self, how: HowToRun<'_>) -> RunResult {
+        let name = &self.policy.name;
+        let mut progress = |m: &str| eprintln!("pycell: {m}");
+        let ensured = match env_for(
+            &self.launcher,
+            &self.policy,
+            &self.req,
+            how.installer,
+            &mut progress,
+        ) {
+            Ok(e) => e,
+            Err(f) => return RunResult::refused("", name, f),
+        };
+        mark(how.marks, "pycell: dependencies' env found");
+        let extras = Extras {
+            env: ensured.as_ref().map(|e| e.env.dir.clone()),
+            ..Extras::default()
+        };
+        let mut prepared = match self.launcher.prepare_with(&self.policy, &self.req, &extras) {
+            Ok(p) => p,
+            Err(e) => return RunResult::refused("", name, e.failure()),
+        };
+        if how.marks.is_some() {
+            prepared.mark_timings();
+        }
+        mark(how.marks, "pycell: spec resolved, uid leased");
+        let handle = how.installer.handle.clone();
+        let (mut result, _) = run_here(
+            &handle,
+            prepared,
+            PATIENCE,
+            how.stop,
+            how.tools,
+            how.on_output,
+        );
+        mark(how.marks, "pycell: jailer ended, its uid given back");
+        result.env = ensured.map(|e| e.report);
+        result
+    }
+}
+
+impl EmbeddedRun {
+    /// The run, embedded, from this thread, with a stop request (SIGTERM,
+    /// SIGHUP) and a runtime of its own, no tools and no marks.
+    pub fn run_alone(self, on_output: &mut dyn FnMut(Stream, &[u8])) -> RunResult {
+        let name = self.policy.name.clone();
+        let internal = |what: &str, e: &dyn std::fmt::Display| {
+            let f = JailFailure::new(FailureCode::Internal, Layer::Jailer, format!("{what}: {e}"));
+            RunResult::refused("", &name, f)
+        };
+        let stop = match stop_on_signals() {
+            Ok(s) => s,
+            Err(e) => return internal("signalfd", &e),
+        };
+        let rt = match runtime() {
+            Ok(rt) => rt,
+            Err(e) => return internal("starting a runtime", &e),
+        };
+        let mut installer = Installer {
+            handle: rt.handle().clone(),
+            stop: stop.clone(),
+        };
+        self.run(HowToRun {
+            installer: &mut installer,
+            stop: &stop,
+            tools: None,
+            marks: None,
+            on_output,
+        })
+    }
+}
+
+fn mark(marks: Option<&Recorder>, what: &str) {
+    if let Some(m) = marks {
+        m.mark(what);
+    }
 }
