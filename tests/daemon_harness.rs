@@ -4,7 +4,7 @@
 //! dropped.
 
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -50,6 +50,21 @@ impl Daemon {
     }
 
     pub fn start(extra_config: &str) -> Daemon {
+        Self::start_with(extra_config, false)
+    }
+
+    /// A daemon started from a copy of pycelld alone in a directory of its
+    /// own, with no `pycell` beside it (nor at /usr/bin/pycell, on a host
+    /// without the package): whatever it does, it does without the client.
+    pub fn start_alone(extra_config: &str) -> Daemon {
+        assert!(
+            !Path::new("/usr/bin/pycell").exists(),
+            "a pycell is installed at /usr/bin/pycell: this test needs a host without it"
+        );
+        Self::start_with(extra_config, true)
+    }
+
+    fn start_with(extra_config: &str, alone: bool) -> Daemon {
         require_root();
         let dir = crate::open_tempdir("pycelld-test");
         // Each daemon sweeps its own cgroup parent at start and stop; keep
@@ -87,8 +102,17 @@ impl Daemon {
             false => format!("{config}\nenv_store = \"{}/envs\"\n", dir.path().display()),
         };
         std::fs::write(dir.path().join("pycelld.toml"), config).unwrap();
+        let bin = match alone {
+            false => pycelld_bin(),
+            true => {
+                let copy = dir.path().join("alone").join("pycelld");
+                std::fs::create_dir(copy.parent().unwrap()).unwrap();
+                std::fs::copy(pycelld_bin(), &copy).unwrap();
+                copy
+            }
+        };
         let child = as_test_daemon(
-            Command::new(pycelld_bin())
+            Command::new(&bin)
                 .arg("--config")
                 .arg(dir.path().join("pycelld.toml")),
             &dir.path().join("pycelld.log"),
@@ -97,7 +121,7 @@ impl Daemon {
         .unwrap_or_else(|e| {
             panic!(
                 "cannot start {}: {e} (build it with cargo build --workspace)",
-                pycelld_bin().display()
+                bin.display()
             )
         });
         let d = Daemon {

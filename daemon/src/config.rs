@@ -79,7 +79,7 @@ pub struct Config {
     pub front_end_uids: Vec<u32>,
     /// Which policies each local uid may name (`policies_by_uid`;
     /// default: `default` only, any for root).
-    pub policy_access: crate::policy_access::PolicyAccess,
+    pub policy_access: crate::broker::policy_access::PolicyAccess,
     pub uid_range: std::ops::RangeInclusive<u32>,
     /// Runs going at once (default: 4 per core, 4 to 256).
     pub max_concurrent_runs: usize,
@@ -114,7 +114,7 @@ pub struct Config {
     pub env_store_max_size: u64,
     pub env_max_age: Duration,
     /// Warm jails kept per policy (default: 2 of `default`); see
-    /// `crate::pool`.
+    /// `crate::monitor::pool`.
     pub warm_pools: std::collections::BTreeMap<String, usize>,
     /// Session jails kept ready per policy (for `session_start`).
     pub session_pools: std::collections::BTreeMap<String, usize>,
@@ -122,7 +122,7 @@ pub struct Config {
     pub warm_idle: Duration,
     /// Fork each run pool's members from a zygote of its policy (default
     /// false: a zygote's death kills the runs it forked, and they are not
-    /// yet told why); see `crate::pool`.
+    /// yet told why); see `crate::monitor::pool`.
     pub zygotes: bool,
     /// The text this configuration was parsed from (empty for the built-in
     /// defaults): the monitor hands it to the broker, which so never reads
@@ -308,8 +308,9 @@ impl Config {
                     .flatten()
                     .map(|u| u.uid.as_raw())
             };
-            self.policy_access = crate::policy_access::PolicyAccess::from_table(t, user_uid)
-                .map_err(|m| at.field(crate::policy_access::KEY, m))?;
+            self.policy_access =
+                crate::broker::policy_access::PolicyAccess::from_table(t, user_uid)
+                    .map_err(|m| at.field(crate::broker::policy_access::KEY, m))?;
         }
         Ok(())
     }

@@ -1,12 +1,15 @@
 //! pycelld: the daemon that serves sandbox runs on a Unix socket. Two
-//! processes: the root [`monitor`] (single-threaded, tiny: it loads the
-//! policy, prepares and starts `pycell-jailer` through the one launch path
-//! of `pycell_launch::launcher`, kills runs, enforces its own hard deadline and
-//! writes the [`audit`] log) and the unprivileged [`broker`] (the socket,
-//! the protocol, peer checks, the [`admission`] queue; it decodes each
-//! run's events and builds its result). [`config`] is
-//! `/etc/pycell/pycelld.toml`; [`listen`] gets the listening socket (from
-//! systemd, or bound by hand); [`sockets`] passes descriptors between them.
+//! processes, each with its own module tree, so that a reviewer of root's
+//! code reads one folder: the root [`monitor`] (single-threaded, tiny: it
+//! gets the listening socket, loads the policy, prepares and starts
+//! `pycell-jailer` through the one launch path of `pycell_launch::launcher`,
+//! keeps the warm pools and zygotes, has children of its own build envs,
+//! kills runs, enforces its own hard deadline and writes the audit log) and
+//! the unprivileged [`broker`] (the socket, the protocol, peer checks, which
+//! policies a uid may name, the admission queue; it decodes each run's
+//! events and builds its result). What both read: [`config`]
+//! (`/etc/pycell/pycelld.toml`), the [`link`] between them, [`sockets`]
+//! (passing descriptors) and [`logging`].
 //!
 //! Threat model: requests come from local users allowed on the socket and are
 //! untrusted input: sizes are bounded, unknown fields rejected, policies are
@@ -17,16 +20,9 @@
 //! itself, and the jailer re-validates the resulting spec.
 #![forbid(unsafe_code)]
 
-pub mod admission;
-pub mod audit;
 pub mod broker;
 pub mod config;
-pub mod envs;
 pub mod link;
-pub mod listen;
 pub mod logging;
 pub mod monitor;
-pub mod policy_access;
-pub mod pool;
-pub mod principal;
 pub mod sockets;

@@ -500,11 +500,15 @@ fn pycell_env_lists_removes_and_collects_envs() {
 
 /// A pycelld whose policies are the tests' and whose env store is `store`.
 fn daemon_for(store: &Path) -> Daemon {
-    Daemon::start(&format!(
+    Daemon::start(&daemon_config(store))
+}
+
+fn daemon_config(store: &Path) -> String {
+    format!(
         "policy_dir = {:?}\nenv_store = {:?}\n",
         base().join("policies").display().to_string(),
         store.display().to_string()
-    ))
+    )
 }
 
 /// A run through `d`: its result (as JSON) and the install steps it heard.
@@ -534,7 +538,9 @@ fn daemon_run(d: &Daemon, policy: &str, code: &str, deps: &[&str]) -> (Value, Ve
 #[test]
 fn pycelld_builds_an_env_once_tells_its_steps_and_later_runs_find_it() {
     let store = store("daemon");
-    let d = daemon_for(&store);
+    // Without the `pycell` client anywhere: pycelld's self-check and its
+    // env builders are pycelld's own (`pycelld --job`).
+    let d = Daemon::start_alone(&daemon_config(&store));
     let (r, steps) = daemon_run(&d, "deps", IMPORT_A, &[]);
     assert_eq!(r["status"], "ok", "{r}\n{}", d.log());
     assert_eq!(
@@ -629,6 +635,33 @@ fn pycelld_builds_an_env_once_tells_its_steps_and_later_runs_find_it() {
 const SLOW_B: &str = "# /// script\n# dependencies = [\"pycell-test-b==2.0\"]\n# ///\nimport pycell_test_b\nprint(pycell_test_b.VERSION)\n";
 
 #[test]
+fn pycelld_collects_the_least_recently_used_env_after_a_build_without_the_client() {
+    let store = store("collected");
+    let config = format!("{}env_store_max_size = \"1\"\n", daemon_config(&store));
+    let d = Daemon::start_alone(&config);
+    let (a, _) = daemon_run(&d, "deps", IMPORT_A, &[]);
+    assert_eq!(a["status"], "ok", "{a}\n{}", d.log());
+    let first = store.join("envs").join(field(&a, "/env/key").as_str().unwrap());
+    assert!(first.exists(), "in use while it ran, so kept: {}", first.display());
+    // A second env's build: the collection after it (a job of pycelld's
+    // own) finds the store over its 1-byte cap and removes the first env,
+    // no longer in use.
+    let import_b = "import pycell_test_b\nprint(pycell_test_b.VERSION)\n";
+    let (b, _) = daemon_run(&d, "deps", import_b, &["pycell-test-b"]);
+    assert_eq!(b["status"], "ok", "{b}\n{}", d.log());
+    assert_ne!(field(&a, "/env/key"), field(&b, "/env/key"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while first.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first env was never collected\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
 fn a_sigkilled_embedded_install_leaves_nothing_behind() {
     let store = store("killed-embedded");
     let script = Script::new("main.py", SLOW_B);
@@ -716,9 +749,14 @@ fn pycelld_outlives_a_sigkilled_builder_and_takes_its_builds_along_when_killed()
     // pycelld goes on serving.
     let run = slow_daemon_run(&d, "deps-slow");
     let below = descendants_of(d.pid() as u32);
+    // pycelld run again with a build_env job (never the `pycell` client).
+    let builds_an_env = |pid: u32| {
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        String::from_utf8_lossy(&cmdline).contains(r#""job":"build_env""#)
+    };
     let builder = below
         .iter()
-        .find(|p| p.name == "pycell")
+        .find(|p| p.name == "pycelld" && builds_an_env(p.pid))
         .unwrap_or_else(|| panic!("no builder below pycelld: {below:?}"));
     let tree = descendants_of(builder.pid);
     kill(Pid::from_raw(builder.pid as i32), Signal::SIGKILL).unwrap();

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use crate::principal::Principal;
+use crate::broker::principal::Principal;
 
 /// How many runs may go and wait; from the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -36,7 +36,7 @@ use descriptors::{Granted, WithFds};
 
 use super::order::{NotOrdered, Ordered};
 use super::{Broker, Peer, SpawnedRun};
-use crate::admission::{Ask, Entry, Slot, Waiting};
+use crate::broker::admission::{Ask, Entry, Slot, Waiting};
 use crate::link::{RunOrder, ToBroker, ToMonitor};
 pub(crate) use tool_relay::RelaySwitch;
 use tool_relay::ToolRelay;
@@ -333,7 +333,7 @@ async fn handshake(conn: &mut Conn, front_ends: &[u32], peer_uid: u32) -> Option
         }) if version == PROTOCOL_VERSION => {
             let problem = identity
                 .as_deref()
-                .and_then(|i| crate::principal::identity_problem(peer_uid, front_ends, i));
+                .and_then(|i| crate::broker::principal::identity_problem(peer_uid, front_ends, i));
             if let Some(message) = problem {
                 conn.out
                     .send(error(None, ErrorCode::Unauthorized, message))

@@ -1,12 +1,15 @@
 //! The unprivileged half of pycelld (runs as the `pycell` user): accepts
 //! clients on the socket, checks each peer's credentials, speaks the framed
 //! JSON protocol ([`connection`]), admits runs through the queue of
-//! [`crate::admission`], asks the monitor to start and stop runs over its
+//! [`admission`], asks the monitor to start and stop runs over its
 //! [`link`], and relays each run's events. The audit log is the monitor's.
 
+pub mod admission;
 mod connection;
 mod link;
 mod order;
+pub mod policy_access;
+pub mod principal;
 mod sessions;
 
 use std::collections::HashMap;
@@ -21,10 +24,10 @@ use pycell_protocol::messages::{ErrorCode, RunRequest};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{watch, Notify};
 
-use crate::admission::{Admission, AdmissionLimits, Refusal};
+use crate::broker::admission::{Admission, AdmissionLimits, Refusal};
+use crate::broker::principal::Principal;
 use crate::config::Config;
 use crate::link::ToBroker;
-use crate::principal::Principal;
 use link::MonitorLink;
 
 pub(crate) struct Broker {

@@ -29,9 +29,9 @@ use tokio::time::Instant as TokioInstant;
 use super::connection::RelaySwitch;
 use super::link::MonitorLink;
 use super::{Broker, SpawnedRun};
-use crate::admission::Slot;
+use crate::broker::admission::Slot;
+use crate::broker::principal::Principal;
 use crate::link::ToMonitor;
-use crate::principal::Principal;
 
 /// How long a session's python may take to get ready.
 const READY_WITHIN: Duration = crate::monitor::SESSION_READY_WITHIN;

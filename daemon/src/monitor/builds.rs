@@ -96,7 +96,7 @@ impl Monitor {
     }
 
     /// After a build: envs over the store's age and size caps go (by a
-    /// `pycell env gc` child, so the monitor never waits on the disk).
+    /// child doing `Job::CollectEnvs`, so the monitor never waits on the disk).
     pub(super) fn collect_garbage(&self) {
         if let Ok((_, builders)) = &self.envs {
             if let Err(e) = builders.collect_garbage(&self.config) {

@@ -1,6 +1,6 @@
 //! The envs of daemon runs' dependencies. The monitor looks a run's env up
 //! in pycelld's store (`env_store`, root's); one that is not built yet is
-//! built by a child of the monitor, `pycell env build --json` (root, like
+//! built by a child of the monitor, pycelld's [`Job::BuildEnv`] (root, like
 //! an embedded run: it runs the install jail through pycell-jailer, its
 //! egress proxy, and copies the env into the store), whose stderr lines are
 //! the install's progress (the broker relays them to the client) and whose
@@ -25,9 +25,8 @@ use pycell_wire::report::JailFailure;
 
 use crate::config::Config;
 use crate::link::{PeerIds, RunOrder};
+use crate::monitor::jobs::{Job, JOB_FLAG};
 
-/// The CLI that builds envs when it is not beside pycelld.
-const INSTALLED_CLI: &str = "/usr/bin/pycell";
 /// What a builder may print on stdout (one JSON object).
 const OUTCOME_CAP: u64 = 1 << 20;
 /// A builder that ignores SIGTERM this long gets SIGKILL.
@@ -36,11 +35,11 @@ const KILL_GRACE: Duration = Duration::from_secs(5);
 /// (the jail's start, the copy into the store, a wait for another build).
 const BUILD_SLACK: Duration = Duration::from_secs(60);
 
-/// How the monitor starts builders: the `pycell` binary and the settings
-/// that make its launches the daemon's (policies, store, uids, cgroups).
+/// How the monitor starts builders: this executable and the settings that
+/// make its launches the daemon's (policies, store, uids, cgroups).
 #[derive(Debug)]
 pub struct Builders {
-    cli: PathBuf,
+    exe: PathBuf,
     env: Vec<(String, OsString)>,
 }
 
@@ -63,43 +62,37 @@ pub struct Build {
 }
 
 impl Builders {
-    /// For the monitor's `launcher` and `config`; `pycell` is found beside
-    /// this executable, else at /usr/bin/pycell.
+    /// For the monitor's `launcher` and `config`.
     pub fn new(config: &Config, launcher: &Launcher) -> Result<Builders, EnvsError> {
-        let (cli, env) = cli_and_env(config, launcher)?;
-        Ok(Builders { cli, env })
+        let (exe, env) = job_env(config, launcher)?;
+        Ok(Builders { exe, env })
     }
 
-    /// `pycell ARGS` with the builders' environment and no stdin.
-    fn command(&self, args: Vec<String>) -> Command {
-        cli_command(&self.cli, &self.env, args)
+    /// pycelld doing `job`, with the builders' environment and no stdin.
+    fn command(&self, job: &Job) -> Command {
+        job_command(&self.exe, &self.env, job)
     }
 }
 
-/// `pycell ARGS` with `env` only and no stdin.
-pub(crate) fn cli_command(cli: &Path, env: &[(String, OsString)], args: Vec<String>) -> Command {
-    let mut cmd = Command::new(cli);
-    cmd.args(args)
+/// `exe` doing `job`, with `env` only and no stdin.
+pub(crate) fn job_command(exe: &Path, env: &[(String, OsString)], job: &Job) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.arg(JOB_FLAG)
+        .arg(job.arg())
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null());
     cmd
 }
 
-/// The `pycell` the monitor runs (beside this executable, else
-/// /usr/bin/pycell) and the environment that makes its embedded runs the
-/// daemon's: its policies, jailer, sandbox uids and cgroup parent.
-pub(crate) fn cli_and_env(
+/// This executable (which the monitor's jobs run again) and the
+/// environment that makes their embedded launches the daemon's: its
+/// policies, store, jailer, sandbox uids and cgroup parent.
+pub(crate) fn job_env(
     config: &Config,
     launcher: &Launcher,
 ) -> Result<(PathBuf, Vec<(String, OsString)>), EnvsError> {
-    let beside = std::env::current_exe()
-        .map_err(EnvsError::Locate)?
-        .with_file_name("pycell");
-    let cli = [beside.clone(), PathBuf::from(INSTALLED_CLI)]
-        .into_iter()
-        .find(|p| p.is_file())
-        .ok_or(EnvsError::NoCli(beside))?;
+    let exe = std::env::current_exe().map_err(EnvsError::Locate)?;
     let jailer = launcher
         .jailer
         .clone()
@@ -129,7 +122,7 @@ pub(crate) fn cli_and_env(
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v)))
             .filter(|(k, _)| passed_to_builders(k)),
     );
-    Ok((cli, env))
+    Ok((exe, env))
 }
 
 impl Builders {
@@ -137,7 +130,10 @@ impl Builders {
     /// its progress (a line per step).
     pub fn start(&self, policy: &str, deps: &DepsRequest) -> std::io::Result<(Child, OwnedFd)> {
         let mut child = self
-            .command(builder_args(policy, deps))
+            .command(&Job::BuildEnv {
+                policy: policy.to_string(),
+                deps: deps.clone(),
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()?;
@@ -146,13 +142,14 @@ impl Builders {
         Ok((child, progress))
     }
 
-    /// Start `pycell env gc` with the configured caps (reaped, unwatched,
+    /// Start collecting envs past the configured caps (reaped, unwatched,
     /// by the monitor's loop).
     pub fn collect_garbage(&self, config: &Config) -> std::io::Result<()> {
-        self.command(gc_args(config))
-            .stdout(Stdio::null())
-            .spawn()
-            .map(drop)
+        let job = Job::CollectEnvs {
+            max_size_bytes: config.env_store_max_size,
+            max_age_secs: config.env_max_age.as_secs(),
+        };
+        self.command(&job).stdout(Stdio::null()).spawn().map(drop)
     }
 
     /// When a builder whose install jail may take `install_timeout` is
@@ -189,8 +186,6 @@ pub fn check_store_path(store: &Path) -> Result<(), EnvsError> {
 pub enum EnvsError {
     #[error("locating pycelld: {0}")]
     Locate(std::io::Error),
-    #[error("pycell (which builds dependency envs) is neither at {} nor at {INSTALLED_CLI}", .0.display())]
-    NoCli(PathBuf),
     #[error("{0}")]
     Jailer(String),
     #[error("the env store {}: {source}", path.display())]
@@ -214,34 +209,6 @@ pub enum EnvsError {
 /// settings: the proxy settings and `PYCELL_UV`.
 fn passed_to_builders(name: &str) -> bool {
     name == "PYCELL_UV" || crate::config::is_proxy_setting(name)
-}
-
-/// `pycell env build` for `deps` under `policy` (pure: unit-tested).
-pub fn builder_args(policy: &str, deps: &DepsRequest) -> Vec<String> {
-    let mut args = vec![
-        "env".to_string(),
-        "build".into(),
-        "--json".into(),
-        "--policy".into(),
-        policy.into(),
-    ];
-    for r in &deps.requirements {
-        args.push(format!("--with={r}"));
-    }
-    if let Some(rp) = &deps.requires_python {
-        args.push(format!("--requires-python={rp}"));
-    }
-    args
-}
-
-/// `pycell env gc` with `config`'s caps.
-fn gc_args(config: &Config) -> Vec<String> {
-    vec![
-        "env".into(),
-        "gc".into(),
-        format!("--max-size={}", config.env_store_max_size),
-        format!("--max-age={}s", config.env_max_age.as_secs()),
-    ]
 }
 
 impl Build {
@@ -342,34 +309,6 @@ pub fn read_outcome(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn deps(reqs: &[&str], rp: Option<&str>) -> DepsRequest {
-        DepsRequest {
-            requirements: reqs.iter().map(|r| r.to_string()).collect(),
-            requires_python: rp.map(str::to_string),
-        }
-    }
-
-    #[test]
-    fn builders_get_each_requirement_as_one_argument_and_nothing_else() {
-        let args = builder_args(
-            "data-science",
-            &deps(&["pandas>=2.2", "six"], Some(">=3.9")),
-        );
-        assert_eq!(
-            args,
-            [
-                "env",
-                "build",
-                "--json",
-                "--policy",
-                "data-science",
-                "--with=pandas>=2.2",
-                "--with=six",
-                "--requires-python=>=3.9"
-            ]
-        );
-    }
 
     #[test]
     fn only_proxy_settings_and_the_test_uv_pass_to_builders() {

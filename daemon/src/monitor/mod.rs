@@ -42,13 +42,12 @@ use pycell_protocol::messages::{ErrorCode, RunRequest};
 use pycell_protocol::result::{EnvReport, LimitsReport};
 use pycell_wire::codes::FailureCode;
 
-use crate::audit::{AuditLog, RunEnd, RunStart};
 use crate::config::is_proxy_setting;
 use crate::config::Config;
-use crate::envs::{Build, Builders, EnvsError};
 use crate::link::{refusal, PeerIds, RunOrder, ToBroker, ToMonitor};
-use crate::listen;
-use crate::pool::Pools;
+use crate::monitor::audit::{AuditLog, RunEnd, RunStart};
+use crate::monitor::envs::{Build, Builders, EnvsError};
+use crate::monitor::pool::Pools;
 use pycell_launch::supervisor::{Escalation, JailerProcess, StoppedBy, PATIENCE};
 
 #[derive(Debug, thiserror::Error)]
@@ -146,8 +145,8 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
         .map_err(|e| MonitorError::Sys(format!("audit log {:?}: {e}", config.audit)))?;
     let (listener, origin) = listening_socket(&config, ids.socket_gid)?;
     let sfd = block_signals()?;
-    let (plans, warnings) = crate::pool::plan(&config);
-    let warm_reserved = crate::pool::reserved_memory(&plans);
+    let (plans, warnings) = crate::monitor::pool::plan(&config);
+    let warm_reserved = crate::monitor::pool::reserved_memory(&plans);
     let pools = Pools::new(plans, config.warm_idle);
     let pools_reported = pools.status();
     let (link, broker_pid) = start_broker(
@@ -224,7 +223,12 @@ struct Monitor {
     failure: Option<String>,
 }
 
+pub mod audit;
 mod builds;
+pub mod envs;
+pub mod jobs;
+pub mod listen;
+pub mod pool;
 mod runs;
 mod self_check;
 pub(crate) use runs::SESSION_READY_WITHIN;

@@ -121,7 +121,7 @@ impl Monitor {
         policy: &pycell_policy::Policy,
         request: &RunRequest,
         extras: &Extras,
-    ) -> Option<crate::pool::Taken> {
+    ) -> Option<crate::monitor::pool::Taken> {
         let resolved = pycell_launch::resolve::resolve_with(policy, request, extras).ok()?;
         let clocks = pycell_launch::launcher::session_clocks(&policy.session);
         let wanted =

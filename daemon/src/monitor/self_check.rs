@@ -1,13 +1,14 @@
 //! Before pycelld takes its first client it builds one real jail: a run of
-//! the built-in `default` policy, embedded (`pycell run --embedded`, with
-//! the daemon's jailer, sandbox uids and cgroup parent), that must end `ok`.
+//! the built-in `default` policy, embedded (a child of the monitor doing
+//! [`Job::SelfCheck`], with the daemon's jailer, sandbox uids and cgroup
+//! parent), that must end `ok`.
 //! Every layer is built or the jailer refuses the run, so a host (or a
 //! container: a pod without what docs/cluster.md lists) that cannot build
 //! one makes pycelld refuse to start, saying which step failed and why,
 //! rather than serve runs that would all be refused, and never with a
 //! weaker jail.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,8 @@ use pycell_wire::report::RunStatus;
 
 use super::MonitorError;
 use crate::config::Config;
+use crate::monitor::envs::{job_command, job_env};
+use crate::monitor::jobs::Job;
 
 /// What the probe prints when its jail ran it.
 const SAID: &str = "pycell self-check: jail built";
@@ -27,18 +30,17 @@ const WITHIN: Duration = Duration::from_secs(60);
 
 pub(super) fn check(config: &Config, launcher: &Launcher) -> Result<Duration, MonitorError> {
     let started = Instant::now();
-    let (cli, env) = crate::envs::cli_and_env(config, launcher)
-        .map_err(|e| MonitorError::SelfCheck(format!("cannot run pycell for it: {e}")))?;
-    let args = ["run", "--embedded", "--json", "--policy", "default", "-"];
-    let mut child = crate::envs::cli_command(&cli, &env, args.map(String::from).to_vec())
-        .stdin(Stdio::piped())
+    let (exe, env) = job_env(config, launcher)
+        .map_err(|e| MonitorError::SelfCheck(format!("cannot start its run: {e}")))?;
+    let job = Job::SelfCheck {
+        policy: "default".into(),
+        code: PROBE.into(),
+    };
+    let mut child = job_command(&exe, &env, &job)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| MonitorError::SelfCheck(format!("{}: {e}", cli.display())))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(PROBE.as_bytes());
-    }
+        .map_err(|e| MonitorError::SelfCheck(format!("{}: {e}", exe.display())))?;
     let mut out = String::new();
     let reader = child.stdout.take().map(|mut s| {
         std::thread::spawn(move || {
@@ -70,7 +72,7 @@ pub(super) fn check(config: &Config, launcher: &Launcher) -> Result<Duration, Mo
 /// Whether the run's JSON result says its jail was built, and if not, why.
 fn verdict(json: &str) -> Result<(), MonitorError> {
     let result: RunResult = serde_json::from_str(json.trim())
-        .map_err(|e| MonitorError::SelfCheck(format!("pycell run gave no result ({e})")))?;
+        .map_err(|e| MonitorError::SelfCheck(format!("its run gave no result ({e})")))?;
     if result.status == RunStatus::Ok && result.stdout.contains(SAID) {
         return Ok(());
     }

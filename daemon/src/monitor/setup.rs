@@ -56,7 +56,7 @@ pub(super) fn open_envs(
         path: config.env_store.clone(),
         source,
     })?;
-    crate::envs::check_store_path(&config.env_store)?;
+    crate::monitor::envs::check_store_path(&config.env_store)?;
     Ok((store, Builders::new(config, launcher)?))
 }
 

@@ -76,6 +76,12 @@ are errors, reported with file, line, column and key (exit status 2)."
         requires = "broker"
     )]
     pub allowed_gids: Option<std::vec::Vec<u32>>,
+
+    /// Internal: do one job for the monitor (build an env, collect envs,
+    /// the start-up self-check) and exit. The monitor starts pycelld this
+    /// way, as root, with the job as JSON.
+    #[arg(long, hide = true, value_name = "JSON", conflicts_with = "broker")]
+    pub job: Option<String>,
 }
 
 /// `--allowed-gids`: decimal gids separated by commas, the empty string for

@@ -1,7 +1,9 @@
 //! `pycelld`: the pycell daemon. Started as root (normally by systemd), it
 //! runs the monitor, which starts the unprivileged broker as the configured
 //! user by running this executable again with the internal `--broker` flag
-//! (its link to the monitor as stdin). The command line is defined in
+//! (its link to the monitor as stdin); it runs this executable with the
+//! internal `--job` flag for work it must not wait for itself (building an
+//! env, the start-up self-check). The command line is defined in
 //! `cli.rs`, from which packaging/manpages also renders pycelld(8).
 #![forbid(unsafe_code)]
 
@@ -16,6 +18,9 @@ use pycell_daemon::logging;
 fn main() {
     // Usage errors exit with status 2 (clap's), like a bad configuration.
     let cli = cli::Cli::parse();
+    if let Some(job) = cli.job {
+        std::process::exit(pycell_daemon::monitor::jobs::main(&job));
+    }
     if cli.broker {
         // The broker gets its configuration from the monitor.
         std::process::exit(pycell_daemon::broker::main(
