@@ -22,6 +22,7 @@ pub mod layers;
 pub mod resolve;
 pub mod session;
 pub mod session_table;
+pub mod stopper;
 pub mod supervisor;
 pub mod tool_grant;
 pub mod zygote;

@@ -2,8 +2,9 @@
 //!
 //! - the process side ([`JailerProcess`]): the child and its sandbox uid
 //!   lease, the supervisor's own deadline (the run's wall timeout and
-//!   [`Patience::slack`]), and the stop escalation: SIGTERM (the jailer
-//!   kills its sandbox, cleans up and reports `killed`), then SIGKILL after
+//!   [`Patience::slack`]), and the stop escalation, `crate::stopper`'s as
+//!   for every process pycell stops: SIGTERM (the jailer kills its
+//!   sandbox, cleans up and reports `killed`), then SIGKILL after
 //!   [`Patience::grace`]. Whoever holds root holds it: pycelld's monitor,
 //!   or the embedded launcher (`pycell run`, `pycell mcp`).
 //! - the stream side ([`RunStream`]): the jailer's events read on a task of
@@ -21,8 +22,6 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::process::{Child, ExitStatus};
 use std::time::Duration;
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use pycell_egress::{AuditHook, Egress, EgressConfig};
 use pycell_host::uidalloc::UidLease;
 use pycell_protocol::result::RunResult;
@@ -36,6 +35,7 @@ use tokio::time::Instant;
 
 use crate::events::read_event_async;
 use crate::launcher::{append_capped, Collector, JailerEnd, LaunchedAsync, JAILER_STDERR_CAP};
+use crate::stopper::Stopper;
 
 /// How long a jailer is given beyond its run's wall timeout, and after a
 /// SIGTERM.
@@ -67,29 +67,7 @@ pub enum StoppedBy {
     Shutdown,
 }
 
-/// What [`JailerProcess::escalate`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Escalation {
-    /// The deadline passed: SIGTERM.
-    Stopped,
-    /// SIGTERM was ignored for [`Patience::grace`]: SIGKILL.
-    Killed,
-}
-
-/// What is due at `now` for a jailer with `deadline` that was told to
-/// stop at `told` (pure, for tests).
-fn due(
-    now: Instant,
-    deadline: Instant,
-    told: Option<Instant>,
-    grace: Duration,
-) -> Option<Escalation> {
-    match told {
-        None if now >= deadline => Some(Escalation::Stopped),
-        Some(t) if now >= t + grace => Some(Escalation::Killed),
-        _ => None,
-    }
-}
+pub use crate::stopper::Escalation;
 
 /// A jailer's child handle: blocking (pycelld's monitor, which reaps with
 /// `waitpid`) or tokio's (the embedded launcher).
@@ -141,24 +119,21 @@ pub struct JailerProcess<C: JailerChild> {
     child: Option<C>,
     /// Released after the jailer is reaped (then its cgroups are gone).
     lease: Option<UidLease>,
-    deadline: Instant,
-    told: Option<Instant>,
-    killed: bool,
-    patience: Patience,
+    /// Its stop: at the run's deadline plus the slack, or when asked.
+    stopper: Stopper,
     stopped_by: StoppedBy,
 }
 
 impl<C: JailerChild> JailerProcess<C> {
     /// Supervise `child` (under `lease`) whose run may last `wall`.
     pub fn new(child: C, lease: UidLease, wall: Duration, patience: Patience) -> JailerProcess<C> {
+        let pid = child.pid().unwrap_or(0);
+        let deadline = Instant::now() + wall + patience.slack;
         JailerProcess {
-            pid: child.pid().and_then(|p| i32::try_from(p).ok()).unwrap_or(0),
+            pid: i32::try_from(pid).unwrap_or(0),
             child: Some(child),
             lease: Some(lease),
-            deadline: Instant::now() + wall + patience.slack,
-            told: None,
-            killed: false,
-            patience,
+            stopper: Stopper::new(pid, Some(deadline), patience.grace),
             stopped_by: StoppedBy::Nobody,
         }
     }
@@ -188,43 +163,21 @@ impl<C: JailerChild> JailerProcess<C> {
     /// reports the run as killed.
     pub fn stop(&mut self, by: StoppedBy) {
         self.blame(by);
-        if self.told.is_none() && self.child.is_some() && self.pid > 0 {
-            let _ = kill(Pid::from_raw(self.pid()), Signal::SIGTERM);
-            self.told = Some(Instant::now());
-        }
+        self.stopper.stop();
     }
 
     /// Stop it at its deadline, kill it after its grace; what was done.
     pub fn escalate(&mut self) -> Option<Escalation> {
-        if self.child.is_none() || self.killed {
-            return None;
+        let step = self.stopper.escalate();
+        if step == Some(Escalation::Stopped) {
+            self.blame(StoppedBy::Deadline);
         }
-        let step = due(
-            Instant::now(),
-            self.deadline,
-            self.told,
-            self.patience.grace,
-        )?;
-        match step {
-            Escalation::Stopped => self.stop(StoppedBy::Deadline),
-            Escalation::Killed => {
-                if self.pid > 0 {
-                    let _ = kill(Pid::from_raw(self.pid), Signal::SIGKILL);
-                }
-                self.killed = true;
-            }
-        }
-        Some(step)
+        step
     }
 
     /// When [`JailerProcess::escalate`] has something to do next.
     pub fn next_due(&self) -> Instant {
-        match self.told {
-            None => self.deadline,
-            Some(t) if !self.killed => t + self.patience.grace,
-            // Killed: nothing more to do; wake rarely.
-            Some(_) => Instant::now() + Duration::from_secs(3600),
-        }
+        self.stopper.next_due()
     }
 }
 
@@ -232,6 +185,7 @@ impl JailerProcess<Child> {
     /// The jailer was reaped by someone else (pycelld's monitor reaps every
     /// child with `waitpid`): release the uid.
     pub fn reaped_elsewhere(&mut self) {
+        self.stopper.reaped();
         if let Some(mut child) = self.child.take() {
             let _ = child.try_wait();
         }
@@ -249,14 +203,13 @@ impl JailerProcess<tokio::process::Child> {
         let status = loop {
             tokio::select! {
                 status = child.wait() => break status,
+                // Still ours to signal: not reaped while `child` waits.
                 _ = tokio::time::sleep_until(self.next_due()) => {
-                    // Still ours to signal: not reaped while `child` waits.
-                    self.child = Some(child);
                     self.escalate();
-                    child = self.child.take().expect("put back just now");
                 }
             }
         };
+        self.stopper.reaped();
         self.lease = None;
         status
     }
@@ -271,9 +224,7 @@ impl<C: JailerChild> Drop for JailerProcess<C> {
         let Some(child) = self.child.take() else {
             return;
         };
-        if self.pid > 0 {
-            let _ = kill(Pid::from_raw(self.pid), Signal::SIGTERM);
-        }
+        self.stopper.stop();
         child.reap_later(self.lease.take());
     }
 }
@@ -631,32 +582,4 @@ pub async fn supervise(
     let status = process.wait().await;
     let stderr = stderr.await.unwrap_or_default();
     stream.finish(JailerEnd::Exited { status, stderr }).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_jailer_is_stopped_at_its_deadline_and_killed_after_its_grace() {
-        let t0 = Instant::now();
-        let deadline = t0 + Duration::from_secs(10);
-        let grace = Duration::from_secs(5);
-        assert_eq!(due(t0, deadline, None, grace), None);
-        assert_eq!(
-            due(deadline, deadline, None, grace),
-            Some(Escalation::Stopped)
-        );
-        // Told to stop (a cancel) before its deadline: killed after the
-        // grace, whatever the deadline.
-        let told = t0 + Duration::from_secs(1);
-        assert_eq!(
-            due(told + Duration::from_secs(4), deadline, Some(told), grace),
-            None
-        );
-        assert_eq!(
-            due(told + grace, deadline, Some(told), grace),
-            Some(Escalation::Killed)
-        );
-    }
 }

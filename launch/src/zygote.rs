@@ -35,6 +35,8 @@ use pycell_wire::spec::{new_run_id, FromZygote, JailSpec, SlotIds};
 
 use crate::launcher::{JailerStderr, LaunchError, Launched, Launcher, Prepared};
 use crate::resolve;
+use crate::stopper::Stopper;
+use crate::supervisor::PATIENCE;
 
 /// The shared library a zygote's python calls, beside the jailer.
 pub const ZYGOTE_LIB: &str = "libpycell_zygote.so";
@@ -51,9 +53,10 @@ struct Parts {
     extras: resolve::Extras,
     slots: Vec<Arc<SlotLease>>,
     jailer: Launched,
-    /// Its jailer was reaped by someone else (the daemon's monitor): its
-    /// pid may be another process's now.
-    reaped: bool,
+    /// Its jailer's stop (when asked; killed after the grace). Told it
+    /// was reaped (by the daemon's monitor, or here), it signals nothing:
+    /// the pid may be another process's now.
+    stopper: Stopper,
 }
 
 /// A zygote whose python is still starting: read its events
@@ -142,8 +145,8 @@ impl Launcher {
                 limits,
                 extras,
                 slots,
+                stopper: Stopper::new(jailer.child.id(), None, PATIENCE.grace),
                 jailer,
-                reaped: false,
             },
         })
     }
@@ -283,13 +286,19 @@ impl StartingZygote {
     }
 
     /// Ask its jailer to stop (SIGTERM: it kills the jail); not reaped.
-    pub fn stop(&self) {
-        self.parts.stop();
+    /// Its owner calls [`StartingZygote::escalate`] until it reaps it.
+    pub fn stop(&mut self) {
+        self.parts.stopper.stop();
+    }
+
+    /// SIGKILL for a jailer that ignored its stop for the grace.
+    pub fn escalate(&mut self) {
+        self.parts.stopper.escalate();
     }
 
     /// Its jailer was reaped by the caller: forget it without a signal.
     pub fn forget_reaped(mut self) {
-        self.parts.reaped = true;
+        self.parts.stopper.reaped();
     }
 }
 
@@ -312,7 +321,14 @@ impl Zygote {
     /// its end of the channel, and its jailer has not ended (reaped here
     /// if it has).
     pub fn is_alive(&mut self) -> bool {
-        self.channel_open() && matches!(self.parts.jailer.child.try_wait(), Ok(None))
+        if self.parts.stopper.is_reaped() {
+            return false;
+        }
+        let running = matches!(self.parts.jailer.child.try_wait(), Ok(None));
+        if !running {
+            self.parts.stopper.reaped();
+        }
+        self.channel_open() && running
     }
 
     /// Whether its python still holds its end of the channel (for a
@@ -328,34 +344,38 @@ impl Zygote {
     }
 
     /// Ask its jailer to stop (SIGTERM: it kills the jail and every run
-    /// forked from it); not reaped.
-    pub fn stop(&self) {
-        self.parts.stop();
+    /// forked from it); not reaped. Its owner calls [`Zygote::escalate`]
+    /// until it reaps it.
+    pub fn stop(&mut self) {
+        self.parts.stopper.stop();
+    }
+
+    /// SIGKILL for a jailer that ignored its stop for the grace.
+    pub fn escalate(&mut self) {
+        self.parts.stopper.escalate();
     }
 
     /// Its jailer was reaped by the caller: forget it without a signal.
     pub fn forget_reaped(mut self) {
-        self.parts.reaped = true;
-    }
-}
-
-impl Parts {
-    fn stop(&self) {
-        if !self.reaped {
-            let pid = nix::unistd::Pid::from_raw(self.jailer.child.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        }
+        self.parts.stopper.reaped();
     }
 }
 
 impl Drop for Zygote {
+    /// SIGTERM: the jailer kills the zygote's jail and removes its cgroup;
+    /// SIGKILL if it is still there after the grace; reaped here. Nothing
+    /// for a jailer already reaped (here or by the caller).
     fn drop(&mut self) {
-        // SIGTERM: the jailer kills the zygote's jail and removes its
-        // cgroup. Not for a jailer already reaped (here or by the caller).
-        if !self.parts.reaped && matches!(self.parts.jailer.child.try_wait(), Ok(None)) {
-            self.parts.stop();
-            let _ = self.parts.jailer.child.wait();
+        let parts = &mut self.parts;
+        if parts.stopper.is_reaped() {
+            return;
         }
+        parts.stopper.stop();
+        while let Ok(None) = parts.jailer.child.try_wait() {
+            parts.stopper.escalate();
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        parts.stopper.reaped();
     }
 }
 

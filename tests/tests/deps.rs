@@ -641,8 +641,14 @@ fn pycelld_collects_the_least_recently_used_env_after_a_build_without_the_client
     let d = Daemon::start_alone(&config);
     let (a, _) = daemon_run(&d, "deps", IMPORT_A, &[]);
     assert_eq!(a["status"], "ok", "{a}\n{}", d.log());
-    let first = store.join("envs").join(field(&a, "/env/key").as_str().unwrap());
-    assert!(first.exists(), "in use while it ran, so kept: {}", first.display());
+    let first = store
+        .join("envs")
+        .join(field(&a, "/env/key").as_str().unwrap());
+    assert!(
+        first.exists(),
+        "in use while it ran, so kept: {}",
+        first.display()
+    );
     // A second env's build: the collection after it (a job of pycelld's
     // own) finds the store over its 1-byte cap and removes the first env,
     // no longer in use.

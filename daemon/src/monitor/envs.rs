@@ -14,14 +14,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use pycell_deps::build::BuildOutcome;
 use pycell_deps::{self as deps, DepsRequest};
 use pycell_launch::launcher::Launcher;
+use pycell_launch::stopper::{Escalation, Stopper};
 use pycell_protocol::result::EnvReport;
 use pycell_wire::codes::FailureCode;
 use pycell_wire::report::JailFailure;
+use tokio::time::Instant as TokioInstant;
 
 use crate::config::Config;
 use crate::link::{PeerIds, RunOrder};
@@ -57,8 +57,8 @@ pub struct Build {
     pub key: String,
     pub child: Child,
     started: Instant,
-    deadline: Instant,
-    killed_at: Option<Instant>,
+    /// Stopped at its deadline or when asked, killed after a grace.
+    stopper: Stopper,
 }
 
 impl Builders {
@@ -228,10 +228,13 @@ impl Build {
             grant_sources: Vec::new(),
             policy,
             key,
+            stopper: Stopper::new(
+                child.id(),
+                Some(TokioInstant::from_std(deadline)),
+                KILL_GRACE,
+            ),
             child,
             started: Instant::now(),
-            deadline,
-            killed_at: None,
         }
     }
 
@@ -241,15 +244,12 @@ impl Build {
 
     /// Ask the builder to stop (it stops its install jail, which cleans up).
     pub fn stop(&mut self) {
-        if self.killed_at.is_none() {
-            let _ = kill(Pid::from_raw(self.pid()), Signal::SIGTERM);
-            self.killed_at = Some(Instant::now());
-        }
+        self.stopper.stop();
     }
 
     /// Stop a builder past its deadline; SIGKILL one that ignored SIGTERM.
     pub fn escalate(&mut self) {
-        if self.killed_at.is_none() && Instant::now() >= self.deadline {
+        if self.stopper.escalate() == Some(Escalation::Stopped) {
             tracing::warn!(
                 peer_uid = self.peer.uid,
                 policy = %self.policy,
@@ -257,27 +257,24 @@ impl Build {
                 "the env build for request {} ran past its deadline; stopping it",
                 self.req
             );
-            self.stop();
-        }
-        if self.killed_at.is_some_and(|t| t.elapsed() > KILL_GRACE) {
-            let _ = kill(Pid::from_raw(self.pid()), Signal::SIGKILL);
         }
     }
 
-    /// The env, or why there is none, once the builder was reaped with
-    /// `status` (as the audit log words it).
     /// How long it has been going.
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
     }
 
+    /// The env, or why there is none, once the builder was reaped with
+    /// `status` (as the audit log words it).
     pub fn outcome(&mut self, status: &str) -> Result<EnvReport, JailFailure> {
         let mut out = Vec::new();
         if let Some(stdout) = self.child.stdout.take() {
             let _ = stdout.take(OUTCOME_CAP).read_to_end(&mut out);
         }
         let _ = self.child.try_wait();
-        let stopped = self.killed_at.is_some();
+        self.stopper.reaped();
+        let stopped = self.stopper.told();
         read_outcome(&out, status, stopped, self.started.elapsed())
     }
 }

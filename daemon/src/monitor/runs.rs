@@ -229,7 +229,8 @@ impl Monitor {
 
     /// Stop jailers past the monitor's own deadline (whatever their
     /// clients or the broker do), and SIGKILL those that ignored a SIGTERM
-    /// for [`PATIENCE`]'s grace.
+    /// for [`PATIENCE`]'s grace: runs', env builders', pool members' and
+    /// zygotes' alike (`pycell_launch::stopper`).
     pub(super) fn escalate_kills(&mut self) {
         for run in self.runs.values_mut() {
             if run.process.escalate() == Some(Escalation::Stopped) {
@@ -244,6 +245,7 @@ impl Monitor {
         for build in self.builds.values_mut() {
             build.escalate();
         }
+        self.pools.escalate();
     }
 }
 

@@ -22,11 +22,11 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use pycell_deps::{self as deps, store::EnvInUse, store::EnvStore};
 use pycell_launch::launcher::{JailerStderr, Launched, Launcher, PolicyChoice};
 use pycell_launch::resolve::Extras;
+use pycell_launch::stopper::Stopper;
+use pycell_launch::supervisor::PATIENCE;
 use pycell_policy::Policy;
 use pycell_protocol::info::WarmPoolStatus;
 use pycell_protocol::result::{CacheOutcome, EnvReport};
@@ -143,6 +143,8 @@ struct Member {
     launched: Launched,
     env: Option<(EnvInUse, EnvReport)>,
     state: State,
+    /// Its jailer's stop (only when asked; killed after the grace).
+    stopper: Stopper,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -345,6 +347,7 @@ impl Pools {
         };
         if let Some(mut m) = pool.members.remove(&pid) {
             // Already reaped; the lease goes now, the cgroup went with it.
+            m.stopper.reaped();
             let _ = m.launched.child.try_wait();
         }
         true
@@ -359,6 +362,17 @@ impl Pools {
                     stop(m);
                 }
             }
+        }
+    }
+
+    /// SIGKILL for members and zygotes that ignored their stop for the
+    /// grace (the monitor's loop calls this, as it does for runs).
+    pub fn escalate(&mut self) {
+        for pool in &mut self.pools {
+            for m in pool.members.values_mut() {
+                m.stopper.escalate();
+            }
+            pool.zygote.escalate();
         }
     }
 
@@ -514,6 +528,7 @@ fn start_member(
         .spawn(JailerStderr::Inherit)
         .map_err(|r| fail(r.error.map_or_else(String::new, |e| e.message)))?;
     Ok(Some(Member {
+        stopper: Stopper::new(launched.child.id(), None, PATIENCE.grace),
         spec,
         launched,
         env,
@@ -544,10 +559,10 @@ fn policy_env(
 }
 
 /// Ask a member's jailer to stop (it kills the jail and cleans up); the
-/// monitor reaps it.
+/// monitor reaps it, escalating meanwhile ([`Pools::escalate`]).
 fn stop(m: &mut Member) {
     m.state = State::Stopping;
-    let _ = kill(Pid::from_raw(m.launched.child.id() as i32), Signal::SIGTERM);
+    m.stopper.stop();
 }
 
 /// For tests of [`plan`]: a config with these pools and budget.

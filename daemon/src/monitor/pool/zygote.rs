@@ -166,7 +166,7 @@ impl Keeper {
                 self.backoff = Duration::from_secs(1);
                 State::Up(z)
             }
-            Err((z, e)) => {
+            Err((mut z, e)) => {
                 tracing::warn!(
                     policy,
                     "the zygote of policy {policy:?} failed: {}; trying again in {} s",
@@ -189,16 +189,25 @@ impl Keeper {
     /// Ask it to stop (its members die with it); reaped later.
     pub(super) fn stop(&mut self) {
         self.state = match std::mem::replace(&mut self.state, State::Down) {
-            State::Starting(z) => {
+            State::Starting(mut z) => {
                 z.stop();
                 State::Stopping(Stopping::Starting(z))
             }
-            State::Up(z) => {
+            State::Up(mut z) => {
                 z.stop();
                 State::Stopping(Stopping::Up(z))
             }
             other => other,
         };
+    }
+
+    /// A zygote told to stop and still there after the grace: SIGKILL.
+    pub(super) fn escalate(&mut self) {
+        match &mut self.state {
+            State::Stopping(Stopping::Starting(z)) => z.escalate(),
+            State::Stopping(Stopping::Up(z)) => z.escalate(),
+            _ => {}
+        }
     }
 
     /// Its jailer's pid, while it has one.
