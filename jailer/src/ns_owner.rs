@@ -198,3 +198,11 @@ fn host_owner(spec: &pycell_wire::spec::JailSpec) -> u32 {
         .as_ref()
         .map_or(spec.sandbox_uid, |z| z.zygote_uid)
 }
+/// A jail's uid and gid maps: the jail ids, and nothing else, mapped to
+/// `uid` and `gid` of the namespace that writes them.
+pub(crate) fn jail_id_maps(uid: u32, gid: u32) -> (String, String) {
+    (
+        format!("{} {uid} 1\n", pycell_wire::spec::JAIL_UID),
+        format!("{} {gid} 1\n", pycell_wire::spec::JAIL_GID),
+    )
+}

@@ -19,7 +19,7 @@ use pycell_seccomp::KernelGap;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events;
 use pycell_wire::report::{CgroupReport, JailFailure, JailReport, Layers, SeccompReport};
-use pycell_wire::spec::{JailSpec, NetworkSpec, SlotIds, WorkspaceFile, JAIL_GID, JAIL_UID};
+use pycell_wire::spec::{JailSpec, NetworkSpec, SlotIds, WorkspaceFile};
 
 use crate::child::{child_main, ChildFds};
 use crate::ns_owner::{AsOwner, MapFiles};
@@ -427,7 +427,7 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     child_fds.grants = trees;
     if let Some(z) = &spec.zygote {
         let lib = crate::zygote::library_memfd(&z.lib).map_err(|e| {
-            zygote_failure("the zygote's library")(io::Error::other(format!(
+            crate::zygote::failure("the zygote's library")(io::Error::other(format!(
                 "{}: {e}",
                 z.lib.display()
             )))
@@ -502,7 +502,7 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
 /// cgroup (through files we opened), then says so; we find its pid there
 /// (the only member), pin its rlimits and say go.
 fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
-    let channel = zygote_channel()?;
+    let channel = crate::zygote::inherited_channel()?;
     let (mut child_fds, go, mut ends) =
         pipes(spec.images.is_some()).map_err(io_failure("creating pipes"))?;
     let cgroup = create_cgroup(spec, &checked.layout)?;
@@ -511,7 +511,7 @@ fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFai
     let request = crate::zygote::ForkRequest { spec: spec.clone() };
     let start = Instant::now();
     crate::zygote::send_request(channel.as_fd(), &request, &child_fds)
-        .map_err(zygote_failure("sending the run to its zygote"))?;
+        .map_err(crate::zygote::failure("sending the run to its zygote"))?;
     drop((child_fds, channel));
     ends.work = io::stdin().as_fd().try_clone_to_owned().ok();
     release_stdin();
@@ -522,21 +522,21 @@ fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFai
     }
     let mut go = File::from(go);
     go.write_all(&[GO_MAPS])
-        .map_err(zygote_failure("starting the jail"))?;
+        .map_err(crate::zygote::failure("starting the jail"))?;
     let pid = crate::zygote::joined(&ends.status_read, &cgroup)?;
     mark("jailer: jail forked from the zygote, in its cgroup");
     let pidfd = rustix::process::pidfd_open(
         rustix::process::Pid::from_raw(pid.as_raw()).expect("a positive pid"),
         rustix::process::PidfdFlags::empty(),
     )
-    .map_err(|e| zygote_failure("opening the jail's pidfd")(e.into()))?;
+    .map_err(|e| crate::zygote::failure("opening the jail's pidfd")(e.into()))?;
     // As the zygote's uid, the owner of the namespace the run's is in.
     crate::ns_owner::as_jail_owner(spec, || crate::rlimits::apply(pid, &spec.limits, spec.warm))
         .map_err(|e| e.to_string())
         .and_then(|r| r)
         .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e))?;
     go.write_all(&[GO_CGROUP])
-        .map_err(zygote_failure("starting the jail"))?;
+        .map_err(crate::zygote::failure("starting the jail"))?;
     Ok(Jail {
         pid,
         pidfd: Some(pidfd),
@@ -549,30 +549,6 @@ fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFai
             started_at: SystemTime::now(),
         },
     })
-}
-
-/// The zygote's channel, inherited (see `pycell_wire::spec::ZYGOTE_FD`).
-fn zygote_channel() -> Result<OwnedFd, JailFailure> {
-    if std::env::var_os(pycell_wire::spec::ZYGOTE_FD_ENV).is_none() {
-        return Err(zygote_failure("finding the zygote")(io::Error::other(
-            format!("no {} given", pycell_wire::spec::ZYGOTE_FD_ENV),
-        )));
-    }
-    syscall::adopt_inherited_fd(pycell_wire::spec::ZYGOTE_FD)
-        .map_err(zygote_failure("the zygote's channel"))
-}
-
-pub(crate) fn zygote_failure(what: &'static str) -> impl Fn(io::Error) -> JailFailure {
-    move |e| {
-        JailFailure::new(
-            FailureCode::JailSetupFailed,
-            Layer::Jailer,
-            format!("{what}: {e}"),
-        )
-        .with_hint(
-            "the zygote this run was sent to is gone or refused it; its launcher starts another",
-        )
-    }
 }
 
 /// The jail hands descriptors out on our stdin (a unix socket whose other
@@ -689,17 +665,8 @@ fn id_maps(spec: &JailSpec) -> (String, String) {
             };
             crate::zygote::id_maps(own, &z.slots)
         }
-        None => jail_id_maps(spec.sandbox_uid, spec.sandbox_gid),
+        None => crate::ns_owner::jail_id_maps(spec.sandbox_uid, spec.sandbox_gid),
     }
-}
-
-/// A jail's uid and gid maps: the jail ids, and nothing else, mapped to
-/// `uid` and `gid` of the namespace that writes them.
-pub(crate) fn jail_id_maps(uid: u32, gid: u32) -> (String, String) {
-    (
-        format!("{JAIL_UID} {uid} 1\n"),
-        format!("{JAIL_GID} {gid} 1\n"),
-    )
 }
 
 /// The jail's pipes: the child's ends, our go-pipe end, our other ends.

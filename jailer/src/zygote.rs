@@ -39,6 +39,7 @@ use crate::child::{self, ChildFds};
 use crate::ns_owner::AsOwner;
 use crate::pipeline::{Step, StepError};
 use crate::status::ChildMessage;
+use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
 
 /// The largest request (a warm run's spec: no files, no stdin).
@@ -96,9 +97,7 @@ pub(crate) fn joined(
     status: &OwnedFd,
     cgroup: &pycell_host::cgroup::SandboxCgroup,
 ) -> Result<nix::unistd::Pid, JailFailure> {
-    let gone = |why: String| {
-        crate::supervisor::zygote_failure("forking the run from its zygote")(io::Error::other(why))
-    };
+    let gone = |why: String| failure("forking the run from its zygote")(io::Error::other(why));
     let line = read_line(status.as_fd(), JOIN_TIMEOUT_MS).map_err(|e| gone(e.to_string()))?;
     match serde_json::from_slice::<ChildMessage>(&line) {
         Ok(ChildMessage::Joined) => cgroup
@@ -285,7 +284,7 @@ pub fn fork_run() -> i32 {
             drop(maps_read);
             let opened = owner.open_maps(pid);
             let left = owner.leave();
-            let maps = crate::supervisor::jail_id_maps(id, id);
+            let maps = crate::ns_owner::jail_id_maps(id, id);
             let written = left
                 .and(opened)
                 .and_then(|files| files.write(&maps))
@@ -378,6 +377,31 @@ pub(crate) fn id_maps(own: SlotIds, slots: &[SlotIds]) -> (String, String) {
         gid_map.push_str(&format!("{inside} {} 1\n", s.gid));
     }
     (uid_map, gid_map)
+}
+
+/// The zygote's channel, inherited (see `pycell_wire::spec::ZYGOTE_FD`).
+pub(crate) fn inherited_channel() -> Result<OwnedFd, JailFailure> {
+    if std::env::var_os(pycell_wire::spec::ZYGOTE_FD_ENV).is_none() {
+        return Err(failure("finding the zygote")(io::Error::other(format!(
+            "no {} given",
+            pycell_wire::spec::ZYGOTE_FD_ENV
+        ))));
+    }
+    syscall::adopt_inherited_fd(pycell_wire::spec::ZYGOTE_FD)
+        .map_err(failure("the zygote's channel"))
+}
+
+pub(crate) fn failure(what: &'static str) -> impl Fn(io::Error) -> JailFailure {
+    move |e| {
+        JailFailure::new(
+            FailureCode::JailSetupFailed,
+            Layer::Jailer,
+            format!("{what}: {e}"),
+        )
+        .with_hint(
+            "the zygote this run was sent to is gone or refused it; its launcher starts another",
+        )
+    }
 }
 
 #[cfg(test)]

@@ -30,7 +30,6 @@ use tokio::time::{sleep, timeout, Instant};
 mod descriptors;
 mod installing;
 mod session_calls;
-mod tool_relay;
 
 use descriptors::{Granted, WithFds};
 
@@ -38,8 +37,8 @@ use super::order::{NotOrdered, Ordered};
 use super::{Broker, Peer, SpawnedRun};
 use crate::broker::admission::{Ask, Entry, Slot, Waiting};
 use crate::link::{RunOrder, ToBroker, ToMonitor};
-pub(crate) use tool_relay::RelaySwitch;
-use tool_relay::ToolRelay;
+
+use super::tool_relay::ToolRelay;
 
 /// The first message (`hello`) must come within this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -11,6 +11,7 @@ mod order;
 pub mod policy_access;
 pub mod principal;
 mod sessions;
+mod tool_relay;
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};

@@ -26,8 +26,8 @@ use pycell_runner::session::SessionOp;
 use pycell_wire::codes::FailureCode;
 use tokio::time::Instant as TokioInstant;
 
-use super::connection::RelaySwitch;
 use super::link::MonitorLink;
+use super::tool_relay::RelaySwitch;
 use super::{Broker, SpawnedRun};
 use crate::broker::admission::Slot;
 use crate::broker::principal::Principal;

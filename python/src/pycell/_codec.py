@@ -1,6 +1,7 @@
 """JSON <-> dataclasses, field by field, as pycelld's Rust codec does it:
 each field has a JSON type, and says when it is left out of the JSON
-(`omit`: when None, when empty, when false, when zero). Decoding checks
+(`omit`, set by `pycell._fields.field`: when None, when empty, when
+false, when zero). Decoding checks
 every type; unknown fields are an error when `strict` (the protocol
 vectors' test), kept in `extra` otherwise (a newer daemon's additions).
 """
@@ -18,15 +19,6 @@ T = TypeVar("T")
 Json = Any
 
 _HINTS: dict[type, dict[str, Any]] = {}
-
-
-def field(*, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING, omit: str | None = None) -> Any:
-    """A dataclass field with its JSON rule: `omit` is None (always
-    written), "none", "empty", "false" or "zero"."""
-    meta = {"omit": omit}
-    if factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
 
 
 def _hints(cls: type) -> dict[str, Any]:

@@ -12,7 +12,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pycell._codec import field, from_json, to_json
+from pycell._codec import from_json, to_json
+from pycell._fields import field
 from pycell.errors import ProtocolError
 from pycell.types import Result, SessionAnswer, SessionEnded, SessionInfo, SessionSummary
 

@@ -9,7 +9,7 @@ import base64
 from dataclasses import dataclass
 from typing import Any
 
-from pycell._codec import field
+from pycell._fields import field
 
 __all__ = [
     "CellError",

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use pycell_protocol::messages::{ClientMessage, ErrorCode, ServerMessage};
 use pycell_protocol::session::{SessionCall, SessionStartRequest};
 
-use super::tool_relay::{RelaySwitch, ToolRelay};
 use super::{admit, error, ordered, reply_during_run, start, Conn, NotStarted};
 use crate::broker::sessions::{start_request, Refused};
+use crate::broker::tool_relay::{RelaySwitch, ToolRelay};
 use crate::broker::{Broker, Peer};
 
 /// `session_start`: false if the connection is finished.
