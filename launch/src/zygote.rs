@@ -285,15 +285,10 @@ impl StartingZygote {
         }
     }
 
-    /// Ask its jailer to stop (SIGTERM: it kills the jail); not reaped.
-    /// Its owner calls [`StartingZygote::escalate`] until it reaps it.
-    pub fn stop(&mut self) {
-        self.parts.stopper.stop();
-    }
-
-    /// SIGKILL for a jailer that ignored its stop for the grace.
-    pub fn escalate(&mut self) {
-        self.parts.stopper.escalate();
+    /// Its jailer's stop: SIGTERM kills the jail; its owner escalates
+    /// until it reaps it.
+    pub fn stopper(&mut self) -> &mut Stopper {
+        &mut self.parts.stopper
     }
 
     /// Its jailer was reaped by the caller: forget it without a signal.
@@ -343,16 +338,10 @@ impl Zygote {
         !hung_up
     }
 
-    /// Ask its jailer to stop (SIGTERM: it kills the jail and every run
-    /// forked from it); not reaped. Its owner calls [`Zygote::escalate`]
-    /// until it reaps it.
-    pub fn stop(&mut self) {
-        self.parts.stopper.stop();
-    }
-
-    /// SIGKILL for a jailer that ignored its stop for the grace.
-    pub fn escalate(&mut self) {
-        self.parts.stopper.escalate();
+    /// Its jailer's stop: SIGTERM kills the jail and every run forked
+    /// from it; its owner escalates until it reaps it.
+    pub fn stopper(&mut self) -> &mut Stopper {
+        &mut self.parts.stopper
     }
 
     /// Its jailer was reaped by the caller: forget it without a signal.

@@ -174,7 +174,7 @@ impl Keeper {
                     self.backoff.as_secs()
                 );
                 self.back_off();
-                z.stop();
+                z.stopper().stop();
                 State::Stopping(Stopping::Starting(*z))
             }
         };
@@ -190,11 +190,11 @@ impl Keeper {
     pub(super) fn stop(&mut self) {
         self.state = match std::mem::replace(&mut self.state, State::Down) {
             State::Starting(mut z) => {
-                z.stop();
+                z.stopper().stop();
                 State::Stopping(Stopping::Starting(z))
             }
             State::Up(mut z) => {
-                z.stop();
+                z.stopper().stop();
                 State::Stopping(Stopping::Up(z))
             }
             other => other,
@@ -203,11 +203,11 @@ impl Keeper {
 
     /// A zygote told to stop and still there after the grace: SIGKILL.
     pub(super) fn escalate(&mut self) {
-        match &mut self.state {
-            State::Stopping(Stopping::Starting(z)) => z.escalate(),
-            State::Stopping(Stopping::Up(z)) => z.escalate(),
-            _ => {}
-        }
+        let _ = match &mut self.state {
+            State::Stopping(Stopping::Starting(z)) => z.stopper().escalate(),
+            State::Stopping(Stopping::Up(z)) => z.stopper().escalate(),
+            _ => None,
+        };
     }
 
     /// Its jailer's pid, while it has one.
