@@ -59,12 +59,21 @@ pub(super) fn join_rel(base: &Path, rel: &str) -> PathBuf {
 /// busy (a moment after its last process is reaped). Other errors end the
 /// attempt for that directory.
 pub(super) fn remove_dirs(dirs: &[PathBuf]) {
+    remove_dirs_with(dirs, |d| fs::remove_dir(d), std::thread::sleep);
+}
+
+/// [`remove_dirs`] with its rmdir and its sleep given (pure: unit-tested).
+fn remove_dirs_with(
+    dirs: &[PathBuf],
+    mut remove: impl FnMut(&Path) -> io::Result<()>,
+    mut sleep: impl FnMut(Duration),
+) {
     for d in dirs.iter().rev() {
         let mut delay = Duration::from_micros(200);
         for _ in 0..12 {
-            match fs::remove_dir(d) {
+            match remove(d) {
                 Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) => {
-                    std::thread::sleep(delay);
+                    sleep(delay);
                     delay = (delay * 2).min(Duration::from_millis(100));
                 }
                 _ => break,
@@ -102,12 +111,32 @@ mod tests {
         fs::write(full.join("f"), "").unwrap();
         let empty = dir.path().join("empty");
         fs::create_dir(&empty).unwrap();
-        let start = std::time::Instant::now();
-        remove_dirs(&[empty.clone(), full.clone()]);
-        assert!(
-            start.elapsed() < Duration::from_millis(50),
-            "no retry on ENOTEMPTY"
-        );
+        let (mut tries, mut sleeps) = (Vec::new(), 0);
+        let rmdir = |d: &Path| {
+            tries.push(d.to_path_buf());
+            fs::remove_dir(d)
+        };
+        remove_dirs_with(&[empty.clone(), full.clone()], rmdir, |_| sleeps += 1);
+        // Deepest (last) first; ENOTEMPTY is not retried.
+        assert_eq!(tries, [full.clone(), empty.clone()]);
+        assert_eq!(sleeps, 0, "no retry on ENOTEMPTY");
         assert!(full.exists() && !empty.exists());
+    }
+
+    #[test]
+    fn a_busy_cgroup_is_tried_again_with_growing_pauses_then_given_up() {
+        let dir = PathBuf::from("/sys/fs/cgroup/example");
+        let busy = || Err(io::Error::from_raw_os_error(nix::libc::EBUSY));
+        let mut pauses = Vec::new();
+        let mut tries = 0;
+        let rmdir = |_: &Path| {
+            tries += 1;
+            busy()
+        };
+        remove_dirs_with(&[dir], rmdir, |d| pauses.push(d));
+        assert_eq!(tries, 12);
+        assert_eq!(pauses.first(), Some(&Duration::from_micros(200)));
+        assert!(pauses.windows(2).all(|w| w[1] >= w[0]));
+        assert_eq!(pauses.last(), Some(&Duration::from_millis(100)));
     }
 }
