@@ -122,8 +122,9 @@ pub fn plan(launcher: &Launcher, policy: &Policy, deps: &DepsRequest) -> Result<
     })
 }
 
-/// How `pycell env build --json` ends, on its stdout: what pycelld reads
-/// from the builder it starts for a run's env.
+/// How an env build ends, as a builder prints it on its stdout: what
+/// pycelld reads from the builder it starts for a run's env (`pycelld
+/// --job`), and what `pycell env build --json` prints.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case", deny_unknown_fields)]
 pub enum BuildOutcome {

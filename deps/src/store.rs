@@ -6,10 +6,12 @@
 //! ROOT/requests/RKEY      the KEY that answers request RKEY (see request_key)
 //! ROOT/locks/             flocks: one build per request, envs in use
 //! ROOT/building/PID-N/    an env being copied in, renamed into envs/ when whole
+//! ROOT/building/PID-removing-KEY/  an env being removed, renamed out of envs/ first
 //! ```
 //!
-//! An env is published by one `rename`, so a reader sees all of it or
-//! nothing; nothing half-built is ever under `envs/`. A run holds a shared
+//! An env is published by one `rename` and removed after one, so a reader
+//! sees all of it or nothing; nothing half-built or half-deleted is ever
+//! under `envs/`. A run holds a shared
 //! flock on its env for as long as it runs; removal takes an exclusive one
 //! without waiting, so an env in use is never removed. Files are copied out
 //! of the install jail's workspace by this process, so they belong to the
@@ -284,8 +286,18 @@ impl EnvStore {
         fs::remove_file(self.meta_path(key))?;
         let dir = self.env_dir(key);
         if dir.exists() {
-            fs::remove_dir_all(&dir)
-                .map_err(|e| StoreError::io(format!("removing {}", dir.display()), e))?;
+            // Out from under its key in one step, then deleted: a removal
+            // cut short leaves its rest among abandoned builds (swept by
+            // the next gc), never a half-deleted env a later build of the
+            // same key would take for a whole one.
+            let aside = self
+                .root
+                .join("building")
+                .join(format!("{}-removing-{key}", std::process::id()));
+            fs::rename(&dir, &aside)
+                .map_err(|e| StoreError::io(format!("moving {} aside", dir.display()), e))?;
+            fs::remove_dir_all(&aside)
+                .map_err(|e| StoreError::io(format!("removing {}", aside.display()), e))?;
         }
         let _ = fs::remove_file(self.root.join("locks").join(format!("env-{key}")));
         Ok(())

@@ -3,6 +3,7 @@
 //! dependency envs it builds ([`envs`]). The CLI, the MCP server and
 //! pycelld's env builders share it, so a bound written here holds for
 //! each of them.
+#![forbid(unsafe_code)]
 
 pub mod envs;
 pub mod local;

@@ -149,7 +149,11 @@ impl Builders {
             max_size_bytes: config.env_store_max_size,
             max_age_secs: config.env_max_age.as_secs(),
         };
-        self.command(&job).stdout(Stdio::null()).spawn().map(drop)
+        self.command(&job)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map(drop)
     }
 
     /// When a builder whose install jail may take `install_timeout` is

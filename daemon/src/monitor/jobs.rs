@@ -58,9 +58,13 @@ pub fn main(json: &str) -> i32 {
             return 2;
         }
     };
-    // The monitor that started it may go away: stop, and let a jail it
-    // started clean up (SIGTERM is read, not fatal, once a jail is going).
-    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
+    // The monitor that started it may go away: a build or a self-check
+    // stops, and lets a jail it started clean up (SIGTERM is read, not
+    // fatal, once a jail is going). A collection is not interrupted: a
+    // removal cut short would leave a half-deleted env under its key.
+    if !matches!(job, Job::CollectEnvs { .. }) {
+        let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
+    }
     match job {
         Job::BuildEnv { policy, deps } => build_env(&policy, &deps),
         Job::CollectEnvs {

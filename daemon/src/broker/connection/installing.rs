@@ -95,8 +95,9 @@ async fn drain(conn: &Conn, id: &str, rx: &mut mpsc::Receiver<String>) {
     }
 }
 
-/// Read the builder's progress (its stderr: `pycell: ` lines) on a task of
-/// its own; each line, without that prefix, on the channel.
+/// Read the builder's progress (its stderr, a line per step; a `pycell: `
+/// prefix, if any, taken off) on a task of its own; each line on the
+/// channel.
 fn read_progress(fd: OwnedFd) -> std::io::Result<mpsc::Receiver<String>> {
     let mut pipe = pipe::Receiver::from_owned_fd(fd)?;
     let (tx, rx) = mpsc::channel(64);
