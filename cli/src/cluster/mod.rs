@@ -32,6 +32,9 @@ use pycell_protocol::client::{DaemonClient, Endpoint};
 
 /// How often each node's load is asked.
 pub const POLL: Duration = Duration::from_secs(1);
+/// Ended calls a node keeps counting until a status covers them (more
+/// only while its polls fail, when it is down anyway).
+const MAX_SETTLED: usize = 4096;
 /// The least a node stays down once a call could not reach it.
 const DOWN_AT_LEAST: Duration = Duration::from_secs(2);
 
@@ -92,9 +95,10 @@ struct NodeState {
     max: usize,
     /// This front end's calls to it now.
     in_flight: usize,
-    /// Calls this front end sent it since its last status (a session
-    /// started holds a slot there, which only the next status shows).
-    placed: usize,
+    /// When this front end's calls to it ended, for those no status asked
+    /// for since has counted yet (a session started holds a slot there,
+    /// which only a status asked after its start shows).
+    settled: Vec<Instant>,
     down_until: Option<Instant>,
     /// Why it is down, for messages.
     down_because: String,
@@ -119,6 +123,9 @@ impl Drop for Lease {
     fn drop(&mut self) {
         let mut s = self.0.state();
         s.in_flight = s.in_flight.saturating_sub(1);
+        if s.settled.len() < MAX_SETTLED {
+            s.settled.push(Instant::now());
+        }
     }
 }
 
@@ -138,7 +145,6 @@ impl Node {
     pub fn lease(self: &Arc<Self>) -> Lease {
         let mut s = self.state();
         s.in_flight += 1;
-        s.placed += 1;
         drop(s);
         Lease(Arc::clone(self))
     }
@@ -177,19 +183,28 @@ impl Node {
     }
 
     /// Load: calls going and waiting per slot, as its last status said,
-    /// with those sent since (or, while they last, going: the larger).
+    /// with this front end's calls going now and those ended since that
+    /// status was asked for.
     fn load(&self) -> f64 {
         let s = self.state();
-        (s.active + s.in_flight.max(s.placed)) as f64 / s.max.max(1) as f64
+        (s.active + s.in_flight + s.settled.len()) as f64 / s.max.max(1) as f64
     }
 
-    fn polled(&self, answer: Result<pycell_protocol::info::DaemonStatus, String>) {
+    /// Its status, asked for at `asked_at`: the calls that ended before
+    /// then are in it; those that ended since may not be (a status the
+    /// node wrote before a session started must not make the node look
+    /// free of it).
+    fn polled(
+        &self,
+        answer: Result<pycell_protocol::info::DaemonStatus, String>,
+        asked_at: Instant,
+    ) {
         let mut s = self.state();
         match answer {
             Ok(st) => {
                 s.active = st.active_runs + st.queued_runs;
                 s.max = st.max_concurrent_runs;
-                s.placed = 0;
+                s.settled.retain(|ended| *ended >= asked_at);
                 if s.down_until.is_some_and(|t| Instant::now() >= t) {
                     s.down_until = None;
                     say(&format!("node {} is up", self.name));
@@ -348,6 +363,7 @@ impl Nodes {
             self.discover().await;
             for node in self.list() {
                 let socket = node.socket.clone();
+                let asked_at = Instant::now();
                 let answer = tokio::task::spawn_blocking(move || {
                     DaemonClient::connect(&socket)
                         .and_then(|mut c| c.status())
@@ -355,7 +371,7 @@ impl Nodes {
                 })
                 .await
                 .unwrap_or_else(|e| Err(e.to_string()));
-                node.polled(answer);
+                node.polled(answer, asked_at);
             }
             tokio::select! {
                 _ = tokio::time::sleep(POLL) => {}
@@ -406,9 +422,18 @@ mod tests {
     #[test]
     fn runs_go_to_the_least_loaded_node_that_is_up() {
         let nodes = three();
-        nodes.named("a").unwrap().polled(Ok(status(6, 8)));
-        nodes.named("b").unwrap().polled(Ok(status(1, 8)));
-        nodes.named("c").unwrap().polled(Ok(status(3, 8)));
+        nodes
+            .named("a")
+            .unwrap()
+            .polled(Ok(status(6, 8)), Instant::now());
+        nodes
+            .named("b")
+            .unwrap()
+            .polled(Ok(status(1, 8)), Instant::now());
+        nodes
+            .named("c")
+            .unwrap()
+            .polled(Ok(status(3, 8)), Instant::now());
         let order: Vec<String> = nodes.ranked().iter().map(|n| n.name.clone()).collect();
         assert_eq!(order, ["b", "c", "a"]);
         // Calls sent since its status count: three more on b put it after
@@ -418,12 +443,23 @@ mod tests {
         assert_eq!(nodes.ranked()[0].name, "c");
         drop(leases);
         assert_eq!(nodes.ranked()[0].name, "c");
-        b.polled(Ok(status(1, 8)));
+        b.polled(Ok(status(1, 8)), Instant::now());
+        assert_eq!(nodes.ranked()[0].name, "b");
+        // A status asked for before a call ended does not cover it: the
+        // node may have written it before that session held its slot.
+        let asked_at = Instant::now();
+        drop((0..3).map(|_| b.lease()).collect::<Vec<_>>());
+        b.polled(Ok(status(1, 8)), asked_at);
+        assert_eq!(nodes.ranked()[0].name, "c");
+        b.polled(Ok(status(1, 8)), Instant::now());
         assert_eq!(nodes.ranked()[0].name, "b");
         b.mark_down("gone");
         assert!(nodes.ranked().iter().all(|n| n.name != "b"));
         assert!(nodes.none_up().contains("b: gone"));
-        nodes.named("a").unwrap().polled(Err("refused".into()));
+        nodes
+            .named("a")
+            .unwrap()
+            .polled(Err("refused".into()), Instant::now());
         assert_eq!(nodes.ranked().len(), 1);
     }
 
