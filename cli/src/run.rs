@@ -328,32 +328,20 @@ fn run_embedded(args: &RunArgs) -> RunResult {
         Err(f) => return refused(&args.policy, f),
     };
     OUR_MARKS.mark("pycell: policy loaded, request read");
-    let internal = |what: &str, e: &dyn std::fmt::Display| {
-        let f = JailFailure::new(FailureCode::Internal, Layer::Jailer, format!("{what}: {e}"));
-        refused(&run.policy.name, f)
-    };
-    let stop = match local::stop_on_signals() {
-        Ok(s) => s,
-        Err(e) => return internal("signalfd", &e),
-    };
-    let rt = match local::runtime() {
-        Ok(rt) => rt,
-        Err(e) => return internal("starting a runtime", &e),
+    let mut here = match local::Here::start() {
+        Ok(h) => h,
+        Err(f) => return refused(&run.policy.name, f),
     };
     OUR_MARKS.mark("pycell: signal thread and runtime started");
-    let mut installer = local::Installer {
-        handle: rt.handle().clone(),
-        stop: stop.clone(),
-    };
     let mut run = run;
-    let (servers, tools) = match embedded_tools(args, &rt, &mut run) {
+    let (servers, tools) = match embedded_tools(args, &here.rt, &mut run) {
         Ok(t) => t,
         Err(f) => return refused(&run.policy.name, f),
     };
     let stream = !args.json;
     let how = HowToRun {
-        installer: &mut installer,
-        stop: &stop,
+        installer: &mut here.installer,
+        stop: &here.stop,
         tools,
         marks: args.timings.then_some(&OUR_MARKS),
         on_output: &mut |s, b| {
@@ -364,7 +352,7 @@ fn run_embedded(args: &RunArgs) -> RunResult {
     };
     let result = run.run(how);
     if let Some(servers) = servers {
-        rt.block_on(servers.shutdown());
+        here.rt.block_on(servers.shutdown());
     }
     result
 }

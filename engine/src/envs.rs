@@ -49,14 +49,15 @@ pub fn build(
             .map_err(|m| invalid(format!("--requires-python: {m}")))?;
         request.requires_python = Some(spec.to_string());
     }
-    let internal = |m: String| deps::failure(FailureCode::Internal, m);
-    let stop = local::stop_on_signals().map_err(|e| internal(format!("signalfd: {e}")))?;
-    let rt = local::runtime().map_err(|e| internal(format!("starting a runtime: {e}")))?;
-    let mut installer = local::Installer {
-        handle: rt.handle().clone(),
-        stop,
-    };
-    let ensured = ensure_here(launcher, store, &policy, &request, &mut installer, progress)?;
+    let mut here = local::Here::start()?;
+    let ensured = ensure_here(
+        launcher,
+        store,
+        &policy,
+        &request,
+        &mut here.installer,
+        progress,
+    )?;
     Ok(ensured.report)
 }
 

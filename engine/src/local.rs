@@ -208,6 +208,35 @@ pub fn run_warm_here(
     })
 }
 
+/// What a process needs to run jails from its own thread: a stop request
+/// (SIGTERM, SIGHUP), a runtime, and an installer on both. `pycell run`,
+/// `pycell env build`, `pycell mcp-server` and pycelld's jobs start one.
+#[derive(Debug)]
+pub struct Here {
+    pub stop: StopRequest,
+    pub installer: Installer,
+    pub rt: Runtime,
+}
+
+impl Here {
+    pub fn start() -> Result<Here, JailFailure> {
+        let internal = |what: &str, e: &dyn std::fmt::Display| {
+            JailFailure::new(FailureCode::Internal, Layer::Jailer, format!("{what}: {e}"))
+        };
+        let stop = stop_on_signals().map_err(|e| internal("signalfd", &e))?;
+        let rt = runtime().map_err(|e| internal("starting a runtime", &e))?;
+        let installer = Installer {
+            handle: rt.handle().clone(),
+            stop: stop.clone(),
+        };
+        Ok(Here {
+            stop,
+            installer,
+            rt,
+        })
+    }
+}
+
 /// Runs the install jail from this process, like a run.
 #[derive(Debug)]
 pub struct Installer {
@@ -375,26 +404,13 @@ impl EmbeddedRun {
     /// The run, embedded, from this thread, with a stop request (SIGTERM,
     /// SIGHUP) and a runtime of its own, no tools and no marks.
     pub fn run_alone(self, on_output: &mut dyn FnMut(Stream, &[u8])) -> RunResult {
-        let name = self.policy.name.clone();
-        let internal = |what: &str, e: &dyn std::fmt::Display| {
-            let f = JailFailure::new(FailureCode::Internal, Layer::Jailer, format!("{what}: {e}"));
-            RunResult::refused("", &name, f)
-        };
-        let stop = match stop_on_signals() {
-            Ok(s) => s,
-            Err(e) => return internal("signalfd", &e),
-        };
-        let rt = match runtime() {
-            Ok(rt) => rt,
-            Err(e) => return internal("starting a runtime", &e),
-        };
-        let mut installer = Installer {
-            handle: rt.handle().clone(),
-            stop: stop.clone(),
+        let mut here = match Here::start() {
+            Ok(h) => h,
+            Err(f) => return RunResult::refused("", &self.policy.name, f),
         };
         self.run(HowToRun {
-            installer: &mut installer,
-            stop: &stop,
+            installer: &mut here.installer,
+            stop: &here.stop,
             tools: None,
             marks: None,
             on_output,

@@ -166,8 +166,7 @@ fn serve_embedded(
     package: &str,
     variables: BTreeMap<String, String>,
 ) -> Result<(RunResult, Vec<String>), JailFailure> {
-    let stop = local::stop_on_signals().map_err(|e| internal("signalfd", e))?;
-    let rt = local::runtime().map_err(|e| internal("starting a runtime", e))?;
+    let mut here = local::Here::start()?;
     let EmbeddedRun {
         launcher,
         mut policy,
@@ -175,12 +174,8 @@ fn serve_embedded(
     } = EmbeddedRun::new(&args.policy, RunRequest::default())?;
     plan::allow(&mut policy, &args.allow).map_err(request_failure)?;
     let grants = open_grants(args, policy.limits.disk)?;
-    let mut installer = Installer {
-        handle: rt.handle().clone(),
-        stop: stop.clone(),
-    };
-    let ensured = stage(args, &launcher, &policy, &mut installer)?;
-    let found = resolve(args, &launcher, &policy, &ensured, package, &installer)?;
+    let ensured = stage(args, &launcher, &policy, &mut here.installer)?;
+    let found = resolve(args, &launcher, &policy, &ensured, package, &here.installer)?;
     let req = server_request(args, &chosen(args, package, &found)?, variables);
     let extras = Extras {
         env: Some(ensured.env.dir.clone()),
@@ -190,7 +185,7 @@ fn serve_embedded(
         .prepare_with(&policy, &req, &extras)
         .map_err(|e| e.failure())?;
     prepared.grant(grants)?;
-    let result = rt.block_on(run_server(prepared, stop));
+    let result = here.rt.block_on(run_server(prepared, here.stop.clone()));
     let rules = policy
         .network
         .egress()
