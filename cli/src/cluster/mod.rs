@@ -32,9 +32,9 @@ use pycell_protocol::client::{DaemonClient, Endpoint};
 
 /// How often each node's load is asked.
 pub const POLL: Duration = Duration::from_secs(1);
-/// Ended calls a node keeps counting until a status covers them (more
-/// only while its polls fail, when it is down anyway).
-const MAX_SETTLED: usize = 4096;
+/// Sessions started that a node keeps counting until a status covers
+/// them (more only while its polls fail, when it is down anyway).
+const MAX_STARTED: usize = 4096;
 /// The least a node stays down once a call could not reach it.
 const DOWN_AT_LEAST: Duration = Duration::from_secs(2);
 
@@ -95,10 +95,16 @@ struct NodeState {
     max: usize,
     /// This front end's calls to it now.
     in_flight: usize,
-    /// When this front end's calls to it ended, for those no status asked
-    /// for since has counted yet (a session started holds a slot there,
-    /// which only a status asked after its start shows).
-    settled: Vec<Instant>,
+    /// When the sessions this front end started there began, for those no
+    /// status asked for since has counted yet (a session holds a slot,
+    /// which only a status asked after its start shows). A run that ended
+    /// holds nothing, so it is not here.
+    started: Vec<Instant>,
+    /// Sessions this front end has started there, ever: between nodes as
+    /// loaded, the one with fewer takes the next (a status may still count
+    /// a run that has ended since, and make a node with a new session look
+    /// no busier than one without).
+    sessions_placed: usize,
     down_until: Option<Instant>,
     /// Why it is down, for messages.
     down_because: String,
@@ -117,14 +123,28 @@ pub struct Node {
 
 /// A call in flight to a node; dropping it ends the count.
 #[derive(Debug)]
-pub struct Lease(Arc<Node>);
+pub struct Lease {
+    node: Arc<Node>,
+    started_a_session: bool,
+}
+
+impl Lease {
+    /// The call started a session, which holds a slot on the node after
+    /// the call ends.
+    pub fn started_a_session(&mut self) {
+        self.started_a_session = true;
+    }
+}
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let mut s = self.0.state();
+        let mut s = self.node.state();
         s.in_flight = s.in_flight.saturating_sub(1);
-        if s.settled.len() < MAX_SETTLED {
-            s.settled.push(Instant::now());
+        if self.started_a_session {
+            s.sessions_placed += 1;
+            if s.started.len() < MAX_STARTED {
+                s.started.push(Instant::now());
+            }
         }
     }
 }
@@ -146,7 +166,10 @@ impl Node {
         let mut s = self.state();
         s.in_flight += 1;
         drop(s);
-        Lease(Arc::clone(self))
+        Lease {
+            node: Arc::clone(self),
+            started_a_session: false,
+        }
     }
 
     /// It could not be reached (or is draining): down until a poll finds
@@ -183,17 +206,19 @@ impl Node {
     }
 
     /// Load: calls going and waiting per slot, as its last status said,
-    /// with this front end's calls going now and those ended since that
-    /// status was asked for.
-    fn load(&self) -> f64 {
+    /// with this front end's calls going now and the sessions it started
+    /// since that status was asked for; then how many sessions this front
+    /// end has placed there.
+    fn load(&self) -> (f64, usize) {
         let s = self.state();
-        (s.active + s.in_flight + s.settled.len()) as f64 / s.max.max(1) as f64
+        let busy = s.active + s.in_flight + s.started.len();
+        (busy as f64 / s.max.max(1) as f64, s.sessions_placed)
     }
 
-    /// Its status, asked for at `asked_at`: the calls that ended before
-    /// then are in it; those that ended since may not be (a status the
-    /// node wrote before a session started must not make the node look
-    /// free of it).
+    /// Its status, asked for at `asked_at`: the sessions started before
+    /// then are in it; those started since may not be (a status the node
+    /// wrote before a session started must not make the node look free of
+    /// it).
     fn polled(
         &self,
         answer: Result<pycell_protocol::info::DaemonStatus, String>,
@@ -204,7 +229,7 @@ impl Node {
             Ok(st) => {
                 s.active = st.active_runs + st.queued_runs;
                 s.max = st.max_concurrent_runs;
-                s.settled.retain(|ended| *ended >= asked_at);
+                s.started.retain(|at| *at >= asked_at);
                 if s.down_until.is_some_and(|t| Instant::now() >= t) {
                     s.down_until = None;
                     say(&format!("node {} is up", self.name));
@@ -280,18 +305,24 @@ impl Nodes {
         self.list().into_iter().find(|n| n.name == name)
     }
 
-    /// The nodes that are up, least loaded first (equal loads take turns).
+    /// The nodes that are up, least loaded first; between equal loads,
+    /// the one this front end placed fewer sessions on; then they take
+    /// turns.
     pub fn ranked(&self) -> Vec<Arc<Node>> {
         let list = self.list();
         let start = self.turn.fetch_add(1, Ordering::Relaxed);
         let n = list.len().max(1);
-        let mut up: Vec<(f64, usize, Arc<Node>)> = list
+        let mut up: Vec<((f64, usize), usize, Arc<Node>)> = list
             .into_iter()
             .enumerate()
             .filter(|(_, node)| node.down().is_none())
             .map(|(i, node)| (node.load(), (i + n - start % n) % n, node))
             .collect();
-        up.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        up.sort_by(|a, b| {
+            (a.0 .0.total_cmp(&b.0 .0))
+                .then(a.0 .1.cmp(&b.0 .1))
+                .then(a.1.cmp(&b.1))
+        });
         up.into_iter().map(|(_, _, node)| node).collect()
     }
 
@@ -436,20 +467,27 @@ mod tests {
             .polled(Ok(status(3, 8)), Instant::now());
         let order: Vec<String> = nodes.ranked().iter().map(|n| n.name.clone()).collect();
         assert_eq!(order, ["b", "c", "a"]);
-        // Calls sent since its status count: three more on b put it after
-        // c, until b's next status (sessions started there hold slots).
+        // Calls going now count: three on b put it after c.
         let b = nodes.named("b").unwrap();
         let leases: Vec<Lease> = (0..3).map(|_| b.lease()).collect();
         assert_eq!(nodes.ranked()[0].name, "c");
+        // Runs that ended hold nothing there.
         drop(leases);
-        assert_eq!(nodes.ranked()[0].name, "c");
-        b.polled(Ok(status(1, 8)), Instant::now());
         assert_eq!(nodes.ranked()[0].name, "b");
-        // A status asked for before a call ended does not cover it: the
-        // node may have written it before that session held its slot.
+        // Sessions started there do, until a status asked for after they
+        // started covers them (one asked before may have been written
+        // before they held their slots).
         let asked_at = Instant::now();
-        drop((0..3).map(|_| b.lease()).collect::<Vec<_>>());
+        let started = |n: usize| {
+            for _ in 0..n {
+                b.lease().started_a_session();
+            }
+        };
+        started(3);
+        assert_eq!(nodes.ranked()[0].name, "c");
         b.polled(Ok(status(1, 8)), asked_at);
+        assert_eq!(nodes.ranked()[0].name, "c");
+        b.polled(Ok(status(4, 8)), Instant::now());
         assert_eq!(nodes.ranked()[0].name, "c");
         b.polled(Ok(status(1, 8)), Instant::now());
         assert_eq!(nodes.ranked()[0].name, "b");
@@ -461,6 +499,32 @@ mod tests {
             .unwrap()
             .polled(Err("refused".into()), Instant::now());
         assert_eq!(nodes.ranked().len(), 1);
+    }
+
+    #[test]
+    fn between_equal_loads_the_node_with_fewer_sessions_placed_goes_first() {
+        let nodes = three();
+        for name in ["a", "b", "c"] {
+            nodes
+                .named(name)
+                .unwrap()
+                .polled(Ok(status(1, 8)), Instant::now());
+        }
+        // a's session is in its status; b's status still counts a run
+        // that has ended since: both look as busy.
+        nodes.named("a").unwrap().lease().started_a_session();
+        nodes
+            .named("a")
+            .unwrap()
+            .polled(Ok(status(1, 8)), Instant::now());
+        nodes.named("c").unwrap().lease().started_a_session();
+        nodes
+            .named("c")
+            .unwrap()
+            .polled(Ok(status(1, 8)), Instant::now());
+        for _ in 0..3 {
+            assert_eq!(nodes.ranked()[0].name, "b");
+        }
     }
 
     #[test]

@@ -61,7 +61,7 @@ impl Sandboxes {
         req: SessionStartRequest,
     ) -> Result<SessionInfo, SessionFailure> {
         for node in nodes.ranked() {
-            let _lease = node.lease();
+            let mut lease = node.lease();
             let r = req.clone();
             let started = via_daemon(node.endpoint(self.identity()), move |c| {
                 c.session_start(r, |_| {})
@@ -69,6 +69,7 @@ impl Sandboxes {
             .await;
             match started {
                 Ok(mut info) => {
+                    lease.started_a_session();
                     info.session = join_handle(&info.session, &node.name);
                     return Ok(info);
                 }
