@@ -15,7 +15,8 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};
 
-use pycell_protocol::client::{daemon_socket, Endpoint};
+use pycell_engine::service::Backend;
+use pycell_protocol::client::Endpoint;
 use pycell_protocol::messages::{RunRequest, MAX_FRAME};
 use pycell_protocol::result::RunResult;
 use pycell_wire::codes::{FailureCode, Layer};
@@ -53,9 +54,7 @@ pub fn main(args: &BatchArgs) -> i32 {
         eprintln!("pycell: --jobs 0: at least one run must go at once");
         return 125;
     }
-    let socket = (!args.embedded)
-        .then(|| daemon_socket(args.socket.as_deref()))
-        .flatten();
+    let socket = Backend::choose_now(args.embedded, args.socket.clone());
     let runs = match socket {
         Some(s) => Runs::Daemon(s),
         None => match embedded_runs(args.zygote.then_some((args.policy.as_str(), jobs))) {

@@ -1,38 +1,13 @@
 //! `pycell info`: pycell's version, the policies a run may name, and the
 //! measured status of each isolation layer. With pycelld running it shows
 //! the daemon's own view; otherwise what this process sees (embedded mode).
-//! The MCP `sandbox_info` tool returns the same [`HostInfo`].
+//! The MCP `sandbox_info` tool returns the same `HostInfo`.
 
 use std::path::Path;
 
 use crate::say::say;
-use pycell_launch::resolve::POLICY_DIR;
-use pycell_protocol::client::{daemon_socket, DaemonClient};
-use pycell_protocol::info::{DaemonInfo, HostInfo, LayerStatus, PolicySummary, WarmPoolStatus};
-
-/// The host's layers as the jailer measures them, plus what embedded mode needs.
-fn layers() -> Vec<LayerStatus> {
-    let mut v = pycell_launch::layers::layers();
-    v.push(LayerStatus::new(
-        "root",
-        nix::unistd::geteuid().is_root(),
-        "embedded mode (no pycelld) needs root",
-    ));
-    v
-}
-
-/// How runs are executed, as `mode` reports it.
-pub fn mode_name(daemon_socket: Option<&Path>) -> String {
-    match daemon_socket {
-        Some(socket) => format!("daemon ({})", socket.display()),
-        None => "embedded".to_string(),
-    }
-}
-
-/// Measure everything, for a caller that knows where its runs go.
-pub fn collect_with_mode(mode: String) -> HostInfo {
-    pycell_launch::host_info::host_info(mode, Path::new(POLICY_DIR), layers())
-}
+use pycell_protocol::client::DaemonClient;
+use pycell_protocol::info::{DaemonInfo, LayerStatus, PolicySummary, WarmPoolStatus};
 
 fn print_policies(policies: &[PolicySummary], with_limits: bool) {
     say!("\npolicies:");
@@ -142,14 +117,15 @@ fn print_daemon_info(socket: &Path, json: bool) -> Result<(), String> {
 }
 
 pub fn main(json: bool) -> i32 {
-    let socket = daemon_socket(None);
+    let socket = pycell_engine::service::Backend::choose_now(false, None);
     if let Some(socket) = &socket {
         match print_daemon_info(socket, json) {
             Ok(()) => return 0,
             Err(e) => eprintln!("pycell: cannot ask pycelld ({e}); showing what this process sees"),
         }
     }
-    let info = collect_with_mode(mode_name(socket.as_deref()));
+    let info =
+        pycell_engine::local::host_info(pycell_engine::service::mode_name(socket.as_deref()));
     if json {
         say!(
             "{}",

@@ -12,22 +12,21 @@
 
 mod batch;
 mod cli;
-mod cluster;
 mod env_cmd;
 mod info;
 mod jailed_server;
-mod mcp_http;
-mod mcp_lines;
-mod mcp_server;
+/// The MCP commands' flags (a module of their own here so that the man
+/// pages' tool, which compiles `cli.rs` and `mcp/src/args.rs` by path,
+/// finds them at the same place).
+#[cfg(feature = "mcp")]
+mod mcp_args {
+    pub use pycell_mcp::args::*;
+}
 mod policy_cmd;
-mod privileges;
 mod repl;
 mod run;
 mod say;
-mod serving;
 mod session_cmd;
-mod tls;
-mod tool_servers;
 
 use clap::Parser;
 
@@ -37,12 +36,15 @@ fn main() {
     let code = match cli.command {
         cli::Command::Run(args) => run::main(&args),
         cli::Command::Batch(args) => batch::main(&args),
+        #[cfg(feature = "mcp")]
         cli::Command::Mcp(args) => match &args.http {
-            Some(addr) => mcp_http::main(&args, addr),
-            None => mcp_server::main(&args),
+            Some(addr) => pycell_mcp::http::main(&args, addr),
+            None => pycell_mcp::server::main(&args),
         },
-        cli::Command::McpToken(args) => mcp_http::token_cmd::main(&args),
-        cli::Command::Gateway(args) => cluster::gateway::main(&args),
+        #[cfg(feature = "mcp")]
+        cli::Command::McpToken(args) => pycell_mcp::http::token_cmd::main(&args),
+        #[cfg(feature = "mcp")]
+        cli::Command::Gateway(args) => pycell_mcp::cluster::gateway::main(&args),
         cli::Command::McpServer(args) => jailed_server::main(&args),
         cli::Command::Session(args) => session_cmd::main(&args),
         cli::Command::Repl(args) => repl::main(&args),

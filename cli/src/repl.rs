@@ -13,8 +13,8 @@ use rustyline::DefaultEditor;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::ReplArgs;
-use crate::mcp_server::Sandboxes;
 use crate::session_cmd::{show_cell, start_request};
+use pycell_engine::service::{Backend, RunService};
 
 /// Exit status when the session could not start or was killed.
 const FAILED: i32 = 125;
@@ -46,7 +46,7 @@ async fn repl(args: &ReplArgs) -> i32 {
             return 2;
         }
     };
-    let sandboxes = Sandboxes::from_env(args.embedded);
+    let sandboxes = RunService::new(Backend::choose(args.embedded, args.socket.clone()), None);
     let info = match sandboxes.start_session(req).await {
         Ok(i) => i,
         Err(f) => {
@@ -71,7 +71,7 @@ async fn repl(args: &ReplArgs) -> i32 {
 }
 
 /// Read cells and run them until ^D (0) or the session is over (125).
-async fn prompt_loop(sandboxes: &Sandboxes, session: &str) -> i32 {
+async fn prompt_loop(sandboxes: &RunService, session: &str) -> i32 {
     let Ok(mut editor) = DefaultEditor::new() else {
         eprintln!("pycell repl: cannot set up line editing");
         return FAILED;
@@ -112,7 +112,7 @@ async fn prompt_loop(sandboxes: &Sandboxes, session: &str) -> i32 {
 }
 
 /// Run one cell, ^C interrupting it; `Err` if the session is over.
-async fn run_cell(sandboxes: &Sandboxes, session: &str, code: String) -> Result<(), String> {
+async fn run_cell(sandboxes: &RunService, session: &str, code: String) -> Result<(), String> {
     let cancel = CancellationToken::new();
     let call = sandboxes.session_call(session, SessionCall::Cell { code }, None, cancel.clone());
     tokio::pin!(call);

@@ -8,9 +8,10 @@ use std::io::{self, Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 
+use pycell_engine::service::Backend;
 use pycell_launch::launcher::{PolicyChoice, Prepared};
 use pycell_launch::tool_grant::ToolGrant;
-use pycell_protocol::client::{daemon_socket, Endpoint, Stage};
+use pycell_protocol::client::{Endpoint, Stage};
 use pycell_protocol::messages::{LimitOverrides, RunRequest};
 use pycell_protocol::result::RunResult;
 use pycell_tools::service::ToolService;
@@ -23,8 +24,8 @@ use pycell_engine::local::{EmbeddedRun, HowToRun};
 
 use crate::cli::RunArgs;
 use crate::say::say;
-use crate::tool_servers::{offer, DaemonToolCalls, ToolServers};
 use pycell_engine::local;
+use pycell_engine::tool_source::{DaemonToolCalls, ToolSource};
 
 /// When this process started, for `--timings`.
 pub(crate) static STARTED_US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
@@ -169,9 +170,8 @@ pub fn main(args: &RunArgs) -> i32 {
         let started = *STARTED_US.get_or_init(timings::now_us);
         OUR_MARKS.keep("pycell: started", started);
     }
-    let socket = (!args.embedded && !args.timings)
-        .then(|| daemon_socket(args.socket.as_deref()))
-        .flatten();
+    // --timings measures this process's own jailer: embedded.
+    let socket = Backend::choose_now(args.embedded || args.timings, args.socket.clone());
     let mut result = match socket {
         Some(socket) => run_via_daemon(args, &socket),
         None => run_embedded(args),
@@ -227,7 +227,7 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
     };
     let calls = tools
         .as_ref()
-        .map(|(servers, rt)| DaemonToolCalls::new(servers.clone(), rt.handle().clone()));
+        .map(|(servers, rt)| DaemonToolCalls::new(Arc::clone(servers), rt.handle().clone()));
     // The result carries the (capped) output too; without --json it is
     // shown as it arrives instead. A run that waits for a slot for more
     // than a second says where it is in the queue, on stderr.
@@ -266,12 +266,11 @@ fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
 fn offered_tools(
     args: &RunArgs,
     req: &mut RunRequest,
-) -> Result<Option<(ToolServers, local::Runtime)>, JailFailure> {
+) -> Result<Option<(Servers, local::Runtime)>, JailFailure> {
     let Some(path) = &args.tool_servers else {
         return Ok(None);
     };
-    let servers =
-        ToolServers::load(path).map_err(|m| request_failure(format!("--tool-servers {m}")))?;
+    let servers = load_tool_servers(path)?;
     let rt = local::runtime().map_err(|e| {
         JailFailure::new(
             FailureCode::Internal,
@@ -279,7 +278,7 @@ fn offered_tools(
             format!("starting a runtime: {e}"),
         )
     })?;
-    rt.block_on(offer(&servers, req));
+    req.tools = Some(rt.block_on(servers.catalog()));
     Ok(Some((servers, rt)))
 }
 
@@ -363,17 +362,34 @@ fn embedded_tools(
     args: &RunArgs,
     rt: &tokio::runtime::Runtime,
     run: &mut EmbeddedRun,
-) -> Result<(Option<ToolServers>, Option<ToolService>), JailFailure> {
+) -> Result<(Option<Servers>, Option<ToolService>), JailFailure> {
     let Some(path) = &args.tool_servers else {
         return Ok((None, None));
     };
-    let servers =
-        ToolServers::load(path).map_err(|m| request_failure(format!("--tool-servers {m}")))?;
-    rt.block_on(offer(&servers, &mut run.req));
+    let servers = load_tool_servers(path)?;
+    run.req.tools = Some(rt.block_on(servers.catalog()));
     let catalog = run.req.tools.as_ref().expect("offered just now");
     let grant = ToolGrant::new(&run.policy, catalog).map_err(request_failure)?;
-    let service = grant.service(Arc::new(servers.clone()), None);
+    let upstream: Arc<dyn pycell_tools::service::Upstream> = servers.clone();
+    let service = grant.service(upstream, None);
     Ok((Some(servers), Some(service)))
+}
+
+/// The client's tool servers (`--tool-servers`).
+type Servers = Arc<dyn ToolSource>;
+
+/// `--tool-servers FILE`'s servers (nothing started yet).
+fn load_tool_servers(path: &Path) -> Result<Servers, JailFailure> {
+    #[cfg(feature = "mcp")]
+    let loaded = pycell_mcp::tool_servers::ToolServers::load(path)
+        .map(|s| Arc::new(s) as Arc<dyn ToolSource>)
+        .map_err(|m| format!("--tool-servers {m}"));
+    #[cfg(not(feature = "mcp"))]
+    let loaded = Err(format!(
+        "--tool-servers {}: this pycell was built without MCP (cargo feature `mcp`), which tool servers need; build it with its default features",
+        path.display()
+    ));
+    loaded.map_err(request_failure)
 }
 
 /// Print the result: one JSON object, or (streaming mode, where the output

@@ -6,7 +6,8 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 use base64::Engine;
-use pycell_protocol::client::{daemon_socket, ClientError, DaemonClient};
+use pycell_engine::service::Backend;
+use pycell_protocol::client::{ClientError, DaemonClient};
 use pycell_protocol::messages::LimitOverrides;
 use pycell_protocol::session::{SessionAnswer, SessionCall, SessionStartRequest};
 
@@ -45,7 +46,7 @@ pub fn start_request(how: &SessionStartArgs) -> Result<SessionStartRequest, Stri
 }
 
 pub fn main(args: &SessionArgs) -> i32 {
-    let Some(socket) = daemon_socket(args.daemon.socket.as_deref()) else {
+    let Some(socket) = Backend::choose_now(false, args.daemon.socket.clone()) else {
         eprintln!("pycell session: no pycelld here (no --socket, no PYCELL_SOCKET, no /run/pycell/pycell.sock): a session outlives one command, so it lives in pycelld; without it, `pycell repl` holds a session for as long as it runs");
         return REFUSED;
     };

@@ -423,3 +423,17 @@ fn mark(marks: Option<&Recorder>, what: &str) {
         m.mark(what);
     }
 }
+
+/// The host as this process measures it (each isolation layer, the
+/// policies a run may name, and whether embedded mode has the root it
+/// needs), with `mode` saying where runs go.
+pub fn host_info(mode: String) -> pycell_protocol::info::HostInfo {
+    let mut layers = pycell_launch::layers::layers();
+    layers.push(pycell_protocol::info::LayerStatus::new(
+        "root",
+        nix::unistd::geteuid().is_root(),
+        "embedded mode (no pycelld) needs root",
+    ));
+    let policies = std::path::Path::new(pycell_launch::resolve::POLICY_DIR);
+    pycell_launch::host_info::host_info(mode, policies, layers)
+}

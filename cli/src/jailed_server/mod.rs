@@ -73,9 +73,7 @@ fn serve(args: &McpServerArgs) -> Result<RunResult, JailFailure> {
         .map_err(|e| request_failure(format!("PACKAGE {:?}: {e}", args.package)))?;
     let variables =
         plan::variables(&args.env, |n| std::env::var(n).ok()).map_err(request_failure)?;
-    let socket = (!args.embedded)
-        .then(|| pycell_protocol::client::daemon_socket(args.socket.as_deref()))
-        .flatten();
+    let socket = pycell_engine::service::Backend::choose_now(args.embedded, args.socket.clone());
     let (result, allowed_rules) = match socket {
         Some(socket) => daemon::serve(args, &socket, &package.name, variables)?,
         None => serve_embedded(args, &package.name, variables)?,

@@ -19,6 +19,12 @@ use clap_mangen::Man;
 #[path = "../../../cli/src/cli.rs"]
 mod cli;
 
+/// The flags of `pycell mcp`, `mcp-token` and `gateway`, which `cli.rs`
+/// names as `crate::mcp_args` (in pycell, `pycell_mcp::args`).
+#[allow(dead_code)]
+#[path = "../../../mcp/src/args.rs"]
+mod mcp_args;
+
 #[allow(dead_code)] // only the command definition is used here
 #[path = "../../../daemon/src/bin/pycelld/cli.rs"]
 mod pycelld_cli;

@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::conns::{Activity, Admission, Watched};
 use super::gate::{origin_allowed, scope_needed, Denial, Gate};
-use crate::mcp_server::PycellServer;
+use crate::server::PycellServer;
 
 /// How long a request's body may take to arrive, once its head has.
 const BODY_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
@@ -47,7 +47,7 @@ pub struct Front {
     pub allowed_hosts: Arc<[String]>,
     pub admission: Arc<Admission>,
     /// The calls in flight, by caller and request id.
-    pub cancels: Arc<crate::mcp_server::cancels::Cancels>,
+    pub cancels: Arc<crate::server::cancels::Cancels>,
 }
 
 impl std::fmt::Debug for Front {
@@ -149,7 +149,7 @@ impl Front {
                 return self.denied(&Denial::Scope(needed));
             }
         }
-        if let Some(id) = crate::mcp_server::cancels::cancelled_request_id(&bytes) {
+        if let Some(id) = crate::server::cancels::cancelled_request_id(&bytes) {
             // Stateless: rmcp would accept it and cancel nothing.
             self.cancels.cancel(caller.map(|c| c.identity.clone()), &id);
             return plain(StatusCode::ACCEPTED, "");
@@ -222,11 +222,11 @@ fn is_json(headers: &http::HeaderMap) -> bool {
 /// The JSON-RPC error for a body that is no client message, with status
 /// 400 (None if it is one after all, or a notification).
 fn unreadable_message(body: &[u8]) -> Option<Response<Body>> {
-    use crate::mcp_server::jsonrpc::answer_unparsed;
+    use crate::server::jsonrpc::answer_unparsed;
     let error = serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(body).err()?;
     let answer = answer_unparsed(body, &error).unwrap_or_else(|| {
         let m = format!("Invalid Request: not a notification of MCP ({error})");
-        crate::mcp_server::jsonrpc::error_response(None, -32600, m)
+        crate::server::jsonrpc::error_response(None, -32600, m)
     });
     Response::builder()
         .status(StatusCode::BAD_REQUEST)

@@ -1,21 +1,23 @@
-//! Runs and sessions on a cluster of pycelld nodes (`pycell mcp --http
-//! --node ...`): placement and routing as `crate::cluster` describes; the
-//! calls themselves are the daemon path's.
+//! Runs and sessions on a cluster of pycelld nodes: placement and routing
+//! as [`crate::cluster`] describes; the calls themselves are the daemon
+//! backend's.
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use pycell_launch::session_table::{self, Lookup};
+use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::RunResult;
 use pycell_protocol::session::{
     SessionAnswer, SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
 };
 use pycell_wire::codes::FailureCode;
-use tokio_util::sync::CancellationToken;
 
-use super::sandboxes::{RequestError, RunEvent, Sandboxes};
-use super::sessions::{via_daemon, SessionFailure};
+use super::daemon::{self, via_daemon, Asked};
+use super::{Asker, OnEvent, RequestError, Sandboxes, SessionFailure};
 use crate::cluster::{join_handle, split_handle, Node, Nodes};
-use pycell_launch::session_table::{self, Lookup};
-use pycell_protocol::messages::RunRequest;
 
 /// Nothing of the call happened on the node: another may take it.
 fn not_reached(code: FailureCode) -> bool {
@@ -25,21 +27,56 @@ fn not_reached(code: FailureCode) -> bool {
     )
 }
 
-impl Sandboxes {
+/// The nodes of a cluster.
+#[derive(Debug)]
+pub struct Cluster {
+    nodes: Arc<Nodes>,
+    shutdown: CancellationToken,
+}
+
+impl Cluster {
+    pub fn new(nodes: Arc<Nodes>, shutdown: CancellationToken) -> Cluster {
+        Cluster { nodes, shutdown }
+    }
+
+    /// The node `handle` names and the node's own handle, or why the
+    /// session cannot be reached.
+    fn node_of<'h>(&self, handle: &'h str) -> Result<(Arc<Node>, &'h str), SessionFailure> {
+        let unknown = || {
+            let (code, message) = session_table::lookup_message(&Lookup::Unknown, handle);
+            SessionFailure::new(code, message)
+        };
+        let (local, name) = split_handle(handle).ok_or_else(unknown)?;
+        let node = self.nodes.named(name).ok_or_else(unknown)?;
+        match node.down() {
+            Some(why) => Err(gone(handle, &node.name, &why)),
+            None => Ok((node, local)),
+        }
+    }
+}
+
+#[async_trait]
+impl Sandboxes for Cluster {
     /// A run on the least-loaded node that takes it.
-    pub(super) async fn run_in_cluster(
+    async fn run(
         &self,
-        nodes: &Nodes,
+        asker: &Asker,
         req: RunRequest,
-        mut on_event: impl FnMut(RunEvent<'_>) + Send,
+        on_event: OnEvent<'_>,
         cancel: CancellationToken,
     ) -> Result<RunResult, RequestError> {
-        for node in nodes.ranked() {
+        for node in self.nodes.ranked() {
             let _lease = node.lease();
-            let endpoint = node.endpoint(self.identity());
-            let r = self
-                .run_via_daemon(endpoint, req.clone(), &mut on_event, cancel.clone())
-                .await?;
+            let endpoint = node.endpoint(asker.identity.clone());
+            let r = daemon::run(
+                endpoint,
+                asker,
+                req.clone(),
+                on_event,
+                &cancel,
+                &self.shutdown,
+            )
+            .await?;
             match r.error.as_ref().filter(|e| not_reached(e.code)) {
                 Some(e) => node.mark_down(&e.message),
                 None => return Ok(r),
@@ -48,22 +85,22 @@ impl Sandboxes {
         let f = pycell_wire::report::JailFailure::new(
             FailureCode::DaemonUnavailable,
             pycell_wire::codes::Layer::Daemon,
-            nodes.none_up(),
+            self.nodes.none_up(),
         );
         Ok(RunResult::refused("", req.policy_name(), f))
     }
 
     /// A session on the least-loaded node that takes it; its handle names
     /// the node.
-    pub(super) async fn start_in_cluster(
+    async fn start_session(
         &self,
-        nodes: &Nodes,
+        asker: &Asker,
         req: SessionStartRequest,
     ) -> Result<SessionInfo, SessionFailure> {
-        for node in nodes.ranked() {
+        for node in self.nodes.ranked() {
             let mut lease = node.lease();
             let r = req.clone();
-            let started = via_daemon(node.endpoint(self.identity()), move |c| {
+            let started = via_daemon(node.endpoint(asker.identity.clone()), move |c| {
                 c.session_start(r, |_| {})
             })
             .await;
@@ -79,54 +116,38 @@ impl Sandboxes {
         }
         Err(SessionFailure::new(
             FailureCode::DaemonUnavailable,
-            nodes.none_up(),
+            self.nodes.none_up(),
         ))
     }
 
-    /// The node `handle` names and the node's own handle, or why the
-    /// session cannot be reached.
-    fn node_of<'h>(
+    async fn session_call(
         &self,
-        nodes: &Nodes,
-        handle: &'h str,
-    ) -> Result<(Arc<Node>, &'h str), SessionFailure> {
-        let unknown = || {
-            let (code, message) = session_table::lookup_message(&Lookup::Unknown, handle);
-            SessionFailure::new(code, message)
-        };
-        let (local, name) = split_handle(handle).ok_or_else(unknown)?;
-        let node = nodes.named(name).ok_or_else(unknown)?;
-        match node.down() {
-            Some(why) => Err(gone(handle, &node.name, &why)),
-            None => Ok((node, local)),
-        }
-    }
-
-    pub(super) async fn call_in_cluster(
-        &self,
-        nodes: &Nodes,
+        asker: &Asker,
         handle: &str,
         call: SessionCall,
         timeout_s: Option<f64>,
         cancel: CancellationToken,
     ) -> Result<SessionAnswer, SessionFailure> {
-        let (node, local) = self.node_of(nodes, handle)?;
+        let (node, local) = self.node_of(handle)?;
         let _lease = node.lease();
-        let endpoint = node.endpoint(self.identity());
-        let answer = self
-            .daemon_call(endpoint, local, call, timeout_s, cancel)
-            .await;
+        let endpoint = node.endpoint(asker.identity.clone());
+        let asked = Asked {
+            handle: local,
+            call,
+            timeout_s,
+        };
+        let answer = daemon::session_call(endpoint, asker, asked, cancel).await;
         reached(answer, &node, handle)
     }
 
-    pub(super) async fn end_in_cluster(
+    async fn end_session(
         &self,
-        nodes: &Nodes,
+        asker: &Asker,
         handle: &str,
     ) -> Result<SessionEndInfo, SessionFailure> {
-        let (node, local) = self.node_of(nodes, handle)?;
+        let (node, local) = self.node_of(handle)?;
         let local = local.to_string();
-        let ended = via_daemon(node.endpoint(self.identity()), move |c| {
+        let ended = via_daemon(node.endpoint(asker.identity.clone()), move |c| {
             c.session_end(&local)
         })
         .await;
@@ -136,13 +157,11 @@ impl Sandboxes {
     }
 
     /// The caller's sessions on every node that is up.
-    pub(super) async fn list_in_cluster(
-        &self,
-        nodes: &Nodes,
-    ) -> Result<Vec<SessionSummary>, SessionFailure> {
+    async fn list_sessions(&self, asker: &Asker) -> Result<Vec<SessionSummary>, SessionFailure> {
         let mut all = Vec::new();
-        for node in nodes.ranked() {
-            let listed = via_daemon(node.endpoint(self.identity()), |c| c.session_list()).await;
+        for node in self.nodes.ranked() {
+            let endpoint = node.endpoint(asker.identity.clone());
+            let listed = via_daemon(endpoint, |c| c.session_list()).await;
             match listed {
                 Ok(list) => all.extend(list.into_iter().map(|mut s| {
                     s.session = join_handle(&s.session, &node.name);
@@ -153,6 +172,10 @@ impl Sandboxes {
             }
         }
         Ok(all)
+    }
+
+    fn mode(&self) -> String {
+        format!("cluster (nodes {})", self.nodes.names().join(", "))
     }
 }
 

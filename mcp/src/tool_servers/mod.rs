@@ -26,8 +26,7 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::{json, Map, Value};
 use tokio::sync::Mutex;
 
-use pycell_protocol::client::{DaemonClient, Stage, ToolAnswerer};
-use pycell_protocol::messages::RunRequest;
+use pycell_engine::tool_source::{CallLimits, ToolSource};
 use pycell_tools::allow::Pattern;
 use pycell_tools::catalog::{Catalog, CatalogServer, CatalogTool};
 use pycell_tools::config::{self, ServerConfig, Transport};
@@ -177,14 +176,6 @@ impl ToolServers {
     }
 }
 
-/// What bounds one call: the policy's `call_timeout` (counted once the
-/// server is up) and `max_result`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CallLimits {
-    pub timeout: Option<Duration>,
-    pub max_result: Option<u64>,
-}
-
 /// `tools/call` of `tool`, answered within `limit` (else cancelled, as
 /// MCP says), its answer measured against `max_result` before it is
 /// parsed (see [`transport`]).
@@ -207,6 +198,27 @@ async fn send_call(
         .await?
         .await_response()
         .await
+}
+
+impl ToolSource for ToolServers {
+    fn catalog(&self) -> futures::future::BoxFuture<'_, Catalog> {
+        Box::pin(ToolServers::catalog(self))
+    }
+
+    fn call_checked(
+        &self,
+        server: String,
+        tool: String,
+        arguments: Map<String, Value>,
+        limits: CallLimits,
+    ) -> CallFuture {
+        let this = self.clone();
+        Box::pin(async move { this.call_tool(server, tool, arguments, limits).await })
+    }
+
+    fn shutdown(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(ToolServers::shutdown(self))
+    }
 }
 
 impl Upstream for ToolServers {
@@ -362,84 +374,4 @@ fn read_bounded(path: &Path) -> Result<String, String> {
         .read_to_string(&mut text)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(text)
-}
-
-/// Answers a daemon run's tool calls (pycelld checked them): each call
-/// runs on `handle`, so that calls overlap, and its answer goes back on
-/// the run's connection.
-#[derive(Debug, Clone)]
-pub struct DaemonToolCalls {
-    servers: ToolServers,
-    handle: tokio::runtime::Handle,
-    answerer: Arc<std::sync::Mutex<Option<ToolAnswerer>>>,
-}
-
-impl DaemonToolCalls {
-    pub fn new(servers: ToolServers, handle: tokio::runtime::Handle) -> DaemonToolCalls {
-        DaemonToolCalls {
-            servers,
-            handle,
-            answerer: Arc::default(),
-        }
-    }
-
-    /// The run's (new) connection: answers go there.
-    pub fn connected(&self, client: &DaemonClient) {
-        if let Ok(mut a) = self.answerer.lock() {
-            *a = client.answerer().ok();
-        }
-    }
-
-    /// Take `stage` if it is a tool call (answered when the server is
-    /// done; with no servers, never: pycelld sends none to a client that
-    /// offered no tools).
-    pub fn take(calls: Option<&DaemonToolCalls>, stage: Stage<'_>) {
-        if let (
-            Some(calls),
-            Stage::ToolCall {
-                call,
-                server,
-                tool,
-                arguments,
-                timeout,
-                max_result,
-            },
-        ) = (calls, stage)
-        {
-            let limits = CallLimits {
-                timeout,
-                max_result,
-            };
-            calls.on_call(call, (server, tool), arguments, limits);
-        }
-    }
-
-    /// A call from the run's code: answered when the server is done.
-    pub fn on_call(
-        &self,
-        call: u64,
-        (server, tool): (&str, &str),
-        arguments: &Map<String, Value>,
-        limits: CallLimits,
-    ) {
-        let this = self.clone();
-        let (server, tool, arguments) = (server.to_string(), tool.to_string(), arguments.clone());
-        self.handle.spawn(async move {
-            let outcome = this
-                .servers
-                .call_tool(server, tool, arguments, limits)
-                .await
-                .into();
-            if let Ok(mut a) = this.answerer.lock() {
-                if let Some(a) = a.as_mut() {
-                    let _ = a.answer(call, outcome);
-                }
-            }
-        });
-    }
-}
-
-/// Offer `servers`' tools to a run: its request gets their catalog.
-pub async fn offer(servers: &ToolServers, req: &mut RunRequest) {
-    req.tools = Some(servers.catalog().await);
 }

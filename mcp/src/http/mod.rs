@@ -13,11 +13,11 @@
 //! port, read a key only root reads), it binds and reads first, then
 //! becomes `--user` before it parses a byte.
 
-pub mod callers;
+pub(crate) mod callers;
 mod conns;
 mod front;
 mod gate;
-pub mod limiter;
+pub(crate) mod limiter;
 mod oauth;
 mod setup;
 pub mod token_cmd;
@@ -30,16 +30,17 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::McpArgs;
+use crate::args::McpArgs;
 use crate::cluster::tunnel::Tunnels;
 use crate::cluster::{NodeAddr, Nodes};
-use crate::mcp_server::sandboxes::{Mode, Sandboxes};
-use crate::mcp_server::PycellServer;
+use crate::server::PycellServer;
 use front::Front;
+use pycell_engine::service::{self, RunService};
+use pycell_engine::tool_source::ToolSource;
 use setup::{Backend, Setup};
 
 /// Largest request body: the largest message any MCP front end reads.
-const MAX_BODY: usize = crate::mcp_server::jsonrpc::MAX_MESSAGE;
+const MAX_BODY: usize = crate::server::jsonrpc::MAX_MESSAGE;
 /// How long a TLS handshake may take.
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
 /// After SIGTERM: how long requests in flight get to finish (under
@@ -70,7 +71,7 @@ pub fn main(args: &McpArgs, addr: &str) -> i32 {
 }
 
 async fn serve(args: &McpArgs, setup: Setup) -> i32 {
-    let servers = match crate::mcp_server::load_tool_servers(args) {
+    let servers = match crate::server::load_tool_servers(args) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("pycell mcp --http: {e}");
@@ -78,7 +79,7 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
         }
     };
     let code_mode = match &servers {
-        Some(s) => Some(crate::mcp_server::code_mode(s, &args.policy).await),
+        Some(s) => Some(crate::server::code_mode(s, &args.policy).await),
         None => None,
     };
     let stop = CancellationToken::new();
@@ -91,8 +92,9 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
             return 1;
         }
     };
-    let sandboxes = Sandboxes::with_tools(mode, servers.clone());
-    let cancels = Arc::<crate::mcp_server::cancels::Cancels>::default();
+    let tools = servers.clone().map(|s| Arc::new(s) as Arc<dyn ToolSource>);
+    let sandboxes = RunService::new(mode, tools);
+    let cancels = Arc::<crate::server::cancels::Cancels>::default();
     let mut server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode.as_ref())
         .with_cancels(Arc::clone(&cancels));
     if !setup.gate.open {
@@ -151,9 +153,9 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
 
 /// The mode of the sandboxes: one pycelld, or a cluster's nodes (those
 /// behind a gateway reached through tunnels), watched until `stop`.
-fn where_runs_go(backend: Backend, stop: &CancellationToken) -> Result<Mode, String> {
+fn where_runs_go(backend: Backend, stop: &CancellationToken) -> Result<service::Backend, String> {
     let (nodes, dns, tls) = match backend {
-        Backend::Daemon(socket) => return Ok(Mode::Daemon(socket)),
+        Backend::Daemon(socket) => return Ok(service::Backend::Daemon(socket)),
         Backend::Cluster { nodes, dns, tls } => (nodes, dns, tls),
     };
     let tunnels = tls.map(Tunnels::new).transpose()?;
@@ -169,9 +171,10 @@ fn where_runs_go(backend: Backend, stop: &CancellationToken) -> Result<Mode, Str
     if dns.is_some() && tunnels.is_none() {
         return Err("--nodes-dns needs the node TLS flags".into());
     }
-    let nodes = Nodes::new(sockets, dns, tunnels);
+    let reach = tunnels.map(|t| Arc::new(t) as Arc<dyn pycell_engine::cluster::Reach>);
+    let nodes = Nodes::new(sockets, dns, reach);
     tokio::spawn(Arc::clone(&nodes).watch(stop.clone()));
-    Ok(Mode::Cluster(nodes))
+    Ok(service::Backend::Cluster(nodes))
 }
 
 /// Accept connections until SIGTERM or SIGINT; which are kept, and how

@@ -1,5 +1,5 @@
 //! Newline-delimited JSON-RPC, read and written for pycell's own MCP
-//! transports (the stdio server, `mcp_server::stdio`; the client of tool
+//! transports (the stdio server, `server::stdio`; the client of tool
 //! servers, `tool_servers::transport`): a line is read into a buffer that
 //! never grows past its limit (an oversized line keeps only its first
 //! [`HEAD`] bytes, to find its id in), and lines are written whole, one

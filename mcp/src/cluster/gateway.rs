@@ -14,7 +14,7 @@ use tokio::net::UnixStream;
 use tokio_rustls::TlsAcceptor;
 
 use super::tunnel::{self, TlsFiles};
-use crate::cli::GatewayArgs;
+use crate::args::GatewayArgs;
 
 /// How long a client's TLS handshake may take.
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
@@ -53,7 +53,7 @@ fn prepare(args: &GatewayArgs) -> Result<(TcpListener, TlsAcceptor, PathBuf), St
     if let Some(user) = user {
         crate::privileges::become_user(&user)?;
     }
-    let socket = pycell_protocol::client::daemon_socket(args.socket.as_deref())
+    let socket = pycell_engine::service::Backend::choose_now(false, args.socket.clone())
         .ok_or("no pycelld socket here: give --socket")?;
     Ok((listener, acceptor, socket))
 }

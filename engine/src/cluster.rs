@@ -14,13 +14,10 @@
 //!   answer is down until it does.
 //!
 //! A node is a pycelld socket on this host (`NAME=unix:/run/pycell/pycell.sock`)
-//! or a `pycell gateway` on another (`NAME=HOST:PORT`, mutual TLS: see
-//! [`tunnel`]). Either way the daemon client speaks to a Unix socket: for a
-//! remote node, one this process serves, each of whose connections it
-//! carries over TLS to the node's gateway.
-
-pub mod gateway;
-pub mod tunnel;
+//! or a `pycell gateway` on another (`NAME=HOST:PORT`, mutual TLS, which
+//! the front end provides as a [`Reach`]). Either way the daemon client
+//! speaks to a Unix socket: for a remote node, one the front end serves,
+//! each of whose connections it carries over TLS to the node's gateway.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,46 +34,6 @@ pub const POLL: Duration = Duration::from_secs(1);
 const MAX_STARTED: usize = 4096;
 /// The least a node stays down once a call could not reach it.
 const DOWN_AT_LEAST: Duration = Duration::from_secs(2);
-
-/// Where a node is, as `--node NAME=ADDR` says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodeAddr {
-    Unix(PathBuf),
-    /// `HOST:PORT` of its gateway (TLS).
-    Tls(String),
-}
-
-/// `NAME=unix:PATH` or `NAME=HOST:PORT`.
-pub fn parse_node(spec: &str) -> Result<(String, NodeAddr), String> {
-    let (name, addr) = spec
-        .split_once('=')
-        .ok_or_else(|| format!("--node {spec:?}: write NAME=unix:PATH or NAME=HOST:PORT"))?;
-    if let Some(p) = name_problem(name) {
-        return Err(format!("--node {spec:?}: {p}"));
-    }
-    let addr = match addr.strip_prefix("unix:") {
-        Some(path) if path.starts_with('/') => NodeAddr::Unix(PathBuf::from(path)),
-        Some(_) => return Err(format!("--node {spec:?}: the socket path must be absolute")),
-        None if is_host_port(addr) => NodeAddr::Tls(addr.to_string()),
-        None => return Err(format!("--node {spec:?}: the address is not HOST:PORT")),
-    };
-    Ok((name.to_string(), addr))
-}
-
-/// `HOST:PORT` (a name or an address, then a port number).
-pub fn is_host_port(s: &str) -> bool {
-    s.rsplit_once(':')
-        .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
-}
-
-/// A node's name: it goes into session handles after `@`.
-fn name_problem(name: &str) -> Option<&'static str> {
-    let ok = (1..=63).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
-    (!ok).then_some("a node name is 1 to 63 of a-z, 0-9, '-' and '.'")
-}
 
 /// The handle a caller sees for session `local` of node `node`.
 pub fn join_handle(local: &str, node: &str) -> String {
@@ -257,9 +214,17 @@ pub struct Nodes {
     /// `--nodes-dns HOST:PORT`: every address the name has is a node's
     /// gateway.
     dns: Option<String>,
-    /// The tunnels to nodes behind gateways (their sockets' directory
-    /// lives as long as this).
-    tunnels: Option<tunnel::Tunnels>,
+    /// How nodes behind gateways are reached (their tunnels live as long
+    /// as this).
+    tunnels: Option<Arc<dyn Reach>>,
+}
+
+/// How the nodes a DNS name lists are reached: a Unix socket of this
+/// process's for each, carried to the node's gateway.
+pub trait Reach: Send + Sync + std::fmt::Debug {
+    /// The socket for node `name`, whose gateway is at `remote` (from
+    /// within the runtime).
+    fn open(&self, name: &str, remote: String) -> std::io::Result<PathBuf>;
 }
 
 fn node(name: String, socket: PathBuf) -> Arc<Node> {
@@ -282,7 +247,7 @@ impl Nodes {
     pub fn new(
         nodes: Vec<(String, PathBuf)>,
         dns: Option<String>,
-        tunnels: Option<tunnel::Tunnels>,
+        tunnels: Option<Arc<dyn Reach>>,
     ) -> Arc<Nodes> {
         let list = nodes.into_iter().map(|(n, s)| node(n, s)).collect();
         Arc::new(Nodes {
@@ -542,31 +507,5 @@ mod tests {
         assert_eq!(h, "s-0123abcd@node-2");
         assert_eq!(split_handle(&h), Some(("s-0123abcd", "node-2")));
         assert_eq!(split_handle("s-0123abcd"), None);
-    }
-
-    #[test]
-    fn node_flags_are_checked() {
-        assert_eq!(
-            parse_node("a=unix:/run/pycell/pycell.sock").unwrap(),
-            ("a".into(), NodeAddr::Unix("/run/pycell/pycell.sock".into()))
-        );
-        assert_eq!(
-            parse_node("node-1.example=10.0.0.1:7433").unwrap().1,
-            NodeAddr::Tls("10.0.0.1:7433".into())
-        );
-        assert_eq!(
-            parse_node("b=[::1]:7433").unwrap().1,
-            NodeAddr::Tls("[::1]:7433".into())
-        );
-        for bad in [
-            "a",
-            "A=unix:/x",
-            "a=unix:x",
-            "a=host",
-            "a@b=unix:/x",
-            "a=:80",
-        ] {
-            assert!(parse_node(bad).is_err(), "{bad}");
-        }
     }
 }

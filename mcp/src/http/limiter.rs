@@ -82,7 +82,7 @@ impl Drop for Permit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp_http::callers::{Quotas, Scopes};
+    use crate::http::callers::{Quotas, Scopes};
     use std::time::Duration;
 
     fn caller(name: &str, concurrent: u32, per_minute: u32) -> Caller {
@@ -93,7 +93,7 @@ mod tests {
                 max_concurrent_runs: concurrent,
                 runs_per_minute: per_minute,
             },
-            policies: crate::mcp_http::callers::policies_allowed(None),
+            policies: crate::http::callers::policies_allowed(None),
         }
     }
 

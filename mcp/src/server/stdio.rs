@@ -1,7 +1,7 @@
 //! `pycell mcp`'s stdio transport: newline-delimited JSON-RPC as rmcp's
 //! own, but every message that cannot be served is answered
 //! ([`super::jsonrpc`]): not JSON, no message, over [`MAX_MESSAGE`]
-//! (lines read bounded: [`crate::mcp_lines`]).
+//! (lines read bounded: [`crate::lines`]).
 
 use rmcp::service::{RoleServer, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
@@ -9,7 +9,7 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::jsonrpc::{answer_oversized, answer_unparsed, MAX_MESSAGE};
-use crate::mcp_lines::{message_of, Line, LineReader, LineWriter};
+use crate::lines::{message_of, Line, LineReader, LineWriter};
 
 /// Error answers being written at once, at most: past it no line is read
 /// until one is out (a client that sends bad lines and reads nothing

@@ -225,21 +225,6 @@ fn input_files(files: Vec<InputFileArg>) -> Result<Vec<InputFile>, ArgumentError
     Ok(out)
 }
 
-/// The sandboxes' complaint about a request, in the tool's own terms.
-pub fn request_error_message(e: &super::sandboxes::RequestError) -> String {
-    let field = match e.field {
-        "timeout" => "timeout_s",
-        other => other,
-    };
-    // The sandboxes' messages name the field themselves for some problems
-    // ("timeout: must be..."); say it once.
-    let problem = e
-        .problem
-        .strip_prefix(&format!("{}: ", e.field))
-        .unwrap_or(&e.problem);
-    format!("`{field}`: {problem}")
-}
-
 fn secs(s: f64) -> String {
     if s.fract() == 0.0 {
         format!("{s:.0} s")

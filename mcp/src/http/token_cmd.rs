@@ -5,7 +5,7 @@
 use base64::Engine;
 
 use super::callers::{hex, name_problem, token_hash, SCOPES, SCOPE_RUN};
-use crate::cli::McpTokenArgs;
+use crate::args::McpTokenArgs;
 
 pub fn main(args: &McpTokenArgs) -> i32 {
     match entry(args) {
@@ -57,7 +57,7 @@ fn entry(args: &McpTokenArgs) -> Result<(String, String), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp_http::callers::TokenTable;
+    use crate::http::callers::TokenTable;
 
     #[test]
     fn the_entry_loads_and_maps_the_token_to_its_name() {

@@ -20,9 +20,9 @@ use pycell_protocol::session::{
 
 use super::cell_output::{image_info, CellException, CellInfo, FileChange};
 use super::output::{human_bytes, structured, ErrorInfo, RunPythonOutput};
-use super::sessions::SessionFailure;
 use super::tools::portable;
 use super::PycellServer;
+use pycell_engine::service::SessionFailure;
 use pycell_launch::session::Answer;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::RunStatus;

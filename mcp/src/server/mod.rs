@@ -2,7 +2,7 @@
 //!
 //! It speaks MCP with the official Rust SDK (`rmcp`) on stdin/stdout, offers
 //! the `run_python` and `sandbox_info` tools, and hands each run to the
-//! [`Sandboxes`]. While a run goes it sends progress notifications if the
+//! [`RunService`]. While a run goes it sends progress notifications if the
 //! client asked for them; a client's `notifications/cancelled` kills the
 //! run's sandbox. At the end of stdin it cancels what is still running,
 //! waits for the sandboxes to be cleaned up, and exits.
@@ -16,12 +16,9 @@
 pub(crate) mod cancels;
 mod cell_output;
 mod eof;
-mod in_cluster;
 pub(crate) mod jsonrpc;
 mod output;
-pub(crate) mod sandboxes;
 pub(crate) mod session_tools;
-mod sessions;
 mod stdio;
 pub(crate) mod tools;
 
@@ -41,14 +38,14 @@ use tokio_util::sync::CancellationToken;
 use pycell_launch::resolve::POLICY_DIR;
 use pycell_wire::events::Stream;
 
-use crate::cli::McpArgs;
-use crate::mcp_http::callers::Caller;
-use crate::mcp_http::limiter::{Limiter, Permit};
+use crate::args::McpArgs;
+use crate::http::callers::Caller;
+use crate::http::limiter::{Limiter, Permit};
 use crate::tool_servers::ToolServers;
 use output::{human_bytes, RunPythonOutput};
+use pycell_engine::service::{Backend, RunEvent, RunService};
+use pycell_engine::tool_source::ToolSource;
 use pycell_protocol::info::ToolsInfo;
-use sandboxes::RunEvent;
-pub(crate) use sandboxes::Sandboxes;
 
 /// How often a run with a progress token reports progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
@@ -71,7 +68,7 @@ pub(crate) const CODE_TOOLS: [&str; 6] = [
 /// The MCP server: its tools and where runs go.
 #[derive(Debug, Clone)]
 pub struct PycellServer {
-    sandboxes: Sandboxes,
+    sandboxes: RunService,
     default_policy: String,
     tools: Arc<Vec<Tool>>,
     /// Over authenticated HTTP: every call must come with its caller
@@ -88,7 +85,7 @@ pub struct PycellServer {
 
 impl PycellServer {
     pub fn new(
-        sandboxes: Sandboxes,
+        sandboxes: RunService,
         default_policy: String,
         code_mode: Option<&ToolsInfo>,
     ) -> Self {
@@ -207,17 +204,17 @@ impl PycellServer {
                 let images = cell_output::image_content(&r.images);
                 RunPythonOutput::from(r).tool_result(images)
             }
-            Err(e) => argument_error(&tools::request_error_message(&e)),
+            Err(e) => argument_error(&pycell_engine::service::request_message(&e)),
         }
     }
 
     async fn sandbox_info(&self) -> CallToolResult {
         let mode = self.sandboxes.mode();
         let code_mode = match self.sandboxes.tool_servers() {
-            Some(servers) => Some(code_mode(servers, &self.default_policy).await),
+            Some(servers) => Some(code_mode(servers.as_ref(), &self.default_policy).await),
             None => None,
         };
-        match tokio::task::spawn_blocking(move || crate::info::collect_with_mode(mode)).await {
+        match tokio::task::spawn_blocking(move || pycell_engine::local::host_info(mode)).await {
             Ok(mut info) => {
                 info.tools = code_mode;
                 let text = render_info(&info);
@@ -567,8 +564,8 @@ async fn serve(args: &McpArgs) -> i32 {
         Some(servers) => Some(code_mode(servers, &args.policy).await),
         None => None,
     };
-    let sandboxes =
-        Sandboxes::with_tools(sandboxes::Mode::from_flag(args.embedded), servers.clone());
+    let tools = servers.clone().map(|s| Arc::new(s) as Arc<dyn ToolSource>);
+    let sandboxes = RunService::new(Backend::choose(args.embedded, None), tools);
     let server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode.as_ref());
     // The end of stdin means the client is gone: nobody can read the results
     // of runs still going, so stop them at once rather than after rmcp's
@@ -611,7 +608,7 @@ async fn serve(args: &McpArgs) -> i32 {
 }
 
 /// The client's tools as `policy` lets code call them.
-pub(crate) async fn code_mode(servers: &ToolServers, policy: &str) -> ToolsInfo {
+pub(crate) async fn code_mode(servers: &dyn ToolSource, policy: &str) -> ToolsInfo {
     let catalog = servers.catalog().await;
     match pycell_launch::resolve::load_policy_by_name(policy, std::path::Path::new(POLICY_DIR)) {
         Ok(p) => pycell_launch::tool_grant::tools_info(&p, &catalog),
@@ -624,7 +621,7 @@ pub(crate) async fn code_mode(servers: &ToolServers, policy: &str) -> ToolsInfo 
 
 /// Cancels every run when stdin ends or a termination signal arrives (and,
 /// for a signal, stops the MCP session as well).
-async fn watch_for_the_end(eof: CancellationToken, stop: CancellationToken, sandboxes: Sandboxes) {
+async fn watch_for_the_end(eof: CancellationToken, stop: CancellationToken, sandboxes: RunService) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),

@@ -1,7 +1,7 @@
 //! The client's transport to a tool server over stdio: rmcp's own would
 //! parse an answer of up to 16 MiB into typed trees before anyone could
 //! look at its size (a 14 MB result grew the client by 820 MiB). Here a
-//! line is read bounded ([`crate::mcp_lines`]), and the answer to a
+//! line is read bounded ([`crate::lines`]), and the answer to a
 //! `tools/call` sent with a [`ResultCap`] is measured before it is
 //! parsed: one far longer than any answer within the cap can be is never
 //! parsed and becomes a [`RESULT_TOO_LARGE`] error for that call (the
@@ -16,8 +16,8 @@ use rmcp::transport::Transport;
 use serde_json::{json, Value};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
-use crate::mcp_lines::{message_of, Line, LineReader, LineWriter, HEAD};
-use crate::mcp_server::jsonrpc::id_in_head;
+use crate::lines::{message_of, Line, LineReader, LineWriter, HEAD};
+use crate::server::jsonrpc::id_in_head;
 
 /// The most any answer may be: the largest reply a tool call may bring
 /// back, and a head's room for its envelope.

@@ -13,7 +13,7 @@ use super::callers::TokenTable;
 use super::front::METADATA_PREFIX;
 use super::gate::Gate;
 use super::oauth::OAuth;
-use crate::cli::McpArgs;
+use crate::args::McpArgs;
 use crate::cluster::tunnel::{connector, TlsFiles};
 use crate::cluster::{parse_node, NodeAddr};
 
@@ -212,7 +212,7 @@ impl Setup {
         ) {
             return Err(p);
         }
-        crate::mcp_server::check_policy(&args.policy)?;
+        crate::server::check_policy(&args.policy)?;
         let listener =
             TcpListener::bind(wanted).map_err(|e| format!("cannot listen on {wanted}: {e}"))?;
         listener.set_nonblocking(true).map_err(|e| e.to_string())?;
@@ -238,7 +238,7 @@ impl Setup {
         let backend = match cluster {
             Some(c) => c,
             None => {
-                let socket = pycell_protocol::client::daemon_socket(args.socket.as_deref()).ok_or(
+                let socket = pycell_engine::service::Backend::choose_now(false, args.socket.clone()).ok_or(
                     "no pycelld socket: it sends runs to pycelld only (install the pycell package, or give --socket)",
                 )?;
                 if !gate.open {

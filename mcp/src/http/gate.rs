@@ -10,7 +10,7 @@ use http::StatusCode;
 
 use super::callers::{Caller, TokenTable, SCOPES, SCOPE_RUN};
 use super::oauth::OAuth;
-use crate::mcp_server::CODE_TOOLS;
+use crate::server::CODE_TOOLS;
 
 /// Why a request may not pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -262,7 +262,7 @@ fn quoted_safe(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp_http::callers::{hex, token_hash};
+    use crate::http::callers::{hex, token_hash};
 
     fn gate() -> Gate {
         let text = format!(

@@ -1,0 +1,675 @@
+//! Runs and sessions this process jails itself (embedded mode, as root).
+//!
+//! Each run takes the one launch path of `pycell_launch::launcher`: the
+//! request is resolved under its policy, its env got (installed if need
+//! be), a sandbox uid leased, and the single-threaded `pycell-jailer`
+//! started with the spec on its stdin (this process is a multi-threaded
+//! tokio program and never builds a jail itself); its events are decoded
+//! and collected into the result. Cancelling a run sends the jailer
+//! SIGTERM, which its supervisor turns into "kill the sandbox, clean up,
+//! report status killed". The uid lease is held until the jailer has
+//! exited, so no later run can get the uid while a process of this one
+//! might still hold it.
+//!
+//! Sessions are jails whose python stays alive between calls
+//! (`pycell_launch::session`), in a table by handle for as long as this
+//! process lives, at most the policy's `[session] per_uid` of them at once.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use pycell_deps::build::Ensured;
+use pycell_launch::launcher::{JailerStderr, LaunchError, Launcher, PolicyChoice, Prepared};
+use pycell_launch::resolve::Extras;
+use pycell_launch::session::{Session, SessionParts, SessionTiming};
+use pycell_launch::session_table::{self, Entry, Lookup, SessionTable};
+use pycell_launch::supervisor::{supervise, Patience, Services, StoppedBy};
+use pycell_launch::tool_grant::ToolGrant;
+use pycell_policy::Policy;
+use pycell_protocol::messages::RunRequest;
+use pycell_protocol::result::{LimitsReport, RunResult};
+use pycell_protocol::session::{
+    SessionAnswer, SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
+};
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::report::JailFailure;
+
+use super::{Asker, OnEvent, RequestError, RunEvent, Sandboxes, SessionFailure};
+use crate::local::{self, Installer};
+use crate::tool_source::ToolSource;
+
+/// Sandboxes one process runs at once; further calls wait for a slot.
+/// Each sandbox is bounded by its policy, but a client firing calls in
+/// parallel must not multiply that without limit (pycelld has its own
+/// quotas).
+pub const MAX_CONCURRENT_RUNS: usize = 8;
+
+/// How long a session's python may take to import its policy's modules
+/// and get ready.
+const READY_WITHIN: Duration = Duration::from_secs(60);
+
+/// What this process keeps of a session besides the session.
+#[derive(Debug, Clone)]
+pub struct SessionHeld {
+    pub policy: Arc<Policy>,
+    pub limits: LimitsReport,
+    /// Its env, held in use (safe from removal) while the session lives.
+    pub _env: Option<Arc<Ensured>>,
+}
+
+impl session_table::HeldPolicy for SessionHeld {
+    fn policy(&self) -> &Policy {
+        &self.policy
+    }
+}
+
+type Table = Arc<Mutex<SessionTable<SessionHeld>>>;
+
+/// This process, jailing as root.
+#[derive(Debug)]
+pub struct Embedded {
+    /// The launcher, or why there is none (reported per run, so that a
+    /// server still starts and `sandbox_info` can explain).
+    launcher: Result<Launcher, JailFailure>,
+    slots: Semaphore,
+    /// How long a silent or stopping jailer is given (`PATIENCE`; shorter
+    /// in tests).
+    patience: Patience,
+    /// Open sessions, by handle.
+    sessions: Table,
+    shutdown: CancellationToken,
+}
+
+/// The uid that owns embedded sessions: this process's.
+fn owner() -> u32 {
+    nix::unistd::getuid().as_raw()
+}
+
+/// The tool service of a run granted tools, answered by `servers`.
+fn tool_service(
+    grant: Option<ToolGrant>,
+    servers: Option<&Arc<dyn ToolSource>>,
+) -> Option<pycell_tools::service::ToolService> {
+    grant.zip(servers.cloned()).map(|(grant, servers)| {
+        let upstream: Arc<dyn pycell_tools::service::Upstream> = servers;
+        grant.service(upstream, None)
+    })
+}
+
+impl Embedded {
+    pub fn new(
+        launcher: Result<Launcher, JailFailure>,
+        patience: Patience,
+        shutdown: CancellationToken,
+    ) -> Embedded {
+        Embedded {
+            launcher,
+            slots: Semaphore::new(MAX_CONCURRENT_RUNS),
+            patience,
+            sessions: Table::default(),
+            shutdown,
+        }
+    }
+
+    fn table(&self) -> Result<MutexGuard<'_, SessionTable<SessionHeld>>, ()> {
+        self.sessions.lock().map_err(|_| ())
+    }
+
+    fn launcher(&self) -> Result<Launcher, JailFailure> {
+        self.launcher.clone()
+    }
+
+    /// Wait for a run slot; `Err` is the result of a run that never starts
+    /// (cancelled or shut down while waiting).
+    async fn slot(
+        &self,
+        cancel: &CancellationToken,
+    ) -> Result<tokio::sync::SemaphorePermit<'_>, JailFailure> {
+        let shutting_down = || {
+            JailFailure::new(
+                FailureCode::ShuttingDown,
+                Layer::Jailer,
+                "pycell is shutting down",
+            )
+        };
+        tokio::select! {
+            biased;
+            _ = self.shutdown.cancelled() => Err(shutting_down()),
+            _ = cancel.cancelled() => Err(JailFailure::new(
+                FailureCode::Cancelled,
+                Layer::Jailer,
+                "the call was cancelled before its sandbox started",
+            )),
+            slot = self.slots.acquire() => slot.map_err(|_| shutting_down()),
+        }
+    }
+
+    /// The live session `handle` of this process.
+    fn session(&self, handle: &str) -> Result<Entry<SessionHeld>, SessionFailure> {
+        let looked = match self.table() {
+            Ok(mut t) => t.get(&owner(), handle),
+            Err(_) => Err(Lookup::Unknown),
+        };
+        looked.map_err(|l| gone(&l, handle))
+    }
+}
+
+/// Load the policy, get the env of the run's dependencies (installing
+/// them if they are not cached) and prepare the run: blocking work
+/// (policy files, interpreter paths, the uid database, lock files, the
+/// install jail, which this thread waits for).
+fn prepare(
+    launcher: &Launcher,
+    req: &RunRequest,
+    installer: &mut Installer,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Prepared, Option<Ensured>, Option<ToolGrant>), LaunchError> {
+    let policy = launcher.load_policy(PolicyChoice::Name(req.policy_name()))?;
+    let ensured = local::env_for(launcher, &policy, req, installer, progress)
+        .map_err(LaunchError::Refused)?;
+    let extras = Extras {
+        env: ensured.as_ref().map(|e| e.env.dir.clone()),
+        ..Extras::default()
+    };
+    let grant = ToolGrant::for_request(&policy, req.tools.as_ref())?;
+    Ok((
+        launcher.prepare_with(&policy, req, &extras)?,
+        ensured,
+        grant,
+    ))
+}
+
+#[async_trait]
+impl Sandboxes for Embedded {
+    async fn run(
+        &self,
+        asker: &Asker,
+        req: RunRequest,
+        on_event: OnEvent<'_>,
+        cancel: CancellationToken,
+    ) -> Result<RunResult, RequestError> {
+        let policy_name = req.policy_name().to_string();
+        let refused = |f: JailFailure| Ok(RunResult::refused("", &policy_name, f));
+        let _slot = match self.slot(&cancel).await {
+            Ok(s) => s,
+            Err(f) => return refused(f),
+        };
+        let launcher = match self.launcher() {
+            Ok(l) => l,
+            Err(f) => return refused(f),
+        };
+        // One stop path for the install and the run: a cancel, or the
+        // service shutting down.
+        let (stop_tx, stop) = tokio::sync::watch::channel(None);
+        let shutdown = self.shutdown.clone();
+        let forward = tokio::spawn(async move {
+            let by = tokio::select! {
+                _ = cancel.cancelled() => StoppedBy::Request,
+                _ = shutdown.cancelled() => StoppedBy::Shutdown,
+            };
+            let _ = stop_tx.send(Some(by));
+        });
+        let _forwarding = AbortOnDrop(forward);
+        let (tx, mut installing) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let install_stop = stop.clone();
+        let preparing = tokio::task::spawn_blocking(move || {
+            let mut installer = Installer {
+                handle: tokio::runtime::Handle::current(),
+                stop: install_stop,
+            };
+            prepare(&launcher, &req, &mut installer, &mut |m: &str| {
+                let _ = tx.send(m.to_string());
+            })
+        });
+        tokio::pin!(preparing);
+        let prepared = loop {
+            tokio::select! {
+                Some(message) = installing.recv() => on_event(RunEvent::Installing { message: &message }),
+                done = &mut preparing => break done,
+            }
+        };
+        let (prepared, ensured, grant) = match prepared {
+            Ok(Ok(p)) => p,
+            Ok(Err(LaunchError::Request(e))) => return Err(e),
+            Ok(Err(LaunchError::Refused(f))) => return refused(f),
+            Err(e) => {
+                let m = format!("preparing the run: {e}");
+                return refused(JailFailure::new(FailureCode::Internal, Layer::Jailer, m));
+            }
+        };
+        // Started from this async task, i.e. from a runtime worker thread,
+        // never from a blocking-pool thread (see `Prepared::spawn_async`).
+        let launched = match prepared.spawn_async(JailerStderr::Capture).await {
+            Ok(l) => l,
+            Err(result) => return Ok(*result),
+        };
+        on_event(RunEvent::Started {
+            run_id: &launched.run_id,
+            sandbox_uid: Some(launched.lease.uid),
+        });
+        let tools = tool_service(grant, asker.tools.as_ref());
+        let (mut result, _) = supervise(
+            launched,
+            self.patience,
+            local::stopped(stop),
+            Services::local(tools),
+            |stream, bytes| on_event(RunEvent::Output { stream, bytes }),
+        )
+        .await;
+        // The env stayed in use (safe from removal) until here.
+        result.env = ensured.map(|e| e.report);
+        Ok(result)
+    }
+
+    async fn start_session(
+        &self,
+        asker: &Asker,
+        req: SessionStartRequest,
+    ) -> Result<SessionInfo, SessionFailure> {
+        let run_req = RunRequest {
+            policy: req.policy,
+            limits: req.limits,
+            dependencies: req.dependencies,
+            tools: req.tools,
+            ..RunRequest::default()
+        };
+        let (prepared, policy, ensured, grant) = self.prepare_session(run_req).await?;
+        let per_uid = policy.session.per_uid as usize;
+        if self.table().map(|t| t.count(&owner())).unwrap_or(0) >= per_uid {
+            return Err(too_many(&policy));
+        }
+        let tools = tool_service(grant, asker.tools.as_ref());
+        let session = self.launch_session(prepared, &policy, tools).await?;
+        self.admit(session, policy, ensured).await
+    }
+
+    async fn session_call(
+        &self,
+        _asker: &Asker,
+        handle: &str,
+        call: SessionCall,
+        timeout_s: Option<f64>,
+        cancel: CancellationToken,
+    ) -> Result<SessionAnswer, SessionFailure> {
+        let entry = self.session(handle)?;
+        let op = session_table::op_for(
+            &entry.info.policy,
+            entry.info.limits.max_output_bytes,
+            call,
+            timeout_s,
+        )
+        .map_err(|(code, m)| SessionFailure::new(code, m))?;
+        let session = entry.session;
+        let asked = session.request(op);
+        tokio::pin!(asked);
+        let answered = tokio::select! {
+            a = &mut asked => a,
+            _ = cancel.cancelled() => {
+                session.interrupt();
+                asked.await
+            }
+        };
+        answered.map_err(|e| {
+            let (code, message) = match self.table() {
+                Ok(mut t) => t.call_failed(handle, e),
+                Err(_) => (
+                    FailureCode::Internal,
+                    "the session table is poisoned".into(),
+                ),
+            };
+            SessionFailure::new(code, message)
+        })
+    }
+
+    async fn end_session(
+        &self,
+        _asker: &Asker,
+        handle: &str,
+    ) -> Result<SessionEndInfo, SessionFailure> {
+        let entry = self.session(handle)?;
+        let ended = entry.session.end().await;
+        if let Ok(mut t) = self.table() {
+            t.forget(handle, ended.clone());
+        }
+        Ok(session_table::end_info(handle, &ended))
+    }
+
+    async fn list_sessions(&self, _asker: &Asker) -> Result<Vec<SessionSummary>, SessionFailure> {
+        Ok(self
+            .table()
+            .map(|mut t| t.summaries(&owner()))
+            .unwrap_or_default())
+    }
+
+    fn mode(&self) -> String {
+        super::mode_name(None)
+    }
+
+    async fn end_all(&self, grace: Duration) {
+        let all = self.table().map(|t| t.all()).unwrap_or_default();
+        session_table::end_every(all, grace).await;
+    }
+}
+
+impl Embedded {
+    /// Policy, env and spec for a session: blocking work, on a thread of
+    /// its own (an install waits for the install jail).
+    async fn prepare_session(
+        &self,
+        req: RunRequest,
+    ) -> Result<(Prepared, Policy, Option<Ensured>, Option<ToolGrant>), SessionFailure> {
+        let launcher = self.launcher().map_err(|f| SessionFailure::refused(&f))?;
+        let stop = tokio::sync::watch::channel(None).1;
+        let prepared = tokio::task::spawn_blocking(move || {
+            let policy = launcher.load_policy(PolicyChoice::Name(req.policy_name()))?;
+            if policy.session.per_uid == 0 {
+                return Ok(Err(SessionFailure::new(
+                    FailureCode::SessionsUnavailable,
+                    format!(
+                        "policy {:?} has no sessions ([session] per_uid = 0)",
+                        policy.name
+                    ),
+                )));
+            }
+            let mut installer = Installer {
+                handle: tokio::runtime::Handle::current(),
+                stop,
+            };
+            let ensured = local::env_for(&launcher, &policy, &req, &mut installer, &mut |_| {})
+                .map_err(LaunchError::Refused)?;
+            let extras = Extras {
+                env: ensured.as_ref().map(|e| e.env.dir.clone()),
+                ..Extras::default()
+            };
+            let grant = ToolGrant::for_request(&policy, req.tools.as_ref())?;
+            let prepared = launcher.prepare_session(&policy, &req, &extras)?;
+            Ok::<_, LaunchError>(Ok((prepared, policy, ensured, grant)))
+        })
+        .await;
+        match prepared {
+            Ok(Ok(p)) => p,
+            Ok(Err(LaunchError::Request(e))) => Err(SessionFailure::request(&e)),
+            Ok(Err(LaunchError::Refused(f))) => Err(SessionFailure::refused(&f)),
+            Err(e) => Err(SessionFailure::new(
+                FailureCode::Internal,
+                format!("preparing the session: {e}"),
+            )),
+        }
+    }
+
+    async fn launch_session(
+        &self,
+        prepared: Prepared,
+        policy: &Policy,
+        tools: Option<pycell_tools::service::ToolService>,
+    ) -> Result<(Session, LimitsReport), SessionFailure> {
+        let limits = prepared.limits.clone();
+        let egress = prepared.egress.clone();
+        let launched = prepared
+            .spawn_async(JailerStderr::Capture)
+            .await
+            .map_err(|r| {
+                SessionFailure::new(
+                    r.error.as_ref().map_or(FailureCode::Internal, |e| e.code),
+                    r.error.map(|e| e.message).unwrap_or_default(),
+                )
+            })?;
+        let services = Services {
+            egress: egress.map(|rules| {
+                (
+                    pycell_egress::EgressConfig::from_env(&policy.name, rules),
+                    None,
+                )
+            }),
+            tools,
+            stdio: None,
+        };
+        let timing = SessionTiming {
+            ready_within: READY_WITHIN,
+            lifetime: policy.session.lifetime,
+        };
+        let parts =
+            SessionParts::embedded(launched, services, self.patience, timing).map_err(|r| {
+                SessionFailure::new(
+                    FailureCode::Internal,
+                    r.error.map(|e| e.message).unwrap_or_default(),
+                )
+            })?;
+        let session = Session::start(parts, READY_WITHIN, self.shutdown.child_token())
+            .await
+            .map_err(|e| SessionFailure::new(e.code(), e.message))?;
+        Ok((session, limits))
+    }
+
+    /// Into the table (counted again as it goes in: another start may
+    /// have finished meanwhile), out of it once it ends.
+    async fn admit(
+        &self,
+        (session, limits): (Session, LimitsReport),
+        policy: Policy,
+        ensured: Option<Ensured>,
+    ) -> Result<SessionInfo, SessionFailure> {
+        let policy = Arc::new(policy);
+        let env = ensured.as_ref().map(|e| e.report.clone());
+        let held = SessionHeld {
+            policy: Arc::clone(&policy),
+            limits: limits.clone(),
+            _env: ensured.map(Arc::new),
+        };
+        let admitted = self
+            .table()
+            .ok()
+            .and_then(|mut t| t.admit(owner(), session.clone(), held));
+        let Some(handle) = admitted else {
+            session.end().await;
+            return Err(too_many(&policy));
+        };
+        let (table, h) = (Arc::clone(&self.sessions), handle.clone());
+        session_table::when_ended(session.clone(), move |ended| {
+            if let Ok(mut t) = table.lock() {
+                t.forget(&h, ended);
+            }
+        });
+        Ok(session_table::session_info(
+            handle, &session, &policy, limits, env,
+        ))
+    }
+}
+
+fn too_many(policy: &Policy) -> SessionFailure {
+    SessionFailure::new(
+        FailureCode::TooManySessions,
+        format!(
+            "the most sessions policy {:?} allows ([session] per_uid = {}) are open; end one with session_end (session_list shows them)",
+            policy.name, policy.session.per_uid
+        ),
+    )
+}
+
+fn gone(l: &Lookup, handle: &str) -> SessionFailure {
+    let (code, message) = session_table::lookup_message(l, handle);
+    SessionFailure::new(code, message)
+}
+
+/// Aborts a task when dropped (the run's future was).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::{Backend, RunService};
+    use pycell_launch::supervisor::PATIENCE;
+    use std::path::{Path, PathBuf};
+
+    /// Embedded mode's launcher with `jailer` in place of pycell-jailer.
+    fn with_jailer(jailer: PathBuf) -> Result<Launcher, JailFailure> {
+        Launcher::embedded_from_env().map(|l| Launcher {
+            jailer: Ok(jailer),
+            ..l
+        })
+    }
+
+    fn embedded(launcher: Result<Launcher, JailFailure>, patience: Patience) -> RunService {
+        RunService::with_launcher(Backend::Embedded, launcher, patience, None)
+    }
+
+    /// A stand-in for pycell-jailer: a shell script.
+    fn fake_jailer(dir: &Path, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join("fake-jailer");
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    fn print1() -> RunRequest {
+        RunRequest {
+            code: "print(1)".into(),
+            ..Default::default()
+        }
+    }
+
+    /// These tests lease a real sandbox uid, which needs root (as CI has).
+    fn require_root() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test needs root (it leases a sandbox uid): run it as root, e.g. with scripts/test"
+        );
+    }
+
+    /// Run print(1) with a fake jailer whose script is `body`; its failure.
+    async fn failure_with_fake_jailer(body: &str) -> JailFailure {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        let jailer = fake_jailer(dir.path(), body);
+        let b = embedded(with_jailer(jailer), PATIENCE);
+        let r = b.run(print1(), |_| {}, CancellationToken::new()).await;
+        r.unwrap().error.expect("an error")
+    }
+
+    #[tokio::test]
+    async fn a_jailer_that_dies_without_a_result_is_a_refusal_that_says_why() {
+        let e = failure_with_fake_jailer("cat >/dev/null; echo 'no cgroup here' >&2; exit 3").await;
+        assert_eq!(e.code, FailureCode::JailerFailed, "{e:?}");
+        assert!(e.message.contains("exit status: 3"), "{e:?}");
+        assert!(e.message.contains("no cgroup here"), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_event_stream_is_a_refusal() {
+        let e = failure_with_fake_jailer("cat >/dev/null; printf 'garbage'").await;
+        assert_eq!(e.code, FailureCode::JailerFailed, "{e:?}");
+        assert!(e.message.contains("event stream is corrupt"), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_jailer_that_hangs_is_stopped_then_killed() {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        // Ignores SIGTERM and never answers: only SIGKILL ends it.
+        let jailer = fake_jailer(dir.path(), "trap '' TERM; cat >/dev/null; exec sleep 600");
+        let margin = Duration::from_millis(300);
+        let patience = Patience {
+            slack: margin,
+            grace: Duration::from_millis(300),
+        };
+        let b = embedded(with_jailer(jailer), patience);
+        let mut req = print1();
+        req.limits.timeout_s = Some(0.2);
+        let start = std::time::Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_secs(20),
+            b.run(req, |_| {}, CancellationToken::new()),
+        )
+        .await
+        .expect("the backend gave up on the jailer")
+        .unwrap();
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(700), "{took:?}");
+        let e = r.error.expect("an error");
+        assert_eq!(e.code, FailureCode::JailerFailed, "{e:?}");
+        assert!(e.message.contains("signal: 9"), "{e:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancel_reaches_an_install_in_progress() {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        // Stands in for the install jail's jailer: it never finishes by
+        // itself, and it ends (143) when told to stop.
+        let jailer = fake_jailer(
+            dir.path(),
+            "trap 'exit 143' TERM; cat >/dev/null; while :; do sleep 0.05; done",
+        );
+        let b = embedded(with_jailer(jailer), PATIENCE);
+        let req = RunRequest {
+            code: "print(1)".into(),
+            // A request no env in the store answers, so an install starts.
+            dependencies: vec![format!("pycell-never-built-{}==1.0", std::process::id())],
+            ..Default::default()
+        };
+        let cancel = CancellationToken::new();
+        let canceller = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            canceller.cancel();
+        });
+        let r = tokio::time::timeout(Duration::from_secs(60), b.run(req, |_| {}, cancel))
+            .await
+            .expect("the cancel did not reach the install")
+            .unwrap();
+        // The install jail's jailer was told to stop (SIGTERM: 143).
+        let e = r.error.expect("an error");
+        assert_eq!(e.code, FailureCode::JailerFailed, "{e:?}");
+        assert!(
+            e.message.starts_with("the install jail: ") && e.message.contains("exit status: 143"),
+            "{e:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_jailer_is_a_refusal() {
+        require_root();
+        let b = embedded(
+            with_jailer(PathBuf::from("/nonexistent/pycell-jailer")),
+            PATIENCE,
+        );
+        let r = b
+            .run(print1(), |_| {}, CancellationToken::new())
+            .await
+            .unwrap();
+        let e = r.error.expect("an error");
+        assert_eq!(e.code, FailureCode::JailerUnavailable, "{e:?}");
+        assert!(e.message.contains("/nonexistent/pycell-jailer"), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn an_unknown_policy_is_the_callers_mistake() {
+        let b = RunService::new(Backend::Embedded, None);
+        let req = RunRequest {
+            code: "print(1)".into(),
+            policy: Some("no-such-policy".into()),
+            ..Default::default()
+        };
+        let e = b
+            .run(req, |_| {}, CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.field, "policy");
+        assert!(
+            e.problem.contains("no policy named \"no-such-policy\""),
+            "{e}"
+        );
+        assert!(e.problem.contains("default"), "{e}");
+    }
+}

@@ -1,0 +1,411 @@
+//! The run service: where every front end (`pycell run`, `batch`,
+//! `repl`, `mcp` over stdio or HTTP, the cluster front end) sends runs
+//! and sessions.
+//!
+//! [`Sandboxes`] is what a place that runs code does: a run, and a
+//! session's start, calls, end and listing. It has three implementations,
+//! chosen once by [`Backend::choose`]:
+//!
+//! - [`embedded`]: this process jails each run itself (as root), through
+//!   `pycell-jailer`, and holds its sessions;
+//! - [`daemon`]: a pycelld client (no privilege needed here);
+//! - [`in_cluster`]: the nodes of a cluster, each a pycelld
+//!   ([`crate::cluster`] places and routes).
+//!
+//! [`RunService`] is what a front end holds: a backend, the runs in
+//! flight (which [`RunService::shutdown`] cancels and waits for), and whom
+//! and with which tools it asks ([`Asker`]). Cheap to clone.
+//!
+//! Threat model: requests come from clients (an LLM's choices) and are
+//! untrusted: policies are chosen by name only, sizes are bounded, and the
+//! jailer (or pycelld) checks the spec again. The event stream comes from
+//! our own jailer (root) but carries the sandbox's output, so frames are
+//! size-checked and output is capped again by the collector.
+
+pub mod daemon;
+pub mod embedded;
+pub mod in_cluster;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use pycell_launch::launcher::Launcher;
+pub use pycell_launch::launcher::RequestError;
+use pycell_launch::supervisor::{Patience, PATIENCE};
+use pycell_protocol::client::{daemon_socket, ClientError};
+use pycell_protocol::messages::RunRequest;
+use pycell_protocol::result::RunResult;
+use pycell_protocol::session::{
+    SessionAnswer, SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
+};
+use pycell_wire::codes::FailureCode;
+use pycell_wire::events::Stream;
+use pycell_wire::report::JailFailure;
+
+use crate::cluster::Nodes;
+use crate::tool_source::ToolSource;
+
+/// What happens during a run, as it happens.
+#[derive(Debug)]
+pub enum RunEvent<'a> {
+    /// The jailer was started for this run, as this sandbox uid (which a
+    /// daemon run learns only from its result).
+    Started {
+        run_id: &'a str,
+        sandbox_uid: Option<u32>,
+    },
+    /// A chunk of the program's output (already capped).
+    Output { stream: Stream, bytes: &'a [u8] },
+    /// The run waits for a free slot in pycelld; 1 goes next.
+    Queued { position: usize },
+    /// The run's dependencies are being installed: what is happening.
+    Installing { message: &'a str },
+}
+
+/// Where a run's events go.
+pub type OnEvent<'a> = &'a mut (dyn FnMut(RunEvent<'_>) + Send);
+
+/// A session call that could not be served; `code` is stable.
+#[derive(Debug, Clone)]
+pub struct SessionFailure {
+    pub code: FailureCode,
+    pub message: String,
+}
+
+impl SessionFailure {
+    pub fn new(code: FailureCode, message: impl Into<String>) -> SessionFailure {
+        SessionFailure {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// A refusal, its hint included.
+    pub fn refused(f: &JailFailure) -> SessionFailure {
+        let mut message = f.message.clone();
+        if let Some(h) = &f.hint {
+            message.push_str(&format!(" ({h})"));
+        }
+        SessionFailure::new(f.code, message)
+    }
+
+    pub fn from_client(e: ClientError) -> SessionFailure {
+        match e {
+            ClientError::Refused { code, message } => SessionFailure::new(code.into(), message),
+            ClientError::Failed(f) => SessionFailure::refused(&f),
+            e @ ClientError::Connect { .. } => {
+                SessionFailure::new(FailureCode::DaemonUnavailable, e.to_string())
+            }
+            e => SessionFailure::new(FailureCode::DaemonFailed, e.to_string()),
+        }
+    }
+
+    /// A request the run service refused, in the terms MCP tools use.
+    pub fn request(e: &RequestError) -> SessionFailure {
+        SessionFailure::new(FailureCode::InvalidRequest, request_message(e))
+    }
+}
+
+/// A request's problem, naming its field as the MCP tools spell it.
+pub fn request_message(e: &RequestError) -> String {
+    let field = match e.field {
+        "timeout" => "timeout_s",
+        other => other,
+    };
+    // Some messages name the field themselves ("timeout: must be...");
+    // say it once.
+    let problem = e
+        .problem
+        .strip_prefix(&format!("{}: ", e.field))
+        .unwrap_or(&e.problem);
+    format!("`{field}`: {problem}")
+}
+
+/// Who asks, and what they bring: whom pycelld is to treat the request as
+/// from (a trusted front end's caller), and the tool servers offered to
+/// the run.
+#[derive(Debug, Clone, Default)]
+pub struct Asker {
+    pub identity: Option<Arc<str>>,
+    pub tools: Option<Arc<dyn ToolSource>>,
+}
+
+/// A place that runs code in sandboxes.
+#[async_trait]
+pub trait Sandboxes: Send + Sync + std::fmt::Debug {
+    /// Run `req`. `on_event` sees the run start and its output as it
+    /// arrives; cancelling `cancel` kills the sandbox (the result then
+    /// says `killed`). A refused run is an `Ok` result with status
+    /// `refused`; `Err` means the request itself is wrong.
+    async fn run(
+        &self,
+        asker: &Asker,
+        req: RunRequest,
+        on_event: OnEvent<'_>,
+        cancel: CancellationToken,
+    ) -> Result<RunResult, RequestError>;
+
+    /// Start a session for `req` (its policy, dependencies and limits).
+    async fn start_session(
+        &self,
+        asker: &Asker,
+        req: SessionStartRequest,
+    ) -> Result<SessionInfo, SessionFailure>;
+
+    /// `call` in session `handle`, with the policy's clocks (the wall
+    /// timeout `timeout_s`, if given). A cancelled call is interrupted
+    /// (KeyboardInterrupt in a cell); its answer still comes.
+    async fn session_call(
+        &self,
+        asker: &Asker,
+        handle: &str,
+        call: SessionCall,
+        timeout_s: Option<f64>,
+        cancel: CancellationToken,
+    ) -> Result<SessionAnswer, SessionFailure>;
+
+    /// End session `handle` and wait until its jail is gone.
+    async fn end_session(
+        &self,
+        asker: &Asker,
+        handle: &str,
+    ) -> Result<SessionEndInfo, SessionFailure>;
+
+    /// The asker's open sessions.
+    async fn list_sessions(&self, asker: &Asker) -> Result<Vec<SessionSummary>, SessionFailure>;
+
+    /// `embedded`, `daemon (SOCKET)` or `cluster (nodes ...)`.
+    fn mode(&self) -> String;
+
+    /// End what this process holds (its sessions), waiting at most
+    /// `grace`; what pycelld holds outlives this process.
+    async fn end_all(&self, _grace: Duration) {}
+}
+
+/// `daemon (SOCKET)` or `embedded`, as `info` and `sandbox_info` say.
+pub fn mode_name(daemon_socket: Option<&std::path::Path>) -> String {
+    match daemon_socket {
+        Some(socket) => format!("daemon ({})", socket.display()),
+        None => "embedded".to_string(),
+    }
+}
+
+/// Where runs may go.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// Always jailed by this process (as root).
+    Embedded,
+    /// Always through the pycelld at this socket; never embedded.
+    Daemon(PathBuf),
+    /// Through pycelld when one is configured or listening (asked at each
+    /// call), else embedded.
+    Either,
+    /// On the nodes of a cluster; never embedded.
+    Cluster(Arc<Nodes>),
+}
+
+impl Backend {
+    /// `--embedded` or not, `--socket PATH` or not (an empty path is
+    /// none): the one place the embedded-or-daemon choice is made.
+    pub fn choose(embedded: bool, socket: Option<PathBuf>) -> Backend {
+        match (embedded, socket.filter(|s| !s.as_os_str().is_empty())) {
+            (true, _) => Backend::Embedded,
+            (false, Some(s)) => Backend::Daemon(s),
+            (false, None) => Backend::Either,
+        }
+    }
+
+    /// The same choice for a command that runs once, made now: the socket
+    /// of the pycelld its runs go to, or None: this process jails them.
+    pub fn choose_now(embedded: bool, socket: Option<PathBuf>) -> Option<PathBuf> {
+        match Backend::choose(embedded, socket) {
+            Backend::Daemon(s) => Some(s),
+            Backend::Either => daemon_socket(None),
+            Backend::Embedded | Backend::Cluster(_) => None,
+        }
+    }
+
+    fn build(
+        self,
+        launcher: Result<Launcher, JailFailure>,
+        patience: Patience,
+        shutdown: &CancellationToken,
+    ) -> Arc<dyn Sandboxes> {
+        let embedded = || embedded::Embedded::new(launcher, patience, shutdown.clone());
+        match self {
+            Backend::Embedded => Arc::new(embedded()),
+            Backend::Daemon(socket) => Arc::new(daemon::Daemon::new(socket, shutdown.clone())),
+            Backend::Either => Arc::new(daemon::DaemonOr::new(embedded(), shutdown.clone())),
+            Backend::Cluster(nodes) => Arc::new(in_cluster::Cluster::new(nodes, shutdown.clone())),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    backend: Arc<dyn Sandboxes>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    /// Code mode: the client's tool servers (`--tool-servers`).
+    tools: Option<Arc<dyn ToolSource>>,
+}
+
+/// Runs and sessions, wherever they go. Cheap to clone; clones share one
+/// set of runs in flight, which [`RunService::shutdown`] cancels and
+/// waits for (sessions this process holds it ends).
+#[derive(Debug, Clone)]
+pub struct RunService {
+    shared: Arc<Shared>,
+    /// The identity this view's requests are for (a front end's caller).
+    identity: Option<Arc<str>>,
+    /// Whether this view's runs are offered the tool servers (an HTTP
+    /// caller needs the `pycell:tools` scope).
+    offer_tools: bool,
+}
+
+impl RunService {
+    /// Runs go where `backend` says, offered the tools of `tools`.
+    /// Embedded mode's configuration comes from the environment
+    /// (`PYCELL_JAILER`, `PYCELL_UID_RANGE`); its problems are reported by
+    /// each run, as a refusal, so that a server still starts and can
+    /// explain.
+    pub fn new(backend: Backend, tools: Option<Arc<dyn ToolSource>>) -> RunService {
+        let launcher = match backend {
+            // A front end that never jails holds no launcher.
+            Backend::Daemon(_) | Backend::Cluster(_) => Err(JailFailure::new(
+                FailureCode::Internal,
+                pycell_wire::codes::Layer::Daemon,
+                "this process runs code only through pycelld",
+            )),
+            _ => Launcher::embedded_from_env(),
+        };
+        RunService::with_launcher(backend, launcher, PATIENCE, tools)
+    }
+
+    /// The same with a given launcher and patience (tests).
+    pub fn with_launcher(
+        backend: Backend,
+        launcher: Result<Launcher, JailFailure>,
+        patience: Patience,
+        tools: Option<Arc<dyn ToolSource>>,
+    ) -> RunService {
+        let shutdown = CancellationToken::new();
+        RunService {
+            identity: None,
+            offer_tools: true,
+            shared: Arc::new(Shared {
+                backend: backend.build(launcher, patience, &shutdown),
+                tracker: TaskTracker::new(),
+                shutdown,
+                tools,
+            }),
+        }
+    }
+
+    /// The client's tool servers, if it configured any and this view
+    /// offers them.
+    pub fn tool_servers(&self) -> Option<&Arc<dyn ToolSource>> {
+        self.shared.tools.as_ref().filter(|_| self.offer_tools)
+    }
+
+    /// The same service, with requests for `identity` (pycelld refuses an
+    /// identity unless this process is one of its trusted front ends).
+    /// Without `offer_tools`, its runs get no tool servers.
+    pub fn speaking_for(&self, identity: Option<Arc<str>>, offer_tools: bool) -> RunService {
+        RunService {
+            shared: Arc::clone(&self.shared),
+            identity,
+            offer_tools,
+        }
+    }
+
+    /// `daemon (SOCKET)`, `cluster (...)` or `embedded`.
+    pub fn mode(&self) -> String {
+        self.shared.backend.mode()
+    }
+
+    fn asker(&self) -> Asker {
+        Asker {
+            identity: self.identity.clone(),
+            tools: self.tool_servers().cloned(),
+        }
+    }
+
+    /// Run `req` (see [`Sandboxes::run`]), offered the tool servers.
+    pub async fn run(
+        &self,
+        mut req: RunRequest,
+        mut on_event: impl FnMut(RunEvent<'_>) + Send,
+        cancel: CancellationToken,
+    ) -> Result<RunResult, RequestError> {
+        let asker = self.asker();
+        if let Some(servers) = &asker.tools {
+            req.tools = Some(servers.catalog().await);
+        }
+        let run = self.shared.backend.run(&asker, req, &mut on_event, cancel);
+        self.shared.tracker.track_future(run).await
+    }
+
+    /// Start a session (see [`Sandboxes::start_session`]).
+    pub async fn start_session(
+        &self,
+        mut req: SessionStartRequest,
+    ) -> Result<SessionInfo, SessionFailure> {
+        let asker = self.asker();
+        if let Some(servers) = &asker.tools {
+            req.tools = Some(servers.catalog().await);
+        }
+        self.shared.backend.start_session(&asker, req).await
+    }
+
+    /// A call in a session (see [`Sandboxes::session_call`]).
+    pub async fn session_call(
+        &self,
+        handle: &str,
+        call: SessionCall,
+        timeout_s: Option<f64>,
+        cancel: CancellationToken,
+    ) -> Result<SessionAnswer, SessionFailure> {
+        self.shared
+            .backend
+            .session_call(&self.asker(), handle, call, timeout_s, cancel)
+            .await
+    }
+
+    pub async fn end_session(&self, handle: &str) -> Result<SessionEndInfo, SessionFailure> {
+        self.shared.backend.end_session(&self.asker(), handle).await
+    }
+
+    pub async fn list_sessions(&self) -> Result<Vec<SessionSummary>, SessionFailure> {
+        self.shared.backend.list_sessions(&self.asker()).await
+    }
+
+    /// Cancel every run in flight (their results say `killed`) and refuse
+    /// new ones.
+    pub fn cancel_all(&self) {
+        self.shared.shutdown.cancel();
+    }
+
+    /// Cancel every run in flight, end every session this process holds,
+    /// and wait (at most `grace`) for their jails to be cleaned up. New
+    /// runs are refused afterwards.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.shared.shutdown.cancel();
+        self.shared.tracker.close();
+        let runs = tokio::time::timeout(grace, self.shared.tracker.wait());
+        let (_, ()) = tokio::join!(runs, self.shared.backend.end_all(grace));
+    }
+}
+
+/// Resolves when the call is cancelled or the service shuts down.
+async fn stopped(cancel: &CancellationToken, shutdown: &CancellationToken) {
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        _ = shutdown.cancelled() => {}
+    }
+}
