@@ -201,10 +201,7 @@ impl RunOrder {
             return Err(JailFailure::new(
                 FailureCode::SessionsUnavailable,
                 pycell_wire::codes::Layer::Sessions,
-                format!(
-                    "policy {:?} has no sessions ([session] per_uid = 0)",
-                    policy.name
-                ),
+                pycell_launch::session_table::no_sessions(policy),
             ));
         }
         let Some(deps) = &self.dependencies else {

@@ -303,6 +303,21 @@ pub async fn end_every(sessions: Vec<Session>, grace: Duration) {
     .await;
 }
 
+/// Why a session is refused under `policy`, which allows none.
+pub fn no_sessions(policy: &pycell_policy::Policy) -> String {
+    format!(
+        "policy {:?} has no sessions ([session] per_uid = 0)",
+        policy.name
+    )
+}
+
+/// Why a session `who` starts is refused: it holds as many as `policy`
+/// allows.
+pub fn too_many(who: &dyn std::fmt::Display, policy: &pycell_policy::Policy) -> String {
+    let most = policy.session.per_uid;
+    format!("{who} holds {most} sessions, the most policy {:?} allows ([session] per_uid = {most}); end one with session_end (session_list shows them)", policy.name)
+}
+
 /// What a call with a handle that names no live session is told.
 pub fn lookup_message(l: &Lookup, handle: &str) -> (FailureCode, String) {
     match l {

@@ -149,7 +149,7 @@ impl Broker {
             .and_then(|mut t| t.admit(who.clone(), session.clone(), held));
         let Some(handle) = admitted else {
             session.end().await;
-            let m = format!("{who} holds the most sessions policy {:?} allows ([session] per_uid = {}): another session started meanwhile", policy.name, policy.session.per_uid);
+            let m = session_table::too_many(&who, &policy);
             return Err(refused(FailureCode::TooManySessions, m));
         };
         let (broker, h) = (Arc::clone(self), handle.clone());

@@ -369,10 +369,7 @@ impl Embedded {
             if policy.session.per_uid == 0 {
                 return Ok(Err(SessionFailure::new(
                     FailureCode::SessionsUnavailable,
-                    format!(
-                        "policy {:?} has no sessions ([session] per_uid = 0)",
-                        policy.name
-                    ),
+                    session_table::no_sessions(&policy),
                 )));
             }
             let mut installer = Installer {
@@ -481,12 +478,10 @@ impl Embedded {
 }
 
 fn too_many(policy: &Policy) -> SessionFailure {
+    let who = format!("uid {}", owner());
     SessionFailure::new(
         FailureCode::TooManySessions,
-        format!(
-            "the most sessions policy {:?} allows ([session] per_uid = {}) are open; end one with session_end (session_list shows them)",
-            policy.name, policy.session.per_uid
-        ),
+        session_table::too_many(&who, policy),
     )
 }
 

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use pycell_launch::session_table;
 use pycell_protocol::messages::{ClientMessage, ErrorCode, ServerMessage};
 use pycell_protocol::session::{SessionCall, SessionStartRequest};
 
@@ -45,15 +46,11 @@ async fn started(
         .map_err(refuse)?;
     let per_uid = policy.session.per_uid as usize;
     if per_uid == 0 {
-        let m = format!(
-            "policy {:?} has no sessions ([session] per_uid = 0)",
-            policy.name
-        );
+        let m = session_table::no_sessions(&policy);
         return Err(refuse((ErrorCode::SessionsUnavailable, m)));
     }
-    let held = broker.sessions_held(&peer.principal());
-    if held >= per_uid {
-        let m = format!("{} holds {held} sessions, the most policy {:?} allows ([session] per_uid = {per_uid}); end one with session_end", peer.principal(), policy.name);
+    if broker.sessions_held(&peer.principal()) >= per_uid {
+        let m = session_table::too_many(&peer.principal(), &policy);
         return Err(refuse((ErrorCode::TooManySessions, m)));
     }
     let mut ordered = ordered(broker, peer, id, start_request(&request), Vec::new()).await?;
