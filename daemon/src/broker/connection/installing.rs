@@ -11,7 +11,8 @@ use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
 
-use super::{reply_during_run, Conn};
+use super::lifecycle::reply_during_run;
+use super::Conn;
 use crate::broker::link::Reply;
 use crate::broker::Broker;
 use crate::link::{ToBroker, ToMonitor};

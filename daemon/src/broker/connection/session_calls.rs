@@ -9,7 +9,8 @@ use pycell_launch::session_table;
 use pycell_protocol::messages::{ClientMessage, ErrorCode, ServerMessage};
 use pycell_protocol::session::{SessionCall, SessionStartRequest};
 
-use super::{admit, error, ordered, reply_during_run, start, Conn, NotStarted};
+use super::lifecycle::{admit, ordered, reply_during_run, start, NotStarted};
+use super::{error, Conn};
 use crate::broker::sessions::{start_request, Refused};
 use crate::broker::tool_relay::{RelaySwitch, ToolRelay};
 use crate::broker::{Broker, Peer};
@@ -38,7 +39,7 @@ async fn started(
     request: SessionStartRequest,
 ) -> Result<ServerMessage, NotStarted> {
     let refuse = |r| NotStarted::Reply(refusal(id, r));
-    if let Some(refused) = super::may_use(broker, peer, id, request.policy_name()) {
+    if let Some(refused) = super::lifecycle::may_use(broker, peer, id, request.policy_name()) {
         return Err(refused);
     }
     let policy = broker
