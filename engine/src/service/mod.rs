@@ -135,6 +135,35 @@ pub struct Asker {
     pub tools: Option<Arc<dyn ToolSource>>,
 }
 
+/// A caller a trusted front end speaks for (pycelld checks its identity's
+/// quotas and policies too; this process checks them first, where the
+/// request arrives).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// Its name for pycelld.
+    pub identity: Arc<str>,
+    /// Whether its runs are offered the tool servers.
+    pub tools: bool,
+    /// The policies it may name.
+    pub policies: Arc<[String]>,
+    /// How the operator grants it more, said with a refusal.
+    pub grant_hint: Arc<str>,
+}
+
+impl Caller {
+    /// Whether it may run under `policy`; else what to say.
+    pub fn may_use(&self, policy: &str) -> Result<(), String> {
+        match self.policies.iter().any(|p| p == policy) {
+            true => Ok(()),
+            false => Err(format!(
+                "policy {policy:?} is not one this caller may use (it may use: {}); {}",
+                self.policies.join(", "),
+                self.grant_hint
+            )),
+        }
+    }
+}
+
 /// A place that runs code in sandboxes.
 #[async_trait]
 pub trait Sandboxes: Send + Sync + std::fmt::Debug {
@@ -261,11 +290,9 @@ struct Shared {
 #[derive(Debug, Clone)]
 pub struct RunService {
     shared: Arc<Shared>,
-    /// The identity this view's requests are for (a front end's caller).
-    identity: Option<Arc<str>>,
-    /// Whether this view's runs are offered the tool servers (an HTTP
-    /// caller needs the `pycell:tools` scope).
-    offer_tools: bool,
+    /// The caller this view's requests are for (a trusted front end's);
+    /// None: this process's own user.
+    caller: Option<Arc<Caller>>,
 }
 
 impl RunService {
@@ -296,8 +323,7 @@ impl RunService {
     ) -> RunService {
         let shutdown = CancellationToken::new();
         RunService {
-            identity: None,
-            offer_tools: true,
+            caller: None,
             shared: Arc::new(Shared {
                 backend: backend.build(launcher, patience, &shutdown),
                 tracker: TaskTracker::new(),
@@ -310,17 +336,30 @@ impl RunService {
     /// The client's tool servers, if it configured any and this view
     /// offers them.
     pub fn tool_servers(&self) -> Option<&Arc<dyn ToolSource>> {
-        self.shared.tools.as_ref().filter(|_| self.offer_tools)
+        let offered = self.caller.as_ref().is_none_or(|c| c.tools);
+        self.shared.tools.as_ref().filter(|_| offered)
     }
 
-    /// The same service, with requests for `identity` (pycelld refuses an
+    /// The same service, with requests for `caller` (pycelld refuses an
     /// identity unless this process is one of its trusted front ends).
-    /// Without `offer_tools`, its runs get no tool servers.
-    pub fn speaking_for(&self, identity: Option<Arc<str>>, offer_tools: bool) -> RunService {
+    pub fn speaking_for(&self, caller: Arc<Caller>) -> RunService {
         RunService {
             shared: Arc::clone(&self.shared),
-            identity,
-            offer_tools,
+            caller: Some(caller),
+        }
+    }
+
+    /// The caller this view speaks for, if any.
+    pub fn caller(&self) -> Option<&Arc<Caller>> {
+        self.caller.as_ref()
+    }
+
+    /// Whether this view's caller may name `policy`; no caller: any (the
+    /// backend still refuses a policy it does not have).
+    pub fn may_use(&self, policy: &str) -> Result<(), String> {
+        match &self.caller {
+            Some(c) => c.may_use(policy),
+            None => Ok(()),
         }
     }
 
@@ -331,7 +370,7 @@ impl RunService {
 
     fn asker(&self) -> Asker {
         Asker {
-            identity: self.identity.clone(),
+            identity: self.caller.as_ref().map(|c| c.identity.clone()),
             tools: self.tool_servers().cloned(),
         }
     }
@@ -343,6 +382,11 @@ impl RunService {
         mut on_event: impl FnMut(RunEvent<'_>) + Send,
         cancel: CancellationToken,
     ) -> Result<RunResult, RequestError> {
+        self.may_use(req.policy_name())
+            .map_err(|problem| RequestError {
+                field: "policy",
+                problem,
+            })?;
         let asker = self.asker();
         if let Some(servers) = &asker.tools {
             req.tools = Some(servers.catalog().await);
@@ -356,6 +400,8 @@ impl RunService {
         &self,
         mut req: SessionStartRequest,
     ) -> Result<SessionInfo, SessionFailure> {
+        self.may_use(req.policy_name())
+            .map_err(|m| SessionFailure::new(FailureCode::InvalidRequest, m))?;
         let asker = self.asker();
         if let Some(servers) = &asker.tools {
             req.tools = Some(servers.catalog().await);
@@ -407,5 +453,51 @@ async fn stopped(cancel: &CancellationToken, shutdown: &CancellationToken) {
     tokio::select! {
         _ = cancel.cancelled() => {}
         _ = shutdown.cancelled() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caller_of_default() -> Arc<Caller> {
+        Arc::new(Caller {
+            identity: "ci-bot".into(),
+            tools: false,
+            policies: vec!["default".to_string()].into(),
+            grant_hint: "ask the operator".into(),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_caller_is_held_to_its_policies_before_anything_runs() {
+        // Runs would go to a pycelld that is not there: a request that got
+        // past the check would come back refused, not as the caller's
+        // mistake.
+        let service = RunService::new(Backend::Daemon("/nonexistent/pycell.sock".into()), None);
+        let view = service.speaking_for(caller_of_default());
+        let req = RunRequest {
+            code: "print(1)".into(),
+            policy: Some("network".into()),
+            ..Default::default()
+        };
+        let e = view
+            .run(req, |_| {}, CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.field, "policy");
+        assert!(
+            e.problem.contains("it may use: default") && e.problem.ends_with("ask the operator"),
+            "{e}"
+        );
+        let start = SessionStartRequest {
+            policy: Some("network".into()),
+            ..Default::default()
+        };
+        let f = view.start_session(start).await.unwrap_err();
+        assert_eq!(f.code, FailureCode::InvalidRequest, "{f:?}");
+        assert!(view.may_use("default").is_ok());
+        // The service itself (no caller) may name any policy.
+        assert!(service.may_use("network").is_ok());
     }
 }

@@ -126,14 +126,14 @@ pub struct Caller {
 }
 
 impl Caller {
-    /// Whether it may run under `policy`; else what to say.
-    pub fn may_use(&self, policy: &str) -> Result<(), String> {
-        match self.policies.iter().any(|p| p == policy) {
-            true => Ok(()),
-            false => Err(format!(
-                "policy {policy:?} is not one this caller may use (it may use: {}); the operator grants more with `policies` in the tokens file or {POLICY_SCOPE_PREFIX}NAME scopes",
-                self.policies.join(", ")
-            )),
+    /// It, as the run service speaks for it: its identity, whether its
+    /// runs get the tool servers, the policies it may name.
+    pub fn for_run_service(&self) -> pycell_engine::service::Caller {
+        pycell_engine::service::Caller {
+            identity: self.identity.clone(),
+            tools: self.scopes.tools,
+            policies: Arc::clone(&self.policies),
+            grant_hint: format!("the operator grants more with `policies` in the tokens file or {POLICY_SCOPE_PREFIX}NAME scopes").into(),
         }
     }
 }
@@ -300,15 +300,15 @@ mod tests {
             c
         };
         let c = only("");
-        assert!(c.may_use("default").is_ok());
-        let e = c.may_use("mcp-server").unwrap_err();
+        assert!(c.for_run_service().may_use("default").is_ok());
+        let e = c.for_run_service().may_use("mcp-server").unwrap_err();
         assert!(
             e.contains("\"mcp-server\" is not one this caller may use (it may use: default)"),
             "{e}"
         );
         let c = only("policies = [\"data-science\"]\n");
-        assert!(c.may_use("data-science").is_ok());
-        assert!(c.may_use("default").is_err());
+        assert!(c.for_run_service().may_use("data-science").is_ok());
+        assert!(c.for_run_service().may_use("default").is_err());
         let e = TokenTable::parse(&line("policies = [\"../x\"]\n")).unwrap_err();
         assert!(e.contains("not a policy name"), "{e}");
     }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::callers::Caller;
+use crate::server::{Entered, Gate, Turned};
 
 #[derive(Debug)]
 struct State {
@@ -62,6 +63,38 @@ impl Limiter {
         Ok(Permit {
             limiter: Arc::clone(self),
             identity: caller.identity.clone(),
+        })
+    }
+}
+
+/// The gate in front of the MCP server of `pycell mcp --http` with
+/// authentication: the caller the front end left in the request, and a
+/// call that runs code counted against its quotas.
+#[derive(Debug, Default)]
+pub struct QuotaGate(Arc<Limiter>);
+
+impl Gate for QuotaGate {
+    fn enter(
+        &self,
+        parts: Option<&http::request::Parts>,
+        runs_code: bool,
+    ) -> Result<Entered, Turned> {
+        let caller = parts
+            .and_then(|p| p.extensions.get::<Arc<Caller>>())
+            .ok_or(Turned::NoCaller)?;
+        let held: Option<Box<dyn Send>> = match runs_code {
+            true => {
+                let permit = self
+                    .0
+                    .begin(caller, Instant::now())
+                    .map_err(Turned::Quota)?;
+                Some(Box::new(permit))
+            }
+            false => None,
+        };
+        Ok(Entered {
+            caller: Arc::new(caller.for_run_service()),
+            held,
         })
     }
 }

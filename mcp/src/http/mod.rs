@@ -98,7 +98,7 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
     let mut server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode.as_ref())
         .with_cancels(Arc::clone(&cancels));
     if !setup.gate.open {
-        server = server.with_callers(Arc::default());
+        server = server.with_gate(Arc::new(limiter::QuotaGate::default()));
     }
     let mut config =
         StreamableHttpServerConfig::default().with_allowed_hosts(setup.allowed_hosts.clone());

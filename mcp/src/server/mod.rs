@@ -39,8 +39,6 @@ use pycell_launch::resolve::POLICY_DIR;
 use pycell_wire::events::Stream;
 
 use crate::args::McpArgs;
-use crate::http::callers::Caller;
-use crate::http::limiter::{Limiter, Permit};
 use crate::tool_servers::ToolServers;
 use output::{human_bytes, RunPythonOutput};
 use pycell_engine::service::{Backend, RunEvent, RunService};
@@ -65,6 +63,46 @@ pub(crate) const CODE_TOOLS: [&str; 6] = [
     session_tools::SESSION_END,
 ];
 
+/// The layer in front of the server that says who makes each call (over
+/// HTTP: its authentication, which leaves the caller in the request) and
+/// whether a call that runs code may go now (its quotas). The server
+/// knows nothing else of it.
+pub trait Gate: Send + Sync + std::fmt::Debug {
+    /// The caller of the request whose HTTP `parts` these are, and, if
+    /// the call `runs_code`, its place in the caller's quotas, held until
+    /// the guard is dropped.
+    fn enter(
+        &self,
+        parts: Option<&http::request::Parts>,
+        runs_code: bool,
+    ) -> Result<Entered, Turned>;
+}
+
+/// A call the gate let in.
+pub struct Entered {
+    pub caller: Arc<pycell_engine::service::Caller>,
+    /// Held while the call goes (its place in the caller's quotas).
+    pub held: Option<Box<dyn Send>>,
+}
+
+impl std::fmt::Debug for Entered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entered")
+            .field("caller", &self.caller)
+            .field("held", &self.held.is_some())
+            .finish()
+    }
+}
+
+/// A call the gate turned away.
+#[derive(Debug)]
+pub enum Turned {
+    /// The request came without the caller the layer in front leaves.
+    NoCaller,
+    /// Over the caller's quotas: what to say.
+    Quota(String),
+}
+
 /// The MCP server: its tools and where runs go.
 #[derive(Debug, Clone)]
 pub struct PycellServer {
@@ -72,12 +110,9 @@ pub struct PycellServer {
     default_policy: String,
     tools: Arc<Vec<Tool>>,
     /// Over authenticated HTTP: every call must come with its caller
-    /// (`pycell mcp --http` puts it in the request), whose quotas this
+    /// (`pycell mcp --http` puts it in the request), whose quotas the gate
     /// counts. None: stdio, or HTTP without authentication.
-    callers: Option<Arc<Limiter>>,
-    /// The policies the HTTP caller of this view may name (None: any the
-    /// server has; stdio, or HTTP without authentication).
-    caller: Option<Arc<Caller>>,
+    gate: Option<Arc<dyn Gate>>,
     /// Over HTTP: the calls in flight, for the front end to cancel when
     /// their caller sends `notifications/cancelled` (stdio: rmcp pairs them).
     cancels: Option<Arc<cancels::Cancels>>,
@@ -100,8 +135,7 @@ impl PycellServer {
             sandboxes,
             default_policy,
             tools: Arc::new(tools),
-            callers: None,
-            caller: None,
+            gate: None,
             cancels: None,
         }
     }
@@ -112,19 +146,17 @@ impl PycellServer {
         self
     }
 
-    /// The same server, requiring a caller on every call (see `callers`).
-    pub fn with_callers(mut self, limiter: Arc<Limiter>) -> Self {
-        self.callers = Some(limiter);
+    /// The same server, requiring a caller on every call (see `gate`).
+    pub fn with_gate(mut self, gate: Arc<dyn Gate>) -> Self {
+        self.gate = Some(gate);
         self
     }
 
     /// Whether this view's caller may name `policy` (the server's default
-    /// when None); no caller: any.
+    /// when None): the run service's check, made before anything else.
     pub(super) fn may_use(&self, policy: Option<&str>) -> Result<(), String> {
-        match &self.caller {
-            Some(c) => c.may_use(policy.unwrap_or(&self.default_policy)),
-            None => Ok(()),
-        }
+        self.sandboxes
+            .may_use(policy.unwrap_or(&self.default_policy))
     }
 
     /// This server as the HTTP caller of `context` may use it: its
@@ -134,31 +166,21 @@ impl PycellServer {
         &self,
         tool: &str,
         context: &RequestContext<RoleServer>,
-    ) -> Result<(PycellServer, Option<Permit>), CallToolResult> {
-        let Some(limiter) = &self.callers else {
+    ) -> Result<(PycellServer, Option<Box<dyn Send>>), CallToolResult> {
+        let Some(gate) = &self.gate else {
             return Ok((self.clone(), None));
         };
-        let caller = context
-            .extensions
-            .get::<http::request::Parts>()
-            .and_then(|p| p.extensions.get::<Arc<Caller>>())
-            .cloned();
-        let Some(caller) = caller else {
-            return Err(internal_error(
+        let parts = context.extensions.get::<http::request::Parts>();
+        match gate.enter(parts, CODE_TOOLS.contains(&tool)) {
+            Ok(Entered { caller, held }) => {
+                let mut view = self.clone();
+                view.sandboxes = self.sandboxes.speaking_for(caller);
+                Ok((view, held))
+            }
+            Err(Turned::NoCaller) => Err(internal_error(
                 "the call came without an authenticated caller; refused",
-            ));
-        };
-        let mut view = self.clone();
-        view.caller = Some(Arc::clone(&caller));
-        view.sandboxes = self
-            .sandboxes
-            .speaking_for(Some(caller.identity.clone()), caller.scopes.tools);
-        if !CODE_TOOLS.contains(&tool) {
-            return Ok((view, None));
-        }
-        match limiter.begin(&caller, Instant::now()) {
-            Ok(permit) => Ok((view, Some(permit))),
-            Err(m) => Err(CallToolResult::error(vec![ContentBlock::text(format!(
+            )),
+            Err(Turned::Quota(m)) => Err(CallToolResult::error(vec![ContentBlock::text(format!(
                 "{tool} was not run: {m}"
             ))])),
         }
@@ -472,7 +494,7 @@ impl ServerHandler for PycellServer {
             Err(refused) => return Ok(refused.into()),
         };
         let _in_flight = self.cancels.as_ref().map(|c| {
-            let caller = server.caller.as_ref().map(|c| c.identity.clone());
+            let caller = server.sandboxes.caller().map(|c| c.identity.clone());
             c.register(caller, &context.id, context.ct.clone())
         });
         let server = &server;
