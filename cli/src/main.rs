@@ -32,6 +32,8 @@ use clap::Parser;
 
 fn main() {
     run::STARTED_US.get_or_init(pycell_wire::timings::now_us);
+    #[cfg(not(feature = "mcp"))]
+    refuse_mcp_commands();
     let cli = cli::Cli::parse();
     let code = match cli.command {
         cli::Command::Run(args) => run::main(&args),
@@ -54,4 +56,15 @@ fn main() {
         cli::Command::Debug(cli::DebugCommand::Spec(args)) => run::print_spec(&args),
     };
     std::process::exit(code);
+}
+
+/// In a pycell built without its feature `mcp`: say so for the commands
+/// that need it, rather than clap's "unrecognized subcommand".
+#[cfg(not(feature = "mcp"))]
+fn refuse_mcp_commands() {
+    let command = std::env::args().nth(1).unwrap_or_default();
+    if ["mcp", "mcp-token", "gateway"].contains(&command.as_str()) {
+        eprintln!("pycell: `pycell {command}` is not in this build: it was built without its feature `mcp` (the MCP SDK, HTTP and TLS), as scripts/pycell does for commands that need none; build it with default features (`cargo build --release -p pycell`, or `scripts/pycell {command} ...`)");
+        std::process::exit(2);
+    }
 }
