@@ -118,10 +118,25 @@ impl DaemonOr {
     }
 
     /// The daemon if one is there now; else the embedded backend.
-    fn now(&self) -> Result<Daemon, &Embedded> {
+    fn now(&self) -> Now<'_> {
         match daemon_socket(None) {
-            Some(socket) => Ok(Daemon::new(socket, self.shutdown.clone())),
-            None => Err(&self.embedded),
+            Some(socket) => Now::Daemon(Daemon::new(socket, self.shutdown.clone())),
+            None => Now::Embedded(&self.embedded),
+        }
+    }
+}
+
+/// Where a [`DaemonOr`] call goes, chosen at the call.
+enum Now<'a> {
+    Daemon(Daemon),
+    Embedded(&'a Embedded),
+}
+
+impl Now<'_> {
+    fn place(&self) -> &dyn Sandboxes {
+        match self {
+            Now::Daemon(d) => d,
+            Now::Embedded(e) => *e,
         }
     }
 }
@@ -135,10 +150,7 @@ impl Sandboxes for DaemonOr {
         on_event: OnEvent<'_>,
         cancel: CancellationToken,
     ) -> Result<RunResult, RequestError> {
-        match self.now() {
-            Ok(d) => d.run(asker, req, on_event, cancel).await,
-            Err(e) => e.run(asker, req, on_event, cancel).await,
-        }
+        self.now().place().run(asker, req, on_event, cancel).await
     }
 
     async fn start_session(
@@ -146,10 +158,7 @@ impl Sandboxes for DaemonOr {
         asker: &Asker,
         req: SessionStartRequest,
     ) -> Result<SessionInfo, SessionFailure> {
-        match self.now() {
-            Ok(d) => d.start_session(asker, req).await,
-            Err(e) => e.start_session(asker, req).await,
-        }
+        self.now().place().start_session(asker, req).await
     }
 
     async fn session_call(
@@ -160,10 +169,10 @@ impl Sandboxes for DaemonOr {
         timeout_s: Option<f64>,
         cancel: CancellationToken,
     ) -> Result<SessionAnswer, SessionFailure> {
-        match self.now() {
-            Ok(d) => d.session_call(asker, handle, call, timeout_s, cancel).await,
-            Err(e) => e.session_call(asker, handle, call, timeout_s, cancel).await,
-        }
+        self.now()
+            .place()
+            .session_call(asker, handle, call, timeout_s, cancel)
+            .await
     }
 
     async fn end_session(
@@ -171,17 +180,11 @@ impl Sandboxes for DaemonOr {
         asker: &Asker,
         handle: &str,
     ) -> Result<SessionEndInfo, SessionFailure> {
-        match self.now() {
-            Ok(d) => d.end_session(asker, handle).await,
-            Err(e) => e.end_session(asker, handle).await,
-        }
+        self.now().place().end_session(asker, handle).await
     }
 
     async fn list_sessions(&self, asker: &Asker) -> Result<Vec<SessionSummary>, SessionFailure> {
-        match self.now() {
-            Ok(d) => d.list_sessions(asker).await,
-            Err(e) => e.list_sessions(asker).await,
-        }
+        self.now().place().list_sessions(asker).await
     }
 
     fn mode(&self) -> String {

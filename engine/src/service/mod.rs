@@ -138,7 +138,7 @@ pub struct Asker {
 /// A caller a trusted front end speaks for (pycelld checks its identity's
 /// quotas and policies too; this process checks them first, where the
 /// request arrives).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
     /// Its name for pycelld.
     pub identity: Arc<str>,
@@ -259,13 +259,14 @@ impl Backend {
         }
     }
 
+    /// The backend; `launcher` is asked only where this process jails.
     fn build(
         self,
-        launcher: Result<Launcher, JailFailure>,
+        launcher: impl FnOnce() -> Result<Launcher, JailFailure>,
         patience: Patience,
         shutdown: &CancellationToken,
     ) -> Arc<dyn Sandboxes> {
-        let embedded = || embedded::Embedded::new(launcher, patience, shutdown.clone());
+        let embedded = || embedded::Embedded::new(launcher(), patience, shutdown.clone());
         match self {
             Backend::Embedded => Arc::new(embedded()),
             Backend::Daemon(socket) => Arc::new(daemon::Daemon::new(socket, shutdown.clone())),
@@ -302,22 +303,22 @@ impl RunService {
     /// each run, as a refusal, so that a server still starts and can
     /// explain.
     pub fn new(backend: Backend, tools: Option<Arc<dyn ToolSource>>) -> RunService {
-        let launcher = match backend {
-            // A front end that never jails holds no launcher.
-            Backend::Daemon(_) | Backend::Cluster(_) => Err(JailFailure::new(
-                FailureCode::Internal,
-                pycell_wire::codes::Layer::Daemon,
-                "this process runs code only through pycelld",
-            )),
-            _ => Launcher::embedded_from_env(),
-        };
-        RunService::with_launcher(backend, launcher, PATIENCE, tools)
+        RunService::built(backend, Launcher::embedded_from_env, PATIENCE, tools)
     }
 
     /// The same with a given launcher and patience (tests).
     pub fn with_launcher(
         backend: Backend,
         launcher: Result<Launcher, JailFailure>,
+        patience: Patience,
+        tools: Option<Arc<dyn ToolSource>>,
+    ) -> RunService {
+        RunService::built(backend, move || launcher, patience, tools)
+    }
+
+    fn built(
+        backend: Backend,
+        launcher: impl FnOnce() -> Result<Launcher, JailFailure>,
         patience: Patience,
         tools: Option<Arc<dyn ToolSource>>,
     ) -> RunService {
