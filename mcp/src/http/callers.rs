@@ -113,28 +113,35 @@ impl Quotas {
     }
 }
 
-/// An authenticated caller.
+/// An authenticated caller: what it may do here (scopes, quotas), and
+/// the run service's caller it is (its identity and policies).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
-    /// Its name for pycelld: a token's name, or `oauth:` and the token's
-    /// subject.
-    pub identity: Arc<str>,
     pub scopes: Scopes,
     pub quotas: Quotas,
-    /// The policies it may name.
-    pub policies: Arc<[String]>,
+    /// It, as the run service speaks for it.
+    pub speaks_as: Arc<pycell_engine::service::Caller>,
 }
 
 impl Caller {
-    /// It, as the run service speaks for it: its identity, whether its
-    /// runs get the tool servers, the policies it may name.
-    pub fn for_run_service(&self) -> pycell_engine::service::Caller {
-        pycell_engine::service::Caller {
-            identity: self.identity.clone(),
-            tools: self.scopes.tools,
-            policies: Arc::clone(&self.policies),
-            grant_hint: format!("the operator grants more with `policies` in the tokens file or {POLICY_SCOPE_PREFIX}NAME scopes").into(),
+    /// `identity` (a token's name, or `oauth:` and the token's subject)
+    /// with its scopes, quotas and the policies it may name.
+    pub fn new(identity: &str, scopes: Scopes, quotas: Quotas, policies: Arc<[String]>) -> Caller {
+        Caller {
+            speaks_as: Arc::new(pycell_engine::service::Caller {
+                identity: Arc::from(identity),
+                tools: scopes.tools,
+                policies,
+                grant_hint: format!("the operator grants more with `policies` in the tokens file or {POLICY_SCOPE_PREFIX}NAME scopes").into(),
+            }),
+            scopes,
+            quotas,
         }
+    }
+
+    /// Its name for pycelld.
+    pub fn identity(&self) -> &Arc<str> {
+        &self.speaks_as.identity
     }
 }
 
@@ -183,7 +190,7 @@ impl TokenTable {
             if table
                 .by_hash
                 .values()
-                .any(|c| c.identity == caller.identity)
+                .any(|c| c.identity() == caller.identity())
             {
                 return Err(format!(
                     "{at}: another token has the same name; names are identities and must differ"
@@ -241,12 +248,12 @@ fn entry(t: TokenEntry) -> Result<([u8; 32], Caller), String> {
     {
         return Err(format!("policies: {bad:?} is not a policy name"));
     }
-    let caller = Caller {
-        identity: Arc::from(t.name.as_str()),
+    let caller = Caller::new(
+        &t.name,
         scopes,
         quotas,
-        policies: policies_allowed(t.policies.as_deref()),
-    };
+        policies_allowed(t.policies.as_deref()),
+    );
     Ok((hash, caller))
 }
 
@@ -300,15 +307,15 @@ mod tests {
             c
         };
         let c = only("");
-        assert!(c.for_run_service().may_use("default").is_ok());
-        let e = c.for_run_service().may_use("mcp-server").unwrap_err();
+        assert!(c.speaks_as.may_use("default").is_ok());
+        let e = c.speaks_as.may_use("mcp-server").unwrap_err();
         assert!(
             e.contains("\"mcp-server\" is not one this caller may use (it may use: default)"),
             "{e}"
         );
         let c = only("policies = [\"data-science\"]\n");
-        assert!(c.for_run_service().may_use("data-science").is_ok());
-        assert!(c.for_run_service().may_use("default").is_err());
+        assert!(c.speaks_as.may_use("data-science").is_ok());
+        assert!(c.speaks_as.may_use("default").is_err());
         let e = TokenTable::parse(&line("policies = [\"../x\"]\n")).unwrap_err();
         assert!(e.contains("not a policy name"), "{e}");
     }
@@ -331,7 +338,7 @@ mod tests {
         let t = TokenTable::parse(&text).unwrap();
         assert_eq!(t.len(), 2);
         let ci = t.caller("secret-1").unwrap();
-        assert_eq!(&*ci.identity, "ci-bot");
+        assert_eq!(&**ci.identity(), "ci-bot");
         assert_eq!(
             ci.scopes,
             Scopes {

@@ -151,7 +151,8 @@ impl Front {
         }
         if let Some(id) = crate::server::cancels::cancelled_request_id(&bytes) {
             // Stateless: rmcp would accept it and cancel nothing.
-            self.cancels.cancel(caller.map(|c| c.identity.clone()), &id);
+            self.cancels
+                .cancel(caller.map(|c| c.identity().clone()), &id);
             return plain(StatusCode::ACCEPTED, "");
         }
         if let Some(c) = caller {

@@ -281,7 +281,7 @@ mod tests {
     fn a_token_of_the_file_passes_as_its_name() {
         let g = gate();
         let c = g.authenticate(Some(b"Bearer s3cret")).unwrap().unwrap();
-        assert_eq!(&*c.identity, "alice");
+        assert_eq!(&**c.identity(), "alice");
         assert!(g.authenticate(Some(b"bearer  s3cret ")).is_ok());
         assert_eq!(g.authenticate(None), Err(Denial::Missing));
         assert!(matches!(

@@ -37,7 +37,7 @@ impl Limiter {
         let mut all = self.by_identity.lock().unwrap_or_else(|p| p.into_inner());
         let q = caller.quotas;
         let per_minute = f64::from(q.runs_per_minute);
-        let s = all.entry(caller.identity.clone()).or_insert(State {
+        let s = all.entry(caller.identity().clone()).or_insert(State {
             running: 0,
             tokens: per_minute,
             refilled: now,
@@ -48,21 +48,21 @@ impl Limiter {
         if s.running >= q.max_concurrent_runs {
             return Err(format!(
                 "{} has {} calls running, its most at once (max_concurrent_runs = {}): wait for one to finish",
-                caller.identity, s.running, q.max_concurrent_runs
+                caller.identity(), s.running, q.max_concurrent_runs
             ));
         }
         if s.tokens < 1.0 {
             let wait = (1.0 - s.tokens) * 60.0 / per_minute;
             return Err(format!(
                 "{} started its {} runs for this minute (runs_per_minute = {}): try again in {:.1} s",
-                caller.identity, q.runs_per_minute, q.runs_per_minute, wait
+                caller.identity(), q.runs_per_minute, q.runs_per_minute, wait
             ));
         }
         s.tokens -= 1.0;
         s.running += 1;
         Ok(Permit {
             limiter: Arc::clone(self),
-            identity: caller.identity.clone(),
+            identity: caller.identity().clone(),
         })
     }
 }
@@ -93,7 +93,7 @@ impl Gate for QuotaGate {
             false => None,
         };
         Ok(Entered {
-            caller: Arc::new(caller.for_run_service()),
+            caller: Arc::clone(&caller.speaks_as),
             held,
         })
     }
@@ -119,15 +119,15 @@ mod tests {
     use std::time::Duration;
 
     fn caller(name: &str, concurrent: u32, per_minute: u32) -> Caller {
-        Caller {
-            identity: name.into(),
-            scopes: Scopes::default(),
-            quotas: Quotas {
+        Caller::new(
+            name,
+            Scopes::default(),
+            Quotas {
                 max_concurrent_runs: concurrent,
                 runs_per_minute: per_minute,
             },
-            policies: crate::http::callers::policies_allowed(None),
-        }
+            crate::http::callers::policies_allowed(None),
+        )
     }
 
     #[test]

@@ -21,7 +21,7 @@
 //! a shared secret would let anyone holding it mint tokens.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::SystemTime;
 
 use jsonwebtoken::errors::ErrorKind;
@@ -143,12 +143,12 @@ impl OAuth {
                 .map(str::to_string)
                 .collect::<Vec<_>>(),
         );
-        Ok(Caller {
-            identity: Arc::from(identity),
-            scopes: Scopes::from_names(all.iter().copied()),
-            quotas: self.quotas,
-            policies: policies.into(),
-        })
+        Ok(Caller::new(
+            &identity,
+            Scopes::from_names(all.iter().copied()),
+            self.quotas,
+            policies.into(),
+        ))
     }
 
     /// The key `kid` names (or, without a kid, the only key): from the set

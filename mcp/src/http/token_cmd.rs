@@ -69,7 +69,7 @@ mod tests {
         assert!(token.starts_with("pycell_") && token.len() > 40);
         let table = TokenTable::parse(&toml).unwrap();
         let c = table.caller(&token).unwrap();
-        assert_eq!(&*c.identity, "ci-bot");
+        assert_eq!(&**c.identity(), "ci-bot");
         assert!(c.scopes.run && c.scopes.tools);
         let (other, _) = entry(&args).unwrap();
         assert_ne!(token, other);
