@@ -33,6 +33,9 @@ pub enum ToMonitor {
         req: u64,
         peer: PeerIds,
         order: RunOrder,
+        /// What each descriptor that came with this message is, in order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        descriptors: Vec<SpawnFd>,
     },
     /// Stop a run (cancel, client gone, shutdown).
     Kill { run_id: String },
@@ -112,7 +115,8 @@ pub struct RunOrder {
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub env: std::collections::BTreeMap<String, String>,
     /// Host paths the client granted, checked by the broker; their
-    /// descriptors come with the `spawn` message, in this order.
+    /// descriptors come with the `spawn` message, each named
+    /// [`SpawnFd::GrantSource`] with its index here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub grants: Vec<pycell_protocol::messages::PathGrant>,
 }
@@ -241,9 +245,29 @@ pub struct PeerIds {
     pub identity: Option<String>,
 }
 
-/// Monitor → broker. `Spawned` carries the read end of the jailer's event
-/// pipe as SCM_RIGHTS (and, when its jail hands descriptors out, as with
-/// egress, the jailer's stdin socket).
+/// What a descriptor that comes with [`ToBroker::Spawned`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpawnedFd {
+    /// The read end of the jailer's event pipe.
+    Events,
+    /// The jailer's stdin socket: the jail hands its descriptors out on
+    /// it (the egress proxy's listener, the tool channel, stdio), and a
+    /// session's requests go in on it.
+    JailerStdin,
+}
+
+/// What a descriptor that comes with [`ToMonitor::Spawn`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpawnFd {
+    /// The host path the client granted as `order.grants[grant]`, opened
+    /// by the broker (`O_PATH`).
+    GrantSource { grant: usize },
+}
+
+/// Monitor → broker. `Spawned` carries the jailer's descriptors as
+/// SCM_RIGHTS, each named in `descriptors`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 // One message a run, decoded and moved once: its size does not matter.
@@ -258,10 +282,11 @@ pub enum ToBroker {
         /// The run's `[images]` bounds, for its images to be held to.
         #[serde(default)]
         images: Option<pycell_wire::spec::ImageLimits>,
-        /// With egress: the policy's rules; the second descriptor is the
-        /// jailer's stdin, on which its jail hands out the proxy's listener
-        /// (`pycell_wire::handout`).
+        /// With egress: the policy's rules (the jail hands out the proxy's
+        /// listener on its jailer's stdin, `pycell_wire::handout`).
         egress: Option<EgressRules>,
+        /// What each descriptor that came with this message is, in order.
+        descriptors: Vec<SpawnedFd>,
         /// The env of the run's dependencies, if it has any.
         env: Option<EnvReport>,
         /// A jail of the pool, already ready (a session's: its ready event

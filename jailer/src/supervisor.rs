@@ -508,9 +508,9 @@ fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFai
     let cgroup = create_cgroup(spec, &checked.layout)?;
     child_fds.cgroup_tasks = cgroup.open_join_files().map_err(cgroup_failure)?;
     mark("jailer: pipes and the cgroup made");
-    let request = crate::zygote::ForkRequest { spec: spec.clone() };
     let start = Instant::now();
-    crate::zygote::send_request(channel.as_fd(), &request, &child_fds)
+    crate::zygote::ForkRequest::new(spec.clone(), &child_fds)
+        .and_then(|(request, fds)| crate::zygote::send_request(channel.as_fd(), &request, &fds))
         .map_err(crate::zygote::failure("sending the run to its zygote"))?;
     drop((child_fds, channel));
     ends.work = io::stdin().as_fd().try_clone_to_owned().ok();

@@ -44,8 +44,6 @@ use pycell_wire::report::JailFailure;
 
 /// The largest request (a warm run's spec: no files, no stdin).
 const MAX_REQUEST: usize = 256 << 10;
-/// go, status, stdin, stdout, stderr, disk; then the cgroup's join files.
-const FIXED_FDS: usize = 6;
 const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWUSER
     .union(CloneFlags::CLONE_NEWPID)
     .union(CloneFlags::CLONE_NEWNS)
@@ -58,33 +56,67 @@ const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWUSER
 #[serde(deny_unknown_fields)]
 pub(crate) struct ForkRequest {
     pub spec: JailSpec,
+    /// What each descriptor that comes with the request is, in order.
+    #[serde(default)]
+    pub descriptors: Vec<ChildFd>,
 }
 
-/// The jailer's side: send `spec`'s request with the child's descriptors
-/// on the zygote's `channel` (one seqpacket message).
+/// What a descriptor that comes with a [`ForkRequest`] is: the run's
+/// child's ends of its jailer's pipes, and its cgroup's join files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ChildFd {
+    Go,
+    Status,
+    Stdin,
+    Stdout,
+    Stderr,
+    Disk,
+    /// One of the run cgroup's files the jail writes itself into (v1:
+    /// one `tasks` file per controller).
+    CgroupJoin,
+}
+
+impl ForkRequest {
+    /// The request for `spec`, with `fds` to go with it.
+    pub(crate) fn new(
+        spec: JailSpec,
+        fds: &ChildFds,
+    ) -> io::Result<(ForkRequest, Vec<BorrowedFd<'_>>)> {
+        let disk = fds
+            .disk_channel
+            .as_ref()
+            .ok_or_else(|| io::Error::other("no disk channel"))?;
+        let mut named = vec![
+            (ChildFd::Go, fds.go_read.as_fd()),
+            (ChildFd::Status, fds.status_write.as_fd()),
+            (ChildFd::Stdin, fds.stdin_read.as_fd()),
+            (ChildFd::Stdout, fds.stdout_write.as_fd()),
+            (ChildFd::Stderr, fds.stderr_write.as_fd()),
+            (ChildFd::Disk, disk.as_fd()),
+        ];
+        named.extend(
+            fds.cgroup_tasks
+                .iter()
+                .map(|f| (ChildFd::CgroupJoin, f.as_fd())),
+        );
+        let (descriptors, fds) = pycell_wire::named_fds::split(named);
+        Ok((ForkRequest { spec, descriptors }, fds))
+    }
+}
+
+/// The jailer's side: send `request` with its descriptors on the
+/// zygote's `channel` (one seqpacket message).
 pub(crate) fn send_request(
     channel: BorrowedFd<'_>,
     request: &ForkRequest,
-    fds: &ChildFds,
+    fds: &[BorrowedFd<'_>],
 ) -> io::Result<()> {
     let body = serde_json::to_vec(request).map_err(io::Error::other)?;
     if body.len() > MAX_REQUEST {
         return Err(io::Error::other("the run's spec is too large for a zygote"));
     }
-    let mut all = vec![
-        fds.go_read.as_fd(),
-        fds.status_write.as_fd(),
-        fds.stdin_read.as_fd(),
-        fds.stdout_write.as_fd(),
-        fds.stderr_write.as_fd(),
-    ];
-    let disk = fds
-        .disk_channel
-        .as_ref()
-        .ok_or_else(|| io::Error::other("no disk channel"))?;
-    all.push(disk.as_fd());
-    all.extend(fds.cgroup_tasks.iter().map(AsFd::as_fd));
-    pycell_wire::fdpass::send_with_fds(channel, &body, &all)
+    pycell_wire::fdpass::send_with_fds(channel, &body, fds)
 }
 
 /// How long a zygote may take to fork a run into its cgroup.
@@ -187,7 +219,7 @@ fn refused(why: &str) -> i32 {
 }
 
 fn take_request(body: &[u8], fds: Vec<OwnedFd>) -> Result<Received, String> {
-    let request: ForkRequest =
+    let mut request: ForkRequest =
         serde_json::from_slice(body).map_err(|e| format!("a request: {e}"))?;
     request
         .spec
@@ -197,7 +229,8 @@ fn take_request(body: &[u8], fds: Vec<OwnedFd>) -> Result<Received, String> {
         return Err("a request for a jail that is not from a zygote".into());
     }
     let filter = filter_for(&request)?;
-    let fds = child_fds(fds)?;
+    let fds = child_fds(std::mem::take(&mut request.descriptors), fds)
+        .map_err(|e| format!("a request's descriptors: {e}"))?;
     Ok(Received {
         request,
         fds,
@@ -220,24 +253,25 @@ fn filter_for(request: &ForkRequest) -> Result<CompiledFilter, String> {
     })
 }
 
-fn child_fds(fds: Vec<OwnedFd>) -> Result<ChildFds, String> {
-    if fds.len() <= FIXED_FDS {
-        return Err(format!("a request with {} descriptors", fds.len()));
-    }
-    let mut it = fds.into_iter();
-    let mut next = || it.next().expect("counted above");
-    Ok(ChildFds {
-        go_read: next(),
-        status_write: next(),
-        stdin_read: next(),
-        stdout_write: next(),
-        stderr_write: next(),
-        disk_channel: Some(next()),
+fn child_fds(names: Vec<ChildFd>, fds: Vec<OwnedFd>) -> Result<ChildFds, String> {
+    let mut named = pycell_wire::named_fds::Named::pair(names, fds)?;
+    let child = ChildFds {
+        go_read: named.one(&ChildFd::Go)?,
+        status_write: named.one(&ChildFd::Status)?,
+        stdin_read: named.one(&ChildFd::Stdin)?,
+        stdout_write: named.one(&ChildFd::Stdout)?,
+        stderr_write: named.one(&ChildFd::Stderr)?,
+        disk_channel: Some(named.one(&ChildFd::Disk)?),
         handout_channel: None,
-        cgroup_tasks: it.collect(),
+        cgroup_tasks: named.all(&ChildFd::CgroupJoin),
         zygote_lib: None,
         grants: Vec::new(),
-    })
+    };
+    named.done()?;
+    if child.cgroup_tasks.is_empty() {
+        return Err("a request without its cgroup's join files".into());
+    }
+    Ok(child)
 }
 
 /// The zygote's side, after [`receive`]: clone the run's init into new
@@ -429,11 +463,38 @@ mod tests {
         assert_eq!(g, "0 500000 1\n2000 600001 1\n2001 600008 1\n");
     }
 
+    fn null() -> OwnedFd {
+        File::open("/dev/null").unwrap().into()
+    }
+
+    const PIPES: [ChildFd; 6] = [
+        ChildFd::Go,
+        ChildFd::Status,
+        ChildFd::Stdin,
+        ChildFd::Stdout,
+        ChildFd::Stderr,
+        ChildFd::Disk,
+    ];
+
     #[test]
-    fn a_request_without_enough_descriptors_is_refused() {
-        let fds: Vec<OwnedFd> = (0..FIXED_FDS)
-            .map(|_| File::open("/dev/null").unwrap().into())
-            .collect();
-        assert!(child_fds(fds).unwrap_err().contains("6 descriptors"));
+    fn a_request_takes_its_descriptors_by_name_in_any_order() {
+        let mut names = vec![ChildFd::CgroupJoin];
+        names.extend(PIPES.iter().rev());
+        let fds = names.iter().map(|_| null()).collect();
+        let child = child_fds(names, fds).unwrap();
+        assert_eq!(child.cgroup_tasks.len(), 1);
+        assert!(child.disk_channel.is_some());
+    }
+
+    #[test]
+    fn a_request_without_a_named_descriptor_is_refused() {
+        let fds = PIPES.iter().map(|_| null()).collect();
+        let e = child_fds(PIPES.to_vec(), fds).unwrap_err();
+        assert!(e.contains("without its cgroup's join files"), "{e}");
+        let names = vec![ChildFd::Go, ChildFd::CgroupJoin];
+        let e = child_fds(names, vec![null(), null()]).unwrap_err();
+        assert!(e.contains("Status"), "{e}");
+        let e = child_fds(PIPES.to_vec(), vec![null()]).unwrap_err();
+        assert!(e.contains("names 6 descriptors but 1"), "{e}");
     }
 }

@@ -2,8 +2,9 @@
 //! jail spec it reads ([`spec`]), the report it ends with ([`report`]) and
 //! its stable failure [`codes`], its event frames ([`events`]), the bounded
 //! JSON frames its stdin carries ([`framing`]), the descriptors the jail
-//! hands out, each named ([`handout`]), and descriptor passing over
-//! unix sockets ([`fdpass`]), and the marks of where a run spent its
+//! hands out, each named ([`handout`]), descriptor passing over unix
+//! sockets ([`fdpass`]) with each descriptor named by its message
+//! ([`named_fds`]), and the marks of where a run spent its
 //! time ([`timings`]).
 //!
 //! Threat model: the jailer (root) and every launcher link this crate. A
@@ -19,6 +20,7 @@ pub mod events;
 pub mod fdpass;
 pub mod framing;
 pub mod handout;
+pub mod named_fds;
 pub mod outcome;
 pub mod report;
 pub mod spec;

@@ -12,7 +12,7 @@ use pycell_protocol::framing;
 use pycell_protocol::info::WarmPoolStatus;
 use tokio::sync::mpsc;
 
-use crate::link::{PeerIds, RunOrder, ToBroker, ToMonitor};
+use crate::link::{PeerIds, RunOrder, SpawnFd, ToBroker, ToMonitor};
 use crate::sockets;
 
 /// Spawn requests up to this size are written from the runtime's thread:
@@ -107,7 +107,15 @@ impl MonitorLink {
             .lock()
             .map_err(|_| LinkError::Poisoned)?
             .insert(req, tx);
-        let frame = framing::encode(&ToMonitor::Spawn { req, peer, order })?;
+        let descriptors = (0..grant_sources.len())
+            .map(|grant| SpawnFd::GrantSource { grant })
+            .collect();
+        let frame = framing::encode(&ToMonitor::Spawn {
+            req,
+            peer,
+            order,
+            descriptors,
+        })?;
         // A small request goes at once: the socket's buffer takes it whole
         // (a hop through a blocking thread costs a run about 1 ms of wake-
         // ups). A large one may block on the socket for a moment: not on a

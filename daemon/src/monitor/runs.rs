@@ -3,6 +3,7 @@
 //! deadline.
 
 use super::*;
+use crate::link::{SpawnFd, SpawnedFd};
 use pycell_wire::spec::{Grant, SlotIds};
 
 /// How long a session's python may take to get ready (its imports).
@@ -105,13 +106,12 @@ impl Monitor {
                 (launched, env, false)
             }
         };
+        // The jailer's stdin, which the broker needs whether or not the
+        // jail hands descriptors out on it.
         let requests = launched.take_work_stream().map(OwnedFd::from);
+        launched.handouts = launched.handouts.or(requests);
         let wall = SESSION_READY_WITHIN + policy.session.lifetime;
-        let (msg, mut fds) = self.started_for(req, peer, launched, env, "", pooled, wall);
-        if fds.len() == 1 {
-            fds.extend(requests);
-        }
-        Ok((msg, fds))
+        Ok(self.started_for(req, peer, launched, env, "", pooled, wall))
     }
 
     /// A session jail of the pool that is exactly the session's, with its
@@ -198,8 +198,9 @@ impl Monitor {
             "run started"
         );
         let started = Instant::now();
-        let mut fds = vec![OwnedFd::from(launched.events)];
-        fds.extend(launched.handouts);
+        let mut named = vec![(SpawnedFd::Events, OwnedFd::from(launched.events))];
+        named.extend(launched.handouts.map(|h| (SpawnedFd::JailerStdin, h)));
+        let (descriptors, fds) = pycell_wire::named_fds::split(named);
         let egress = launched.egress;
         let (env, report) = env.unzip();
         let msg = ToBroker::Spawned {
@@ -210,6 +211,7 @@ impl Monitor {
             limits: launched.limits,
             images: launched.images,
             egress,
+            descriptors,
             env: report,
             ready: warm,
         };
@@ -264,6 +266,22 @@ fn member_env(
 /// A run's grants as its jail takes them: one descriptor came for each
 /// (`count`), and the client's ids own them in the jail (the broker
 /// checked what it could; the jailer checks each descriptor again).
+/// The descriptors of `order.grants`, in its order, each taken by its
+/// name ([`SpawnFd::GrantSource`]); refused if one is missing or another
+/// came.
+pub(super) fn grant_sources(
+    order: &RunOrder,
+    names: Vec<SpawnFd>,
+    fds: Vec<OwnedFd>,
+) -> Result<Vec<OwnedFd>, String> {
+    let mut named = pycell_wire::named_fds::Named::pair(names, fds)?;
+    let sources = (0..order.grants.len())
+        .map(|grant| named.one(&SpawnFd::GrantSource { grant }))
+        .collect::<Result<Vec<_>, _>>()?;
+    named.done()?;
+    Ok(sources)
+}
+
 fn granted(request: &RunRequest, count: usize, peer: &PeerIds) -> Result<Vec<Grant>, String> {
     if request.grants.len() != count {
         return Err(format!(

@@ -220,7 +220,24 @@ impl Monitor {
                     self.audit.egress(&run_id, &connection);
                 }
             }
-            ToMonitor::Spawn { req, peer, order } => {
+            ToMonitor::Spawn {
+                req,
+                peer,
+                order,
+                descriptors,
+            } => {
+                let fds = match super::runs::grant_sources(&order, descriptors, fds) {
+                    Ok(fds) => fds,
+                    Err(m) => {
+                        let message = format!("the spawn request's descriptors: {m}");
+                        self.send(&ToBroker::Refused {
+                            req,
+                            code: ErrorCode::InvalidRequest,
+                            message,
+                        });
+                        return;
+                    }
+                };
                 if self.stopping_since.is_some() {
                     self.send(&ToBroker::Refused {
                         req,

@@ -4,6 +4,9 @@
 //! events relayed to the client until its result.
 
 use super::*;
+use crate::link::SpawnedFd;
+use pycell_wire::named_fds::Named;
+use std::os::fd::OwnedFd;
 
 /// How a run that did not get to start ends, for the client.
 pub(super) enum NotStarted {
@@ -198,7 +201,8 @@ pub(super) async fn start(
     let ((reply, fds), cancelled) = installing::last_reply(broker, conn, id, req, replies)
         .await
         .map_err(|e| internal(e.to_string()))?;
-    let (run_id, sandbox_uid, policy, limits, images, egress, env, ready) = match reply {
+    let (run_id, sandbox_uid, policy, limits, images, egress, env, ready, descriptors) = match reply
+    {
         ToBroker::Spawned {
             run_id,
             sandbox_uid,
@@ -208,6 +212,7 @@ pub(super) async fn start(
             egress,
             env,
             ready,
+            descriptors,
             ..
         } => (
             run_id,
@@ -218,6 +223,7 @@ pub(super) async fn start(
             egress,
             env,
             ready,
+            descriptors,
         ),
         ToBroker::Refused { code, message, .. } => return Err(error(Some(id), code, message)),
         ToBroker::Failed {
@@ -237,12 +243,14 @@ pub(super) async fn start(
             run_id: run_id.clone(),
         });
     }
-    let mut fds = fds.into_iter();
-    let events = fds
-        .next()
-        .ok_or_else(|| "the monitor sent no event pipe".to_string())
-        .and_then(|fd| pipe::Receiver::from_owned_fd(fd).map_err(|e| e.to_string()));
-    let handouts = fds.next();
+    let (events, handouts) = match spawned_fds(descriptors, fds) {
+        Ok(got) => got,
+        Err(m) => {
+            let _ = broker.link.send(&ToMonitor::Kill { run_id });
+            return Err(internal(format!("the monitor's reply: {m}")));
+        }
+    };
+    let events = pipe::Receiver::from_owned_fd(events).map_err(|e| e.to_string());
     if egress.is_some() && handouts.is_none() {
         let _ = broker.link.send(&ToMonitor::Kill { run_id });
         return Err(internal("the monitor sent no handout channel".into()));
@@ -519,4 +527,17 @@ pub(super) fn reply_during_run(msg: Incoming) -> ServerMessage {
         ),
         Err(reply) => reply,
     }
+}
+
+/// The event pipe and (if its jail hands descriptors out) the jailer's
+/// stdin, taken by name from what came with `Spawned`.
+fn spawned_fds(
+    names: Vec<SpawnedFd>,
+    fds: Vec<OwnedFd>,
+) -> Result<(OwnedFd, Option<OwnedFd>), String> {
+    let mut named = Named::pair(names, fds)?;
+    let events = named.one(&SpawnedFd::Events)?;
+    let stdin = named.take(&SpawnedFd::JailerStdin);
+    named.done()?;
+    Ok((events, stdin))
 }
