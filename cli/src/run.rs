@@ -278,7 +278,7 @@ fn offered_tools(
             format!("starting a runtime: {e}"),
         )
     })?;
-    req.tools = Some(rt.block_on(servers.catalog()));
+    req.tools = Some(rt.block_on(servers.catalog()).into());
     Ok(Some((servers, rt)))
 }
 
@@ -367,7 +367,7 @@ fn embedded_tools(
         return Ok((None, None));
     };
     let servers = load_tool_servers(path)?;
-    run.req.tools = Some(rt.block_on(servers.catalog()));
+    run.req.tools = Some(rt.block_on(servers.catalog()).into());
     let catalog = run.req.tools.as_ref().expect("offered just now");
     let grant = ToolGrant::new(&run.policy, catalog).map_err(request_failure)?;
     let upstream: Arc<dyn pycell_tools::service::Upstream> = servers.clone();

@@ -825,7 +825,7 @@ impl Collector {
         result.network = self.network;
         result.images = self.images.images;
         result.images_omitted = self.images.images_omitted;
-        result.tool_calls = self.tool_calls;
+        result.tool_calls = self.tool_calls.map(Into::into);
         result
     }
 }

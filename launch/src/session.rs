@@ -611,7 +611,7 @@ impl<C: JailerControl> Driver<C> {
                     run_id: self.run_id.clone(),
                     policy: self.policy.clone(),
                     timeout_s: f.timeout_s,
-                    reply,
+                    reply: reply.into(),
                     stdout,
                     stderr,
                     measure,

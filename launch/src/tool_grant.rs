@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use pycell_policy::Policy;
 use pycell_protocol::info::ToolsInfo;
+use pycell_protocol::tools::ToolCatalog;
 use pycell_tools::allow::Rule;
 use pycell_tools::catalog::{Catalog, Toolbox};
 use pycell_tools::service::{AuditHook, ToolLimits, ToolService, Upstream};
@@ -20,9 +21,15 @@ pub struct ToolGrant {
 }
 
 impl ToolGrant {
-    /// The client's `catalog` under `policy`; `Err` says what is wrong
-    /// with the catalog (a client's mistake).
-    pub fn new(policy: &Policy, catalog: &Catalog) -> Result<ToolGrant, String> {
+    /// The client's `catalog` (as its request carried it) under `policy`;
+    /// `Err` says what is wrong with the catalog (a client's mistake).
+    pub fn new(policy: &Policy, catalog: &ToolCatalog) -> Result<ToolGrant, String> {
+        catalog.check_counts().map_err(|e| format!("tools: {e}"))?;
+        ToolGrant::of_catalog(policy, &Catalog::from(catalog))
+    }
+
+    /// The same for a catalog of our own servers.
+    pub fn of_catalog(policy: &Policy, catalog: &Catalog) -> Result<ToolGrant, String> {
         catalog.check().map_err(|e| format!("tools: {e}"))?;
         let t = &policy.tools;
         // The policy's rules were checked when it was loaded.
@@ -42,7 +49,7 @@ impl ToolGrant {
     /// a bad catalog is the request's mistake.
     pub fn for_request(
         policy: &Policy,
-        tools: Option<&Catalog>,
+        tools: Option<&ToolCatalog>,
     ) -> Result<Option<ToolGrant>, crate::launcher::LaunchError> {
         let Some(catalog) = tools else {
             return Ok(None);
@@ -79,7 +86,7 @@ pub fn tools_info(policy: &Policy, catalog: &pycell_tools::catalog::Catalog) -> 
                 .map(|why| format!("{}: {why}", s.name))
         })
         .collect();
-    let callable = ToolGrant::new(policy, catalog)
+    let callable = ToolGrant::of_catalog(policy, catalog)
         .map(|g| g.toolbox.signatures())
         .unwrap_or_default();
     ToolsInfo {

@@ -18,7 +18,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
 use toml::de::DeTable;
 
 pub mod builtin;
@@ -35,8 +34,8 @@ mod validate;
 
 pub use error::PolicyError;
 pub use limits::{
-    LimitCeilings, LimitCeilingsReport, Limits, LimitsReport, CPUS_RANGE, MAX_MAX_OUTPUT,
-    MAX_WALL_TIMEOUT, MIN_MAX_OUTPUT, MIN_MEMORY, MIN_TMPFS_SIZE, OPEN_FILES_RANGE, PIDS_RANGE,
+    LimitCeilings, Limits, CPUS_RANGE, MAX_MAX_OUTPUT, MAX_WALL_TIMEOUT, MIN_MAX_OUTPUT,
+    MIN_MEMORY, MIN_TMPFS_SIZE, OPEN_FILES_RANGE, PIDS_RANGE,
 };
 pub use session::{ImageSettings, SessionSettings};
 pub use tools::ToolSettings;
@@ -53,8 +52,9 @@ use validate::Completeness;
 /// A validated policy: everything the jailer needs to build one sandbox.
 ///
 /// Namespaces are not stored: every run gets all of them (see
-/// [`namespaces`]). Serializes to JSON for reports (`docs/policies.md`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// [`namespaces`]). What reports show of it is the protocol's
+/// (`pycell_protocol::limits`, `pycell_protocol::info`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     /// `[a-z0-9][a-z0-9_-]{0,63}`; equals the file stem when loaded from NAME.toml.
     pub name: String,

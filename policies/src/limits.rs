@@ -5,9 +5,6 @@
 
 use std::time::Duration;
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
 use crate::units::{format_duration, format_size};
 
 const KIB: u64 = 1024;
@@ -247,36 +244,6 @@ impl LimitCeilings {
     }
 }
 
-/// A policy's ceilings as reports show them (units in the field names).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LimitCeilingsReport {
-    /// Largest wall-clock timeout a run may ask for (`timeout_s`).
-    pub wall_timeout_s: f64,
-    pub memory_bytes: u64,
-    pub pids: u32,
-    pub disk_bytes: u64,
-    pub max_output_bytes: u64,
-}
-
-impl From<&LimitCeilings> for LimitCeilingsReport {
-    fn from(c: &LimitCeilings) -> Self {
-        LimitCeilingsReport {
-            wall_timeout_s: c.wall_timeout.as_secs_f64(),
-            memory_bytes: c.memory,
-            pids: c.pids,
-            disk_bytes: c.disk,
-            max_output_bytes: c.max_output,
-        }
-    }
-}
-
-impl Serialize for LimitCeilings {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        LimitCeilingsReport::from(self).serialize(serializer)
-    }
-}
-
 fn at_least(min: u64, got: u64) -> String {
     format!(
         "must be at least {} (got {})",
@@ -287,63 +254,6 @@ fn at_least(min: u64, got: u64) -> String {
 
 pub(crate) fn between<T: std::fmt::Display>(range: (T, T), got: impl std::fmt::Display) -> String {
     format!("must be between {} and {} (got {got})", range.0, range.1)
-}
-
-/// A run's limits as results and reports show them: durations in seconds,
-/// sizes in bytes, with the unit in the field name so a reader never has
-/// to guess.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LimitsReport {
-    /// Wall-clock time after which the whole sandbox is killed (status `timeout`).
-    pub wall_timeout_s: f64,
-    /// CPU time after which the program is killed (status `killed`).
-    pub cpu_time_s: f64,
-    /// Memory of all processes together, no swap (status `oom` when exceeded).
-    pub memory_bytes: u64,
-    /// Processes and threads together.
-    pub pids: u32,
-    /// CPU bandwidth in cores.
-    pub cpus: f64,
-    /// Open file descriptors per process.
-    pub open_files: u64,
-    /// Largest file a process may write.
-    pub file_size_bytes: u64,
-    /// Bytes the run may store in /workspace, /tmp and /dev/shm together.
-    pub disk_bytes: u64,
-    /// Cap on each of stdout and stderr; the rest is dropped and the result says it was truncated.
-    pub max_output_bytes: u64,
-    /// inotify instances the run may hold at once (absent from a server
-    /// older than these limits).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub inotify_instances: Option<u32>,
-    /// inotify watches the run may hold at once.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub inotify_watches: Option<u64>,
-}
-
-impl From<&Limits> for LimitsReport {
-    fn from(l: &Limits) -> Self {
-        LimitsReport {
-            wall_timeout_s: l.wall_timeout.as_secs_f64(),
-            cpu_time_s: l.cpu_time.as_secs_f64(),
-            memory_bytes: l.memory,
-            pids: l.pids,
-            cpus: l.cpus,
-            open_files: l.open_files,
-            file_size_bytes: l.file_size,
-            disk_bytes: l.disk,
-            max_output_bytes: l.max_output,
-            inotify_instances: Some(l.inotify_instances),
-            inotify_watches: Some(l.inotify_watches),
-        }
-    }
-}
-
-impl Serialize for Limits {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        LimitsReport::from(self).serialize(serializer)
-    }
 }
 
 #[cfg(test)]
@@ -436,24 +346,5 @@ mod tests {
             inotify_watches: 1_048_576,
         };
         assert_eq!(limits.validate(), Ok(()));
-    }
-
-    #[test]
-    fn serializes_with_units_in_field_names() {
-        let text = toml::to_string(&Limits::default()).unwrap();
-        assert_eq!(
-            text,
-            "wall_timeout_s = 30.0\n\
-             cpu_time_s = 30.0\n\
-             memory_bytes = 536870912\n\
-             pids = 64\n\
-             cpus = 1.0\n\
-             open_files = 256\n\
-             file_size_bytes = 67108864\n\
-             disk_bytes = 134217728\n\
-             max_output_bytes = 1048576\n\
-             inotify_instances = 16\n\
-             inotify_watches = 8192\n"
-        );
     }
 }

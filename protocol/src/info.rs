@@ -60,7 +60,7 @@ pub struct PolicySummary {
     pub source: String,
     pub limits: LimitsReport,
     /// How far a run may raise each limit (`[limits.max]`); lowering is always allowed.
-    pub max: pycell_policy::LimitCeilingsReport,
+    pub max: crate::limits::LimitCeilingsReport,
 }
 
 fn code_purpose() -> String {

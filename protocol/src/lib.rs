@@ -1,9 +1,17 @@
 //! pycell's client/daemon protocol: its messages ([`messages`]: the run
 //! request, its limit overrides, stable error codes), length-delimited
 //! frames with the protocol's bound ([`framing`]), the structured run
-//! result every mode returns ([`result`]), sessions ([`session`]), what a
-//! host offers ([`info`]), and a blocking client with daemon socket discovery
+//! result every mode returns ([`result`]), sessions ([`session`]), code
+//! mode's tools ([`tools`]), limits ([`limits`]), what a host offers
+//! ([`info`]), and a blocking client with daemon socket discovery
 //! ([`client`]).
+//!
+//! The schema is this crate's own: every type a client encodes or decodes
+//! is defined here (or in `pycell_wire`, the jailer's frames, which the
+//! results embed); the policy's, runner's and tools' types become them
+//! through `From` impls that name each field, so a change in those crates
+//! cannot change what the Python client decodes unnoticed.
+//! `vectors.json` holds the Rust and Python codecs to the same frames.
 //!
 //! Threat model: requests are untrusted input from any local user the
 //! daemon lets in: sizes are bounded before allocation, unknown fields are
@@ -19,3 +27,4 @@ pub mod limits;
 pub mod messages;
 pub mod result;
 pub mod session;
+pub mod tools;

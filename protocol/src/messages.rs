@@ -47,7 +47,7 @@ pub struct RunRequest {
     /// (`import pycell_tools`), as its servers listed them. The calls come
     /// back to the client (`tool_call`), which answers (`tool_answer`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<pycell_tools::catalog::Catalog>,
+    pub tools: Option<crate::tools::ToolCatalog>,
     /// A server over stdio (`pycell mcp-server`): the program's stdin and
     /// stdout are a socket whose other end comes to the client in a
     /// `stdio` message (the descriptor attached to it), instead of stdin

@@ -9,7 +9,7 @@ use pycell_wire::report::{
     SessionEnd,
 };
 
-pub use pycell_policy::LimitsReport;
+pub use crate::limits::LimitsReport;
 
 /// A package in an env.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -81,7 +81,7 @@ pub struct RunResult {
     pub env: Option<EnvReport>,
     /// The tool calls the run's code made (code mode only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<pycell_tools::service::ToolCalls>,
+    pub tool_calls: Option<crate::tools::ToolCallsReport>,
     /// Where the run's start and end spent their time (`pycell run
     /// --timings`): each step and when it ended, on the host's monotonic
     /// clock.

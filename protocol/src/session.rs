@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use pycell_runner::session::RunnerReply;
 use pycell_wire::events::ReplyMeasure;
+use pycell_wire::report::{ChangedFile, Image};
 
 use crate::limits::LimitOverrides;
 use crate::result::{EnvReport, LimitsReport};
@@ -27,7 +28,7 @@ pub struct SessionStartRequest {
     pub dependencies: Vec<String>,
     /// Code mode: the MCP tools the client offers the session's cells.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<pycell_tools::catalog::Catalog>,
+    pub tools: Option<crate::tools::ToolCatalog>,
 }
 
 impl SessionStartRequest {
@@ -86,10 +87,144 @@ pub struct SessionAnswer {
     pub policy: String,
     /// The call's wall timeout, in seconds.
     pub timeout_s: f64,
-    pub reply: RunnerReply,
+    pub reply: SessionReply,
     pub stdout: String,
     pub stderr: String,
     pub measure: ReplyMeasure,
+}
+
+/// What the session's runner answered a call: every field any call's
+/// answer may have. The protocol's own type: the runner's reply becomes it
+/// field by field ([`From<RunnerReply>`]), so a change in the runner
+/// cannot change what clients decode without a change here.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SessionReply {
+    /// The request could not be served as asked (a path outside the
+    /// workspace, a file too big): the reason.
+    #[serde(default)]
+    pub refused: Option<String>,
+    /// A cell: its number in the session.
+    #[serde(default)]
+    pub cell: Option<u64>,
+    /// A cell: the repr of its last expression's value.
+    #[serde(default)]
+    pub value: Option<String>,
+    #[serde(default)]
+    pub value_truncated: bool,
+    /// A cell: the exception it ended with.
+    #[serde(default)]
+    pub error: Option<CellError>,
+    /// A cell: the files it changed in the workspace.
+    #[serde(default)]
+    pub files: Vec<ChangedFile>,
+    #[serde(default)]
+    pub files_truncated: bool,
+    /// A cell: the plots and images it made.
+    #[serde(default)]
+    pub images: Vec<Image>,
+    #[serde(default)]
+    pub images_omitted: u32,
+    /// A file operation: the path it resolved to, and the file's size.
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub size: Option<u64>,
+    /// A read: the file's bytes in base64.
+    #[serde(default)]
+    pub data: Option<String>,
+    /// A listing.
+    #[serde(default)]
+    pub entries: Vec<DirEntry>,
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+/// The exception a cell ended with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellError {
+    /// Its class, `ZeroDivisionError` say.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub message: String,
+    /// As Python prints it, without the runner's frames.
+    pub traceback: String,
+}
+
+/// One entry of a listing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    /// `file`, `directory`, `symlink` or `other`.
+    pub kind: String,
+    pub size: u64,
+    /// Seconds since the epoch.
+    pub mtime: f64,
+}
+
+impl From<RunnerReply> for SessionReply {
+    fn from(r: RunnerReply) -> SessionReply {
+        // Every field named: a new one in the runner fails to build here.
+        let RunnerReply {
+            refused,
+            cell,
+            value,
+            value_truncated,
+            error,
+            files,
+            files_truncated,
+            images,
+            images_omitted,
+            path,
+            size,
+            data,
+            entries,
+            truncated,
+        } = r;
+        SessionReply {
+            refused,
+            cell,
+            value,
+            value_truncated,
+            error: error.map(|e| {
+                let pycell_runner::session::CellError {
+                    kind,
+                    message,
+                    traceback,
+                } = e;
+                CellError {
+                    kind,
+                    message,
+                    traceback,
+                }
+            }),
+            files,
+            files_truncated,
+            images,
+            images_omitted,
+            path,
+            size,
+            data,
+            entries: entries.into_iter().map(DirEntry::from).collect(),
+            truncated,
+        }
+    }
+}
+
+impl From<pycell_runner::session::DirEntry> for DirEntry {
+    fn from(e: pycell_runner::session::DirEntry) -> DirEntry {
+        let pycell_runner::session::DirEntry {
+            name,
+            kind,
+            size,
+            mtime,
+        } = e;
+        DirEntry {
+            name,
+            kind,
+            size,
+            mtime,
+        }
+    }
 }
 
 /// A session that ended, as `session_ended` reports it.

@@ -1116,9 +1116,9 @@ fn hostile_requests_are_refused_at_once_and_stall_no_one() {
     r.policy = Some("p".repeat(1 << 20));
     hostile.push(("a policy name of 1 MiB", r));
     let mut r = request("print(1)");
-    r.tools = Some(pycell_tools::catalog::Catalog {
+    r.tools = Some(pycell_protocol::tools::ToolCatalog {
         servers: (0..100_000)
-            .map(|i| pycell_tools::catalog::CatalogServer {
+            .map(|i| pycell_protocol::tools::ToolServer {
                 name: format!("s{i}"),
                 tools: Vec::new(),
                 unavailable: None,

@@ -50,21 +50,30 @@ pub struct CatalogTool {
     pub client_allows: bool,
 }
 
+/// Whether a catalog of `servers` servers with these numbers of tools is
+/// within a catalog's bounds (checked before anything is made of it).
+pub fn check_counts(servers: usize, tools: impl Iterator<Item = usize>) -> Result<(), String> {
+    if servers > MAX_SERVERS {
+        return Err(format!(
+            "{servers} servers, more than the {MAX_SERVERS} a catalog may list"
+        ));
+    }
+    let tools: usize = tools.sum();
+    if tools > MAX_TOOLS {
+        return Err(format!(
+            "{tools} tools, more than the {MAX_TOOLS} a catalog may list"
+        ));
+    }
+    Ok(())
+}
+
 impl Catalog {
     /// Whether a catalog from a client is well formed: names, counts.
     pub fn check(&self) -> Result<(), String> {
-        if self.servers.len() > MAX_SERVERS {
-            return Err(format!(
-                "{} servers, more than the {MAX_SERVERS} a catalog may list",
-                self.servers.len()
-            ));
-        }
-        let tools: usize = self.servers.iter().map(|s| s.tools.len()).sum();
-        if tools > MAX_TOOLS {
-            return Err(format!(
-                "{tools} tools, more than the {MAX_TOOLS} a catalog may list"
-            ));
-        }
+        check_counts(
+            self.servers.len(),
+            self.servers.iter().map(|s| s.tools.len()),
+        )?;
         let mut names = std::collections::BTreeSet::new();
         for s in &self.servers {
             check_server_name(&s.name)?;

@@ -390,7 +390,7 @@ impl RunService {
             })?;
         let asker = self.asker();
         if let Some(servers) = &asker.tools {
-            req.tools = Some(servers.catalog().await);
+            req.tools = Some(servers.catalog().await.into());
         }
         let run = self.shared.backend.run(&asker, req, &mut on_event, cancel);
         self.shared.tracker.track_future(run).await
@@ -405,7 +405,7 @@ impl RunService {
             .map_err(|m| SessionFailure::new(FailureCode::InvalidRequest, m))?;
         let asker = self.asker();
         if let Some(servers) = &asker.tools {
-            req.tools = Some(servers.catalog().await);
+            req.tools = Some(servers.catalog().await.into());
         }
         self.shared.backend.start_session(&asker, req).await
     }

@@ -117,7 +117,7 @@ pub struct RunPythonOutput {
     /// how many failed and why (denied, bad_arguments, ...), bytes sent
     /// and received.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<pycell_tools::service::ToolCalls>,
+    pub tool_calls: Option<pycell_protocol::tools::ToolCallsReport>,
     /// The files the run created or changed in /workspace (path, size,
     /// sha256, created), at most 100; read them in a session, or print
     /// them. A session cell lists the files it changed.

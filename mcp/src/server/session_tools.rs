@@ -237,7 +237,7 @@ impl PycellServer {
         session: &str,
         call: SessionCall,
         cancel: CancellationToken,
-    ) -> Result<pycell_runner::session::RunnerReply, CallToolResult> {
+    ) -> Result<pycell_protocol::session::SessionReply, CallToolResult> {
         match self
             .sandboxes
             .session_call(session, call, None, cancel)
@@ -445,7 +445,7 @@ fn killed_cell(session: &str, f: &SessionFailure) -> CallToolResult {
 
 /// `read_file`'s result: text as text, PNG and JPEG as an image, other
 /// bytes as an embedded resource; the structured part says which.
-fn read_result(session: &str, r: pycell_runner::session::RunnerReply) -> CallToolResult {
+fn read_result(session: &str, r: pycell_protocol::session::SessionReply) -> CallToolResult {
     let path = r.path.unwrap_or_default();
     let b64 = r.data.unwrap_or_default();
     let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(&b64) else {
