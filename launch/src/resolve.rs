@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use pycell_policy::{Interpreter, Limits, NetworkMode, Policy};
 use pycell_wire::spec::{
@@ -99,19 +98,8 @@ pub fn effective_limits(policy: &Policy, o: &LimitOverrides) -> Result<Limits, R
     let mut l = policy.limits.clone();
     let c = &policy.ceilings;
     if let Some(secs) = o.timeout_s {
-        if !(secs.is_finite()
-            && secs > 0.0
-            && secs <= pycell_policy::MAX_WALL_TIMEOUT.as_secs_f64())
-        {
-            return Err(ResolveError::BadRequest {
-                field: "timeout",
-                problem: format!(
-                    "must be more than 0 and at most {} seconds (got {secs})",
-                    pycell_policy::MAX_WALL_TIMEOUT.as_secs()
-                ),
-            });
-        }
-        l.wall_timeout = Duration::from_secs_f64(secs);
+        l.wall_timeout = pycell_policy::timeout_from_secs(secs, pycell_policy::MAX_WALL_TIMEOUT)
+            .map_err(|problem| bad_request("timeout", problem))?;
     }
     let over = |name: &str, asked: String, ceiling: String| {
         ResolveError::BadRequest {
@@ -763,7 +751,10 @@ mod tests {
             ..Default::default()
         };
         let l = effective_limits(&p, &o).unwrap();
-        assert_eq!((l.wall_timeout, l.pids), (Duration::from_millis(2500), 8));
+        assert_eq!(
+            (l.wall_timeout, l.pids),
+            (std::time::Duration::from_millis(2500), 8)
+        );
     }
 
     /// The attempt of the issue: a client asking the default policy for far

@@ -369,15 +369,10 @@ pub fn op_for(
     call: SessionCall,
     timeout_s: Option<f64>,
 ) -> Result<SessionOp, (FailureCode, String)> {
-    let ceiling = policy.ceilings.wall_timeout.as_secs_f64();
     let wall = match timeout_s {
         None => policy.limits.wall_timeout,
-        Some(t) if t.is_finite() && t > 0.0 && t <= ceiling => Duration::from_secs_f64(t),
-        Some(t) => {
-            return Err(invalid(format!(
-                "timeout_s must be more than 0 and at most the policy's ceiling of {ceiling} s (got {t})"
-            )))
-        }
+        Some(t) => pycell_policy::timeout_from_secs(t, policy.ceilings.wall_timeout)
+            .map_err(|p| invalid(format!("timeout_s {p}, the policy's ceiling")))?,
     };
     let op = SessionOp {
         wall_timeout_ms: u64::try_from(wall.as_millis()).unwrap_or(u64::MAX).max(1),

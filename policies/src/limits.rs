@@ -12,6 +12,21 @@ const MIB: u64 = 1024 * KIB;
 
 /// Longest wall-clock timeout a policy may set.
 pub const MAX_WALL_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+/// A timeout a request gives in seconds, as a duration: more than 0 and
+/// at most `max` (at most [`MAX_WALL_TIMEOUT`]); else what is wrong. The
+/// one check of a timeout in seconds, whoever asks (a run's `timeout_s`,
+/// a session call's, the CLI's `--timeout`).
+pub fn timeout_from_secs(secs: f64, max: Duration) -> Result<Duration, String> {
+    let max = max.min(MAX_WALL_TIMEOUT);
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if !d.is_zero() && d <= max => Ok(d),
+        _ => Err(format!(
+            "must be more than 0 and at most {} seconds (got {secs})",
+            max.as_secs_f64()
+        )),
+    }
+}
+
 /// Smallest memory limit: below this CPython cannot start reliably.
 pub const MIN_MEMORY: u64 = 16 * MIB;
 /// Range of `pids` (tasks, i.e. processes and threads, in the run's cgroup).
@@ -259,6 +274,23 @@ pub(crate) fn between<T: std::fmt::Display>(range: (T, T), got: impl std::fmt::D
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timeout_in_seconds_is_more_than_0_and_at_most_its_bound() {
+        let max = Duration::from_secs(600);
+        assert_eq!(timeout_from_secs(2.5, max), Ok(Duration::from_millis(2500)));
+        assert_eq!(timeout_from_secs(600.0, max), Ok(max));
+        for bad in [0.0, -1.0, 600.5, f64::NAN, f64::INFINITY, 1e-12] {
+            let e = timeout_from_secs(bad, max).unwrap_err();
+            assert_eq!(
+                e,
+                format!("must be more than 0 and at most 600 seconds (got {bad})")
+            );
+        }
+        // No bound above a day, whatever is asked.
+        let e = timeout_from_secs(90_000.0, Duration::MAX).unwrap_err();
+        assert!(e.contains("at most 86400 seconds"), "{e}");
+    }
 
     #[test]
     fn defaults_are_valid() {

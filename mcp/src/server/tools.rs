@@ -168,12 +168,11 @@ fn parse_run_python(args: Option<JsonObject>) -> Result<RunPythonArgs, ArgumentE
         }
     }
     if let Some(t) = a.timeout_s {
-        let max = pycell_policy::MAX_WALL_TIMEOUT.as_secs_f64();
-        if !(t.is_finite() && t > 0.0 && t <= max) {
-            return Err(ArgumentError(format!(
-                "`timeout_s` must be more than 0 and at most {max} seconds (got {t}); leave it out to use the policy's limit"
-            )));
-        }
+        pycell_policy::timeout_from_secs(t, pycell_policy::MAX_WALL_TIMEOUT).map_err(|p| {
+            ArgumentError(format!(
+                "`timeout_s` {p}; leave it out to use the policy's limit"
+            ))
+        })?;
     }
     Ok(a)
 }
