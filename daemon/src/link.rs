@@ -21,6 +21,8 @@ use serde::{Deserialize, Serialize};
 /// Broker → monitor: the only things the broker can ask for.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+// One message a run, decoded and moved once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum ToMonitor {
     /// The broker is accepting connections (for readiness).
     Ready,
@@ -84,8 +86,9 @@ pub struct RunOrder {
     /// An operator's policy, by name; the monitor loads it itself.
     pub policy: String,
     /// Every limit, final: the policy's, with the request's overrides
-    /// applied and checked against its ceilings.
-    pub limits: FinalLimits,
+    /// applied and checked against its ceilings (the monitor checks them
+    /// again, `resolve::settled_limits`, and launches with them).
+    pub limits: LimitsReport,
     /// The program, opaque to root.
     pub code: String,
     pub filename: Option<String>,
@@ -121,48 +124,20 @@ pub struct RunOrder {
     pub grants: Vec<pycell_protocol::messages::PathGrant>,
 }
 
-/// A run's limits as the broker settled them.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FinalLimits {
-    pub timeout_s: f64,
-    pub memory_bytes: u64,
-    pub pids: u32,
-    pub disk_bytes: u64,
-    pub max_output_bytes: u64,
-}
-
-impl FinalLimits {
-    pub fn from_limits(l: &pycell_policy::Limits) -> FinalLimits {
-        FinalLimits {
-            timeout_s: l.wall_timeout.as_secs_f64(),
-            memory_bytes: l.memory,
-            pids: l.pids,
-            disk_bytes: l.disk,
-            max_output_bytes: l.max_output,
-        }
-    }
-}
-
 impl RunOrder {
-    /// The request the launch path resolves: every limit given, so the
-    /// policy's ceilings are checked again, and no dependencies, since
-    /// the env comes from [`RunOrder::dependencies`].
+    /// The request the launch path takes: no limits (the order's are
+    /// settled) and no dependencies, since the env comes from
+    /// [`RunOrder::dependencies`].
     pub fn to_request(&self) -> RunRequest {
-        let l = self.limits;
         RunRequest {
             code: self.code.clone(),
             filename: self.filename.clone(),
             args: self.args.clone(),
             stdin_base64: self.stdin_base64.clone(),
             policy: Some(self.policy.clone()),
-            limits: LimitOverrides {
-                timeout_s: Some(l.timeout_s),
-                memory_bytes: Some(l.memory_bytes),
-                pids: Some(l.pids),
-                disk_bytes: Some(l.disk_bytes),
-                max_output_bytes: Some(l.max_output_bytes),
-            },
+            // The order's limits are settled: the monitor checks them
+            // (`resolve::settled_limits`) and launches with them.
+            limits: LimitOverrides::default(),
             dependencies: Vec::new(),
             files: self.files.clone(),
             // What the launch path needs of the catalog is that there is
@@ -384,7 +359,7 @@ mod tests {
     fn order(deps: Option<Vec<&str>>) -> RunOrder {
         RunOrder {
             policy: "p".into(),
-            limits: FinalLimits::from_limits(&pycell_policy::Limits::default()),
+            limits: LimitsReport::from(&pycell_policy::Limits::default()),
             code: "print(1)".into(),
             filename: None,
             args: Vec::new(),
@@ -429,12 +404,11 @@ mod tests {
     }
 
     #[test]
-    fn an_order_is_resolved_with_every_limit_given_and_no_dependencies() {
+    fn an_orders_request_leaves_limits_and_dependencies_to_the_order() {
         let o = order(Some(vec!["six"]));
         let r = o.to_request();
         assert_eq!(r.policy.as_deref(), Some("p"));
-        assert_eq!(r.limits.memory_bytes, Some(o.limits.memory_bytes));
-        assert_eq!(r.limits.timeout_s, Some(o.limits.timeout_s));
+        assert_eq!(r.limits, LimitOverrides::default());
         assert!(r.dependencies.is_empty());
         assert_eq!(r.code, "print(1)");
     }

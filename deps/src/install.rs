@@ -119,6 +119,7 @@ pub fn job(
             mounts,
             files: vec![WorkspaceFile::text("requirements.in", requirements)],
             export_workspace: true,
+            limits: None,
         },
         source,
     })

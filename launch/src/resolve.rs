@@ -15,6 +15,7 @@ use pycell_wire::spec::{
 use pycell_protocol::messages::{
     decode_b64, LimitOverrides, RunRequest, MAX_CODE_BYTES, MAX_INPUT_FILES,
 };
+use pycell_protocol::result::LimitsReport;
 
 /// Where policies installed by the operator live.
 pub const POLICY_DIR: &str = "/etc/pycell/policies";
@@ -152,6 +153,37 @@ pub fn effective_limits(policy: &Policy, o: &LimitOverrides) -> Result<Limits, R
     l.validate()
         .map_err(|problem| bad_request("limits", problem.to_string()))?;
     Ok(l)
+}
+
+/// Limits another process settled for a run under `policy` (pycelld's
+/// broker, from the client's request), as root checks them before it
+/// launches anything: the ones a request may set within their ranges and
+/// the policy's ceilings, every other one the policy's own.
+pub fn settled_limits(policy: &Policy, settled: &LimitsReport) -> Result<Limits, ResolveError> {
+    let asked = LimitOverrides {
+        timeout_s: Some(settled.wall_timeout_s),
+        memory_bytes: Some(settled.memory_bytes),
+        pids: Some(settled.pids),
+        disk_bytes: Some(settled.disk_bytes),
+        max_output_bytes: Some(settled.max_output_bytes),
+    };
+    let limits = effective_limits(policy, &asked)?;
+    // The wall timeout went through seconds twice: checked above, not
+    // compared to the last bit.
+    let expected = LimitsReport {
+        wall_timeout_s: settled.wall_timeout_s,
+        ..LimitsReport::from(&limits)
+    };
+    match expected == *settled {
+        true => Ok(limits),
+        false => Err(bad_request(
+            "limits",
+            format!(
+                "{settled:?} are not limits policy {:?} gives a run",
+                policy.name
+            ),
+        )),
+    }
 }
 
 /// The file name the code gets in /workspace: a plain name, else `main.py`.
@@ -370,6 +402,10 @@ pub struct Extras {
     pub files: Vec<WorkspaceFile>,
     /// See [`JailSpec::export_workspace`].
     pub export_workspace: bool,
+    /// Limits settled already (by pycelld's broker, checked by its
+    /// monitor with [`settled_limits`]): the run gets these, and the
+    /// request's overrides are not resolved again.
+    pub limits: Option<Limits>,
 }
 
 /// A store env as the run's interpreter: its pyvenv.cfg must point at the
@@ -423,7 +459,10 @@ pub fn resolve_with(
         }
     }
     let stdin = checked_input(req)?;
-    let limits = effective_limits(policy, &req.limits)?;
+    let limits = match &extras.limits {
+        Some(settled) => settled.clone(),
+        None => effective_limits(policy, &req.limits)?,
+    };
     let (python, mounts) = python_and_mounts(policy, extras)?;
     let name = script_name(req.filename.as_deref());
     // -s: no user site-packages (HOME is the workspace; nothing to find there).
@@ -815,6 +854,29 @@ mod tests {
     }
 
     /// A policy without `[limits.max]` allows no raising at all.
+    #[test]
+    fn settled_limits_are_what_the_policy_gives_and_nothing_else() {
+        let policy = pycell_policy::builtin::load("default").unwrap();
+        let asked = LimitOverrides {
+            timeout_s: Some(2.5),
+            memory_bytes: Some(64 << 20),
+            ..LimitOverrides::default()
+        };
+        let limits = effective_limits(&policy, &asked).unwrap();
+        let report = LimitsReport::from(&limits);
+        assert_eq!(settled_limits(&policy, &report).unwrap(), limits);
+        // One a request cannot set, or one above a ceiling, is refused.
+        let refused = |change: fn(&mut LimitsReport)| {
+            let mut r = report.clone();
+            change(&mut r);
+            settled_limits(&policy, &r).unwrap_err().to_string()
+        };
+        assert!(refused(|r| r.cpu_time_s = 3600.0).contains("are not limits policy"));
+        assert!(refused(|r| r.open_files += 1).contains("are not limits policy"));
+        assert!(refused(|r| r.memory_bytes = 1 << 40).contains("above what policy"));
+        assert!(refused(|r| r.wall_timeout_s = -1.0).contains("more than 0"));
+    }
+
     #[test]
     fn a_policy_without_ceilings_allows_only_lowering() {
         let text = "name = \"tight\"\ndescription = \"t\"\nnamespaces = [\"user\", \"pid\", \"mount\", \"net\", \"ipc\", \"uts\", \"cgroup\"]\n[interpreter]\npython = \"/usr/bin/python3\"\n";

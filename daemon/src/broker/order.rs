@@ -15,7 +15,7 @@ use pycell_policy::Policy;
 use pycell_protocol::messages::{check_variable, ErrorCode, RunRequest};
 use pycell_wire::report::JailFailure;
 
-use crate::link::{refusal, FinalLimits, RunOrder};
+use crate::link::{refusal, RunOrder};
 
 /// Why a request gets no order.
 #[derive(Debug)]
@@ -137,7 +137,7 @@ pub(crate) fn order(
     let order = RunOrder {
         tools: tools.is_some(),
         policy: policy.name,
-        limits: FinalLimits::from_limits(&limits),
+        limits: pycell_protocol::result::LimitsReport::from(&limits),
         code: request.code,
         filename: request.filename,
         args: request.args,
@@ -185,15 +185,18 @@ mod tests {
         r.dependencies = vec!["attrs >= 23".into(), "six".into()];
         let o = order(dir.path(), r.clone(), Vec::new()).unwrap().order;
         assert_eq!(o.policy, "default");
-        assert_eq!(o.limits.timeout_s, 2.5);
+        assert_eq!(o.limits.wall_timeout_s, 2.5);
         let defaults = pycell_policy::builtin::load("default").unwrap().limits;
         assert_eq!(o.limits.memory_bytes, defaults.memory);
         let deps = o.dependencies.clone().unwrap();
         assert_eq!(deps.requirements, ["six", "attrs>=23"]);
         assert_eq!(o.code, r.code);
-        // What the monitor resolves: every limit given, no dependencies.
+        // What the monitor launches: these limits, no dependencies.
+        let policy = pycell_policy::builtin::load("default").unwrap();
+        let settled = pycell_launch::resolve::settled_limits(&policy, &o.limits).unwrap();
+        assert_eq!(settled.wall_timeout, std::time::Duration::from_millis(2500));
         let back = o.to_request();
-        assert_eq!(back.limits.timeout_s, Some(2.5));
+        assert_eq!(back.limits, LimitOverrides::default());
         assert!(back.dependencies.is_empty());
     }
 

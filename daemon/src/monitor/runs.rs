@@ -42,6 +42,10 @@ impl Monitor {
                 failure,
             })
         })?;
+        // The broker settled the limits; root checks them, and launches
+        // with them as they are.
+        let limits = pycell_launch::resolve::settled_limits(&policy, &order.limits)
+            .map_err(|e| refuse(refusal(e.into())))?;
         let request = order.to_request();
         let session = order.session;
         let granted = granted(&request, grant_sources.len(), peer)
@@ -53,6 +57,7 @@ impl Monitor {
         };
         let extras = Extras {
             env: env.as_ref().map(|(e, _)| e.dir.clone()),
+            limits: Some(limits),
             ..Extras::default()
         };
         if session {
