@@ -369,7 +369,7 @@ fn embedded_tools(
     let servers = load_tool_servers(path)?;
     run.req.tools = Some(rt.block_on(servers.catalog()).into());
     let catalog = run.req.tools.as_ref().expect("offered just now");
-    let grant = ToolGrant::new(&run.policy, catalog).map_err(request_failure)?;
+    let grant = ToolGrant::new(&run.policy, catalog).map_err(|e| request_failure(e.to_string()))?;
     let upstream: Arc<dyn pycell_tools::service::Upstream> = servers.clone();
     let service = grant.service(upstream, None);
     Ok((Some(servers), Some(service)))

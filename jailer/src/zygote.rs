@@ -32,6 +32,7 @@ use std::sync::{Mutex, OnceLock};
 use nix::sched::CloneFlags;
 use pycell_seccomp::CompiledFilter;
 use pycell_syscall::{self as syscall, CloneResult};
+use pycell_wire::named_fds::NamedFdsError;
 use pycell_wire::spec::{JailSpec, SlotIds, ZYGOTE_SLOT_BASE};
 use serde::{Deserialize, Serialize};
 
@@ -253,7 +254,7 @@ fn filter_for(request: &ForkRequest) -> Result<CompiledFilter, String> {
     })
 }
 
-fn child_fds(names: Vec<ChildFd>, fds: Vec<OwnedFd>) -> Result<ChildFds, String> {
+fn child_fds(names: Vec<ChildFd>, fds: Vec<OwnedFd>) -> Result<ChildFds, NamedFdsError> {
     let mut named = pycell_wire::named_fds::Named::pair(names, fds)?;
     let child = ChildFds {
         go_read: named.one(&ChildFd::Go)?,
@@ -269,7 +270,7 @@ fn child_fds(names: Vec<ChildFd>, fds: Vec<OwnedFd>) -> Result<ChildFds, String>
     };
     named.done()?;
     if child.cgroup_tasks.is_empty() {
-        return Err("a request without its cgroup's join files".into());
+        return Err(NamedFdsError::Missing(format!("{:?}", ChildFd::CgroupJoin)));
     }
     Ok(child)
 }
@@ -490,11 +491,11 @@ mod tests {
     fn a_request_without_a_named_descriptor_is_refused() {
         let fds = PIPES.iter().map(|_| null()).collect();
         let e = child_fds(PIPES.to_vec(), fds).unwrap_err();
-        assert!(e.contains("without its cgroup's join files"), "{e}");
+        assert_eq!(e, NamedFdsError::Missing("CgroupJoin".into()));
         let names = vec![ChildFd::Go, ChildFd::CgroupJoin];
         let e = child_fds(names, vec![null(), null()]).unwrap_err();
-        assert!(e.contains("Status"), "{e}");
+        assert_eq!(e, NamedFdsError::Missing("Status".into()));
         let e = child_fds(PIPES.to_vec(), vec![null()]).unwrap_err();
-        assert!(e.contains("names 6 descriptors but 1"), "{e}");
+        assert_eq!(e, NamedFdsError::Count { names: 6, came: 1 });
     }
 }

@@ -10,7 +10,9 @@ use pycell_policy::Policy;
 use pycell_protocol::info::ToolsInfo;
 use pycell_protocol::tools::ToolCatalog;
 use pycell_tools::allow::Rule;
-use pycell_tools::catalog::{Catalog, Toolbox};
+use pycell_tools::catalog::{Catalog, CatalogError, Toolbox};
+
+use crate::launcher::RequestError;
 use pycell_tools::service::{AuditHook, ToolLimits, ToolService, Upstream};
 
 /// What a run may call, and how much.
@@ -23,14 +25,14 @@ pub struct ToolGrant {
 impl ToolGrant {
     /// The client's `catalog` (as its request carried it) under `policy`;
     /// `Err` says what is wrong with the catalog (a client's mistake).
-    pub fn new(policy: &Policy, catalog: &ToolCatalog) -> Result<ToolGrant, String> {
-        catalog.check_counts().map_err(|e| format!("tools: {e}"))?;
-        ToolGrant::of_catalog(policy, &Catalog::from(catalog))
+    pub fn new(policy: &Policy, catalog: &ToolCatalog) -> Result<ToolGrant, RequestError> {
+        catalog.check_counts().map_err(bad_catalog)?;
+        ToolGrant::of_catalog(policy, &Catalog::from(catalog)).map_err(bad_catalog)
     }
 
     /// The same for a catalog of our own servers.
-    pub fn of_catalog(policy: &Policy, catalog: &Catalog) -> Result<ToolGrant, String> {
-        catalog.check().map_err(|e| format!("tools: {e}"))?;
+    pub fn of_catalog(policy: &Policy, catalog: &Catalog) -> Result<ToolGrant, CatalogError> {
+        catalog.check()?;
         let t = &policy.tools;
         // The policy's rules were checked when it was loaded.
         let rules: Vec<Rule> = t.allow.iter().filter_map(|r| Rule::parse(r).ok()).collect();
@@ -56,12 +58,7 @@ impl ToolGrant {
         };
         ToolGrant::new(policy, catalog)
             .map(Some)
-            .map_err(|problem| {
-                crate::launcher::LaunchError::Request(crate::launcher::RequestError {
-                    field: "tools",
-                    problem,
-                })
-            })
+            .map_err(crate::launcher::LaunchError::Request)
     }
 
     /// The service for a jail's channel, its calls going to `upstream`.
@@ -72,6 +69,14 @@ impl ToolGrant {
             upstream,
             audit,
         }
+    }
+}
+
+/// A client's catalog that is wrong: the request's `tools`.
+fn bad_catalog(e: CatalogError) -> RequestError {
+    RequestError {
+        field: "tools",
+        problem: e.to_string(),
     }
 }
 

@@ -62,7 +62,7 @@ pub struct ToolCallsReport {
 impl ToolCatalog {
     /// Whether its numbers of servers and tools are within a catalog's
     /// bounds: checked before it is turned into anything.
-    pub fn check_counts(&self) -> Result<(), String> {
+    pub fn check_counts(&self) -> Result<(), pycell_tools::catalog::CatalogError> {
         let tools = self.servers.iter().map(|s| s.tools.len());
         pycell_tools::catalog::check_counts(self.servers.len(), tools)
     }

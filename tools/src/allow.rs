@@ -89,19 +89,28 @@ pub struct Rule {
 
 impl Rule {
     /// `SERVER/TOOL`, each side a glob (`time/*`, `*/get_*`).
-    pub fn parse(text: &str) -> Result<Rule, String> {
+    pub fn parse(text: &str) -> Result<Rule, RuleError> {
         let (server, tool) = text
             .split_once('/')
-            .ok_or_else(|| format!("{text:?} is not SERVER/TOOL (globs, such as \"time/*\")"))?;
+            .ok_or_else(|| RuleError::NotServerTool(text.to_string()))?;
         Ok(Rule {
-            server: Pattern::new(server).map_err(|e| e.to_string())?,
-            tool: Pattern::new(tool).map_err(|e| e.to_string())?,
+            server: Pattern::new(server)?,
+            tool: Pattern::new(tool)?,
         })
     }
 
     fn allows(&self, server: &str, tool: &str) -> bool {
         self.server.matches(server) && self.tool.matches(tool)
     }
+}
+
+/// Why a `[tools] allow` rule is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    #[error("{0:?} is not SERVER/TOOL (globs, such as \"time/*\")")]
+    NotServerTool(String),
+    #[error(transparent)]
+    Pattern(#[from] PatternError),
 }
 
 /// Why a call may not be made.
@@ -190,8 +199,13 @@ mod tests {
             Pattern::new("a\nb"),
             Err(PatternError::Control(_))
         ));
-        assert!(Rule::parse("time").unwrap_err().contains("SERVER/TOOL"));
-        assert!(Rule::parse("time/").is_err());
+        let e = Rule::parse("time").unwrap_err();
+        assert_eq!(e, RuleError::NotServerTool("time".into()));
+        assert!(e.to_string().contains("SERVER/TOOL"), "{e}");
+        assert_eq!(
+            Rule::parse("time/"),
+            Err(RuleError::Pattern(PatternError::Empty))
+        );
     }
 
     #[test]

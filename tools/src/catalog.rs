@@ -12,8 +12,8 @@ use serde_json::{json, Map, Value};
 
 use crate::allow::{decide, Denied, Rule};
 use crate::frames::{FailureKind, ToolFailure};
-use crate::names::{check_server_name, python_name};
-use crate::schema::InputSchema;
+use crate::names::{check_server_name, python_name, ServerNameError};
+use crate::schema::{InputSchema, UnusableSchema};
 
 /// The most tools one catalog may list, over all its servers.
 pub const MAX_TOOLS: usize = 2048;
@@ -50,26 +50,40 @@ pub struct CatalogTool {
     pub client_allows: bool,
 }
 
+/// What is wrong with a client's catalog.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CatalogError {
+    #[error("{0} servers, more than the {MAX_SERVERS} a catalog may list")]
+    TooManyServers(usize),
+    #[error("{0} tools, more than the {MAX_TOOLS} a catalog may list")]
+    TooManyTools(usize),
+    #[error(transparent)]
+    ServerName(#[from] ServerNameError),
+    #[error("two servers have the Python name {0:?}")]
+    SamePythonName(String),
+    #[error("{0}: a tool's name must have 1 to {MAX_TOOL_NAME} characters")]
+    ToolName(String),
+}
+
 /// Whether a catalog of `servers` servers with these numbers of tools is
 /// within a catalog's bounds (checked before anything is made of it).
-pub fn check_counts(servers: usize, tools: impl Iterator<Item = usize>) -> Result<(), String> {
+pub fn check_counts(
+    servers: usize,
+    tools: impl Iterator<Item = usize>,
+) -> Result<(), CatalogError> {
     if servers > MAX_SERVERS {
-        return Err(format!(
-            "{servers} servers, more than the {MAX_SERVERS} a catalog may list"
-        ));
+        return Err(CatalogError::TooManyServers(servers));
     }
     let tools: usize = tools.sum();
     if tools > MAX_TOOLS {
-        return Err(format!(
-            "{tools} tools, more than the {MAX_TOOLS} a catalog may list"
-        ));
+        return Err(CatalogError::TooManyTools(tools));
     }
     Ok(())
 }
 
 impl Catalog {
     /// Whether a catalog from a client is well formed: names, counts.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), CatalogError> {
         check_counts(
             self.servers.len(),
             self.servers.iter().map(|s| s.tools.len()),
@@ -78,17 +92,11 @@ impl Catalog {
         for s in &self.servers {
             check_server_name(&s.name)?;
             if !names.insert(python_name(&s.name)) {
-                return Err(format!(
-                    "two servers have the Python name {:?}",
-                    python_name(&s.name)
-                ));
+                return Err(CatalogError::SamePythonName(python_name(&s.name)));
             }
             for t in &s.tools {
                 if t.name.is_empty() || t.name.len() > MAX_TOOL_NAME {
-                    return Err(format!(
-                        "{}: a tool's name must have 1 to {MAX_TOOL_NAME} characters",
-                        s.name
-                    ));
+                    return Err(CatalogError::ToolName(s.name.clone()));
                 }
             }
         }
@@ -105,7 +113,7 @@ struct Tool {
     input_schema: Value,
     verdict: Result<(), Denied>,
     /// Compiled at its first call.
-    schema: OnceLock<Result<InputSchema, String>>,
+    schema: OnceLock<Result<InputSchema, UnusableSchema>>,
 }
 
 #[derive(Debug)]
@@ -223,12 +231,9 @@ impl Toolbox {
             .clone()
             .map_err(|d| fail(FailureKind::Denied, d.to_string()))?;
         let schema = t.schema.get_or_init(|| InputSchema::new(&t.input_schema));
-        let schema = schema.as_ref().map_err(|e| {
-            fail(
-                FailureKind::UpstreamFailed,
-                format!("{server}/{tool} has an input schema that cannot be used: {e}"),
-            )
-        })?;
+        let schema = schema
+            .as_ref()
+            .map_err(|e| fail(FailureKind::UpstreamFailed, format!("{server}/{tool}: {e}")))?;
         schema
             .check(&Value::Object(arguments.clone()))
             .map_err(|e| fail(FailureKind::BadArguments, format!("{server}/{tool}: {e}")))
@@ -401,12 +406,12 @@ mod tests {
     fn hostile_catalogs_are_refused() {
         let mut c = catalog();
         c.servers[0].name = "a/b".into();
-        assert!(c.check().is_err());
+        assert!(matches!(c.check(), Err(CatalogError::ServerName(_))));
         let mut c = catalog();
         c.servers.push(c.servers[0].clone());
-        assert!(c.check().unwrap_err().contains("Python name"));
+        assert!(matches!(c.check(), Err(CatalogError::SamePythonName(_))));
         let mut c = catalog();
         c.servers[0].tools[0].name = "x".repeat(200);
-        assert!(c.check().is_err());
+        assert!(matches!(c.check(), Err(CatalogError::ToolName(_))));
     }
 }

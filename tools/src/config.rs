@@ -136,7 +136,7 @@ pub fn parse(text: &str, origin: &str) -> Result<ToolServers, ConfigError> {
         if server.disabled {
             continue;
         }
-        names::check_server_name(&name).map_err(|p| err(&at, p))?;
+        names::check_server_name(&name).map_err(|p| err(&at, p.to_string()))?;
         if let Some(other) = python_names.insert(names::python_name(&name), name.clone()) {
             return Err(err(
                 &at,

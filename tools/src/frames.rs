@@ -108,15 +108,21 @@ pub enum FailureKind {
     BadRequest,
 }
 
+/// Why a request from the jail was not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadRequest {
+    #[error("a request of {0} bytes is over the {MAX_REQUEST} allowed")]
+    TooLarge(usize),
+    #[error("not a tool request: {0}")]
+    NotARequest(String),
+}
+
 /// A request's body (without its length), checked.
-pub fn read_request(body: &[u8]) -> Result<ToolRequest, String> {
+pub fn read_request(body: &[u8]) -> Result<ToolRequest, BadRequest> {
     if body.len() > MAX_REQUEST as usize {
-        return Err(format!(
-            "a request of {} bytes is over the {MAX_REQUEST} allowed",
-            body.len()
-        ));
+        return Err(BadRequest::TooLarge(body.len()));
     }
-    serde_json::from_slice(body).map_err(|e| format!("not a tool request: {e}"))
+    serde_json::from_slice(body).map_err(|e| BadRequest::NotARequest(e.to_string()))
 }
 
 #[cfg(test)]
@@ -141,11 +147,14 @@ mod tests {
             br#"{"op": "call", "id": 1, "server": "t", "tool": "x", "arguments": [1]}"#
         )
         .is_err());
-        assert!(read_request(b"garbage")
-            .unwrap_err()
-            .starts_with("not a tool request"));
+        assert!(matches!(
+            read_request(b"garbage"),
+            Err(BadRequest::NotARequest(_))
+        ));
         let big = vec![b' '; MAX_REQUEST as usize + 1];
-        assert!(read_request(&big).unwrap_err().contains("over"));
+        let e = read_request(&big).unwrap_err();
+        assert_eq!(e, BadRequest::TooLarge(big.len()));
+        assert!(e.to_string().contains("over the"), "{e}");
     }
 
     #[test]

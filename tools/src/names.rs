@@ -33,21 +33,26 @@ pub fn python_name(name: &str) -> String {
     out
 }
 
+/// Why a server's name is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ServerNameError {
+    #[error("a server's name must have 1 to {MAX_SERVER_NAME} characters")]
+    Length,
+    #[error("{0:?}: a server's name may have letters, digits, '_', '-' and '.' only")]
+    Characters(String),
+}
+
 /// A server name must be short, printable and without `/` (which
 /// separates it from a tool in the policy's rules).
-pub fn check_server_name(name: &str) -> Result<(), String> {
+pub fn check_server_name(name: &str) -> Result<(), ServerNameError> {
     if name.is_empty() || name.len() > MAX_SERVER_NAME {
-        return Err(format!(
-            "a server's name must have 1 to {MAX_SERVER_NAME} characters"
-        ));
+        return Err(ServerNameError::Length);
     }
     if !name
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
     {
-        return Err(format!(
-            "{name:?}: a server's name may have letters, digits, '_', '-' and '.' only"
-        ));
+        return Err(ServerNameError::Characters(name.to_string()));
     }
     Ok(())
 }
@@ -70,8 +75,14 @@ mod tests {
     #[test]
     fn server_names_are_checked() {
         assert!(check_server_name("mcp-server-time").is_ok());
-        assert!(check_server_name("a/b").is_err());
-        assert!(check_server_name("").is_err());
-        assert!(check_server_name(&"x".repeat(65)).is_err());
+        assert_eq!(
+            check_server_name("a/b"),
+            Err(ServerNameError::Characters("a/b".into()))
+        );
+        assert_eq!(check_server_name(""), Err(ServerNameError::Length));
+        assert_eq!(
+            check_server_name(&"x".repeat(65)),
+            Err(ServerNameError::Length)
+        );
     }
 }

@@ -7,6 +7,21 @@ use serde_json::Value;
 /// Errors listed for one call, at most.
 const MAX_LISTED: usize = 5;
 
+/// Why an upstream's input schema cannot be used (the validator's words).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("its input schema cannot be used: {0}")]
+pub struct UnusableSchema(pub String);
+
+/// What is wrong with a call's arguments: the first few problems, each
+/// with where (`at /timezone: 3 is not of type "string"`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{}", .problems.join("; "), if *.more { "; and more" } else { "" })]
+pub struct BadArguments {
+    pub problems: Vec<String>,
+    /// More problems than listed.
+    pub more: bool,
+}
+
 /// A compiled input schema.
 #[derive(Debug)]
 pub struct InputSchema {
@@ -16,15 +31,15 @@ pub struct InputSchema {
 impl InputSchema {
     /// Compile an upstream's schema; an error makes the tool uncallable
     /// (its message says why).
-    pub fn new(schema: &Value) -> Result<InputSchema, String> {
+    pub fn new(schema: &Value) -> Result<InputSchema, UnusableSchema> {
         jsonschema::validator_for(schema)
             .map(|validator| InputSchema { validator })
-            .map_err(|e| format!("its input schema cannot be used: {e}"))
+            .map_err(|e| UnusableSchema(e.to_string()))
     }
 
     /// Check a call's arguments: the first few problems, each with where.
-    pub fn check(&self, arguments: &Value) -> Result<(), String> {
-        let problems: Vec<String> = self
+    pub fn check(&self, arguments: &Value) -> Result<(), BadArguments> {
+        let mut problems: Vec<String> = self
             .validator
             .iter_errors(arguments)
             .take(MAX_LISTED + 1)
@@ -34,10 +49,11 @@ impl InputSchema {
                 format!("at {at}: {e}")
             })
             .collect();
-        match problems.len() {
-            0 => Ok(()),
-            n if n > MAX_LISTED => Err(format!("{}; and more", problems[..MAX_LISTED].join("; "))),
-            _ => Err(problems.join("; ")),
+        let more = problems.len() > MAX_LISTED;
+        problems.truncate(MAX_LISTED);
+        match problems.is_empty() {
+            true => Ok(()),
+            false => Err(BadArguments { problems, more }),
         }
     }
 }
@@ -61,22 +77,28 @@ mod tests {
     fn arguments_are_checked_with_where_each_problem_is() {
         let s = schema();
         assert_eq!(s.check(&json!({"timezone": "UTC"})), Ok(()));
-        let e = s.check(&json!({"timezone": 3})).unwrap_err();
+        let e = s.check(&json!({"timezone": 3})).unwrap_err().to_string();
         assert!(
             e.starts_with("at /timezone:") && e.contains("string"),
             "{e}"
         );
-        let e = s.check(&json!({})).unwrap_err();
+        let e = s.check(&json!({})).unwrap_err().to_string();
         assert!(e.starts_with("at /:") && e.contains("timezone"), "{e}");
         let e = s
             .check(&json!({"timezone": "UTC", "n": -1, "x": 1}))
             .unwrap_err();
+        assert_eq!((e.problems.len(), e.more), (2, false), "{e}");
+        let e = e.to_string();
         assert!(e.contains("/n") && e.contains("x"), "{e}");
     }
 
     #[test]
     fn an_unusable_schema_is_said_so() {
         let e = InputSchema::new(&json!({"type": "no-such-type"})).unwrap_err();
-        assert!(e.starts_with("its input schema cannot be used"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("its input schema cannot be used: "),
+            "{e}"
+        );
     }
 }

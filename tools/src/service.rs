@@ -264,7 +264,7 @@ impl State {
             Ok(r) => r,
             Err(e) => {
                 let id = loose_id(&body);
-                let _ = self.reply(id, Err(bad_request(e))).await;
+                let _ = self.reply(id, Err(bad_request(e.to_string()))).await;
                 return;
             }
         };

@@ -13,6 +13,17 @@ pub fn split<K, F>(named: Vec<(K, F)>) -> (Vec<K>, Vec<F>) {
     named.into_iter().unzip()
 }
 
+/// What is wrong with the descriptors that came with a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NamedFdsError {
+    #[error("the message names {names} descriptors but {came} came with it")]
+    Count { names: usize, came: usize },
+    #[error("no {0} descriptor came with the message")]
+    Missing(String),
+    #[error("an unexpected {0} descriptor")]
+    Unexpected(String),
+}
+
 /// Descriptors that came with a message, paired with the names it gave.
 #[derive(Debug)]
 pub struct Named<K, F> {
@@ -22,13 +33,12 @@ pub struct Named<K, F> {
 impl<K: PartialEq + Debug, F> Named<K, F> {
     /// Pair `names` (from the message) with `fds` (what came with it);
     /// refused unless there is exactly one name for each.
-    pub fn pair(names: Vec<K>, fds: Vec<F>) -> Result<Named<K, F>, String> {
+    pub fn pair(names: Vec<K>, fds: Vec<F>) -> Result<Named<K, F>, NamedFdsError> {
         if names.len() != fds.len() {
-            return Err(format!(
-                "the message names {} descriptors but {} came with it",
-                names.len(),
-                fds.len()
-            ));
+            return Err(NamedFdsError::Count {
+                names: names.len(),
+                came: fds.len(),
+            });
         }
         Ok(Named {
             items: names.into_iter().zip(fds).collect(),
@@ -42,9 +52,9 @@ impl<K: PartialEq + Debug, F> Named<K, F> {
     }
 
     /// The descriptor named `name`, or what is missing.
-    pub fn one(&mut self, name: &K) -> Result<F, String> {
+    pub fn one(&mut self, name: &K) -> Result<F, NamedFdsError> {
         self.take(name)
-            .ok_or_else(|| format!("no {name:?} descriptor came with the message"))
+            .ok_or_else(|| NamedFdsError::Missing(format!("{name:?}")))
     }
 
     /// Every descriptor named `name`, in the order they came.
@@ -58,10 +68,10 @@ impl<K: PartialEq + Debug, F> Named<K, F> {
 
     /// Refused if any descriptor was not taken (a name the receiver does
     /// not expect): it is closed, and the message is wrong.
-    pub fn done(self) -> Result<(), String> {
+    pub fn done(self) -> Result<(), NamedFdsError> {
         match self.items.first() {
             None => Ok(()),
-            Some((name, _)) => Err(format!("an unexpected {name:?} descriptor")),
+            Some((name, _)) => Err(NamedFdsError::Unexpected(format!("{name:?}"))),
         }
     }
 }
@@ -90,7 +100,8 @@ mod tests {
     #[test]
     fn a_count_that_differs_from_the_names_is_refused() {
         let e = Named::pair(vec![Kind::Events], vec!["e", "x"]).unwrap_err();
-        assert!(e.contains("names 1 descriptors but 2"), "{e}");
+        assert_eq!(e, NamedFdsError::Count { names: 1, came: 2 });
+        assert!(e.to_string().contains("names 1 descriptors but 2"), "{e}");
         assert!(Named::<Kind, &str>::pair(vec![Kind::Events], vec![]).is_err());
     }
 
@@ -98,9 +109,9 @@ mod tests {
     fn a_missing_or_unexpected_name_is_said() {
         let mut got = Named::pair(vec![Kind::Grant(1)], vec!["g"]).unwrap();
         let e = got.one(&Kind::Grant(0)).unwrap_err();
-        assert!(e.contains("Grant(0)"), "{e}");
+        assert_eq!(e, NamedFdsError::Missing("Grant(0)".into()));
         let e = got.done().unwrap_err();
-        assert!(e.contains("unexpected Grant(1)"), "{e}");
+        assert_eq!(e.to_string(), "an unexpected Grant(1) descriptor");
     }
 
     #[test]

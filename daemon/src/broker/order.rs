@@ -130,7 +130,7 @@ pub(crate) fn order(
     let tools = match &request.tools {
         Some(catalog) => Some(
             ToolGrant::new(&policy, catalog)
-                .map_err(|m| NotOrdered::Refused(ErrorCode::InvalidRequest, m))?,
+                .map_err(|e| NotOrdered::Refused(ErrorCode::InvalidRequest, e.to_string()))?,
         ),
         None => None,
     };

@@ -278,7 +278,7 @@ pub(super) fn grant_sources(
     order: &RunOrder,
     names: Vec<SpawnFd>,
     fds: Vec<OwnedFd>,
-) -> Result<Vec<OwnedFd>, String> {
+) -> Result<Vec<OwnedFd>, pycell_wire::named_fds::NamedFdsError> {
     let mut named = pycell_wire::named_fds::Named::pair(names, fds)?;
     let sources = (0..order.grants.len())
         .map(|grant| named.one(&SpawnFd::GrantSource { grant }))

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::link::SpawnedFd;
-use pycell_wire::named_fds::Named;
+use pycell_wire::named_fds::{Named, NamedFdsError};
 use std::os::fd::OwnedFd;
 
 /// How a run that did not get to start ends, for the client.
@@ -534,7 +534,7 @@ pub(super) fn reply_during_run(msg: Incoming) -> ServerMessage {
 fn spawned_fds(
     names: Vec<SpawnedFd>,
     fds: Vec<OwnedFd>,
-) -> Result<(OwnedFd, Option<OwnedFd>), String> {
+) -> Result<(OwnedFd, Option<OwnedFd>), NamedFdsError> {
     let mut named = Named::pair(names, fds)?;
     let events = named.one(&SpawnedFd::Events)?;
     let stdin = named.take(&SpawnedFd::JailerStdin);
