@@ -172,7 +172,7 @@ impl RunOrder {
                 JailFailure::new(
                     FailureCode::InvalidRequest,
                     pycell_wire::codes::Layer::Request,
-                    m,
+                    m.to_string(),
                 )
             })?;
         }

@@ -249,7 +249,7 @@ fn build_font_cache(
         let why = result.stderr.lines().last().unwrap_or_default();
         return Err(format!("its jail ended {}: {why}", result.status.as_str()));
     }
-    let (name, body) = fonts::parse_output(&result.stdout)?;
+    let (name, body) = fonts::parse_output(&result.stdout).map_err(|e| e.to_string())?;
     fonts::store(staged, name, body).map_err(|e| format!("keeping it in the env: {e}"))
 }
 

@@ -39,32 +39,47 @@ pub fn has_matplotlib(env: &Path) -> bool {
     })
 }
 
+/// Why the font jail's output is not a font list.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotAFontList {
+    #[error("no file name on the first line")]
+    NoName,
+    #[error("{0:?} is not a fontlist-v<VERSION>.json name")]
+    Name(String),
+    #[error("{0:?}: not a version matplotlib names")]
+    Version(String),
+    #[error("{0} bytes; at most {MAX_LIST}")]
+    TooLarge(usize),
+    #[error("not a matplotlib font list (no \"_version\")")]
+    NoVersion,
+    #[error("not JSON: {0}")]
+    NotJson(String),
+}
+
 /// The font list's file name and contents, from the font jail's stdout, if
 /// it is one.
-pub fn parse_output(stdout: &str) -> Result<(&str, &str), String> {
-    let (name, body) = stdout
-        .split_once('\n')
-        .ok_or("no file name on the first line")?;
+pub fn parse_output(stdout: &str) -> Result<(&str, &str), NotAFontList> {
+    let (name, body) = stdout.split_once('\n').ok_or(NotAFontList::NoName)?;
     let version = name
         .strip_prefix("fontlist-v")
         .and_then(|v| v.strip_suffix(".json"))
-        .ok_or_else(|| format!("{name:?} is not a fontlist-v<VERSION>.json name"))?;
+        .ok_or_else(|| NotAFontList::Name(name.to_string()))?;
     let version_ok = !version.is_empty()
         && version
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'+' || b == b'_');
     if !version_ok {
-        return Err(format!("{name:?}: not a version matplotlib names"));
+        return Err(NotAFontList::Version(name.to_string()));
     }
     if body.len() > MAX_LIST {
-        return Err(format!("{} bytes; at most {MAX_LIST}", body.len()));
+        return Err(NotAFontList::TooLarge(body.len()));
     }
     match serde_json::from_str::<serde_json::Value>(body) {
         Ok(serde_json::Value::Object(o)) if o.get("_version").is_some_and(|v| v.is_string()) => {
             Ok((name, body))
         }
-        Ok(_) => Err("not a matplotlib font list (no \"_version\")".into()),
-        Err(e) => Err(format!("not JSON: {e}")),
+        Ok(_) => Err(NotAFontList::NoVersion),
+        Err(e) => Err(NotAFontList::NotJson(e.to_string())),
     }
 }
 
@@ -98,7 +113,10 @@ mod tests {
             "fontlist-v3.json\n{{\"_version\": \"3\", \"x\": \"{}\"}}",
             "a".repeat(MAX_LIST)
         );
-        assert!(parse_output(&huge).unwrap_err().contains("at most"));
+        assert!(matches!(
+            parse_output(&huge),
+            Err(NotAFontList::TooLarge(_))
+        ));
     }
 
     #[test]

@@ -91,11 +91,20 @@ fn invalid(message: impl Into<String>) -> JailFailure {
     failure(FailureCode::DepsInvalid, message)
 }
 
+/// A requirement of a requirements file that is not one: where, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{origin} line {line}: {error}")]
+pub struct RequirementsFileError {
+    pub origin: String,
+    pub line: usize,
+    pub error: requirement::RequirementError,
+}
+
 /// The requirements of a requirements file (`pycell run --requirements`):
 /// one per line, `#` comments, `\` continuations; no options (`-r`,
 /// `--index-url`, `-e`: pycell installs from its configured index only).
 /// Errors name the file and line.
-pub fn requirements_file(text: &str, origin: &str) -> Result<Vec<String>, String> {
+pub fn requirements_file(text: &str, origin: &str) -> Result<Vec<String>, RequirementsFileError> {
     let mut out = Vec::new();
     let mut pending = String::new();
     let mut first_line = 0;
@@ -119,7 +128,11 @@ pub fn requirements_file(text: &str, origin: &str) -> Result<Vec<String>, String
         if entry.is_empty() {
             continue;
         }
-        Requirement::parse(entry).map_err(|m| format!("{origin} line {first_line}: {m}"))?;
+        Requirement::parse(entry).map_err(|error| RequirementsFileError {
+            origin: origin.to_string(),
+            line: first_line,
+            error,
+        })?;
         out.push(entry.to_string());
     }
     Ok(out)
@@ -321,7 +334,8 @@ mod tests {
         );
         let e =
             requirements_file("six\n--extra-index-url https://example.net\n", "r.txt").unwrap_err();
-        assert!(e.starts_with("r.txt line 2: "), "{e}");
+        assert_eq!(e.line, 2);
+        assert!(e.to_string().starts_with("r.txt line 2: "), "{e}");
     }
 
     #[test]

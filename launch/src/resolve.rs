@@ -100,7 +100,7 @@ pub fn effective_limits(policy: &Policy, o: &LimitOverrides) -> Result<Limits, R
     let c = &policy.ceilings;
     if let Some(secs) = o.timeout_s {
         l.wall_timeout = pycell_policy::timeout_from_secs(secs, pycell_policy::MAX_WALL_TIMEOUT)
-            .map_err(|problem| bad_request("timeout", problem))?;
+            .map_err(|e| bad_request("timeout", e.to_string()))?;
     }
     let over = |name: &str, asked: String, ceiling: String| {
         ResolveError::BadRequest {

@@ -34,8 +34,8 @@ mod validate;
 
 pub use error::PolicyError;
 pub use limits::{
-    timeout_from_secs, LimitCeilings, Limits, CPUS_RANGE, MAX_MAX_OUTPUT, MAX_WALL_TIMEOUT,
-    MIN_MAX_OUTPUT, MIN_MEMORY, MIN_TMPFS_SIZE, OPEN_FILES_RANGE, PIDS_RANGE,
+    timeout_from_secs, LimitCeilings, Limits, TimeoutOutOfRange, CPUS_RANGE, MAX_MAX_OUTPUT,
+    MAX_WALL_TIMEOUT, MIN_MAX_OUTPUT, MIN_MEMORY, MIN_TMPFS_SIZE, OPEN_FILES_RANGE, PIDS_RANGE,
 };
 pub use session::{ImageSettings, SessionSettings};
 pub use tools::ToolSettings;

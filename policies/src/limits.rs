@@ -16,15 +16,20 @@ pub const MAX_WALL_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 /// at most `max` (at most [`MAX_WALL_TIMEOUT`]); else what is wrong. The
 /// one check of a timeout in seconds, whoever asks (a run's `timeout_s`,
 /// a session call's, the CLI's `--timeout`).
-pub fn timeout_from_secs(secs: f64, max: Duration) -> Result<Duration, String> {
+pub fn timeout_from_secs(secs: f64, max: Duration) -> Result<Duration, TimeoutOutOfRange> {
     let max = max.min(MAX_WALL_TIMEOUT);
     match Duration::try_from_secs_f64(secs) {
         Ok(d) if !d.is_zero() && d <= max => Ok(d),
-        _ => Err(format!(
-            "must be more than 0 and at most {} seconds (got {secs})",
-            max.as_secs_f64()
-        )),
+        _ => Err(TimeoutOutOfRange { secs, max }),
     }
+}
+
+/// A timeout in seconds out of its range ([`timeout_from_secs`]).
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("must be more than 0 and at most {} seconds (got {secs})", .max.as_secs_f64())]
+pub struct TimeoutOutOfRange {
+    pub secs: f64,
+    pub max: Duration,
 }
 
 /// Smallest memory limit: below this CPython cannot start reliably.
@@ -282,13 +287,16 @@ mod tests {
         assert_eq!(timeout_from_secs(600.0, max), Ok(max));
         for bad in [0.0, -1.0, 600.5, f64::NAN, f64::INFINITY, 1e-12] {
             let e = timeout_from_secs(bad, max).unwrap_err();
+            assert_eq!(e.max, max);
             assert_eq!(
-                e,
+                e.to_string(),
                 format!("must be more than 0 and at most 600 seconds (got {bad})")
             );
         }
         // No bound above a day, whatever is asked.
-        let e = timeout_from_secs(90_000.0, Duration::MAX).unwrap_err();
+        let e = timeout_from_secs(90_000.0, Duration::MAX)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("at most 86400 seconds"), "{e}");
     }
 

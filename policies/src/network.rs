@@ -467,6 +467,21 @@ pub struct Denial {
     pub detail: String,
 }
 
+/// Why rules cannot be cut down to a run's list ([`EgressRules::narrowed_to`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NarrowError {
+    #[error("{text:?}: {error}")]
+    Rule { text: String, error: RuleError },
+    #[error("{text:?} is not on the policy's allowlist ({})", match .allowlist.is_empty() {
+        true => "which is empty".to_string(),
+        false => .allowlist.join(", "),
+    })]
+    NotAllowed {
+        text: String,
+        allowlist: Vec<String>,
+    },
+}
+
 impl EgressRules {
     /// Rules from their text (as a policy file writes them), for callers
     /// that build an allowlist themselves: the install jail's index host,
@@ -494,11 +509,14 @@ impl EgressRules {
     /// address) and port that [`EgressRules::check`] lets through. The
     /// deny rules and limits stay. The error names the first rule that is
     /// not allowed.
-    pub fn narrowed_to<S: AsRef<str>>(&self, texts: &[S]) -> Result<EgressRules, String> {
+    pub fn narrowed_to<S: AsRef<str>>(&self, texts: &[S]) -> Result<EgressRules, NarrowError> {
         let mut allow = Vec::with_capacity(texts.len());
         for text in texts {
             let text = text.as_ref();
-            let rule = Rule::parse(text, RuleKind::Allow).map_err(|e| format!("{text:?}: {e}"))?;
+            let rule = Rule::parse(text, RuleKind::Allow).map_err(|error| NarrowError::Rule {
+                text: text.to_string(),
+                error,
+            })?;
             let same =
                 |a: &Rule| a.scheme == rule.scheme && a.host == rule.host && a.port == rule.port;
             let passes = match (rule.scheme, one_host(&rule.host), rule.port) {
@@ -506,13 +524,10 @@ impl EgressRules {
                 _ => false,
             };
             if !self.allow.iter().any(same) && !passes {
-                return Err(format!(
-                    "{text:?} is not on the policy's allowlist ({})",
-                    match self.allow.is_empty() {
-                        true => "which is empty".to_string(),
-                        false => self.allowed().join(", "),
-                    }
-                ));
+                return Err(NarrowError::NotAllowed {
+                    text: text.to_string(),
+                    allowlist: self.allowed(),
+                });
             }
             allow.push(rule);
         }
@@ -711,17 +726,21 @@ mod tests {
             "http://10.0.0.0/16:8080",
             "bad.example.net",
         ] {
-            let e = policy.narrowed_to(&[outside]).unwrap_err();
+            let e = policy.narrowed_to(&[outside]).unwrap_err().to_string();
             assert!(
                 e.contains("not on the policy's allowlist"),
                 "{outside}: {e}"
             );
         }
-        assert!(policy.narrowed_to(&["ftp://x"]).is_err());
+        assert!(matches!(
+            policy.narrowed_to(&["ftp://x"]),
+            Err(NarrowError::Rule { .. })
+        ));
         assert!(rules(&[], &[])
             .narrowed_to(&["a.example.net"])
             .unwrap_err()
-            .contains("empty"));
+            .to_string()
+            .contains("which is empty"));
     }
 
     #[test]

@@ -90,22 +90,33 @@ fn reserved_variable(name: &str) -> bool {
         || ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"].contains(&upper.as_str())
 }
 
+/// Why a variable may not be a request's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadVariable {
+    #[error("{0:?} is not a variable name")]
+    Name(String),
+    #[error("{0}: pycell sets that variable itself")]
+    Reserved(String),
+    #[error("{0}: its value has a NUL byte")]
+    NulInValue(String),
+}
+
 /// Whether `name=value` may be a request's variable: a C identifier, not
 /// one of pycell's own, no NUL in the value.
-pub fn check_variable(name: &str, value: &str) -> Result<(), String> {
+pub fn check_variable(name: &str, value: &str) -> Result<(), BadVariable> {
     let valid = name
         .chars()
         .next()
         .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
         && name.chars().all(|c| c == '_' || c.is_ascii_alphanumeric());
     if !valid {
-        return Err(format!("{name:?} is not a variable name"));
+        return Err(BadVariable::Name(name.to_string()));
     }
     if reserved_variable(name) {
-        return Err(format!("{name}: pycell sets that variable itself"));
+        return Err(BadVariable::Reserved(name.to_string()));
     }
     if value.contains('\0') {
-        return Err(format!("{name}: its value has a NUL byte"));
+        return Err(BadVariable::NulInValue(name.to_string()));
     }
     Ok(())
 }

@@ -150,16 +150,27 @@ pub struct Caller {
     pub grant_hint: Arc<str>,
 }
 
+/// A policy a caller may not name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("policy {policy:?} is not one this caller may use (it may use: {}); {hint}", .allowed.join(", "))]
+pub struct PolicyNotAllowed {
+    pub policy: String,
+    /// The policies it may name.
+    pub allowed: Arc<[String]>,
+    /// How the operator grants it more.
+    pub hint: Arc<str>,
+}
+
 impl Caller {
-    /// Whether it may run under `policy`; else what to say.
-    pub fn may_use(&self, policy: &str) -> Result<(), String> {
+    /// Whether it may run under `policy`.
+    pub fn may_use(&self, policy: &str) -> Result<(), PolicyNotAllowed> {
         match self.policies.iter().any(|p| p == policy) {
             true => Ok(()),
-            false => Err(format!(
-                "policy {policy:?} is not one this caller may use (it may use: {}); {}",
-                self.policies.join(", "),
-                self.grant_hint
-            )),
+            false => Err(PolicyNotAllowed {
+                policy: policy.to_string(),
+                allowed: Arc::clone(&self.policies),
+                hint: Arc::clone(&self.grant_hint),
+            }),
         }
     }
 }
@@ -357,7 +368,7 @@ impl RunService {
 
     /// Whether this view's caller may name `policy`; no caller: any (the
     /// backend still refuses a policy it does not have).
-    pub fn may_use(&self, policy: &str) -> Result<(), String> {
+    pub fn may_use(&self, policy: &str) -> Result<(), PolicyNotAllowed> {
         match &self.caller {
             Some(c) => c.may_use(policy),
             None => Ok(()),
@@ -383,11 +394,10 @@ impl RunService {
         mut on_event: impl FnMut(RunEvent<'_>) + Send,
         cancel: CancellationToken,
     ) -> Result<RunResult, RequestError> {
-        self.may_use(req.policy_name())
-            .map_err(|problem| RequestError {
-                field: "policy",
-                problem,
-            })?;
+        self.may_use(req.policy_name()).map_err(|e| RequestError {
+            field: "policy",
+            problem: e.to_string(),
+        })?;
         let asker = self.asker();
         if let Some(servers) = &asker.tools {
             req.tools = Some(servers.catalog().await.into());
@@ -402,7 +412,7 @@ impl RunService {
         mut req: SessionStartRequest,
     ) -> Result<SessionInfo, SessionFailure> {
         self.may_use(req.policy_name())
-            .map_err(|m| SessionFailure::new(FailureCode::InvalidRequest, m))?;
+            .map_err(|e| SessionFailure::new(FailureCode::InvalidRequest, e.to_string()))?;
         let asker = self.asker();
         if let Some(servers) = &asker.tools {
             req.tools = Some(servers.catalog().await.into());

@@ -308,7 +308,7 @@ mod tests {
         };
         let c = only("");
         assert!(c.speaks_as.may_use("default").is_ok());
-        let e = c.speaks_as.may_use("mcp-server").unwrap_err();
+        let e = c.speaks_as.may_use("mcp-server").unwrap_err().to_string();
         assert!(
             e.contains("\"mcp-server\" is not one this caller may use (it may use: default)"),
             "{e}"

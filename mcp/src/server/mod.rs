@@ -154,7 +154,10 @@ impl PycellServer {
 
     /// Whether this view's caller may name `policy` (the server's default
     /// when None): the run service's check, made before anything else.
-    pub(super) fn may_use(&self, policy: Option<&str>) -> Result<(), String> {
+    pub(super) fn may_use(
+        &self,
+        policy: Option<&str>,
+    ) -> Result<(), pycell_engine::service::PolicyNotAllowed> {
         self.sandboxes
             .may_use(policy.unwrap_or(&self.default_policy))
     }
@@ -205,7 +208,7 @@ impl PycellServer {
             Err(e) => return argument_error(&e.0),
         };
         if let Err(m) = self.may_use(req.policy.as_deref()) {
-            return argument_error(&m);
+            return argument_error(&m.to_string());
         }
         let progress = Arc::new(Progress::default());
         let sink = Arc::clone(&progress);

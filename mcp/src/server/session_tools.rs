@@ -180,7 +180,7 @@ impl PycellServer {
             Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
         };
         if let Err(m) = self.may_use(a.policy.as_deref()) {
-            return CallToolResult::error(vec![ContentBlock::text(m)]);
+            return CallToolResult::error(vec![ContentBlock::text(m.to_string())]);
         }
         let req = SessionStartRequest {
             policy: Some(a.policy.unwrap_or_else(|| self.default_policy.clone())),
