@@ -21,24 +21,62 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+/// Why a TLS configuration could not be made: which file, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{}: {source}", .path.display())]
+    Pem {
+        path: PathBuf,
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("{}: no certificate in it", .0.display())]
+    NoCertificate(PathBuf),
+    #[error("{}: {source}", .path.display())]
+    Refused {
+        path: PathBuf,
+        source: rustls::Error,
+    },
+    #[error("{}: {source}", .path.display())]
+    ClientCa {
+        path: PathBuf,
+        source: rustls::server::VerifierBuilderError,
+    },
+    #[error("TLS: {0}")]
+    Versions(rustls::Error),
+}
+
+fn pem(path: &Path) -> impl FnOnce(rustls_pki_types::pem::Error) -> TlsError + '_ {
+    move |source| TlsError::Pem {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn refused(path: &Path) -> impl FnOnce(rustls::Error) -> TlsError + '_ {
+    move |source| TlsError::Refused {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|c| c.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(pem(path))?;
     match certs.is_empty() {
-        true => Err(format!("{}: no certificate in it", path.display())),
+        true => Err(TlsError::NoCertificate(path.to_path_buf())),
         false => Ok(certs),
     }
 }
 
-fn key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| format!("{}: {e}", path.display()))
+fn key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(pem(path))
 }
 
-fn roots(ca: &Path) -> Result<RootCertStore, String> {
+fn roots(ca: &Path) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     for c in chain(ca)? {
-        roots.add(c).map_err(|e| format!("{}: {e}", ca.display()))?;
+        roots.add(c).map_err(refused(ca))?;
     }
     Ok(roots)
 }
@@ -49,10 +87,10 @@ pub fn server(
     cert: &Path,
     key_file: &Path,
     client_ca: Option<&Path>,
-) -> Result<Arc<ServerConfig>, String> {
+) -> Result<Arc<ServerConfig>, TlsError> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
+        .map_err(TlsError::Versions)?;
     let builder = match client_ca {
         None => builder.with_no_client_auth(),
         Some(ca) => {
@@ -61,24 +99,27 @@ pub fn server(
                 provider(),
             )
             .build()
-            .map_err(|e| format!("{}: {e}", ca.display()))?;
+            .map_err(|source| TlsError::ClientCa {
+                path: ca.to_path_buf(),
+                source,
+            })?;
             builder.with_client_cert_verifier(verifier)
         }
     };
     let mut config = builder
         .with_single_cert(chain(cert)?, key(key_file)?)
-        .map_err(|e| format!("{}: {e}", cert.display()))?;
+        .map_err(refused(cert))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
 
 /// A client that trusts `files.ca` only and proves itself with `files.cert`.
-pub fn client(files: &TlsFiles) -> Result<Arc<ClientConfig>, String> {
+pub fn client(files: &TlsFiles) -> Result<Arc<ClientConfig>, TlsError> {
     let config = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .map_err(TlsError::Versions)?
         .with_root_certificates(roots(&files.ca)?)
         .with_client_auth_cert(chain(&files.cert)?, key(&files.key)?)
-        .map_err(|e| format!("{}: {e}", files.cert.display()))?;
+        .map_err(refused(&files.cert))?;
     Ok(Arc::new(config))
 }

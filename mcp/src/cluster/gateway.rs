@@ -47,7 +47,7 @@ fn prepare(args: &GatewayArgs) -> Result<(TcpListener, TlsAcceptor, PathBuf), St
         key: args.tls_key.clone(),
         ca: args.client_ca.clone(),
     };
-    let acceptor = tunnel::acceptor(&files)?;
+    let acceptor = tunnel::acceptor(&files).map_err(|e| e.to_string())?;
     let listener = TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     if let Some(user) = user {

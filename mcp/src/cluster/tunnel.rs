@@ -27,13 +27,25 @@ pub const GATEWAY_NAME: &str = "pycell-gateway";
 pub const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 
 /// The front end's side: connects to gateways.
-pub fn connector(files: &TlsFiles) -> Result<TlsConnector, String> {
+pub fn connector(files: &TlsFiles) -> Result<TlsConnector, crate::tls::TlsError> {
     crate::tls::client(files).map(TlsConnector::from)
 }
 
 /// The gateway's side: only clients with a certificate of the CA.
-pub fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, String> {
+pub fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, crate::tls::TlsError> {
     crate::tls::server(&files.cert, &files.key, Some(&files.ca)).map(TlsAcceptor::from)
+}
+
+/// Why a tunnel could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum TunnelError {
+    #[error("cannot make a directory for the tunnels: {0}")]
+    Directory(std::io::Error),
+    #[error("{}: {source}", .path.display())]
+    Socket {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// The front end's tunnels: a Unix socket per remote node, in a directory
@@ -53,19 +65,22 @@ impl std::fmt::Debug for Tunnels {
 }
 
 impl Tunnels {
-    pub fn new(tls: TlsConnector) -> Result<Tunnels, String> {
+    pub fn new(tls: TlsConnector) -> Result<Tunnels, TunnelError> {
         let dir = tempfile::Builder::new()
             .prefix("pycell-tunnels-")
             .tempdir()
-            .map_err(|e| format!("cannot make a directory for the tunnels: {e}"))?;
+            .map_err(TunnelError::Directory)?;
         Ok(Tunnels { dir, tls })
     }
 
     /// The socket for node `name`, whose gateway is at `remote` (from
     /// within the runtime: it starts serving at once).
-    pub fn open(&self, name: &str, remote: String) -> Result<PathBuf, String> {
+    pub fn open(&self, name: &str, remote: String) -> Result<PathBuf, TunnelError> {
         let path = self.dir.path().join(format!("{name}.sock"));
-        let listener = UnixListener::bind(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let listener = match UnixListener::bind(&path) {
+            Ok(l) => l,
+            Err(source) => return Err(TunnelError::Socket { path, source }),
+        };
         tokio::spawn(serve_tunnel(listener, remote, self.tls.clone()));
         Ok(path)
     }

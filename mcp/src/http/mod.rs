@@ -158,12 +158,15 @@ fn where_runs_go(backend: Backend, stop: &CancellationToken) -> Result<service::
         Backend::Daemon(socket) => return Ok(service::Backend::Daemon(socket)),
         Backend::Cluster { nodes, dns, tls } => (nodes, dns, tls),
     };
-    let tunnels = tls.map(Tunnels::new).transpose()?;
+    let tunnels = tls
+        .map(Tunnels::new)
+        .transpose()
+        .map_err(|e| e.to_string())?;
     let mut sockets = Vec::new();
     for (name, addr) in nodes {
         let socket = match (addr, &tunnels) {
             (NodeAddr::Unix(path), _) => path,
-            (NodeAddr::Tls(remote), Some(t)) => t.open(&name, remote)?,
+            (NodeAddr::Tls(remote), Some(t)) => t.open(&name, remote).map_err(|e| e.to_string())?,
             (NodeAddr::Tls(_), None) => return Err(format!("node {name}: no TLS to reach it")),
         };
         sockets.push((name, socket));

@@ -168,7 +168,8 @@ fn cluster(args: &McpArgs) -> Result<Option<Backend>, String> {
             cert: cert.clone(),
             key: key.clone(),
             ca: ca.clone(),
-        })?),
+        })
+        .map_err(|e| e.to_string())?),
         _ if remote => return Err("nodes behind a gateway (--node NAME=HOST:PORT, --nodes-dns) need --node-tls-cert, --node-tls-key and --node-ca (mutual TLS with the cluster's CA)".into()),
         _ => None,
     };
