@@ -57,7 +57,7 @@ impl Gate {
             return oauth
                 .verify(token)
                 .map(|c| Some(Arc::new(c)))
-                .map_err(Denial::Invalid);
+                .map_err(|e| Denial::Invalid(e.to_string()));
         }
         match self.tokens.as_ref().and_then(|t| t.caller(token)) {
             Some(caller) => Ok(Some(caller)),

@@ -112,10 +112,10 @@ impl OAuth {
 
     /// The caller this access token proves, or why it proves none (said to
     /// the client in `WWW-Authenticate`: nothing secret in it).
-    pub fn verify(&self, token: &str) -> Result<Caller, String> {
+    pub fn verify(&self, token: &str) -> Result<Caller, TokenRejected> {
         let header = jsonwebtoken::decode_header(token).map_err(|e| why(e.kind()))?;
         if !self.validation.algorithms.contains(&header.alg) {
-            return Err(why(&ErrorKind::InvalidAlgorithm));
+            return Err(TokenRejected::Algorithm);
         }
         let key = self.key(header.kid.as_deref())?;
         // One algorithm at a time: the library wants each it is given to
@@ -127,7 +127,7 @@ impl OAuth {
         let claims = data.claims;
         let identity = format!("oauth:{}", claims.sub);
         if pycell_protocol::bounds::check_identity(&identity).is_err() {
-            return Err("the token's subject is not up to 255 printable ASCII characters".into());
+            return Err(TokenRejected::Subject);
         }
         let scope_names = claims.scope.iter().flat_map(|s| s.split(' '));
         let listed = claims.scp.iter().flatten().map(String::as_str);
@@ -153,7 +153,7 @@ impl OAuth {
 
     /// The key `kid` names (or, without a kid, the only key): from the set
     /// read last, or from the file again if it changed since.
-    fn key(&self, kid: Option<&str>) -> Result<DecodingKey, String> {
+    fn key(&self, kid: Option<&str>) -> Result<DecodingKey, TokenRejected> {
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = pick(&keys.set, kid) {
             return Ok(k);
@@ -167,8 +167,8 @@ impl OAuth {
             }
         }
         pick(&keys.set, kid).ok_or_else(|| match kid {
-            Some(k) => format!("the token is signed with key {k:?}, which is not one of the issuer's keys this server has"),
-            None => "the token names no key (kid) and the issuer has several".to_string(),
+            Some(k) => TokenRejected::UnknownKey(k.to_string()),
+            None => TokenRejected::NoKeyId,
         })
     }
 }
@@ -229,19 +229,47 @@ fn algorithms(names: Option<&[String]>) -> Result<Vec<Algorithm>, String> {
         .collect()
 }
 
-/// What was wrong with a token, for `error_description`.
-fn why(kind: &ErrorKind) -> String {
+/// Why an access token proves no caller: said to the client as the
+/// `error_description` of `WWW-Authenticate` (nothing secret in it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenRejected {
+    #[error("the token has expired")]
+    Expired,
+    #[error("the token is not valid yet (nbf)")]
+    NotYetValid,
+    #[error("the token is for another audience than this server")]
+    Audience,
+    #[error("the token is from another issuer")]
+    Issuer,
+    #[error("the token's signature does not verify")]
+    Signature,
+    #[error("the token's algorithm is not one this server accepts")]
+    Algorithm,
+    #[error("the token has no {0:?} claim")]
+    MissingClaim(String),
+    #[error("the token is not a well-formed JWT")]
+    Malformed,
+    #[error(
+        "the token is signed with key {0:?}, which is not one of the issuer's keys this server has"
+    )]
+    UnknownKey(String),
+    #[error("the token names no key (kid) and the issuer has several")]
+    NoKeyId,
+    #[error("the token's subject is not up to 255 printable ASCII characters")]
+    Subject,
+}
+
+/// What was wrong with a token, as the JWT library found it.
+fn why(kind: &ErrorKind) -> TokenRejected {
     match kind {
-        ErrorKind::ExpiredSignature => "the token has expired".into(),
-        ErrorKind::ImmatureSignature => "the token is not valid yet (nbf)".into(),
-        ErrorKind::InvalidAudience => "the token is for another audience than this server".into(),
-        ErrorKind::InvalidIssuer => "the token is from another issuer".into(),
-        ErrorKind::InvalidSignature => "the token's signature does not verify".into(),
-        ErrorKind::InvalidAlgorithm | ErrorKind::MissingAlgorithm => {
-            "the token's algorithm is not one this server accepts".into()
-        }
-        ErrorKind::MissingRequiredClaim(c) => format!("the token has no {c:?} claim"),
-        _ => "the token is not a well-formed JWT".into(),
+        ErrorKind::ExpiredSignature => TokenRejected::Expired,
+        ErrorKind::ImmatureSignature => TokenRejected::NotYetValid,
+        ErrorKind::InvalidAudience => TokenRejected::Audience,
+        ErrorKind::InvalidIssuer => TokenRejected::Issuer,
+        ErrorKind::InvalidSignature => TokenRejected::Signature,
+        ErrorKind::InvalidAlgorithm | ErrorKind::MissingAlgorithm => TokenRejected::Algorithm,
+        ErrorKind::MissingRequiredClaim(c) => TokenRejected::MissingClaim(c.clone()),
+        _ => TokenRejected::Malformed,
     }
 }
 
