@@ -12,26 +12,20 @@
 
 use std::collections::BTreeMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Condvar, Mutex};
 
-use pycell_engine::service::Backend;
-use pycell_protocol::client::Endpoint;
+use pycell_engine::local;
+use pycell_engine::service::{Backend, Options, RunService};
 use pycell_protocol::messages::{RunRequest, MAX_FRAME};
 use pycell_protocol::result::RunResult;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
-use pycell_wire::report::RunStatus;
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 use crate::cli::BatchArgs;
 use crate::say::say;
-use pycell_deps::DepsRequest;
-use pycell_engine::local::{self, Installer, StopRequest};
-use pycell_engine::local::{EmbeddedRun, HowToRun};
-use pycell_launch::launcher::{Launcher, PolicyChoice};
-use pycell_launch::zygote::Zygote;
-use pycell_policy::Policy;
 
 /// The longest input line: the protocol's largest message.
 const MAX_LINE: usize = MAX_FRAME as usize;
@@ -54,16 +48,12 @@ pub fn main(args: &BatchArgs) -> i32 {
         eprintln!("pycell: --jobs 0: at least one run must go at once");
         return 125;
     }
-    let socket = Backend::choose_now(args.embedded, args.socket.clone());
-    let runs = match socket {
-        Some(s) => Runs::Daemon(s),
-        None => match embedded_runs(args.zygote.then_some((args.policy.as_str(), jobs))) {
-            Ok(r) => r,
-            Err(m) => {
-                eprintln!("pycell: {m}");
-                return 125;
-            }
-        },
+    let runs = match Runs::start(args, jobs) {
+        Ok(r) => r,
+        Err(m) => {
+            eprintln!("pycell: {m}");
+            return 125;
+        }
     };
     let batch = Batch::new(input, jobs, !args.unordered);
     std::thread::scope(|s| {
@@ -83,154 +73,51 @@ pub fn main(args: &BatchArgs) -> i32 {
     0
 }
 
-/// Where the runs go.
-enum Runs {
-    Daemon(PathBuf),
-    /// Started by this process: SIGINT, SIGTERM or SIGHUP stop them all
-    /// (and no new line is taken).
-    Embedded {
-        stop: StopRequest,
-        rt: local::Runtime,
-        zygote: Option<Box<Forked>>,
-    },
-}
-
-/// With `--zygote`: the zygote, and what its runs are prepared with.
-struct Forked {
-    launcher: Launcher,
-    /// The policy as `--policy` named it (a name or a file's path): the
-    /// runs that name it are the zygote's.
-    chosen_as: String,
-    policy: Policy,
-    /// The dependencies of runs it serves (the policy's): a run that
-    /// brings more goes the cold way, to an env of its own.
-    deps: Option<DepsRequest>,
-    zygote: Mutex<Zygote>,
-}
-
-/// Before any thread exists (the signals are blocked in every thread).
-/// With `zygote` (a policy, slots): its zygote, started and ready.
-fn embedded_runs(zygote: Option<(&str, usize)>) -> Result<Runs, String> {
-    let stop = local::stop_on_every_signal().map_err(|e| format!("signalfd: {e}"))?;
-    let rt = local::runtime().map_err(|e| format!("starting a runtime: {e}"))?;
-    let zygote = zygote
-        .map(|(p, slots)| start_zygote(p, slots, &rt, &stop).map(Box::new))
-        .transpose()?;
-    Ok(Runs::Embedded { stop, rt, zygote })
-}
-
-/// The zygote of `policy` (its env built first, if it has dependencies).
-fn start_zygote(
-    chosen_as: &str,
-    slots: usize,
-    rt: &tokio::runtime::Runtime,
-    stop: &StopRequest,
-) -> Result<Forked, String> {
-    let failed = |f: JailFailure| format!("starting the zygote: {}", f.message);
-    let launcher = Launcher::embedded_from_env().map_err(failed)?;
-    let policy = launcher
-        .load_policy(PolicyChoice::from_arg(chosen_as))
-        .map_err(|e| failed(e.failure()))?;
-    let none = RunRequest::default();
-    let deps = pycell_deps::gather(&policy, "", &[]).map_err(failed)?;
-    let mut installer = Installer {
-        handle: rt.handle().clone(),
-        stop: stop.clone(),
-    };
-    let mut progress = |m: &str| eprintln!("pycell: {m}");
-    let env =
-        local::env_for(&launcher, &policy, &none, &mut installer, &mut progress).map_err(failed)?;
-    let zygote = launcher
-        .start_zygote(&policy, env.map(|e| e.env.dir.clone()), slots)
-        .map_err(|e| failed(e.failure()))?;
-    Ok(Forked {
-        launcher,
-        chosen_as: chosen_as.to_string(),
-        policy,
-        deps,
-        zygote: Mutex::new(zygote),
-    })
-}
-
-impl Forked {
-    /// `req` forked from the zygote, if it fits it and the zygote is alive
-    /// (else `None`: the run goes the cold way, as isolated, slower). A run
-    /// refused because the zygote died meanwhile (its code never ran) goes
-    /// cold too.
-    fn run(
-        &self,
-        req: &RunRequest,
-        rt: &tokio::runtime::Runtime,
-        stop: &StopRequest,
-    ) -> Option<RunResult> {
-        let name = &self.policy.name;
-        let same_deps = pycell_deps::gather(&self.policy, &req.code, &req.dependencies)
-            .is_ok_and(|d| d == self.deps);
-        let mut zygote = self.zygote.lock().unwrap_or_else(|e| e.into_inner());
-        if !same_deps || !zygote.is_alive() {
-            return None;
-        }
-        let prepared = self
-            .launcher
-            .prepare_from_zygote(&zygote, &self.policy, req);
-        drop(zygote);
-        let (prepared, work) = match prepared {
-            Ok(Some(p)) => p,
-            Ok(None) => return None,
-            Err(e) => return Some(RunResult::refused("", name, e.failure())),
-        };
-        let result = local::run_warm_here(rt.handle(), prepared, &work, stop, &mut |_, _| {});
-        let gone = || {
-            !self
-                .zygote
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_alive()
-        };
-        match result.status == RunStatus::Refused && gone() {
-            true => None,
-            false => Some(result),
-        }
-    }
+/// Where the runs go: the run service (to pycelld, or embedded), and
+/// what stops them all.
+struct Runs {
+    service: RunService,
+    rt: local::Runtime,
+    /// SIGINT, SIGTERM or SIGHUP: every run is killed and no new line is
+    /// taken.
+    stop: CancellationToken,
 }
 
 impl Runs {
-    fn stopped(&self) -> bool {
-        match self {
-            Runs::Daemon(_) => false,
-            Runs::Embedded { stop, .. } => stop.borrow().is_some(),
+    /// Before any thread exists (the signals are blocked in every
+    /// thread). With `--zygote`: its zygote, started and ready.
+    fn start(args: &BatchArgs, jobs: usize) -> Result<Runs, String> {
+        let signals = local::command_line_signals(true).map_err(|e| format!("signalfd: {e}"))?;
+        let rt = local::runtime().map_err(|e| format!("starting a runtime: {e}"))?;
+        let options = Options {
+            policy_files: true,
+            max_runs: jobs,
+            ..Options::default()
+        };
+        let backend = Backend::choose(args.embedded, args.socket.clone());
+        let service = RunService::with_options(backend, None, options);
+        if args.zygote {
+            service
+                .start_zygote(&args.policy, jobs, rt.handle(), &signals.stop)
+                .map_err(|f| format!("starting the zygote: {}", f.message))?;
         }
+        Ok(Runs {
+            service,
+            rt,
+            stop: signals.stop,
+        })
     }
 
-    fn run(&self, req: RunRequest, policy: &str) -> RunResult {
-        match self {
-            Runs::Daemon(socket) => {
-                let endpoint = Endpoint::local(socket.clone());
-                pycell_protocol::client::run_patiently(&endpoint, req, |_, _| {}, |_| {}, |_| {})
-                    .unwrap_or_else(|e| e.into_result(policy))
-            }
-            Runs::Embedded { stop, rt, zygote } => {
-                let forked = zygote.as_ref().filter(|z| z.chosen_as == policy);
-                if let Some(result) = forked.and_then(|z| z.run(&req, rt, stop)) {
-                    return result;
-                }
-                let run = match EmbeddedRun::new(policy, req) {
-                    Ok(r) => r,
-                    Err(f) => return RunResult::refused("", policy, f),
-                };
-                let mut installer = Installer {
-                    handle: rt.handle().clone(),
-                    stop: stop.clone(),
-                };
-                run.run(HowToRun {
-                    installer: &mut installer,
-                    stop,
-                    tools: None,
-                    marks: None,
-                    on_output: &mut |_, _| {},
-                })
-            }
-        }
+    fn stopped(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+
+    fn run(&self, mut req: RunRequest, policy: &str) -> RunResult {
+        req.policy.get_or_insert_with(|| policy.to_string());
+        let run = self.service.run(req, |_| {}, self.stop.clone());
+        self.rt
+            .block_on(run)
+            .unwrap_or_else(|e| RunResult::refused("", policy, e.failure()))
     }
 }
 

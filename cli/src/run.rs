@@ -1,31 +1,26 @@
-//! `pycell run`: turn the flags into a [`RunRequest`], then either send it
-//! to pycelld (a socket is configured or listening) or run it embedded:
-//! through the one launch path of `pycell_launch::launcher`, which starts
-//! `pycell-jailer` (this needs root). The output streams through as it
-//! arrives, or is collected for `--json`; the exit status is the run's.
+//! `pycell run`: turn the flags into a [`RunRequest`] and run it through
+//! the run service, which sends it to pycelld (a socket is configured or
+//! listening) or runs it embedded (this needs root). The output streams
+//! through as it arrives, or is collected for `--json`; the exit status is
+//! the run's.
 
 use std::io::{self, Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 
-use pycell_engine::service::Backend;
-use pycell_launch::launcher::{PolicyChoice, Prepared};
-use pycell_launch::tool_grant::ToolGrant;
-use pycell_protocol::client::{Endpoint, Stage};
+use pycell_engine::local::{self, EmbeddedRun};
+use pycell_engine::service::{Backend, Options, RunEvent, RunService};
+use pycell_engine::tool_source::ToolSource;
+use pycell_launch::launcher::Prepared;
 use pycell_protocol::messages::{LimitOverrides, RunRequest};
 use pycell_protocol::result::RunResult;
-use pycell_tools::service::ToolService;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
 use pycell_wire::report::{JailFailure, RunStatus};
 use pycell_wire::timings::{self, Recorder};
 
-use pycell_engine::local::{EmbeddedRun, HowToRun};
-
 use crate::cli::RunArgs;
 use crate::say::say;
-use pycell_engine::local;
-use pycell_engine::tool_source::{DaemonToolCalls, ToolSource};
 
 /// When this process started, for `--timings`.
 pub(crate) static STARTED_US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
@@ -170,12 +165,7 @@ pub fn main(args: &RunArgs) -> i32 {
         let started = *STARTED_US.get_or_init(timings::now_us);
         OUR_MARKS.keep("pycell: started", started);
     }
-    // --timings measures this process's own jailer: embedded.
-    let socket = Backend::choose_now(args.embedded || args.timings, args.socket.clone());
-    let mut result = match socket {
-        Some(socket) => run_via_daemon(args, &socket),
-        None => run_embedded(args),
-    };
+    let mut result = run(args);
     if args.timings {
         add_our_timings(&mut result);
     }
@@ -203,83 +193,64 @@ fn refused(policy: &str, f: JailFailure) -> RunResult {
     RunResult::refused("", policy, f)
 }
 
-/// `pycell run` through pycelld: the daemon does the rest.
-fn run_via_daemon(args: &RunArgs, socket: &Path) -> RunResult {
+/// The run, through the run service: to pycelld (a socket is configured
+/// or listening) or embedded (`--embedded`, `--timings`, or no pycelld).
+fn run(args: &RunArgs) -> RunResult {
     let policy = args.policy.as_str();
-    let daemon = |code: FailureCode, message: String| {
-        refused(policy, JailFailure::new(code, Layer::Daemon, message))
-    };
-    if let PolicyChoice::File(_) = PolicyChoice::from_arg(policy) {
-        return daemon(FailureCode::InvalidPolicy, "pycelld runs only the operator's policies (by name); a policy file needs embedded mode (--embedded, as root)".into());
-    }
-    let mut req = match request(args) {
+    let req = match request(args) {
         Ok(r) => r,
         Err(m) => return refused(policy, request_failure(m)),
     };
-    // Before any thread exists, so that every thread has SIGINT blocked.
-    let ctrl_c = match local::interrupt_on_ctrl_c() {
-        Ok(c) => c,
-        Err(e) => return daemon(FailureCode::Internal, format!("signalfd: {e}")),
+    OUR_MARKS.mark("pycell: request read");
+    let internal = |what: &str, e: &dyn std::fmt::Display| {
+        let f = JailFailure::new(FailureCode::Internal, Layer::Jailer, format!("{what}: {e}"));
+        refused(policy, f)
     };
-    let tools = match offered_tools(args, &mut req) {
-        Ok(t) => t,
-        Err(f) => return refused(policy, f),
+    // Before any thread exists, so that every thread has them blocked.
+    let signals = match local::command_line_signals(false) {
+        Ok(s) => s,
+        Err(e) => return internal("signalfd", &e),
     };
-    let calls = tools
-        .as_ref()
-        .map(|(servers, rt)| DaemonToolCalls::new(Arc::clone(servers), rt.handle().clone()));
-    // The result carries the (capped) output too; without --json it is
-    // shown as it arrives instead. A run that waits for a slot for more
-    // than a second says where it is in the queue, on stderr.
-    let mut queue = QueueNotice::new();
-    let result = pycell_protocol::client::run_patiently(
-        &Endpoint::local(socket.to_path_buf()),
-        req,
-        |stream, bytes| {
-            if !args.json {
-                show(stream, bytes);
-            }
-        },
-        |stage| match stage {
-            Stage::Queued(position) => queue.update(position),
-            Stage::Started(_) => queue.update(0),
-            Stage::Installing(m) => eprintln!("pycell: {m}"),
-            tool_call @ Stage::ToolCall { .. } => {
-                DaemonToolCalls::take(calls.as_ref(), tool_call);
-            }
-        },
-        |client| {
-            if let Some(calls) = &calls {
-                calls.connected(client);
-            }
-            ctrl_c.connected(client);
-        },
-    );
-    if let Some((servers, rt)) = tools {
+    let rt = match local::runtime() {
+        Ok(rt) => rt,
+        Err(e) => return internal("starting a runtime", &e),
+    };
+    let tools = match args.tool_servers.as_deref().map(load_tool_servers) {
+        Some(Err(f)) => return refused(policy, f),
+        Some(Ok(servers)) => Some(servers),
+        None => None,
+    };
+    let options = Options {
+        policy_files: true,
+        timings: args.timings,
+        ctrl_c: Some(signals.ctrl_c),
+        ..Options::default()
+    };
+    // --timings measures this process's own jailer: embedded.
+    let backend = Backend::choose(args.embedded || args.timings, args.socket.clone());
+    let service = RunService::with_options(backend, tools.clone(), options);
+    OUR_MARKS.mark("pycell: signal thread and runtime started");
+    let result = rt.block_on(service.run(req, on_event(args), signals.stop));
+    if let Some(servers) = tools {
         rt.block_on(servers.shutdown());
     }
-    result.unwrap_or_else(|e| e.into_result(policy))
+    result.unwrap_or_else(|e| refused(policy, e.failure()))
 }
 
-/// `--tool-servers FILE`: its servers started, their catalog in `req`,
-/// and the runtime they run on.
-fn offered_tools(
-    args: &RunArgs,
-    req: &mut RunRequest,
-) -> Result<Option<(Servers, local::Runtime)>, JailFailure> {
-    let Some(path) = &args.tool_servers else {
-        return Ok(None);
-    };
-    let servers = load_tool_servers(path)?;
-    let rt = local::runtime().map_err(|e| {
-        JailFailure::new(
-            FailureCode::Internal,
-            Layer::Jailer,
-            format!("starting a runtime: {e}"),
-        )
-    })?;
-    req.tools = Some(rt.block_on(servers.catalog()).into());
-    Ok(Some((servers, rt)))
+/// What `pycell run` does with a run's events: shows the output as it
+/// arrives (unless `--json`, whose result carries it), says where in the
+/// queue a run waits for more than a second and what an install does, on
+/// stderr, and marks our steps for `--timings`.
+fn on_event(args: &RunArgs) -> impl FnMut(RunEvent<'_>) + Send + '_ {
+    let mut queue = QueueNotice::new();
+    move |event| match event {
+        RunEvent::Output { stream, bytes } if !args.json => show(stream, bytes),
+        RunEvent::Output { .. } | RunEvent::Started { .. } => {}
+        RunEvent::Queued { position } => queue.update(position),
+        RunEvent::Installing { message } => eprintln!("pycell: {message}"),
+        RunEvent::Step { what } if args.timings => OUR_MARKS.mark(what),
+        RunEvent::Step { .. } => {}
+    }
 }
 
 /// Tells the user on stderr that their run waits for a slot, once it has
@@ -317,62 +288,6 @@ fn show(stream: Stream, bytes: &[u8]) {
             .and_then(|()| io::stdout().flush()),
         Stream::Stderr => io::stderr().lock().write_all(bytes),
     };
-}
-
-/// An embedded run: launched through pycell-jailer, which this process
-/// supervises until it ends (`pycell_launch::supervisor`).
-fn run_embedded(args: &RunArgs) -> RunResult {
-    let run = match embedded_run(args) {
-        Ok(r) => r,
-        Err(f) => return refused(&args.policy, f),
-    };
-    OUR_MARKS.mark("pycell: policy loaded, request read");
-    let mut here = match local::Here::start() {
-        Ok(h) => h,
-        Err(f) => return refused(&run.policy.name, f),
-    };
-    OUR_MARKS.mark("pycell: signal thread and runtime started");
-    let mut run = run;
-    let (servers, tools) = match embedded_tools(args, &here.rt, &mut run) {
-        Ok(t) => t,
-        Err(f) => return refused(&run.policy.name, f),
-    };
-    let stream = !args.json;
-    let how = HowToRun {
-        installer: &mut here.installer,
-        stop: &here.stop,
-        tools,
-        marks: args.timings.then_some(&OUR_MARKS),
-        on_output: &mut |s, b| {
-            if stream {
-                show(s, b)
-            }
-        },
-    };
-    let result = run.run(how);
-    if let Some(servers) = servers {
-        here.rt.block_on(servers.shutdown());
-    }
-    result
-}
-
-/// An embedded run's `--tool-servers`: started here, their catalog in its
-/// request, and the service this process runs for its jail's channel.
-fn embedded_tools(
-    args: &RunArgs,
-    rt: &tokio::runtime::Runtime,
-    run: &mut EmbeddedRun,
-) -> Result<(Option<Servers>, Option<ToolService>), JailFailure> {
-    let Some(path) = &args.tool_servers else {
-        return Ok((None, None));
-    };
-    let servers = load_tool_servers(path)?;
-    run.req.tools = Some(rt.block_on(servers.catalog()).into());
-    let catalog = run.req.tools.as_ref().expect("offered just now");
-    let grant = ToolGrant::new(&run.policy, catalog).map_err(|e| request_failure(e.to_string()))?;
-    let upstream: Arc<dyn pycell_tools::service::Upstream> = servers.clone();
-    let service = grant.service(upstream, None);
-    Ok((Some(servers), Some(service)))
 }
 
 /// The client's tool servers (`--tool-servers`).

@@ -6,7 +6,6 @@
 //! mode.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Arc, Mutex};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
@@ -15,8 +14,7 @@ use pycell_deps::build::{Ensured, InstallRunner, ProgressLines};
 use pycell_deps::store::EnvStore;
 use pycell_deps::{self as deps, DepsRequest};
 use pycell_launch::launcher::{JailerStderr, LaunchError, Launcher, PolicyChoice, Prepared};
-use pycell_launch::resolve::Extras;
-use pycell_launch::supervisor::{supervise, Patience, Services, StoppedBy, PATIENCE};
+use pycell_launch::supervisor::{supervise, Patience, Services, StoppedBy};
 use pycell_policy::Policy;
 use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::{CacheOutcome, RunResult};
@@ -24,9 +22,9 @@ use pycell_tools::service::ToolService;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
 use pycell_wire::report::JailFailure;
-use pycell_wire::timings::Recorder;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// Whether, and why, this process's runs are to stop: `None` until then.
 pub type StopRequest = watch::Receiver<Option<StoppedBy>>;
@@ -48,24 +46,12 @@ pub async fn stopped(mut stop: StopRequest) -> StoppedBy {
 /// jailer, which resets its own mask) starts with them blocked, and read
 /// on a thread of their own.
 pub fn stop_on_signals() -> nix::Result<StopRequest> {
-    // SIGINT only goes to the program, which the jailer did.
-    stop_request(false)
-}
-
-/// The stop request of `pycell batch`: SIGINT too stops every run (and
-/// the batch takes no new line). Blocked here like [`stop_on_signals`]'.
-pub fn stop_on_every_signal() -> nix::Result<StopRequest> {
-    stop_request(true)
-}
-
-/// SIGINT, SIGTERM and SIGHUP blocked and read; the latter two, and
-/// SIGINT if `sigint_stops`, stop this process's runs.
-fn stop_request(sigint_stops: bool) -> nix::Result<StopRequest> {
     let (tx, rx) = watch::channel(None);
+    // SIGINT only goes to the program, which the jailer did.
     on_signals(
         &[Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP],
         move |sig| {
-            if sigint_stops || sig != Signal::SIGINT as i32 {
+            if sig != Signal::SIGINT as i32 {
                 let _ = tx.send(Some(StoppedBy::Request));
             }
         },
@@ -94,32 +80,34 @@ fn on_signals(signals: &[Signal], mut on: impl FnMut(i32) + Send + 'static) -> n
     Ok(())
 }
 
-/// ^C for a run through pycelld: SIGINT, blocked (so it reaches us even
-/// when whoever started us ignores it), becomes an `interrupt` message
-/// for the run of the latest connection, which the daemon passes to its
-/// program.
+/// A command-line process's signals, as its runs are to see them.
 #[derive(Debug)]
-pub struct CtrlC {
-    target: Arc<Mutex<Option<pycell_protocol::client::Canceller>>>,
+pub struct Signals {
+    /// Cancelled by SIGTERM or SIGHUP (and SIGINT, if it stops runs):
+    /// the runs are then killed, their results say so.
+    pub stop: CancellationToken,
+    /// Each other SIGINT (^C), counted: a run through pycelld passes it
+    /// to its program (an embedded run's jailer gets ^C from the terminal
+    /// itself, being in its process group).
+    pub ctrl_c: watch::Receiver<u64>,
 }
 
-impl CtrlC {
-    /// The run of `client`'s connection is the one ^C now interrupts.
-    pub fn connected(&self, client: &pycell_protocol::client::DaemonClient) {
-        let canceller = client.canceller().ok();
-        *self.target.lock().unwrap_or_else(|p| p.into_inner()) = canceller;
-    }
-}
-
-pub fn interrupt_on_ctrl_c() -> nix::Result<CtrlC> {
-    let target: Arc<Mutex<Option<pycell_protocol::client::Canceller>>> = Arc::default();
-    let theirs = Arc::clone(&target);
-    on_signals(&[Signal::SIGINT], move |_| {
-        if let Some(c) = theirs.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
-            let _ = c.interrupt();
-        }
-    })?;
-    Ok(CtrlC { target })
+/// SIGINT, SIGTERM and SIGHUP blocked (call it before any thread exists,
+/// so that every thread, and each jailer until it resets its mask, has
+/// them blocked) and read on a thread of their own. With `sigint_stops`
+/// (`pycell batch`), ^C stops the runs too.
+pub fn command_line_signals(sigint_stops: bool) -> nix::Result<Signals> {
+    let stop = CancellationToken::new();
+    let (presses, ctrl_c) = watch::channel(0u64);
+    let stopper = stop.clone();
+    on_signals(
+        &[Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP],
+        move |sig| match sig == Signal::SIGINT as i32 && !sigint_stops {
+            true => presses.send_modify(|n| *n += 1),
+            false => stopper.cancel(),
+        },
+    )?;
+    Ok(Signals { stop, ctrl_c })
 }
 
 /// A runtime for a command-line process's runs: one worker, so that the
@@ -173,37 +161,6 @@ pub fn run_here(
                 supervise(l, patience, stopped(stop.clone()), services, on_output).await
             }
             Err(result) => (*result, None),
-        }
-    })
-}
-
-/// A warm run (one from a zygote) from this thread: its jailer started,
-/// its work sent at once (the jailer takes it when the jail is ready),
-/// supervised to its end.
-pub fn run_warm_here(
-    handle: &Handle,
-    prepared: Prepared,
-    work: &pycell_runner::Work,
-    stop: &StopRequest,
-    on_output: &mut dyn FnMut(Stream, &[u8]),
-) -> RunResult {
-    let patience = pycell_launch::supervisor::PATIENCE;
-    handle.block_on(async {
-        match prepared.spawn_async(JailerStderr::Capture).await {
-            Ok(mut l) => {
-                // If it fails, the jailer sees the stream end and says so.
-                let _ = l.send_work(work);
-                supervise(
-                    l,
-                    patience,
-                    stopped(stop.clone()),
-                    Services::default(),
-                    on_output,
-                )
-                .await
-                .0
-            }
-            Err(result) => *result,
         }
     })
 }
@@ -330,97 +287,6 @@ impl EmbeddedRun {
             policy,
             req,
         })
-    }
-}
-
-/// How an embedded run is run: its dependencies' installer, what stops
-/// it, the tools it may call, where its steps are marked, and where its
-/// output goes as it arrives.
-pub struct HowToRun<'a> {
-    pub installer: &'a mut Installer,
-    pub stop: &'a StopRequest,
-    pub tools: Option<ToolService>,
-    /// Where the run's steps are marked (`--timings`), if anywhere.
-    pub marks: Option<&'a Recorder>,
-    pub on_output: &'a mut dyn FnMut(Stream, &[u8]),
-}
-
-impl std::fmt::Debug for HowToRun<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HowToRun")
-            .field("installer", &self.installer)
-            .field("tools", &self.tools.is_some())
-            .field("marks", &self.marks.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-impl EmbeddedRun {
-    /// The run, embedded, from this thread (which must outlive it): its
-    /// dependencies' env found or built, its spec resolved and uid leased,
-    /// its jailer started and supervised to its end.
-    pub fn run(self, how: HowToRun<'_>) -> RunResult {
-        let name = &self.policy.name;
-        let mut progress = |m: &str| eprintln!("pycell: {m}");
-        let ensured = match env_for(
-            &self.launcher,
-            &self.policy,
-            &self.req,
-            how.installer,
-            &mut progress,
-        ) {
-            Ok(e) => e,
-            Err(f) => return RunResult::refused("", name, f),
-        };
-        mark(how.marks, "pycell: dependencies' env found");
-        let extras = Extras {
-            env: ensured.as_ref().map(|e| e.env.dir.clone()),
-            ..Extras::default()
-        };
-        let mut prepared = match self.launcher.prepare_with(&self.policy, &self.req, &extras) {
-            Ok(p) => p,
-            Err(e) => return RunResult::refused("", name, e.failure()),
-        };
-        if how.marks.is_some() {
-            prepared.mark_timings();
-        }
-        mark(how.marks, "pycell: spec resolved, uid leased");
-        let handle = how.installer.handle.clone();
-        let (mut result, _) = run_here(
-            &handle,
-            prepared,
-            PATIENCE,
-            how.stop,
-            how.tools,
-            how.on_output,
-        );
-        mark(how.marks, "pycell: jailer ended, its uid given back");
-        result.env = ensured.map(|e| e.report);
-        result
-    }
-}
-
-impl EmbeddedRun {
-    /// The run, embedded, from this thread, with a stop request (SIGTERM,
-    /// SIGHUP) and a runtime of its own, no tools and no marks.
-    pub fn run_alone(self, on_output: &mut dyn FnMut(Stream, &[u8])) -> RunResult {
-        let mut here = match Here::start() {
-            Ok(h) => h,
-            Err(f) => return RunResult::refused("", &self.policy.name, f),
-        };
-        self.run(HowToRun {
-            installer: &mut here.installer,
-            stop: &here.stop,
-            tools: None,
-            marks: None,
-            on_output,
-        })
-    }
-}
-
-fn mark(marks: Option<&Recorder>, what: &str) {
-    if let Some(m) = marks {
-        m.mark(what);
     }
 }
 

@@ -61,6 +61,30 @@ pub struct RequestError {
 }
 
 impl RequestError {
+    /// The fields a request is checked by, as their errors name them.
+    pub const FIELDS: [&'static str; 8] = [
+        "policy", "timeout", "limits", "stdin", "files", "tools", "code", "args",
+    ];
+
+    /// The error a message `field: problem` (as pycelld refuses a request)
+    /// tells, its field recovered if it is one of [`Self::FIELDS`], else
+    /// `request`.
+    pub fn from_message(message: String) -> RequestError {
+        let named = message
+            .split_once(": ")
+            .and_then(|(f, problem)| Some((*Self::FIELDS.iter().find(|k| **k == f)?, problem)));
+        match named {
+            Some((field, problem)) => RequestError {
+                field,
+                problem: problem.to_string(),
+            },
+            None => RequestError {
+                field: "request",
+                problem: message,
+            },
+        }
+    }
+
     /// The failure a result reports for it (an unknown or unusable policy is
     /// `invalid_policy`, anything else `invalid_request`).
     pub fn failure(&self) -> JailFailure {
@@ -1014,6 +1038,21 @@ mod tests {
             (FailureCode::InvalidRequest, Layer::Request)
         );
         assert_eq!(e.failure().message, "timeout: too long");
+    }
+
+    #[test]
+    fn a_refusal_message_gives_back_the_field_it_names() {
+        let e = RequestError::from_message("policy: no policy named \"x\"".into());
+        assert_eq!(
+            (e.field, e.problem.as_str()),
+            ("policy", "no policy named \"x\"")
+        );
+        assert_eq!(e.failure().code, FailureCode::InvalidPolicy);
+        let e = RequestError::from_message("limits: memory 9 GiB is above...".into());
+        assert_eq!(e.field, "limits");
+        // Not a field: the whole message is the request's problem.
+        let e = RequestError::from_message("frobnicate: no".into());
+        assert_eq!((e.field, e.problem.as_str()), ("request", "frobnicate: no"));
     }
 
     #[test]

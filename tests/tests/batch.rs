@@ -196,4 +196,46 @@ fn a_batch_through_pycelld_runs_every_line_and_refuses_bad_ones() {
         .as_u64()
         .unwrap() as u32;
     assert!(uid >= d.uid_base && uid < d.uid_base + 64, "{uid}");
+    // `--policy` is the policy of lines that name none, through pycelld
+    // as embedded; a line's own policy wins; a policy file is refused
+    // (pycelld runs the operator's policies only), saying why.
+    let input = [
+        json!({"code": "print(1)"}),
+        json!({"code": "print(2)", "policy": "default"}),
+        json!({"code": "print(3)", "policy": "./mine.toml"}),
+    ]
+    .map(|l| format!("{l}\n"))
+    .concat();
+    let socket = socket.to_str().unwrap();
+    let args = [
+        "batch",
+        "--socket",
+        socket,
+        "--policy",
+        "no-such-policy",
+        "-",
+    ];
+    let out = Pycell::new(args).stdin(input).run();
+    let results: Vec<Value> = out
+        .stdout_str()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(results.len(), 3, "{}", out.describe());
+    let r = |i: usize| &results[i]["result"];
+    assert_eq!(
+        r(0)["error"]["code"],
+        "invalid_policy",
+        "{}",
+        out.describe()
+    );
+    assert_eq!(r(1)["stdout"], "2\n", "{}", out.describe());
+    assert_eq!(
+        r(2)["error"]["code"],
+        "invalid_policy",
+        "{}",
+        out.describe()
+    );
+    let why = r(2)["error"]["message"].as_str().unwrap_or_default();
+    assert!(why.contains("needs embedded mode"), "{why}");
 }

@@ -15,10 +15,13 @@ use std::time::Duration;
 use pycell_deps::build::embedded_store;
 use pycell_deps::DepsRequest;
 use pycell_engine::envs::{self, EnvWanted};
-use pycell_engine::local::EmbeddedRun;
+use pycell_engine::local;
+use pycell_engine::service::{Backend, RunService};
 use pycell_launch::launcher::Launcher;
 use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::RunResult;
+use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::report::JailFailure;
 use serde::{Deserialize, Serialize};
 
 /// The hidden flag that makes pycelld run a job instead of serving.
@@ -115,12 +118,26 @@ fn self_check(policy: &str, code: String) -> i32 {
         policy: Some(policy.to_string()),
         ..RunRequest::default()
     };
-    let result = match EmbeddedRun::new(policy, req) {
-        Ok(run) => run.run_alone(&mut |_, _| {}),
+    let result = match run_embedded(req) {
+        Ok(r) => r,
         Err(f) => RunResult::refused("", policy, f),
     };
     println!("{}", serde_json::to_string(&result).unwrap_or_default());
     i32::from(result.status != pycell_wire::report::RunStatus::Ok)
+}
+
+/// `req` run embedded, through the run service, SIGTERM or SIGHUP
+/// stopping it.
+fn run_embedded(req: RunRequest) -> Result<RunResult, JailFailure> {
+    let internal = |what: &str, e: &dyn std::fmt::Display| {
+        JailFailure::new(FailureCode::Internal, Layer::Jailer, format!("{what}: {e}"))
+    };
+    let signals = local::command_line_signals(false).map_err(|e| internal("signalfd", &e))?;
+    let rt = local::runtime().map_err(|e| internal("starting a runtime", &e))?;
+    let service = RunService::new(Backend::Embedded, None);
+    let policy = req.policy_name().to_string();
+    let result = rt.block_on(service.run(req, |_| {}, signals.stop));
+    Ok(result.unwrap_or_else(|e| RunResult::refused("", &policy, e.failure())))
 }
 
 #[cfg(test)]

@@ -247,6 +247,25 @@ fn stop(canceller: &Canceller) {
     }
 }
 
+/// Pass ^C to the run's program, if its connection is there.
+fn interrupt(canceller: &Canceller) {
+    if let Ok(mut s) = canceller.lock() {
+        if let Some(c) = s.canceller.as_mut() {
+            let _ = c.interrupt();
+        }
+    }
+}
+
+/// The next ^C press (never, without a terminal's).
+async fn pressed(ctrl_c: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    if let Some(presses) = ctrl_c {
+        if presses.changed().await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
 /// A new connection of the run: its canceller kept, and a stop already
 /// asked for sent on it.
 fn connected(canceller: &Canceller, client: &DaemonClient) {
@@ -324,6 +343,11 @@ pub(super) async fn run(
         run_blocking(&endpoint, req, &tx, &slot, calls.as_ref())
     });
     let mut cancel_sent = false;
+    // Presses from now on.
+    let mut ctrl_c = asker.ctrl_c.clone();
+    if let Some(presses) = &mut ctrl_c {
+        presses.borrow_and_update();
+    }
     let outcome = loop {
         tokio::select! {
             Some(ev) = rx.recv() => ev.deliver(on_event),
@@ -331,6 +355,7 @@ pub(super) async fn run(
                 cancel_sent = true;
                 stop(&canceller);
             }
+            () = pressed(&mut ctrl_c) => interrupt(&canceller),
             done = &mut handle => break done,
         }
     };
@@ -343,10 +368,7 @@ pub(super) async fn run(
         Ok(Err(ClientError::Refused {
             code: ErrorCode::InvalidRequest,
             message,
-        })) => Err(RequestError {
-            field: "request",
-            problem: message,
-        }),
+        })) => Err(RequestError::from_message(message)),
         Ok(Err(e)) => Ok(e.into_result(&policy)),
         Err(e) => {
             let f = JailFailure::new(FailureCode::Internal, Layer::Daemon, e.to_string());

@@ -38,7 +38,7 @@ use pycell_protocol::session::{
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
 
-use super::{Asker, OnEvent, RequestError, RunEvent, Sandboxes, SessionFailure};
+use super::{Asker, OnEvent, Options, RequestError, RunEvent, Sandboxes, SessionFailure};
 use crate::local::{self, Installer};
 use crate::tool_source::ToolSource;
 
@@ -82,6 +82,12 @@ pub struct Embedded {
     /// Open sessions, by handle.
     sessions: Table,
     shutdown: CancellationToken,
+    /// Whether a run's policy may be a path to a .toml file.
+    policy_files: bool,
+    /// Whether each run's steps are marked in its result.
+    timings: bool,
+    /// The zygote runs of its policy are forked from, once started.
+    zygote: std::sync::OnceLock<super::zygote::Forked>,
 }
 
 /// The uid that owns embedded sessions: this process's.
@@ -104,14 +110,18 @@ impl Embedded {
     pub fn new(
         launcher: Result<Launcher, JailFailure>,
         patience: Patience,
+        options: &Options,
         shutdown: CancellationToken,
     ) -> Embedded {
         Embedded {
             launcher,
-            slots: Semaphore::new(MAX_CONCURRENT_RUNS),
+            slots: Semaphore::new(options.max_runs.max(1)),
             patience,
             sessions: Table::default(),
             shutdown,
+            policy_files: options.policy_files,
+            timings: options.timings,
+            zygote: std::sync::OnceLock::new(),
         }
     }
 
@@ -158,6 +168,15 @@ impl Embedded {
     }
 }
 
+/// How a run names its policy: by name, or (if the front end's user may)
+/// by a path to a .toml file.
+pub(super) fn choice(policy_files: bool, policy: &str) -> PolicyChoice<'_> {
+    match policy_files {
+        true => PolicyChoice::from_arg(policy),
+        false => PolicyChoice::Name(policy),
+    }
+}
+
 /// Load the policy, get the env of the run's dependencies (installing
 /// them if they are not cached) and prepare the run: blocking work
 /// (policy files, interpreter paths, the uid database, lock files, the
@@ -165,10 +184,18 @@ impl Embedded {
 fn prepare(
     launcher: &Launcher,
     req: &RunRequest,
+    policy_files: bool,
     installer: &mut Installer,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(Prepared, Option<Ensured>, Option<ToolGrant>), LaunchError> {
-    let policy = launcher.load_policy(PolicyChoice::Name(req.policy_name()))?;
+    let choice = choice(policy_files, req.policy_name());
+    let policy = launcher.load_policy(choice).map_err(|e| match e {
+        LaunchError::Request(mut r) if r.field == "policy" && policy_files => {
+            r.problem += "; in embedded mode you can also pass a path to a .toml file";
+            LaunchError::Request(r)
+        }
+        e => e,
+    })?;
     let ensured = local::env_for(launcher, &policy, req, installer, progress)
         .map_err(LaunchError::Refused)?;
     let extras = Extras {
@@ -204,26 +231,30 @@ impl Sandboxes for Embedded {
         };
         // One stop path for the install and the run: a cancel, or the
         // service shutting down.
-        let (stop_tx, stop) = tokio::sync::watch::channel(None);
-        let shutdown = self.shutdown.clone();
-        let forward = tokio::spawn(async move {
-            let by = tokio::select! {
-                _ = cancel.cancelled() => StoppedBy::Request,
-                _ = shutdown.cancelled() => StoppedBy::Shutdown,
-            };
-            let _ = stop_tx.send(Some(by));
-        });
-        let _forwarding = AbortOnDrop(forward);
+        let (stop, _forwarding) = self.stop_request(cancel);
+        if let Some(zygote) = self.zygote.get() {
+            let warm = zygote.run(&req, self.patience, stop.clone(), on_event);
+            if let Some(result) = warm.await {
+                return Ok(result);
+            }
+        }
         let (tx, mut installing) = tokio::sync::mpsc::unbounded_channel::<String>();
         let install_stop = stop.clone();
+        let policy_files = self.policy_files;
         let preparing = tokio::task::spawn_blocking(move || {
             let mut installer = Installer {
                 handle: tokio::runtime::Handle::current(),
                 stop: install_stop,
             };
-            prepare(&launcher, &req, &mut installer, &mut |m: &str| {
-                let _ = tx.send(m.to_string());
-            })
+            prepare(
+                &launcher,
+                &req,
+                policy_files,
+                &mut installer,
+                &mut |m: &str| {
+                    let _ = tx.send(m.to_string());
+                },
+            )
         });
         tokio::pin!(preparing);
         let prepared = loop {
@@ -232,7 +263,7 @@ impl Sandboxes for Embedded {
                 done = &mut preparing => break done,
             }
         };
-        let (prepared, ensured, grant) = match prepared {
+        let (mut prepared, ensured, grant) = match prepared {
             Ok(Ok(p)) => p,
             Ok(Err(LaunchError::Request(e))) => return Err(e),
             Ok(Err(LaunchError::Refused(f))) => return refused(f),
@@ -241,8 +272,15 @@ impl Sandboxes for Embedded {
                 return refused(JailFailure::new(FailureCode::Internal, Layer::Jailer, m));
             }
         };
-        // Started from this async task, i.e. from a runtime worker thread,
-        // never from a blocking-pool thread (see `Prepared::spawn_async`).
+        if self.timings {
+            prepared.mark_timings();
+        }
+        on_event(RunEvent::Step {
+            what: "pycell: spec resolved, uid leased",
+        });
+        // Started from this async task, i.e. from a runtime worker thread
+        // (or the thread that blocks on it), never from a blocking-pool
+        // thread (see `Prepared::spawn_async`).
         let launched = match prepared.spawn_async(JailerStderr::Capture).await {
             Ok(l) => l,
             Err(result) => return Ok(*result),
@@ -260,6 +298,9 @@ impl Sandboxes for Embedded {
             |stream, bytes| on_event(RunEvent::Output { stream, bytes }),
         )
         .await;
+        on_event(RunEvent::Step {
+            what: "pycell: jailer ended, its uid given back",
+        });
         // The env stayed in use (safe from removal) until here.
         result.env = ensured.map(|e| e.report);
         Ok(result)
@@ -349,6 +390,38 @@ impl Sandboxes for Embedded {
         super::mode_name(None)
     }
 
+    fn takes_policy_files(&self) -> bool {
+        self.policy_files
+    }
+
+    fn start_zygote(
+        &self,
+        policy: &str,
+        slots: usize,
+        rt: &tokio::runtime::Handle,
+        stop: &CancellationToken,
+    ) -> Result<(), JailFailure> {
+        let launcher = self.launcher()?;
+        let mut installer = Installer {
+            handle: rt.clone(),
+            stop: super::zygote::stop_request(rt, stop.clone()),
+        };
+        let forked = super::zygote::Forked::start(
+            launcher,
+            policy,
+            self.policy_files,
+            slots,
+            &mut installer,
+        )?;
+        self.zygote.set(forked).map_err(|_| {
+            JailFailure::new(
+                FailureCode::Internal,
+                Layer::Jailer,
+                "a zygote was started already",
+            )
+        })
+    }
+
     async fn end_all(&self, grace: Duration) {
         let all = self.table().map(|t| t.all()).unwrap_or_default();
         session_table::end_every(all, grace).await;
@@ -356,6 +429,21 @@ impl Sandboxes for Embedded {
 }
 
 impl Embedded {
+    /// A run's stop request: set when `cancel` is cancelled or the service
+    /// shuts down (forwarded for as long as the guard lives).
+    fn stop_request(&self, cancel: CancellationToken) -> (local::StopRequest, AbortOnDrop) {
+        let (stop_tx, stop) = tokio::sync::watch::channel(None);
+        let shutdown = self.shutdown.clone();
+        let forward = tokio::spawn(async move {
+            let by = tokio::select! {
+                _ = cancel.cancelled() => StoppedBy::Request,
+                _ = shutdown.cancelled() => StoppedBy::Shutdown,
+            };
+            let _ = stop_tx.send(Some(by));
+        });
+        (stop, AbortOnDrop(forward))
+    }
+
     /// Policy, env and spec for a session: blocking work, on a thread of
     /// its own (an install waits for the install jail).
     async fn prepare_session(

@@ -25,17 +25,19 @@
 pub mod daemon;
 pub mod embedded;
 pub mod in_cluster;
+mod zygote;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use pycell_launch::launcher::Launcher;
 pub use pycell_launch::launcher::RequestError;
+use pycell_launch::launcher::{Launcher, PolicyChoice};
 use pycell_launch::supervisor::{Patience, PATIENCE};
 use pycell_protocol::client::{daemon_socket, ClientError};
 use pycell_protocol::messages::RunRequest;
@@ -43,7 +45,7 @@ use pycell_protocol::result::RunResult;
 use pycell_protocol::session::{
     SessionAnswer, SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
 };
-use pycell_wire::codes::FailureCode;
+use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
 use pycell_wire::report::JailFailure;
 
@@ -65,6 +67,9 @@ pub enum RunEvent<'a> {
     Queued { position: usize },
     /// The run's dependencies are being installed: what is happening.
     Installing { message: &'a str },
+    /// A step of this process's own work for the run is done (what
+    /// `--timings` marks).
+    Step { what: &'static str },
 }
 
 /// Where a run's events go.
@@ -133,7 +138,41 @@ pub fn request_message(e: &RequestError) -> String {
 pub struct Asker {
     pub identity: Option<Arc<str>>,
     pub tools: Option<Arc<dyn ToolSource>>,
+    /// The terminal's ^C presses, counted: a daemon run passes each to
+    /// its program as an interrupt (an embedded run's jailer is in the
+    /// terminal's process group and gets ^C itself).
+    pub ctrl_c: Option<watch::Receiver<u64>>,
 }
+
+/// What a front end lets its own user ask beyond what a client may: the
+/// command line's user is this process's.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// A run's policy may be a path to a .toml file (embedded runs only;
+    /// through pycelld such a run is refused, saying so). Never for a
+    /// client's request: a client names policies.
+    pub policy_files: bool,
+    /// Embedded runs at once; more wait for a slot.
+    pub max_runs: usize,
+    /// Each embedded run's steps marked in its result (`--timings`).
+    pub timings: bool,
+    /// The terminal's ^C presses (see [`Asker::ctrl_c`]).
+    pub ctrl_c: Option<watch::Receiver<u64>>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            policy_files: false,
+            max_runs: embedded::MAX_CONCURRENT_RUNS,
+            timings: false,
+            ctrl_c: None,
+        }
+    }
+}
+
+/// Why a run that names a policy file is refused through pycelld.
+const POLICY_FILE_NEEDS_EMBEDDED: &str = "pycelld runs only the operator's policies (by name); a policy file needs embedded mode (--embedded, as root)";
 
 /// A caller a trusted front end speaks for (pycelld checks its identity's
 /// quotas and policies too; this process checks them first, where the
@@ -222,6 +261,31 @@ pub trait Sandboxes: Send + Sync + std::fmt::Debug {
     /// `embedded`, `daemon (SOCKET)` or `cluster (nodes ...)`.
     fn mode(&self) -> String;
 
+    /// Whether a run here may name a policy file (embedded, when the
+    /// front end's [`Options::policy_files`] allows it).
+    fn takes_policy_files(&self) -> bool {
+        false
+    }
+
+    /// Start python once for `policy` (a zygote, `slots` runs at once)
+    /// and fork the runs that name it from it. Blocking: call it from the
+    /// thread that outlives the zygote, not a runtime's, with `rt` the
+    /// runtime an install of its dependencies runs on; `stop` stops that
+    /// install.
+    fn start_zygote(
+        &self,
+        _policy: &str,
+        _slots: usize,
+        _rt: &tokio::runtime::Handle,
+        _stop: &CancellationToken,
+    ) -> Result<(), JailFailure> {
+        Err(JailFailure::new(
+            FailureCode::InvalidRequest,
+            Layer::Request,
+            "a zygote is started only by embedded mode (--embedded, as root)",
+        ))
+    }
+
     /// End what this process holds (its sessions), waiting at most
     /// `grace`; what pycelld holds outlives this process.
     async fn end_all(&self, _grace: Duration) {}
@@ -275,9 +339,10 @@ impl Backend {
         self,
         launcher: impl FnOnce() -> Result<Launcher, JailFailure>,
         patience: Patience,
+        options: &Options,
         shutdown: &CancellationToken,
     ) -> Arc<dyn Sandboxes> {
-        let embedded = || embedded::Embedded::new(launcher(), patience, shutdown.clone());
+        let embedded = || embedded::Embedded::new(launcher(), patience, options, shutdown.clone());
         match self {
             Backend::Embedded => Arc::new(embedded()),
             Backend::Daemon(socket) => Arc::new(daemon::Daemon::new(socket, shutdown.clone())),
@@ -287,6 +352,13 @@ impl Backend {
     }
 }
 
+/// How a service is built besides its backend.
+struct Built {
+    patience: Patience,
+    tools: Option<Arc<dyn ToolSource>>,
+    options: Options,
+}
+
 #[derive(Debug)]
 struct Shared {
     backend: Arc<dyn Sandboxes>,
@@ -294,6 +366,9 @@ struct Shared {
     shutdown: CancellationToken,
     /// Code mode: the client's tool servers (`--tool-servers`).
     tools: Option<Arc<dyn ToolSource>>,
+    /// Whether the front end's user may name policy files.
+    policy_files: bool,
+    ctrl_c: Option<watch::Receiver<u64>>,
 }
 
 /// Runs and sessions, wherever they go. Cheap to clone; clones share one
@@ -314,7 +389,21 @@ impl RunService {
     /// each run, as a refusal, so that a server still starts and can
     /// explain.
     pub fn new(backend: Backend, tools: Option<Arc<dyn ToolSource>>) -> RunService {
-        RunService::built(backend, Launcher::embedded_from_env, PATIENCE, tools)
+        RunService::with_options(backend, tools, Options::default())
+    }
+
+    /// The same, with what the front end's own user may ask besides.
+    pub fn with_options(
+        backend: Backend,
+        tools: Option<Arc<dyn ToolSource>>,
+        options: Options,
+    ) -> RunService {
+        let built = Built {
+            patience: PATIENCE,
+            tools,
+            options,
+        };
+        RunService::built(backend, Launcher::embedded_from_env, built)
     }
 
     /// The same with a given launcher and patience (tests).
@@ -324,25 +413,47 @@ impl RunService {
         patience: Patience,
         tools: Option<Arc<dyn ToolSource>>,
     ) -> RunService {
-        RunService::built(backend, move || launcher, patience, tools)
+        let built = Built {
+            patience,
+            tools,
+            options: Options::default(),
+        };
+        RunService::built(backend, move || launcher, built)
     }
 
     fn built(
         backend: Backend,
         launcher: impl FnOnce() -> Result<Launcher, JailFailure>,
-        patience: Patience,
-        tools: Option<Arc<dyn ToolSource>>,
+        built: Built,
     ) -> RunService {
         let shutdown = CancellationToken::new();
+        let Built {
+            patience,
+            tools,
+            options,
+        } = built;
         RunService {
             caller: None,
             shared: Arc::new(Shared {
-                backend: backend.build(launcher, patience, &shutdown),
+                backend: backend.build(launcher, patience, &options, &shutdown),
                 tracker: TaskTracker::new(),
                 shutdown,
                 tools,
+                policy_files: options.policy_files,
+                ctrl_c: options.ctrl_c,
             }),
         }
+    }
+
+    /// Start the zygote of `policy` (see [`Sandboxes::start_zygote`]).
+    pub fn start_zygote(
+        &self,
+        policy: &str,
+        slots: usize,
+        rt: &tokio::runtime::Handle,
+        stop: &CancellationToken,
+    ) -> Result<(), JailFailure> {
+        self.shared.backend.start_zygote(policy, slots, rt, stop)
     }
 
     /// The client's tool servers, if it configured any and this view
@@ -384,6 +495,7 @@ impl RunService {
         Asker {
             identity: self.caller.as_ref().map(|c| c.identity.clone()),
             tools: self.tool_servers().cloned(),
+            ctrl_c: self.shared.ctrl_c.clone(),
         }
     }
 
@@ -398,12 +510,30 @@ impl RunService {
             field: "policy",
             problem: e.to_string(),
         })?;
+        if let Some(refused) = self.policy_file_refused(&req) {
+            return Ok(refused);
+        }
         let asker = self.asker();
         if let Some(servers) = &asker.tools {
             req.tools = Some(servers.catalog().await.into());
         }
         let run = self.shared.backend.run(&asker, req, &mut on_event, cancel);
         self.shared.tracker.track_future(run).await
+    }
+
+    /// A policy file where the front end's user may name one but the
+    /// backend cannot take it: the run's refusal.
+    fn policy_file_refused(&self, req: &RunRequest) -> Option<RunResult> {
+        let name = req.policy_name();
+        let file = matches!(PolicyChoice::from_arg(name), PolicyChoice::File(_));
+        (file && self.shared.policy_files && !self.shared.backend.takes_policy_files()).then(|| {
+            let f = JailFailure::new(
+                FailureCode::InvalidPolicy,
+                Layer::Daemon,
+                POLICY_FILE_NEEDS_EMBEDDED,
+            );
+            RunResult::refused("", name, f)
+        })
     }
 
     /// Start a session (see [`Sandboxes::start_session`]).

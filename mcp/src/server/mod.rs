@@ -372,6 +372,7 @@ impl Progress {
                 };
                 counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
             }
+            RunEvent::Step { .. } => {}
         }
     }
 
