@@ -231,13 +231,13 @@ impl Sandboxes for Embedded {
         };
         // One stop path for the install and the run: a cancel, or the
         // service shutting down.
-        let (stop, _forwarding) = self.stop_request(cancel);
         if let Some(zygote) = self.zygote.get() {
-            let warm = zygote.run(&req, self.patience, stop.clone(), on_event);
+            let warm = zygote.run(&req, self.patience, self.stopped(&cancel), on_event);
             if let Some(result) = warm.await {
                 return Ok(result);
             }
         }
+        let (stop, _forwarding) = self.stop_request(cancel);
         let (tx, mut installing) = tokio::sync::mpsc::unbounded_channel::<String>();
         let install_stop = stop.clone();
         let policy_files = self.policy_files;
@@ -433,15 +433,25 @@ impl Embedded {
     /// shuts down (forwarded for as long as the guard lives).
     fn stop_request(&self, cancel: CancellationToken) -> (local::StopRequest, AbortOnDrop) {
         let (stop_tx, stop) = tokio::sync::watch::channel(None);
-        let shutdown = self.shutdown.clone();
+        let stopped = self.stopped(&cancel);
         let forward = tokio::spawn(async move {
-            let by = tokio::select! {
-                _ = cancel.cancelled() => StoppedBy::Request,
-                _ = shutdown.cancelled() => StoppedBy::Shutdown,
-            };
-            let _ = stop_tx.send(Some(by));
+            let _ = stop_tx.send(Some(stopped.await));
         });
         (stop, AbortOnDrop(forward))
+    }
+
+    /// Resolves when `cancel` is cancelled or the service shuts down.
+    fn stopped(
+        &self,
+        cancel: &CancellationToken,
+    ) -> impl std::future::Future<Output = StoppedBy> + Send + 'static {
+        let (cancel, shutdown) = (cancel.clone(), self.shutdown.clone());
+        async move {
+            tokio::select! {
+                _ = cancel.cancelled() => StoppedBy::Request,
+                _ = shutdown.cancelled() => StoppedBy::Shutdown,
+            }
+        }
     }
 
     /// Policy, env and spec for a session: blocking work, on a thread of

@@ -89,7 +89,7 @@ impl Forked {
         &self,
         req: &RunRequest,
         patience: Patience,
-        stop: StopRequest,
+        until: impl std::future::Future<Output = StoppedBy>,
         on_event: OnEvent<'_>,
     ) -> Option<RunResult> {
         if req.policy_name() != self.chosen_as {
@@ -120,7 +120,6 @@ impl Forked {
                 // If it fails, the jailer sees the stream end and says so.
                 let _ = l.send_work(&work);
                 let output = |stream, bytes: &[u8]| on_event(RunEvent::Output { stream, bytes });
-                let until = local::stopped(stop);
                 supervise(l, patience, until, Services::default(), output)
                     .await
                     .0
