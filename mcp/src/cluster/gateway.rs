@@ -35,7 +35,8 @@ fn prepare(args: &GatewayArgs) -> Result<(TcpListener, TlsAcceptor, PathBuf), St
     let user = crate::privileges::planned_user(
         args.user.as_deref(),
         "it takes connections from the network",
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     let addr: SocketAddr = args
         .listen
         .to_socket_addrs()
@@ -51,7 +52,7 @@ fn prepare(args: &GatewayArgs) -> Result<(TcpListener, TlsAcceptor, PathBuf), St
     let listener = TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     if let Some(user) = user {
-        crate::privileges::become_user(&user)?;
+        crate::privileges::become_user(&user).map_err(|e| e.to_string())?;
     }
     let socket = pycell_engine::service::Backend::choose_now(false, args.socket.clone())
         .ok_or("no pycelld socket here: give --socket")?;

@@ -18,19 +18,44 @@ pub enum NodeAddr {
     Tls(String),
 }
 
+/// A `--node` that is not `NAME=unix:PATH` or `NAME=HOST:PORT`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--node {spec:?}: {problem}")]
+pub struct NodeSpecError {
+    pub spec: String,
+    pub problem: NodeSpecProblem,
+}
+
+/// What is wrong with a `--node`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NodeSpecProblem {
+    #[error("write NAME=unix:PATH or NAME=HOST:PORT")]
+    NoName,
+    #[error("a node name is 1 to 63 of a-z, 0-9, '-' and '.'")]
+    BadName,
+    #[error("the socket path must be absolute")]
+    RelativeSocket,
+    #[error("the address is not HOST:PORT")]
+    NotHostPort,
+}
+
 /// `NAME=unix:PATH` or `NAME=HOST:PORT`.
-pub fn parse_node(spec: &str) -> Result<(String, NodeAddr), String> {
+pub fn parse_node(spec: &str) -> Result<(String, NodeAddr), NodeSpecError> {
+    let bad = |problem| NodeSpecError {
+        spec: spec.to_string(),
+        problem,
+    };
     let (name, addr) = spec
         .split_once('=')
-        .ok_or_else(|| format!("--node {spec:?}: write NAME=unix:PATH or NAME=HOST:PORT"))?;
-    if let Some(p) = name_problem(name) {
-        return Err(format!("--node {spec:?}: {p}"));
+        .ok_or_else(|| bad(NodeSpecProblem::NoName))?;
+    if !is_node_name(name) {
+        return Err(bad(NodeSpecProblem::BadName));
     }
     let addr = match addr.strip_prefix("unix:") {
         Some(path) if path.starts_with('/') => NodeAddr::Unix(PathBuf::from(path)),
-        Some(_) => return Err(format!("--node {spec:?}: the socket path must be absolute")),
+        Some(_) => return Err(bad(NodeSpecProblem::RelativeSocket)),
         None if is_host_port(addr) => NodeAddr::Tls(addr.to_string()),
-        None => return Err(format!("--node {spec:?}: the address is not HOST:PORT")),
+        None => return Err(bad(NodeSpecProblem::NotHostPort)),
     };
     Ok((name.to_string(), addr))
 }
@@ -41,13 +66,12 @@ pub fn is_host_port(s: &str) -> bool {
         .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
 }
 
-/// A node's name: it goes into session handles after `@`.
-fn name_problem(name: &str) -> Option<&'static str> {
-    let ok = (1..=63).contains(&name.len())
+/// Whether `name` may name a node: it goes into session handles after `@`.
+fn is_node_name(name: &str) -> bool {
+    (1..=63).contains(&name.len())
         && name
             .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
-    (!ok).then_some("a node name is 1 to 63 of a-z, 0-9, '-' and '.'")
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
 impl pycell_engine::cluster::Reach for tunnel::Tunnels {

@@ -22,7 +22,7 @@
 //! egress).
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -174,30 +174,80 @@ pub struct TokenTable {
     by_hash: HashMap<[u8; 32], Arc<Caller>>,
 }
 
+/// Why a tokens file cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum TokensError {
+    #[error("{}: cannot read: {error}", path.display())]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{}: {error}", path.display())]
+    In {
+        path: PathBuf,
+        error: Box<TokensError>,
+    },
+    #[error("{0}")]
+    Toml(#[from] toml::de::Error),
+    /// Entry `index` (from 1), named `name`, is wrong.
+    #[error("token {index} ({name:?}): {problem}")]
+    Token {
+        index: usize,
+        name: String,
+        problem: TokenProblem,
+    },
+}
+
+/// What is wrong with one token of the file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenProblem {
+    #[error("{0}")]
+    Name(#[from] BadTokenName),
+    #[error("sha256 {0:?}: not 64 hexadecimal digits (the SHA-256 of the token, as `pycell mcp-token` prints it)")]
+    Hash(String),
+    #[error("{0}")]
+    Quotas(&'static str),
+    #[error("unknown scope {0:?}; the scopes are {scopes}", scopes = SCOPES.join(", "))]
+    Scope(String),
+    #[error("policies: {0:?} is not a policy name")]
+    Policy(String),
+    #[error("another token has the same name; names are identities and must differ")]
+    SameName,
+    #[error("the same sha256 as an earlier token")]
+    SameHash,
+}
+
 impl TokenTable {
-    pub fn load(path: &Path) -> Result<TokenTable, String> {
+    pub fn load(path: &Path) -> Result<TokenTable, TokensError> {
+        let at = || path.to_path_buf();
         let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-        TokenTable::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+            .map_err(|error| TokensError::Read { path: at(), error })?;
+        TokenTable::parse(&text).map_err(|e| TokensError::In {
+            path: at(),
+            error: Box::new(e),
+        })
     }
 
-    pub fn parse(text: &str) -> Result<TokenTable, String> {
-        let file: TokensFile = toml::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(text: &str) -> Result<TokenTable, TokensError> {
+        let file: TokensFile = toml::from_str(text)?;
         let mut table = TokenTable::default();
         for (i, t) in file.token.into_iter().enumerate() {
-            let at = format!("token {} ({:?})", i + 1, t.name);
-            let (hash, caller) = entry(t).map_err(|e| format!("{at}: {e}"))?;
+            let name = t.name.clone();
+            let at = |problem| TokensError::Token {
+                index: i + 1,
+                name: name.clone(),
+                problem,
+            };
+            let (hash, caller) = entry(t).map_err(at)?;
             if table
                 .by_hash
                 .values()
                 .any(|c| c.identity() == caller.identity())
             {
-                return Err(format!(
-                    "{at}: another token has the same name; names are identities and must differ"
-                ));
+                return Err(at(TokenProblem::SameName));
             }
             if table.by_hash.insert(hash, Arc::new(caller)).is_some() {
-                return Err(format!("{at}: the same sha256 as an earlier token"));
+                return Err(at(TokenProblem::SameHash));
             }
         }
         Ok(table)
@@ -213,17 +263,15 @@ impl TokenTable {
     }
 }
 
-fn entry(t: TokenEntry) -> Result<([u8; 32], Caller), String> {
-    if let Some(p) = name_problem(&t.name) {
-        return Err(p);
-    }
-    let hash = parse_hash(&t.sha256)?;
+fn entry(t: TokenEntry) -> Result<([u8; 32], Caller), TokenProblem> {
+    check_name(&t.name)?;
+    let hash = parse_hash(&t.sha256).ok_or_else(|| TokenProblem::Hash(t.sha256.clone()))?;
     let quotas = Quotas {
         max_concurrent_runs: t.max_concurrent_runs,
         runs_per_minute: t.runs_per_minute,
     };
     if let Some(p) = quotas.problem() {
-        return Err(p.to_string());
+        return Err(TokenProblem::Quotas(p));
     }
     let scopes = match &t.scopes {
         None => Scopes {
@@ -232,10 +280,7 @@ fn entry(t: TokenEntry) -> Result<([u8; 32], Caller), String> {
         },
         Some(names) => {
             if let Some(n) = names.iter().find(|n| !SCOPES.contains(&n.as_str())) {
-                return Err(format!(
-                    "unknown scope {n:?}; the scopes are {}",
-                    SCOPES.join(", ")
-                ));
+                return Err(TokenProblem::Scope(n.clone()));
             }
             Scopes::from_names(names.iter().map(String::as_str))
         }
@@ -246,7 +291,7 @@ fn entry(t: TokenEntry) -> Result<([u8; 32], Caller), String> {
         .flatten()
         .find(|p| !pycell_policy::is_valid_name(p))
     {
-        return Err(format!("policies: {bad:?} is not a policy name"));
+        return Err(TokenProblem::Policy(bad.clone()));
     }
     let caller = Caller::new(
         &t.name,
@@ -257,28 +302,32 @@ fn entry(t: TokenEntry) -> Result<([u8; 32], Caller), String> {
     Ok((hash, caller))
 }
 
+/// A token name that is not 1 to 64 of `A-Z a-z 0-9 . _ -`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("name {0:?}: 1 to 64 letters, digits, '.', '_' or '-'")]
+pub struct BadTokenName(pub String);
+
 /// A token's name: 1 to 64 of `A-Z a-z 0-9 . _ -` (no `:`, which OAuth
 /// identities have).
-pub fn name_problem(name: &str) -> Option<String> {
+pub fn check_name(name: &str) -> Result<(), BadTokenName> {
     let ok = (1..=64).contains(&name.len())
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    (!ok).then(|| format!("name {name:?}: 1 to 64 letters, digits, '.', '_' or '-'"))
+    ok.then_some(())
+        .ok_or_else(|| BadTokenName(name.to_string()))
 }
 
-fn parse_hash(hex: &str) -> Result<[u8; 32], String> {
-    let bad = || {
-        format!("sha256 {hex:?}: not 64 hexadecimal digits (the SHA-256 of the token, as `pycell mcp-token` prints it)")
-    };
-    if hex.len() != 64 {
-        return Err(bad());
+/// 64 hexadecimal digits, as bytes.
+fn parse_hash(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
     }
     let mut out = [0u8; 32];
     for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
     }
-    Ok(out)
+    Some(out)
 }
 
 pub fn token_hash(token: &str) -> [u8; 32] {
@@ -317,7 +366,11 @@ mod tests {
         assert!(c.speaks_as.may_use("data-science").is_ok());
         assert!(c.speaks_as.may_use("default").is_err());
         let e = TokenTable::parse(&line("policies = [\"../x\"]\n")).unwrap_err();
-        assert!(e.contains("not a policy name"), "{e}");
+        assert!(
+            matches!(&e, TokensError::Token { index: 1, problem: TokenProblem::Policy(p), .. } if p == "../x"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("not a policy name"), "{e}");
     }
     use super::*;
 
@@ -362,7 +415,7 @@ mod tests {
 
     #[test]
     fn mistakes_in_the_file_say_where() {
-        let e = |text: &str| TokenTable::parse(text).unwrap_err();
+        let e = |text: &str| TokenTable::parse(text).unwrap_err().to_string();
         assert!(
             e("[[token]]\nname = \"a b\"\nsha256 = \"00\"\n").contains("token 1 (\"a b\"): name")
         );

@@ -153,7 +153,7 @@ fn cluster(args: &McpArgs) -> Result<Option<Backend>, String> {
     }
     let mut nodes = Vec::new();
     for spec in &args.nodes {
-        let (name, addr) = parse_node(spec)?;
+        let (name, addr) = parse_node(spec).map_err(|e| e.to_string())?;
         if nodes.iter().any(|(n, _)| n == &name) {
             return Err(format!(
                 "--node {spec:?}: another node has the name {name:?}"
@@ -196,7 +196,8 @@ impl Setup {
         let user = crate::privileges::planned_user(
             args.user.as_deref(),
             "it parses HTTP from the network",
-        )?;
+        )
+        .map_err(|e| e.to_string())?;
         let wanted = resolve(addr)?;
         let auth = AuthFlags {
             tokens: args.tokens.is_some(),
@@ -234,7 +235,7 @@ impl Setup {
         let gate = Arc::new(gate(args, &public_url)?);
         let cluster = cluster(args)?;
         if let Some(user) = user {
-            crate::privileges::become_user(&user)?;
+            crate::privileges::become_user(&user).map_err(|e| e.to_string())?;
         }
         let backend = match cluster {
             Some(c) => c,
@@ -300,7 +301,12 @@ fn resolve(addr: &str) -> Result<SocketAddr, String> {
 }
 
 fn gate(args: &McpArgs, public_url: &PublicUrl) -> Result<Gate, String> {
-    let tokens = args.tokens.as_deref().map(TokenTable::load).transpose()?;
+    let tokens = args
+        .tokens
+        .as_deref()
+        .map(TokenTable::load)
+        .transpose()
+        .map_err(|e| e.to_string())?;
     let oauth = args
         .oauth
         .as_deref()

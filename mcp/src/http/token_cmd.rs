@@ -4,7 +4,7 @@
 
 use base64::Engine;
 
-use super::callers::{hex, name_problem, token_hash, SCOPES, SCOPE_RUN};
+use super::callers::{check_name, hex, token_hash, SCOPES, SCOPE_RUN};
 use crate::args::McpTokenArgs;
 
 pub fn main(args: &McpTokenArgs) -> i32 {
@@ -22,9 +22,7 @@ pub fn main(args: &McpTokenArgs) -> i32 {
 }
 
 fn entry(args: &McpTokenArgs) -> Result<(String, String), String> {
-    if let Some(p) = name_problem(&args.name) {
-        return Err(p);
-    }
+    check_name(&args.name).map_err(|e| e.to_string())?;
     if let Some(s) = args.scopes.iter().find(|s| !SCOPES.contains(&s.as_str())) {
         return Err(format!(
             "--scope {s:?}: the scopes are {}",

@@ -64,12 +64,27 @@ enum State {
     },
 }
 
+/// Why a tool servers file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{}: {error}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        error: std::io::Error,
+    },
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+}
+
 impl ToolServers {
     /// Read `path` (the mcpServers format); nothing is started yet.
-    pub fn load(path: &Path) -> Result<ToolServers, String> {
+    pub fn load(path: &Path) -> Result<ToolServers, LoadError> {
         let origin = path.display().to_string();
-        let text = read_bounded(path)?;
-        let parsed = config::parse(&text, &origin).map_err(|e| e.to_string())?;
+        let text = read_bounded(path).map_err(|error| LoadError::Read {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        let parsed = config::parse(&text, &origin)?;
         let servers = parsed
             .servers
             .into_iter()
@@ -365,13 +380,13 @@ fn tool_value(server: &str, tool: &str, r: CallToolResult) -> Result<Value, Tool
     })
 }
 
-/// The file, refused past the size the format allows.
-fn read_bounded(path: &Path) -> Result<String, String> {
+/// The file, refused past the size the format allows (read a byte
+/// over it, which the parser refuses).
+fn read_bounded(path: &Path) -> std::io::Result<String> {
     use std::io::Read;
-    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut text = String::new();
-    f.take(config::MAX_CONFIG_BYTES as u64 + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::File::open(path)?
+        .take(config::MAX_CONFIG_BYTES as u64 + 1)
+        .read_to_string(&mut text)?;
     Ok(text)
 }
