@@ -97,17 +97,20 @@ impl Gate {
 /// grow tens of times larger once parsed).
 pub const MAX_JSON_VALUES: usize = 100_000;
 
+/// A request whose JSON holds more than [`MAX_JSON_VALUES`] values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the request holds more than {MAX_JSON_VALUES} JSON values")]
+pub struct TooManyValues;
+
 /// The scope a JSON-RPC message (or batch) needs beyond a valid token: a
 /// `tools/call` of a tool that runs code needs `pycell:run`. Read without
 /// building a tree: the message is counted against [`MAX_JSON_VALUES`]
 /// (over it: an error to answer), then only `method` and `params.name`
 /// are looked at. A body that is not JSON needs nothing here (the MCP
 /// layer answers it).
-pub fn scope_needed(body: &[u8]) -> Result<Option<&'static str>, String> {
+pub fn scope_needed(body: &[u8]) -> Result<Option<&'static str>, TooManyValues> {
     if !within_value_budget(body) {
-        return Err(format!(
-            "the request holds more than {MAX_JSON_VALUES} JSON values"
-        ));
+        return Err(TooManyValues);
     }
     let needs_run = |raw: &serde_json::value::RawValue| {
         let Ok(p) = serde_json::from_str::<Probe<'_>>(raw.get()) else {
@@ -358,7 +361,10 @@ mod tests {
         // Two objects, one array, three scalars and five keys besides.
         assert!(scope_needed(values(MAX_JSON_VALUES - 11).as_bytes()).is_ok());
         let e = scope_needed(values(MAX_JSON_VALUES - 10).as_bytes()).unwrap_err();
-        assert!(e.contains("more than 100000 JSON values"), "{e}");
+        assert!(
+            e.to_string().contains("more than 100000 JSON values"),
+            "{e}"
+        );
         let deep = "[".repeat(100_000);
         assert!(
             scope_needed(deep.as_bytes()).is_ok(),

@@ -31,9 +31,26 @@ pub struct Permit {
     identity: Arc<str>,
 }
 
+/// A call a caller's quotas do not let start now.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OverQuota {
+    #[error("{identity} has {running} calls running, its most at once (max_concurrent_runs = {max}): wait for one to finish")]
+    Concurrent {
+        identity: Arc<str>,
+        running: u32,
+        max: u32,
+    },
+    #[error("{identity} started its {per_minute} runs for this minute (runs_per_minute = {per_minute}): try again in {wait_s:.1} s")]
+    Rate {
+        identity: Arc<str>,
+        per_minute: u32,
+        wait_s: f64,
+    },
+}
+
 impl Limiter {
     /// Count a call of `caller` that runs code, at `now`, or say why not.
-    pub fn begin(self: &Arc<Self>, caller: &Caller, now: Instant) -> Result<Permit, String> {
+    pub fn begin(self: &Arc<Self>, caller: &Caller, now: Instant) -> Result<Permit, OverQuota> {
         let mut all = self.by_identity.lock().unwrap_or_else(|p| p.into_inner());
         let q = caller.quotas;
         let per_minute = f64::from(q.runs_per_minute);
@@ -46,17 +63,19 @@ impl Limiter {
         s.tokens = (s.tokens + elapsed * per_minute / 60.0).min(per_minute);
         s.refilled = now;
         if s.running >= q.max_concurrent_runs {
-            return Err(format!(
-                "{} has {} calls running, its most at once (max_concurrent_runs = {}): wait for one to finish",
-                caller.identity(), s.running, q.max_concurrent_runs
-            ));
+            return Err(OverQuota::Concurrent {
+                identity: caller.identity().clone(),
+                running: s.running,
+                max: q.max_concurrent_runs,
+            });
         }
         if s.tokens < 1.0 {
             let wait = (1.0 - s.tokens) * 60.0 / per_minute;
-            return Err(format!(
-                "{} started its {} runs for this minute (runs_per_minute = {}): try again in {:.1} s",
-                caller.identity(), q.runs_per_minute, q.runs_per_minute, wait
-            ));
+            return Err(OverQuota::Rate {
+                identity: caller.identity().clone(),
+                per_minute: q.runs_per_minute,
+                wait_s: wait,
+            });
         }
         s.tokens -= 1.0;
         s.running += 1;
@@ -87,7 +106,7 @@ impl Gate for QuotaGate {
                 let permit = self
                     .0
                     .begin(caller, Instant::now())
-                    .map_err(Turned::Quota)?;
+                    .map_err(|e| Turned::Quota(e.to_string()))?;
                 Some(Box::new(permit))
             }
             false => None,
@@ -138,7 +157,18 @@ mod tests {
         let p1 = l.begin(&a, t).unwrap();
         let _p2 = l.begin(&a, t).unwrap();
         let e = l.begin(&a, t).unwrap_err();
-        assert!(e.contains("max_concurrent_runs = 2"), "{e}");
+        assert!(
+            matches!(
+                e,
+                OverQuota::Concurrent {
+                    running: 2,
+                    max: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("max_concurrent_runs = 2"), "{e}");
         assert!(l.begin(&b, t).is_ok());
         drop(p1);
         assert!(l.begin(&a, t).is_ok());
@@ -151,7 +181,7 @@ mod tests {
         let t = Instant::now();
         drop(l.begin(&a, t).unwrap());
         drop(l.begin(&a, t).unwrap());
-        let e = l.begin(&a, t).unwrap_err();
+        let e = l.begin(&a, t).unwrap_err().to_string();
         assert!(
             e.contains("runs_per_minute = 2") && e.contains("try again in 30.0 s"),
             "{e}"

@@ -77,13 +77,17 @@ pub struct OAuth {
 impl OAuth {
     /// Load the `--oauth` file and the key set it names; `public_url` is
     /// the audience unless the file says another.
-    pub fn load(path: &Path, public_url: &str) -> Result<OAuth, String> {
-        let at = |e: String| format!("{}: {e}", path.display());
-        let text = std::fs::read_to_string(path).map_err(|e| at(format!("cannot read: {e}")))?;
-        let file: OAuthFile = toml::from_str(&text).map_err(|e| at(e.to_string()))?;
+    pub fn load(path: &Path, public_url: &str) -> Result<OAuth, OAuthConfigError> {
+        let at = |problem| OAuthConfigError {
+            path: path.to_path_buf(),
+            problem,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| at(ConfigProblem::Read(e)))?;
+        let file: OAuthFile =
+            toml::from_str(&text).map_err(|e| at(ConfigProblem::Toml(Box::new(e))))?;
         let algorithms = algorithms(file.algorithms.as_deref()).map_err(at)?;
         if let Some(p) = file.quotas.problem() {
-            return Err(at(format!("quotas: {p}")));
+            return Err(at(ConfigProblem::Quotas(p)));
         }
         let audience = file.audience.unwrap_or_else(|| public_url.to_string());
         let mut validation = Validation::new(algorithms[0]);
@@ -95,10 +99,10 @@ impl OAuth {
         validation.leeway = file.leeway_s.unwrap_or(30);
         let keys = read_keys(&file.jwks)?;
         if keys.set.is_empty() {
-            return Err(format!(
-                "{}: no usable key (RSA, EC or OKP public keys)",
-                file.jwks.display()
-            ));
+            return Err(OAuthConfigError {
+                path: file.jwks.clone(),
+                problem: ConfigProblem::NoKey,
+            });
         }
         Ok(OAuth {
             issuer: file.issuer,
@@ -184,10 +188,13 @@ fn pick(set: &[(Option<String>, DecodingKey)], kid: Option<&str>) -> Option<Deco
     }
 }
 
-fn read_keys(path: &Path) -> Result<Keys, String> {
-    let at = |e: String| format!("{}: {e}", path.display());
-    let text = std::fs::read_to_string(path).map_err(|e| at(format!("cannot read: {e}")))?;
-    let set: JwkSet = serde_json::from_str(&text).map_err(|e| at(format!("not a JWK Set: {e}")))?;
+fn read_keys(path: &Path) -> Result<Keys, OAuthConfigError> {
+    let at = |problem| OAuthConfigError {
+        path: path.to_path_buf(),
+        problem,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| at(ConfigProblem::Read(e)))?;
+    let set: JwkSet = serde_json::from_str(&text).map_err(|e| at(ConfigProblem::NotJwks(e)))?;
     let mut keys = Vec::new();
     for jwk in &set.keys {
         // Symmetric (oct) keys are secrets, not an issuer's public keys.
@@ -195,12 +202,9 @@ fn read_keys(path: &Path) -> Result<Keys, String> {
             jwk.algorithm,
             jsonwebtoken::jwk::AlgorithmParameters::OctetKey(_)
         ) {
-            return Err(at(
-                "a symmetric (oct) key: only public keys belong here".into()
-            ));
+            return Err(at(ConfigProblem::SymmetricKey));
         }
-        let key =
-            DecodingKey::from_jwk(jwk).map_err(|e| at(format!("a key does not load: {e}")))?;
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| at(ConfigProblem::BadKey(e)))?;
         keys.push((jwk.common.key_id.clone(), key));
     }
     let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
@@ -210,23 +214,57 @@ fn read_keys(path: &Path) -> Result<Keys, String> {
     })
 }
 
-fn algorithms(names: Option<&[String]>) -> Result<Vec<Algorithm>, String> {
+fn algorithms(names: Option<&[String]>) -> Result<Vec<Algorithm>, ConfigProblem> {
     let Some(names) = names else {
         return Ok(DEFAULT_ALGORITHMS.to_vec());
     };
     if names.is_empty() {
-        return Err("algorithms: name at least one".into());
+        return Err(ConfigProblem::NoAlgorithm);
     }
     names
         .iter()
         .map(|n| match n.parse::<Algorithm>() {
-            Ok(Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512) => Err(format!(
-                "algorithms: {n} needs a shared secret; use the issuer's public-key algorithm (RS256, ES256, EdDSA...)"
-            )),
+            Ok(Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512) => {
+                Err(ConfigProblem::SharedSecretAlgorithm(n.clone()))
+            }
             Ok(a) => Ok(a),
-            Err(_) => Err(format!("algorithms: unknown algorithm {n:?}")),
+            Err(_) => Err(ConfigProblem::UnknownAlgorithm(n.clone())),
         })
         .collect()
+}
+
+/// Why the `--oauth` file (or the key set it names) cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {problem}", path.display())]
+pub struct OAuthConfigError {
+    /// The file at fault.
+    pub path: std::path::PathBuf,
+    pub problem: ConfigProblem,
+}
+
+/// What is wrong with it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigProblem {
+    #[error("cannot read: {0}")]
+    Read(std::io::Error),
+    #[error("{0}")]
+    Toml(Box<toml::de::Error>),
+    #[error("quotas: {0}")]
+    Quotas(&'static str),
+    #[error("algorithms: name at least one")]
+    NoAlgorithm,
+    #[error("algorithms: {0} needs a shared secret; use the issuer's public-key algorithm (RS256, ES256, EdDSA...)")]
+    SharedSecretAlgorithm(String),
+    #[error("algorithms: unknown algorithm {0:?}")]
+    UnknownAlgorithm(String),
+    #[error("not a JWK Set: {0}")]
+    NotJwks(serde_json::Error),
+    #[error("a symmetric (oct) key: only public keys belong here")]
+    SymmetricKey,
+    #[error("a key does not load: {0}")]
+    BadKey(jsonwebtoken::errors::Error),
+    #[error("no usable key (RSA, EC or OKP public keys)")]
+    NoKey,
 }
 
 /// Why an access token proves no caller: said to the client as the
@@ -285,13 +323,18 @@ mod tests {
             algorithms(Some(&names(&["ES256"]))).unwrap(),
             vec![Algorithm::ES256]
         );
-        assert!(algorithms(Some(&names(&["HS256"])))
-            .unwrap_err()
-            .contains("shared secret"));
+        assert!(matches!(
+            algorithms(Some(&names(&["HS256"]))),
+            Err(ConfigProblem::SharedSecretAlgorithm(n)) if n == "HS256"
+        ));
         assert!(algorithms(Some(&names(&["XX1"])))
             .unwrap_err()
+            .to_string()
             .contains("unknown algorithm"));
-        assert!(algorithms(Some(&[])).is_err());
+        assert!(matches!(
+            algorithms(Some(&[])),
+            Err(ConfigProblem::NoAlgorithm)
+        ));
     }
 
     #[test]
@@ -299,8 +342,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("jwks.json");
         std::fs::write(&p, r#"{"keys":[{"kty":"oct","k":"c2VjcmV0","kid":"s"}]}"#).unwrap();
-        assert!(read_keys(&p).unwrap_err().contains("symmetric"));
+        let e = read_keys(&p).unwrap_err();
+        assert!(matches!(e.problem, ConfigProblem::SymmetricKey), "{e}");
+        assert!(
+            e.to_string().starts_with(&format!("{}: ", p.display())),
+            "{e}"
+        );
         std::fs::write(&p, "{}").unwrap();
-        assert!(read_keys(&p).unwrap_err().contains("not a JWK Set"));
+        let e = read_keys(&p).unwrap_err();
+        assert!(e.to_string().contains("not a JWK Set"), "{e}");
     }
 }

@@ -28,25 +28,58 @@ pub struct PublicUrl {
     pub path: String,
 }
 
+/// A `--public-url` clients cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--public-url {url:?}: {problem}")]
+pub struct PublicUrlError {
+    pub url: String,
+    pub problem: UrlProblem,
+}
+
+/// What is wrong with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum UrlProblem {
+    #[error("not a URL")]
+    NotAUrl,
+    #[error("no scheme")]
+    NoScheme,
+    #[error("use https:// (or http:// behind a proxy)")]
+    Scheme,
+    #[error("no host")]
+    NoHost,
+    #[error("no user information in the URL")]
+    UserInfo,
+    #[error("no query in the URL")]
+    Query,
+    #[error("that path is the server's own")]
+    OwnPath,
+}
+
 impl PublicUrl {
-    pub fn parse(url: &str) -> Result<PublicUrl, String> {
-        let bad = |why: &str| format!("--public-url {url:?}: {why}");
-        let uri: http::Uri = url.parse().map_err(|_| bad("not a URL"))?;
-        let scheme = uri.scheme_str().ok_or_else(|| bad("no scheme"))?;
+    pub fn parse(url: &str) -> Result<PublicUrl, PublicUrlError> {
+        let bad = |problem| PublicUrlError {
+            url: url.to_string(),
+            problem,
+        };
+        let uri: http::Uri = url.parse().map_err(|_| bad(UrlProblem::NotAUrl))?;
+        let scheme = uri.scheme_str().ok_or_else(|| bad(UrlProblem::NoScheme))?;
         if scheme != "https" && scheme != "http" {
-            return Err(bad("use https:// (or http:// behind a proxy)"));
+            return Err(bad(UrlProblem::Scheme));
         }
-        let authority = uri.authority().ok_or_else(|| bad("no host"))?.to_string();
+        let authority = uri
+            .authority()
+            .ok_or_else(|| bad(UrlProblem::NoHost))?
+            .to_string();
         if authority.contains('@') {
-            return Err(bad("no user information in the URL"));
+            return Err(bad(UrlProblem::UserInfo));
         }
         if uri.query().is_some() {
-            return Err(bad("no query in the URL"));
+            return Err(bad(UrlProblem::Query));
         }
         let path = match uri.path() {
             "" | "/" => "/mcp".to_string(),
             p if p.starts_with(METADATA_PREFIX) || p == "/healthz" => {
-                return Err(bad("that path is the server's own"))
+                return Err(bad(UrlProblem::OwnPath))
             }
             p => p.to_string(),
         };
@@ -223,7 +256,8 @@ impl Setup {
         let public_url = PublicUrl::parse(&match &args.public_url {
             Some(u) => u.clone(),
             None => format!("{scheme}://{addr}/mcp"),
-        })?;
+        })
+        .map_err(|e| e.to_string())?;
         let tls = match (&args.tls_cert, &args.tls_key) {
             (Some(cert), Some(key)) => Some(
                 crate::tls::server(cert, key, None)
@@ -311,7 +345,8 @@ fn gate(args: &McpArgs, public_url: &PublicUrl) -> Result<Gate, String> {
         .oauth
         .as_deref()
         .map(|p| OAuth::load(p, &public_url.url))
-        .transpose()?;
+        .transpose()
+        .map_err(|e| e.to_string())?;
     Ok(Gate {
         open: args.no_auth,
         tokens,
@@ -391,9 +426,13 @@ mod tests {
         assert_eq!(u.authority, "127.0.0.1:8080");
         let u = PublicUrl::parse("http://[::1]:9/mcp").unwrap();
         assert_eq!(u.host(), "[::1]");
-        assert!(PublicUrl::parse("ftp://x.example.net/").is_err());
-        assert!(PublicUrl::parse("https://a@x.example.net/").is_err());
-        assert!(PublicUrl::parse("https://x.example.net/healthz").is_err());
-        assert!(PublicUrl::parse("/mcp").is_err());
+        let problem = |url: &str| PublicUrl::parse(url).unwrap_err().problem;
+        assert_eq!(problem("ftp://x.example.net/"), UrlProblem::Scheme);
+        assert_eq!(problem("https://a@x.example.net/"), UrlProblem::UserInfo);
+        assert_eq!(
+            problem("https://x.example.net/healthz"),
+            UrlProblem::OwnPath
+        );
+        assert_eq!(problem("/mcp"), UrlProblem::NoScheme);
     }
 }
