@@ -211,7 +211,7 @@ fn run(args: &RunArgs) -> RunResult {
         Ok(s) => s,
         Err(e) => return internal("signalfd", &e),
     };
-    let rt = match local::runtime() {
+    let rt = match local::runtime_on_this_thread() {
         Ok(rt) => rt,
         Err(e) => return internal("starting a runtime", &e),
     };

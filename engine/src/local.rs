@@ -121,6 +121,18 @@ pub fn runtime() -> std::io::Result<Runtime> {
         .map(|rt| Runtime(Some(rt)))
 }
 
+/// A runtime for one call driven by `Runtime::block_on` from the thread
+/// that outlives it (`pycell run`'s): no worker thread of its own (its
+/// tasks run on the calling thread while it blocks on the call; blocking
+/// work, such as an install, on the blocking pool, whose own
+/// `Handle::block_on` the calling thread's drives).
+pub fn runtime_on_this_thread() -> std::io::Result<Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map(|rt| Runtime(Some(rt)))
+}
+
 /// A command-line process's runtime, which does not wait, when dropped,
 /// for blocking work still in flight: a name lookup the egress proxy
 /// started (getaddrinfo cannot be cancelled) kept `pycell run` of a new
