@@ -272,7 +272,7 @@ impl JailSteps for RealSteps<'_> {
             JailKind::Zygote => crate::capabilities::keep_only_setid(),
             _ => crate::capabilities::drop_all(),
         };
-        dropped.map_err(|e| StepError::new(Step::Capabilities, e))
+        dropped.map_err(|e| StepError::new(Step::Capabilities, e.to_string()))
     }
 
     fn set_no_new_privs(&mut self) -> Result<(), StepError> {
