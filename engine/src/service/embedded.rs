@@ -168,15 +168,6 @@ impl Embedded {
     }
 }
 
-/// How a run names its policy: by name, or (if the front end's user may)
-/// by a path to a .toml file.
-pub(super) fn choice(policy_files: bool, policy: &str) -> PolicyChoice<'_> {
-    match policy_files {
-        true => PolicyChoice::from_arg(policy),
-        false => PolicyChoice::Name(policy),
-    }
-}
-
 /// Load the policy, get the env of the run's dependencies (installing
 /// them if they are not cached) and prepare the run: blocking work
 /// (policy files, interpreter paths, the uid database, lock files, the
@@ -188,7 +179,7 @@ fn prepare(
     installer: &mut Installer,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(Prepared, Option<Ensured>, Option<ToolGrant>), LaunchError> {
-    let choice = choice(policy_files, req.policy_name());
+    let choice = super::policy_choice(policy_files, req.policy_name());
     let policy = launcher.load_policy(choice).map_err(|e| match e {
         LaunchError::Request(mut r) if r.field == "policy" && policy_files => {
             r.problem += "; in embedded mode you can also pass a path to a .toml file";

@@ -171,6 +171,15 @@ impl Default for Options {
     }
 }
 
+/// How a run names its policy: by name, or (if the front end's user may)
+/// by a path to a .toml file.
+fn policy_choice(policy_files: bool, policy: &str) -> PolicyChoice<'_> {
+    match policy_files {
+        true => PolicyChoice::from_arg(policy),
+        false => PolicyChoice::Name(policy),
+    }
+}
+
 /// Why a run that names a policy file is refused through pycelld.
 const POLICY_FILE_NEEDS_EMBEDDED: &str = "pycelld runs only the operator's policies (by name); a policy file needs embedded mode (--embedded, as root)";
 

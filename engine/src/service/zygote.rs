@@ -56,7 +56,7 @@ impl Forked {
         installer: &mut Installer,
     ) -> Result<Forked, JailFailure> {
         let policy = launcher
-            .load_policy(super::embedded::choice(policy_files, chosen_as))
+            .load_policy(super::policy_choice(policy_files, chosen_as))
             .map_err(|e| e.failure())?;
         let deps = pycell_deps::gather(&policy, "", &[])?;
         let none = RunRequest::default();
