@@ -1,9 +1,11 @@
-//! Runs this process starts itself (embedded mode, as root, no pycelld):
-//! the env of a run's dependencies, built here if it must be, and the way
-//! a launched jailer is supervised and stopped. `pycell run`, `pycell env
-//! build`, embedded `pycell mcp` and pycelld's env builders share it; the
-//! supervision itself is `pycell_launch::supervisor`, the same for every
-//! mode.
+//! What a process that jails itself (embedded mode, as root, no pycelld)
+//! needs besides the run service: a command line's signals and stop
+//! request, its runtime, the env of a run's dependencies (built here if it
+//! must be, through the install runner), a policy and request for
+//! `pycell debug spec` and `mcp-server`, and the host as it measures it.
+//! The run service's embedded backend, `pycell env build`, `pycell
+//! mcp-server` and pycelld's env builders use it; the supervision itself
+//! is `pycell_launch::supervisor`, the same for every mode.
 
 use std::os::fd::{AsFd, OwnedFd};
 
@@ -178,8 +180,8 @@ pub fn run_here(
 }
 
 /// What a process needs to run jails from its own thread: a stop request
-/// (SIGTERM, SIGHUP), a runtime, and an installer on both. `pycell run`,
-/// `pycell env build`, `pycell mcp-server` and pycelld's jobs start one.
+/// (SIGTERM, SIGHUP), a runtime, and an installer on both. `pycell env
+/// build`, `pycell mcp-server` and pycelld's env-build job start one.
 #[derive(Debug)]
 pub struct Here {
     pub stop: StopRequest,

@@ -71,3 +71,41 @@ fn bad_policy_refuses_a_run() {
         out.describe()
     );
 }
+
+#[test]
+fn a_policy_file_runs_where_pycell_falls_back_to_embedded_mode() {
+    // No --embedded and no --socket: pycelld if one listens at the
+    // default socket, else this process jails (as root). A policy file
+    // runs only embedded; through pycelld it is refused, saying why.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shipped = fs::read_to_string(repo_root().join("policies/default.toml")).expect("read");
+    let mine = shipped.replacen("name = \"default\"", "name = \"mine\"", 1);
+    assert_ne!(
+        mine, shipped,
+        "policies/default.toml names itself `default`"
+    );
+    let path = dir.path().join("mine.toml");
+    fs::write(&path, mine).expect("write");
+    let out = Pycell::new([
+        "batch".as_ref(),
+        "--policy".as_ref(),
+        path.as_os_str(),
+        "-".as_ref(),
+    ])
+    .stdin("{\"code\": \"print(7)\"}\n")
+    .run();
+    assert_eq!(out.exit_code, Some(0), "{}", out.describe());
+    let line: serde_json::Value = serde_json::from_str(out.stdout_str().trim()).expect("a line");
+    let result = &line["result"];
+    match std::path::Path::new("/run/pycell/pycell.sock").exists() {
+        false => {
+            assert_eq!(result["status"], "ok", "{}", out.describe());
+            assert_eq!(result["stdout"], "7\n", "{}", out.describe());
+            assert_eq!(result["policy"], "mine", "{}", out.describe());
+        }
+        true => {
+            let why = result["error"]["message"].as_str().unwrap_or_default();
+            assert!(why.contains("needs embedded mode"), "{}", out.describe());
+        }
+    }
+}

@@ -191,6 +191,10 @@ impl Sandboxes for DaemonOr {
         mode_name(daemon_socket(None).as_deref())
     }
 
+    fn takes_policy_files(&self) -> bool {
+        self.now().place().takes_policy_files()
+    }
+
     async fn end_all(&self, grace: Duration) {
         self.embedded.end_all(grace).await;
     }
