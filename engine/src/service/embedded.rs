@@ -178,7 +178,7 @@ fn prepare(
     policy_files: bool,
     installer: &mut Installer,
     progress: &mut dyn FnMut(&str),
-) -> Result<(Prepared, Option<Ensured>, Option<ToolGrant>), LaunchError> {
+) -> Result<PreparedRun, LaunchError> {
     let choice = super::policy_choice(policy_files, req.policy_name());
     let policy = launcher.load_policy(choice).map_err(|e| match e {
         LaunchError::Request(mut r) if r.field == "policy" && policy_files => {
@@ -220,48 +220,20 @@ impl Sandboxes for Embedded {
             Ok(l) => l,
             Err(f) => return refused(f),
         };
-        // One stop path for the install and the run: a cancel, or the
-        // service shutting down.
         if let Some(zygote) = self.zygote.get() {
             let warm = zygote.run(&req, self.patience, self.stopped(&cancel), on_event);
             if let Some(result) = warm.await {
                 return Ok(result);
             }
         }
+        // One stop path for the install and the run: a cancel, or the
+        // service shutting down.
         let (stop, _forwarding) = self.stop_request(cancel);
-        let (tx, mut installing) = tokio::sync::mpsc::unbounded_channel::<String>();
-        let install_stop = stop.clone();
-        let policy_files = self.policy_files;
-        let preparing = tokio::task::spawn_blocking(move || {
-            let mut installer = Installer {
-                handle: tokio::runtime::Handle::current(),
-                stop: install_stop,
-            };
-            prepare(
-                &launcher,
-                &req,
-                policy_files,
-                &mut installer,
-                &mut |m: &str| {
-                    let _ = tx.send(m.to_string());
-                },
-            )
-        });
-        tokio::pin!(preparing);
-        let prepared = loop {
-            tokio::select! {
-                Some(message) = installing.recv() => on_event(RunEvent::Installing { message: &message }),
-                done = &mut preparing => break done,
-            }
-        };
+        let prepared = self.prepare(launcher, req, &stop, on_event).await;
         let (mut prepared, ensured, grant) = match prepared {
-            Ok(Ok(p)) => p,
-            Ok(Err(LaunchError::Request(e))) => return Err(e),
-            Ok(Err(LaunchError::Refused(f))) => return refused(f),
-            Err(e) => {
-                let m = format!("preparing the run: {e}");
-                return refused(JailFailure::new(FailureCode::Internal, Layer::Jailer, m));
-            }
+            Ok(p) => p,
+            Err(LaunchError::Request(e)) => return Err(e),
+            Err(LaunchError::Refused(f)) => return refused(f),
         };
         if self.timings {
             prepared.mark_timings();
@@ -419,7 +391,50 @@ impl Sandboxes for Embedded {
     }
 }
 
+/// What [`prepare`] gives: the run, its env (held in use) and its tools.
+type PreparedRun = (Prepared, Option<Ensured>, Option<ToolGrant>);
+
 impl Embedded {
+    /// [`prepare`] on a blocking thread (an install waits for the install
+    /// jail, stopped by `stop`), its install steps to `on_event` as they
+    /// come.
+    async fn prepare(
+        &self,
+        launcher: Launcher,
+        req: RunRequest,
+        stop: &local::StopRequest,
+        on_event: OnEvent<'_>,
+    ) -> Result<PreparedRun, LaunchError> {
+        let (tx, mut installing) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let install_stop = stop.clone();
+        let policy_files = self.policy_files;
+        let preparing = tokio::task::spawn_blocking(move || {
+            let mut installer = Installer {
+                handle: tokio::runtime::Handle::current(),
+                stop: install_stop,
+            };
+            let mut progress = |m: &str| {
+                let _ = tx.send(m.to_string());
+            };
+            prepare(&launcher, &req, policy_files, &mut installer, &mut progress)
+        });
+        tokio::pin!(preparing);
+        let done = loop {
+            tokio::select! {
+                Some(message) = installing.recv() => on_event(RunEvent::Installing { message: &message }),
+                done = &mut preparing => break done,
+            }
+        };
+        done.unwrap_or_else(|e| {
+            let m = format!("preparing the run: {e}");
+            Err(LaunchError::Refused(JailFailure::new(
+                FailureCode::Internal,
+                Layer::Jailer,
+                m,
+            )))
+        })
+    }
+
     /// A run's stop request: set when `cancel` is cancelled or the service
     /// shuts down (forwarded for as long as the guard lives).
     fn stop_request(&self, cancel: CancellationToken) -> (local::StopRequest, AbortOnDrop) {
