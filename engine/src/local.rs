@@ -2,10 +2,10 @@
 //! needs besides the run service: a command line's signals and stop
 //! request, its runtime, the env of a run's dependencies (built here if it
 //! must be, through the install runner), a policy and request for
-//! `pycell debug spec` and `mcp-server`, and the host as it measures it.
-//! The run service's embedded backend, `pycell env build`, `pycell
-//! mcp-server` and pycelld's env builders use it; the supervision itself
-//! is `pycell_launch::supervisor`, the same for every mode.
+//! `pycell debug spec`, and the host as it measures it. The run service's
+//! embedded backend, the command line's front ends, `pycell env build`
+//! and pycelld's env builders use it; the supervision itself is
+//! `pycell_launch::supervisor`, the same for every mode.
 
 use std::os::fd::{AsFd, OwnedFd};
 
@@ -181,7 +181,7 @@ pub fn run_here(
 
 /// What a process needs to run jails from its own thread: a stop request
 /// (SIGTERM, SIGHUP), a runtime, and an installer on both. `pycell env
-/// build`, `pycell mcp-server` and pycelld's env-build job start one.
+/// build` and pycelld's env-build job (the same code) start one.
 #[derive(Debug)]
 pub struct Here {
     pub stop: StopRequest,

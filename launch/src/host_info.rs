@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use pycell_policy::Policy;
 use pycell_protocol::info::{HostInfo, LayerStatus, PolicyProblem, PolicySummary};
 use pycell_protocol::result::LimitsReport;
 
@@ -28,26 +29,8 @@ pub fn policies(dir: &Path) -> (Vec<PolicySummary>, Vec<PolicyProblem>) {
     let mut ok = Vec::new();
     let mut problems = Vec::new();
     for name in policy_names(dir) {
-        let source = if dir.join(format!("{name}.toml")).exists() {
-            "installed"
-        } else {
-            "built-in"
-        };
         match resolve::load_policy_by_name(&name, dir) {
-            Ok(p) => ok.push(PolicySummary {
-                purpose: match p.install {
-                    Some(_) => "install".to_string(),
-                    None => p.purpose.as_str().to_string(),
-                },
-                limits: LimitsReport::from(&p.limits),
-                max: (&p.ceilings).into(),
-                network: p.network.as_str().to_string(),
-                network_allow: p.network.egress().map(|r| r.allowed()).unwrap_or_default(),
-                network_deny: p.network.egress().map(|r| r.denied()).unwrap_or_default(),
-                name: p.name,
-                description: p.description,
-                source: source.to_string(),
-            }),
+            Ok(p) => ok.push(summary(p, source_of(dir, &name))),
             Err(e) => problems.push(PolicyProblem {
                 name,
                 message: e.to_string(),
@@ -55,6 +38,34 @@ pub fn policies(dir: &Path) -> (Vec<PolicySummary>, Vec<PolicyProblem>) {
         }
     }
     (ok, problems)
+}
+
+/// Where the policy `name` comes from: `installed` (a file in `dir`) or
+/// `built-in`.
+pub fn source_of(dir: &Path, name: &str) -> &'static str {
+    match dir.join(format!("{name}.toml")).exists() {
+        true => "installed",
+        false => "built-in",
+    }
+}
+
+/// What `policy` is, as `info` lists it; `source` says where it came
+/// from (see [`source_of`]; `file` for a file named by its path).
+pub fn summary(p: Policy, source: &str) -> PolicySummary {
+    PolicySummary {
+        purpose: match p.install {
+            Some(_) => "install".to_string(),
+            None => p.purpose.as_str().to_string(),
+        },
+        limits: LimitsReport::from(&p.limits),
+        max: (&p.ceilings).into(),
+        network: p.network.as_str().to_string(),
+        network_allow: p.network.egress().map(|r| r.allowed()).unwrap_or_default(),
+        network_deny: p.network.egress().map(|r| r.denied()).unwrap_or_default(),
+        name: p.name,
+        description: p.description,
+        source: source.to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -62,8 +62,19 @@ pub struct RequestError {
 
 impl RequestError {
     /// The fields a request is checked by, as their errors name them.
-    pub const FIELDS: [&'static str; 8] = [
-        "policy", "timeout", "limits", "stdin", "files", "tools", "code", "args",
+    pub const FIELDS: [&'static str; 12] = [
+        "policy",
+        "timeout",
+        "limits",
+        "stdin",
+        "files",
+        "tools",
+        "code",
+        "args",
+        "serve_stdio",
+        "env",
+        "allow",
+        "grants",
     ];
 
     /// The error a message `field: problem` (as pycelld refuses a request)
@@ -112,6 +123,12 @@ impl LaunchError {
             LaunchError::Request(e) => e.failure(),
             LaunchError::Refused(f) => f.clone(),
         }
+    }
+}
+
+impl From<RequestError> for LaunchError {
+    fn from(e: RequestError) -> Self {
+        LaunchError::Request(e)
     }
 }
 

@@ -20,6 +20,7 @@ pub mod host_info;
 pub mod launcher;
 pub mod layers;
 pub mod resolve;
+pub mod serving;
 pub mod session;
 pub mod session_table;
 pub mod stopper;

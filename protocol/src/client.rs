@@ -220,45 +220,38 @@ impl DaemonClient {
         on_output: impl FnMut(Stream, &[u8]),
         on_stage: impl FnMut(Stage<'_>),
     ) -> Result<RunResult, ClientError> {
-        self.run_with(request, on_output, on_stage, None)
+        self.run_attached(request, &[], on_output, on_stage, None)
     }
 
-    /// [`DaemonClient::run_queued`] for a server over stdio
-    /// (`request.serve_stdio`): `on_stdio` gets the socket of its stdin and
-    /// stdout once it is up; the result comes when it ends.
-    /// `granted` are the descriptors of `request.grants`, in order.
-    pub fn run_serving(
+    /// [`DaemonClient::run_queued`] with what the request takes besides
+    /// itself: `granted`, the descriptors of `request.grants` in order
+    /// (sent with it as SCM_RIGHTS), and, for a server over stdio
+    /// (`request.serve_stdio`), `on_stdio`, which gets the socket of its
+    /// stdin and stdout once it is up (the result comes when it ends).
+    pub fn run_attached(
         &mut self,
         request: RunRequest,
         granted: &[std::os::fd::OwnedFd],
         on_output: impl FnMut(Stream, &[u8]),
         on_stage: impl FnMut(Stage<'_>),
-        mut on_stdio: impl FnMut(std::os::fd::OwnedFd),
+        on_stdio: Option<&mut dyn FnMut(std::os::fd::OwnedFd)>,
     ) -> Result<RunResult, ClientError> {
         let msg = ClientMessage::Run {
             id: "1".into(),
             request,
         };
-        let fds: Vec<_> = granted.iter().map(|f| f.as_fd()).collect();
-        pycell_wire::fdpass::send_with_fds(self.stream.as_fd(), &framing::encode(&msg)?, &fds)
-            .map_err(|e| ClientError::Frame(e.into()))?;
-        self.relay_run(on_output, on_stage, Some(&mut on_stdio))
-    }
-
-    fn run_with(
-        &mut self,
-        request: RunRequest,
-        on_output: impl FnMut(Stream, &[u8]),
-        on_stage: impl FnMut(Stage<'_>),
-        on_stdio: Option<&mut dyn FnMut(std::os::fd::OwnedFd)>,
-    ) -> Result<RunResult, ClientError> {
-        framing::write_sync(
-            &mut self.stream,
-            &ClientMessage::Run {
-                id: "1".into(),
-                request,
-            },
-        )?;
+        match granted.is_empty() {
+            true => framing::write_sync(&mut self.stream, &msg)?,
+            false => {
+                let fds: Vec<_> = granted.iter().map(|f| f.as_fd()).collect();
+                pycell_wire::fdpass::send_with_fds(
+                    self.stream.as_fd(),
+                    &framing::encode(&msg)?,
+                    &fds,
+                )
+                .map_err(|e| ClientError::Frame(e.into()))?
+            }
+        }
         self.relay_run(on_output, on_stage, on_stdio)
     }
 
@@ -495,19 +488,27 @@ pub enum Stage<'a> {
 /// most [`CONNECT_PATIENCE`]): nothing of the run has happened, and a
 /// daemon restarting under socket activation is back within moments.
 /// `on_connected` sees each connection before its run (to take a
-/// [`Canceller`]).
+/// [`Canceller`]); `granted` and `on_stdio` are as for
+/// [`DaemonClient::run_attached`].
 pub fn run_patiently(
     endpoint: &Endpoint,
     request: RunRequest,
+    granted: &[std::os::fd::OwnedFd],
     mut on_output: impl FnMut(Stream, &[u8]),
     mut on_stage: impl FnMut(Stage<'_>),
     mut on_connected: impl FnMut(&DaemonClient),
+    mut on_stdio: Option<&mut dyn FnMut(std::os::fd::OwnedFd)>,
 ) -> Result<RunResult, ClientError> {
     let give_up = Instant::now() + CONNECT_PATIENCE;
     loop {
         let mut client = endpoint.connect()?;
         on_connected(&client);
-        match client.run_queued(request.clone(), &mut on_output, &mut on_stage) {
+        // A new trait object each time, borrowing the caller's for this run.
+        let stdio = on_stdio
+            .as_mut()
+            .map(|f| f as &mut dyn FnMut(std::os::fd::OwnedFd));
+        let (output, stage) = (&mut on_output, &mut on_stage);
+        match client.run_attached(request.clone(), granted, output, stage, stdio) {
             Err(ClientError::Refused {
                 code: ErrorCode::ShuttingDown,
                 ..

@@ -1,24 +1,28 @@
 //! `pycell mcp-server PACKAGE`: a third-party MCP server from the package
 //! index, jailed, as a drop-in for `uvx PACKAGE` in an MCP host's config.
+//! Both of its runs are the run service's (`RunService::serve`), embedded
+//! or through pycelld as `--embedded` and `--socket` choose.
 //!
-//! 1. Stage: PACKAGE and `--with` installed wheels-only into the env store
-//!    by the install jail (no build backend runs; cached by the lock, like
-//!    a run's dependencies).
-//! 2. Resolve: a jail of the policy without network reads the env's
-//!    metadata and says which console scripts there are (no package code
-//!    runs); [`plan::choose`] picks the entry.
-//! 3. Serve: a cold jail of the policy whose program's stdin and stdout
-//!    are a socket the jail hands out (`JailSpec::stdio_socket`); this
-//!    process relays its own stdin and stdout to it byte for byte, and the
-//!    server's stderr to its stderr. The caller's grants are bound in from
-//!    descriptors opened here, `--env` variables set, `--allow` hosts
-//!    reached through the egress proxy, whose use is summed up at the end.
+//! 1. Resolve: a server run of the policy whose dependencies are PACKAGE
+//!    and `--with` (installed wheels-only into the env store by the
+//!    install jail: no build backend runs; cached by the lock, like any
+//!    run's dependencies) reads the env's metadata and says on its stdio
+//!    which console scripts there are (no package code runs);
+//!    [`plan::choose`] picks the entry.
+//! 2. Serve: a run of the same env whose program's stdin and stdout are a
+//!    socket the jail hands out; this process relays its own stdin and
+//!    stdout to it byte for byte, and the server's stderr to its stderr.
+//!    The caller's grants are bound in from descriptors opened here,
+//!    `--env` variables set, `--allow` hosts reached through the egress
+//!    proxy (added to the policy's in embedded mode, where the user could
+//!    write the policy; narrowing it through pycelld), whose use is summed
+//!    up at the end.
 //!
 //! The server ends with its client: when our stdin ends (the server gets
-//! EOF and has [`CLOSE_GRACE`] to exit) or our stdout is gone, and with
-//! this process (the jailer's parent-death signal).
+//! EOF and has [`CLOSE_GRACE`] to exit) or our stdout is gone; with
+//! SIGTERM or SIGHUP to this process; and with this process (the jailer's
+//! parent-death signal, or pycelld seeing the connection close).
 
-mod daemon;
 mod plan;
 mod relay;
 
@@ -32,24 +36,21 @@ use std::time::Duration;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 use nix::unistd::AccessFlags;
-use pycell_deps::build::Ensured;
-use pycell_launch::launcher::JailerStderr;
-use pycell_launch::resolve::Extras;
-use pycell_launch::supervisor::{supervise, Services, StoppedBy, PATIENCE};
+use pycell_engine::local;
+use pycell_engine::service::{Backend, Options, RunEvent, RunService, Serving};
 use pycell_policy::requirement::Requirement;
-use pycell_policy::{NetworkMode, Policy};
-use pycell_protocol::messages::RunRequest;
+use pycell_protocol::info::PolicySummary;
+use pycell_protocol::messages::{PathGrant, RunRequest};
 use pycell_protocol::result::{NetworkReport, RunResult};
 use pycell_wire::codes::{FailureCode, Layer};
-use pycell_wire::events::Stream;
 use pycell_wire::report::{JailFailure, RunStatus};
-use pycell_wire::spec::{Grant, MAX_GRANTS};
+use pycell_wire::spec::MAX_GRANTS;
 use serde::Serialize;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use crate::cli::McpServerArgs;
 use crate::run::request_failure;
-use pycell_engine::local::EmbeddedRun;
-use pycell_engine::local::{self, Installer, StopRequest};
 
 /// How long a server has to exit once its stdin has ended (or its client's
 /// end of stdout is gone) before its jail is stopped.
@@ -66,24 +67,149 @@ fn internal(what: &str, e: impl std::fmt::Display) -> JailFailure {
     JailFailure::new(FailureCode::Internal, Layer::Jailer, format!("{what}: {e}"))
 }
 
-/// Stage, resolve and serve (through pycelld if it runs, else embedded);
-/// the server's result, or why it never started.
+/// Resolve and serve (through pycelld if it runs, else embedded); the
+/// server's result, or why it never started.
 fn serve(args: &McpServerArgs) -> Result<RunResult, JailFailure> {
     let package = Requirement::parse(&args.package)
         .map_err(|e| request_failure(format!("PACKAGE {:?}: {e}", args.package)))?;
     let variables =
         plan::variables(&args.env, |n| std::env::var(n).ok()).map_err(request_failure)?;
-    let socket = pycell_engine::service::Backend::choose_now(args.embedded, args.socket.clone());
-    let (result, allowed_rules) = match socket {
-        Some(socket) => daemon::serve(args, &socket, &package.name, variables)?,
-        None => serve_embedded(args, &package.name, variables)?,
+    plan::check_allow(&args.allow).map_err(request_failure)?;
+    // Before any thread exists (see `command_line_signals`).
+    let signals = local::command_line_signals(false).map_err(|e| internal("signalfd", e))?;
+    let rt = local::runtime_on_this_thread().map_err(|e| internal("starting a runtime", e))?;
+    let options = Options {
+        policy_files: true,
+        ..Options::default()
     };
-    write_egress_report(args, allowed_rules, &result)?;
-    say_egress(&result);
+    let backend = Backend::choose(args.embedded, args.socket.clone());
+    let service = RunService::with_options(backend, None, options);
+    let asked = Asked {
+        args,
+        package: &package.name,
+        stop: signals.stop,
+    };
+    let result = rt.block_on(asked.serve(&service, variables))?;
     for cleanup in &result.grant_cleanups {
         eprintln!("pycell: grant: {}", cleanup.line());
     }
     Ok(result)
+}
+
+/// What `pycell mcp-server` was asked for.
+struct Asked<'a> {
+    args: &'a McpServerArgs,
+    /// PACKAGE's name.
+    package: &'a str,
+    /// Cancelled by SIGTERM or SIGHUP.
+    stop: CancellationToken,
+}
+
+impl Asked<'_> {
+    /// The policy looked up, the grants opened, the entry resolved, the
+    /// server served; its egress reported.
+    async fn serve(
+        &self,
+        service: &RunService,
+        variables: BTreeMap<String, String>,
+    ) -> Result<RunResult, JailFailure> {
+        let args = self.args;
+        let policy = service
+            .policy(&args.policy)
+            .await
+            .map_err(|e| e.failure())?;
+        let (grants, granted) = open_grants(args, policy.limits.disk_bytes)?
+            .into_iter()
+            .unzip();
+        let found = self.resolve(service).await?;
+        let mut req = server_request(args, &chosen(args, self.package, &found)?, variables);
+        req.grants = grants;
+        let result = self.run_server(service, req, granted).await?;
+        let rules = allowed_rules(&policy, &args.allow, service.widens_allow());
+        write_egress_report(args, rules, &result)?;
+        say_egress(&result);
+        Ok(result)
+    }
+
+    /// The env's console scripts, read by a server run whose one answer
+    /// is what it writes on its stdio (metadata only: no package code
+    /// runs).
+    async fn resolve(&self, service: &RunService) -> Result<plan::Found, JailFailure> {
+        let (stdio, socket) = oneshot::channel();
+        let reader = tokio::spawn(async move {
+            match socket.await {
+                Ok(sock) => tokio::task::spawn_blocking(move || read_answer(sock))
+                    .await
+                    .unwrap_or_default(),
+                Err(_) => Vec::new(),
+            }
+        });
+        let serving = Serving {
+            granted: Vec::new(),
+            stdio,
+        };
+        let req = resolver_request(self.args, self.package);
+        let result = service
+            .serve(req, serving, on_event, self.stop.clone())
+            .await
+            .map_err(|e| e.failure())?;
+        found_in(result, &reader.await.unwrap_or_default(), self.package)
+    }
+
+    /// The server's run: its socket relayed to our stdio once it comes;
+    /// once our side closed, [`CLOSE_GRACE`] for it to end before it is
+    /// stopped.
+    async fn run_server(
+        &self,
+        service: &RunService,
+        req: RunRequest,
+        granted: Vec<OwnedFd>,
+    ) -> Result<RunResult, JailFailure> {
+        let (stdio, socket) = oneshot::channel();
+        let cancel = self.stop.child_token();
+        let closer = cancel.clone();
+        tokio::spawn(async move {
+            let Ok(sock) = socket.await else {
+                return;
+            };
+            let (closed_tx, closed) = oneshot::channel();
+            relay::start(sock, closed_tx);
+            if closed.await.is_ok() {
+                tokio::time::sleep(CLOSE_GRACE).await;
+                closer.cancel();
+            }
+        });
+        let serving = Serving { granted, stdio };
+        service
+            .serve(req, serving, on_event, cancel)
+            .await
+            .map_err(|e| e.failure())
+    }
+}
+
+/// A server run's events: installs said on our stderr, and the server's
+/// output (its stderr, and anything it wrote to the jail's own stdout)
+/// to our stderr, never our stdout, the client's channel.
+fn on_event(event: RunEvent<'_>) {
+    use std::io::Write;
+    match event {
+        RunEvent::Installing { message } => eprintln!("pycell: {message}"),
+        RunEvent::Output { bytes, .. } => {
+            let _ = std::io::stderr().lock().write_all(bytes);
+        }
+        RunEvent::Started { .. } | RunEvent::Queued { .. } | RunEvent::Step { .. } => {}
+    }
+}
+
+/// The allow rules a server ran with: `allow` added to the policy's where
+/// the service widens it, else `allow` if given (a narrowing), else the
+/// policy's.
+fn allowed_rules(policy: &PolicySummary, allow: &[String], widens: bool) -> Vec<String> {
+    match (widens, allow.is_empty()) {
+        (true, _) => policy.network_allow.iter().chain(allow).cloned().collect(),
+        (false, true) => policy.network_allow.clone(),
+        (false, false) => allow.to_vec(),
+    }
 }
 
 /// What to run of what the resolver found, as the options say.
@@ -109,6 +235,8 @@ fn server_request(
         policy: Some(args.policy.clone()),
         serve_stdio: true,
         env: variables,
+        dependencies: packages(args),
+        allow: args.allow.clone(),
         ..RunRequest::default()
     };
     req.args.extend(args.server_args.iter().cloned());
@@ -126,6 +254,7 @@ fn resolver_request(args: &McpServerArgs, package: &str) -> RunRequest {
         args: vec![package.to_string()],
         policy: Some(args.policy.clone()),
         serve_stdio: true,
+        dependencies: packages(args),
         ..RunRequest::default()
     }
 }
@@ -158,99 +287,6 @@ fn found_in(result: RunResult, answer: &[u8], package: &str) -> Result<plan::Fou
     serde_json::from_slice(answer).map_err(|e| failed(format!("its answer: {e}")))
 }
 
-/// Embedded: this process stages, resolves and runs the jails itself.
-fn serve_embedded(
-    args: &McpServerArgs,
-    package: &str,
-    variables: BTreeMap<String, String>,
-) -> Result<(RunResult, Vec<String>), JailFailure> {
-    let mut here = local::Here::start()?;
-    let EmbeddedRun {
-        launcher,
-        mut policy,
-        ..
-    } = EmbeddedRun::new(&args.policy, RunRequest::default())?;
-    plan::allow(&mut policy, &args.allow).map_err(request_failure)?;
-    let grants = open_grants(args, policy.limits.disk)?;
-    let ensured = stage(args, &launcher, &policy, &mut here.installer)?;
-    let found = resolve(args, &launcher, &policy, &ensured, package, &here.installer)?;
-    let req = server_request(args, &chosen(args, package, &found)?, variables);
-    let extras = Extras {
-        env: Some(ensured.env.dir.clone()),
-        ..Extras::default()
-    };
-    let mut prepared = launcher
-        .prepare_with(&policy, &req, &extras)
-        .map_err(|e| e.failure())?;
-    prepared.grant(grants)?;
-    let result = here.rt.block_on(run_server(prepared, here.stop.clone()));
-    let rules = policy
-        .network
-        .egress()
-        .map(|e| e.allowed())
-        .unwrap_or_default();
-    Ok((result, rules))
-}
-
-/// PACKAGE and `--with`, installed (or found in the store).
-fn stage(
-    args: &McpServerArgs,
-    launcher: &pycell_launch::launcher::Launcher,
-    policy: &Policy,
-    installer: &mut Installer,
-) -> Result<Ensured, JailFailure> {
-    let deps = pycell_deps::gather(policy, "", &packages(args))?
-        .ok_or_else(|| request_failure("no package to install".into()))?;
-    let store = pycell_deps::build::embedded_store()?;
-    let mut progress = |m: &str| eprintln!("pycell: {m}");
-    local::ensure_here(launcher, &store, policy, &deps, installer, &mut progress)
-}
-
-/// The env's console scripts, read by a jail of the policy without
-/// network (metadata only: no package code runs).
-fn resolve(
-    args: &McpServerArgs,
-    launcher: &pycell_launch::launcher::Launcher,
-    policy: &Policy,
-    ensured: &Ensured,
-    package: &str,
-    installer: &Installer,
-) -> Result<plan::Found, JailFailure> {
-    let mut offline = policy.clone();
-    offline.network = NetworkMode::None;
-    let extras = Extras {
-        env: Some(ensured.env.dir.clone()),
-        ..Extras::default()
-    };
-    let prepared = launcher
-        .prepare_with(&offline, &resolver_request(args, package), &extras)
-        .map_err(|e| e.failure())?;
-    let stop = installer.stop.clone();
-    let (result, answer) = installer.handle.block_on(async move {
-        let launched = match prepared.spawn_async(JailerStderr::Capture).await {
-            Ok(l) => l,
-            Err(result) => return (*result, Vec::new()),
-        };
-        let (stdio_tx, stdio_rx) = tokio::sync::oneshot::channel();
-        let reader = tokio::spawn(async move {
-            match stdio_rx.await {
-                Ok(sock) => tokio::task::spawn_blocking(move || read_answer(sock))
-                    .await
-                    .unwrap_or_default(),
-                Err(_) => Vec::new(),
-            }
-        });
-        let services = Services {
-            stdio: Some(stdio_tx),
-            ..Services::default()
-        };
-        let until = local::stopped(stop);
-        let (result, _) = supervise(launched, PATIENCE, until, services, |_, _| {}).await;
-        (result, reader.await.unwrap_or_default())
-    });
-    found_in(result, &answer, package)
-}
-
 /// The most a resolver's answer may be: the env's console scripts, as JSON.
 const MAX_ANSWER: usize = 4 << 20;
 
@@ -271,7 +307,7 @@ fn read_answer(sock: OwnedFd) -> Vec<u8> {
 fn open_grants(
     args: &McpServerArgs,
     disk_limit: u64,
-) -> Result<Vec<(Grant, OwnedFd)>, JailFailure> {
+) -> Result<Vec<(PathGrant, OwnedFd)>, JailFailure> {
     let mut asked: Vec<(&str, &Path, bool)> = Vec::new();
     asked.extend(args.read_only.iter().map(|p| ("--ro", p.as_path(), false)));
     asked.extend(args.read_write.iter().map(|p| ("--rw", p.as_path(), true)));
@@ -284,7 +320,7 @@ fn open_grants(
             "at most {MAX_GRANTS} paths can be granted"
         )));
     }
-    let mut grants: Vec<(Grant, OwnedFd)> = Vec::new();
+    let mut grants: Vec<(PathGrant, OwnedFd)> = Vec::new();
     for (flag, path, writable) in asked {
         let (grant, fd) = open_grant(flag, path, writable).map_err(request_failure)?;
         if grants.iter().any(|(g, _)| g.target == grant.target) {
@@ -296,7 +332,7 @@ fn open_grants(
     Ok(grants)
 }
 
-fn open_grant(flag: &str, path: &Path, writable: bool) -> Result<(Grant, OwnedFd), String> {
+fn open_grant(flag: &str, path: &Path, writable: bool) -> Result<(PathGrant, OwnedFd), String> {
     let p = path.display();
     let canonical = fs::canonicalize(path).map_err(|e| format!("{flag} {p}: {e}"))?;
     let kind = fs::metadata(&canonical).map_err(|e| format!("{flag} {p}: {e}"))?;
@@ -326,12 +362,7 @@ fn open_grant(flag: &str, path: &Path, writable: bool) -> Result<(Grant, OwnedFd
         Mode::empty(),
     )
     .map_err(|e| format!("{flag} {p}: {e}"))?;
-    let grant = Grant {
-        target,
-        writable,
-        owner: None,
-    };
-    Ok((grant, fd))
+    Ok((PathGrant { target, writable }, fd))
 }
 
 /// `--state DIR`: made (mode 0700) if missing; refused if it already holds
@@ -374,52 +405,6 @@ fn disk_use(dir: &Path, limit: u64) -> std::io::Result<u64> {
         }
     }
     Ok(used)
-}
-
-/// Start the server's jail and relay its stdio until it ends.
-async fn run_server(prepared: pycell_launch::launcher::Prepared, stop: StopRequest) -> RunResult {
-    let launched = match prepared.spawn_async(JailerStderr::Capture).await {
-        Ok(l) => l,
-        Err(result) => return *result,
-    };
-    let (stdio_tx, stdio_rx) = tokio::sync::oneshot::channel();
-    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        if let Ok(sock) = stdio_rx.await {
-            relay::start(sock, closed_tx);
-        }
-    });
-    let services = Services {
-        stdio: Some(stdio_tx),
-        ..Services::default()
-    };
-    let until = async move {
-        tokio::select! {
-            by = local::stopped(stop) => by,
-            by = client_closed(closed_rx) => by,
-        }
-    };
-    let (result, _) = supervise(launched, PATIENCE, until, services, server_output).await;
-    result
-}
-
-/// The server's output (its stderr, and anything it wrote to the jail's
-/// own stdout): to our stderr, never our stdout, the client's channel.
-fn server_output(_: Stream, bytes: &[u8]) {
-    use std::io::Write;
-    let _ = std::io::stderr().lock().write_all(bytes);
-}
-
-/// Resolves [`CLOSE_GRACE`] after the client closed its side (never if
-/// the relay never started).
-async fn client_closed(closed: tokio::sync::oneshot::Receiver<()>) -> StoppedBy {
-    match closed.await {
-        Ok(()) => {
-            tokio::time::sleep(CLOSE_GRACE).await;
-            StoppedBy::Request
-        }
-        Err(_) => std::future::pending().await,
-    }
 }
 
 /// What `--egress-report FILE` holds.

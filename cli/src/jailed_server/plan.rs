@@ -5,9 +5,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use pycell_policy::network::{EgressLimits, EgressRules, Rule, RuleKind};
+use pycell_policy::network::{Rule, RuleKind};
 use pycell_policy::requirement::normalize_name;
-use pycell_policy::{NetworkMode, Policy};
 use pycell_protocol::messages::check_variable;
 use serde::Deserialize;
 
@@ -194,26 +193,11 @@ pub fn variables(
     Ok(out)
 }
 
-/// Open the policy's egress to `rules` (`--allow`): added to its
-/// allowlist, or an allowlist of their own (with the default limits) if
-/// it has no network.
-pub fn allow(policy: &mut Policy, rules: &[String]) -> Result<(), String> {
-    if rules.is_empty() {
-        return Ok(());
-    }
-    let parsed: Vec<Rule> = rules
-        .iter()
-        .map(|r| Rule::parse(r, RuleKind::Allow).map_err(|e| format!("--allow {r:?}: {e}")))
-        .collect::<Result<_, _>>()?;
-    match &mut policy.network {
-        NetworkMode::Allowlist(egress) => egress.allow.extend(parsed),
-        none @ NetworkMode::None => {
-            *none = NetworkMode::Allowlist(EgressRules {
-                allow: parsed,
-                deny: Vec::new(),
-                limits: EgressLimits::default(),
-            })
-        }
+/// `--allow` rules that do not parse, refused before anything is
+/// installed (the run service checks them again where they are used).
+pub fn check_allow(rules: &[String]) -> Result<(), String> {
+    for r in rules {
+        Rule::parse(r, RuleKind::Allow).map_err(|e| format!("--allow {r:?}: {e}"))?;
     }
     Ok(())
 }
@@ -351,20 +335,11 @@ mod tests {
     }
 
     #[test]
-    fn allowing_hosts_opens_an_allowlist_or_adds_to_the_policys() {
-        let mut p = pycell_policy::builtin::load("default").unwrap();
-        allow(&mut p, &[]).unwrap();
-        assert!(p.network.egress().is_none());
-        allow(&mut p, &["http://127.0.0.1:8080".into()]).unwrap();
-        assert_eq!(
-            p.network.egress().unwrap().allowed(),
-            ["http://127.0.0.1:8080"]
-        );
-        allow(&mut p, &["example.net".into()]).unwrap();
-        assert_eq!(p.network.egress().unwrap().allow.len(), 2);
-        assert!(allow(&mut p, &["ftp://x".into()])
+    fn allow_rules_that_do_not_parse_are_named_with_their_flag() {
+        assert!(check_allow(&["http://127.0.0.1:8080".into(), "example.net".into()]).is_ok());
+        assert!(check_allow(&["ftp://x".into()])
             .unwrap_err()
-            .contains("--allow"));
+            .contains("--allow \"ftp://x\""));
     }
 
     #[test]

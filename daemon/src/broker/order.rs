@@ -9,10 +9,10 @@ use std::path::Path;
 
 use pycell_launch::launcher::LaunchError;
 use pycell_launch::resolve;
+use pycell_launch::serving::{check_grants, narrowed_egress};
 use pycell_launch::tool_grant::ToolGrant;
 use pycell_policy::network::EgressRules;
-use pycell_policy::Policy;
-use pycell_protocol::messages::{check_variable, ErrorCode, RunRequest};
+use pycell_protocol::messages::{ErrorCode, RunRequest};
 use pycell_wire::report::JailFailure;
 
 use crate::link::{refusal, RunOrder};
@@ -42,60 +42,6 @@ pub(crate) struct Ordered {
     pub(crate) grant_sources: Vec<OwnedFd>,
 }
 
-/// The request's grants against the descriptors its message came with:
-/// one each, each a directory or a regular file open for reading, shown
-/// at a path the jail does not have its own of.
-fn check_grants(request: &RunRequest, fds: &[OwnedFd]) -> Result<(), String> {
-    if request.grants.len() != fds.len() {
-        return Err(format!(
-            "grants: {} paths, but {} descriptors came with the message (one each, in order, as SCM_RIGHTS)",
-            request.grants.len(),
-            fds.len()
-        ));
-    }
-    if !request.grants.is_empty() && !request.serve_stdio {
-        return Err("grants: only a server over stdio (serve_stdio) takes them".into());
-    }
-    for (g, fd) in request.grants.iter().zip(fds) {
-        let t = g.target.display();
-        if let Some(p) = pycell_wire::spec::grant_target_problem(&g.target) {
-            return Err(format!("grants: {p}"));
-        }
-        let flags = rustix::fs::fcntl_getfl(fd).map_err(|e| format!("grants: {t}: {e}"))?;
-        let mode = rustix::fs::fstat(fd)
-            .map_err(|e| format!("grants: {t}: {e}"))?
-            .st_mode;
-        if let Some(p) = pycell_wire::spec::grant_source_problem(flags.bits(), mode) {
-            return Err(format!("grants: {t}: {p}"));
-        }
-    }
-    Ok(())
-}
-
-/// A server over stdio's own fields (`serve_stdio`, `env`, `allow`),
-/// checked: the egress it is cut down to, if the request names hosts.
-fn server_fields(policy: &Policy, request: &RunRequest) -> Result<Option<EgressRules>, String> {
-    if request.serve_stdio && (request.stdin_base64.is_some() || request.tools.is_some()) {
-        return Err("serve_stdio: a server over stdio takes no stdin bytes and no tools".into());
-    }
-    for (name, value) in &request.env {
-        check_variable(name, value).map_err(|e| format!("env: {e}"))?;
-    }
-    if request.allow.is_empty() {
-        return Ok(None);
-    }
-    let Some(rules) = policy.network.egress() else {
-        return Err(format!(
-            "allow: policy {:?} has no network; through pycelld a run reaches only hosts its policy allows (ask the operator for a policy with [network] mode = \"allowlist\")",
-            policy.name
-        ));
-    };
-    rules
-        .narrowed_to(&request.allow)
-        .map(Some)
-        .map_err(|e| format!("allow: {e} in policy {:?}", policy.name))
-}
-
 /// The order for `request` under the operator's policies in `policy_dir`.
 pub(crate) fn order(
     policy_dir: &Path,
@@ -107,7 +53,7 @@ pub(crate) fn order(
         .check_bounds()
         .map_err(|e| NotOrdered::Refused(ErrorCode::InvalidRequest, e.to_string()))?;
     check_grants(&request, &grant_sources)
-        .map_err(|m| NotOrdered::Refused(ErrorCode::InvalidRequest, m))?;
+        .map_err(|e| NotOrdered::Refused(ErrorCode::InvalidRequest, e.to_string()))?;
     let refused = |e: resolve::ResolveError| {
         let (code, message) = refusal(LaunchError::from(e));
         NotOrdered::Refused(code, message)
@@ -125,8 +71,8 @@ pub(crate) fn order(
                 failure,
             }
         })?;
-    let egress = server_fields(&policy, &request)
-        .map_err(|m| NotOrdered::Refused(ErrorCode::InvalidRequest, m))?;
+    let egress = narrowed_egress(&policy, &request)
+        .map_err(|e| NotOrdered::Refused(ErrorCode::InvalidRequest, e.to_string()))?;
     let tools = match &request.tools {
         Some(catalog) => Some(
             ToolGrant::new(&policy, catalog)

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use pycell_protocol::client::{daemon_socket, ClientError, DaemonClient, Endpoint, Stage};
+use pycell_protocol::info::PolicySummary;
 use pycell_protocol::messages::{ErrorCode, RunRequest};
 use pycell_protocol::result::RunResult;
 use pycell_protocol::session::{
@@ -25,7 +26,7 @@ use pycell_wire::report::JailFailure;
 
 use super::embedded::Embedded;
 use super::{
-    mode_name, stopped, Asker, OnEvent, RequestError, RunEvent, Sandboxes, SessionFailure,
+    mode_name, stopped, Asker, OnEvent, RequestError, RunEvent, Sandboxes, Serving, SessionFailure,
 };
 use crate::tool_source::DaemonToolCalls;
 
@@ -55,11 +56,21 @@ impl Sandboxes for Daemon {
         &self,
         asker: &Asker,
         req: RunRequest,
+        serving: Option<Serving>,
         on_event: OnEvent<'_>,
         cancel: CancellationToken,
     ) -> Result<RunResult, RequestError> {
         let endpoint = self.endpoint(asker);
-        run(endpoint, asker, req, on_event, &cancel, &self.shutdown).await
+        let shutdown = &self.shutdown;
+        run(endpoint, asker, (req, serving), on_event, &cancel, shutdown).await
+    }
+
+    async fn describe_policy(
+        &self,
+        asker: &Asker,
+        name: &str,
+    ) -> Result<PolicySummary, RequestError> {
+        describe_policy(self.endpoint(asker), name).await
     }
 
     async fn start_session(
@@ -147,10 +158,23 @@ impl Sandboxes for DaemonOr {
         &self,
         asker: &Asker,
         req: RunRequest,
+        serving: Option<Serving>,
         on_event: OnEvent<'_>,
         cancel: CancellationToken,
     ) -> Result<RunResult, RequestError> {
-        self.now().place().run(asker, req, on_event, cancel).await
+        let place = self.now();
+        place
+            .place()
+            .run(asker, req, serving, on_event, cancel)
+            .await
+    }
+
+    async fn describe_policy(
+        &self,
+        asker: &Asker,
+        name: &str,
+    ) -> Result<PolicySummary, RequestError> {
+        self.now().place().describe_policy(asker, name).await
     }
 
     async fn start_session(
@@ -284,17 +308,29 @@ fn connected(canceller: &Canceller, client: &DaemonClient) {
 }
 
 /// The blocking side of a daemon run (on a worker thread): its events to
-/// `events`, its canceller to `canceller`, its tool calls to `calls`.
+/// `events`, its canceller to `canceller`, its tool calls to `calls`, a
+/// server's socket to its `stdio`.
 fn run_blocking(
     endpoint: &Endpoint,
-    req: RunRequest,
+    (req, serving): (RunRequest, Option<Serving>),
     events: &mpsc::UnboundedSender<DaemonEvent>,
     canceller: &Canceller,
     calls: Option<&DaemonToolCalls>,
 ) -> Result<RunResult, ClientError> {
+    let (granted, mut stdio) = match serving {
+        Some(s) => (s.granted, Some(s.stdio)),
+        None => (Vec::new(), None),
+    };
+    let mut on_stdio = |sock| {
+        if let Some(tx) = stdio.take() {
+            let _ = tx.send(sock);
+        }
+    };
+    let serves = req.serve_stdio;
     pycell_protocol::client::run_patiently(
         endpoint,
         req,
+        &granted,
         |stream, bytes| {
             let _ = events.send(DaemonEvent::Output(stream, bytes.to_vec()));
         },
@@ -316,6 +352,7 @@ fn run_blocking(
                 calls.connected(client);
             }
         },
+        serves.then_some(&mut on_stdio as &mut dyn FnMut(std::os::fd::OwnedFd)),
     )
 }
 
@@ -332,7 +369,7 @@ fn tool_calls(asker: &Asker) -> Option<DaemonToolCalls> {
 pub(super) async fn run(
     endpoint: Endpoint,
     asker: &Asker,
-    req: RunRequest,
+    (req, serving): (RunRequest, Option<Serving>),
     on_event: OnEvent<'_>,
     cancel: &CancellationToken,
     shutdown: &CancellationToken,
@@ -344,7 +381,7 @@ pub(super) async fn run(
     let calls = tool_calls(asker);
     let slot = Arc::clone(&canceller);
     let mut handle = tokio::task::spawn_blocking(move || {
-        run_blocking(&endpoint, req, &tx, &slot, calls.as_ref())
+        run_blocking(&endpoint, (req, serving), &tx, &slot, calls.as_ref())
     });
     let mut cancel_sent = false;
     // Presses from now on.
@@ -379,6 +416,42 @@ pub(super) async fn run(
             Ok(RunResult::refused("", &policy, f))
         }
     }
+}
+
+/// The policy `name` as the pycelld at `endpoint` lists it.
+pub(super) async fn describe_policy(
+    endpoint: Endpoint,
+    name: &str,
+) -> Result<PolicySummary, RequestError> {
+    let policies = policies_of(endpoint).await.map_err(|f| RequestError {
+        field: "policy",
+        problem: f.message,
+    })?;
+    find_policy(policies, name)
+}
+
+/// The policies of the pycelld at `endpoint`.
+pub(super) async fn policies_of(endpoint: Endpoint) -> Result<Vec<PolicySummary>, SessionFailure> {
+    let info = via_daemon(endpoint, |c| c.info()).await?;
+    Ok(info.host.policies)
+}
+
+/// The policy `name` among a pycelld's `policies`.
+pub(super) fn find_policy(
+    policies: Vec<PolicySummary>,
+    name: &str,
+) -> Result<PolicySummary, RequestError> {
+    let names: Vec<String> = policies.iter().map(|p| p.name.clone()).collect();
+    policies
+        .into_iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| RequestError {
+            field: "policy",
+            problem: format!(
+                "pycelld has no policy {name:?} (it has: {})",
+                names.join(", ")
+            ),
+        })
 }
 
 /// A blocking daemon request on a worker thread.

@@ -15,6 +15,7 @@
 //! (`pycell_launch::session`), in a table by handle for as long as this
 //! process lives, at most the policy's `[session] per_uid` of them at once.
 
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -23,13 +24,16 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use pycell_deps::build::Ensured;
+use pycell_launch::host_info;
 use pycell_launch::launcher::{JailerStderr, LaunchError, Launcher, PolicyChoice, Prepared};
 use pycell_launch::resolve::Extras;
+use pycell_launch::serving;
 use pycell_launch::session::{Session, SessionParts, SessionTiming};
 use pycell_launch::session_table::{self, Entry, Lookup, SessionTable};
 use pycell_launch::supervisor::{supervise, Patience, Services, StoppedBy};
 use pycell_launch::tool_grant::ToolGrant;
 use pycell_policy::Policy;
+use pycell_protocol::info::PolicySummary;
 use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::{LimitsReport, RunResult};
 use pycell_protocol::session::{
@@ -37,8 +41,9 @@ use pycell_protocol::session::{
 };
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
+use pycell_wire::spec::Grant;
 
-use super::{Asker, OnEvent, Options, RequestError, RunEvent, Sandboxes, SessionFailure};
+use super::{Asker, OnEvent, Options, RequestError, RunEvent, Sandboxes, Serving, SessionFailure};
 use crate::local::{self, Installer};
 use crate::tool_source::ToolSource;
 
@@ -169,24 +174,25 @@ impl Embedded {
 }
 
 /// Load the policy, get the env of the run's dependencies (installing
-/// them if they are not cached) and prepare the run: blocking work
-/// (policy files, interpreter paths, the uid database, lock files, the
-/// install jail, which this thread waits for).
+/// them if they are not cached) and prepare the run, a server's grants
+/// bound in from `granted`: blocking work (policy files, interpreter
+/// paths, the uid database, lock files, the install jail, which this
+/// thread waits for).
 fn prepare(
     launcher: &Launcher,
     req: &RunRequest,
+    granted: Vec<OwnedFd>,
     policy_files: bool,
     installer: &mut Installer,
     progress: &mut dyn FnMut(&str),
 ) -> Result<PreparedRun, LaunchError> {
-    let choice = super::policy_choice(policy_files, req.policy_name());
-    let policy = launcher.load_policy(choice).map_err(|e| match e {
-        LaunchError::Request(mut r) if r.field == "policy" && policy_files => {
-            r.problem += "; in embedded mode you can also pass a path to a .toml file";
-            LaunchError::Request(r)
-        }
-        e => e,
-    })?;
+    serving::check_grants(req, &granted)?;
+    let mut policy = load_policy(launcher, req.policy_name(), policy_files)?;
+    // The operator's own allow widens the policy; a client's narrows it.
+    let narrowed = match policy_files {
+        true => serving::widen(&mut policy, &req.allow).map(|()| None),
+        false => serving::narrowed_egress(&policy, req),
+    }?;
     let ensured = local::env_for(launcher, &policy, req, installer, progress)
         .map_err(LaunchError::Refused)?;
     let extras = Extras {
@@ -194,11 +200,34 @@ fn prepare(
         ..Extras::default()
     };
     let grant = ToolGrant::for_request(&policy, req.tools.as_ref())?;
-    Ok((
-        launcher.prepare_with(&policy, req, &extras)?,
-        ensured,
-        grant,
-    ))
+    let mut prepared = launcher.prepare_with(&policy, req, &extras)?;
+    if narrowed.is_some() {
+        prepared.egress = narrowed;
+    }
+    if !granted.is_empty() {
+        let grants = req.grants.iter().map(|g| Grant {
+            target: g.target.clone(),
+            writable: g.writable,
+            owner: None,
+        });
+        prepared
+            .grant(grants.zip(granted).collect())
+            .map_err(LaunchError::Refused)?;
+    }
+    Ok((prepared, ensured, grant))
+}
+
+/// The policy `name` names (by name, or if the front end's user may, a
+/// path to a .toml file).
+fn load_policy(launcher: &Launcher, name: &str, policy_files: bool) -> Result<Policy, LaunchError> {
+    let choice = super::policy_choice(policy_files, name);
+    launcher.load_policy(choice).map_err(|e| match e {
+        LaunchError::Request(mut r) if r.field == "policy" && policy_files => {
+            r.problem += "; in embedded mode you can also pass a path to a .toml file";
+            LaunchError::Request(r)
+        }
+        e => e,
+    })
 }
 
 #[async_trait]
@@ -207,6 +236,7 @@ impl Sandboxes for Embedded {
         &self,
         asker: &Asker,
         req: RunRequest,
+        serving: Option<Serving>,
         on_event: OnEvent<'_>,
         cancel: CancellationToken,
     ) -> Result<RunResult, RequestError> {
@@ -220,7 +250,7 @@ impl Sandboxes for Embedded {
             Ok(l) => l,
             Err(f) => return refused(f),
         };
-        if let Some(zygote) = self.zygote.get() {
+        if let Some(zygote) = self.zygote.get().filter(|_| serving.is_none()) {
             let warm = zygote.run(&req, self.patience, self.stopped(&cancel), on_event);
             if let Some(result) = warm.await {
                 return Ok(result);
@@ -229,7 +259,13 @@ impl Sandboxes for Embedded {
         // One stop path for the install and the run: a cancel, or the
         // service shutting down.
         let (stop, _forwarding) = self.stop_request(cancel);
-        let prepared = self.prepare(launcher, req, &stop, on_event).await;
+        let (granted, stdio) = match serving {
+            Some(s) => (s.granted, Some(s.stdio)),
+            None => (Vec::new(), None),
+        };
+        let prepared = self
+            .prepare(launcher, (req, granted), &stop, on_event)
+            .await;
         let (mut prepared, ensured, grant) = match prepared {
             Ok(p) => p,
             Err(LaunchError::Request(e)) => return Err(e),
@@ -252,12 +288,15 @@ impl Sandboxes for Embedded {
             run_id: &launched.run_id,
             sandbox_uid: Some(launched.lease.uid),
         });
-        let tools = tool_service(grant, asker.tools.as_ref());
+        let services = Services {
+            stdio,
+            ..Services::local(tool_service(grant, asker.tools.as_ref()))
+        };
         let (mut result, _) = supervise(
             launched,
             self.patience,
             local::stopped(stop),
-            Services::local(tools),
+            services,
             |stream, bytes| on_event(RunEvent::Output { stream, bytes }),
         )
         .await;
@@ -349,6 +388,40 @@ impl Sandboxes for Embedded {
             .unwrap_or_default())
     }
 
+    async fn describe_policy(
+        &self,
+        _asker: &Asker,
+        name: &str,
+    ) -> Result<PolicySummary, RequestError> {
+        let launcher = self.launcher().map_err(|f| RequestError {
+            field: "policy",
+            problem: f.message,
+        })?;
+        let policy_files = self.policy_files;
+        let name = name.to_string();
+        let loaded = tokio::task::spawn_blocking(move || {
+            let source = match super::policy_choice(policy_files, &name) {
+                PolicyChoice::File(_) => "file",
+                PolicyChoice::Name(n) => host_info::source_of(&launcher.policy_dir, n),
+            };
+            let policy = load_policy(&launcher, &name, policy_files)?;
+            Ok::<_, LaunchError>(host_info::summary(policy, source))
+        })
+        .await;
+        match loaded {
+            Ok(Ok(summary)) => Ok(summary),
+            Ok(Err(LaunchError::Request(e))) => Err(e),
+            Ok(Err(LaunchError::Refused(f))) => Err(RequestError {
+                field: "policy",
+                problem: f.message,
+            }),
+            Err(e) => Err(RequestError {
+                field: "policy",
+                problem: format!("loading the policy: {e}"),
+            }),
+        }
+    }
+
     fn mode(&self) -> String {
         super::mode_name(None)
     }
@@ -397,11 +470,11 @@ type PreparedRun = (Prepared, Option<Ensured>, Option<ToolGrant>);
 impl Embedded {
     /// [`prepare`] on a blocking thread (an install waits for the install
     /// jail, stopped by `stop`), its install steps to `on_event` as they
-    /// come.
+    /// come; a server's request comes with the descriptors of its grants.
     async fn prepare(
         &self,
         launcher: Launcher,
-        req: RunRequest,
+        (req, granted): (RunRequest, Vec<OwnedFd>),
         stop: &local::StopRequest,
         on_event: OnEvent<'_>,
     ) -> Result<PreparedRun, LaunchError> {
@@ -416,7 +489,14 @@ impl Embedded {
             let mut progress = |m: &str| {
                 let _ = tx.send(m.to_string());
             };
-            prepare(&launcher, &req, policy_files, &mut installer, &mut progress)
+            prepare(
+                &launcher,
+                &req,
+                granted,
+                policy_files,
+                &mut installer,
+                &mut progress,
+            )
         });
         tokio::pin!(preparing);
         let done = loop {
@@ -606,7 +686,7 @@ impl Drop for AbortOnDrop {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::{Backend, RunService};
+    use crate::service::{Backend, RunService, Serving};
     use pycell_launch::supervisor::PATIENCE;
     use std::path::{Path, PathBuf};
 
@@ -770,5 +850,47 @@ mod tests {
             "{e}"
         );
         assert!(e.problem.contains("default"), "{e}");
+    }
+
+    /// A server's request as a client (no policy files) would send it.
+    fn server(allow: &[&str]) -> RunRequest {
+        RunRequest {
+            code: "print(1)".into(),
+            serve_stdio: true,
+            allow: allow.iter().map(|a| a.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    async fn serve(b: &RunService, req: RunRequest) -> Result<RunResult, RequestError> {
+        let (stdio, _socket) = tokio::sync::oneshot::channel();
+        let serving = Serving {
+            granted: Vec::new(),
+            stdio,
+        };
+        b.serve(req, serving, |_| {}, CancellationToken::new())
+            .await
+    }
+
+    #[tokio::test]
+    async fn a_clients_server_only_narrows_its_policy_and_brings_a_descriptor_per_grant() {
+        let b = RunService::new(Backend::Embedded, None);
+        // `default` has no network: a client cannot give it one.
+        let e = serve(&b, server(&["api.example.net"])).await.unwrap_err();
+        assert_eq!(e.field, "allow", "{e}");
+        assert!(e.problem.contains("has no network"), "{e}");
+        let mut req = server(&[]);
+        req.grants = vec![pycell_protocol::messages::PathGrant {
+            target: "/srv/data".into(),
+            writable: false,
+        }];
+        let e = serve(&b, req.clone()).await.unwrap_err();
+        assert_eq!(e.field, "grants", "{e}");
+        assert!(e.problem.contains("1 paths, but 0 descriptors"), "{e}");
+        // A run is never a server, and a server is served.
+        let e = b.run(req, |_| {}, CancellationToken::new()).await;
+        assert_eq!(e.unwrap_err().field, "serve_stdio");
+        let e = serve(&b, print1()).await.unwrap_err();
+        assert_eq!(e.field, "serve_stdio");
     }
 }

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use pycell_launch::session_table::{self, Lookup};
+use pycell_protocol::info::PolicySummary;
 use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::RunResult;
 use pycell_protocol::session::{
@@ -16,7 +17,7 @@ use pycell_protocol::session::{
 use pycell_wire::codes::FailureCode;
 
 use super::daemon::{self, via_daemon, Asked};
-use super::{Asker, OnEvent, RequestError, Sandboxes, SessionFailure};
+use super::{Asker, OnEvent, RequestError, Sandboxes, Serving, SessionFailure};
 use crate::cluster::{join_handle, split_handle, Node, Nodes};
 
 /// Nothing of the call happened on the node: another may take it.
@@ -57,26 +58,28 @@ impl Cluster {
 
 #[async_trait]
 impl Sandboxes for Cluster {
-    /// A run on the least-loaded node that takes it.
+    /// A run on the least-loaded node that takes it (never a server over
+    /// stdio: its socket would come from another machine).
     async fn run(
         &self,
         asker: &Asker,
         req: RunRequest,
+        serving: Option<Serving>,
         on_event: OnEvent<'_>,
         cancel: CancellationToken,
     ) -> Result<RunResult, RequestError> {
+        if serving.is_some() {
+            let problem = "a server over stdio runs embedded or through the pycelld of this machine, not on a cluster";
+            return Err(RequestError {
+                field: "serve_stdio",
+                problem: problem.into(),
+            });
+        }
         for node in self.nodes.ranked() {
             let _lease = node.lease();
             let endpoint = node.endpoint(asker.identity.clone());
-            let r = daemon::run(
-                endpoint,
-                asker,
-                req.clone(),
-                on_event,
-                &cancel,
-                &self.shutdown,
-            )
-            .await?;
+            let (shutdown, asked) = (&self.shutdown, (req.clone(), None));
+            let r = daemon::run(endpoint, asker, asked, on_event, &cancel, shutdown).await?;
             match r.error.as_ref().filter(|e| not_reached(e.code)) {
                 Some(e) => node.mark_down(&e.message),
                 None => return Ok(r),
@@ -88,6 +91,24 @@ impl Sandboxes for Cluster {
             self.nodes.none_up(),
         );
         Ok(RunResult::refused("", req.policy_name(), f))
+    }
+
+    /// The policy as the first node that answers lists it.
+    async fn describe_policy(
+        &self,
+        asker: &Asker,
+        name: &str,
+    ) -> Result<PolicySummary, RequestError> {
+        for node in self.nodes.ranked() {
+            let endpoint = node.endpoint(asker.identity.clone());
+            if let Ok(policies) = daemon::policies_of(endpoint).await {
+                return daemon::find_policy(policies, name);
+            }
+        }
+        Err(RequestError {
+            field: "policy",
+            problem: self.nodes.none_up(),
+        })
     }
 
     /// A session on the least-loaded node that takes it; its handle names

@@ -27,12 +27,13 @@ pub mod embedded;
 pub mod in_cluster;
 mod zygote;
 
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -40,6 +41,7 @@ pub use pycell_launch::launcher::RequestError;
 use pycell_launch::launcher::{Launcher, PolicyChoice};
 use pycell_launch::supervisor::{Patience, PATIENCE};
 use pycell_protocol::client::{daemon_socket, ClientError};
+use pycell_protocol::info::PolicySummary;
 use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::RunResult;
 use pycell_protocol::session::{
@@ -74,6 +76,19 @@ pub enum RunEvent<'a> {
 
 /// Where a run's events go.
 pub type OnEvent<'a> = &'a mut (dyn FnMut(RunEvent<'_>) + Send);
+
+/// What a server over stdio is given besides its request (see
+/// [`RunService::serve`]).
+#[derive(Debug)]
+pub struct Serving {
+    /// The descriptors of the request's `grants`, in order, each opened by
+    /// the front end on the host path it grants (so its user could reach
+    /// it).
+    pub granted: Vec<OwnedFd>,
+    /// Where the socket of the server's stdin and stdout goes once its
+    /// jail is up.
+    pub stdio: oneshot::Sender<OwnedFd>,
+}
 
 /// A session call that could not be served; `code` is stable.
 #[derive(Debug, Clone)]
@@ -149,8 +164,10 @@ pub struct Asker {
 #[derive(Debug, Clone)]
 pub struct Options {
     /// A run's policy may be a path to a .toml file (embedded runs only;
-    /// through pycelld such a run is refused, saying so). Never for a
-    /// client's request: a client names policies.
+    /// through pycelld such a run is refused, saying so), and so a
+    /// server's `allow` adds hosts to its policy, as such a file could,
+    /// where a client's only narrows the policy's. Never for a client's
+    /// request: a client names policies.
     pub policy_files: bool,
     /// Embedded runs at once; more wait for a slot.
     pub max_runs: usize,
@@ -226,17 +243,26 @@ impl Caller {
 /// A place that runs code in sandboxes.
 #[async_trait]
 pub trait Sandboxes: Send + Sync + std::fmt::Debug {
-    /// Run `req`. `on_event` sees the run start and its output as it
-    /// arrives; cancelling `cancel` kills the sandbox (the result then
-    /// says `killed`). A refused run is an `Ok` result with status
-    /// `refused`; `Err` means the request itself is wrong.
+    /// Run `req`, a server over stdio if `serving` is given. `on_event`
+    /// sees the run start and its output as it arrives; cancelling
+    /// `cancel` kills the sandbox (the result then says `killed`). A
+    /// refused run is an `Ok` result with status `refused`; `Err` means
+    /// the request itself is wrong.
     async fn run(
         &self,
         asker: &Asker,
         req: RunRequest,
+        serving: Option<Serving>,
         on_event: OnEvent<'_>,
         cancel: CancellationToken,
     ) -> Result<RunResult, RequestError>;
+
+    /// The policy `name`, as a run here would have it.
+    async fn describe_policy(
+        &self,
+        asker: &Asker,
+        name: &str,
+    ) -> Result<PolicySummary, RequestError>;
 
     /// Start a session for `req` (its policy, dependencies and limits).
     async fn start_session(
@@ -511,31 +537,111 @@ impl RunService {
     /// Run `req` (see [`Sandboxes::run`]), offered the tool servers.
     pub async fn run(
         &self,
+        req: RunRequest,
+        on_event: impl FnMut(RunEvent<'_>) + Send,
+        cancel: CancellationToken,
+    ) -> Result<RunResult, RequestError> {
+        self.start(req, None, on_event, cancel).await
+    }
+
+    /// Serve `req` (`serve_stdio` set): a run whose program's stdin and
+    /// stdout are a socket, sent to `serving.stdio` once the jail is up;
+    /// its result comes when it ends. Its grants are bound in from the
+    /// descriptors of `serving.granted`.
+    pub async fn serve(
+        &self,
+        req: RunRequest,
+        serving: Serving,
+        on_event: impl FnMut(RunEvent<'_>) + Send,
+        cancel: CancellationToken,
+    ) -> Result<RunResult, RequestError> {
+        self.start(req, Some(serving), on_event, cancel).await
+    }
+
+    /// A run or (with `serving`) a server, checked, then where the backend
+    /// runs it, tracked; a run is offered the tool servers.
+    async fn start(
+        &self,
         mut req: RunRequest,
+        serving: Option<Serving>,
         mut on_event: impl FnMut(RunEvent<'_>) + Send,
         cancel: CancellationToken,
     ) -> Result<RunResult, RequestError> {
+        let serves = req.serve_stdio || !req.grants.is_empty();
+        if serves != serving.is_some() {
+            let problem = match serving {
+                None => "a run's program has no socket for its stdio and no granted paths; a server over stdio is served (pycell mcp-server)",
+                Some(_) => "only a server over stdio (serve_stdio) is served",
+            };
+            return Err(RequestError {
+                field: "serve_stdio",
+                problem: problem.into(),
+            });
+        }
+        if let Some(refused) = self.refused(&req)? {
+            return Ok(refused);
+        }
+        let asker = self.asker();
+        if let (Some(servers), None) = (&asker.tools, &serving) {
+            req.tools = Some(servers.catalog().await.into());
+        }
+        let run = self
+            .shared
+            .backend
+            .run(&asker, req, serving, &mut on_event, cancel);
+        self.shared.tracker.track_future(run).await
+    }
+
+    /// The policy `name` as a run here would have it (a path to a .toml
+    /// file, where the front end's user may name one and runs are
+    /// embedded).
+    pub async fn policy(&self, name: &str) -> Result<PolicySummary, RequestError> {
+        self.may_use(name).map_err(|e| RequestError {
+            field: "policy",
+            problem: e.to_string(),
+        })?;
+        if self.policy_file_unusable(name) {
+            return Err(RequestError {
+                field: "policy",
+                problem: POLICY_FILE_NEEDS_EMBEDDED.into(),
+            });
+        }
+        self.shared
+            .backend
+            .describe_policy(&self.asker(), name)
+            .await
+    }
+
+    /// Whether a server's `allow` adds hosts to its policy here (embedded,
+    /// for the front end's own user, who may name policy files) rather
+    /// than narrowing it.
+    pub fn widens_allow(&self) -> bool {
+        self.shared.policy_files && self.shared.backend.takes_policy_files()
+    }
+
+    /// Whether `name` is a policy file the front end's user may name but
+    /// the backend cannot take.
+    fn policy_file_unusable(&self, name: &str) -> bool {
+        let file = matches!(PolicyChoice::from_arg(name), PolicyChoice::File(_));
+        file && self.shared.policy_files && !self.shared.backend.takes_policy_files()
+    }
+
+    /// Why `req` is not to run at all: a policy its caller may not name
+    /// (`Err`), or a policy file where the backend cannot take one (the
+    /// run's refusal).
+    fn refused(&self, req: &RunRequest) -> Result<Option<RunResult>, RequestError> {
         self.may_use(req.policy_name()).map_err(|e| RequestError {
             field: "policy",
             problem: e.to_string(),
         })?;
-        if let Some(refused) = self.policy_file_refused(&req) {
-            return Ok(refused);
-        }
-        let asker = self.asker();
-        if let Some(servers) = &asker.tools {
-            req.tools = Some(servers.catalog().await.into());
-        }
-        let run = self.shared.backend.run(&asker, req, &mut on_event, cancel);
-        self.shared.tracker.track_future(run).await
+        Ok(self.policy_file_refused(req))
     }
 
     /// A policy file where the front end's user may name one but the
     /// backend cannot take it: the run's refusal.
     fn policy_file_refused(&self, req: &RunRequest) -> Option<RunResult> {
         let name = req.policy_name();
-        let file = matches!(PolicyChoice::from_arg(name), PolicyChoice::File(_));
-        (file && self.shared.policy_files && !self.shared.backend.takes_policy_files()).then(|| {
+        self.policy_file_unusable(name).then(|| {
             let f = JailFailure::new(
                 FailureCode::InvalidPolicy,
                 Layer::Daemon,
