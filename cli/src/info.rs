@@ -16,10 +16,10 @@ fn print_policies(policies: &[PolicySummary], with_limits: bool) {
         let detail = match with_limits {
             true => format!(
                 "timeout {}s (max {}s), memory {} MiB (max {} MiB), pids {} (max {})",
-                l.wall_timeout_s,
-                m.wall_timeout_s,
-                l.memory_bytes >> 20,
-                m.memory_bytes >> 20,
+                l.wall_timeout.as_secs_f64(),
+                m.wall_timeout.as_secs_f64(),
+                l.memory.get() >> 20,
+                m.memory.get() >> 20,
                 l.pids,
                 m.pids
             ),

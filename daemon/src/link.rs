@@ -13,7 +13,7 @@ use pycell_policy::network::EgressRules;
 use pycell_policy::Policy;
 use pycell_protocol::messages::{ErrorCode, LimitOverrides, RunRequest};
 use pycell_protocol::result::EnvReport;
-use pycell_protocol::result::LimitsReport;
+use pycell_protocol::result::RunLimits;
 use pycell_wire::codes::FailureCode;
 use pycell_wire::report::JailFailure;
 use serde::{Deserialize, Serialize};
@@ -88,7 +88,7 @@ pub struct RunOrder {
     /// Every limit, final: the policy's, with the request's overrides
     /// applied and checked against its ceilings (the monitor checks them
     /// again, `resolve::settled_limits`, and launches with them).
-    pub limits: LimitsReport,
+    pub limits: RunLimits,
     /// The program, opaque to root.
     pub code: String,
     pub filename: Option<String>,
@@ -253,7 +253,7 @@ pub enum ToBroker {
         run_id: String,
         sandbox_uid: u32,
         policy: String,
-        limits: LimitsReport,
+        limits: RunLimits,
         /// The run's `[images]` bounds, for its images to be held to.
         #[serde(default)]
         images: Option<pycell_wire::spec::ImageLimits>,
@@ -359,7 +359,7 @@ mod tests {
     fn order(deps: Option<Vec<&str>>) -> RunOrder {
         RunOrder {
             policy: "p".into(),
-            limits: LimitsReport::from(&pycell_policy::Limits::default()),
+            limits: pycell_policy::RunLimits::default(),
             code: "print(1)".into(),
             filename: None,
             args: Vec::new(),

@@ -230,7 +230,7 @@ impl JailSteps for RealSteps<'_> {
             .expect("sources prepared before the root");
         let l = &self.spec.limits;
         let layout = RootfsLayout {
-            disk_size: l.disk_bytes,
+            disk_size: l.disk.get(),
             files: &self.spec.files,
             hostname: HOSTNAME,
             cover_proc: self.kind != JailKind::Zygote,

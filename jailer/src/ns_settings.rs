@@ -22,7 +22,7 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
-use pycell_wire::spec::JailLimits;
+use pycell_wire::limits::RunLimits;
 
 use nix::sched::{unshare, CloneFlags};
 use nix::time::{clock_gettime, ClockId};
@@ -78,7 +78,7 @@ pub(crate) fn new_time_namespace() -> io::Result<()> {
 }
 
 /// The `/proc/sys/user` limits of a jail's user namespace, by file name.
-pub(crate) fn user_limits(l: &JailLimits) -> Vec<(&'static str, u64)> {
+pub(crate) fn user_limits(l: &RunLimits) -> Vec<(&'static str, u64)> {
     vec![
         ("max_inotify_instances", u64::from(l.inotify_instances)),
         ("max_inotify_watches", l.inotify_watches),

@@ -3,8 +3,8 @@
 
 use nix::sys::signal::Signal;
 use pycell_wire::codes::{FailureCode, Layer};
+use pycell_wire::limits::RunLimits;
 use pycell_wire::report::{JailFailure, LandlockReport, RunStatus};
-use pycell_wire::spec::JailLimits;
 
 use crate::status::ChildMessage;
 
@@ -105,7 +105,7 @@ pub(crate) fn describe_end(status: Option<nix::sys::wait::WaitStatus>) -> String
 
 /// Decide the run's outcome. `Err` means the code never ran (the jail
 /// failed to set up, or the program could not be executed).
-pub(crate) fn classify(seen: &Observed, limits: &JailLimits) -> Result<Outcome, JailFailure> {
+pub(crate) fn classify(seen: &Observed, limits: &RunLimits) -> Result<Outcome, JailFailure> {
     let ((landlock, xattr_writes_refused), ended) = ready_and_end(seen)?;
     let (exit_code, signal) = match ended {
         Some(ChildMessage::Exited { code }) => (Some(*code), None),
@@ -115,7 +115,7 @@ pub(crate) fn classify(seen: &Observed, limits: &JailLimits) -> Result<Outcome, 
     };
     let killed = signal == Some(Signal::SIGKILL as i32);
     let (status, error) = if seen.timed_out {
-        let secs = limits.wall_timeout_ms as f64 / 1000.0;
+        let secs = limits.wall_timeout.as_secs_f64();
         let m = format!("wall-clock timeout of {secs:.1}s expired; the sandbox was killed");
         (
             RunStatus::Timeout,
@@ -130,7 +130,7 @@ pub(crate) fn classify(seen: &Observed, limits: &JailLimits) -> Result<Outcome, 
     } else if seen.oom_kills > 0 && killed {
         let m = format!(
             "the memory limit of {} bytes was reached; the kernel killed the program",
-            limits.memory_bytes
+            limits.memory.get()
         );
         (
             RunStatus::Oom,
@@ -146,7 +146,10 @@ pub(crate) fn classify(seen: &Observed, limits: &JailLimits) -> Result<Outcome, 
                 .with_hint("check the policy's interpreter path"),
         );
     } else if signal == Some(Signal::SIGXCPU as i32) {
-        let m = format!("the CPU time limit of {}s was reached", limits.cpu_time_s);
+        let m = format!(
+            "the CPU time limit of {}s was reached",
+            limits.cpu_time_whole_secs()
+        );
         (RunStatus::Killed, limit(FailureCode::CpuTimeLimit, m, None))
     } else if exit_code == Some(0) {
         (RunStatus::Ok, None)
@@ -169,19 +172,18 @@ mod tests {
     use crate::pipeline::{Step, StepError};
     use pycell_wire::report::LandlockStatus;
 
-    fn limits() -> JailLimits {
-        JailLimits {
-            wall_timeout_ms: 5000,
-            cpu_time_s: 3,
-            memory_bytes: 64 << 20,
+    fn limits() -> RunLimits {
+        use pycell_wire::limits::Bytes;
+        RunLimits {
+            wall_timeout: std::time::Duration::from_secs(5),
+            cpu_time: std::time::Duration::from_secs(3),
+            memory: Bytes::mib(64),
             pids: 16,
-            cpu_millicores: 1000,
             open_files: 64,
-            file_size_bytes: 1 << 20,
-            disk_bytes: 1 << 20,
-            max_output_bytes: 1 << 20,
-            inotify_instances: 16,
-            inotify_watches: 8192,
+            file_size: Bytes::mib(1),
+            disk: Bytes::mib(1),
+            max_output: Bytes::mib(1),
+            ..RunLimits::default()
         }
     }
 

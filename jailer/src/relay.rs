@@ -100,7 +100,7 @@ pub(crate) fn run(
     deadline: Instant,
     events: BorrowedFd<'static>,
 ) -> io::Result<Relayed> {
-    let outbox = Outbox::new(events, outbox::pending_limit(spec.limits.max_output_bytes))?;
+    let outbox = Outbox::new(events, outbox::pending_limit(spec.limits.max_output.get()))?;
     let mut relay = Relay::new(spec, ends, outbox);
     let mut stopped = Stopped::default();
     let mut deadline = Some(deadline);
@@ -389,7 +389,7 @@ impl Relay {
             status: Some(File::from(ends.status_read)),
             status_buf: Vec::new(),
             sent: [0, 0],
-            cap: spec.limits.max_output_bytes,
+            cap: spec.limits.max_output.get(),
             truncated: [false, false],
             drain_deadline: None,
             disk_channel: Some(ends.disk_channel),
@@ -421,8 +421,8 @@ impl Relay {
             spec,
             pid,
             cgroup,
-            spec.limits.cpu_time_s,
-            spec.limits.cpu_time_s,
+            spec.limits.cpu_time_whole_secs(),
+            spec.limits.cpu_time_whole_secs(),
         ) {
             w.refused = Some(format!("restarting the CPU clock: {e}"));
             return Some(WarmStep::Abandoned);
@@ -430,12 +430,10 @@ impl Relay {
         self.stdin_data = work.runner_input();
         self.stdin_pos = 0;
         self.stdin = w.runner_stdin.take();
-        self.cap = work.max_output_bytes;
+        self.cap = work.max_output.get();
         self.outbox
-            .set_limit(outbox::pending_limit(work.max_output_bytes));
-        Some(WarmStep::Started(Duration::from_millis(
-            work.wall_timeout_ms,
-        )))
+            .set_limit(outbox::pending_limit(work.max_output.get()));
+        Some(WarmStep::Started(work.wall_timeout))
     }
 
     /// Act on what a session's channels brought: a request begins (its
@@ -476,16 +474,15 @@ impl Relay {
             spec,
             pid,
             cgroup,
-            op.cpu_time_s,
-            spec.limits.cpu_time_s,
+            pycell_wire::limits::whole_secs(op.cpu_time),
+            spec.limits.cpu_time_whole_secs(),
         );
-        s.clocks
-            .begin(Instant::now(), Duration::from_millis(op.wall_timeout_ms));
+        s.clocks.begin(Instant::now(), op.wall_timeout);
         self.sent = [0, 0];
         self.truncated = [false, false];
-        self.cap = op.max_output_bytes;
+        self.cap = op.max_output.get();
         self.outbox
-            .set_limit(outbox::pending_limit(op.max_output_bytes));
+            .set_limit(outbox::pending_limit(op.max_output.get()));
     }
 
     /// The reply, after the output the request left in the pipes (the

@@ -12,7 +12,8 @@
 use nix::unistd::Pid;
 use pycell_host::cgroup::SandboxCgroup;
 
-use pycell_wire::spec::{JailLimits, JailSpec};
+use pycell_wire::limits::RunLimits;
+use pycell_wire::spec::JailSpec;
 
 use pycell_syscall as syscall;
 
@@ -45,21 +46,23 @@ fn pin(name: &'static str, resource: libc::__rlimit_resource_t, soft: u64, hard:
 /// The CPU seconds a jail starts with: its limit, and for a warm jail
 /// the allowance of its warm-up besides (its clock restarts when its work
 /// comes: [`restart_cpu_clock`]).
-fn cpu_seconds(l: &JailLimits, warm: bool) -> u64 {
+fn cpu_seconds(l: &RunLimits, warm: bool) -> u64 {
     match warm {
-        true => l.cpu_time_s.saturating_add(crate::warm::WARM_UP_CPU_S),
-        false => l.cpu_time_s,
+        true => l
+            .cpu_time_whole_secs()
+            .saturating_add(crate::warm::WARM_UP_CPU_S),
+        false => l.cpu_time_whole_secs(),
     }
 }
 
 /// Every rlimit the kernel has, with the jail's value.
-pub(crate) fn pinned(l: &JailLimits, warm: bool) -> Vec<Pinned> {
+pub(crate) fn pinned(l: &RunLimits, warm: bool) -> Vec<Pinned> {
     use libc::*;
     let same = |name, res, v| pin(name, res, v, v);
     let cpu = cpu_seconds(l, warm);
     vec![
         same("RLIMIT_NOFILE", RLIMIT_NOFILE, l.open_files),
-        same("RLIMIT_FSIZE", RLIMIT_FSIZE, l.file_size_bytes),
+        same("RLIMIT_FSIZE", RLIMIT_FSIZE, l.file_size.get()),
         same("RLIMIT_CORE", RLIMIT_CORE, CORE_LIMIT),
         // SIGXCPU at the soft limit, SIGKILL one second later if ignored.
         pin("RLIMIT_CPU", RLIMIT_CPU, cpu, cpu.saturating_add(1)),
@@ -84,7 +87,7 @@ pub(crate) fn pinned(l: &JailLimits, warm: bool) -> Vec<Pinned> {
 }
 
 /// Set every pinned limit on process `pid`.
-pub(crate) fn apply(pid: Pid, limits: &JailLimits, warm: bool) -> Result<(), String> {
+pub(crate) fn apply(pid: Pid, limits: &RunLimits, warm: bool) -> Result<(), String> {
     for p in pinned(limits, warm) {
         syscall::prlimit(pid, p.resource, p.soft, p.hard)
             .map_err(|e| format!("prlimit({}, {}/{}): {e}", p.name, p.soft, p.hard))?;
@@ -149,19 +152,10 @@ mod tests {
     /// Linux has had 16 rlimits since 2.6.25 (RLIMIT_RTTIME).
     const RLIMITS_ON_LINUX: u32 = 16;
 
-    fn limits() -> JailLimits {
-        JailLimits {
-            wall_timeout_ms: 30_000,
-            cpu_time_s: 30,
-            memory_bytes: 512 << 20,
-            pids: 64,
-            cpu_millicores: 1000,
-            open_files: 256,
-            file_size_bytes: 64 << 20,
-            disk_bytes: 64 << 20,
-            max_output_bytes: 1 << 20,
-            inotify_instances: 16,
-            inotify_watches: 8192,
+    fn limits() -> RunLimits {
+        RunLimits {
+            disk: pycell_wire::limits::Bytes::mib(64),
+            ..RunLimits::default()
         }
     }
 

@@ -90,7 +90,7 @@ fn run_checked(
     // (its init) then leaves the namespace's teardown (every mount of
     // the jail, and a grace period of the kernel's) to us, later.
     let mounts = File::open(format!("/proc/{}/ns/mnt", jail.pid)).ok();
-    let deadline = jail.start + Duration::from_millis(spec.limits.wall_timeout_ms);
+    let deadline = jail.start + spec.limits.wall_timeout;
     let relayed = relay::run(
         spec,
         relay::JailRef {
@@ -234,7 +234,7 @@ fn run_inputs(spec: &JailSpec, warm: Option<&relay::WarmEnd>) -> Vec<WorkspaceFi
 /// and its spec's limits; for a warm one, its work's arrival and the
 /// limits the work brought.
 struct RunClock {
-    limits: pycell_wire::spec::JailLimits,
+    limits: pycell_wire::limits::RunLimits,
     wall: Duration,
     cpu_before_ns: u64,
     waited_ms: Option<f64>,
@@ -265,8 +265,8 @@ fn warm_run(
     }
     match (w.phase, &w.work) {
         (crate::warm::Phase::Running { since, waited_ms }, Some(work)) => {
-            clock.limits.wall_timeout_ms = work.wall_timeout_ms;
-            clock.limits.max_output_bytes = work.max_output_bytes;
+            clock.limits.wall_timeout = work.wall_timeout;
+            clock.limits.max_output = work.max_output;
             clock.wall = since.elapsed().min(since_start);
             clock.cpu_before_ns = w.cpu_before_ns;
             clock.waited_ms = Some(waited_ms);
@@ -376,11 +376,7 @@ fn block_signals() -> Result<SignalFd, JailFailure> {
 
 fn create_cgroup(spec: &JailSpec, layout: &CgroupLayout) -> Result<SandboxCgroup, JailFailure> {
     layout.remove_stale(&spec.cgroup.parent, &cgroup::run_prefix(spec.sandbox_uid));
-    let limits = CgroupLimits {
-        memory_bytes: spec.limits.memory_bytes,
-        pids: spec.limits.pids,
-        cpu_millicores: spec.limits.cpu_millicores,
-    };
+    let limits = CgroupLimits::of(&spec.limits);
     SandboxCgroup::create(
         layout,
         &spec.cgroup.parent,

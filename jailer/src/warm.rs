@@ -169,8 +169,8 @@ mod tests {
             filename: "main.py".into(),
             args: vec![],
             stdin: vec![],
-            wall_timeout_ms: 5000,
-            max_output_bytes: 1024,
+            wall_timeout: std::time::Duration::from_secs(5),
+            max_output: pycell_wire::limits::Bytes(1024),
             images: None,
         }
     }

@@ -6,7 +6,6 @@ use std::path::Path;
 
 use pycell_policy::Policy;
 use pycell_protocol::info::{HostInfo, LayerStatus, PolicyProblem, PolicySummary};
-use pycell_protocol::result::LimitsReport;
 
 use crate::resolve::{self, policy_names};
 
@@ -57,8 +56,8 @@ pub fn summary(p: Policy, source: &str) -> PolicySummary {
             Some(_) => "install".to_string(),
             None => p.purpose.as_str().to_string(),
         },
-        limits: LimitsReport::from(&p.limits),
-        max: (&p.ceilings).into(),
+        limits: p.limits.clone(),
+        max: p.ceilings.clone(),
         network: p.network.as_str().to_string(),
         network_allow: p.network.egress().map(|r| r.allowed()).unwrap_or_default(),
         network_deny: p.network.egress().map(|r| r.denied()).unwrap_or_default(),

@@ -27,7 +27,7 @@ use pycell_policy::Policy;
 use crate::resolve::{self, ResolveError};
 use pycell_host::uidalloc::{self, UidLease};
 use pycell_protocol::messages::RunRequest;
-use pycell_protocol::result::{LimitsReport, NetworkReport, RunResult};
+use pycell_protocol::result::{NetworkReport, RunLimits, RunResult};
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::{Event, EventError, Stream};
 use pycell_wire::report::{JailFailure, JailReport, RunImages};
@@ -253,7 +253,7 @@ impl Launcher {
             run_id: spec.run_id.clone(),
             policy: policy.name.clone(),
             egress: policy.network.egress().cloned(),
-            limits: LimitsReport::from(&resolved.limits),
+            limits: resolved.limits.clone(),
             spec,
             lease,
             jailer,
@@ -406,7 +406,7 @@ pub struct Prepared {
     pub policy: String,
     /// The policy's egress rules, when it has network mode `allowlist`.
     pub egress: Option<EgressRules>,
-    pub limits: LimitsReport,
+    pub limits: RunLimits,
     spec: JailSpec,
     lease: UidLease,
     jailer: PathBuf,
@@ -434,7 +434,7 @@ pub enum JailerStderr {
 pub struct Started<Child, Events> {
     pub run_id: String,
     pub policy: String,
-    pub limits: LimitsReport,
+    pub limits: RunLimits,
     /// The images it sends back are held to these (none: it sends none).
     pub images: Option<ImageLimits>,
     pub child: Child,
@@ -504,7 +504,7 @@ impl Prepared {
     pub(crate) fn new(
         spec: JailSpec,
         policy: &str,
-        limits: LimitsReport,
+        limits: RunLimits,
         lease: UidLease,
         jailer: PathBuf,
         zygote_channel: Option<OwnedFd>,
@@ -751,7 +751,7 @@ pub enum JailerEnd {
 pub struct Collector {
     run_id: String,
     policy: String,
-    limits: Option<LimitsReport>,
+    limits: Option<RunLimits>,
     cap: usize,
     output: [Vec<u8>; 2],
     truncated: [bool; 2],
@@ -764,9 +764,9 @@ pub struct Collector {
 }
 
 impl Collector {
-    pub fn new(run_id: &str, policy: &str, limits: Option<LimitsReport>) -> Collector {
+    pub fn new(run_id: &str, policy: &str, limits: Option<RunLimits>) -> Collector {
         let cap = limits.as_ref().map_or(usize::MAX, |l| {
-            usize::try_from(l.max_output_bytes).unwrap_or(usize::MAX)
+            usize::try_from(l.max_output.get()).unwrap_or(usize::MAX)
         });
         Collector {
             run_id: run_id.to_string(),
@@ -971,10 +971,11 @@ mod tests {
     use pycell_wire::report::{Image, RunStatus};
     use std::os::unix::process::ExitStatusExt;
 
-    fn limits(cap: u64) -> LimitsReport {
-        let mut l = LimitsReport::from(&pycell_policy::Limits::default());
-        l.max_output_bytes = cap;
-        l
+    fn limits(cap: u64) -> RunLimits {
+        RunLimits {
+            max_output: pycell_policy::Bytes(cap),
+            ..RunLimits::default()
+        }
     }
 
     fn ok_report() -> Box<JailReport> {
@@ -999,7 +1000,7 @@ mod tests {
         assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("abcd", "err"));
         assert!(r.stdout_truncated && !r.stderr_truncated);
         assert_eq!(r.status, RunStatus::Ok);
-        assert_eq!(r.limits.unwrap().max_output_bytes, 4);
+        assert_eq!(r.limits.unwrap().max_output.get(), 4);
     }
 
     #[test]

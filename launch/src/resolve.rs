@@ -6,16 +6,15 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use pycell_policy::{Interpreter, Limits, NetworkMode, Policy};
+use pycell_policy::{Bytes, Interpreter, NetworkMode, Policy, RunLimits};
 use pycell_wire::spec::{
-    BindMount, CgroupSpec, ImageLimits, JailLimits, JailSpec, LandlockSpec, NetworkSpec,
-    WorkspaceFile, CA_CERTIFICATES, EGRESS_PROXY_PORT, WORKSPACE,
+    BindMount, CgroupSpec, ImageLimits, JailSpec, LandlockSpec, NetworkSpec, WorkspaceFile,
+    CA_CERTIFICATES, EGRESS_PROXY_PORT, WORKSPACE,
 };
 
 use pycell_protocol::messages::{
     decode_b64, LimitOverrides, RunRequest, MAX_CODE_BYTES, MAX_INPUT_FILES,
 };
-use pycell_protocol::result::LimitsReport;
 
 /// Where policies installed by the operator live.
 pub const POLICY_DIR: &str = "/etc/pycell/policies";
@@ -95,7 +94,7 @@ type RaiseCheck<'a> = (&'a str, Option<u64>, u64, fn(u64) -> String);
 /// The policy's limits with the request's overrides applied and checked: a
 /// request may lower any limit, and raise one only up to the policy's
 /// ceiling (`[limits.max]`).
-pub fn effective_limits(policy: &Policy, o: &LimitOverrides) -> Result<Limits, ResolveError> {
+pub fn effective_limits(policy: &Policy, o: &LimitOverrides) -> Result<RunLimits, ResolveError> {
     let mut l = policy.limits.clone();
     let c = &policy.ceilings;
     if let Some(secs) = o.timeout_s {
@@ -119,17 +118,22 @@ pub fn effective_limits(policy: &Policy, o: &LimitOverrides) -> Result<Limits, R
         (
             "memory",
             o.memory_bytes,
-            c.memory,
+            c.memory.get(),
             pycell_policy::format_size,
         ),
         ("pids", o.pids.map(u64::from), u64::from(c.pids), |n| {
             n.to_string()
         }),
-        ("disk", o.disk_bytes, c.disk, pycell_policy::format_size),
+        (
+            "disk",
+            o.disk_bytes,
+            c.disk.get(),
+            pycell_policy::format_size,
+        ),
         (
             "max_output",
             o.max_output_bytes,
-            c.max_output,
+            c.max_output.get(),
             pycell_policy::format_size,
         ),
     ];
@@ -139,51 +143,54 @@ pub fn effective_limits(policy: &Policy, o: &LimitOverrides) -> Result<Limits, R
         }
     }
     if let Some(m) = o.memory_bytes {
-        l.memory = m;
+        l.memory = Bytes(m);
     }
     if let Some(p) = o.pids {
         l.pids = p;
     }
     if let Some(d) = o.disk_bytes {
-        l.disk = d;
+        l.disk = Bytes(d);
     }
     if let Some(m) = o.max_output_bytes {
-        l.max_output = m;
+        l.max_output = Bytes(m);
     }
-    l.validate()
+    pycell_policy::check_limits(&l)
         .map_err(|problem| bad_request("limits", problem.to_string()))?;
     Ok(l)
 }
 
 /// Limits another process settled for a run under `policy` (pycelld's
-/// broker, from the client's request), as root checks them before it
-/// launches anything: the ones a request may set within their ranges and
-/// the policy's ceilings, every other one the policy's own.
-pub fn settled_limits(policy: &Policy, settled: &LimitsReport) -> Result<Limits, ResolveError> {
-    let asked = LimitOverrides {
-        timeout_s: Some(settled.wall_timeout_s),
-        memory_bytes: Some(settled.memory_bytes),
-        pids: Some(settled.pids),
-        disk_bytes: Some(settled.disk_bytes),
-        max_output_bytes: Some(settled.max_output_bytes),
+/// broker, from the client's request), checked as root checks them before
+/// it launches anything (not resolved again): the ones a request may set
+/// in their ranges and within the policy's ceilings, every other one the
+/// policy's own.
+pub fn settled_limits(policy: &Policy, settled: &RunLimits) -> Result<RunLimits, ResolveError> {
+    let (p, c) = (&policy.limits, &policy.ceilings);
+    let settable_only = RunLimits {
+        wall_timeout: settled.wall_timeout,
+        memory: settled.memory,
+        pids: settled.pids,
+        disk: settled.disk,
+        max_output: settled.max_output,
+        ..p.clone()
     };
-    let limits = effective_limits(policy, &asked)?;
-    // The wall timeout went through seconds twice: checked above, not
-    // compared to the last bit.
-    let expected = LimitsReport {
-        wall_timeout_s: settled.wall_timeout_s,
-        ..LimitsReport::from(&limits)
-    };
-    match expected == *settled {
-        true => Ok(limits),
-        false => Err(bad_request(
+    let within = settled.wall_timeout <= c.wall_timeout
+        && settled.memory <= c.memory
+        && settled.pids <= c.pids
+        && settled.disk <= c.disk
+        && settled.max_output <= c.max_output;
+    if settable_only != *settled || !within {
+        return Err(bad_request(
             "limits",
             format!(
                 "{settled:?} are not limits policy {:?} gives a run",
                 policy.name
             ),
-        )),
+        ));
     }
+    pycell_policy::check_limits(settled)
+        .map_err(|problem| bad_request("limits", problem.to_string()))?;
+    Ok(settled.clone())
 }
 
 /// The file name the code gets in /workspace: a plain name, else `main.py`.
@@ -300,7 +307,7 @@ pub(crate) fn check_venv_home(cfg: &Path, home: &Path) -> Result<(), ResolveErro
 #[derive(Debug)]
 pub struct Resolved {
     pub spec: JailSpec,
-    pub limits: Limits,
+    pub limits: RunLimits,
 }
 
 fn bad_request(field: &'static str, problem: impl Into<String>) -> ResolveError {
@@ -372,23 +379,6 @@ fn input_files(req: &RunRequest) -> Result<Vec<WorkspaceFile>, ResolveError> {
     Ok(files)
 }
 
-/// The limits in the jailer's units.
-fn jail_limits(l: &Limits) -> JailLimits {
-    JailLimits {
-        wall_timeout_ms: l.wall_timeout.as_millis().max(1) as u64,
-        cpu_time_s: l.cpu_time.as_secs_f64().ceil().max(1.0) as u64,
-        memory_bytes: l.memory,
-        pids: l.pids,
-        cpu_millicores: (l.cpus * 1000.0).round().max(1.0) as u32,
-        open_files: l.open_files,
-        file_size_bytes: l.file_size,
-        disk_bytes: l.disk,
-        max_output_bytes: l.max_output,
-        inotify_instances: l.inotify_instances,
-        inotify_watches: l.inotify_watches,
-    }
-}
-
 /// What a launch adds to what its policy and request give: the env a run
 /// gets as its venv, the install jail's extra mounts and files.
 #[derive(Debug, Clone, Default)]
@@ -402,10 +392,10 @@ pub struct Extras {
     pub files: Vec<WorkspaceFile>,
     /// See [`JailSpec::export_workspace`].
     pub export_workspace: bool,
-    /// Limits settled already (by pycelld's broker, checked by its
+    /// RunLimits settled already (by pycelld's broker, checked by its
     /// monitor with [`settled_limits`]): the run gets these, and the
     /// request's overrides are not resolved again.
-    pub limits: Option<Limits>,
+    pub limits: Option<RunLimits>,
 }
 
 /// A store env as the run's interpreter: its pyvenv.cfg must point at the
@@ -485,7 +475,7 @@ pub fn resolve_with(
             .collect(),
         stdin,
         mounts,
-        limits: jail_limits(&limits),
+        limits: limits.clone(),
         landlock: LandlockSpec {
             min_abi: l.min_abi,
             read_exec: l.read_exec.clone(),
@@ -619,7 +609,7 @@ fn jail_env(policy: &Policy, request: &BTreeMap<String, String>) -> Vec<(String,
         .filter(|(k, _)| !proxy.iter().any(|(p, _)| p == *k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    env.extend(thread_pool_env(policy.limits.cpus, &env));
+    env.extend(thread_pool_env(policy.limits.cpus.get(), &env));
     env.extend(proxy);
     env
 }
@@ -845,12 +835,15 @@ mod tests {
             max_output_bytes: Some(16 << 20),
         };
         let l = effective_limits(&p, &at_ceiling).unwrap();
-        assert_eq!((l.memory, l.pids), (2 << 30, 256));
+        assert_eq!((l.memory, l.pids), (Bytes(2 << 30), 256));
         let lower = LimitOverrides {
             memory_bytes: Some(64 << 20),
             ..Default::default()
         };
-        assert_eq!(effective_limits(&p, &lower).unwrap().memory, 64 << 20);
+        assert_eq!(
+            effective_limits(&p, &lower).unwrap().memory,
+            Bytes(64 << 20)
+        );
     }
 
     /// A policy without `[limits.max]` allows no raising at all.
@@ -863,18 +856,19 @@ mod tests {
             ..LimitOverrides::default()
         };
         let limits = effective_limits(&policy, &asked).unwrap();
-        let report = LimitsReport::from(&limits);
+        let report = limits.clone();
         assert_eq!(settled_limits(&policy, &report).unwrap(), limits);
         // One a request cannot set, or one above a ceiling, is refused.
-        let refused = |change: fn(&mut LimitsReport)| {
+        let refused = |change: fn(&mut RunLimits)| {
             let mut r = report.clone();
             change(&mut r);
             settled_limits(&policy, &r).unwrap_err().to_string()
         };
-        assert!(refused(|r| r.cpu_time_s = 3600.0).contains("are not limits policy"));
-        assert!(refused(|r| r.open_files += 1).contains("are not limits policy"));
-        assert!(refused(|r| r.memory_bytes = 1 << 40).contains("above what policy"));
-        assert!(refused(|r| r.wall_timeout_s = -1.0).contains("more than 0"));
+        let not_given = "are not limits policy";
+        assert!(refused(|r| r.cpu_time = std::time::Duration::from_secs(3600)).contains(not_given));
+        assert!(refused(|r| r.open_files += 1).contains(not_given));
+        assert!(refused(|r| r.memory = Bytes(1 << 40)).contains(not_given));
+        assert!(refused(|r| r.wall_timeout = std::time::Duration::ZERO).contains("greater than 0"));
     }
 
     #[test]

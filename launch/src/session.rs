@@ -292,9 +292,9 @@ impl SessionParts<OwnedJailer> {
 /// its first request): a listing of nothing.
 fn first_request() -> SessionOp {
     SessionOp {
-        wall_timeout_ms: 10_000,
-        cpu_time_s: 1,
-        max_output_bytes: 1,
+        wall_timeout: Duration::from_secs(10),
+        cpu_time: Duration::from_secs(1),
+        max_output: pycell_wire::limits::Bytes(1),
         request: SessionRequest::List {
             path: String::new(),
             max_entries: 0,
@@ -553,7 +553,7 @@ impl<C: JailerControl> Driver<C> {
             // The jailer is gone or going: its result says why.
             self.requests = None;
         }
-        let cap = usize::try_from(call.op.max_output_bytes).unwrap_or(usize::MAX);
+        let cap = usize::try_from(call.op.max_output.get()).unwrap_or(usize::MAX);
         let mut output = std::mem::take(&mut self.stray);
         for o in &mut output {
             o.truncate(cap);
@@ -570,7 +570,7 @@ impl<C: JailerControl> Driver<C> {
             images,
             output,
             cap,
-            timeout_s: call.op.wall_timeout_ms as f64 / 1000.0,
+            timeout_s: call.op.wall_timeout.as_secs_f64(),
         });
     }
 

@@ -11,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use pycell_protocol::bounds;
-use pycell_protocol::result::{EnvReport, LimitsReport};
+use pycell_protocol::result::{EnvReport, RunLimits};
 use pycell_protocol::session::{SessionCall, SessionEndInfo, SessionInfo, SessionSummary};
 use pycell_runner::session::{CellLimits, SessionOp, SessionRequest, MAX_REQUEST_FRAME};
 
@@ -260,7 +260,7 @@ pub fn session_info(
     handle: String,
     session: &Session,
     policy: &pycell_policy::Policy,
-    limits: LimitsReport,
+    limits: RunLimits,
     env: Option<EnvReport>,
 ) -> SessionInfo {
     SessionInfo {
@@ -365,7 +365,7 @@ pub fn lookup_message(l: &Lookup, handle: &str) -> (FailureCode, String) {
 /// lives on.
 pub fn op_for(
     policy: &pycell_policy::Policy,
-    max_output: u64,
+    max_output: pycell_wire::limits::Bytes,
     call: SessionCall,
     timeout_s: Option<f64>,
 ) -> Result<SessionOp, (FailureCode, String)> {
@@ -375,9 +375,9 @@ pub fn op_for(
             .map_err(|p| invalid(format!("timeout_s {p}, the policy's ceiling")))?,
     };
     let op = SessionOp {
-        wall_timeout_ms: u64::try_from(wall.as_millis()).unwrap_or(u64::MAX).max(1),
-        cpu_time_s: policy.limits.cpu_time.as_secs().max(1),
-        max_output_bytes: max_output,
+        wall_timeout: wall,
+        cpu_time: policy.limits.cpu_time,
+        max_output,
         request: session_request(policy, call)?,
     };
     let encoded = pycell_wire::framing::encoded_len(&op) as u64;

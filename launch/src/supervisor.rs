@@ -556,7 +556,7 @@ pub async fn supervise(
         .take()
         .map(|rules| (EgressConfig::from_env(&l.policy, rules), None));
     let stderr = read_stderr(l.child.stderr.take());
-    let wall = Duration::from_secs_f64(l.limits.wall_timeout_s);
+    let wall = l.limits.wall_timeout;
     let mut process = JailerProcess::new(l.child, l.lease, wall, patience);
     let mut stream = RunStream::start(l.events, collector, l.handouts, services);
     tokio::pin!(stop);

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use pycell_host::uidalloc::{self, SlotLease};
 use pycell_policy::Policy;
 use pycell_protocol::messages::RunRequest;
-use pycell_protocol::result::LimitsReport;
+use pycell_protocol::result::RunLimits;
 use pycell_runner::Work;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Event;
@@ -48,7 +48,7 @@ struct Parts {
     /// The warm jail its runs are (ids, run id and slot set per run).
     runs: JailSpec,
     /// The limits of the policy's runs (a run's own are its request's).
-    limits: LimitsReport,
+    limits: RunLimits,
     /// Its env (the policy's dependencies'), which its runs have too.
     extras: resolve::Extras,
     slots: Vec<Arc<SlotLease>>,
@@ -192,7 +192,7 @@ impl Launcher {
         ) else {
             return Ok(None);
         };
-        let limits = LimitsReport::from(&resolved.limits);
+        let limits = resolved.limits.clone();
         let prepared = self.fork_prepared(zygote, limits)?;
         Ok(prepared.map(|p| (p, work)))
     }
@@ -212,7 +212,7 @@ impl Launcher {
     fn fork_prepared(
         &self,
         zygote: &Zygote,
-        limits: LimitsReport,
+        limits: RunLimits,
     ) -> Result<Option<Prepared>, LaunchError> {
         let Some((slot, mut lease)) = zygote.lend_slot() else {
             return Ok(None);

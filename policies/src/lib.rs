@@ -34,8 +34,9 @@ mod validate;
 
 pub use error::PolicyError;
 pub use limits::{
-    timeout_from_secs, LimitCeilings, Limits, TimeoutOutOfRange, CPUS_RANGE, MAX_MAX_OUTPUT,
-    MAX_WALL_TIMEOUT, MIN_MAX_OUTPUT, MIN_MEMORY, MIN_TMPFS_SIZE, OPEN_FILES_RANGE, PIDS_RANGE,
+    check as check_limits, timeout_from_secs, Bytes, Cores, LimitCeilings, RunLimits,
+    TimeoutOutOfRange, CPUS_RANGE, MAX_MAX_OUTPUT, MAX_WALL_TIMEOUT, MIN_MAX_OUTPUT, MIN_MEMORY,
+    MIN_TMPFS_SIZE, OPEN_FILES_RANGE, PIDS_RANGE,
 };
 pub use session::{ImageSettings, SessionSettings};
 pub use tools::ToolSettings;
@@ -63,7 +64,7 @@ pub struct Policy {
     /// `purpose`: code runs and sessions, or servers over stdio only.
     pub purpose: Purpose,
     pub interpreter: Interpreter,
-    pub limits: Limits,
+    pub limits: RunLimits,
     /// How far a request may raise `limits` (`[limits.max]`).
     pub ceilings: LimitCeilings,
     pub network: NetworkMode,
@@ -93,7 +94,7 @@ pub struct Policy {
 impl Policy {
     /// Parses and validates policy text. `origin` is only used in error
     /// messages and, when it names a `NAME.toml` file, to check that the
-    /// policy's `name` is `NAME`. Limits left out take [`Limits::default`].
+    /// policy's `name` is `NAME`. Limits left out take [`RunLimits::default`].
     pub fn from_toml_str(text: &str, origin: &Path) -> Result<Policy, PolicyError> {
         parse(text, origin, Completeness::Partial)
     }

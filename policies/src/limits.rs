@@ -1,9 +1,13 @@
 //! Resource limits of one run, and the ranges they must stay in.
 //!
-//! The ranges are the same whether a value comes from a policy file or from a
-//! CLI override, so they live here, next to the type, in `Limits::check`.
+//! The limits themselves are `pycell_wire::limits::RunLimits`, one type
+//! for every crate; their ranges are the same whether a value comes from a
+//! policy file or from a request's override, so they live here, in
+//! [`check`].
 
 use std::time::Duration;
+
+pub use pycell_wire::limits::{Bytes, Cores, LimitCeilings, RunLimits};
 
 use crate::units::{format_duration, format_size};
 
@@ -56,58 +60,6 @@ pub const MIN_MAX_OUTPUT: u64 = KIB;
 /// and whoever relays a run buffers them.
 pub const MAX_MAX_OUTPUT: u64 = 16 * MIB;
 
-/// Resource limits of one run, validated (see [`Limits::validate`]).
-///
-/// `Default` gives the built-in defaults, which are also what a user policy
-/// file gets for any limit it leaves out.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Limits {
-    /// Wall-clock time after which the whole cgroup is killed.
-    pub wall_timeout: Duration,
-    /// RLIMIT_CPU. The kernel counts whole seconds: round up when applying.
-    pub cpu_time: Duration,
-    /// cgroup memory.max in bytes (swap is always 0).
-    pub memory: u64,
-    /// cgroup pids.max.
-    pub pids: u32,
-    /// CPU bandwidth in cores: cgroup cpu.max quota = cpus × period.
-    pub cpus: f64,
-    /// RLIMIT_NOFILE.
-    pub open_files: u64,
-    /// RLIMIT_FSIZE in bytes.
-    pub file_size: u64,
-    /// Bytes the run may store in all its writable places together
-    /// (/workspace, /tmp and /dev/shm are directories of one tmpfs).
-    pub disk: u64,
-    /// Cap in bytes for EACH of stdout and stderr; the rest is dropped and
-    /// the result says it was truncated.
-    pub max_output: u64,
-    /// inotify instances the run may hold at once (`max_inotify_instances`
-    /// of its user namespace).
-    pub inotify_instances: u32,
-    /// inotify watches the run may hold at once (`max_inotify_watches`).
-    pub inotify_watches: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            wall_timeout: Duration::from_secs(30),
-            cpu_time: Duration::from_secs(30),
-            memory: 512 * MIB,
-            pids: 64,
-            cpus: 1.0,
-            open_files: 256,
-            file_size: 64 * MIB,
-            disk: 128 * MIB,
-            max_output: MIB,
-            inotify_instances: 16,
-            inotify_watches: 8192,
-        }
-    }
-}
-
-/// A limit outside its range: which field, and what is wrong with it.
 /// A limit out of its range: the field and what to do.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
@@ -116,152 +68,105 @@ pub struct LimitError {
     pub message: String,
 }
 
-impl Limits {
-    /// Checks every limit against its range, so that values set by a CLI
-    /// override get the same checks as values from a policy file.
-    ///
-    /// The error names the field, e.g. `memory: must be at least 16MiB (got 1MiB)`.
-    pub fn validate(&self) -> Result<(), LimitError> {
-        self.check()
+/// Checks every limit against its range, the same whether a value comes
+/// from a policy file or a request's override.
+///
+/// The error names the field, e.g. `memory: must be at least 16MiB (got 1MiB)`.
+pub fn check(l: &RunLimits) -> Result<(), LimitError> {
+    let fail = |field, message| Err(LimitError { field, message });
+    if l.wall_timeout.is_zero() {
+        return fail("wall_timeout", "must be greater than 0".to_owned());
     }
-
-    pub(crate) fn check(&self) -> Result<(), LimitError> {
-        let fail = |field, message| Err(LimitError { field, message });
-        if self.wall_timeout.is_zero() {
-            return fail("wall_timeout", "must be greater than 0".to_owned());
-        }
-        if self.wall_timeout > MAX_WALL_TIMEOUT {
-            return fail(
-                "wall_timeout",
-                format!(
-                    "must be at most 24h (got {})",
-                    format_duration(self.wall_timeout)
-                ),
-            );
-        }
-        if self.cpu_time.is_zero() {
-            return fail("cpu_time", "must be greater than 0".to_owned());
-        }
-        if self.memory < MIN_MEMORY {
-            return fail("memory", at_least(MIN_MEMORY, self.memory));
-        }
-        if !(PIDS_RANGE.0..=PIDS_RANGE.1).contains(&self.pids) {
-            return fail("pids", between(PIDS_RANGE, self.pids));
-        }
-        // `contains` is false for NaN, so NaN is rejected too.
-        if !(CPUS_RANGE.0..=CPUS_RANGE.1).contains(&self.cpus) {
-            return fail("cpus", between(CPUS_RANGE, self.cpus));
-        }
-        if !(OPEN_FILES_RANGE.0..=OPEN_FILES_RANGE.1).contains(&self.open_files) {
-            return fail("open_files", between(OPEN_FILES_RANGE, self.open_files));
-        }
-        if !(INOTIFY_INSTANCES_RANGE.0..=INOTIFY_INSTANCES_RANGE.1)
-            .contains(&self.inotify_instances)
-        {
-            return fail(
-                "inotify_instances",
-                between(INOTIFY_INSTANCES_RANGE, self.inotify_instances),
-            );
-        }
-        if !(INOTIFY_WATCHES_RANGE.0..=INOTIFY_WATCHES_RANGE.1).contains(&self.inotify_watches) {
-            return fail(
-                "inotify_watches",
-                between(INOTIFY_WATCHES_RANGE, self.inotify_watches),
-            );
-        }
-        if self.file_size < 1 {
-            return fail("file_size", at_least(1, self.file_size));
-        }
-        if self.disk < MIN_TMPFS_SIZE {
-            return fail("disk", at_least(MIN_TMPFS_SIZE, self.disk));
-        }
-        if !(MIN_MAX_OUTPUT..=MAX_MAX_OUTPUT).contains(&self.max_output) {
-            return fail(
-                "max_output",
-                format!(
-                    "must be between {} and {} (got {})",
-                    format_size(MIN_MAX_OUTPUT),
-                    format_size(MAX_MAX_OUTPUT),
-                    format_size(self.max_output)
-                ),
-            );
-        }
-        Ok(())
+    if l.wall_timeout > MAX_WALL_TIMEOUT {
+        return fail(
+            "wall_timeout",
+            format!(
+                "must be at most 24h (got {})",
+                format_duration(l.wall_timeout)
+            ),
+        );
     }
+    if l.cpu_time.is_zero() {
+        return fail("cpu_time", "must be greater than 0".to_owned());
+    }
+    if l.memory.get() < MIN_MEMORY {
+        return fail("memory", at_least(MIN_MEMORY, l.memory.get()));
+    }
+    if !(PIDS_RANGE.0..=PIDS_RANGE.1).contains(&l.pids) {
+        return fail("pids", between(PIDS_RANGE, l.pids));
+    }
+    // `contains` is false for NaN, so NaN is rejected too.
+    if !(CPUS_RANGE.0..=CPUS_RANGE.1).contains(&l.cpus.get()) {
+        return fail("cpus", between(CPUS_RANGE, l.cpus.get()));
+    }
+    if !(OPEN_FILES_RANGE.0..=OPEN_FILES_RANGE.1).contains(&l.open_files) {
+        return fail("open_files", between(OPEN_FILES_RANGE, l.open_files));
+    }
+    if !(INOTIFY_INSTANCES_RANGE.0..=INOTIFY_INSTANCES_RANGE.1).contains(&l.inotify_instances) {
+        return fail(
+            "inotify_instances",
+            between(INOTIFY_INSTANCES_RANGE, l.inotify_instances),
+        );
+    }
+    if !(INOTIFY_WATCHES_RANGE.0..=INOTIFY_WATCHES_RANGE.1).contains(&l.inotify_watches) {
+        return fail(
+            "inotify_watches",
+            between(INOTIFY_WATCHES_RANGE, l.inotify_watches),
+        );
+    }
+    if l.file_size.get() < 1 {
+        return fail("file_size", at_least(1, l.file_size.get()));
+    }
+    if l.disk.get() < MIN_TMPFS_SIZE {
+        return fail("disk", at_least(MIN_TMPFS_SIZE, l.disk.get()));
+    }
+    if !(MIN_MAX_OUTPUT..=MAX_MAX_OUTPUT).contains(&l.max_output.get()) {
+        return fail(
+            "max_output",
+            format!(
+                "must be between {} and {} (got {})",
+                format_size(MIN_MAX_OUTPUT),
+                format_size(MAX_MAX_OUTPUT),
+                format_size(l.max_output.get())
+            ),
+        );
+    }
+    Ok(())
 }
 
-/// How far a request may raise each limit a caller can set (the policy's
-/// `[limits.max]`). Lowering a limit is always allowed; a ceiling the
-/// policy leaves out is the limit itself (no raising).
-#[derive(Debug, Clone, PartialEq)]
-pub struct LimitCeilings {
-    pub wall_timeout: Duration,
-    pub memory: u64,
-    pub pids: u32,
-    pub disk: u64,
-    pub max_output: u64,
-}
-
-impl LimitCeilings {
-    /// Ceilings that allow no raising at all.
-    pub fn at(l: &Limits) -> LimitCeilings {
-        LimitCeilings {
-            wall_timeout: l.wall_timeout,
-            memory: l.memory,
-            pids: l.pids,
-            disk: l.disk,
-            max_output: l.max_output,
-        }
-    }
-
-    /// `base` raised to every ceiling: checked like any limits, so a
-    /// ceiling is never out of range.
-    pub(crate) fn raised(&self, base: &Limits) -> Limits {
-        Limits {
-            wall_timeout: self.wall_timeout,
-            memory: self.memory,
-            pids: self.pids,
-            disk: self.disk,
-            max_output: self.max_output,
-            ..base.clone()
-        }
-    }
-
-    /// The first ceiling below its limit, as (field, ceiling, limit).
-    pub(crate) fn below(&self, l: &Limits) -> Option<(&'static str, String, String)> {
-        let d = format_duration;
-        let s = format_size;
-        [
-            (
-                "wall_timeout",
-                self.wall_timeout < l.wall_timeout,
-                d(self.wall_timeout),
-                d(l.wall_timeout),
-            ),
-            (
-                "memory",
-                self.memory < l.memory,
-                s(self.memory),
-                s(l.memory),
-            ),
-            (
-                "pids",
-                self.pids < l.pids,
-                self.pids.to_string(),
-                l.pids.to_string(),
-            ),
-            ("disk", self.disk < l.disk, s(self.disk), s(l.disk)),
-            (
-                "max_output",
-                self.max_output < l.max_output,
-                s(self.max_output),
-                s(l.max_output),
-            ),
-        ]
-        .into_iter()
-        .find(|c| c.1)
-        .map(|(f, _, c, l)| (f, c, l))
-    }
+/// The first of `c`'s ceilings below the limit it caps in `l`, as
+/// (field, ceiling, limit).
+pub(crate) fn ceiling_below(
+    c: &LimitCeilings,
+    l: &RunLimits,
+) -> Option<(&'static str, String, String)> {
+    let d = format_duration;
+    let s = |b: Bytes| format_size(b.get());
+    [
+        (
+            "wall_timeout",
+            c.wall_timeout < l.wall_timeout,
+            d(c.wall_timeout),
+            d(l.wall_timeout),
+        ),
+        ("memory", c.memory < l.memory, s(c.memory), s(l.memory)),
+        (
+            "pids",
+            c.pids < l.pids,
+            c.pids.to_string(),
+            l.pids.to_string(),
+        ),
+        ("disk", c.disk < l.disk, s(c.disk), s(l.disk)),
+        (
+            "max_output",
+            c.max_output < l.max_output,
+            s(c.max_output),
+            s(l.max_output),
+        ),
+    ]
+    .into_iter()
+    .find(|c| c.1)
+    .map(|(f, _, c, l)| (f, c, l))
 }
 
 fn at_least(min: u64, got: u64) -> String {
@@ -302,12 +207,12 @@ mod tests {
 
     #[test]
     fn defaults_are_valid() {
-        assert_eq!(Limits::default().validate(), Ok(()));
+        assert_eq!(check(&RunLimits::default()), Ok(()));
     }
 
     #[test]
     fn each_range_names_its_field() {
-        type Case = (fn(&mut Limits), &'static str);
+        type Case = (fn(&mut RunLimits), &'static str);
         let cases: Vec<Case> = vec![
             (
                 |l| l.wall_timeout = Duration::ZERO,
@@ -322,7 +227,7 @@ mod tests {
                 "cpu_time: must be greater than 0",
             ),
             (
-                |l| l.memory = MIB,
+                |l| l.memory = Bytes(MIB),
                 "memory: must be at least 16MiB (got 1MiB)",
             ),
             (|l| l.pids = 0, "pids: must be between 1 and 65536 (got 0)"),
@@ -331,15 +236,15 @@ mod tests {
                 "pids: must be between 1 and 65536 (got 65537)",
             ),
             (
-                |l| l.cpus = 0.0,
+                |l| l.cpus = Cores(0.0),
                 "cpus: must be between 0.01 and 1024 (got 0)",
             ),
             (
-                |l| l.cpus = f64::NAN,
+                |l| l.cpus = Cores(f64::NAN),
                 "cpus: must be between 0.01 and 1024 (got NaN)",
             ),
             (
-                |l| l.cpus = 2000.0,
+                |l| l.cpus = Cores(2000.0),
                 "cpus: must be between 0.01 and 1024 (got 2000)",
             ),
             (
@@ -347,44 +252,44 @@ mod tests {
                 "open_files: must be between 16 and 1048576 (got 3)",
             ),
             (
-                |l| l.file_size = 0,
+                |l| l.file_size = Bytes(0),
                 "file_size: must be at least 1 byte (got 0 bytes)",
             ),
             (
-                |l| l.disk = 512 * KIB,
+                |l| l.disk = Bytes(512 * KIB),
                 "disk: must be at least 1MiB (got 512KiB)",
             ),
             (
-                |l| l.max_output = 1023,
+                |l| l.max_output = Bytes(1023),
                 "max_output: must be between 1KiB and 16MiB (got 1023 bytes)",
             ),
             (
-                |l| l.max_output = 8 << 30,
+                |l| l.max_output = Bytes(8 << 30),
                 "max_output: must be between 1KiB and 16MiB (got 8GiB)",
             ),
         ];
         for (set, expected) in cases {
-            let mut limits = Limits::default();
+            let mut limits = RunLimits::default();
             set(&mut limits);
-            assert_eq!(limits.validate().unwrap_err().to_string(), expected);
+            assert_eq!(check(&limits).unwrap_err().to_string(), expected);
         }
     }
 
     #[test]
     fn edges_are_inclusive() {
-        let limits = Limits {
+        let limits = RunLimits {
             wall_timeout: MAX_WALL_TIMEOUT,
             cpu_time: Duration::from_millis(1),
-            memory: MIN_MEMORY,
+            memory: Bytes(MIN_MEMORY),
             pids: 65536,
-            cpus: 0.01,
+            cpus: Cores(0.01),
             open_files: 16,
-            file_size: 1,
-            disk: MIB,
-            max_output: KIB,
+            file_size: Bytes(1),
+            disk: Bytes(MIB),
+            max_output: Bytes(KIB),
             inotify_instances: 0,
             inotify_watches: 1_048_576,
         };
-        assert_eq!(limits.validate(), Ok(()));
+        assert_eq!(check(&limits), Ok(()));
     }
 }

@@ -226,6 +226,11 @@ pub(crate) fn duration(q: Quantity) -> Result<std::time::Duration, UnitError> {
     }
 }
 
+/// A size in [`crate::Bytes`].
+pub(crate) fn bytes(q: Quantity) -> Result<crate::Bytes, UnitError> {
+    size(q).map(crate::Bytes)
+}
+
 pub(crate) fn size(q: Quantity) -> Result<u64, UnitError> {
     match q {
         Quantity::Integer(n) => u64::try_from(n).map_err(|_| UnitError::NegativeSize(n)),

@@ -75,17 +75,17 @@ fn good_policy_parses_into_typed_values() {
     );
     assert_eq!(
         p.limits,
-        Limits {
+        RunLimits {
             wall_timeout: Duration::from_secs(10),
             cpu_time: Duration::from_secs(5),
-            memory: 256 << 20,
+            memory: Bytes(256 << 20),
             pids: 32,
-            cpus: 0.5,
+            cpus: Cores(0.5),
             open_files: 128,
-            file_size: 1 << 20,
-            disk: 48 << 20,
-            max_output: 64 << 10,
-            ..Limits::default()
+            file_size: Bytes(1 << 20),
+            disk: Bytes(48 << 20),
+            max_output: Bytes(64 << 10),
+            ..RunLimits::default()
         }
     );
     assert_eq!(p.network, NetworkMode::None);
@@ -130,7 +130,7 @@ interpreter = { venv = "/var/lib/pycell/envs/abc" }
         p.interpreter,
         Interpreter::Venv("/var/lib/pycell/envs/abc".into())
     );
-    assert_eq!(p.limits, Limits::default());
+    assert_eq!(p.limits, RunLimits::default());
     assert_eq!(p.network, NetworkMode::None);
     assert!(p.mounts.is_empty());
     assert_eq!(p.landlock, LandlockRules::default());
@@ -147,9 +147,9 @@ fn some_limits_given_others_default() {
         .replace("cpu_time = 5\n", "")
         .replace("pids = 32\n", "");
     let p = parse(&text).unwrap();
-    assert_eq!(p.limits.cpu_time, Limits::default().cpu_time);
-    assert_eq!(p.limits.pids, Limits::default().pids);
-    assert_eq!(p.limits.memory, 256 << 20);
+    assert_eq!(p.limits.cpu_time, RunLimits::default().cpu_time);
+    assert_eq!(p.limits.pids, RunLimits::default().pids);
+    assert_eq!(p.limits.memory, Bytes(256 << 20));
 }
 
 #[test]
@@ -500,7 +500,7 @@ fn builtin_files_must_be_complete() {
             .unwrap()
             .limits
             .pids,
-        Limits::default().pids
+        RunLimits::default().pids
     );
 }
 
@@ -519,7 +519,7 @@ fn default_policy_is_what_the_docs_say() {
         p.interpreter,
         Interpreter::HostPython("/usr/bin/python3".into())
     );
-    assert_eq!(p.limits, Limits::default());
+    assert_eq!(p.limits, RunLimits::default());
     let targets: Vec<&Path> = p.mounts.iter().map(|m| m.target.as_path()).collect();
     assert_eq!(
         targets,
@@ -557,7 +557,7 @@ fn ceilings_are_checked_and_default_to_the_limits() {
     assert_eq!(p.ceilings, crate::LimitCeilings::at(&p.limits));
     let with_max = format!("{}\n[limits.max]\nmemory = \"1GiB\"\npids = 100\n", GOOD);
     let p = parse(&with_max).unwrap();
-    assert_eq!((p.ceilings.memory, p.ceilings.pids), (1 << 30, 100));
+    assert_eq!((p.ceilings.memory, p.ceilings.pids), (Bytes(1 << 30), 100));
     assert_eq!(p.ceilings.disk, p.limits.disk);
     let below = format!("{}\n[limits.max]\nmemory = \"16MiB\"\n", GOOD);
     let e = parse(&below).unwrap_err().to_string();

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use crate::error::{Diagnostic, FieldPath};
 use crate::limits::{
-    between, LimitCeilings, Limits, INOTIFY_INSTANCES_RANGE, INOTIFY_WATCHES_RANGE,
+    between, Cores, LimitCeilings, RunLimits, INOTIFY_INSTANCES_RANGE, INOTIFY_WATCHES_RANGE,
     OPEN_FILES_RANGE, PIDS_RANGE,
 };
 use crate::network::{EgressLimits, EgressRules, Host, Rule, RuleKind, Scheme};
-use crate::raw::{duration, size};
+use crate::raw::{bytes, duration, size};
 use crate::raw::{
     RawCeilings, RawDependencies, RawInstall, RawLandlock, RawLimits, RawMount, RawNetwork,
     RawNetworkMode, RawPolicy, RawSeccomp,
@@ -289,8 +289,8 @@ fn check_interpreter(raw: &RawPolicy, path: &FieldPath) -> Result<Interpreter> {
     }
 }
 
-fn check_limits(raw: RawLimits, path: &FieldPath, completeness: Completeness) -> Result<Limits> {
-    let mut limits = Limits::default();
+fn check_limits(raw: RawLimits, path: &FieldPath, completeness: Completeness) -> Result<RunLimits> {
+    let mut limits = RunLimits::default();
     let field = |name: &str| path.key(name);
     let require = |present: bool, name: &str| -> Result<()> {
         if completeness == Completeness::Complete && !present {
@@ -325,22 +325,20 @@ fn check_limits(raw: RawLimits, path: &FieldPath, completeness: Completeness) ->
     }
     set!(wall_timeout, duration);
     set!(cpu_time, duration);
-    set!(memory, size);
+    set!(memory, bytes);
     set!(pids, |v: i64| u32::try_from(v)
         .map_err(|_| between(PIDS_RANGE, v)));
-    set!(cpus, Ok::<f64, String>);
+    set!(cpus, |v: f64| Ok::<Cores, String>(Cores(v)));
     set!(open_files, |v: i64| u64::try_from(v)
         .map_err(|_| between(OPEN_FILES_RANGE, v)));
-    set!(file_size, size);
-    set!(disk, size);
-    set!(max_output, size);
+    set!(file_size, bytes);
+    set!(disk, bytes);
+    set!(max_output, bytes);
     set!(inotify_instances, |v: i64| u32::try_from(v)
         .map_err(|_| between(INOTIFY_INSTANCES_RANGE, v)));
     set!(inotify_watches, |v: i64| u64::try_from(v)
         .map_err(|_| between(INOTIFY_WATCHES_RANGE, v)));
-    limits
-        .check()
-        .map_err(|e| Diagnostic::at(field(e.field), e.message))?;
+    crate::limits::check(&limits).map_err(|e| Diagnostic::at(field(e.field), e.message))?;
     Ok(limits)
 }
 
@@ -349,7 +347,7 @@ fn check_limits_table(
     raw: Option<RawLimits>,
     path: &FieldPath,
     completeness: Completeness,
-) -> Result<(Limits, LimitCeilings)> {
+) -> Result<(RunLimits, LimitCeilings)> {
     let mut raw = raw.unwrap_or_default();
     let raw_ceilings = raw.max.take();
     let limits = check_limits(raw, path, completeness)?;
@@ -360,7 +358,7 @@ fn check_limits_table(
 /// `[limits.max]`: each ceiling in range and at least the limit it caps.
 fn check_ceilings(
     raw: Option<RawCeilings>,
-    limits: &Limits,
+    limits: &RunLimits,
     path: &FieldPath,
     completeness: Completeness,
 ) -> Result<LimitCeilings> {
@@ -389,16 +387,14 @@ fn check_ceilings(
         };
     }
     set!(wall_timeout, duration);
-    set!(memory, size);
+    set!(memory, bytes);
     set!(pids, |v: i64| u32::try_from(v)
         .map_err(|_| between(PIDS_RANGE, v)));
-    set!(disk, size);
-    set!(max_output, size);
-    ceilings
-        .raised(limits)
-        .check()
+    set!(disk, bytes);
+    set!(max_output, bytes);
+    crate::limits::check(&ceilings.raised(limits))
         .map_err(|e| Diagnostic::at(path.key(e.field), e.message))?;
-    if let Some((field, ceiling, limit)) = ceilings.below(limits) {
+    if let Some((field, ceiling, limit)) = crate::limits::ceiling_below(&ceilings, limits) {
         return Err(Diagnostic::at(
             path.key(field),
             format!("{ceiling} is below the limit it caps ({limit}): a ceiling says how far a request may raise the limit, so it must be at least the limit"),

@@ -8,7 +8,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::result::LimitsReport;
+use crate::result::RunLimits;
 
 /// One isolation layer and whether this host can enforce it.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -58,9 +58,9 @@ pub struct PolicySummary {
     pub network_deny: Vec<String>,
     /// `installed` (a file in /etc/pycell/policies) or `built-in`.
     pub source: String,
-    pub limits: LimitsReport,
+    pub limits: RunLimits,
     /// How far a run may raise each limit (`[limits.max]`); lowering is always allowed.
-    pub max: crate::limits::LimitCeilingsReport,
+    pub max: crate::limits::LimitCeilings,
 }
 
 fn code_purpose() -> String {

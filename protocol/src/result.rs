@@ -9,7 +9,7 @@ use pycell_wire::report::{
     SessionEnd,
 };
 
-pub use crate::limits::LimitsReport;
+pub use crate::limits::RunLimits;
 
 /// A package in an env.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -68,7 +68,7 @@ pub struct RunResult {
     pub images_omitted: u32,
     pub policy: String,
     /// The effective limits; null when the run was refused before they were known.
-    pub limits: Option<LimitsReport>,
+    pub limits: Option<RunLimits>,
     pub layers: Option<Layers>,
     pub error: Option<JailFailure>,
     /// What the run did through the egress proxy (policies with network
@@ -181,7 +181,7 @@ impl RunResult {
     pub fn new(
         run_id: &str,
         policy: &str,
-        limits: Option<LimitsReport>,
+        limits: Option<RunLimits>,
         report: JailReport,
         stdout: &[u8],
         stderr: &[u8],
@@ -232,14 +232,13 @@ impl RunResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pycell_policy::Limits;
 
     #[test]
     fn limits_report_in_the_documented_units() {
-        let v = serde_json::to_value(LimitsReport::from(&Limits::default())).unwrap();
+        let v = serde_json::to_value(RunLimits::default()).unwrap();
         assert_eq!(v["wall_timeout_s"], 30.0);
         assert_eq!(v["memory_bytes"], 512u64 << 20);
-        let back: LimitsReport = serde_json::from_value(v).unwrap();
-        assert_eq!(back, LimitsReport::from(&Limits::default()));
+        let back: RunLimits = serde_json::from_value(v).unwrap();
+        assert_eq!(back, RunLimits::default());
     }
 }

@@ -9,7 +9,7 @@ use pycell_wire::events::ReplyMeasure;
 use pycell_wire::report::{ChangedFile, Image};
 
 use crate::limits::LimitOverrides;
-use crate::result::{EnvReport, LimitsReport};
+use crate::result::{EnvReport, RunLimits};
 
 /// `session_start`: the session's policy, limits and dependencies (fixed
 /// for its life).
@@ -64,7 +64,7 @@ pub struct SessionInfo {
     /// Host uid the session's code runs as (unique to it, no account has it).
     pub sandbox_uid: u32,
     /// Each cell's limits (wall_timeout_s is a cell's default timeout); memory, processes and disk hold for the whole session.
-    pub limits: LimitsReport,
+    pub limits: RunLimits,
     /// A session with no call for this long is ended.
     pub idle_timeout_s: f64,
     /// The session is ended this long after it started.

@@ -22,8 +22,11 @@
 
 pub mod session;
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
+use pycell_wire::limits::Bytes;
 use pycell_wire::spec::{ImageLimits, JailSpec, WORKSPACE};
 
 /// The runner's source: every python run starts on it (`python -s -c
@@ -144,8 +147,8 @@ pub fn fits(warm: &JailSpec, cold: &JailSpec) -> bool {
         s.warm = false;
         // A warm jail forked from a zygote is that zygote's warm jail.
         s.from_zygote = None;
-        s.limits.wall_timeout_ms = 0;
-        s.limits.max_output_bytes = 0;
+        s.limits.wall_timeout = Duration::ZERO;
+        s.limits.max_output = Bytes(0);
         serde_json::to_value(s).ok()
     };
     warm.warm && cold.files.len() == 1 && shape(warm).is_some() && shape(warm) == shape(cold)
@@ -160,8 +163,8 @@ pub fn work_for(cold: &JailSpec) -> Option<Work> {
         // argv: python, -s, the script, then the run's arguments.
         args: cold.argv.get(3..).unwrap_or_default().to_vec(),
         stdin: cold.stdin.clone(),
-        wall_timeout_ms: cold.limits.wall_timeout_ms,
-        max_output_bytes: cold.limits.max_output_bytes,
+        wall_timeout: cold.limits.wall_timeout,
+        max_output: cold.limits.max_output,
         images: cold.images,
     })
 }
@@ -177,9 +180,12 @@ pub struct Work {
     pub args: Vec<String>,
     pub stdin: Vec<u8>,
     /// The run's own wall timeout and output cap (a request may set them;
-    /// every other limit is the jail's, which the launcher matched).
-    pub wall_timeout_ms: u64,
-    pub max_output_bytes: u64,
+    /// every other limit is the jail's, which the launcher matched),
+    /// serialized as the jail's limits are.
+    #[serde(rename = "wall_timeout_s", with = "pycell_wire::limits::seconds")]
+    pub wall_timeout: Duration,
+    #[serde(rename = "max_output_bytes")]
+    pub max_output: Bytes,
     /// The images the runner sends back when the code is done.
     #[serde(default)]
     pub images: Option<ImageLimits>,
@@ -216,7 +222,7 @@ impl Work {
         if self.args.iter().any(|a| a.contains('\0')) {
             return Err(WorkError::NulInArgument);
         }
-        if self.wall_timeout_ms == 0 {
+        if self.wall_timeout.is_zero() {
             return Err(WorkError::NoTimeout);
         }
         Ok(())
@@ -248,8 +254,8 @@ mod tests {
             filename: "main.py".into(),
             args: vec!["a".into()],
             stdin: b"in".to_vec(),
-            wall_timeout_ms: 1000,
-            max_output_bytes: 1 << 20,
+            wall_timeout: Duration::from_secs(1),
+            max_output: Bytes(1 << 20),
             images: Some(ImageLimits {
                 max_edge: 64,
                 max_bytes: 4096,
@@ -294,7 +300,7 @@ mod tests {
         w.args = vec!["a\0b".into()];
         assert!(w.validate().is_err());
         let mut w = work();
-        w.wall_timeout_ms = 0;
+        w.wall_timeout = Duration::ZERO;
         assert!(w.validate().is_err());
         assert!(work().validate().is_ok());
     }

@@ -16,8 +16,11 @@
 //! forwards ([`pycell_wire::events::Event::Reply`]); the launcher parses
 //! it ([`RunnerReply`]), never anything running as root.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
+use pycell_wire::limits::{whole_secs, Bytes};
 use pycell_wire::spec::{ImageLimits, JailSpec, SessionSpec};
 
 use crate::RUNNER;
@@ -53,8 +56,9 @@ pub fn session_argv(python: String, modules: &[String]) -> Vec<String> {
 pub fn session_spec(cold: &JailSpec, modules: &[String], clocks: SessionSpec) -> JailSpec {
     let mut spec = crate::warm_spec(cold, modules);
     spec.argv = session_argv(cold.argv[0].clone(), modules);
-    spec.limits.cpu_time_s = clocks.lifetime_ms.div_ceil(1000).max(1);
-    spec.limits.wall_timeout_ms = clocks.lifetime_ms;
+    let lifetime = Duration::from_millis(clocks.lifetime_ms);
+    spec.limits.cpu_time = Duration::from_secs(whole_secs(lifetime));
+    spec.limits.wall_timeout = lifetime;
     spec.session = Some(clocks);
     spec
 }
@@ -79,12 +83,16 @@ pub fn fits_session(member: &JailSpec, wanted: &JailSpec) -> bool {
 pub struct SessionOp {
     /// Past it, the runner gets SIGINT (KeyboardInterrupt in a cell); if
     /// it has not answered the session's grace later, the session ends.
-    pub wall_timeout_ms: u64,
-    /// CPU seconds the runner may use for this request (RLIMIT_CPU from
-    /// now: SIGXCPU, which a cell also sees as KeyboardInterrupt).
-    pub cpu_time_s: u64,
+    #[serde(rename = "wall_timeout_s", with = "pycell_wire::limits::seconds")]
+    pub wall_timeout: Duration,
+    /// CPU time the runner may use for this request (RLIMIT_CPU from now,
+    /// in whole seconds: SIGXCPU, which a cell also sees as
+    /// KeyboardInterrupt).
+    #[serde(rename = "cpu_time_s", with = "pycell_wire::limits::seconds")]
+    pub cpu_time: Duration,
     /// Cap for each of stdout and stderr during this request.
-    pub max_output_bytes: u64,
+    #[serde(rename = "max_output_bytes")]
+    pub max_output: Bytes,
     pub request: SessionRequest,
 }
 
@@ -142,7 +150,7 @@ pub enum SessionOpError {
 impl SessionOp {
     /// Check what the jailer relies on.
     pub fn validate(&self) -> Result<(), SessionOpError> {
-        if self.wall_timeout_ms == 0 || self.cpu_time_s == 0 || self.max_output_bytes == 0 {
+        if self.wall_timeout.is_zero() || self.cpu_time.is_zero() || self.max_output.get() == 0 {
             return Err(SessionOpError::Zero);
         }
         match &self.request {
@@ -242,9 +250,9 @@ mod tests {
 
     fn op(request: SessionRequest) -> SessionOp {
         SessionOp {
-            wall_timeout_ms: 1000,
-            cpu_time_s: 1,
-            max_output_bytes: 1024,
+            wall_timeout: Duration::from_secs(1),
+            cpu_time: Duration::from_secs(1),
+            max_output: Bytes(1024),
             request,
         }
     }
@@ -261,7 +269,7 @@ mod tests {
         assert_eq!(v["op"], "cell");
         assert_eq!(v["code"], "x = 1");
         assert_eq!(v["limits"]["images"]["max_edge"], 1024);
-        assert!(v.get("wall_timeout_ms").is_none(), "{v}");
+        assert!(v.get("wall_timeout_s").is_none(), "{v}");
     }
 
     #[test]
@@ -270,7 +278,7 @@ mod tests {
             path: String::new(),
             max_entries: 10,
         });
-        zero.wall_timeout_ms = 0;
+        zero.wall_timeout = Duration::ZERO;
         assert_eq!(zero.validate(), Err(SessionOpError::Zero));
         let nul = op(SessionRequest::Write {
             path: "a\0b".into(),

@@ -867,7 +867,7 @@ fn a_request_cannot_raise_limits_above_the_policy_ceilings() {
     };
     let r = d.client().run(req, |_, _| {}).unwrap();
     let limits = r.limits.unwrap();
-    assert_eq!((limits.memory_bytes, limits.pids), (2 << 30, 256));
+    assert_eq!((limits.memory.get(), limits.pids), (2 << 30, 256));
 }
 
 /// 300 abusive connections from one allowed uid: 100 send garbage frames

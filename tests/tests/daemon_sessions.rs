@@ -176,7 +176,7 @@ fn a_session_keeps_state_across_calls_and_connections_and_belongs_to_its_uid() {
     // The session's memory counts in admission while it lives.
     let during = d.client().info().unwrap().daemon;
     assert!(
-        during.memory_admitted_bytes >= info.limits.memory_bytes,
+        during.memory_admitted_bytes >= info.limits.memory.get(),
         "{during:?}"
     );
     let listed = d.client().session_list().unwrap();
@@ -339,7 +339,7 @@ fn a_session_takes_a_ready_jail_of_the_session_pool() {
         ..Default::default()
     };
     let other = d.client().session_start(req, |_| {}).unwrap();
-    assert_eq!(other.limits.memory_bytes, 256 << 20);
+    assert_eq!(other.limits.memory.get(), 256 << 20);
     d.client().session_end(&info.session).unwrap();
     d.client().session_end(&other.session).unwrap();
 }

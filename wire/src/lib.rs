@@ -20,6 +20,7 @@ pub mod events;
 pub mod fdpass;
 pub mod framing;
 pub mod handout;
+pub mod limits;
 pub mod named_fds;
 pub mod outcome;
 pub mod report;

@@ -7,6 +7,8 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::limits::RunLimits;
+
 /// In-jail uid/gid of the sandboxed code. It maps to the unique host
 /// `sandbox_uid`/`sandbox_gid`; uid 0 is not mapped at all.
 pub const JAIL_UID: u32 = 1000;
@@ -43,7 +45,7 @@ pub struct JailSpec {
     /// Read-only bind mounts (host source → in-jail target). A source that is
     /// a symlink on the host is recreated as the same symlink.
     pub mounts: Vec<BindMount>,
-    pub limits: JailLimits,
+    pub limits: RunLimits,
     pub landlock: LandlockSpec,
     /// Name of a profile known to the `pycell-seccomp` crate.
     pub seccomp_profile: String,
@@ -276,28 +278,6 @@ impl BindMount {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct JailLimits {
-    pub wall_timeout_ms: u64,
-    pub cpu_time_s: u64,
-    pub memory_bytes: u64,
-    pub pids: u32,
-    /// cpu.max quota in millicores (1000 = one core).
-    pub cpu_millicores: u32,
-    pub open_files: u64,
-    pub file_size_bytes: u64,
-    /// One tmpfs holds /workspace, /tmp and /dev/shm: their total size.
-    pub disk_bytes: u64,
-    /// Cap for each of stdout and stderr.
-    pub max_output_bytes: u64,
-    /// `max_inotify_instances` and `max_inotify_watches` of the jail's
-    /// user namespace (the kernel's per-user counters, charged to the
-    /// sandbox uid: see the jailer's `ns_owner`).
-    pub inotify_instances: u32,
-    pub inotify_watches: u64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct LandlockSpec {
     /// The run is refused if the kernel's Landlock ABI is lower.
     pub min_abi: u8,
@@ -405,7 +385,7 @@ impl JailSpec {
         self.validate_identity()?;
         self.validate_program()?;
         self.validate_mounts()?;
-        self.limits.validate()?;
+        check_limits(&self.limits)?;
         self.landlock.validate()?;
         if !is_plain_relative_path(&self.cgroup.parent) {
             return Err(bad(
@@ -640,26 +620,29 @@ fn built_by_jailer(target: &Path) -> bool {
     target == Path::new("/") || RESERVED_TARGETS.iter().any(|r| target.starts_with(r))
 }
 
-impl JailLimits {
-    fn validate(&self) -> Result<(), SpecError> {
-        if self.wall_timeout_ms == 0
-            || self.memory_bytes < (16 << 20)
-            || self.pids == 0
-            || self.cpu_millicores == 0
-        {
-            return Err(bad(
-                "limits",
-                "timeout, memory (>= 16MiB), pids and cpus must be positive",
-            ));
-        }
-        if self.disk_bytes < 4096 || self.open_files < 16 {
-            return Err(bad(
-                "limits",
-                "workspace/tmp sizes and open_files are too small",
-            ));
-        }
-        Ok(())
+/// The limits as the jailer needs them: positive, and large enough for
+/// python to start (their policy ranges were checked where they were
+/// settled).
+fn check_limits(l: &RunLimits) -> Result<(), SpecError> {
+    if l.wall_timeout.is_zero()
+        || l.cpu_time.is_zero()
+        || l.memory.get() < (16 << 20)
+        || l.pids == 0
+        || l.cpus.get().is_nan()
+        || l.cpus.get() <= 0.0
+    {
+        return Err(bad(
+            "limits",
+            "timeout, CPU time, memory (>= 16MiB), pids and cpus must be positive",
+        ));
     }
+    if l.disk.get() < 4096 || l.open_files < 16 {
+        return Err(bad(
+            "limits",
+            "workspace/tmp sizes and open_files are too small",
+        ));
+    }
+    Ok(())
 }
 
 impl LandlockSpec {
@@ -699,8 +682,8 @@ mod tests {
         let spec: JailSpec = serde_json::from_value(serde_json::json!({
             "run_id": "r-1f", "sandbox_uid": 1_800_000_001u32, "sandbox_gid": 1_800_000_001u32,
             "argv": ["/usr/bin/python3"], "env": [], "files": [], "mounts": [],
-            "limits": {"wall_timeout_ms": 1000, "cpu_time_s": 1, "memory_bytes": 64 << 20,
-                       "pids": 16, "cpu_millicores": 1000, "open_files": 64,
+            "limits": {"wall_timeout_s": 1.0, "cpu_time_s": 1.0, "memory_bytes": 64 << 20,
+                       "pids": 16, "cpus": 1.0, "open_files": 64,
                        "file_size_bytes": 1 << 20, "disk_bytes": 1 << 20, "max_output_bytes": 1 << 20,
                        "inotify_instances": 16, "inotify_watches": 8192},
             "landlock": {"min_abi": 1, "read_exec": [], "read_only": [], "read_write": []},

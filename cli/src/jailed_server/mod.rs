@@ -118,7 +118,7 @@ impl Asked<'_> {
             .policy(&args.policy)
             .await
             .map_err(|e| e.failure())?;
-        let (grants, granted) = open_grants(args, policy.limits.disk_bytes)?
+        let (grants, granted) = open_grants(args, policy.limits.disk.get())?
             .into_iter()
             .unzip();
         let found = self.resolve(service).await?;

@@ -59,7 +59,7 @@ pub(crate) struct SpawnedRun {
     /// A pooled session jail, ready already.
     pub(crate) ready: bool,
     pub(crate) policy: String,
-    pub(crate) limits: pycell_protocol::result::LimitsReport,
+    pub(crate) limits: pycell_protocol::result::RunLimits,
     /// The run's `[images]` bounds.
     pub(crate) images: Option<pycell_wire::spec::ImageLimits>,
     pub(crate) events: tokio::net::unix::pipe::Receiver,

@@ -83,7 +83,7 @@ pub(crate) fn order(
     let order = RunOrder {
         tools: tools.is_some(),
         policy: policy.name,
-        limits: pycell_protocol::result::LimitsReport::from(&limits),
+        limits: limits.clone(),
         code: request.code,
         filename: request.filename,
         args: request.args,
@@ -131,9 +131,9 @@ mod tests {
         r.dependencies = vec!["attrs >= 23".into(), "six".into()];
         let o = order(dir.path(), r.clone(), Vec::new()).unwrap().order;
         assert_eq!(o.policy, "default");
-        assert_eq!(o.limits.wall_timeout_s, 2.5);
+        assert_eq!(o.limits.wall_timeout.as_secs_f64(), 2.5);
         let defaults = pycell_policy::builtin::load("default").unwrap().limits;
-        assert_eq!(o.limits.memory_bytes, defaults.memory);
+        assert_eq!(o.limits.memory, defaults.memory);
         let deps = o.dependencies.clone().unwrap();
         assert_eq!(deps.requirements, ["six", "attrs>=23"]);
         assert_eq!(o.code, r.code);

@@ -18,7 +18,7 @@ use pycell_launch::session_table::{self, Entry, Lookup, SessionTable};
 use pycell_launch::supervisor::RunStream;
 use pycell_policy::Policy;
 use pycell_protocol::messages::{ErrorCode, RunRequest};
-use pycell_protocol::result::LimitsReport;
+use pycell_protocol::result::RunLimits;
 use pycell_protocol::session::{
     SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
 };
@@ -46,7 +46,7 @@ impl session_table::HeldPolicy for Held {
 #[derive(Debug, Clone)]
 pub(crate) struct Held {
     pub policy: Arc<Policy>,
-    pub limits: LimitsReport,
+    pub limits: RunLimits,
     /// Its admission slot: its memory counts until it ends.
     _slot: Arc<Slot>,
     /// Code mode: where its tool calls go (the connection of the call
@@ -222,7 +222,7 @@ impl Broker {
         timeout_s: Option<f64>,
     ) -> Result<(Session, SessionOp, Option<Arc<RelaySwitch>>), Refused> {
         let entry = self.session_of(who, handle)?;
-        let max_output = entry.info.limits.max_output_bytes;
+        let max_output = entry.info.limits.max_output;
         let op = session_table::op_for(&entry.info.policy, max_output, call, timeout_s)
             .map_err(|(code, message)| refused(code, message))?;
         Ok((entry.session, op, entry.info.tools))

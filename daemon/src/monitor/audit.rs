@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pycell_deps::DepsRequest;
 use pycell_protocol::result::EnvReport;
-use pycell_protocol::result::LimitsReport;
+use pycell_protocol::result::RunLimits;
 use pycell_wire::outcome::Outcome;
 use pycell_wire::report::JailFailure;
 use sha2::{Digest, Sha256};
@@ -42,7 +42,7 @@ pub struct RunStart<'a> {
     pub peer: &'a PeerIds,
     pub code: &'a str,
     pub policy: &'a str,
-    pub limits: &'a LimitsReport,
+    pub limits: &'a RunLimits,
     pub sandbox_uid: u32,
     /// It went to a warm jail of the pool.
     pub warm: bool,

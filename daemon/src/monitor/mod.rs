@@ -39,7 +39,7 @@ use pycell_launch::launcher::{
 use pycell_launch::resolve::Extras;
 use pycell_protocol::framing;
 use pycell_protocol::messages::{ErrorCode, RunRequest};
-use pycell_protocol::result::{EnvReport, LimitsReport};
+use pycell_protocol::result::EnvReport;
 use pycell_wire::codes::FailureCode;
 
 use crate::config::is_proxy_setting;

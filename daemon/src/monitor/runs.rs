@@ -132,7 +132,7 @@ impl Monitor {
         let wanted =
             pycell_runner::session::session_spec(&resolved.spec, &policy.warm_imports, clocks);
         let mut taken = self.pools.take_session(&policy.name, &wanted)?;
-        taken.launched.limits = LimitsReport::from(&resolved.limits);
+        taken.launched.limits = resolved.limits.clone();
         Some(taken)
     }
 
@@ -152,7 +152,7 @@ impl Monitor {
         let mut launched = taken.launched;
         // The run's own limits (its timeout, its output cap), which its
         // work carried.
-        launched.limits = LimitsReport::from(&resolved.limits);
+        launched.limits = resolved.limits.clone();
         let env = member_env(taken.env, env.as_ref().map(|(_, report)| report.clone()));
         Some(self.started(req, peer, launched, env, &request.code, true))
     }
@@ -168,7 +168,7 @@ impl Monitor {
         code: &str,
         warm: bool,
     ) -> (ToBroker, Vec<OwnedFd>) {
-        let wall = Duration::from_secs_f64(launched.limits.wall_timeout_s);
+        let wall = launched.limits.wall_timeout;
         self.started_for(req, peer, launched, env, code, warm, wall)
     }
 

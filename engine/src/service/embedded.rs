@@ -35,7 +35,7 @@ use pycell_launch::tool_grant::ToolGrant;
 use pycell_policy::Policy;
 use pycell_protocol::info::PolicySummary;
 use pycell_protocol::messages::RunRequest;
-use pycell_protocol::result::{LimitsReport, RunResult};
+use pycell_protocol::result::{RunLimits, RunResult};
 use pycell_protocol::session::{
     SessionAnswer, SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
 };
@@ -61,7 +61,7 @@ const READY_WITHIN: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone)]
 pub struct SessionHeld {
     pub policy: Arc<Policy>,
-    pub limits: LimitsReport,
+    pub limits: RunLimits,
     /// Its env, held in use (safe from removal) while the session lives.
     pub _env: Option<Arc<Ensured>>,
 }
@@ -341,7 +341,7 @@ impl Sandboxes for Embedded {
         let entry = self.session(handle)?;
         let op = session_table::op_for(
             &entry.info.policy,
-            entry.info.limits.max_output_bytes,
+            entry.info.limits.max_output,
             call,
             timeout_s,
         )
@@ -587,7 +587,7 @@ impl Embedded {
         prepared: Prepared,
         policy: &Policy,
         tools: Option<pycell_tools::service::ToolService>,
-    ) -> Result<(Session, LimitsReport), SessionFailure> {
+    ) -> Result<(Session, RunLimits), SessionFailure> {
         let limits = prepared.limits.clone();
         let egress = prepared.egress.clone();
         let launched = prepared
@@ -630,7 +630,7 @@ impl Embedded {
     /// have finished meanwhile), out of it once it ends.
     async fn admit(
         &self,
-        (session, limits): (Session, LimitsReport),
+        (session, limits): (Session, RunLimits),
         policy: Policy,
         ensured: Option<Ensured>,
     ) -> Result<SessionInfo, SessionFailure> {

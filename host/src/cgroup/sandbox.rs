@@ -41,12 +41,24 @@ pub fn join_v1(tasks: &[OwnedFd]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Limits applied to one sandbox cgroup.
+/// The cgroup's view of a run's limits: what is written to one sandbox
+/// cgroup.
 #[derive(Debug, Clone, Copy)]
 pub struct CgroupLimits {
     pub memory_bytes: u64,
     pub pids: u32,
     pub cpu_millicores: u32,
+}
+
+impl CgroupLimits {
+    /// The cgroup's part of `l`.
+    pub fn of(l: &pycell_wire::limits::RunLimits) -> CgroupLimits {
+        CgroupLimits {
+            memory_bytes: l.memory.get(),
+            pids: l.pids,
+            cpu_millicores: l.cpus.millicores(),
+        }
+    }
 }
 
 /// What the cgroup measured over a run.

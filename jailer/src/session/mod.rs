@@ -282,9 +282,9 @@ mod tests {
     #[test]
     fn requests_are_checked_as_they_come() {
         let op = SessionOp {
-            wall_timeout_ms: 1000,
-            cpu_time_s: 1,
-            max_output_bytes: 10,
+            wall_timeout: Duration::from_secs(1),
+            cpu_time: Duration::from_secs(1),
+            max_output: pycell_wire::limits::Bytes(10),
             request: SessionRequest::Read {
                 path: "x".into(),
                 max_bytes: MAX_FILE_BYTES + 1,

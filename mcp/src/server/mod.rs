@@ -292,13 +292,13 @@ fn render_info(info: &pycell_protocol::info::HostInfo) -> String {
             p.name,
             p.description,
             p.network_label(),
-            l.wall_timeout_s,
-            m.wall_timeout_s,
-            l.cpu_time_s,
-            human_bytes(l.memory_bytes),
+            l.wall_timeout.as_secs_f64(),
+            m.wall_timeout.as_secs_f64(),
+            l.cpu_time.as_secs_f64(),
+            human_bytes(l.memory.get()),
             l.pids,
-            human_bytes(l.max_output_bytes),
-            human_bytes(l.disk_bytes),
+            human_bytes(l.max_output.get()),
+            human_bytes(l.disk.get()),
         ));
     }
     for p in &info.policy_problems {

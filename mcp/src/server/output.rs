@@ -5,7 +5,7 @@
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use pycell_protocol::result::{EnvReport, LimitsReport, NetworkReport, RunResult};
+use pycell_protocol::result::{EnvReport, NetworkReport, RunLimits, RunResult};
 
 use rmcp::model::{CallToolResult, ContentBlock};
 
@@ -98,7 +98,7 @@ pub struct RunPythonOutput {
     /// The policy the run used.
     pub policy: String,
     /// The limits the run had (null if it was refused before they were known).
-    pub limits: Option<LimitsReport>,
+    pub limits: Option<RunLimits>,
     /// The isolation layers enforced (null if the run was refused).
     pub layers: Option<LayersInfo>,
     /// Why the run did not end normally (timeout, oom, CPU limit, cancelled, refused); null otherwise.
@@ -318,7 +318,7 @@ impl RunPythonOutput {
         }
         let mut text = head;
         text.push('\n');
-        let cap = self.limits.as_ref().map(|l| l.max_output_bytes);
+        let cap = self.limits.as_ref().map(|l| l.max_output.get());
         push_stream(
             &mut text,
             "stdout",
@@ -407,13 +407,13 @@ mod tests {
         let r = RunResult::new(
             "r-1",
             "default",
-            Some(LimitsReport::from(&pycell_policy::Limits::default())),
+            Some(pycell_policy::RunLimits::default()),
             report(RunStatus::Ok, Some(0)),
             b"1\n",
             b"",
         );
         let o = RunPythonOutput::from(r);
-        assert_eq!(o.limits.as_ref().unwrap().max_output_bytes, 1 << 20);
+        assert_eq!(o.limits.as_ref().unwrap().max_output.get(), 1 << 20);
         assert_eq!(
             o.render(),
             "status: ok (17 ms, 9 ms CPU, 8.4 MiB peak memory; policy default)\n\n--- stdout ---\n1\n"
@@ -434,7 +434,7 @@ mod tests {
         let o = RunPythonOutput::from(RunResult::new(
             "r-2",
             "default",
-            Some(LimitsReport::from(&pycell_policy::Limits::default())),
+            Some(pycell_policy::RunLimits::default()),
             rep,
             b"x",
             b"",

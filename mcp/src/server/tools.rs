@@ -244,10 +244,10 @@ fn run_python_description(
             secs(l.wall_timeout.as_secs_f64()),
             secs(c.wall_timeout.as_secs_f64()),
             secs(l.cpu_time.as_secs_f64()),
-            human_bytes(l.memory),
+            human_bytes(l.memory.get()),
             l.pids,
-            human_bytes(l.max_output),
-            human_bytes(l.disk),
+            human_bytes(l.max_output.get()),
+            human_bytes(l.disk.get()),
         ),
         None => format!("Limits are those of the policy ({default_policy}); see sandbox_info."),
     };

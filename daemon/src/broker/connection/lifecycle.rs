@@ -102,7 +102,7 @@ pub(super) async fn admit(
 ) -> Result<Slot, NotStarted> {
     let ask = Ask {
         who: peer.principal(),
-        memory: order.limits.memory_bytes,
+        memory: order.limits.memory.get(),
     };
     let memory = ask.memory;
     match broker.admission.request(ask) {

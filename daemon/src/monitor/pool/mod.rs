@@ -115,7 +115,7 @@ fn pool_memory(name: &str, config: &Config) -> Result<u64, String> {
         return Err(problem);
     }
     pycell_launch::resolve::effective_limits(&policy, &Default::default())
-        .map(|limits| limits.memory)
+        .map(|limits| limits.memory.get())
         .map_err(|e| e.to_string())
 }
 
