@@ -53,8 +53,9 @@ use validate::Completeness;
 /// A validated policy: everything the jailer needs to build one sandbox.
 ///
 /// Namespaces are not stored: every run gets all of them (see
-/// [`namespaces`]). What reports show of it is the protocol's
-/// (`pycell_protocol::limits`, `pycell_protocol::info`).
+/// [`namespaces`]). Its limits are `pycell_wire::limits::RunLimits`, the
+/// one type every crate uses; what reports show of the rest is the
+/// protocol's (`pycell_protocol::info`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     /// `[a-z0-9][a-z0-9_-]{0,63}`; equals the file stem when loaded from NAME.toml.

@@ -198,7 +198,7 @@ pub enum WorkError {
     FileName(String),
     #[error("an argument contains a NUL byte")]
     NulInArgument,
-    #[error("the wall timeout must be positive")]
+    #[error("the wall timeout must be positive and at most 30 days")]
     NoTimeout,
 }
 
@@ -222,7 +222,7 @@ impl Work {
         if self.args.iter().any(|a| a.contains('\0')) {
             return Err(WorkError::NulInArgument);
         }
-        if self.wall_timeout.is_zero() {
+        if self.wall_timeout.is_zero() || self.wall_timeout > pycell_wire::limits::MAX_CLOCK {
             return Err(WorkError::NoTimeout);
         }
         Ok(())

@@ -139,7 +139,7 @@ impl Default for CellLimits {
 /// Why a request was refused before it reached the runner.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SessionOpError {
-    #[error("the wall timeout, CPU allowance and output cap must be positive")]
+    #[error("the wall timeout, CPU allowance and output cap must be positive (the clocks at most 30 days)")]
     Zero,
     #[error("a path contains a NUL byte")]
     NulInPath,
@@ -150,7 +150,9 @@ pub enum SessionOpError {
 impl SessionOp {
     /// Check what the jailer relies on.
     pub fn validate(&self) -> Result<(), SessionOpError> {
-        if self.wall_timeout.is_zero() || self.cpu_time.is_zero() || self.max_output.get() == 0 {
+        let clocks = [self.wall_timeout, self.cpu_time];
+        let out_of_range = |d: &Duration| d.is_zero() || *d > pycell_wire::limits::MAX_CLOCK;
+        if clocks.iter().any(out_of_range) || self.max_output.get() == 0 {
             return Err(SessionOpError::Zero);
         }
         match &self.request {

@@ -15,6 +15,11 @@ use serde::{Deserialize, Serialize};
 
 const MIB: u64 = 1024 * 1024;
 
+/// The longest clock any message between pycell's processes may carry (a
+/// run's wall timeout, a session's lifetime, its CPU time): far above any
+/// policy's, and far below what an `Instant` can add without overflow.
+pub const MAX_CLOCK: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+
 /// A size in bytes.
 #[derive(
     Debug,
@@ -31,6 +36,7 @@ const MIB: u64 = 1024 * 1024;
     JsonSchema,
 )]
 #[serde(transparent)]
+#[schemars(inline)]
 pub struct Bytes(pub u64);
 
 impl Bytes {
@@ -48,6 +54,7 @@ impl Bytes {
 /// times its period).
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize, Deserialize, JsonSchema)]
 #[serde(transparent)]
+#[schemars(inline)]
 pub struct Cores(pub f64);
 
 impl Cores {
@@ -57,7 +64,8 @@ impl Cores {
 
     /// In thousandths of a core, at least 1 (cpu.max's quota per period).
     pub fn millicores(self) -> u32 {
-        (self.0 * 1000.0).round().clamp(1.0, f64::from(u32::MAX)) as u32
+        // `max` first: NaN.max(1.0) is 1.0.
+        (self.0 * 1000.0).round().max(1.0).min(f64::from(u32::MAX)) as u32
     }
 }
 
@@ -253,5 +261,6 @@ mod tests {
         assert_eq!(l.cpu_time_whole_secs(), 2);
         assert_eq!(l.cpus.millicores(), 1);
         assert_eq!(Cores(2.5).millicores(), 2500);
+        assert_eq!(Cores(f64::NAN).millicores(), 1);
     }
 }

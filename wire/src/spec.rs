@@ -8,6 +8,7 @@ use std::path::{Component, Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use crate::limits::RunLimits;
+use crate::limits::MAX_CLOCK;
 
 /// In-jail uid/gid of the sandboxed code. It maps to the unique host
 /// `sandbox_uid`/`sandbox_gid`; uid 0 is not mapped at all.
@@ -626,6 +627,8 @@ fn built_by_jailer(target: &Path) -> bool {
 fn check_limits(l: &RunLimits) -> Result<(), SpecError> {
     if l.wall_timeout.is_zero()
         || l.cpu_time.is_zero()
+        || l.wall_timeout > MAX_CLOCK
+        || l.cpu_time > MAX_CLOCK
         || l.memory.get() < (16 << 20)
         || l.pids == 0
         || l.cpus.get().is_nan()
@@ -633,7 +636,7 @@ fn check_limits(l: &RunLimits) -> Result<(), SpecError> {
     {
         return Err(bad(
             "limits",
-            "timeout, CPU time, memory (>= 16MiB), pids and cpus must be positive",
+            "timeout and CPU time (at most 30 days), memory (>= 16MiB), pids and cpus must be positive",
         ));
     }
     if l.disk.get() < 4096 || l.open_files < 16 {

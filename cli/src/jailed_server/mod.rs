@@ -82,7 +82,8 @@ fn serve(args: &McpServerArgs) -> Result<RunResult, JailFailure> {
         policy_files: true,
         ..Options::default()
     };
-    let backend = Backend::choose(args.embedded, args.socket.clone());
+    // Made once: its lookup, resolver and server all go to one place.
+    let backend = Backend::choose(args.embedded, args.socket.clone()).settled();
     let service = RunService::with_options(backend, None, options);
     let asked = Asked {
         args,

@@ -359,13 +359,25 @@ impl Backend {
         }
     }
 
+    /// The same backend with its choice made now: [`Backend::Either`]
+    /// becomes the pycelld listening now, or embedded (for a command whose
+    /// calls must all go to one place).
+    pub fn settled(self) -> Backend {
+        match self {
+            Backend::Either => match daemon_socket(None) {
+                Some(socket) => Backend::Daemon(socket),
+                None => Backend::Embedded,
+            },
+            other => other,
+        }
+    }
+
     /// The same choice for a command that runs once, made now: the socket
     /// of the pycelld its runs go to, or None: this process jails them.
     pub fn choose_now(embedded: bool, socket: Option<PathBuf>) -> Option<PathBuf> {
-        match Backend::choose(embedded, socket) {
+        match Backend::choose(embedded, socket).settled() {
             Backend::Daemon(s) => Some(s),
-            Backend::Either => daemon_socket(None),
-            Backend::Embedded | Backend::Cluster(_) => None,
+            _ => None,
         }
     }
 
