@@ -310,7 +310,7 @@ impl Config {
             };
             self.policy_access =
                 crate::broker::policy_access::PolicyAccess::from_table(t, user_uid)
-                    .map_err(|m| at.field(crate::broker::policy_access::KEY, m))?;
+                    .map_err(|e| at.field(crate::broker::policy_access::KEY, e))?;
         }
         Ok(())
     }

@@ -248,7 +248,8 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: UnixStream) {
     let front_end = broker.config.front_end_uids.contains(&peer.uid);
     let _counted = match broker.connections.enter(peer.uid, front_end) {
         Ok(c) => c,
-        Err(message) => {
+        Err(full) => {
+            let message = full.to_string();
             conn.out.send(error(None, ErrorCode::Busy, message)).await;
             return;
         }

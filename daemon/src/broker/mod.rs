@@ -112,6 +112,15 @@ struct Connections {
     open: Mutex<(usize, HashMap<u32, usize>)>,
 }
 
+/// Why a connection is not taken: too many are open.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum TooManyConnections {
+    #[error("uid {uid} already has {open} connections open (max_connections_per_uid); close some")]
+    OfUid { uid: u32, open: usize },
+    #[error("{0} connections are open (max_connections); try again shortly")]
+    InAll(usize),
+}
+
 /// A counted connection; dropping it uncounts it.
 struct Counted<'a> {
     connections: &'a Connections,
@@ -121,17 +130,14 @@ struct Counted<'a> {
 impl Connections {
     /// Count a connection of `uid`; a trusted front end's (which carries
     /// many identities) is capped only by the total.
-    fn enter(&self, uid: u32, front_end: bool) -> Result<Counted<'_>, String> {
+    fn enter(&self, uid: u32, front_end: bool) -> Result<Counted<'_>, TooManyConnections> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let of_uid = open.1.get(&uid).copied().unwrap_or(0);
         if of_uid >= self.max_per_uid && !front_end {
-            return Err(format!("uid {uid} already has {of_uid} connections open (max_connections_per_uid); close some"));
+            return Err(TooManyConnections::OfUid { uid, open: of_uid });
         }
         if open.0 >= self.max {
-            return Err(format!(
-                "{} connections are open (max_connections); try again shortly",
-                open.0
-            ));
+            return Err(TooManyConnections::InAll(open.0));
         }
         open.0 += 1;
         *open.1.entry(uid).or_insert(0) += 1;

@@ -26,20 +26,42 @@ impl Default for PolicyAccess {
 /// The config key, for messages.
 pub const KEY: &str = "policies_by_uid";
 
+/// An entry of the table that names no policy or nobody.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadEntry {
+    #[error("{who:?}: {name:?} is not a policy name")]
+    NotAPolicyName { who: String, name: String },
+    #[error("{0:?} is neither \"*\", a uid nor a user of this host")]
+    NobodyKnown(String),
+}
+
+/// A policy a uid may not name through pycelld.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("uid {uid} may not use policy {policy:?} through pycelld (it may use: {may}); the operator grants policies per user in {KEY} in /etc/pycell/pycelld.toml")]
+pub struct NotGranted {
+    pub uid: u32,
+    pub policy: String,
+    /// The policies it may name, or `none`.
+    pub may: String,
+}
+
 impl PolicyAccess {
     /// From the table's entries: `"*"`, a uid, or a user name (looked up
     /// with `user_uid`), each to policy names. An error names the entry.
     pub fn from_table(
         table: &BTreeMap<String, Vec<String>>,
         user_uid: impl Fn(&str) -> Option<u32>,
-    ) -> Result<PolicyAccess, String> {
+    ) -> Result<PolicyAccess, BadEntry> {
         let mut access = PolicyAccess {
             everyone: BTreeSet::new(),
             by_uid: BTreeMap::new(),
         };
         for (who, names) in table {
             if let Some(bad) = names.iter().find(|n| !pycell_policy::is_valid_name(n)) {
-                return Err(format!("{who:?}: {bad:?} is not a policy name"));
+                return Err(BadEntry::NotAPolicyName {
+                    who: who.clone(),
+                    name: bad.clone(),
+                });
             }
             let set = match who.as_str() {
                 "*" => &mut access.everyone,
@@ -48,9 +70,7 @@ impl PolicyAccess {
                         .parse::<u32>()
                         .ok()
                         .or_else(|| user_uid(who))
-                        .ok_or_else(|| {
-                            format!("{who:?} is neither \"*\", a uid nor a user of this host")
-                        })?;
+                        .ok_or_else(|| BadEntry::NobodyKnown(who.clone()))?;
                     access.by_uid.entry(uid).or_default()
                 }
             };
@@ -60,7 +80,7 @@ impl PolicyAccess {
     }
 
     /// Whether `uid` may name `policy`; if not, what to tell it.
-    pub fn check(&self, uid: u32, policy: &str) -> Result<(), String> {
+    pub fn check(&self, uid: u32, policy: &str) -> Result<(), NotGranted> {
         let own = self.by_uid.get(&uid);
         if uid == 0 || self.everyone.contains(policy) || own.is_some_and(|o| o.contains(policy)) {
             return Ok(());
@@ -73,9 +93,11 @@ impl PolicyAccess {
             true => "none".to_string(),
             false => may.join(", "),
         };
-        Err(format!(
-            "uid {uid} may not use policy {policy:?} through pycelld (it may use: {may}); the operator grants policies per user in {KEY} in /etc/pycell/pycelld.toml"
-        ))
+        Err(NotGranted {
+            uid,
+            policy: policy.to_string(),
+            may,
+        })
     }
 }
 
@@ -98,7 +120,7 @@ mod tests {
     fn without_a_table_everyone_but_root_gets_default_only() {
         let a = PolicyAccess::default();
         assert_eq!(a.check(1000, "default"), Ok(()));
-        let e = a.check(1000, "mcp-server").unwrap_err();
+        let e = a.check(1000, "mcp-server").unwrap_err().to_string();
         assert!(e.contains("may use: default") && e.contains(KEY), "{e}");
         assert_eq!(a.check(0, "mcp-server"), Ok(()));
     }
@@ -115,21 +137,25 @@ mod tests {
         assert_eq!(a.check(1000, "default"), Ok(()));
         assert!(a.check(1000, "mcp-server").is_err());
         assert_eq!(a.check(1001, "mcp-server"), Ok(()));
-        let e = a.check(1001, "network").unwrap_err();
+        let e = a.check(1001, "network").unwrap_err().to_string();
         assert!(e.contains("(it may use: default, mcp-server)"), "{e}");
         // A table without "*" leaves others nothing.
         let only = PolicyAccess::from_table(&table(&[("1001", &["default"])]), alice).unwrap();
         assert!(only
             .check(1000, "default")
             .unwrap_err()
+            .to_string()
             .contains("may use: none"));
     }
 
     #[test]
     fn bad_entries_are_named() {
         let e = PolicyAccess::from_table(&table(&[("bob", &["default"])]), alice).unwrap_err();
-        assert!(e.contains("\"bob\" is neither"), "{e}");
+        assert!(e.to_string().contains("\"bob\" is neither"), "{e}");
         let e = PolicyAccess::from_table(&table(&[("*", &["../x"])]), alice).unwrap_err();
-        assert!(e.contains("\"../x\" is not a policy name"), "{e}");
+        assert!(
+            e.to_string().contains("\"../x\" is not a policy name"),
+            "{e}"
+        );
     }
 }

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::link::{SpawnFd, SpawnedFd};
+use pycell_launch::launcher::RequestError;
 use pycell_wire::spec::{Grant, SlotIds};
 
 /// How long a session's python may take to get ready (its imports).
@@ -49,7 +50,7 @@ impl Monitor {
         let request = order.to_request();
         let session = order.session;
         let granted = granted(&request, grant_sources.len(), peer)
-            .map_err(|m| refuse((ErrorCode::InvalidRequest, m)))?;
+            .map_err(|e| refuse((ErrorCode::InvalidRequest, e.to_string())))?;
         let env = match self.env_for(req, peer, &policy, order, built, &mut grant_sources)? {
             EnvStep::Building(reply) => return Ok(reply),
             EnvStep::Ready(env) => Some(env),
@@ -287,12 +288,12 @@ pub(super) fn grant_sources(
     Ok(sources)
 }
 
-fn granted(request: &RunRequest, count: usize, peer: &PeerIds) -> Result<Vec<Grant>, String> {
+fn granted(request: &RunRequest, count: usize, peer: &PeerIds) -> Result<Vec<Grant>, RequestError> {
     if request.grants.len() != count {
-        return Err(format!(
-            "grants: {} paths but {count} descriptors",
-            request.grants.len()
-        ));
+        return Err(RequestError {
+            field: "grants",
+            problem: format!("{} paths but {count} descriptors", request.grants.len()),
+        });
     }
     let owner = SlotIds {
         uid: peer.uid,

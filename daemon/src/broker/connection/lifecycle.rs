@@ -88,7 +88,7 @@ pub(super) fn may_use(broker: &Broker, peer: &Peer, id: &str, policy: &str) -> O
     Some(NotStarted::Reply(error(
         Some(id),
         ErrorCode::InvalidRequest,
-        refused,
+        refused.to_string(),
     )))
 }
 
