@@ -22,5 +22,6 @@ mod lines;
 mod privileges;
 pub mod server;
 mod serving;
+mod start_error;
 mod tls;
 pub mod tool_servers;

@@ -15,6 +15,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::tunnel::{self, TlsFiles};
 use crate::args::GatewayArgs;
+use crate::start_error::StartError;
 
 /// How long a client's TLS handshake may take.
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
@@ -31,31 +32,33 @@ pub fn main(args: &GatewayArgs) -> i32 {
     }
 }
 
-fn prepare(args: &GatewayArgs) -> Result<(TcpListener, TlsAcceptor, PathBuf), String> {
+fn prepare(args: &GatewayArgs) -> Result<(TcpListener, TlsAcceptor, PathBuf), StartError> {
     let user = crate::privileges::planned_user(
         args.user.as_deref(),
         "it takes connections from the network",
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let addr: SocketAddr = args
         .listen
         .to_socket_addrs()
         .ok()
         .and_then(|mut a| a.next())
-        .ok_or_else(|| format!("--listen {:?}: not HOST:PORT", args.listen))?;
+        .ok_or_else(|| StartError::flag("--listen", format!("{:?}: not HOST:PORT", args.listen)))?;
     let files = TlsFiles {
         cert: args.tls_cert.clone(),
         key: args.tls_key.clone(),
         ca: args.client_ca.clone(),
     };
-    let acceptor = tunnel::acceptor(&files).map_err(|e| e.to_string())?;
-    let listener = TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let acceptor = tunnel::acceptor(&files)?;
+    let listening = format!("cannot listen on {addr}");
+    let listener = TcpListener::bind(addr).map_err(|e| StartError::host(&listening, e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| StartError::host(listening, e))?;
     if let Some(user) = user {
-        crate::privileges::become_user(&user).map_err(|e| e.to_string())?;
+        crate::privileges::become_user(&user)?;
     }
     let socket = pycell_engine::service::Backend::choose_now(false, args.socket.clone())
-        .ok_or("no pycelld socket here: give --socket")?;
+        .ok_or_else(|| StartError::Daemon("no pycelld socket here: give --socket".into()))?;
     Ok((listener, acceptor, socket))
 }
 

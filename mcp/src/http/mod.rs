@@ -18,8 +18,8 @@ mod conns;
 mod front;
 mod gate;
 pub(crate) mod limiter;
-mod oauth;
-mod setup;
+pub(crate) mod oauth;
+pub(crate) mod setup;
 pub mod token_cmd;
 
 use std::sync::Arc;
@@ -34,6 +34,7 @@ use crate::args::McpArgs;
 use crate::cluster::tunnel::Tunnels;
 use crate::cluster::{NodeAddr, Nodes};
 use crate::server::PycellServer;
+use crate::start_error::StartError;
 use front::Front;
 use pycell_engine::service::{self, RunService};
 use pycell_engine::tool_source::ToolSource;
@@ -153,26 +154,30 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
 
 /// The mode of the sandboxes: one pycelld, or a cluster's nodes (those
 /// behind a gateway reached through tunnels), watched until `stop`.
-fn where_runs_go(backend: Backend, stop: &CancellationToken) -> Result<service::Backend, String> {
+fn where_runs_go(
+    backend: Backend,
+    stop: &CancellationToken,
+) -> Result<service::Backend, StartError> {
     let (nodes, dns, tls) = match backend {
         Backend::Daemon(socket) => return Ok(service::Backend::Daemon(socket)),
         Backend::Cluster { nodes, dns, tls } => (nodes, dns, tls),
     };
-    let tunnels = tls
-        .map(Tunnels::new)
-        .transpose()
-        .map_err(|e| e.to_string())?;
+    let tunnels = tls.map(Tunnels::new).transpose()?;
     let mut sockets = Vec::new();
     for (name, addr) in nodes {
         let socket = match (addr, &tunnels) {
             (NodeAddr::Unix(path), _) => path,
-            (NodeAddr::Tls(remote), Some(t)) => t.open(&name, remote).map_err(|e| e.to_string())?,
-            (NodeAddr::Tls(_), None) => return Err(format!("node {name}: no TLS to reach it")),
+            (NodeAddr::Tls(remote), Some(t)) => t.open(&name, remote)?,
+            (NodeAddr::Tls(_), None) => {
+                let problem = format!("{name}: no TLS to reach it");
+                return Err(StartError::flag("--node", problem));
+            }
         };
         sockets.push((name, socket));
     }
     if dns.is_some() && tunnels.is_none() {
-        return Err("--nodes-dns needs the node TLS flags".into());
+        let needs = "--nodes-dns needs the node TLS flags";
+        return Err(StartError::Flags(needs.into()));
     }
     let reach = tunnels.map(|t| Arc::new(t) as Arc<dyn pycell_engine::cluster::Reach>);
     let nodes = Nodes::new(sockets, dns, reach);

@@ -16,6 +16,7 @@ use super::oauth::OAuth;
 use crate::args::McpArgs;
 use crate::cluster::tunnel::{connector, TlsFiles};
 use crate::cluster::{parse_node, NodeAddr};
+use crate::start_error::StartError;
 
 /// The URL clients use, taken apart.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,17 +181,16 @@ impl Backend {
 }
 
 /// The `--node` flags, and the TLS they need (read while still root).
-fn cluster(args: &McpArgs) -> Result<Option<Backend>, String> {
+fn cluster(args: &McpArgs) -> Result<Option<Backend>, StartError> {
     if args.nodes.is_empty() && args.nodes_dns.is_none() {
         return Ok(None);
     }
     let mut nodes = Vec::new();
     for spec in &args.nodes {
-        let (name, addr) = parse_node(spec).map_err(|e| e.to_string())?;
+        let (name, addr) = parse_node(spec)?;
         if nodes.iter().any(|(n, _)| n == &name) {
-            return Err(format!(
-                "--node {spec:?}: another node has the name {name:?}"
-            ));
+            let problem = format!("{spec:?}: another node has the name {name:?}");
+            return Err(StartError::flag("--node", problem));
         }
         nodes.push((name, addr));
     }
@@ -201,14 +201,16 @@ fn cluster(args: &McpArgs) -> Result<Option<Backend>, String> {
             cert: cert.clone(),
             key: key.clone(),
             ca: ca.clone(),
-        })
-        .map_err(|e| e.to_string())?),
-        _ if remote => return Err("nodes behind a gateway (--node NAME=HOST:PORT, --nodes-dns) need --node-tls-cert, --node-tls-key and --node-ca (mutual TLS with the cluster's CA)".into()),
+        })?),
+        _ if remote => return Err(StartError::Flags("nodes behind a gateway (--node NAME=HOST:PORT, --nodes-dns) need --node-tls-cert, --node-tls-key and --node-ca (mutual TLS with the cluster's CA)".into())),
         _ => None,
     };
     if let Some(name) = &args.nodes_dns {
         if !crate::cluster::is_host_port(name) {
-            return Err(format!("--nodes-dns {name:?}: write HOST:PORT"));
+            return Err(StartError::flag(
+                "--nodes-dns",
+                format!("{name:?}: write HOST:PORT"),
+            ));
         }
     }
     Ok(Some(Backend::Cluster {
@@ -225,12 +227,11 @@ impl std::fmt::Debug for Setup {
 }
 
 impl Setup {
-    pub fn prepare(args: &McpArgs, addr: &str) -> Result<Setup, String> {
+    pub fn prepare(args: &McpArgs, addr: &str) -> Result<Setup, StartError> {
         let user = crate::privileges::planned_user(
             args.user.as_deref(),
             "it parses HTTP from the network",
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         let wanted = resolve(addr)?;
         let auth = AuthFlags {
             tokens: args.tokens.is_some(),
@@ -245,37 +246,40 @@ impl Setup {
             args.behind_proxy,
             args.public_url.is_some(),
         ) {
-            return Err(p);
+            return Err(StartError::Flags(p));
         }
         crate::server::check_policy(&args.policy)?;
-        let listener =
-            TcpListener::bind(wanted).map_err(|e| format!("cannot listen on {wanted}: {e}"))?;
-        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let listening = format!("cannot listen on {wanted}");
+        let listener = TcpListener::bind(wanted).map_err(|e| StartError::host(&listening, e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| StartError::host(&listening, e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| StartError::host(listening, e))?;
         let scheme = if tls { "https" } else { "http" };
         let public_url = PublicUrl::parse(&match &args.public_url {
             Some(u) => u.clone(),
             None => format!("{scheme}://{addr}/mcp"),
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
         let tls = match (&args.tls_cert, &args.tls_key) {
             (Some(cert), Some(key)) => Some(
                 crate::tls::server(cert, key, None)
                     .map(tokio_rustls::TlsAcceptor::from)
-                    .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?,
+                    .map_err(|e| StartError::flag("--tls-cert/--tls-key:", e.to_string()))?,
             ),
             _ => None,
         };
         let gate = Arc::new(gate(args, &public_url)?);
         let cluster = cluster(args)?;
         if let Some(user) = user {
-            crate::privileges::become_user(&user).map_err(|e| e.to_string())?;
+            crate::privileges::become_user(&user)?;
         }
         let backend = match cluster {
             Some(c) => c,
             None => {
-                let socket = pycell_engine::service::Backend::choose_now(false, args.socket.clone()).ok_or(
-                    "no pycelld socket: it sends runs to pycelld only (install the pycell package, or give --socket)",
+                let socket = pycell_engine::service::Backend::choose_now(false, args.socket.clone()).ok_or_else(||
+                    StartError::Daemon("no pycelld socket: it sends runs to pycelld only (install the pycell package, or give --socket)".into()),
                 )?;
                 if !gate.open {
                     check_front_end(&socket)?;
@@ -325,28 +329,22 @@ impl Setup {
     }
 }
 
-fn resolve(addr: &str) -> Result<SocketAddr, String> {
+fn resolve(addr: &str) -> Result<SocketAddr, StartError> {
     let mut found = addr
         .to_socket_addrs()
-        .map_err(|e| format!("--http {addr:?}: not HOST:PORT ({e})"))?;
+        .map_err(|e| StartError::flag("--http", format!("{addr:?}: not HOST:PORT ({e})")))?;
     found
         .next()
-        .ok_or_else(|| format!("--http {addr:?}: the name has no address"))
+        .ok_or_else(|| StartError::flag("--http", format!("{addr:?}: the name has no address")))
 }
 
-fn gate(args: &McpArgs, public_url: &PublicUrl) -> Result<Gate, String> {
-    let tokens = args
-        .tokens
-        .as_deref()
-        .map(TokenTable::load)
-        .transpose()
-        .map_err(|e| e.to_string())?;
+fn gate(args: &McpArgs, public_url: &PublicUrl) -> Result<Gate, StartError> {
+    let tokens = args.tokens.as_deref().map(TokenTable::load).transpose()?;
     let oauth = args
         .oauth
         .as_deref()
         .map(|p| OAuth::load(p, &public_url.url))
-        .transpose()
-        .map_err(|e| e.to_string())?;
+        .transpose()?;
     Ok(Gate {
         open: args.no_auth,
         tokens,
@@ -357,17 +355,17 @@ fn gate(args: &McpArgs, public_url: &PublicUrl) -> Result<Gate, String> {
 
 /// pycelld takes identities from this uid (its `front_end_uids`), or
 /// serving would fail on every call: say so now.
-fn check_front_end(socket: &Path) -> Result<(), String> {
+fn check_front_end(socket: &Path) -> Result<(), StartError> {
     use pycell_protocol::client::{ClientError, DaemonClient};
     match DaemonClient::connect_as(socket, Some("pycell-front-end-check")) {
         Ok(_) => Ok(()),
-        Err(ClientError::Refused { message, .. }) => Err(format!(
+        Err(ClientError::Refused { message, .. }) => Err(StartError::Daemon(format!(
             "pycelld at {} refuses this front end: {message}",
             socket.display()
-        )),
-        Err(e) => Err(format!(
+        ))),
+        Err(e) => Err(StartError::Daemon(format!(
             "{e}: is pycelld running? (a front end sends every run to it)"
-        )),
+        ))),
     }
 }
 

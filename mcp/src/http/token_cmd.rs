@@ -6,6 +6,7 @@ use base64::Engine;
 
 use super::callers::{check_name, hex, token_hash, SCOPES, SCOPE_RUN};
 use crate::args::McpTokenArgs;
+use crate::start_error::StartError;
 
 pub fn main(args: &McpTokenArgs) -> i32 {
     match entry(args) {
@@ -21,16 +22,15 @@ pub fn main(args: &McpTokenArgs) -> i32 {
     }
 }
 
-fn entry(args: &McpTokenArgs) -> Result<(String, String), String> {
-    check_name(&args.name).map_err(|e| e.to_string())?;
+fn entry(args: &McpTokenArgs) -> Result<(String, String), StartError> {
+    check_name(&args.name)?;
     if let Some(s) = args.scopes.iter().find(|s| !SCOPES.contains(&s.as_str())) {
-        return Err(format!(
-            "--scope {s:?}: the scopes are {}",
-            SCOPES.join(", ")
-        ));
+        let problem = format!("{s:?}: the scopes are {}", SCOPES.join(", "));
+        return Err(StartError::flag("--scope", problem));
     }
     let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|e| format!("no randomness: {e}"))?;
+    getrandom::fill(&mut bytes)
+        .map_err(|e| StartError::host("no randomness", std::io::Error::other(e.to_string())))?;
     let token = format!(
         "pycell_{}",
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)

@@ -39,6 +39,7 @@ use pycell_launch::resolve::POLICY_DIR;
 use pycell_wire::events::Stream;
 
 use crate::args::McpArgs;
+use crate::start_error::StartError;
 use crate::tool_servers::ToolServers;
 use output::{human_bytes, RunPythonOutput};
 use pycell_engine::service::{Backend, RunEvent, RunService};
@@ -555,23 +556,20 @@ pub fn main(args: &McpArgs) -> i32 {
 }
 
 /// `--policy` names a policy that loads and runs code.
-pub(crate) fn check_policy(name: &str) -> Result<(), String> {
+pub(crate) fn check_policy(name: &str) -> Result<(), StartError> {
     let policy =
         pycell_launch::resolve::load_policy_by_name(name, std::path::Path::new(POLICY_DIR))
-            .map_err(|e| format!("--policy {name}: {e}"))?;
+            .map_err(|e| StartError::flag("--policy", format!("{name}: {e}")))?;
     match policy.purpose_problem(false) {
-        Some(problem) => Err(format!("--policy {name}: {problem}")),
+        Some(problem) => Err(StartError::flag("--policy", format!("{name}: {problem}"))),
         None => Ok(()),
     }
 }
 
 /// The `--tool-servers` file's servers, if it names one.
-pub(crate) fn load_tool_servers(args: &McpArgs) -> Result<Option<ToolServers>, String> {
-    args.tool_servers
-        .as_deref()
-        .map(ToolServers::load)
-        .transpose()
-        .map_err(|e| format!("--tool-servers {e}"))
+pub(crate) fn load_tool_servers(args: &McpArgs) -> Result<Option<ToolServers>, StartError> {
+    let servers = args.tool_servers.as_deref().map(ToolServers::load);
+    Ok(servers.transpose()?)
 }
 
 async fn serve(args: &McpArgs) -> i32 {

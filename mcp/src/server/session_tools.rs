@@ -20,7 +20,7 @@ use pycell_protocol::session::{
 
 use super::cell_output::{image_info, CellException, CellInfo, FileChange};
 use super::output::{human_bytes, structured, ErrorInfo, RunPythonOutput};
-use super::tools::portable;
+use super::tools::{portable, ArgumentError};
 use super::PycellServer;
 use pycell_engine::service::SessionFailure;
 use pycell_launch::session::Answer;
@@ -158,9 +158,9 @@ fn parse<T: serde::de::DeserializeOwned>(
     tool: &str,
     args: Option<JsonObject>,
     example: &str,
-) -> Result<T, String> {
+) -> Result<T, ArgumentError> {
     serde_json::from_value(serde_json::Value::Object(args.unwrap_or_default()))
-        .map_err(|e| format!("{tool}: invalid arguments: {e}; e.g. {example}"))
+        .map_err(|e| ArgumentError(format!("{tool}: invalid arguments: {e}; e.g. {example}")))
 }
 
 /// A tool call that failed with a stable code: a result with isError, the
@@ -177,7 +177,7 @@ impl PycellServer {
         let a: SessionStartArgs = match parse(SESSION_START, args, r#"{"policy": "data-science"}"#)
         {
             Ok(a) => a,
-            Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
+            Err(ArgumentError(m)) => return CallToolResult::error(vec![ContentBlock::text(m)]),
         };
         if let Err(m) = self.may_use(a.policy.as_deref()) {
             return CallToolResult::error(vec![ContentBlock::text(m.to_string())]);
@@ -262,11 +262,11 @@ impl PycellServer {
             r#"{"session": "s-...", "path": "data.csv", "content": "a,b\n1,2\n"}"#,
         ) {
             Ok(a) => a,
-            Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
+            Err(ArgumentError(m)) => return CallToolResult::error(vec![ContentBlock::text(m)]),
         };
         let bytes = match file_bytes(a.content, a.content_base64) {
             Ok(b) => b,
-            Err(m) => {
+            Err(ArgumentError(m)) => {
                 return CallToolResult::error(vec![ContentBlock::text(format!(
                     "{WRITE_FILE}: {m}"
                 ))])
@@ -302,7 +302,7 @@ impl PycellServer {
             r#"{"session": "s-...", "path": "figures/cell-2-figure-1.png"}"#,
         ) {
             Ok(a) => a,
-            Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
+            Err(ArgumentError(m)) => return CallToolResult::error(vec![ContentBlock::text(m)]),
         };
         let call = SessionCall::Read { path: a.path };
         match self.file_call(READ_FILE, &a.session, call, cancel).await {
@@ -322,7 +322,7 @@ impl PycellServer {
             r#"{"session": "s-...", "path": "figures"}"#,
         ) {
             Ok(a) => a,
-            Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
+            Err(ArgumentError(m)) => return CallToolResult::error(vec![ContentBlock::text(m)]),
         };
         let call = SessionCall::List {
             path: a.path.unwrap_or_default(),
@@ -354,7 +354,7 @@ impl PycellServer {
     pub(super) async fn session_end(&self, args: Option<JsonObject>) -> CallToolResult {
         let a: SessionEndArgs = match parse(SESSION_END, args, r#"{"session": "s-..."}"#) {
             Ok(a) => a,
-            Err(m) => return CallToolResult::error(vec![ContentBlock::text(m)]),
+            Err(ArgumentError(m)) => return CallToolResult::error(vec![ContentBlock::text(m)]),
         };
         match self.sandboxes.end_session(&a.session).await {
             Ok(out) => {
@@ -382,13 +382,15 @@ impl PycellServer {
 }
 
 /// A file's bytes for `write_file`: `content`, or `content_base64` decoded.
-fn file_bytes(text: Option<String>, b64: Option<String>) -> Result<Vec<u8>, String> {
+fn file_bytes(text: Option<String>, b64: Option<String>) -> Result<Vec<u8>, ArgumentError> {
     match (text, b64) {
         (Some(t), None) => Ok(t.into_bytes()),
         (None, Some(b)) => base64::engine::general_purpose::STANDARD
             .decode(b.trim())
-            .map_err(|e| format!("`content_base64` is not base64: {e}")),
-        _ => Err("give exactly one of `content` (text) and `content_base64` (bytes)".into()),
+            .map_err(|e| ArgumentError(format!("`content_base64` is not base64: {e}"))),
+        _ => Err(ArgumentError(
+            "give exactly one of `content` (text) and `content_base64` (bytes)".into(),
+        )),
     }
 }
 

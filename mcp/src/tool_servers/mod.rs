@@ -110,7 +110,7 @@ impl ToolServers {
                     tools,
                     unavailable: None,
                 },
-                Ok(Err(why)) => unavailable(name, why),
+                Ok(Err(why)) => unavailable(name, why.to_string()),
                 Err(_) => unavailable(
                     name,
                     format!(
@@ -165,7 +165,7 @@ impl ToolServers {
                 let secs = SERVER_START_ALLOWANCE.as_secs();
                 unavailable(format!("it did not start within {secs} s"))
             })?
-            .map_err(unavailable)?;
+            .map_err(|why| unavailable(why.to_string()))?;
         let limit = limits.timeout.unwrap_or(SERVER_START_ALLOWANCE);
         match send_call(&client, tool.clone(), arguments, limit, limits.max_result).await {
             Ok(ServerResult::CallToolResult(result)) => tool_value(&server, &tool, result),
@@ -258,7 +258,7 @@ impl Upstream for ToolServers {
 
 impl Server {
     /// The running client and its tools, starting it if need be.
-    async fn running(&self, name: &str) -> Result<(Arc<Client>, Vec<CatalogTool>), String> {
+    async fn running(&self, name: &str) -> Result<(Arc<Client>, Vec<CatalogTool>), Unavailable> {
         let mut state = self.state.lock().await;
         if let State::Running { client, tools } = &*state {
             if !client.is_closed() {
@@ -270,7 +270,7 @@ impl Server {
         let listed = client
             .list_all_tools()
             .await
-            .map_err(|e| format!("listing its tools failed: {e}"))?;
+            .map_err(|e| Unavailable::Listing(e.to_string()))?;
         let allow = self.config.allow_tools.as_deref();
         let tools: Vec<CatalogTool> = listed.into_iter().map(|t| catalog_tool(t, allow)).collect();
         *state = State::Running {
@@ -289,8 +289,22 @@ impl Server {
     }
 }
 
+/// Why a tool server cannot be used now (said to the run that asked; the
+/// server's command line is told only on our stderr).
+#[derive(Debug, thiserror::Error)]
+pub enum Unavailable {
+    #[error("starting it failed: {0}")]
+    Start(std::io::Error),
+    #[error("{name}: the MCP handshake failed: {why}")]
+    Handshake { name: String, why: String },
+    #[error("{0}: streamable-HTTP tool servers are not supported by this pycell yet; run the server over stdio")]
+    Http(String),
+    #[error("listing its tools failed: {0}")]
+    Listing(String),
+}
+
 /// Start a server and do MCP's handshake with it.
-async fn start(name: &str, transport: &Transport) -> Result<Client, String> {
+async fn start(name: &str, transport: &Transport) -> Result<Client, Unavailable> {
     match transport {
         Transport::Stdio {
             command,
@@ -315,15 +329,14 @@ async fn start(name: &str, transport: &Transport) -> Result<Client, String> {
                     // The command is the client's own business, told on its
                     // stderr; the jail (which sees the error) gets no host path.
                     eprintln!("pycell: tool server {name}: starting {command:?} failed: {e}");
-                    format!("starting it failed: {e}")
+                    Unavailable::Start(e)
                 })?;
-            ().serve(child)
-                .await
-                .map_err(|e| format!("{name}: the MCP handshake failed: {e}"))
+            ().serve(child).await.map_err(|e| Unavailable::Handshake {
+                name: name.to_string(),
+                why: e.to_string(),
+            })
         }
-        Transport::Http { url, .. } => Err(format!(
-            "{url}: streamable-HTTP tool servers are not supported by this pycell yet; run the server over stdio"
-        )),
+        Transport::Http { url, .. } => Err(Unavailable::Http(url.to_string())),
     }
 }
 
