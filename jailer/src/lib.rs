@@ -52,14 +52,22 @@ use pycell_wire::spec::JailSpec;
 /// The spec: one frame on stdin (see [`pycell_runner`]),
 /// read unbuffered, so that a warm jail's work, which follows it on the
 /// same stream, is still there for the supervisor.
-fn read_spec() -> Result<JailSpec, String> {
+fn read_spec() -> Result<JailSpec, SpecUnread> {
     let mut stdin = io::stdin()
         .as_fd()
         .try_clone_to_owned()
-        .map(std::fs::File::from)
-        .map_err(|e| format!("reading the spec from stdin: {e}"))?;
-    pycell_wire::framing::read_sync_within(&mut stdin, pycell_wire::spec::MAX_SPEC_FRAME)
-        .map_err(|e| format!("reading the spec from stdin: {e}"))
+        .map(std::fs::File::from)?;
+    let max = pycell_wire::spec::MAX_SPEC_FRAME;
+    Ok(pycell_wire::framing::read_sync_within(&mut stdin, max)?)
+}
+
+/// Why there is no spec to run.
+#[derive(Debug, thiserror::Error)]
+enum SpecUnread {
+    #[error("reading the spec from stdin: {0}")]
+    Stdin(#[from] io::Error),
+    #[error("reading the spec from stdin: {0}")]
+    Frame(#[from] pycell_wire::framing::FrameError),
 }
 
 /// `pycell-jailer`: read one spec frame on stdin, run it, write event frames
@@ -90,7 +98,8 @@ pub fn jailer_main() -> i32 {
             }
             (supervisor::run(&spec, &mut out), 0)
         }
-        Err(message) => {
+        Err(unread) => {
+            let message = unread.to_string();
             let f = JailFailure::new(FailureCode::InvalidSpec, Layer::Jailer, message);
             let report = JailReport::refused(f);
             let _ = events::write_result(&mut out, &report);

@@ -86,11 +86,36 @@ pub(crate) fn pinned(l: &RunLimits, warm: bool) -> Vec<Pinned> {
     ]
 }
 
+/// A limit the kernel would not set.
+#[derive(Debug, thiserror::Error)]
+#[error("prlimit({name}, {soft}/{hard}): {source}")]
+pub(crate) struct PrlimitFailed {
+    name: &'static str,
+    soft: u64,
+    hard: u64,
+    source: std::io::Error,
+}
+
+/// Why a warm jail's or a session request's CPU clock did not restart.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CpuClockError {
+    #[error("the jail's program is gone")]
+    ProgramGone,
+    #[error("the program's stat is unreadable")]
+    StatUnreadable,
+    #[error(transparent)]
+    Prlimit(#[from] PrlimitFailed),
+}
+
 /// Set every pinned limit on process `pid`.
-pub(crate) fn apply(pid: Pid, limits: &RunLimits, warm: bool) -> Result<(), String> {
+pub(crate) fn apply(pid: Pid, limits: &RunLimits, warm: bool) -> Result<(), PrlimitFailed> {
     for p in pinned(limits, warm) {
-        syscall::prlimit(pid, p.resource, p.soft, p.hard)
-            .map_err(|e| format!("prlimit({}, {}/{}): {e}", p.name, p.soft, p.hard))?;
+        syscall::prlimit(pid, p.resource, p.soft, p.hard).map_err(|source| PrlimitFailed {
+            name: p.name,
+            soft: p.soft,
+            hard: p.hard,
+            source,
+        })?;
     }
     Ok(())
 }
@@ -112,7 +137,7 @@ pub(crate) fn restart_cpu_clock(
     cgroup: &SandboxCgroup,
     cpu_time_s: u64,
     jail_cpu_time_s: u64,
-) -> Result<(), String> {
+) -> Result<(), CpuClockError> {
     let program = cgroup
         .processes()
         .into_iter()
@@ -121,8 +146,8 @@ pub(crate) fn restart_cpu_clock(
             let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
             (crate::warm::parent_pid(&stat) == Some(init.as_raw())).then_some((p, stat))
         });
-    let (program, stat) = program.ok_or("the jail's program is gone")?;
-    let used = crate::warm::cpu_ticks(&stat).ok_or("the program's stat is unreadable")?;
+    let (program, stat) = program.ok_or(CpuClockError::ProgramGone)?;
+    let used = crate::warm::cpu_ticks(&stat).ok_or(CpuClockError::StatUnreadable)?;
     let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
@@ -135,7 +160,14 @@ pub(crate) fn restart_cpu_clock(
         syscall::prlimit(program, libc::RLIMIT_CPU, soft, hard)
     })
     .and_then(|r| r)
-    .map_err(|e| format!("prlimit(RLIMIT_CPU, {soft}/{hard}): {e}"))
+    .map_err(|source| {
+        CpuClockError::from(PrlimitFailed {
+            name: "RLIMIT_CPU",
+            soft,
+            hard,
+            source,
+        })
+    })
 }
 
 /// The hard RLIMIT_CPU a warm jail started with.

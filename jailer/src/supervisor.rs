@@ -529,7 +529,7 @@ fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFai
     // As the zygote's uid, the owner of the namespace the run's is in.
     crate::ns_owner::as_jail_owner(spec, || crate::rlimits::apply(pid, &spec.limits, spec.warm))
         .map_err(|e| e.to_string())
-        .and_then(|r| r)
+        .and_then(|r| r.map_err(|e| e.to_string()))
         .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e))?;
     go.write_all(&[GO_CGROUP])
         .map_err(crate::zygote::failure("starting the jail"))?;
@@ -634,7 +634,7 @@ fn attach(
 /// jailer): open its id maps' files and pin its rlimits.
 fn as_the_owner(spec: &JailSpec, pid: Pid, owner: &AsOwner) -> Result<MapFiles, JailFailure> {
     crate::rlimits::apply(pid, &spec.limits, spec.warm)
-        .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e))?;
+        .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e.to_string()))?;
     owner.open_maps(pid).map_err(|e| {
         JailFailure::new(
             FailureCode::UserNamespaceFailed,

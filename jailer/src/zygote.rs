@@ -210,7 +210,7 @@ pub fn receive(raw: i32) -> i32 {
             *PENDING.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
             1
         }
-        Err(why) => refused(&why),
+        Err(why) => refused(&why.to_string()),
     }
 }
 
@@ -219,19 +219,30 @@ fn refused(why: &str) -> i32 {
     -1
 }
 
-fn take_request(body: &[u8], fds: Vec<OwnedFd>) -> Result<Received, String> {
-    let mut request: ForkRequest =
-        serde_json::from_slice(body).map_err(|e| format!("a request: {e}"))?;
-    request
-        .spec
-        .validate()
-        .map_err(|e| format!("a request's spec: {e}"))?;
+/// A fork request the zygote refuses (said on its stderr; our own
+/// launcher never sends one).
+#[derive(Debug, thiserror::Error)]
+enum BadForkRequest {
+    #[error("a request: {0}")]
+    Decode(#[from] serde_json::Error),
+    #[error("a request's spec: {0}")]
+    Spec(#[from] pycell_wire::spec::SpecError),
+    #[error("a request for a jail that is not from a zygote")]
+    NotFromZygote,
+    #[error("{0}")]
+    Filter(#[from] pycell_seccomp::SeccompError),
+    #[error("a request's descriptors: {0}")]
+    Descriptors(#[from] NamedFdsError),
+}
+
+fn take_request(body: &[u8], fds: Vec<OwnedFd>) -> Result<Received, BadForkRequest> {
+    let mut request: ForkRequest = serde_json::from_slice(body)?;
+    request.spec.validate()?;
     if request.spec.from_zygote.is_none() {
-        return Err("a request for a jail that is not from a zygote".into());
+        return Err(BadForkRequest::NotFromZygote);
     }
     let filter = filter_for(&request)?;
-    let fds = child_fds(std::mem::take(&mut request.descriptors), fds)
-        .map_err(|e| format!("a request's descriptors: {e}"))?;
+    let fds = child_fds(std::mem::take(&mut request.descriptors), fds)?;
     Ok(Received {
         request,
         fds,
@@ -240,14 +251,14 @@ fn take_request(body: &[u8], fds: Vec<OwnedFd>) -> Result<Received, String> {
 }
 
 /// The run's seccomp filter, compiled once per profile in the zygote.
-fn filter_for(request: &ForkRequest) -> Result<CompiledFilter, String> {
+fn filter_for(request: &ForkRequest) -> Result<CompiledFilter, pycell_seccomp::SeccompError> {
     static COMPILED: Mutex<Vec<(String, CompiledFilter)>> = Mutex::new(Vec::new());
     let mut compiled = COMPILED.lock().unwrap_or_else(|e| e.into_inner());
     let profile = &request.spec.seccomp_profile;
     Ok(match compiled.iter().find(|(p, _)| p == profile) {
         Some((_, f)) => f.clone(),
         None => {
-            let f = pycell_seccomp::compile(profile).map_err(|e| e.to_string())?;
+            let f = pycell_seccomp::compile(profile)?;
             compiled.push((profile.clone(), f.clone()));
             f
         }

@@ -14,7 +14,7 @@ use pycell_runner::session::SessionOp;
 use pycell_wire::report::SessionEnd;
 use pycell_wire::spec::SessionSpec;
 
-use super::{decode_op, reply_frames, request_frames, Clocks, Frames};
+use super::{decode_op, reply_frames, request_frames, BadRequest, Clocks, Frames};
 use crate::warm::WarmState;
 
 const CHUNK: usize = 64 * 1024;
@@ -143,6 +143,7 @@ impl SessionRelay {
         match self
             .incoming
             .next()
+            .map_err(BadRequest::from)
             .and_then(|f| f.map(|b| decode_op(&b)).transpose())
         {
             Ok(None) => {}
@@ -150,7 +151,7 @@ impl SessionRelay {
                 self.to_runner = op.runner_frame();
                 self.steps.push_back(SessionStep::Begin(Box::new(op)));
             }
-            Err(e) => self.ended(SessionEnd::Protocol, Some(e)),
+            Err(e) => self.ended(SessionEnd::Protocol, Some(e.to_string())),
         }
     }
 

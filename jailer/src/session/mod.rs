@@ -17,10 +17,10 @@ mod channel;
 
 use std::time::{Duration, Instant};
 
-use pycell_runner::session::{SessionOp, MAX_REQUEST_FRAME};
+use pycell_runner::session::{SessionOp, SessionOpError, MAX_REQUEST_FRAME};
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::MAX_REPLY;
-use pycell_wire::framing::frame_len;
+use pycell_wire::framing::{frame_len, FrameError};
 use pycell_wire::report::{JailFailure, SessionEnd};
 use pycell_wire::spec::SessionSpec;
 
@@ -48,12 +48,12 @@ impl Frames {
 
     /// The next whole frame's body, if one is in; `Err` if its length is
     /// over the maximum (checked before anything grows with it).
-    pub fn next(&mut self) -> Result<Option<Vec<u8>>, String> {
+    pub fn next(&mut self) -> Result<Option<Vec<u8>>, FrameError> {
         let Some(head) = self.buf.get(..4) else {
             return Ok(None);
         };
         let head: [u8; 4] = head.try_into().expect("four bytes");
-        let len = frame_len(head, self.max).map_err(|e| e.to_string())?;
+        let len = frame_len(head, self.max)?;
         if self.buf.len() < 4 + len {
             return Ok(None);
         }
@@ -68,12 +68,22 @@ impl Frames {
     }
 }
 
+/// A request from the launcher that cannot be taken: the session ends
+/// (a protocol error, which our own launcher never makes).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BadRequest {
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+    #[error("a session request: {0}")]
+    Decode(#[from] serde_json::Error),
+    #[error("a session request: {0}")]
+    Invalid(#[from] SessionOpError),
+}
+
 /// A request from the launcher, decoded and checked.
-pub(crate) fn decode_op(body: &[u8]) -> Result<SessionOp, String> {
-    let op: SessionOp =
-        serde_json::from_slice(body).map_err(|e| format!("a session request: {e}"))?;
-    op.validate()
-        .map_err(|e| format!("a session request: {e}"))?;
+pub(crate) fn decode_op(body: &[u8]) -> Result<SessionOp, BadRequest> {
+    let op: SessionOp = serde_json::from_slice(body)?;
+    op.validate()?;
     Ok(op)
 }
 
@@ -265,11 +275,11 @@ mod tests {
         let mut bytes = encode_within(&"first", 100).unwrap();
         bytes.extend(encode_within(&"second", 100).unwrap());
         f.push(&bytes[..3]);
-        assert_eq!(f.next(), Ok(None));
+        assert!(matches!(f.next(), Ok(None)));
         // "first" with its quotes is 7 bytes: 11 with the length.
         f.push(&bytes[3..13]);
         assert_eq!(f.next().unwrap().unwrap(), b"\"first\"");
-        assert_eq!(f.next(), Ok(None));
+        assert!(matches!(f.next(), Ok(None)));
         assert!(f.partial());
         f.push(&bytes[13..]);
         assert_eq!(f.next().unwrap().unwrap(), b"\"second\"");
@@ -291,7 +301,10 @@ mod tests {
             },
         };
         let body = serde_json::to_vec(&op).unwrap();
-        assert!(decode_op(&body).unwrap_err().contains("more than"));
+        assert!(decode_op(&body)
+            .unwrap_err()
+            .to_string()
+            .contains("more than"));
         assert!(decode_op(b"{\"op\":\"cell\"}").is_err());
     }
 
