@@ -227,12 +227,26 @@ fn add_font_cache(
     }
 }
 
+/// Why matplotlib's font cache was not built (the env is published
+/// without it).
+#[derive(Debug, thiserror::Error)]
+enum FontCacheError {
+    #[error("{0}")]
+    NotPrepared(String),
+    #[error("its jail ended {status}: {why}")]
+    JailEnded { status: &'static str, why: String },
+    #[error(transparent)]
+    NotAFontList(#[from] fonts::NotAFontList),
+    #[error("keeping it in the env: {0}")]
+    NotKept(#[from] std::io::Error),
+}
+
 fn build_font_cache(
     launcher: &Launcher,
     policy: &Policy,
     staged: &Path,
     runner: &mut dyn InstallRunner,
-) -> Result<(), String> {
+) -> Result<(), FontCacheError> {
     let request = RunRequest {
         code: fonts::BUILD_CODE.into(),
         ..RunRequest::default()
@@ -243,14 +257,15 @@ fn build_font_cache(
     };
     let prepared = launcher
         .prepare_with(policy, &request, &extras)
-        .map_err(|e| e.failure().message)?;
+        .map_err(|e| FontCacheError::NotPrepared(e.failure().message))?;
     let (result, _) = runner.run_install(prepared, &mut |_| {});
     if result.status != RunStatus::Ok {
-        let why = result.stderr.lines().last().unwrap_or_default();
-        return Err(format!("its jail ended {}: {why}", result.status.as_str()));
+        let why = result.stderr.lines().last().unwrap_or_default().to_string();
+        let status = result.status.as_str();
+        return Err(FontCacheError::JailEnded { status, why });
     }
-    let (name, body) = fonts::parse_output(&result.stdout).map_err(|e| e.to_string())?;
-    fonts::store(staged, name, body).map_err(|e| format!("keeping it in the env: {e}"))
+    let (name, body) = fonts::parse_output(&result.stdout)?;
+    Ok(fonts::store(staged, name, body)?)
 }
 
 /// The env's record, from what the install script left in its workspace.

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use pycell_protocol::client::{DaemonClient, Endpoint};
+use pycell_protocol::client::{ClientError, DaemonClient, Endpoint};
 
 /// How often each node's load is asked.
 pub const POLL: Duration = Duration::from_secs(1);
@@ -178,7 +178,7 @@ impl Node {
     /// it).
     fn polled(
         &self,
-        answer: Result<pycell_protocol::info::DaemonStatus, String>,
+        answer: Result<pycell_protocol::info::DaemonStatus, ClientError>,
         asked_at: Instant,
     ) {
         let mut s = self.state();
@@ -198,7 +198,7 @@ impl Node {
                 }
                 let at_least = Instant::now() + DOWN_AT_LEAST;
                 s.down_until = Some(s.down_until.map_or(at_least, |t| t.max(at_least)));
-                s.down_because = why;
+                s.down_because = why.to_string();
             }
         }
     }
@@ -361,12 +361,10 @@ impl Nodes {
                 let socket = node.socket.clone();
                 let asked_at = Instant::now();
                 let answer = tokio::task::spawn_blocking(move || {
-                    DaemonClient::connect(&socket)
-                        .and_then(|mut c| c.status())
-                        .map_err(|e| e.to_string())
+                    DaemonClient::connect(&socket).and_then(|mut c| c.status())
                 })
                 .await
-                .unwrap_or_else(|e| Err(e.to_string()));
+                .unwrap_or_else(|e| Err(ClientError::Unexpected(e.to_string())));
                 node.polled(answer, asked_at);
             }
             tokio::select! {
@@ -459,10 +457,10 @@ mod tests {
         b.mark_down("gone");
         assert!(nodes.ranked().iter().all(|n| n.name != "b"));
         assert!(nodes.none_up().contains("b: gone"));
-        nodes
-            .named("a")
-            .unwrap()
-            .polled(Err("refused".into()), Instant::now());
+        nodes.named("a").unwrap().polled(
+            Err(ClientError::Unexpected("refused".into())),
+            Instant::now(),
+        );
         assert_eq!(nodes.ranked().len(), 1);
     }
 

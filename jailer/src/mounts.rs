@@ -128,7 +128,9 @@ pub fn prepare_sources(
     }
     for (i, b) in binds.iter().enumerate() {
         let walked = match from {
-            SourcesIn::Host(checked) => sources::reopen_in_jail(&b.source, checked[i]),
+            SourcesIn::Host(checked) => {
+                sources::reopen_in_jail(&b.source, checked[i]).map_err(|e| e.to_string())
+            }
             SourcesIn::ZygoteRoot => sources::walk(&b.target, |_, _| Ok(()))
                 .map_err(|e| format!("{} in the zygote: {e}", b.target.display())),
         }

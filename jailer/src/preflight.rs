@@ -25,7 +25,7 @@ fn check_sources(spec: &JailSpec) -> Result<Vec<SourceId>, JailFailure> {
         .iter()
         .map(|m| {
             sources::check_on_host(&m.source).map_err(|e| {
-                JailFailure::new(FailureCode::MountsFailed, Layer::Mounts, e)
+                JailFailure::new(FailureCode::MountsFailed, Layer::Mounts, e.to_string())
                     .with_hint("bind only root-owned directories (/usr, a venv made by root, ...); move or chown the source, or remove the mount from the policy")
             })
         })

@@ -15,7 +15,7 @@
 
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, FileStat, Mode, SFlag};
@@ -59,15 +59,45 @@ impl Walked {
     }
 }
 
-fn open_component(dir: BorrowedFd<'_>, name: &OsStr) -> Result<(OwnedFd, FileStat), String> {
+/// Why a walk to a bind source stopped.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WalkError {
+    /// A component could not be opened or looked at.
+    #[error("{at}: {source}")]
+    Open { at: String, source: nix::Error },
+    #[error("the source is / itself")]
+    IsRoot,
+    #[error("{} is not a directory (a symlink on the way is not followed)", .0.display())]
+    NotADirectory(PathBuf),
+    #[error("{} {why}; a bind source and every directory above it must be owned by root and writable by no one else", .at.display())]
+    Untrusted {
+        at: PathBuf,
+        why: pycell_wire::spec::Untrusted,
+    },
+}
+
+/// A bind source refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SourceError {
+    #[error("mount source {}: {why}", .path.display())]
+    Refused { path: PathBuf, why: WalkError },
+    #[error("mount source {} changed between the jailer's check and the mount; refusing it", .0.display())]
+    Changed(PathBuf),
+}
+
+fn open_component(dir: BorrowedFd<'_>, name: &OsStr) -> Result<(OwnedFd, FileStat), WalkError> {
+    let failed = |source| WalkError::Open {
+        at: name.to_string_lossy().into_owned(),
+        source,
+    };
     let fd = openat(
         dir,
         name,
         OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| format!("{}: {e}", name.to_string_lossy()))?;
-    let stat = fstat(&fd).map_err(|e| format!("{}: {e}", name.to_string_lossy()))?;
+    .map_err(failed)?;
+    let stat = fstat(&fd).map_err(failed)?;
     Ok((fd, stat))
 }
 
@@ -75,15 +105,19 @@ fn open_component(dir: BorrowedFd<'_>, name: &OsStr) -> Result<(OwnedFd, FileSta
 /// `check` sees every directory on the way (with its path) and the end.
 pub(crate) fn walk(
     path: &Path,
-    mut check: impl FnMut(&Path, &FileStat) -> Result<(), String>,
-) -> Result<Walked, String> {
+    mut check: impl FnMut(&Path, &FileStat) -> Result<(), WalkError>,
+) -> Result<Walked, WalkError> {
+    let at_root = |source| WalkError::Open {
+        at: "/".into(),
+        source,
+    };
     let root = nix::fcntl::open(
         "/",
         OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| format!("/: {e}"))?;
-    let root_stat = fstat(&root).map_err(|e| format!("/: {e}"))?;
+    .map_err(at_root)?;
+    let root_stat = fstat(&root).map_err(at_root)?;
     check(Path::new("/"), &root_stat)?;
     let names: Vec<&OsStr> = path
         .components()
@@ -93,7 +127,7 @@ pub(crate) fn walk(
         })
         .collect();
     let Some((last, dirs)) = names.split_last() else {
-        return Err("the source is / itself".into());
+        return Err(WalkError::IsRoot);
     };
     let mut parent = root;
     let mut so_far = Path::new("/").to_path_buf();
@@ -101,10 +135,7 @@ pub(crate) fn walk(
         so_far.push(name);
         let (fd, stat) = open_component(parent.as_fd(), name)?;
         if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFDIR {
-            return Err(format!(
-                "{} is not a directory (a symlink on the way is not followed)",
-                so_far.display()
-            ));
+            return Err(WalkError::NotADirectory(so_far));
         }
         check(&so_far, &stat)?;
         parent = fd;
@@ -125,25 +156,28 @@ pub(crate) fn walk(
 pub(crate) use pycell_wire::spec::trusted;
 
 /// Host side: check `path` and say where it leads.
-pub(crate) fn check_on_host(path: &Path) -> Result<SourceId, String> {
+pub(crate) fn check_on_host(path: &Path) -> Result<SourceId, SourceError> {
     let walked = walk(path, |at, st| {
-        trusted(st.st_uid, st.st_gid, st.st_mode).map_err(|why| {
-            format!("{} {why}; a bind source and every directory above it must be owned by root and writable by no one else", at.display())
+        trusted(st.st_uid, st.st_gid, st.st_mode).map_err(|why| WalkError::Untrusted {
+            at: at.to_path_buf(),
+            why,
         })
     })
-    .map_err(|e| format!("mount source {}: {e}", path.display()))?;
+    .map_err(|why| SourceError::Refused {
+        path: path.to_path_buf(),
+        why,
+    })?;
     Ok(walked.id())
 }
 
 /// Jail side: walk `path` again and insist on reaching `expected`.
-pub(crate) fn reopen_in_jail(path: &Path, expected: SourceId) -> Result<Walked, String> {
-    let walked =
-        walk(path, |_, _| Ok(())).map_err(|e| format!("mount source {}: {e}", path.display()))?;
+pub(crate) fn reopen_in_jail(path: &Path, expected: SourceId) -> Result<Walked, SourceError> {
+    let walked = walk(path, |_, _| Ok(())).map_err(|why| SourceError::Refused {
+        path: path.to_path_buf(),
+        why,
+    })?;
     if walked.id() != expected {
-        return Err(format!(
-            "mount source {} changed between the jailer's check and the mount; refusing it",
-            path.display()
-        ));
+        return Err(SourceError::Changed(path.to_path_buf()));
     }
     Ok(walked)
 }
@@ -177,7 +211,7 @@ mod tests {
         std::os::unix::fs::symlink("real", dir.path().join("link")).unwrap();
         let through = dir.path().join("link/x");
         std::fs::write(dir.path().join("real/x"), b"").unwrap();
-        let e = walk(&through, |_, _| Ok(())).err().unwrap();
+        let e = walk(&through, |_, _| Ok(())).err().unwrap().to_string();
         assert!(e.contains("not a directory"), "{e}");
         let at_end = walk(&dir.path().join("link"), |_, _| Ok(())).unwrap();
         assert!(at_end.is_symlink());
@@ -188,7 +222,7 @@ mod tests {
     fn a_source_under_a_world_writable_directory_is_refused() {
         // The temp dir lives under /tmp (mode 1777).
         let dir = tempfile::tempdir().unwrap();
-        let e = check_on_host(dir.path()).unwrap_err();
+        let e = check_on_host(dir.path()).unwrap_err().to_string();
         assert!(
             e.contains("writable by others") || e.contains("not root"),
             "{e}"

@@ -213,20 +213,53 @@ pub fn is_valid_name(name: &str) -> bool {
         && bytes.iter().all(|&b| allowed(b))
 }
 
-fn check_name(name: &str) -> std::result::Result<String, String> {
-    if is_valid_name(name) {
-        Ok(name.to_owned())
-    } else {
-        Err(format!(
-            "invalid name {name:?}: use 1 to 64 lowercase letters, digits, \"_\" or \"-\", \
-             starting with a letter or digit"
-        ))
+/// What is wrong with one field's value (said at the field, as a
+/// [`Diagnostic`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum FieldProblem {
+    #[error("invalid name {0:?}: use 1 to 64 lowercase letters, digits, \"_\" or \"-\", starting with a letter or digit")]
+    Name(String),
+    #[error("name {name:?} does not match the file name {file:?}: name the file {name}.toml or set name = {stem:?}")]
+    NameNotTheFiles {
+        name: String,
+        file: String,
+        stem: String,
+    },
+    #[error("target \"/\" would replace the jail's root: mount a directory below it")]
+    RootTarget,
+    #[error("target {target:?} is inside {reserved}, which the jailer builds itself: choose another target")]
+    ReservedTarget {
+        target: String,
+        reserved: &'static str,
+    },
+    #[error("invalid profile name {0:?}: use 1 to 64 lowercase letters, digits, \"_\" or \"-\"")]
+    ProfileName(String),
+    #[error("path contains a NUL byte")]
+    PathWithNul,
+    #[error("path {0:?} is not absolute: use a path that starts with /")]
+    PathNotAbsolute(String),
+    #[error("path {0:?} is not normalized: write it without \".\" or \"..\" components, repeated slashes or a trailing slash")]
+    PathNotNormalized(String),
+    #[error("{0:?}: the index URL must start with https:// or http://")]
+    IndexScheme(String),
+    #[error("{0:?}: no credentials or spaces in the index URL")]
+    IndexCredentials(String),
+    #[error("{url:?}: {port:?} is not a port")]
+    IndexPort { url: String, port: String },
+    #[error("{url:?}: {problem}")]
+    IndexHost { url: String, problem: String },
+}
+
+fn check_name(name: &str) -> std::result::Result<String, FieldProblem> {
+    match is_valid_name(name) {
+        true => Ok(name.to_owned()),
+        false => Err(FieldProblem::Name(name.to_owned())),
     }
 }
 
 /// `--policy NAME` finds NAME.toml, so a file whose name disagrees with its
 /// content would be a policy that cannot be selected by its own name.
-fn check_name_matches_file(name: &str, origin: &Path) -> std::result::Result<(), String> {
+fn check_name_matches_file(name: &str, origin: &Path) -> std::result::Result<(), FieldProblem> {
     if origin.extension().and_then(|e| e.to_str()) != Some("toml") {
         return Ok(());
     }
@@ -240,9 +273,11 @@ fn check_name_matches_file(name: &str, origin: &Path) -> std::result::Result<(),
         .file_name()
         .map(|f| f.to_string_lossy())
         .unwrap_or_default();
-    Err(format!(
-        "name {name:?} does not match the file name {file:?}: name the file {name}.toml or set name = {stem:?}"
-    ))
+    Err(FieldProblem::NameNotTheFiles {
+        name: name.to_owned(),
+        file: file.into_owned(),
+        stem: stem.to_owned(),
+    })
 }
 
 fn check_namespaces(listed: &[Namespace], path: &FieldPath) -> Result<()> {
@@ -433,17 +468,15 @@ fn check_mounts(raw: Vec<RawMount>, path: &FieldPath) -> Result<Vec<ReadOnlyMoun
     Ok(mounts)
 }
 
-fn check_mount_target(target: &Path) -> std::result::Result<(), String> {
+fn check_mount_target(target: &Path) -> std::result::Result<(), FieldProblem> {
     if target == Path::new("/") {
-        return Err(
-            "target \"/\" would replace the jail's root: mount a directory below it".to_owned(),
-        );
+        return Err(FieldProblem::RootTarget);
     }
     if let Some(reserved) = RESERVED_TARGETS.iter().find(|r| target.starts_with(r)) {
-        return Err(format!(
-            "target {:?} is inside {reserved}, which the jailer builds itself: choose another target",
-            target.display().to_string()
-        ));
+        return Err(FieldProblem::ReservedTarget {
+            target: target.display().to_string(),
+            reserved,
+        });
     }
     Ok(())
 }
@@ -499,18 +532,15 @@ fn check_landlock(
     Ok(rules)
 }
 
-fn check_profile_name(name: &str) -> std::result::Result<(), String> {
+fn check_profile_name(name: &str) -> std::result::Result<(), FieldProblem> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "invalid profile name {name:?}: use 1 to 64 lowercase letters, digits, \"_\" or \"-\""
-        ))
+    match ok {
+        true => Ok(()),
+        false => Err(FieldProblem::ProfileName(name.to_owned())),
     }
 }
 
@@ -613,14 +643,12 @@ fn check_env(raw: BTreeMap<String, String>, path: &FieldPath) -> Result<BTreeMap
 
 /// Absolute and normalized, so that prefix checks (`starts_with("/etc")`)
 /// mean what they say and the jailer never resolves "..".
-pub(crate) fn check_path(s: &str) -> std::result::Result<PathBuf, String> {
+pub(crate) fn check_path(s: &str) -> std::result::Result<PathBuf, FieldProblem> {
     if s.contains('\0') {
-        return Err("path contains a NUL byte".to_owned());
+        return Err(FieldProblem::PathWithNul);
     }
     if !s.starts_with('/') {
-        return Err(format!(
-            "path {s:?} is not absolute: use a path that starts with /"
-        ));
+        return Err(FieldProblem::PathNotAbsolute(s.to_owned()));
     }
     let normalized = s == "/"
         || (!s.ends_with('/')
@@ -630,10 +658,7 @@ pub(crate) fn check_path(s: &str) -> std::result::Result<PathBuf, String> {
                 .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
             && !s.split('/').any(|part| part == "."));
     if !normalized {
-        return Err(format!(
-            "path {s:?} is not normalized: write it without \".\" or \"..\" components, \
-             repeated slashes or a trailing slash"
-        ));
+        return Err(FieldProblem::PathNotNormalized(s.to_owned()));
     }
     Ok(PathBuf::from(s))
 }
@@ -666,33 +691,34 @@ fn check_dependencies(
 }
 
 /// `scheme://host[:port]/...` of an index URL: what the egress rules see.
-fn index_endpoint(url: &str) -> std::result::Result<(Scheme, Host, u16), String> {
+fn index_endpoint(url: &str) -> std::result::Result<(Scheme, Host, u16), FieldProblem> {
     let (scheme, rest) = if let Some(r) = url.strip_prefix("https://") {
         (Scheme::Https, r)
     } else if let Some(r) = url.strip_prefix("http://") {
         (Scheme::Http, r)
     } else {
-        return Err(format!(
-            "{url:?}: the index URL must start with https:// or http://"
-        ));
+        return Err(FieldProblem::IndexScheme(url.to_owned()));
     };
     let authority = rest.split('/').next().unwrap_or_default();
     if authority.contains('@') || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!(
-            "{url:?}: no credentials or spaces in the index URL"
-        ));
+        return Err(FieldProblem::IndexCredentials(url.to_owned()));
     }
     let (host, port) = match authority.rsplit_once(':') {
         Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
-            let port = p
-                .parse::<u16>()
-                .map_err(|_| format!("{url:?}: {p:?} is not a port"))?;
+            let port = p.parse::<u16>().map_err(|_| FieldProblem::IndexPort {
+                url: url.to_owned(),
+                port: p.to_owned(),
+            })?;
             (h, port)
         }
         _ => (authority, if scheme == Scheme::Https { 443 } else { 80 }),
     };
-    let host = Host::parse(host.trim_start_matches('[').trim_end_matches(']'))
-        .map_err(|m| format!("{url:?}: {m}"))?;
+    let host = Host::parse(host.trim_start_matches('[').trim_end_matches(']')).map_err(|m| {
+        FieldProblem::IndexHost {
+            url: url.to_owned(),
+            problem: m.to_string(),
+        }
+    })?;
     Ok((scheme, host, port))
 }
 
@@ -779,7 +805,7 @@ mod tests {
             assert!(check_path(bad).is_err(), "{bad:?}");
         }
         assert_eq!(
-            check_path("/usr/../etc").unwrap_err(),
+            check_path("/usr/../etc").unwrap_err().to_string(),
             "path \"/usr/../etc\" is not normalized: write it without \".\" or \"..\" components, \
              repeated slashes or a trailing slash"
         );
@@ -809,7 +835,7 @@ mod tests {
         assert!(check_name_matches_file("x", Path::new("<stdin>")).is_ok());
         assert!(check_name_matches_file("x", Path::new("x.txt")).is_ok());
         assert_eq!(
-            check_name_matches_file("x", Path::new("dir/y.toml")).unwrap_err(),
+            check_name_matches_file("x", Path::new("dir/y.toml")).unwrap_err().to_string(),
             "name \"x\" does not match the file name \"y.toml\": name the file x.toml or set name = \"y\""
         );
     }

@@ -236,7 +236,7 @@ impl ToolService {
                 Ok(None) => break,
                 Err(e) => {
                     // Not a frame: nothing more can be read in step.
-                    let _ = state.reply(0, Err(bad_request(e))).await;
+                    let _ = state.reply(0, Err(bad_request(e.to_string()))).await;
                     break;
                 }
             };
@@ -403,20 +403,33 @@ impl State {
 
 /// One frame's body; `None` at a clean end. A length over
 /// [`MAX_REQUEST`] is an error before anything of the body is read.
-async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> Result<Option<Vec<u8>>, String> {
+async fn read_frame(
+    reader: &mut (impl AsyncReadExt + Unpin),
+) -> Result<Option<Vec<u8>>, NotAFrame> {
     let mut head = [0u8; 4];
     match reader.read_exact(&mut head).await {
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(NotAFrame::Unread(e)),
     }
-    let len = frame_len(head, u64::from(MAX_REQUEST)).map_err(|e| format!("a request: {e}"))?;
+    let len = frame_len(head, u64::from(MAX_REQUEST))?;
     let mut body = vec![0u8; len];
     reader
         .read_exact(&mut body)
         .await
-        .map_err(|e| format!("the request ended early: {e}"))?;
+        .map_err(NotAFrame::EndedEarly)?;
     Ok(Some(body))
+}
+
+/// What came on the channel instead of a request's frame.
+#[derive(Debug, thiserror::Error)]
+enum NotAFrame {
+    #[error("{0}")]
+    Unread(std::io::Error),
+    #[error("a request: {0}")]
+    Length(#[from] pycell_wire::framing::FrameError),
+    #[error("the request ended early: {0}")]
+    EndedEarly(std::io::Error),
 }
 
 /// The id of a request that did not parse, if it has one (so its caller

@@ -108,15 +108,22 @@ pub fn plan(config: &Config) -> (Vec<PoolPlan>, Vec<String>) {
 
 /// The memory limit of a member of `name`'s pool, or why it can have
 /// none (it does not load, or it serves stdio only: no run would take it).
-fn pool_memory(name: &str, config: &Config) -> Result<u64, String> {
-    let policy = pycell_launch::resolve::load_policy_by_name(name, &config.policy_dir)
-        .map_err(|e| e.to_string())?;
+fn pool_memory(name: &str, config: &Config) -> Result<u64, NoPool> {
+    let policy = pycell_launch::resolve::load_policy_by_name(name, &config.policy_dir)?;
     if let Some(problem) = policy.purpose_problem(false) {
-        return Err(problem);
+        return Err(NoPool::NotForRuns(problem));
     }
-    pycell_launch::resolve::effective_limits(&policy, &Default::default())
-        .map(|limits| limits.memory.get())
-        .map_err(|e| e.to_string())
+    let limits = pycell_launch::resolve::effective_limits(&policy, &Default::default())?;
+    Ok(limits.memory.get())
+}
+
+/// Why a policy named in the configuration gets no pool.
+#[derive(Debug, thiserror::Error)]
+enum NoPool {
+    #[error(transparent)]
+    Policy(#[from] pycell_launch::resolve::ResolveError),
+    #[error("{0}")]
+    NotForRuns(String),
 }
 
 /// A zygote's slots: its members, and the runs they become (at most
