@@ -8,10 +8,10 @@ use crate::cluster::tunnel::TunnelError;
 use crate::cluster::NodeSpecError;
 use crate::http::callers::{BadTokenName, TokensError};
 use crate::http::oauth::OAuthConfigError;
-use crate::http::setup::PublicUrlError;
+use crate::http::public_url::PublicUrlError;
 use crate::privileges::UserError;
+use crate::server::{BadPolicyFlag, ToolServersFlag};
 use crate::tls::TlsError;
-use crate::tool_servers::LoadError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -46,8 +46,10 @@ pub enum StartError {
     Tls(#[from] TlsError),
     #[error(transparent)]
     Tunnel(#[from] TunnelError),
-    #[error("--tool-servers {0}")]
-    ToolServers(#[from] LoadError),
+    #[error(transparent)]
+    Policy(#[from] BadPolicyFlag),
+    #[error(transparent)]
+    ToolServers(#[from] ToolServersFlag),
 }
 
 impl StartError {

@@ -19,6 +19,7 @@ mod front;
 mod gate;
 pub(crate) mod limiter;
 pub(crate) mod oauth;
+pub(crate) mod public_url;
 pub(crate) mod setup;
 pub mod token_cmd;
 

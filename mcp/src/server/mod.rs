@@ -39,7 +39,6 @@ use pycell_launch::resolve::POLICY_DIR;
 use pycell_wire::events::Stream;
 
 use crate::args::McpArgs;
-use crate::start_error::StartError;
 use crate::tool_servers::ToolServers;
 use output::{human_bytes, RunPythonOutput};
 use pycell_engine::service::{Backend, RunEvent, RunService};
@@ -556,24 +555,43 @@ pub fn main(args: &McpArgs) -> i32 {
 }
 
 /// `--policy` names a policy that loads and runs code.
-pub(crate) fn check_policy(name: &str) -> Result<(), StartError> {
+pub(crate) fn check_policy(name: &str) -> Result<(), BadPolicyFlag> {
+    let bad = |problem: String| BadPolicyFlag {
+        name: name.to_string(),
+        problem,
+    };
     let policy =
         pycell_launch::resolve::load_policy_by_name(name, std::path::Path::new(POLICY_DIR))
-            .map_err(|e| StartError::flag("--policy", format!("{name}: {e}")))?;
+            .map_err(|e| bad(e.to_string()))?;
     match policy.purpose_problem(false) {
-        Some(problem) => Err(StartError::flag("--policy", format!("{name}: {problem}"))),
+        Some(problem) => Err(bad(problem)),
         None => Ok(()),
     }
 }
 
+/// A `--policy` that does not load, or runs no code.
+#[derive(Debug, thiserror::Error)]
+#[error("--policy {name}: {problem}")]
+pub struct BadPolicyFlag {
+    pub name: String,
+    pub problem: String,
+}
+
+/// A `--tool-servers` file that does not load.
+#[derive(Debug, thiserror::Error)]
+#[error("--tool-servers {0}")]
+pub struct ToolServersFlag(#[from] pub crate::tool_servers::LoadError);
+
 /// The `--tool-servers` file's servers, if it names one.
-pub(crate) fn load_tool_servers(args: &McpArgs) -> Result<Option<ToolServers>, StartError> {
+pub(crate) fn load_tool_servers(args: &McpArgs) -> Result<Option<ToolServers>, ToolServersFlag> {
     let servers = args.tool_servers.as_deref().map(ToolServers::load);
     Ok(servers.transpose()?)
 }
 
 async fn serve(args: &McpArgs) -> i32 {
-    let checked = check_policy(&args.policy).and_then(|()| load_tool_servers(args));
+    let checked = check_policy(&args.policy)
+        .map_err(|e| e.to_string())
+        .and_then(|()| load_tool_servers(args).map_err(|e| e.to_string()));
     let servers = match checked {
         Ok(s) => s,
         Err(e) => {
