@@ -178,7 +178,7 @@ impl Node {
     /// it).
     fn polled(
         &self,
-        answer: Result<pycell_protocol::info::DaemonStatus, ClientError>,
+        answer: Result<pycell_protocol::info::DaemonStatus, PollFailed>,
         asked_at: Instant,
     ) {
         let mut s = self.state();
@@ -202,6 +202,16 @@ impl Node {
             }
         }
     }
+}
+
+/// Why a node's status poll has no answer.
+#[derive(Debug, thiserror::Error)]
+enum PollFailed {
+    #[error(transparent)]
+    Node(ClientError),
+    /// The poll's own task ended without one (pycelld is not to blame).
+    #[error("{0}")]
+    Task(tokio::task::JoinError),
 }
 
 /// The cluster's nodes: those given, or those a DNS name lists now (a
@@ -364,7 +374,8 @@ impl Nodes {
                     DaemonClient::connect(&socket).and_then(|mut c| c.status())
                 })
                 .await
-                .unwrap_or_else(|e| Err(ClientError::Unexpected(e.to_string())));
+                .map_err(PollFailed::Task)
+                .and_then(|r| r.map_err(PollFailed::Node));
                 node.polled(answer, asked_at);
             }
             tokio::select! {
@@ -458,7 +469,7 @@ mod tests {
         assert!(nodes.ranked().iter().all(|n| n.name != "b"));
         assert!(nodes.none_up().contains("b: gone"));
         nodes.named("a").unwrap().polled(
-            Err(ClientError::Unexpected("refused".into())),
+            Err(PollFailed::Node(ClientError::Unexpected("refused".into()))),
             Instant::now(),
         );
         assert_eq!(nodes.ranked().len(), 1);
