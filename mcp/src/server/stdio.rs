@@ -5,8 +5,12 @@
 
 use rmcp::service::{RoleServer, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
+use std::sync::Arc;
+
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::task::TaskTracker;
 
 use super::jsonrpc::{answer_oversized, answer_unparsed, MAX_MESSAGE};
 use crate::lines::{message_of, Line, LineReader, LineWriter};
@@ -19,8 +23,12 @@ const MAX_PENDING_ANSWERS: usize = 64;
 pub struct StdioTransport<R, W> {
     read: LineReader<R>,
     write: LineWriter<W>,
-    /// Answers being written; `close` waits for them.
-    answering: Vec<tokio::task::JoinHandle<()>>,
+    /// Answers being written; `close` waits for them, and so may whoever
+    /// holds [`StdioTransport::answers`] (rmcp drops the transport
+    /// without closing it when the input ends before `initialize`).
+    answering: TaskTracker,
+    /// A permit per answer being written.
+    room: Arc<Semaphore>,
 }
 
 impl<R, W> StdioTransport<R, W>
@@ -36,18 +44,25 @@ where
         StdioTransport {
             read: LineReader::new(read, limit),
             write: LineWriter::new(write),
-            answering: Vec::new(),
+            answering: TaskTracker::new(),
+            room: Arc::new(Semaphore::new(MAX_PENDING_ANSWERS)),
         }
+    }
+
+    /// The answers this transport writes itself, to wait for
+    /// ([`wait_for_answers`]) after it is gone.
+    pub fn answers(&self) -> TaskTracker {
+        self.answering.clone()
     }
 
     /// Write `answer` as a line, on a task of its own (so that a
     /// cancelled `receive` never leaves half a line written).
-    fn answer(&mut self, answer: Value) {
+    fn answer(&self, answer: Value, permit: OwnedSemaphorePermit) {
         let write = self.write.clone();
-        self.answering.retain(|t| !t.is_finished());
-        self.answering.push(tokio::spawn(async move {
+        self.answering.spawn(async move {
             let _ = write.send(&answer).await;
-        }));
+            drop(permit);
+        });
     }
 }
 
@@ -68,17 +83,16 @@ where
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         loop {
-            self.answering.retain(|t| !t.is_finished());
-            while self.answering.len() >= MAX_PENDING_ANSWERS {
-                // Cancelled here, the answer's task goes on by itself.
-                let oldest = self.answering.remove(0);
-                let _ = oldest.await;
-            }
+            // Room for the answer this line may need, before it is read
+            // (cancelled here, nothing is lost).
+            let Ok(permit) = Arc::clone(&self.room).acquire_owned().await else {
+                return None;
+            };
             let (read, line) = self.read.next().await;
             match read {
                 Line::End => return None,
                 Line::Oversized => {
-                    self.answer(answer_oversized(&line, self.read.limit()));
+                    self.answer(answer_oversized(&line, self.read.limit()), permit);
                     continue;
                 }
                 Line::Whole => {}
@@ -91,7 +105,7 @@ where
                 Ok(m) => return Some(m),
                 Err(e) => {
                     if let Some(answer) = answer_unparsed(message, &e) {
-                        self.answer(answer);
+                        self.answer(answer, permit);
                     }
                 }
             }
@@ -99,11 +113,17 @@ where
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
-        for answer in std::mem::take(&mut self.answering) {
-            let _ = answer.await;
-        }
+        self.answering.close();
+        self.answering.wait().await;
         self.write.close().await
     }
+}
+
+/// Waits, at most `grace`, for the answers a transport wrote itself (a
+/// client that sent its last line and reads no more cannot hold us).
+pub async fn wait_for_answers(answers: TaskTracker, grace: std::time::Duration) {
+    answers.close();
+    let _ = tokio::time::timeout(grace, answers.wait()).await;
 }
 
 #[cfg(test)]
@@ -171,5 +191,33 @@ mod tests {
         );
         let (passed, _) = feed(input.into_bytes(), 1000).await;
         assert!(passed.is_empty());
+    }
+
+    #[tokio::test]
+    async fn answers_of_a_transport_dropped_unclosed_can_still_be_awaited() {
+        let (ours, mut theirs) = tokio::io::duplex(1 << 16);
+        let mut t = StdioTransport::with_limit(&b"not json\n"[..], ours, 1000);
+        let answers = t.answers();
+        assert!(t.receive().await.is_none());
+        // As rmcp does when the input ends before `initialize`.
+        drop(t);
+        wait_for_answers(answers.clone(), std::time::Duration::from_secs(30)).await;
+        assert!(answers.is_empty(), "an answer is still being written");
+        let mut line = vec![0u8; 1 << 10];
+        let n = theirs.read(&mut line).await.unwrap();
+        let answer: Value = serde_json::from_slice(&line[..n]).unwrap();
+        assert_eq!(answer["error"]["code"], -32700, "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_reads_no_answers_stops_being_read() {
+        let input = "not json\n".repeat(MAX_PENDING_ANSWERS * 3);
+        // Room for no whole answer: every write waits for a reader.
+        let (ours, _theirs) = tokio::io::duplex(8);
+        let mut t = StdioTransport::with_limit(input.as_bytes(), ours, 1000);
+        let wait = std::time::Duration::from_millis(200);
+        let got = tokio::time::timeout(wait, t.receive()).await;
+        assert!(got.is_err(), "every line was read: {got:?}");
+        assert_eq!(t.answers().len(), MAX_PENDING_ANSWERS);
     }
 }
