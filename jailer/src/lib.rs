@@ -13,31 +13,16 @@
 //! functions check it); its raw system calls are `pycell_syscall`'s, the
 //! only crate with `unsafe`. Any
 //! layer that cannot be applied refuses the run.
+//!
+//! Two halves, joined by [`supervisor`] (and by [`zygote`], for runs
+//! forked from a warm one): [`setup`] makes the jail, [`run`] carries it
+//! through its life and reports how it ended.
 #![forbid(unsafe_code)]
 
-mod capabilities;
-mod changed;
-mod child;
-mod grant_sweep;
-mod grants;
-mod landlock_rules;
-mod mounts;
-mod ns_owner;
-mod ns_settings;
-mod outbox;
-mod outcome;
-mod pipeline;
-mod preflight;
-mod relay;
-mod rlimits;
-mod run_images;
-mod session;
-mod sources;
-mod status;
+mod run;
+mod setup;
 mod supervisor;
 mod timings;
-mod warm;
-mod xattr_check;
 pub mod zygote;
 
 use std::io::{self, Write};

@@ -1,8 +1,8 @@
 //! The jailer's outer half (host root, single-threaded): checks the spec and
 //! the host, clones the jail into new namespaces, writes its uid/gid maps,
 //! builds and joins its cgroup ([`spawn`]), relays its output as event
-//! frames until it ends ([`crate::relay`]), decides how it ended
-//! ([`crate::outcome::classify`]) and reports. The cgroup is killed before
+//! frames until it ends ([`crate::run::relay`]), decides how it ended
+//! ([`crate::run::outcome::classify`]) and reports. The cgroup is killed before
 //! the report is written, and removed (by its `Drop`) after.
 
 use std::fs::File;
@@ -21,12 +21,12 @@ use pycell_wire::events;
 use pycell_wire::report::{CgroupReport, JailFailure, JailReport, Layers, SeccompReport};
 use pycell_wire::spec::{JailSpec, NetworkSpec, SlotIds, WorkspaceFile};
 
-use crate::child::{child_main, ChildFds};
-use crate::ns_owner::{AsOwner, MapFiles};
-use crate::outcome::{classify, Observed};
-use crate::preflight::{cgroup_failure, preflight, Checked};
-use crate::relay::{self, ParentEnds};
-use crate::status::{GO_CGROUP, GO_MAPS};
+use crate::run::outcome::{classify, Observed};
+use crate::run::relay::{self, ParentEnds};
+use crate::setup::child::{child_main, ChildFds};
+use crate::setup::ns_owner::{AsOwner, MapFiles};
+use crate::setup::preflight::{cgroup_failure, preflight, Checked};
+use crate::setup::status::{GO_CGROUP, GO_MAPS};
 use crate::timings::mark;
 use pycell_host::cgroup::{self, CgroupLayout, CgroupLimits, SandboxCgroup};
 use pycell_syscall::{self as syscall, CloneResult};
@@ -113,7 +113,7 @@ fn run_checked(
         .map_err(io_failure("writing output"))?;
     let usage = jail.cgroup.usage();
     mark("jailer: cgroup emptied, usage read");
-    let cleanups = crate::grant_sweep::sweep(&jail.grants.roots, jail.grants.started_at);
+    let cleanups = crate::run::grant_sweep::sweep(&jail.grants.roots, jail.grants.started_at);
     let mut report = assemble_report(spec, &checked, relayed, &usage, end, &jail.cgroup)?;
     report.grant_cleanups = cleanups;
     let remains = Remains {
@@ -144,11 +144,11 @@ fn assemble_report(
         cancelled: relayed.cancelled,
         oom_kills: usage.oom_kills,
         messages: relayed.messages,
-        init_status: crate::outcome::describe_end(relayed.init_status),
+        init_status: crate::run::outcome::describe_end(relayed.init_status),
     };
     let mut outcome = classify(&seen, &run.limits)?;
     if let (Some(why), Some(clocks)) = (session_end, spec.session) {
-        outcome.error = crate::session::end_failure(why, &clocks).or(outcome.error);
+        outcome.error = crate::run::session::end_failure(why, &clocks).or(outcome.error);
     }
     let report = JailReport {
         status: outcome.status,
@@ -173,10 +173,12 @@ fn assemble_report(
 }
 
 /// The jail's marks and ours, when the spec asked for them.
-fn jail_timings(messages: &[crate::status::ChildMessage]) -> Vec<pycell_wire::timings::Mark> {
+fn jail_timings(
+    messages: &[crate::setup::status::ChildMessage],
+) -> Vec<pycell_wire::timings::Mark> {
     mark("jailer: report assembled");
     let jail = messages.iter().find_map(|m| match m {
-        crate::status::ChildMessage::Ready { timings, .. } => Some(timings.clone()),
+        crate::setup::status::ChildMessage::Ready { timings, .. } => Some(timings.clone()),
         _ => None,
     });
     let mut marks = crate::timings::take();
@@ -188,7 +190,7 @@ fn jail_timings(messages: &[crate::status::ChildMessage]) -> Vec<pycell_wire::ti
 fn layers(
     spec: &JailSpec,
     checked: &Checked,
-    outcome: &crate::outcome::Outcome,
+    outcome: &crate::run::outcome::Outcome,
     cgroup: &SandboxCgroup,
 ) -> Option<Layers> {
     // A zygote, which applies no Landlock, has none to report.
@@ -209,12 +211,12 @@ fn layers(
 /// What a run (not a session: its cells report theirs) left changed in
 /// /workspace, looked at once the jail is gone; the install jail's
 /// workspace is its env, not a run's output.
-fn run_changes(spec: &JailSpec, relayed: &relay::Relayed) -> crate::changed::Changes {
+fn run_changes(spec: &JailSpec, relayed: &relay::Relayed) -> crate::run::changed::Changes {
     match (&relayed.workspace, &relayed.session) {
         (Some(ws), None) if !spec.export_workspace => {
-            crate::changed::changed_files(ws.as_fd(), &run_inputs(spec, relayed.warm.as_ref()))
+            crate::run::changed::changed_files(ws.as_fd(), &run_inputs(spec, relayed.warm.as_ref()))
         }
-        _ => crate::changed::Changes::default(),
+        _ => crate::run::changed::Changes::default(),
     }
 }
 
@@ -264,7 +266,7 @@ fn warm_run(
         )));
     }
     match (w.phase, &w.work) {
-        (crate::warm::Phase::Running { since, waited_ms }, Some(work)) => {
+        (crate::run::warm::Phase::Running { since, waited_ms }, Some(work)) => {
             clock.limits.wall_timeout = work.wall_timeout;
             clock.limits.max_output = work.max_output;
             clock.wall = since.elapsed().min(since_start);
@@ -272,7 +274,7 @@ fn warm_run(
             clock.waited_ms = Some(waited_ms);
             Ok(clock)
         }
-        (crate::warm::Phase::WarmingUp, _) => {
+        (crate::run::warm::Phase::WarmingUp, _) => {
             let output = String::from_utf8_lossy(&w.warm_up_output);
             eprintln!(
                 "pycell-jailer: warm jail {} ended while warming up; its output:\n{}",
@@ -402,7 +404,7 @@ struct Jail {
 
 /// The writable grants of a jail, swept once it has ended.
 struct Grants {
-    roots: Vec<crate::grant_sweep::GrantRoot>,
+    roots: Vec<crate::setup::grants::GrantRoot>,
     started_at: SystemTime,
 }
 
@@ -419,7 +421,7 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     let (mut child_fds, go, ends) = pipes(spec.session.is_some() || spec.images.is_some())
         .map_err(io_failure("creating pipes"))?;
     child_fds.handout_channel = handout_channel(spec)?;
-    let (trees, grant_roots) = crate::grants::prepare(spec)?;
+    let (trees, grant_roots) = crate::setup::grants::prepare(spec)?;
     child_fds.grants = trees;
     if let Some(z) = &spec.zygote {
         let lib = crate::zygote::library_memfd(&z.lib).map_err(|e| {
@@ -436,8 +438,9 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     mark("jailer: pipes and the cgroup made");
     let start = Instant::now();
     let started_at = SystemTime::now();
-    let owner = crate::ns_owner::AsOwner::enter(spec.sandbox_uid, Some(spec.sandbox_gid), true)
-        .map_err(owner_failure)?;
+    let owner =
+        crate::setup::ns_owner::AsOwner::enter(spec.sandbox_uid, Some(spec.sandbox_gid), true)
+            .map_err(owner_failure)?;
     let (pid, born_inside) = match clone_jail(&cgroup) {
         Ok((CloneResult::Child, _)) => {
             owner.stay();
@@ -527,10 +530,12 @@ fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFai
     )
     .map_err(|e| crate::zygote::failure("opening the jail's pidfd")(e.into()))?;
     // As the zygote's uid, the owner of the namespace the run's is in.
-    crate::ns_owner::as_jail_owner(spec, || crate::rlimits::apply(pid, &spec.limits, spec.warm))
-        .map_err(|e| e.to_string())
-        .and_then(|r| r.map_err(|e| e.to_string()))
-        .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e))?;
+    crate::setup::ns_owner::as_jail_owner(spec, || {
+        crate::setup::rlimits::apply(pid, &spec.limits, spec.warm)
+    })
+    .map_err(|e| e.to_string())
+    .and_then(|r| r.map_err(|e| e.to_string()))
+    .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e))?;
     go.write_all(&[GO_CGROUP])
         .map_err(crate::zygote::failure("starting the jail"))?;
     Ok(Jail {
@@ -633,7 +638,7 @@ fn attach(
 /// host without CAP_SYS_ADMIN and CAP_SYS_RESOURCE there (pycelld's
 /// jailer): open its id maps' files and pin its rlimits.
 fn as_the_owner(spec: &JailSpec, pid: Pid, owner: &AsOwner) -> Result<MapFiles, JailFailure> {
-    crate::rlimits::apply(pid, &spec.limits, spec.warm)
+    crate::setup::rlimits::apply(pid, &spec.limits, spec.warm)
         .map_err(|e| JailFailure::new(FailureCode::RlimitsFailed, Layer::Rlimits, e.to_string()))?;
     owner.open_maps(pid).map_err(|e| {
         JailFailure::new(
@@ -661,7 +666,7 @@ fn id_maps(spec: &JailSpec) -> (String, String) {
             };
             crate::zygote::id_maps(own, &z.slots)
         }
-        None => crate::ns_owner::jail_id_maps(spec.sandbox_uid, spec.sandbox_gid),
+        None => crate::setup::ns_owner::jail_id_maps(spec.sandbox_uid, spec.sandbox_gid),
     }
 }
 

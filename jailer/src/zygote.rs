@@ -9,7 +9,7 @@
 //!      the zygote writes the child's maps (jail uid 1000 = the slot's id,
 //!      ZYGOTE_SLOT_BASE + slot, mapped to the slot's host uid)
 //!        init (pid 1): the pipeline's steps, in their order
-//!              (`crate::pipeline`), the mounts cloned from the zygote's
+//!              (`crate::setup::pipeline`), the mounts cloned from the zygote's
 //!              root; it moves itself into the run's cgroup and tells the
 //!              jailer, which reads its pid there, pins its rlimits and
 //!              says go
@@ -36,10 +36,10 @@ use pycell_wire::named_fds::NamedFdsError;
 use pycell_wire::spec::{JailSpec, SlotIds, ZYGOTE_SLOT_BASE};
 use serde::{Deserialize, Serialize};
 
-use crate::child::{self, ChildFds};
-use crate::ns_owner::AsOwner;
-use crate::pipeline::{Step, StepError};
-use crate::status::ChildMessage;
+use crate::setup::child::{self, ChildFds};
+use crate::setup::ns_owner::AsOwner;
+use crate::setup::pipeline::{Step, StepError};
+use crate::setup::status::ChildMessage;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
 
@@ -313,7 +313,7 @@ pub fn fork_run() -> i32 {
     // The run's namespace is its slot's: created as the slot's ids, so
     // that what the run holds (processes under RLIMIT_NPROC, inotify
     // instances, ...) is charged to its slot, not to the zygote that every
-    // run shares (see `crate::ns_owner`).
+    // run shares (see `crate::setup::ns_owner`).
     let slot = spec.from_zygote.as_ref().map_or(0, |z| z.slot);
     let id = ZYGOTE_SLOT_BASE + slot;
     let owner = match AsOwner::enter(id, Some(id), false) {
@@ -330,7 +330,7 @@ pub fn fork_run() -> i32 {
             drop(maps_read);
             let opened = owner.open_maps(pid);
             let left = owner.leave();
-            let maps = crate::ns_owner::jail_id_maps(id, id);
+            let maps = crate::setup::ns_owner::jail_id_maps(id, id);
             let written = left
                 .and(opened)
                 .and_then(|files| files.write(&maps))

@@ -15,9 +15,6 @@ use pycell_wire::framing::frame_len;
 /// Warm-up output kept for the jailer's own stderr (when the jail fails
 /// before it is ready).
 const KEPT_WARM_UP_OUTPUT: usize = 16 << 10;
-/// CPU seconds a warm jail may spend before its work arrives (its
-/// imports), on top of the run's own CPU time limit.
-pub(crate) const WARM_UP_CPU_S: u64 = 120;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Phase {

@@ -8,7 +8,7 @@ use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
 use pycell_wire::spec::JailSpec;
 
-use crate::sources::{self, SourceId};
+use crate::setup::sources::{self, SourceId};
 
 /// What preflight established, for the clone.
 pub(crate) struct Checked {

@@ -20,13 +20,13 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{execve, sethostname, setresgid, setresuid, setsid, Gid, Pid, Uid};
 use pycell_seccomp::{CompiledFilter, KernelGap};
 
-use crate::landlock_rules::{self, Grants};
-use crate::mounts::{self, PreparedSources, RootfsLayout};
-use crate::pipeline::{run_steps, JailSteps, Step, StepError};
-use crate::preflight::Checked;
-use crate::sources::SourceId;
-use crate::status::{ChildMessage, GO_CGROUP, GO_MAPS};
-use crate::xattr_check;
+use crate::setup::landlock_rules::{self, Grants};
+use crate::setup::mounts::{self, PreparedSources, RootfsLayout};
+use crate::setup::pipeline::{run_steps, JailSteps, Step, StepError};
+use crate::setup::preflight::Checked;
+use crate::setup::sources::SourceId;
+use crate::setup::status::{ChildMessage, GO_CGROUP, GO_MAPS};
+use crate::setup::xattr_check;
 use pycell_syscall::{self as syscall, CloneResult};
 use pycell_wire::codes::FailureCode;
 use pycell_wire::handout::{self, Handout};
@@ -66,8 +66,8 @@ pub(crate) struct ChildFds {
     pub cgroup_tasks: Vec<OwnedFd>,
     /// A zygote: its library, a sealed memfd.
     pub zygote_lib: Option<OwnedFd>,
-    /// The caller's grants, idmapped (`crate::grants`).
-    pub grants: Vec<crate::grants::GrantedTree>,
+    /// The caller's grants, idmapped (`crate::setup::grants`).
+    pub grants: Vec<crate::setup::grants::GrantedTree>,
 }
 
 /// Which jail this process sets up.
@@ -116,7 +116,7 @@ struct RealSteps<'a> {
     zygote_end: Option<OwnedFd>,
     zygote_lib: Option<OwnedFd>,
     sources: Option<PreparedSources>,
-    grants: Vec<crate::grants::GrantedTree>,
+    grants: Vec<crate::setup::grants::GrantedTree>,
     landlock: Option<LandlockReport>,
     xattr_writes_refused: bool,
 }
@@ -149,7 +149,7 @@ impl JailSteps for RealSteps<'_> {
 
     fn configure_namespaces(&mut self) -> Result<(), StepError> {
         let step = |e: std::io::Error| StepError::new(Step::NamespaceSettings, e.to_string());
-        crate::ns_settings::new_time_namespace()
+        crate::setup::ns_settings::new_time_namespace()
             .map_err(step)
             .map_err(|e| {
                 e.with_hint("pycell gives every run its own time namespace: it needs Linux 5.6+ built with CONFIG_TIME_NS")
@@ -234,7 +234,7 @@ impl JailSteps for RealSteps<'_> {
             files: &self.spec.files,
             hostname: HOSTNAME,
             cover_proc: self.kind != JailKind::Zygote,
-            user_limits: crate::ns_settings::user_limits(l),
+            user_limits: crate::setup::ns_settings::user_limits(l),
         };
         mounts::build_root(sources, &layout).map_err(|e| {
             let step = StepError::new(Step::Rootfs, e.to_string());
@@ -269,8 +269,8 @@ impl JailSteps for RealSteps<'_> {
 
     fn drop_capabilities(&mut self) -> Result<(), StepError> {
         let dropped = match self.kind {
-            JailKind::Zygote => crate::capabilities::keep_only_setid(),
-            _ => crate::capabilities::drop_all(),
+            JailKind::Zygote => crate::setup::capabilities::keep_only_setid(),
+            _ => crate::setup::capabilities::drop_all(),
         };
         dropped.map_err(|e| StepError::new(Step::Capabilities, e.to_string()))
     }

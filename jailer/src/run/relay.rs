@@ -17,11 +17,11 @@ use nix::unistd::Pid;
 use pycell_wire::events::Stream;
 use pycell_wire::spec::JailSpec;
 
-use crate::outbox::{self, Outbox};
-use crate::run_images::BackChannel;
-use crate::session::{ClockAction, SessionRelay, SessionStep};
-use crate::status::ChildMessage;
-use crate::warm::{Arrival, Phase, WarmState};
+use crate::run::outbox::{self, Outbox};
+use crate::run::run_images::BackChannel;
+use crate::run::session::{ClockAction, SessionRelay, SessionStep};
+use crate::run::warm::{Arrival, Phase, WarmState};
+use crate::setup::status::ChildMessage;
 use pycell_host::cgroup::SandboxCgroup;
 use pycell_wire::events::ReplyMeasure;
 use pycell_wire::report::SessionEnd;
@@ -46,7 +46,7 @@ pub(crate) struct ParentEnds {
     pub disk_channel: OwnedFd,
 }
 
-/// What the relay saw, for [`crate::outcome::classify`].
+/// What the relay saw, for [`crate::run::outcome::classify`].
 #[derive(Debug)]
 pub(crate) struct Relayed {
     pub timed_out: bool,
@@ -417,7 +417,7 @@ impl Relay {
         };
         let work = w.work.as_ref().expect("work arrived");
         w.cpu_before_ns = cgroup.usage().cpu_ns;
-        if let Err(e) = crate::rlimits::restart_cpu_clock(
+        if let Err(e) = crate::setup::rlimits::restart_cpu_clock(
             spec,
             pid,
             cgroup,
@@ -470,7 +470,7 @@ impl Relay {
         };
         s.cpu_before_ns = cgroup.usage().cpu_ns;
         // A program that is gone has no clock to restart: the jail ends.
-        let _ = crate::rlimits::restart_cpu_clock(
+        let _ = crate::setup::rlimits::restart_cpu_clock(
             spec,
             pid,
             cgroup,

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use pycell_wire::report::LandlockReport;
 
-use crate::pipeline::StepError;
+use crate::setup::pipeline::StepError;
 
 /// Go-pipe bytes from the jailer: uid/gid maps written; cgroup attached.
 pub(crate) const GO_MAPS: u8 = b'M';

@@ -15,7 +15,7 @@ use pycell_wire::report::SessionEnd;
 use pycell_wire::spec::SessionSpec;
 
 use super::{decode_op, reply_frames, request_frames, BadRequest, Clocks, Frames};
-use crate::warm::WarmState;
+use crate::run::warm::WarmState;
 
 const CHUNK: usize = 64 * 1024;
 

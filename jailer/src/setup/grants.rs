@@ -28,8 +28,6 @@ use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
 use pycell_wire::spec::{grant_source_problem, Grant, JailSpec, GRANT_FD_BASE};
 
-use crate::grant_sweep::GrantRoot;
-
 const OTHER_NAMESPACE: &str = "the granted path is not in pycell's mount namespace: pycelld's systemd service has a namespace of its own (no /home), so it cannot take grants; run `pycell mcp-server --embedded` as root for them";
 const NOT_PRIVILEGED: &str = "cloning and idmapping a host mount needs CAP_SYS_ADMIN, which pycelld's systemd service does not have: run `pycell mcp-server --embedded` as root for grants";
 
@@ -41,11 +39,19 @@ pub(crate) struct GrantedTree {
     pub is_dir: bool,
 }
 
+/// A writable grant to sweep once its jail has ended
+/// (`crate::run::grant_sweep`): the descriptor its caller opened on it.
+#[derive(Debug)]
+pub(crate) struct GrantRoot {
+    pub source: OwnedFd,
+    pub target: PathBuf,
+}
+
 /// Every grant of `spec`, from the descriptors inherited for them,
 /// parents first: a grant inside another (`--ro PROJECT/.git` in `--rw
 /// PROJECT`) is attached on top of it, never hidden under it. Also the
 /// writable grants' own descriptors, to sweep once the jail has ended
-/// (`crate::grant_sweep`).
+/// (`crate::run::grant_sweep`).
 pub(crate) fn prepare(spec: &JailSpec) -> Result<(Vec<GrantedTree>, Vec<GrantRoot>), JailFailure> {
     let ids = (spec.sandbox_uid, spec.sandbox_gid);
     let mut trees = Vec::new();
@@ -152,7 +158,7 @@ fn owner_seen_as(owner: u32, group: u32, uid: u32, gid: u32) -> std::io::Result<
         CloneResult::Parent(pid) => {
             drop(wait_r);
             let maps = idmap(owner, group, uid, gid);
-            let ns = crate::ns_owner::MapFiles::open(pid)
+            let ns = crate::setup::ns_owner::MapFiles::open(pid)
                 .and_then(|files| files.write(&maps))
                 .and_then(|()| File::open(format!("/proc/{}/ns/user", pid.as_raw())));
             drop(wait_w);

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::unistd::{chdir, pivot_root};
 
-use crate::sources::{self, SourceId};
+use crate::setup::sources::{self, SourceId};
 use pycell_syscall::{
     self as syscall, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
 };
@@ -176,9 +176,9 @@ pub fn prepare_sources(
 }
 
 impl PreparedSources {
-    /// A grant of the caller's (`crate::grants`): its detached mount,
+    /// A grant of the caller's (`crate::setup::grants`): its detached mount,
     /// attached after the policy's binds.
-    pub(crate) fn add_granted(&mut self, granted: crate::grants::GrantedTree) {
+    pub(crate) fn add_granted(&mut self, granted: crate::setup::grants::GrantedTree) {
         self.binds.push(Prepared::Tree {
             fd: granted.mount,
             target: granted.target,
@@ -199,7 +199,7 @@ pub struct RootfsLayout<'a> {
     /// visible, and the zygote's children must.
     pub cover_proc: bool,
     /// `/proc/sys/user` limits of the jail's user namespace, written in
-    /// the fresh /proc (`crate::ns_settings::set_user_limits`).
+    /// the fresh /proc (`crate::setup::ns_settings::set_user_limits`).
     pub user_limits: Vec<(&'static str, u64)>,
 }
 
@@ -247,9 +247,10 @@ pub fn build_root(sources: PreparedSources, layout: &RootfsLayout<'_>) -> Result
     }
     crate::timings::mark("jail: rootfs: binds attached");
     mount_proc()?;
-    crate::ns_settings::set_user_limits(&staged(Path::new("/proc")), &layout.user_limits).map_err(
-        err("limiting the jail's per-user kernel counters".to_string()),
-    )?;
+    crate::setup::ns_settings::set_user_limits(&staged(Path::new("/proc")), &layout.user_limits)
+        .map_err(err(
+            "limiting the jail's per-user kernel counters".to_string()
+        ))?;
     let dev = build_dev(sources.devices)?;
     crate::timings::mark("jail: rootfs: /proc and /dev");
     if layout.cover_proc {

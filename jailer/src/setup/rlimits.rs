@@ -43,14 +43,16 @@ fn pin(name: &'static str, resource: libc::__rlimit_resource_t, soft: u64, hard:
     }
 }
 
+/// CPU seconds a warm jail may spend before its work arrives (its
+/// imports), on top of the run's own CPU time limit.
+pub(crate) const WARM_UP_CPU_S: u64 = 120;
+
 /// The CPU seconds a jail starts with: its limit, and for a warm jail
 /// the allowance of its warm-up besides (its clock restarts when its work
 /// comes: [`restart_cpu_clock`]).
 fn cpu_seconds(l: &RunLimits, warm: bool) -> u64 {
     match warm {
-        true => l
-            .cpu_time_whole_secs()
-            .saturating_add(crate::warm::WARM_UP_CPU_S),
+        true => l.cpu_time_whole_secs().saturating_add(WARM_UP_CPU_S),
         false => l.cpu_time_whole_secs(),
     }
 }
@@ -144,19 +146,19 @@ pub(crate) fn restart_cpu_clock(
         .filter(|p| *p != init)
         .find_map(|p| {
             let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
-            (crate::warm::parent_pid(&stat) == Some(init.as_raw())).then_some((p, stat))
+            (crate::run::warm::parent_pid(&stat) == Some(init.as_raw())).then_some((p, stat))
         });
     let (program, stat) = program.ok_or(CpuClockError::ProgramGone)?;
-    let used = crate::warm::cpu_ticks(&stat).ok_or(CpuClockError::StatUnreadable)?;
+    let used = crate::run::warm::cpu_ticks(&stat).ok_or(CpuClockError::StatUnreadable)?;
     let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
         .unwrap_or(100) as u64;
     let hard = cpu_seconds_hard(jail_cpu_time_s);
-    let (soft, hard) = crate::warm::cpu_clock_from_now(used, ticks, cpu_time_s, hard);
+    let (soft, hard) = crate::run::warm::cpu_clock_from_now(used, ticks, cpu_time_s, hard);
     // As the owner of the jail's user namespace: pycelld's jailer has no
-    // CAP_SYS_RESOURCE over it otherwise (see `crate::ns_owner`).
-    crate::ns_owner::as_jail_owner(spec, || {
+    // CAP_SYS_RESOURCE over it otherwise (see `crate::setup::ns_owner`).
+    crate::setup::ns_owner::as_jail_owner(spec, || {
         syscall::prlimit(program, libc::RLIMIT_CPU, soft, hard)
     })
     .and_then(|r| r)
@@ -172,9 +174,7 @@ pub(crate) fn restart_cpu_clock(
 
 /// The hard RLIMIT_CPU a warm jail started with.
 fn cpu_seconds_hard(cpu_time_s: u64) -> u64 {
-    cpu_time_s
-        .saturating_add(crate::warm::WARM_UP_CPU_S)
-        .saturating_add(1)
+    cpu_time_s.saturating_add(WARM_UP_CPU_S).saturating_add(1)
 }
 
 #[cfg(test)]

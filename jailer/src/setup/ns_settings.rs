@@ -15,7 +15,7 @@
 //!
 //! No `vm.memfd_noexec`: the kernel lets only host root set it, and a
 //! jail's init is its sandbox uid (the owner of its user namespace, see
-//! `crate::ns_owner`); `memfd_create` is refused by the seccomp profile
+//! `crate::setup::ns_owner`); `memfd_create` is refused by the seccomp profile
 //! instead.
 
 use std::fs;

@@ -6,7 +6,7 @@ use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::limits::RunLimits;
 use pycell_wire::report::{JailFailure, LandlockReport, RunStatus};
 
-use crate::status::ChildMessage;
+use crate::setup::status::ChildMessage;
 
 /// Everything the supervisor saw of a finished run.
 #[derive(Debug, Clone)]
@@ -169,7 +169,7 @@ pub(crate) fn classify(seen: &Observed, limits: &RunLimits) -> Result<Outcome, J
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::{Step, StepError};
+    use crate::setup::pipeline::{Step, StepError};
     use pycell_wire::report::LandlockStatus;
 
     fn limits() -> RunLimits {

@@ -20,7 +20,6 @@
 
 use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nix::dir::Dir;
@@ -28,6 +27,8 @@ use nix::fcntl::{openat, readlinkat, AtFlags, OFlag};
 use nix::sys::stat::{fchmod, fstat, fstatat, FileStat, Mode, SFlag};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 use pycell_wire::report::GrantCleanup;
+
+use crate::setup::grants::GrantRoot;
 
 /// Directory entries looked at, at most, over every grant of a jail.
 const MAX_SCANNED: usize = 1_000_000;
@@ -38,13 +39,6 @@ pub(crate) const MAX_LISTED: usize = 100;
 /// The ctime clock is coarse (a tick behind real time): what changed this
 /// long before the jail's start still counts as the jail's.
 const CLOCK_SLACK: Duration = Duration::from_secs(1);
-
-/// A writable grant to sweep: the descriptor its caller opened on it.
-#[derive(Debug)]
-pub(crate) struct GrantRoot {
-    pub source: OwnedFd,
-    pub target: PathBuf,
-}
 
 /// What one entry needs.
 #[derive(Debug, PartialEq, Eq)]
