@@ -17,6 +17,7 @@ use std::sync::{Condvar, Mutex};
 
 use pycell_engine::local;
 use pycell_engine::service::{Backend, Options, RunService};
+use pycell_launch::launcher::PolicyChoice;
 use pycell_protocol::messages::{RunRequest, MAX_FRAME};
 use pycell_protocol::result::RunResult;
 use pycell_wire::codes::{FailureCode, Layer};
@@ -305,8 +306,21 @@ fn parse_line(n: usize, bytes: &[u8]) -> (Value, Result<RunRequest, String>) {
         .and_then(|req| match req.check_bounds() {
             Ok(()) => Ok(req),
             Err(e) => Err(format!("line {n}: {e}")),
+        })
+        .and_then(|req| match names_a_policy_file(&req) {
+            Some(p) => Err(format!(
+                "line {n}: \"policy\" {p:?} is a file path; a line names a policy by name, as pycelld's protocol does (a policy file goes on the command line: --policy FILE)"
+            )),
+            None => Ok(req),
         });
     (id, req)
+}
+
+/// A policy file a line names: a line, often written by a model, never
+/// makes pycell read a file as root (only `--policy` may name one).
+fn names_a_policy_file(req: &RunRequest) -> Option<&str> {
+    let p = req.policy.as_deref()?;
+    matches!(PolicyChoice::from_arg(p), PolicyChoice::File(_)).then_some(p)
 }
 
 fn result_line(n: usize, bytes: &[u8], runs: &Runs, default_policy: &str) -> String {
@@ -390,5 +404,16 @@ mod tests {
             .1
             .unwrap_err()
             .contains("args"));
+    }
+
+    #[test]
+    fn a_line_names_policies_by_name_never_by_file() {
+        for file in ["/etc/shadow", "./mine.toml", "x.toml", "../p"] {
+            let line = serde_json::json!({"code": "", "policy": file}).to_string();
+            let why = parse_line(8, line.as_bytes()).1.unwrap_err();
+            assert!(why.contains("is a file path"), "{file}: {why}");
+        }
+        let line = br#"{"code": "", "policy": "data-science"}"#;
+        assert!(parse_line(9, line).1.is_ok());
     }
 }

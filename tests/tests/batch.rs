@@ -111,6 +111,7 @@ fn a_bad_line_gets_a_refusal_that_names_it_and_the_others_still_run() {
         json!("not an object"),
         json!({"cod": "print(1)"}),
         json!({"code": "", "args": too_many_args}),
+        json!({"code": "print(1)", "policy": "/etc/shadow"}),
         json!({"id": 5, "code": "import sys; sys.exit(3)"}),
     ];
     let (results, out) = batch(&[], &lines);
@@ -121,14 +122,18 @@ fn a_bad_line_gets_a_refusal_that_names_it_and_the_others_still_run() {
         .collect();
     assert_eq!(
         status,
-        ["ok", "refused", "refused", "refused", "error"],
+        ["ok", "refused", "refused", "refused", "refused", "error"],
         "{}",
         out.describe()
     );
-    for (r, says) in results[1..4]
-        .iter()
-        .zip(["not a JSON object", "unknown field `cod`", "args"])
-    {
+    // A line never makes pycell read a file as root: a policy file is the
+    // command line's to name (its content would show in the refusal).
+    for (r, says) in results[1..5].iter().zip([
+        "not a JSON object",
+        "unknown field `cod`",
+        "args",
+        "\"/etc/shadow\" is a file path",
+    ]) {
         let message = r["result"]["error"]["message"].as_str().unwrap();
         assert!(
             message.starts_with(&format!("line {}", r["line"])),
@@ -137,7 +142,7 @@ fn a_bad_line_gets_a_refusal_that_names_it_and_the_others_still_run() {
         assert!(message.contains(says), "{message}");
         assert_eq!(r["result"]["error"]["code"], "invalid_request", "{r}");
     }
-    assert_eq!(results[4]["result"]["exit_code"], 3);
+    assert_eq!(results[5]["result"]["exit_code"], 3);
 }
 
 #[test]
@@ -197,8 +202,8 @@ fn a_batch_through_pycelld_runs_every_line_and_refuses_bad_ones() {
         .unwrap() as u32;
     assert!(uid >= d.uid_base && uid < d.uid_base + 64, "{uid}");
     // `--policy` is the policy of lines that name none, through pycelld
-    // as embedded; a line's own policy wins; a policy file is refused
-    // (pycelld runs the operator's policies only), saying why.
+    // as embedded; a line's own policy wins; a line's policy file is
+    // refused before any mode is asked, saying why.
     let input = [
         json!({"code": "print(1)"}),
         json!({"code": "print(2)", "policy": "default"}),
@@ -232,10 +237,10 @@ fn a_batch_through_pycelld_runs_every_line_and_refuses_bad_ones() {
     assert_eq!(r(1)["stdout"], "2\n", "{}", out.describe());
     assert_eq!(
         r(2)["error"]["code"],
-        "invalid_policy",
+        "invalid_request",
         "{}",
         out.describe()
     );
     let why = r(2)["error"]["message"].as_str().unwrap_or_default();
-    assert!(why.contains("needs embedded mode"), "{why}");
+    assert!(why.contains("--policy FILE"), "{why}");
 }
