@@ -193,13 +193,7 @@ fn prepare(
         true => serving::widen(&mut policy, &req.allow).map(|()| None),
         false => serving::narrowed_egress(&policy, req),
     }?;
-    let ensured = local::env_for(launcher, &policy, req, installer, progress)
-        .map_err(LaunchError::Refused)?;
-    let extras = Extras {
-        env: ensured.as_ref().map(|e| e.env.dir.clone()),
-        ..Extras::default()
-    };
-    let grant = ToolGrant::for_request(&policy, req.tools.as_ref())?;
+    let (ensured, extras, grant) = env_and_tools(launcher, &policy, req, installer, progress)?;
     let mut prepared = launcher.prepare_with(&policy, req, &extras)?;
     if narrowed.is_some() {
         prepared.egress = narrowed;
@@ -215,6 +209,26 @@ fn prepare(
             .map_err(LaunchError::Refused)?;
     }
     Ok((prepared, ensured, grant))
+}
+
+/// What a run and a session of `policy` both need before their jail is
+/// prepared: the env of the request's dependencies (installed if need be),
+/// the extras that bind it, and the tools the request is granted.
+fn env_and_tools(
+    launcher: &Launcher,
+    policy: &Policy,
+    req: &RunRequest,
+    installer: &mut Installer,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Option<Ensured>, Extras, Option<ToolGrant>), LaunchError> {
+    let ensured =
+        local::env_for(launcher, policy, req, installer, progress).map_err(LaunchError::Refused)?;
+    let extras = Extras {
+        env: ensured.as_ref().map(|e| e.env.dir.clone()),
+        ..Extras::default()
+    };
+    let grant = ToolGrant::for_request(policy, req.tools.as_ref())?;
+    Ok((ensured, extras, grant))
 }
 
 /// The policy `name` names (by name, or if the front end's user may, a
@@ -560,13 +574,8 @@ impl Embedded {
                 handle: tokio::runtime::Handle::current(),
                 stop,
             };
-            let ensured = local::env_for(&launcher, &policy, &req, &mut installer, &mut |_| {})
-                .map_err(LaunchError::Refused)?;
-            let extras = Extras {
-                env: ensured.as_ref().map(|e| e.env.dir.clone()),
-                ..Extras::default()
-            };
-            let grant = ToolGrant::for_request(&policy, req.tools.as_ref())?;
+            let (ensured, extras, grant) =
+                env_and_tools(&launcher, &policy, &req, &mut installer, &mut |_| {})?;
             let prepared = launcher.prepare_session(&policy, &req, &extras)?;
             Ok::<_, LaunchError>(Ok((prepared, policy, ensured, grant)))
         })
