@@ -417,7 +417,7 @@ impl Relay {
         };
         let work = w.work.as_ref().expect("work arrived");
         w.cpu_before_ns = cgroup.usage().cpu_ns;
-        if let Err(e) = crate::setup::rlimits::restart_cpu_clock(
+        if let Err(e) = crate::run::warm::restart_cpu_clock(
             spec,
             pid,
             cgroup,
@@ -470,7 +470,7 @@ impl Relay {
         };
         s.cpu_before_ns = cgroup.usage().cpu_ns;
         // A program that is gone has no clock to restart: the jail ends.
-        let _ = crate::setup::rlimits::restart_cpu_clock(
+        let _ = crate::run::warm::restart_cpu_clock(
             spec,
             pid,
             cgroup,

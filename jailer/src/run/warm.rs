@@ -5,12 +5,19 @@
 //! running, from the moment the work frame is whole.
 //!
 //! The pure parts (the marker's scan, the work frame's assembly, the CPU
-//! clock's arithmetic) are here; the relay does the I/O.
+//! clock's arithmetic) are here, with the restart of the program's CPU
+//! clock when its work comes ([`restart_cpu_clock`]); the relay does the
+//! rest of the I/O.
 
 use std::time::Instant;
 
+use nix::unistd::Pid;
+use pycell_host::cgroup::SandboxCgroup;
 use pycell_runner::{Work, MAX_WORK_FRAME, READY_MARKER};
 use pycell_wire::framing::frame_len;
+use pycell_wire::spec::JailSpec;
+
+use crate::setup::rlimits::{self, PrlimitFailed};
 
 /// Warm-up output kept for the jailer's own stderr (when the jail fails
 /// before it is ready).
@@ -152,6 +159,67 @@ pub(crate) fn cpu_ticks(stat: &str) -> Option<u64> {
 /// The parent pid (field 4) of a `/proc/PID/stat` line.
 pub(crate) fn parent_pid(stat: &str) -> Option<i32> {
     stat_field(stat, 4)
+}
+
+/// Why a warm jail's or a session request's CPU clock did not restart.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CpuClockError {
+    #[error("the jail's program is gone")]
+    ProgramGone,
+    #[error("the program's stat is unreadable")]
+    StatUnreadable,
+    #[error(transparent)]
+    Prlimit(#[from] PrlimitFailed),
+}
+
+/// A warm jail's work has come: its program (the child of the jail's init,
+/// `init`, in the run's `cgroup`) gets `cpu_time_s` of CPU from now,
+/// RLIMIT_CPU counting what its warm-up used. Lowering a limit needs no
+/// capability. The program is found through the cgroup, not
+/// /proc/<init>/task/*/children: init is not dumpable after its credential
+/// change, so under pycelld.service (no CAP_SYS_PTRACE, `ProtectProc=
+/// invisible`) its /proc directory is hidden from the jailer.
+///
+/// `jail_cpu_time_s` is the CPU time the jail started with (its hard
+/// limit): a run's own for a warm jail, the whole session's for a
+/// session, whose requests each get `cpu_time_s` from there.
+pub(crate) fn restart_cpu_clock(
+    spec: &JailSpec,
+    init: Pid,
+    cgroup: &SandboxCgroup,
+    cpu_time_s: u64,
+    jail_cpu_time_s: u64,
+) -> Result<(), CpuClockError> {
+    let program = cgroup
+        .processes()
+        .into_iter()
+        .filter(|p| *p != init)
+        .find_map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            (parent_pid(&stat) == Some(init.as_raw())).then_some((p, stat))
+        });
+    let (program, stat) = program.ok_or(CpuClockError::ProgramGone)?;
+    let used = cpu_ticks(&stat).ok_or(CpuClockError::StatUnreadable)?;
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as u64;
+    let hard = rlimits::cpu_seconds_hard(jail_cpu_time_s);
+    let (soft, hard) = cpu_clock_from_now(used, ticks, cpu_time_s, hard);
+    // As the owner of the jail's user namespace: pycelld's jailer has no
+    // CAP_SYS_RESOURCE over it otherwise (see `crate::setup::ns_owner`).
+    crate::setup::ns_owner::as_jail_owner(spec, || {
+        pycell_syscall::prlimit(program, libc::RLIMIT_CPU, soft, hard)
+    })
+    .and_then(|r| r)
+    .map_err(|source| {
+        CpuClockError::from(PrlimitFailed {
+            name: "RLIMIT_CPU",
+            soft,
+            hard,
+            source,
+        })
+    })
 }
 
 #[cfg(test)]

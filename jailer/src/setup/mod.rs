@@ -1,11 +1,12 @@
 //! The build half: making the jail, from the checks before anything
 //! exists to the sandboxed program's `exec`. What the host must have
 //! ([`preflight`], [`xattr_check`]); who owns the jail's user namespace
-//! ([`ns_owner`]); what its first process does, in a fixed order
+//! ([`ns_owner`]); the rlimits the supervisor pins on the jail's first
+//! process ([`rlimits`]); what that process does, in a fixed order
 //! ([`pipeline`], [`child`]): namespace settings, the root file system
-//! ([`mounts`], [`sources`], [`grants`]), rlimits, capabilities, Landlock;
-//! and what that process and the jailer say to each other meanwhile
-//! ([`status`]). Nothing here depends on the run half ([`crate::run`]).
+//! ([`mounts`], [`sources`], [`grants`]), capabilities, Landlock; and what
+//! it and the jailer say to each other meanwhile ([`status`]). Nothing
+//! here depends on the run half ([`crate::run`]).
 
 pub(crate) mod capabilities;
 pub(crate) mod child;

@@ -10,10 +10,8 @@
 //! would still start it. The seccomp filter stops the jail from changing it.
 
 use nix::unistd::Pid;
-use pycell_host::cgroup::SandboxCgroup;
 
 use pycell_wire::limits::RunLimits;
-use pycell_wire::spec::JailSpec;
 
 use pycell_syscall as syscall;
 
@@ -49,7 +47,7 @@ pub(crate) const WARM_UP_CPU_S: u64 = 120;
 
 /// The CPU seconds a jail starts with: its limit, and for a warm jail
 /// the allowance of its warm-up besides (its clock restarts when its work
-/// comes: [`restart_cpu_clock`]).
+/// comes: `crate::run::warm::restart_cpu_clock`).
 fn cpu_seconds(l: &RunLimits, warm: bool) -> u64 {
     match warm {
         true => l.cpu_time_whole_secs().saturating_add(WARM_UP_CPU_S),
@@ -92,21 +90,10 @@ pub(crate) fn pinned(l: &RunLimits, warm: bool) -> Vec<Pinned> {
 #[derive(Debug, thiserror::Error)]
 #[error("prlimit({name}, {soft}/{hard}): {source}")]
 pub(crate) struct PrlimitFailed {
-    name: &'static str,
-    soft: u64,
-    hard: u64,
-    source: std::io::Error,
-}
-
-/// Why a warm jail's or a session request's CPU clock did not restart.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum CpuClockError {
-    #[error("the jail's program is gone")]
-    ProgramGone,
-    #[error("the program's stat is unreadable")]
-    StatUnreadable,
-    #[error(transparent)]
-    Prlimit(#[from] PrlimitFailed),
+    pub name: &'static str,
+    pub soft: u64,
+    pub hard: u64,
+    pub source: std::io::Error,
 }
 
 /// Set every pinned limit on process `pid`.
@@ -122,58 +109,8 @@ pub(crate) fn apply(pid: Pid, limits: &RunLimits, warm: bool) -> Result<(), Prli
     Ok(())
 }
 
-/// A warm jail's work has come: its program (the child of the jail's init,
-/// `init`, in the run's `cgroup`) gets `cpu_time_s` of CPU from now,
-/// RLIMIT_CPU counting what its warm-up used. Lowering a limit needs no
-/// capability. The program is found through the cgroup, not
-/// /proc/<init>/task/*/children: init is not dumpable after its credential
-/// change, so under pycelld.service (no CAP_SYS_PTRACE, `ProtectProc=
-/// invisible`) its /proc directory is hidden from the jailer.
-///
-/// `jail_cpu_time_s` is the CPU time the jail started with (its hard
-/// limit): a run's own for a warm jail, the whole session's for a
-/// session, whose requests each get `cpu_time_s` from there.
-pub(crate) fn restart_cpu_clock(
-    spec: &JailSpec,
-    init: Pid,
-    cgroup: &SandboxCgroup,
-    cpu_time_s: u64,
-    jail_cpu_time_s: u64,
-) -> Result<(), CpuClockError> {
-    let program = cgroup
-        .processes()
-        .into_iter()
-        .filter(|p| *p != init)
-        .find_map(|p| {
-            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
-            (crate::run::warm::parent_pid(&stat) == Some(init.as_raw())).then_some((p, stat))
-        });
-    let (program, stat) = program.ok_or(CpuClockError::ProgramGone)?;
-    let used = crate::run::warm::cpu_ticks(&stat).ok_or(CpuClockError::StatUnreadable)?;
-    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as u64;
-    let hard = cpu_seconds_hard(jail_cpu_time_s);
-    let (soft, hard) = crate::run::warm::cpu_clock_from_now(used, ticks, cpu_time_s, hard);
-    // As the owner of the jail's user namespace: pycelld's jailer has no
-    // CAP_SYS_RESOURCE over it otherwise (see `crate::setup::ns_owner`).
-    crate::setup::ns_owner::as_jail_owner(spec, || {
-        syscall::prlimit(program, libc::RLIMIT_CPU, soft, hard)
-    })
-    .and_then(|r| r)
-    .map_err(|source| {
-        CpuClockError::from(PrlimitFailed {
-            name: "RLIMIT_CPU",
-            soft,
-            hard,
-            source,
-        })
-    })
-}
-
 /// The hard RLIMIT_CPU a warm jail started with.
-fn cpu_seconds_hard(cpu_time_s: u64) -> u64 {
+pub(crate) fn cpu_seconds_hard(cpu_time_s: u64) -> u64 {
     cpu_time_s.saturating_add(WARM_UP_CPU_S).saturating_add(1)
 }
 

@@ -49,8 +49,6 @@ use pycell_protocol::info::ToolsInfo;
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// How long, after stdin ends, runs still going get to be killed and cleaned up.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-/// How long the answers to malformed lines may take to be written at the end.
-const ANSWER_GRACE: Duration = Duration::from_secs(5);
 
 const INSTRUCTIONS: &str = "pycell runs Python code in a locked-down Linux sandbox: call run_python with the code (each call is a fresh sandbox with no state from earlier calls and no network beyond the hosts its policy allowlists; print what you want to see). For work that builds up over several steps, call session_start and pass its handle as run_python's `session`: variables, imports and files then persist between calls, a cell's last expression is shown, and matplotlib figures come back as images; move files with write_file, read_file and list_files, and call session_end when done. Call sandbox_info to see the policies (limits, network) you can choose and what isolation this host enforces.";
 
@@ -640,7 +638,7 @@ async fn serve(args: &McpArgs) -> i32 {
     };
     // Answers to lines that were never messages, written before we end
     // (rmcp drops the transport unclosed when input ends before initialize).
-    stdio::wait_for_answers(answers, ANSWER_GRACE).await;
+    stdio::wait_for_answers(answers, stdio::ANSWER_GRACE).await;
     watcher.abort();
     sandboxes.shutdown(SHUTDOWN_GRACE).await;
     if let Some(servers) = servers {

@@ -19,6 +19,10 @@ use crate::lines::{message_of, Line, LineReader, LineWriter};
 /// until one is out (a client that sends bad lines and reads nothing
 /// stops being read).
 const MAX_PENDING_ANSWERS: usize = 64;
+/// How long the answers to malformed lines may take to be written once
+/// the session ends (a client that sent its last line and reads no more
+/// cannot hold us).
+pub const ANSWER_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub struct StdioTransport<R, W> {
     read: LineReader<R>,
@@ -29,6 +33,8 @@ pub struct StdioTransport<R, W> {
     answering: TaskTracker,
     /// A permit per answer being written.
     room: Arc<Semaphore>,
+    /// How long `close` waits for the answers and the writer.
+    grace: std::time::Duration,
 }
 
 impl<R, W> StdioTransport<R, W>
@@ -41,11 +47,16 @@ where
     }
 
     fn with_limit(read: R, write: W, limit: usize) -> Self {
+        Self::with_limit_and_grace(read, write, limit, ANSWER_GRACE)
+    }
+
+    fn with_limit_and_grace(read: R, write: W, limit: usize, grace: std::time::Duration) -> Self {
         StdioTransport {
             read: LineReader::new(read, limit),
             write: LineWriter::new(write),
             answering: TaskTracker::new(),
             room: Arc::new(Semaphore::new(MAX_PENDING_ANSWERS)),
+            grace,
         }
     }
 
@@ -112,10 +123,17 @@ where
         }
     }
 
+    /// Bounded: an answer stuck on a client that reads no more (holding
+    /// the writer) cannot keep the session from ending.
     async fn close(&mut self) -> Result<(), Self::Error> {
-        self.answering.close();
-        self.answering.wait().await;
-        self.write.close().await
+        wait_for_answers(self.answering.clone(), self.grace).await;
+        match tokio::time::timeout(self.grace, self.write.close()).await {
+            Ok(closed) => closed,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client reads no more of its output",
+            )),
+        }
     }
 }
 
@@ -207,6 +225,19 @@ mod tests {
         let n = theirs.read(&mut line).await.unwrap();
         let answer: Value = serde_json::from_slice(&line[..n]).unwrap();
         assert_eq!(answer["error"]["code"], -32700, "{answer}");
+    }
+
+    #[tokio::test]
+    async fn close_ends_while_a_client_reads_no_answers() {
+        let input = "not json\n".repeat(4);
+        let (ours, _theirs) = tokio::io::duplex(8);
+        let grace = std::time::Duration::from_millis(50);
+        let mut t = StdioTransport::with_limit_and_grace(input.as_bytes(), ours, 1000, grace);
+        assert!(t.receive().await.is_none());
+        let closing = Transport::<RoleServer>::close(&mut t);
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(60), closing).await;
+        let err = closed.expect("close waited for a client that reads nothing");
+        assert_eq!(err.unwrap_err().kind(), std::io::ErrorKind::TimedOut);
     }
 
     #[tokio::test]
