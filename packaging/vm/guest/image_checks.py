@@ -65,12 +65,30 @@ class ImageChecks:
         _, out, err = self.podman("logs", POD)
         return (out + err).count('"event":"run_start"')
 
+    def runs_ended(self):
+        """The audit log's run_end events, oldest first."""
+        _, out, err = self.podman("logs", POD)
+        ends = []
+        for line in (out + err).splitlines():
+            if '"event":"run_end"' in line:
+                try:
+                    ends.append(json.loads(line[line.index("{"):]))
+                except ValueError:
+                    pass
+        return ends
+
     def in_flight(self, code):
         """Start `code` in the pod on a thread; return it (its result in
         .result) once pycelld says the run started."""
         before = self.runs_started()
-        t = threading.Thread(target=lambda: setattr(t, "result", self.run_in_pod(code)), daemon=True)
-        t.result = {}
+
+        def run():
+            try:
+                t.result = self.run_in_pod(code)
+            except self.c.CheckFailed as e:
+                t.failed = str(e)
+        t = threading.Thread(target=run, daemon=True)
+        t.result, t.failed = {}, None
         t.start()
         started = self.c.wait_until(lambda: self.runs_started() > before, 60, step=0.5)
         self.c.expect(started is True, f"the run never started; pycelld's log: {self.logs(POD)}")
@@ -209,16 +227,28 @@ class ImageChecks:
         finishes, pycelld exits 0, nothing of the pod is left."""
         spec = pod()
         base = int(option(spec["run"], "--uidmap")[0].split(":")[1])
+        ended_before = len(self.runs_ended())
         t = self.in_flight("import time\ntime.sleep(3)\nprint('done')\n")
         rc, _, err = self.podman("stop", "-t", str(spec["stop_timeout"]), POD, timeout=spec["stop_timeout"] + 30)
         t.join(60)
         status, code, _ = self.state(POD)
-        r = t.result
         self.c.expect(rc == 0 and code == "0", f"podman stop exited {rc} ({err[-300:]}), pycelld {status} {code}")
-        self.c.expect(r.get("status") == "ok" and r.get("stdout") == "done\n", f"the run in flight: {self.c.brief(r)}")
+        # pycelld's word: the run finished, not stopped by the drain.
+        ends = self.runs_ended()[ended_before:]
+        self.c.expect([(e.get("status"), e.get("exit_code")) for e in ends] == [("ok", 0)],
+                      f"the run in flight, as pycelld's audit log ends it: {ends}")
+        # The client's: its result, unless the pod's end took it first.
+        # This test's client is `podman exec`ed into pycelld's own
+        # container, so it dies with the container's pid namespace once
+        # pycelld has answered and exited; a real client (the gateway
+        # container, any other pod) has a namespace of its own.
+        r = t.result
+        self.c.expect(t.failed or (r.get("status") == "ok" and r.get("stdout") == "done\n"),
+                      f"the run in flight: {self.c.brief(r)}")
         left = self.c.wait_until(lambda: not self.pod_processes(base), 10) or self.pod_processes(base)
         self.c.expect(left is True, f"left after the drain: {left}")
-        return "the run in flight finished; pycelld exited 0"
+        client = "its client got the result" if not t.failed else "its client in the pod went with the pod"
+        return f"the run in flight finished ({client}); pycelld exited 0"
 
     def check_sigkill(self):
         """SIGKILL of pycelld in a pod with a run in flight: the pod ends
