@@ -431,6 +431,51 @@ pub fn status_of(out: &Outcome) -> String {
         .to_string()
 }
 
+/// The one entry of a result's (or cell's) `refusals` for `layer`,
+/// checked to be whole: a count, the `rule` wanted, an object and a
+/// remedy that does not say to turn the sandbox off.
+pub fn refusal<'a>(result: &'a Value, layer: &str, rule: &str) -> &'a Value {
+    let list = result["refusals"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no refusals list in {}", compact(result, 3000)));
+    let of_layer: Vec<&Value> = list.iter().filter(|r| r["layer"] == layer).collect();
+    let [entry] = of_layer[..] else {
+        panic!("want one {layer} refusal: {}", compact(result, 3000));
+    };
+    assert!(entry["count"].as_u64().unwrap_or(0) >= 1, "{entry}");
+    assert!(
+        entry["rule"].as_str().is_some_and(|r| r.starts_with(rule)),
+        "rule of {entry}, want {rule}"
+    );
+    let remedy = entry["remedy"].as_str().unwrap_or_default();
+    assert!(!remedy.is_empty() && !remedy.contains("disable"), "{entry}");
+    assert!(
+        entry["object"].as_str().is_some_and(|o| !o.is_empty()),
+        "{entry}"
+    );
+    entry
+}
+
+/// The layers of a result's `refusals`, in order.
+pub fn refused_layers(result: &Value) -> Vec<String> {
+    result["refusals"]
+        .as_array()
+        .map(|l| {
+            l.iter()
+                .filter_map(|r| r["layer"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A result's `termination.reason`.
+pub fn termination_of(result: &Value) -> String {
+    result["termination"]["reason"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no termination in {}", compact(result, 3000)))
+        .to_string()
+}
+
 /// The probe's report: the single JSON object the script printed, taken from
 /// the result's `stdout`.
 pub fn probe_report(out: &Outcome) -> Value {

@@ -320,11 +320,11 @@ pub fn emit(json: bool, r: &RunResult) {
     if let Some(n) = status_note(r) {
         eprintln!("pycell: {n}");
     }
-    if r.stdout_truncated || r.stderr_truncated {
-        eprintln!("pycell: output truncated at the max-output limit");
+    for refusal in &r.refusals {
+        eprintln!("pycell: {}", refusal.line());
     }
     if let Some(n) = &r.network {
-        for line in n.notes() {
+        for line in n.failure_notes() {
             eprintln!("pycell: {line}");
         }
     }
@@ -336,13 +336,14 @@ fn status_note(r: &RunResult) -> Option<String> {
         RunStatus::Oom => "out of memory",
         other => other.as_str(),
     };
-    Some(match (&r.error, r.exit_code, r.signal) {
-        (Some(e), _, _) => match &e.hint {
+    Some(match (&r.error, &r.termination, r.exit_code, r.signal) {
+        (Some(e), _, _, _) => match &e.hint {
             Some(h) => format!("{word} ({}): {} — {h}", e.code, e.message),
             None => format!("{word} ({}): {}", e.code, e.message),
         },
-        (None, _, Some(sig)) => format!("{word}: killed by signal {sig}"),
-        (None, Some(code), None) => format!("{word}: exit code {code}"),
-        (None, None, None) => word.to_string(),
+        (None, Some(t), _, _) => format!("{word} ({}): {}", t.reason_str(), t.detail),
+        (None, None, _, Some(sig)) => format!("{word}: killed by signal {sig}"),
+        (None, None, Some(code), None) => format!("{word}: exit code {code}"),
+        (None, None, None, None) => word.to_string(),
     })
 }

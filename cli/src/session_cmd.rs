@@ -253,8 +253,8 @@ pub fn show_cell(a: &SessionAnswer) -> i32 {
     if let Some(why) = &a.reply.refused {
         let _ = writeln!(err, "pycell: {why}");
     }
-    if a.measure.stdout_truncated || a.measure.stderr_truncated {
-        let _ = writeln!(err, "pycell: output past the cap was dropped");
+    for refusal in &a.refusals {
+        let _ = writeln!(err, "pycell: {}", refusal.line());
     }
     for i in &a.reply.images {
         let _ = writeln!(

@@ -18,7 +18,9 @@ use nix::unistd::{pipe2, setgroups, Pid};
 use pycell_seccomp::KernelGap;
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events;
-use pycell_wire::report::{CgroupReport, JailFailure, JailReport, Layers, SeccompReport};
+use pycell_wire::report::{
+    CgroupReport, JailFailure, JailReport, Layers, LimitEvents, SeccompReport,
+};
 use pycell_wire::spec::{JailSpec, NetworkSpec, SlotIds, WorkspaceFile};
 
 use crate::run::outcome::{classify, Observed};
@@ -28,7 +30,7 @@ use crate::setup::ns_owner::{AsOwner, MapFiles};
 use crate::setup::preflight::{cgroup_failure, preflight, Checked};
 use crate::setup::status::{GO_CGROUP, GO_MAPS};
 use crate::timings::mark;
-use pycell_host::cgroup::{self, CgroupLayout, CgroupLimits, SandboxCgroup};
+use pycell_host::cgroup::{self, CgroupLayout, CgroupLimits, CgroupUsage, SandboxCgroup};
 use pycell_syscall::{self as syscall, CloneResult};
 use pycell_wire::outcome::Outcome;
 
@@ -157,7 +159,7 @@ fn assemble_report(
         stdout_truncated: relayed.truncated[0],
         stderr_truncated: relayed.truncated[1],
         wall_ms: run.wall.as_secs_f64() * 1000.0,
-        cpu_ms: usage.cpu_ns.saturating_sub(run.cpu_before_ns) as f64 / 1e6,
+        cpu_ms: usage.cpu_ns.saturating_sub(run.before.cpu_ns) as f64 / 1e6,
         peak_memory_bytes: usage.peak_memory_bytes,
         disk_used_bytes: relayed.disk_used_bytes,
         warm_waited_ms: run.waited_ms,
@@ -168,6 +170,10 @@ fn assemble_report(
         layers: layers(spec, checked, &outcome, cgroup),
         error: outcome.error,
         timings: jail_timings(&seen.messages),
+        limit_events: LimitEvents {
+            disk_full: relayed.disk_full,
+            ..usage.limit_events().since(run.before.limit_events())
+        },
     };
     Ok(report)
 }
@@ -238,7 +244,7 @@ fn run_inputs(spec: &JailSpec, warm: Option<&relay::WarmEnd>) -> Vec<WorkspaceFi
 struct RunClock {
     limits: pycell_wire::limits::RunLimits,
     wall: Duration,
-    cpu_before_ns: u64,
+    before: CgroupUsage,
     waited_ms: Option<f64>,
 }
 
@@ -253,7 +259,7 @@ fn warm_run(
     let mut clock = RunClock {
         limits: spec.limits.clone(),
         wall: since_start,
-        cpu_before_ns: 0,
+        before: CgroupUsage::default(),
         waited_ms: None,
     };
     let Some(w) = warm else {
@@ -270,7 +276,7 @@ fn warm_run(
             clock.limits.wall_timeout = work.wall_timeout;
             clock.limits.max_output = work.max_output;
             clock.wall = since.elapsed().min(since_start);
-            clock.cpu_before_ns = w.cpu_before_ns;
+            clock.before = w.before;
             clock.waited_ms = Some(waited_ms);
             Ok(clock)
         }
@@ -317,7 +323,7 @@ fn session_run(
         wall: session
             .started_at
             .map_or(Duration::ZERO, |t| t.elapsed().min(since_start)),
-        cpu_before_ns: 0,
+        before: CgroupUsage::default(),
         waited_ms: None,
     })
 }

@@ -27,6 +27,7 @@ use pycell_policy::Policy;
 use crate::resolve::{self, ResolveError};
 use pycell_host::uidalloc::{self, UidLease};
 use pycell_protocol::messages::RunRequest;
+use pycell_protocol::refusals;
 use pycell_protocol::result::{NetworkReport, RunLimits, RunResult};
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::{Event, EventError, Stream};
@@ -867,6 +868,9 @@ impl Collector {
         result.images = self.images.images;
         result.images_omitted = self.images.images_omitted;
         result.tool_calls = self.tool_calls.map(Into::into);
+        let network = result.network.as_ref().map(refusals::of_network);
+        let tools = result.tool_calls.as_ref().map(refusals::of_tools);
+        result.add_refusals(network.into_iter().chain(tools).flatten().collect());
         result
     }
 }

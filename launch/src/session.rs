@@ -615,7 +615,10 @@ impl<C: JailerControl> Driver<C> {
                     stdout,
                     stderr,
                     measure,
-                };
+                    refusals: Vec::new(),
+                    termination: None,
+                }
+                .explained(f.cap as u64);
                 let _ = f.answer.send(Ok(answer));
             }
             StreamItem::Ready => {}

@@ -1,7 +1,8 @@
 //! pycell's client/daemon protocol: its messages ([`messages`]: the run
 //! request, its limit overrides, stable error codes), length-delimited
 //! frames with the protocol's bound ([`framing`]), the structured run
-//! result every mode returns ([`result`]), sessions ([`session`]), code
+//! result every mode returns ([`result`]) with what the sandbox refused
+//! and why the run ended ([`refusals`]), sessions ([`session`]), code
 //! mode's tools ([`tools`]), limits ([`limits`]), what a host offers
 //! ([`info`]), and a blocking client with daemon socket discovery
 //! ([`client`]).
@@ -25,6 +26,7 @@ pub mod framing;
 pub mod info;
 pub mod limits;
 pub mod messages;
+pub mod refusals;
 pub mod result;
 pub mod session;
 pub mod tools;

@@ -4,6 +4,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::refusals::{self, EndFacts, LimitFacts, Refusal, Termination};
 use pycell_wire::report::{
     exit_code_for, ChangedFile, GrantCleanup, Image, JailFailure, JailReport, Layers, RunStatus,
     SessionEnd,
@@ -87,6 +88,13 @@ pub struct RunResult {
     /// clock.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub timings: Vec<pycell_wire::timings::Mark>,
+    /// What the sandbox refused the run, layer by layer (empty when it
+    /// refused nothing): docs/refusals.md.
+    #[serde(default)]
+    pub refusals: Vec<Refusal>,
+    /// Why the run ended (absent only from a server older than it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination: Option<Termination>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -137,21 +145,20 @@ pub struct NetworkReport {
 }
 
 impl NetworkReport {
-    /// One line per refused or failed host, and one for a limit reached:
-    /// what a reader should hear about the run's egress.
-    pub fn notes(&self) -> Vec<String> {
-        let line = |verb: &str, d: &Denied| {
-            format!(
-                "network: {verb} {}:{} ({}) x{}",
-                d.host, d.port, d.reason, d.count
-            )
-        };
-        let mut notes: Vec<String> = self.denied.iter().map(|d| line("denied", d)).collect();
-        notes.extend(self.failed.iter().map(|d| line("failed", d)));
-        if let Some(l) = &self.limit_reached {
-            notes.push(format!("network: the policy's network.{l} was reached"));
-        }
-        notes
+    /// One line per allowed host that still failed, other than names
+    /// that did not resolve (those, like the refused hosts, are in the
+    /// result's `refusals`).
+    pub fn failure_notes(&self) -> Vec<String> {
+        self.failed
+            .iter()
+            .filter(|d| d.reason != "dns_failed")
+            .map(|d| {
+                format!(
+                    "network: failed {}:{} ({}) x{}",
+                    d.host, d.port, d.reason, d.count
+                )
+            })
+            .collect()
     }
 }
 
@@ -186,7 +193,30 @@ impl RunResult {
         stdout: &[u8],
         stderr: &[u8],
     ) -> RunResult {
+        let refusals = refusals::of_limits(&LimitFacts {
+            limits: limits.as_ref(),
+            events: report.limit_events,
+            timed_out: report.status == RunStatus::Timeout,
+            wall_timeout_s: limits.as_ref().map(|l| l.wall_timeout.as_secs_f64()),
+            failure: report.error.as_ref().map(|e| e.code),
+            signal: report.signal,
+            truncated: [report.stdout_truncated, report.stderr_truncated],
+            max_output: limits.as_ref().map(|l| l.max_output.get()),
+            cell: false,
+        });
+        let termination = refusals::termination(&EndFacts {
+            status: report.status,
+            exit_code: report.exit_code,
+            signal: report.signal,
+            error: report.error.as_ref(),
+            session_end: report.session_end,
+            peak_memory_bytes: report.peak_memory_bytes,
+            limits: limits.as_ref(),
+            pids_refused: report.limit_events.pids_refused > 0,
+        });
         RunResult {
+            refusals,
+            termination: Some(termination),
             run_id: run_id.to_string(),
             status: report.status,
             exit_code: report.exit_code,
@@ -221,6 +251,14 @@ impl RunResult {
     /// A run refused before a jail existed.
     pub fn refused(run_id: &str, policy: &str, failure: JailFailure) -> RunResult {
         RunResult::new(run_id, policy, None, JailReport::refused(failure), b"", b"")
+    }
+
+    /// Add what the run's services refused (its egress proxy, its tool
+    /// broker) to its refusals.
+    pub fn add_refusals(&mut self, more: Vec<Refusal>) {
+        for r in more {
+            refusals::add(&mut self.refusals, r);
+        }
     }
 
     /// Process exit code for this outcome (see [`exit_code_for`]).

@@ -91,6 +91,37 @@ pub struct SessionAnswer {
     pub stdout: String,
     pub stderr: String,
     pub measure: ReplyMeasure,
+    /// A cell: what the sandbox refused it, layer by layer (docs/refusals.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refusals: Vec<crate::refusals::Refusal>,
+    /// A cell: how it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination: Option<crate::refusals::Termination>,
+}
+
+impl SessionAnswer {
+    /// Explain a cell's answer: what its limits refused it (from what the
+    /// jailer measured), and how it ended. `max_output` is the cell's cap
+    /// on each stream. Other answers (file operations) have neither.
+    pub fn explained(mut self, max_output: u64) -> SessionAnswer {
+        if self.reply.cell.is_none() {
+            return self;
+        }
+        let m = &self.measure;
+        self.refusals = crate::refusals::of_limits(&crate::refusals::LimitFacts {
+            events: m.limit_events,
+            timed_out: m.interrupted,
+            wall_timeout_s: Some(self.timeout_s),
+            truncated: [m.stdout_truncated, m.stderr_truncated],
+            max_output: Some(max_output),
+            cell: true,
+            ..Default::default()
+        });
+        let raised = self.reply.error.as_ref().map(|e| e.kind.as_str());
+        let end = crate::refusals::cell_termination(m.interrupted, raised, self.timeout_s);
+        self.termination = Some(end);
+        self
+    }
 }
 
 /// What the session's runner answered a call: every field any call's

@@ -54,6 +54,10 @@ pub struct ToolCallsReport {
     /// Failures by reason (`denied`, `bad_arguments`, `upstream_failed`, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub failures: BTreeMap<String, u32>,
+    /// Calls the broker refused (not allowed, unknown, past the run's
+    /// bound on calls), by `server.tool (reason)`: at most 16 entries.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub refused: BTreeMap<String, u32>,
     /// Bytes of arguments sent and of results received.
     pub bytes_out: u64,
     pub bytes_in: u64,
@@ -74,6 +78,7 @@ impl From<ToolCalls> for ToolCallsReport {
             calls,
             failed,
             failures,
+            refused,
             bytes_out,
             bytes_in,
         } = c;
@@ -81,6 +86,7 @@ impl From<ToolCalls> for ToolCallsReport {
             calls,
             failed,
             failures,
+            refused,
             bytes_out,
             bytes_in,
         }

@@ -337,6 +337,11 @@ except requests.exceptions.ProxyError as e:
     );
     assert_eq!(allowed(&r).len(), 2, "{r:#}");
     assert_eq!(denied(&r), ["denied.example.net:443:not_allowlisted"]);
+    let refused = pycell_tests::refusal(&r, "egress", "network.allow");
+    assert_eq!(
+        refused["object"],
+        "denied.example.net:443 (not_allowlisted)"
+    );
 }
 
 #[test]
@@ -550,6 +555,8 @@ fn through_pycelld_the_broker_runs_the_proxy_and_the_monitor_audits_each_connect
     assert!(stdout(&r).ends_with("True\ndenied\n"), "{r:#}");
     assert_eq!(allowed(&r).len(), 2, "{r:#}");
     assert_eq!(denied(&r), ["nope.example.net:443:not_allowlisted"]);
+    let refused = pycell_tests::refusal(&r, "egress", "network.allow");
+    assert_eq!(refused["object"], "nope.example.net:443 (not_allowlisted)");
     // One audit line per connection, written by the monitor.
     let deadline = Instant::now() + Duration::from_secs(10);
     let lines = loop {

@@ -2,7 +2,7 @@
 
 #![forbid(unsafe_code)]
 
-use pycell_tests::{run_code, status_of};
+use pycell_tests::{refusal, refused_layers, run_code, status_of, termination_of};
 use serde_json::Value;
 
 #[test]
@@ -25,6 +25,28 @@ print("allocated", len(chunks), "MiB")
         "the hog finished its 512 MiB under a 64 MiB limit:\n{}",
         out.describe()
     );
+    let r = out.result();
+    let memory = refusal(&r, "memory", "limits.memory");
+    assert!(
+        memory["object"].as_str().unwrap().contains("64 MiB"),
+        "{memory}"
+    );
+    assert_eq!(termination_of(&r), "oom_kill");
+    let at_kill = r["termination"]["memory_bytes"].as_u64().unwrap_or(0);
+    assert!(
+        at_kill > 32 << 20,
+        "memory at the kill: {at_kill}\n{}",
+        out.describe()
+    );
+}
+
+#[test]
+fn a_run_refused_nothing_has_no_refusal_and_says_it_exited() {
+    let out = run_code("fine.py", "print(sum(range(10)))", &[], &[]);
+    let r = out.result();
+    assert_eq!(status_of(&out), "ok", "{}", out.describe());
+    assert_eq!(r["refusals"], serde_json::json!([]), "{}", out.describe());
+    assert_eq!(termination_of(&r), "exited");
 }
 
 #[test]
@@ -78,6 +100,17 @@ print(json.dumps({"forked": len(kids), "failures": failures}))
         "no fork failed under --pids 16\n{}",
         out.describe()
     );
+    // The kernel counted each refused fork (pids.events).
+    let result = out.result();
+    let pids = refusal(&result, "pids", "limits.pids");
+    assert!(
+        pids["object"].as_str().unwrap().contains("limit 16"),
+        "{pids}"
+    );
+    assert!(
+        pids["count"].as_u64().unwrap() >= counts["failures"].as_u64().unwrap(),
+        "{pids}"
+    );
 }
 
 #[test]
@@ -98,6 +131,15 @@ for _ in range(10 * 1024):
         "stdout has {len} bytes under --max-output 64K"
     );
     assert!(len > 0, "stdout is empty: the first 64 KiB should be kept");
+    let output = refusal(&r, "output", "limits.max_output");
+    assert!(
+        output["object"]
+            .as_str()
+            .unwrap()
+            .starts_with("stdout past 64 KiB"),
+        "{output}"
+    );
+    assert_eq!(refused_layers(&r), ["output"]);
 }
 
 #[test]
@@ -129,6 +171,9 @@ print(json.dumps({"errno": err, "total": total}))
         "wrote {total} bytes into an 8 MiB workspace (want 6..=8 MiB)\n{}",
         out.describe()
     );
+    let result = out.result();
+    let disk = refusal(&result, "disk", "limits.disk");
+    assert!(disk["object"].as_str().unwrap().contains("8 MiB"), "{disk}");
 }
 
 /// Every process of a run is in the run's cgroup in every hierarchy its

@@ -220,9 +220,35 @@ fn code_calls_tools_of_its_clients_servers_and_nothing_else() {
     assert_eq!(calls["failed"], 5, "{calls}");
     assert_eq!(calls["failures"]["denied"], 1, "{calls}");
     assert_eq!(calls["failures"]["unknown"], 2, "{calls}");
+    assert_tool_refusals(&out.result(), 1, 2);
     // Every server this pycell started is gone with it.
     assert_eq!(servers.started().len(), 1);
     assert_gone(&servers.started());
+}
+
+/// The result's `tools` refusals: `denied` calls refused by the allow
+/// list, `unknown` ones by the catalog, each with its rule.
+fn assert_tool_refusals(result: &Value, denied: u64, unknown: u64) {
+    let count = |reason: &str, rule: &str| -> u64 {
+        let list = result["refusals"].as_array().expect("refusals");
+        list.iter()
+            .filter(|r| r["layer"] == "tools")
+            .filter(|r| {
+                r["object"]
+                    .as_str()
+                    .unwrap()
+                    .ends_with(&format!("({reason})"))
+            })
+            .inspect(|r| assert!(r["rule"].as_str().unwrap().starts_with(rule), "{r}"))
+            .map(|r| r["count"].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(count("denied", "tools.allow"), denied, "{result}");
+    assert_eq!(
+        count("unknown", "the run's tool catalog"),
+        unknown,
+        "{result}"
+    );
 }
 
 /// Python calling tools: `error(f, ...)` is `["ok", value]` or

@@ -49,7 +49,12 @@ fn warm_jail_run(
     launched
         .send_work(&runner::work_for(&cold).expect("work"))
         .expect("send work");
-    let mut c = Collector::new(&launched.run_id, &launched.policy, Some(launched.limits));
+    // The run's limits are its work's, not the warm jail's.
+    let mut c = Collector::new(
+        &launched.run_id,
+        &launched.policy,
+        Some(cold.limits.clone()),
+    );
     while let Some(ev) = read_event(&mut launched.events).expect("events") {
         c.record(ev);
     }
@@ -112,6 +117,14 @@ fn a_warm_jails_timeout_and_cpu_limit_run_from_the_work() {
     let r = warm_jail_run(&default_policy(), Duration::ZERO, &req);
     assert_eq!(r.status, RunStatus::Timeout, "{r:?}");
     assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    let layers = |r: &pycell_protocol::result::RunResult| -> Vec<&'static str> {
+        r.refusals.iter().map(|x| x.layer.as_str()).collect()
+    };
+    assert_eq!(layers(&r), ["wall_timeout"], "{r:?}");
+    assert!(r.refusals[0].object.contains("1 s"), "{:?}", r.refusals);
+    assert_eq!(r.refusals[0].rule, "limits.wall_timeout");
+    let end = r.termination.as_ref().map(|t| t.reason_str());
+    assert_eq!(end.as_deref(), Some("wall_timeout"), "{r:?}");
     // The CPU limit (1 s here) counts from the work too, however much
     // CPU the warm-up took.
     let mut req = request("while True: pass");
@@ -133,6 +146,10 @@ fn a_warm_jails_timeout_and_cpu_limit_run_from_the_work() {
         "about 1 s of CPU, counted from the work: {}",
         r.cpu_ms
     );
+    assert_eq!(layers(&r), ["cpu"], "{r:?}");
+    assert_eq!(r.refusals[0].rule, "limits.cpu_time");
+    let end = r.termination.as_ref().map(|t| t.reason_str());
+    assert_eq!(end.as_deref(), Some("cpu_limit"), "{r:?}");
 }
 
 #[test]

@@ -109,6 +109,10 @@ pub struct ToolCalls {
     /// Failures by reason (`denied`, `bad_arguments`, `upstream_failed`, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub failures: BTreeMap<String, u32>,
+    /// Calls the broker refused (not allowed, unknown, past the run's
+    /// bound on calls), by `server.tool (reason)`: at most 16 entries.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub refused: BTreeMap<String, u32>,
     /// Bytes of arguments sent and of results received.
     pub bytes_out: u64,
     pub bytes_in: u64,
@@ -123,7 +127,31 @@ impl ToolCalls {
             self.failed += 1;
             *self.failures.entry(r.status.clone()).or_default() += 1;
         }
+        if REFUSALS.contains(&r.status.as_str()) {
+            let key = refused_key(&r.server, &r.tool, &r.status);
+            if self.refused.len() < MAX_REFUSED || self.refused.contains_key(&key) {
+                *self.refused.entry(key).or_default() += 1;
+            }
+        }
     }
+}
+
+/// The failures that are the broker's refusals, not a tool's own.
+const REFUSALS: [&str; 3] = ["denied", "unknown", "limit"];
+
+/// The most refused calls a run's counts name.
+const MAX_REFUSED: usize = 16;
+
+/// `server.tool (reason)`, each name cut to 64 bytes (they come from the jail).
+fn refused_key(server: &str, tool: &str, reason: &str) -> String {
+    let cut = |s: &str| -> String {
+        let mut end = s.len().min(64);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s[..end].to_string()
+    };
+    format!("{}.{} ({reason})", cut(server), cut(tool))
 }
 
 /// A jail's tool channel and what serves it.

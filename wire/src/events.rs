@@ -67,6 +67,10 @@ pub struct ReplyMeasure {
     /// It overran its wall timeout and was interrupted (SIGINT, which a
     /// cell sees as KeyboardInterrupt).
     pub interrupted: bool,
+    /// What the kernel counted of the jail's limits refusing it during
+    /// the request.
+    #[serde(default, skip_serializing_if = "crate::report::LimitEvents::is_none")]
+    pub limit_events: crate::report::LimitEvents,
 }
 
 /// Why the event stream cannot be read further.

@@ -267,6 +267,42 @@ pub struct JailReport {
     /// The jailer's and the jail's steps, when the spec asked for them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub timings: Vec<crate::timings::Mark>,
+    /// What the kernel counted of the run's limits refusing it.
+    #[serde(default, skip_serializing_if = "LimitEvents::is_none")]
+    pub limit_events: LimitEvents,
+}
+
+/// What the kernel counted of a jail's limits refusing it (the run's, or
+/// one cell's: the counts since it began): facts a result's `refusals`
+/// are explained from, on the host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitEvents {
+    /// Processes the memory cgroup's OOM killer killed (`memory.events`'s
+    /// `oom_kill` on v2, `memory.oom_control`'s on v1).
+    #[serde(default)]
+    pub oom_kills: u64,
+    /// New processes or threads the pids limit refused (`pids.events`'s `max`).
+    #[serde(default)]
+    pub pids_refused: u64,
+    /// The disk budget (the writable tmpfs) was full when the run or cell ended:
+    /// less than one block, or no inode, was left.
+    #[serde(default)]
+    pub disk_full: bool,
+}
+
+impl LimitEvents {
+    pub fn is_none(&self) -> bool {
+        *self == LimitEvents::default()
+    }
+
+    /// The counts since `before` (the same jail's, read earlier).
+    pub fn since(self, before: LimitEvents) -> LimitEvents {
+        LimitEvents {
+            oom_kills: self.oom_kills.saturating_sub(before.oom_kills),
+            pids_refused: self.pids_refused.saturating_sub(before.pids_refused),
+            disk_full: self.disk_full,
+        }
+    }
 }
 
 impl JailReport {
@@ -290,6 +326,7 @@ impl JailReport {
             layers: None,
             error: Some(failure),
             timings: Vec::new(),
+            limit_events: LimitEvents::default(),
         }
     }
 

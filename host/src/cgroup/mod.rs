@@ -28,7 +28,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use layout::{CgroupLayout, HostPaths};
-pub use sandbox::{CgroupLimits, SandboxCgroup};
+pub use sandbox::{CgroupLimits, CgroupUsage, SandboxCgroup};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {

@@ -67,6 +67,9 @@ pub struct CgroupUsage {
     pub cpu_ns: u64,
     pub peak_memory_bytes: u64,
     pub oom_kills: u64,
+    /// New processes or threads the pids limit refused (`pids.events`'s
+    /// `max`, on v1 and v2: the kernel counts each fork or clone it failed).
+    pub pids_refused: u64,
 }
 
 /// One limit, as pycell means it; [`Limit::apply`] hands it to cgroups-rs,
@@ -247,6 +250,14 @@ impl SandboxCgroup {
             .unwrap_or_default()
     }
 
+    /// The run's directory in the pids hierarchy (v2: its only one).
+    fn pids_dir(&self) -> PathBuf {
+        self.cgroup
+            .controller_of::<PidController>()
+            .map(|m| m.path().to_path_buf())
+            .unwrap_or_default()
+    }
+
     /// Move process `pid` into every hierarchy of this cgroup.
     pub fn attach(&self, pid: Pid) -> Result<(), CgroupError> {
         let task = CgroupPid::from(pid.as_raw() as u64);
@@ -358,6 +369,18 @@ impl SandboxCgroup {
             cpu_ns,
             peak_memory_bytes: files::read_u64(&dir.join(peak)),
             oom_kills: files::read_keyed(&dir.join(events), "oom_kill"),
+            pids_refused: files::read_keyed(&self.pids_dir().join("pids.events"), "max"),
+        }
+    }
+}
+
+impl CgroupUsage {
+    /// The limit events among these counts (the disk is not the cgroup's).
+    pub fn limit_events(&self) -> pycell_wire::report::LimitEvents {
+        pycell_wire::report::LimitEvents {
+            oom_kills: self.oom_kills,
+            pids_refused: self.pids_refused,
+            disk_full: false,
         }
     }
 }
@@ -566,6 +589,7 @@ mod tests {
         fs::write(leaf.join("cpu.max"), "max 100000\n").unwrap();
         fs::write(leaf.join("memory.peak"), "12345\n").unwrap();
         fs::write(leaf.join("memory.events"), "oom 1\noom_kill 1\n").unwrap();
+        fs::write(leaf.join("pids.events"), "max 3\n").unwrap();
         fs::write(leaf.join("cpu.stat"), "usage_usec 250\nuser_usec 200\n").unwrap();
     }
 
@@ -591,7 +615,8 @@ mod tests {
             CgroupUsage {
                 cpu_ns: 250_000,
                 peak_memory_bytes: 12345,
-                oom_kills: 1
+                oom_kills: 1,
+                pids_refused: 3,
             }
         );
         // What the kernel would do on rmdir; then Drop kills and removes.

@@ -22,9 +22,9 @@ use crate::run::run_images::BackChannel;
 use crate::run::session::{ClockAction, SessionRelay, SessionStep};
 use crate::run::warm::{Arrival, Phase, WarmState};
 use crate::setup::status::ChildMessage;
-use pycell_host::cgroup::SandboxCgroup;
+use pycell_host::cgroup::{CgroupUsage, SandboxCgroup};
 use pycell_wire::events::ReplyMeasure;
-use pycell_wire::report::SessionEnd;
+use pycell_wire::report::{LimitEvents, SessionEnd};
 
 const CHUNK: usize = 64 * 1024;
 /// How long output may still drain once the jail's init is gone.
@@ -56,6 +56,8 @@ pub(crate) struct Relayed {
     pub truncated: [bool; 2],
     /// Bytes used on the jail's writable tmpfs when it ended.
     pub disk_used_bytes: u64,
+    /// The disk budget was full when the jail ended.
+    pub disk_full: bool,
     /// The jail's /workspace (`O_PATH`), if it got ready: its tmpfs
     /// outlives the jail while this is held.
     pub workspace: Option<OwnedFd>,
@@ -84,8 +86,8 @@ pub(crate) struct SessionEndState {
 pub(crate) struct WarmEnd {
     pub phase: Phase,
     pub work: Option<Box<pycell_runner::Work>>,
-    /// The jail's CPU use (cgroup, ns) when its work arrived.
-    pub cpu_before_ns: u64,
+    /// What the jail's cgroup had counted when its work arrived.
+    pub before: CgroupUsage,
     /// Why its work was refused, if it was.
     pub refused: Option<String>,
     pub warm_up_output: Vec<u8>,
@@ -222,7 +224,7 @@ struct WarmRelay {
     runner_stdin: Option<File>,
     steps: std::collections::VecDeque<WarmStep>,
     work: Option<Box<pycell_runner::Work>>,
-    cpu_before_ns: u64,
+    before: CgroupUsage,
     refused: Option<String>,
 }
 
@@ -237,7 +239,7 @@ impl WarmRelay {
             runner_stdin: Some(File::from(runner_stdin)),
             steps: Default::default(),
             work: None,
-            cpu_before_ns: 0,
+            before: CgroupUsage::default(),
             refused: None,
         }
     }
@@ -272,7 +274,7 @@ impl WarmRelay {
         WarmEnd {
             phase: self.state.phase,
             work: self.work,
-            cpu_before_ns: self.cpu_before_ns,
+            before: self.before,
             refused: self.refused,
             warm_up_output: self.state.warm_up_output,
         }
@@ -416,7 +418,7 @@ impl Relay {
             return Some(step);
         };
         let work = w.work.as_ref().expect("work arrived");
-        w.cpu_before_ns = cgroup.usage().cpu_ns;
+        w.before = cgroup.usage();
         if let Err(e) = crate::run::warm::restart_cpu_clock(
             spec,
             pid,
@@ -468,7 +470,7 @@ impl Relay {
         let Some(s) = self.session.as_mut() else {
             return;
         };
-        s.cpu_before_ns = cgroup.usage().cpu_ns;
+        s.before = cgroup.usage();
         // A program that is gone has no clock to restart: the jail ends.
         let _ = crate::run::warm::restart_cpu_clock(
             spec,
@@ -495,6 +497,7 @@ impl Relay {
                 break;
             }
         }
+        let disk_full = self.disk_full();
         let Some(s) = self.session.as_mut() else {
             return Ok(());
         };
@@ -502,12 +505,16 @@ impl Relay {
         let usage = cgroup.usage();
         let measure = ReplyMeasure {
             wall_ms: took.as_secs_f64() * 1000.0,
-            cpu_ms: usage.cpu_ns.saturating_sub(s.cpu_before_ns) as f64 / 1e6,
+            cpu_ms: usage.cpu_ns.saturating_sub(s.before.cpu_ns) as f64 / 1e6,
             memory_bytes: cgroup.memory_now(),
             peak_memory_bytes: usage.peak_memory_bytes,
             stdout_truncated: self.truncated[0],
             stderr_truncated: self.truncated[1],
             interrupted,
+            limit_events: LimitEvents {
+                disk_full,
+                ..usage.limit_events().since(s.before.limit_events())
+            },
         };
         self.outbox.offer_reply(&measure, body)
     }
@@ -577,6 +584,7 @@ impl Relay {
     /// What the relay saw, once the jail is gone.
     fn finish(mut self, init_status: Option<WaitStatus>, stopped: Stopped) -> Relayed {
         let disk_used_bytes = self.disk_used();
+        let disk_full = self.disk_full();
         // The run's images go before its result.
         if let Some(body) = self.back.take().and_then(BackChannel::take_frame) {
             let _ = self
@@ -590,6 +598,7 @@ impl Relay {
             messages: self.messages(),
             truncated: self.truncated,
             disk_used_bytes,
+            disk_full,
             workspace: self.disk.take(),
             warm: self.warm.map(WarmRelay::end),
             session: self.session.map(|s| SessionEndState {
@@ -755,6 +764,17 @@ impl Relay {
         nix::sys::statvfs::fstatvfs(fd)
             .map(|s| (s.blocks() - s.blocks_free()) * s.fragment_size())
             .unwrap_or(0)
+    }
+
+    /// Whether the jail's writable tmpfs (its disk budget) is full: less
+    /// than one block, or no inode, left.
+    fn disk_full(&self) -> bool {
+        let Some(fd) = self.disk.as_ref() else {
+            return false;
+        };
+        nix::sys::statvfs::fstatvfs(fd)
+            .map(|s| s.blocks_free() == 0 || s.files_free() == 0)
+            .unwrap_or(false)
     }
 
     /// Read one chunk of stdout (0) or stderr (1); false if there was

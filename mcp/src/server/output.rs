@@ -5,6 +5,7 @@
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use pycell_protocol::refusals::{Refusal, Termination};
 use pycell_protocol::result::{EnvReport, NetworkReport, RunLimits, RunResult};
 
 use rmcp::model::{CallToolResult, ContentBlock};
@@ -135,6 +136,19 @@ pub struct RunPythonOutput {
     /// expression's value, its exception; absent for a one-shot run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cell: Option<CellInfo>,
+    /// What the sandbox refused the code, one entry per layer and object:
+    /// `layer` (memory, pids, cpu, wall_timeout, disk, output, egress,
+    /// dns, tools, rlimit, seccomp, landlock), `object` (the limit and its
+    /// value, the host, the tool), `count`, the `rule` that decided (the
+    /// policy's field) and a `remedy` to act on. Empty when nothing was
+    /// refused.
+    pub refusals: Vec<Refusal>,
+    /// Why the run or cell ended: `reason` (exited, signaled, pids_limit,
+    /// wall_timeout, cpu_limit, oom_kill, cancelled, session_ended,
+    /// jailer_died, daemon_gone, refused; a cell: finished, raised,
+    /// wall_timeout) and a sentence.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub termination: Option<Termination>,
 }
 
 /// Hints written for a `pycell run` user name its flags; say what to change
@@ -168,6 +182,8 @@ impl From<RunResult> for RunPythonOutput {
             images: r.images.iter().map(image_info).collect(),
             images_omitted: r.images_omitted,
             cell: None,
+            refusals: r.refusals,
+            termination: r.termination,
             run_id: r.run_id,
             status: r.status,
             exit_code: r.exit_code,
@@ -357,8 +373,17 @@ impl RunPythonOutput {
             text.push_str("(more files changed)\n");
         }
         super::cell_output::render_images(&self.images, self.images_omitted, &mut text);
-        for note in self.network.iter().flat_map(NetworkReport::notes) {
+        for r in &self.refusals {
+            text.push_str(&format!("{}\n", r.line()));
+        }
+        for note in self.network.iter().flat_map(NetworkReport::failure_notes) {
             text.push_str(&format!("{note}\n"));
+        }
+        match (&self.termination, &self.error, self.status) {
+            (Some(t), None, s) if s != Status::Ok => {
+                text.push_str(&format!("ended ({}): {}\n", t.reason_str(), t.detail))
+            }
+            _ => {}
         }
         if let Some(e) = &self.error {
             text.push_str(&format!(
@@ -399,6 +424,7 @@ mod tests {
             layers: None,
             error: None,
             timings: Vec::new(),
+            limit_events: Default::default(),
         }
     }
 

@@ -14,6 +14,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use pycell_protocol::refusals::{EndReason, Termination};
 use pycell_protocol::session::{
     SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
 };
@@ -439,6 +440,8 @@ fn killed_cell(session: &str, f: &SessionFailure) -> CallToolResult {
         images: Vec::new(),
         images_omitted: 0,
         cell: Some(super::cell_output::no_cell(session)),
+        refusals: Vec::new(),
+        termination: Some(session_gone(status, &f.message)),
     };
     let mut r = out.tool_result(vec![]);
     r.is_error = Some(true);
@@ -667,5 +670,20 @@ pub fn cell_result(session: &str, a: Answer) -> RunPythonOutput {
         }),
         images: r.images.iter().map(image_info).collect(),
         images_omitted: r.images_omitted,
+        refusals: a.refusals.clone(),
+        termination: a.termination.clone(),
+    }
+}
+
+/// How a cell whose session ended under it ended.
+fn session_gone(status: RunStatus, why: &str) -> Termination {
+    let reason = match status {
+        RunStatus::Oom => EndReason::OomKill,
+        _ => EndReason::SessionEnded,
+    };
+    Termination {
+        reason,
+        detail: why.to_string(),
+        memory_bytes: None,
     }
 }

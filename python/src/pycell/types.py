@@ -20,12 +20,14 @@ __all__ = [
     "Image",
     "Limits",
     "Measure",
+    "Refusal",
     "Reply",
     "Result",
     "SessionAnswer",
     "SessionEnded",
     "SessionInfo",
     "SessionSummary",
+    "Termination",
 ]
 
 
@@ -97,6 +99,34 @@ class Image:
 
 
 @dataclass
+class Refusal:
+    """One thing the sandbox refused (docs/refusals.md): the `layer`
+    (memory, pids, cpu, wall_timeout, disk, output, egress, dns, tools,
+    rlimit, seccomp, landlock), the `object` refused, how many times, the
+    `rule` that decided and a `remedy` to act on."""
+
+    layer: str
+    object: str
+    count: int
+    rule: str
+    remedy: str
+    extra: dict[str, Any] = field(factory=dict)
+
+
+@dataclass
+class Termination:
+    """Why a run or cell ended: `reason` (exited, signaled, pids_limit,
+    wall_timeout, cpu_limit, oom_kill, cancelled, session_ended,
+    jailer_died, daemon_gone, refused; a cell: finished, raised,
+    wall_timeout) and a sentence; at an OOM kill, the memory in use."""
+
+    reason: str
+    detail: str
+    memory_bytes: int | None = field(default=None, omit="none")
+    extra: dict[str, Any] = field(factory=dict)
+
+
+@dataclass
 class Result:
     """A run's outcome, as `pycell run --json` prints it. `status` is
     ok, error (the program failed), timeout, oom, killed or refused."""
@@ -129,6 +159,8 @@ class Result:
     env: dict[str, Any] | None = field(default=None, omit="none")
     tool_calls: dict[str, Any] | None = field(default=None, omit="none")
     timings: list[Any] = field(factory=list, omit="empty")
+    refusals: list[Refusal] = field(factory=list)
+    termination: Termination | None = field(default=None, omit="none")
     extra: dict[str, Any] = field(factory=dict)
 
     @property
@@ -189,6 +221,7 @@ class Measure:
     stdout_truncated: bool
     stderr_truncated: bool
     interrupted: bool
+    limit_events: dict[str, Any] | None = field(default=None, omit="none")
     extra: dict[str, Any] = field(factory=dict)
 
 
@@ -203,6 +236,8 @@ class SessionAnswer:
     stdout: str
     stderr: str
     measure: Measure
+    refusals: list[Refusal] = field(factory=list, omit="empty")
+    termination: Termination | None = field(default=None, omit="none")
 
 
 @dataclass
@@ -219,6 +254,8 @@ class CellResult:
     files: list[ChangedFile]
     images: list[Image]
     measure: Measure
+    refusals: list[Refusal]
+    termination: Termination | None
 
     @property
     def ok(self) -> bool:
@@ -238,6 +275,8 @@ class CellResult:
             files=r.files,
             images=r.images,
             measure=answer.measure,
+            refusals=answer.refusals,
+            termination=answer.termination,
         )
 
 

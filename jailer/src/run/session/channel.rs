@@ -3,6 +3,7 @@
 //! What they amount to is queued as [`SessionStep`]s for the relay's loop,
 //! which holds the jail's pid and cgroup.
 
+use pycell_host::cgroup::CgroupUsage;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -48,8 +49,8 @@ pub(crate) struct SessionRelay {
     pub steps: VecDeque<SessionStep>,
     /// Why the session ended, once it has.
     pub end: Option<SessionEnd>,
-    /// The jail's CPU use (cgroup, ns) when the request in flight began.
-    pub cpu_before_ns: u64,
+    /// What the jail's cgroup had counted when the request in flight began.
+    pub before: CgroupUsage,
     /// What the protocol broke on, for the jailer's stderr.
     pub broken: Option<String>,
 }
@@ -84,7 +85,7 @@ impl SessionRelay {
             replies: reply_frames(),
             steps: VecDeque::new(),
             end: None,
-            cpu_before_ns: 0,
+            before: CgroupUsage::default(),
             broken: None,
         }
     }
