@@ -492,3 +492,53 @@ fn a_reply_nobody_asked_for_ends_the_session_and_shifts_no_answer() {
     }
     d.assert_sandbox_gone(Duration::from_secs(10));
 }
+
+/// A cell's answer says what the sandbox refused that cell (the kernel's
+/// counts since it began) and how it ended; the next cell starts clean.
+#[test]
+fn a_cells_refusals_and_end_are_its_own() {
+    let d = Daemon::start("");
+    let s = start(&d, None).session;
+    let mut c = d.client();
+    // Bounded: at most 100 forks under the default pids limit (64); the
+    // children sleep until they are killed, then reaped.
+    let forks = r#"
+import os, signal, time
+kids, refused = [], 0
+for _ in range(100):
+    try:
+        pid = os.fork()
+    except OSError:
+        refused += 1
+        continue
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+refused
+"#;
+    let a = cell(&mut c, &s, forks);
+    let refused: u64 = a.reply.value.as_deref().unwrap_or("0").parse().unwrap();
+    assert!(refused > 0, "no fork was refused: {a:?}");
+    let pids: Vec<_> = a
+        .refusals
+        .iter()
+        .filter(|r| r.layer.as_str() == "pids")
+        .collect();
+    assert_eq!(pids.len(), 1, "{a:?}");
+    assert!(pids[0].count >= refused, "{a:?}");
+    assert_eq!(pids[0].rule, "limits.pids");
+    let end = a.termination.as_ref().map(|t| t.reason_str());
+    assert_eq!(end.as_deref(), Some("finished"), "{a:?}");
+    let a = cell(&mut c, &s, "1 / 0");
+    assert!(
+        a.refusals.is_empty(),
+        "the last cell's refusals came along: {a:?}"
+    );
+    let end = a.termination.as_ref().map(|t| t.reason_str());
+    assert_eq!(end.as_deref(), Some("raised"), "{a:?}");
+    assert!(a.termination.unwrap().detail.contains("ZeroDivisionError"));
+}

@@ -132,6 +132,13 @@ fn the_official_python_sdk_drives_pycell_mcp() {
         c.check(num(v, "/structured/layers/sandbox_uid") >= 1000.0, || {
             format!("print1: no plausible sandbox uid: {}", compact(v, 2000))
         });
+        c.eq("print1", v, "/structured/refusals", Value::Array(vec![]));
+        c.eq(
+            "print1",
+            v,
+            "/structured/termination/reason",
+            "exited".into(),
+        );
     }
     if let Some(v) = c.step("stdin") {
         c.run_result("stdin", v, "ok");
@@ -146,6 +153,30 @@ fn the_official_python_sdk_drives_pycell_mcp() {
         c.run_result("timeout", v, "timeout");
         c.eq("timeout", v, "/structured/error/code", "timeout".into());
         c.contains("timeout", v, "/structured/error/hint", "timeout_s");
+        c.eq(
+            "timeout",
+            v,
+            "/structured/refusals/0/layer",
+            "wall_timeout".into(),
+        );
+        c.eq(
+            "timeout",
+            v,
+            "/structured/refusals/0/rule",
+            "limits.wall_timeout".into(),
+        );
+        c.eq(
+            "timeout",
+            v,
+            "/structured/termination/reason",
+            "wall_timeout".into(),
+        );
+        c.contains(
+            "timeout",
+            v,
+            "/text",
+            "refused by wall_timeout: wall-clock time of 1 s",
+        );
         c.check(num(v, "/elapsed_s") < 10.0, || {
             format!("timeout: a 1 s timeout took {} s", num(v, "/elapsed_s"))
         });
@@ -159,6 +190,30 @@ fn the_official_python_sdk_drives_pycell_mcp() {
             "/structured/limits/memory_bytes",
             (512u64 << 20).into(),
         );
+        c.eq("oom", v, "/structured/refusals/0/layer", "memory".into());
+        c.eq(
+            "oom",
+            v,
+            "/structured/refusals/0/rule",
+            "limits.memory".into(),
+        );
+        c.contains("oom", v, "/structured/refusals/0/object", "512 MiB");
+        c.eq(
+            "oom",
+            v,
+            "/structured/termination/reason",
+            "oom_kill".into(),
+        );
+        c.check(
+            num(v, "/structured/termination/memory_bytes") > 256.0 * 1048576.0,
+            || format!("oom: the memory at the kill: {}", compact(v, 2000)),
+        );
+        c.contains(
+            "oom",
+            v,
+            "/text",
+            "refused by memory: memory limit of 512 MiB",
+        );
     }
     if let Some(v) = c.step("truncation") {
         c.run_result("truncation", v, "ok");
@@ -167,6 +222,12 @@ fn the_official_python_sdk_drives_pycell_mcp() {
             v,
             "/structured/stdout_truncated",
             Value::Bool(true),
+        );
+        c.eq(
+            "truncation",
+            v,
+            "/structured/refusals/0/layer",
+            "output".into(),
         );
         c.eq(
             "truncation",
