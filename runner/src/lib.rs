@@ -43,6 +43,8 @@ pub const RUNNER: &str = concat!(
     include_str!("session.py"),
     "''',\n    \"tools\": r'''\n",
     include_str!("tools.py"),
+    "''',\n    \"explain\": r'''\n",
+    include_str!("explain.py"),
     "''',\n}\n\n_pycell_start()\n",
 );
 
@@ -314,6 +316,7 @@ mod tests {
             include_str!("media.py"),
             include_str!("session.py"),
             include_str!("tools.py"),
+            include_str!("explain.py"),
         ];
         for part in parts {
             assert!(!part.contains("'''"), "a part would end its quotes");
@@ -330,7 +333,7 @@ for name, part in ns["_PYCELL_PARTS"].items():
 print(sorted(ns["_PYCELL_PARTS"]))
 "#;
         let out = python(&["-c", check], RUNNER.as_bytes());
-        assert_eq!(out, "['images', 'session', 'tools', 'warm']\n");
+        assert_eq!(out, "['explain', 'images', 'session', 'tools', 'warm']\n");
     }
 
     #[test]
@@ -350,6 +353,59 @@ print(sorted(ns["_PYCELL_PARTS"]))
         let out = python(&argv, b"in");
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(out, "['a'] in\n");
+    }
+
+    #[test]
+    fn an_exception_from_a_refusal_gets_a_line_naming_the_layer_and_others_none() {
+        let check = r#"
+import errno, socket, sys
+src = sys.stdin.read()
+core = src.rsplit("_pycell_start()", 1)[0]
+ns = {}
+exec(compile(core, "<string>", "exec"), ns)
+ns["_pycell_load"]("explain")
+line = ns["_pycell_refusal_line"]
+def raised(e):
+    try:
+        raise e
+    except BaseException as caught:
+        return caught
+def chained():
+    try:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError as e:
+        try:
+            raise ValueError("saving failed") from e
+        except ValueError as v:
+            return v
+cases = [
+    raised(PermissionError(errno.EACCES, "Permission denied", "/etc/shadow")),
+    raised(MemoryError()),
+    raised(OSError(errno.EPERM, "Operation not permitted")),
+    raised(socket.gaierror(-2, "Name or service not known")),
+    chained(),
+    raised(ValueError("boom")),
+    raised(FileNotFoundError(errno.ENOENT, "No such file", "/x")),
+    raised(KeyboardInterrupt()),
+]
+for e in cases:
+    print(str(line(e)).rstrip("\n"))
+"#;
+        let out = python(&["-c", check], RUNNER.as_bytes());
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 8, "{out}");
+        let has = |i: usize, words: &[&str]| {
+            for w in words {
+                assert!(lines[i].contains(w), "line {i} lacks {w:?}: {}", lines[i]);
+            }
+            assert!(lines[i].starts_with("pycell: "), "{}", lines[i]);
+        };
+        has(0, &["layer landlock", "/etc/shadow", "/workspace"]);
+        has(1, &["layer memory", "limits.memory"]);
+        has(2, &["layer seccomp"]);
+        has(3, &["no network", "did not resolve"]);
+        has(4, &["layer disk", "limits.disk"]);
+        assert_eq!(&lines[5..], ["None", "None", "None"], "{out}");
     }
 
     fn python(args: &[&str], stdin: &[u8]) -> String {

@@ -20,8 +20,8 @@
 # and no frame of this file may show in the run's tracebacks.
 #
 # Only this part is compiled when python starts (a cold run pays about a
-# millisecond for it); the parts in _PYCELL_PARTS (warm, images, session)
-# are compiled when first needed; "tools" (code mode's `pycell_tools`) is
+# millisecond for it); the parts in _PYCELL_PARTS (warm, images, session,
+# explain) are compiled when first needed; "tools" (code mode's `pycell_tools`) is
 # the text of a module of its own, compiled at its first import.
 
 
@@ -196,6 +196,19 @@ def _pycell_uncaught(e):
     sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
     sys.last_exc = e
     sys.excepthook(type(e), e, tb)
+    _pycell_explain(e, sys.stderr.write)
+
+
+def _pycell_explain(e, write):
+    """After a traceback: the line that names the sandbox layer behind it,
+    if one refused what raised it (see explain.py)."""
+    try:
+        _pycell_load("explain")
+        line = _pycell_refusal_line(e)
+        if line:
+            write(line)
+    except BaseException:
+        pass
 
 
 def _pycell_offer_tools():

@@ -182,6 +182,9 @@ def _pycell_describe_error(e):
         text = "".join(traceback.format_exception(type(e), e, tb))
     except BaseException:
         text = "<the traceback could not be formatted>"
+    lines = []
+    _pycell_explain(e, lines.append)
+    text += "".join(lines)
     try:
         message = str(e)
     except BaseException:

@@ -540,5 +540,19 @@ refused
     );
     let end = a.termination.as_ref().map(|t| t.reason_str());
     assert_eq!(end.as_deref(), Some("raised"), "{a:?}");
-    assert!(a.termination.unwrap().detail.contains("ZeroDivisionError"));
+    assert!(a
+        .termination
+        .as_ref()
+        .unwrap()
+        .detail
+        .contains("ZeroDivisionError"));
+    let traceback = |a: &SessionAnswer| a.reply.error.as_ref().unwrap().traceback.clone();
+    assert!(!traceback(&a).contains("pycell:"), "{a:?}");
+    // A refusal's exception says which layer, after the traceback.
+    let a = cell(&mut c, &s, "open('/usr/lib/pycell-cell-test', 'w')");
+    let last = traceback(&a).lines().last().unwrap_or_default().to_string();
+    assert!(
+        last.starts_with("pycell: ") && last.contains("layer landlock"),
+        "{a:?}"
+    );
 }
