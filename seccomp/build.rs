@@ -69,6 +69,15 @@ fn write_programs(out_dir: &Path) -> Result<(), String> {
                 arch.name()
             );
         }
+        for arch in Arch::ALL {
+            let names = generate::syscall_table(name, text, arch)
+                .map_err(|error: SeccompError| format!("profiles/{name}.json: {error}"))?;
+            let _ = write!(table, ", {}_names: &[", arch.name());
+            for (nr, syscall) in names {
+                let _ = write!(table, "({nr}, {syscall:?}), ");
+            }
+            table.push(']');
+        }
         table.push_str(" },\n");
     }
     table.push_str("];\n");

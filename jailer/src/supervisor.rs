@@ -104,6 +104,7 @@ fn run_checked(
         &signals,
         deadline,
         events_fd(),
+        checked.filter.syscall_names(),
     )
     .map_err(io_failure("relaying output"))?;
     let end = jail.start.elapsed();
@@ -174,6 +175,7 @@ fn assemble_report(
             disk_full: relayed.disk_full,
             ..usage.limit_events().since(run.before.limit_events())
         },
+        seccomp_refused: relayed.seccomp_refused,
     };
     Ok(report)
 }

@@ -445,6 +445,8 @@ impl RunStream {
             }
             // A zygote's is taken by `Launcher::start_zygote`, never here.
             Handout::ZygoteChannel => drop(fd),
+            // The jailer's alone; a jail that sends one here is ignored.
+            Handout::SeccompListener => drop(fd),
         }
     }
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use pycell_wire::codes::FailureCode;
 use pycell_wire::limits::RunLimits;
-use pycell_wire::report::{JailFailure, LimitEvents, RunStatus, SessionEnd};
+use pycell_wire::report::{JailFailure, LimitEvents, RunStatus, SeccompRefused, SessionEnd};
 
 use crate::result::{Denied, NetworkReport};
 use crate::tools::ToolCallsReport;
@@ -233,6 +233,9 @@ pub fn of_limits(facts: &LimitFacts<'_>) -> Vec<Refusal> {
             remedy,
         ));
     }
+    if let Some(seccomp) = facts.seccomp {
+        out.extend(of_seccomp(seccomp));
+    }
     for (truncated, stream) in facts.truncated.iter().zip(["stdout", "stderr"]) {
         if *truncated {
             let cap = facts
@@ -253,6 +256,61 @@ pub fn of_limits(facts: &LimitFacts<'_>) -> Vec<Refusal> {
 
 const SIGXFSZ: i32 = 25;
 
+/// The calls pycell's seccomp profile refused, as the kernel handed each
+/// to the jailer.
+fn of_seccomp(refused: &SeccompRefused) -> Vec<Refusal> {
+    let rule = "pycell's fixed seccomp profile (the same in every sandbox)";
+    let mut out: Vec<Refusal> = refused
+        .calls
+        .iter()
+        .map(|c| {
+            let object = format!("the system call {} (EPERM)", c.syscall);
+            Refusal::new(
+                RefusalLayer::Seccomp,
+                object,
+                rule,
+                syscall_remedy(&c.syscall),
+            )
+            .times(c.count)
+        })
+        .collect();
+    if refused.uncounted {
+        let object = "more refused system calls than are counted (later ones failed with ENOSYS)"
+            .to_string();
+        out.push(Refusal::new(
+            RefusalLayer::Seccomp,
+            object,
+            rule,
+            "stop retrying a call the sandbox refuses: it is refused every time",
+        ));
+    }
+    out
+}
+
+/// What to do instead of a system call the profile refuses.
+fn syscall_remedy(syscall: &str) -> &'static str {
+    match syscall {
+        "mount" | "umount2" | "pivot_root" | "fsopen" | "fsmount" | "move_mount" | "open_tree" => {
+            "mounts cannot be made in a sandbox: work with the files in /workspace (a policy grant can bring a host directory in)"
+        }
+        "unshare" | "setns" | "clone" => {
+            "namespaces cannot be made in a sandbox (it is one already): run the code directly, without unshare, containers or user namespaces"
+        }
+        "ptrace" | "process_vm_readv" | "process_vm_writev" | "pidfd_getfd" => {
+            "processes cannot be traced or read in a sandbox: debug with prints, logging or faulthandler"
+        }
+        "bpf" | "perf_event_open" => "kernel tracing and BPF are not available in a sandbox",
+        "keyctl" | "add_key" | "request_key" => {
+            "the kernel's keyrings are not available: keep keys in memory or in a file in /workspace"
+        }
+        "io_uring_setup" | "io_uring_enter" | "io_uring_register" => {
+            "io_uring is not available: use ordinary reads and writes (asyncio, threads)"
+        }
+        "seccomp" => "a seccomp filter with a listener of its own is not available: filters without one are",
+        _ => "this call is refused in every pycell sandbox: do it another way (docs/seccomp.md lists what is refused and why)",
+    }
+}
+
 /// What a run or cell's limits saw, for [`of_limits`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LimitFacts<'a> {
@@ -267,6 +325,8 @@ pub struct LimitFacts<'a> {
     pub max_output: Option<u64>,
     /// A session cell (its remedies say cells).
     pub cell: bool,
+    /// The calls the seccomp filter refused.
+    pub seccomp: Option<&'a SeccompRefused>,
 }
 
 /// What the egress proxy refused, and the names it could not resolve.

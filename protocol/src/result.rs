@@ -203,6 +203,7 @@ impl RunResult {
             truncated: [report.stdout_truncated, report.stderr_truncated],
             max_output: limits.as_ref().map(|l| l.max_output.get()),
             cell: false,
+            seccomp: Some(&report.seccomp_refused),
         });
         let termination = refusals::termination(&EndFacts {
             status: report.status,

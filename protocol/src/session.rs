@@ -115,6 +115,7 @@ impl SessionAnswer {
             truncated: [m.stdout_truncated, m.stderr_truncated],
             max_output: Some(max_output),
             cell: true,
+            seccomp: Some(&m.seccomp_refused),
             ..Default::default()
         });
         let raised = self.reply.error.as_ref().map(|e| e.kind.as_str());

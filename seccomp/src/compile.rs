@@ -20,6 +20,9 @@ struct Programs {
     profile: &'static str,
     x86_64: &'static [u8],
     aarch64: &'static [u8],
+    /// Every syscall the profile names, by number, sorted.
+    x86_64_names: &'static [(u32, &'static str)],
+    aarch64_names: &'static [(u32, &'static str)],
 }
 
 // `const PROGRAMS: &[Programs]`, one entry per profile in `profile::PROFILES`,
@@ -34,6 +37,8 @@ pub struct CompiledFilter {
     profile: &'static str,
     arch: &'static str,
     program: BpfProgram,
+    /// The syscalls the profile names, by number (for naming a refused one).
+    names: &'static [(u32, &'static str)],
 }
 
 impl CompiledFilter {
@@ -74,7 +79,67 @@ impl CompiledFilter {
             profile: self.profile,
             arch: self.arch,
             program,
+            names: self.names,
         }
+    }
+
+    /// This filter with every call it refuses with `EPERM` handed to a
+    /// supervisor instead (`SECCOMP_RET_USER_NOTIF`): installed with a
+    /// listener, whose holder (the jailer) answers each with `EPERM` and
+    /// so learns which calls the sandbox was refused. Only those return
+    /// instructions change: every allowed call, and every other refusal
+    /// (`ENOSYS` for what the profile does not list, the socket families'
+    /// errnos, a kernel gap's), takes the same path as before, at the
+    /// same cost. Without a listener the kernel fails the handed-over
+    /// calls with `ENOSYS`.
+    pub fn notifying(&self) -> CompiledFilter {
+        let eperm = bpf::RET_ERRNO | libc::EPERM as u32;
+        let mut program = self.program.clone();
+        for insn in program.iter_mut() {
+            if insn.code == bpf::RET_K && insn.k == eperm {
+                insn.k = libc::SECCOMP_RET_USER_NOTIF;
+            }
+        }
+        CompiledFilter {
+            program,
+            ..self.clone()
+        }
+    }
+
+    /// The program as the kernel's `seccomp()` takes it.
+    pub fn kernel_program(&self) -> Vec<libc::sock_filter> {
+        self.program
+            .iter()
+            .map(|i| libc::sock_filter {
+                code: i.code,
+                jt: i.jt,
+                jf: i.jf,
+                k: i.k,
+            })
+            .collect()
+    }
+
+    /// The name of syscall `nr` on this filter's architecture, if the
+    /// profile names it.
+    pub fn syscall_name(&self, nr: u32) -> Option<&'static str> {
+        self.syscall_names().name(nr)
+    }
+
+    /// The names of the syscalls the profile names, by number, to keep.
+    pub fn syscall_names(&self) -> SyscallNames {
+        SyscallNames(self.names)
+    }
+}
+
+/// The syscalls a profile names, by number on one architecture.
+#[derive(Debug, Clone, Copy)]
+pub struct SyscallNames(&'static [(u32, &'static str)]);
+
+impl SyscallNames {
+    /// The name of syscall `nr`, if the profile names it.
+    pub fn name(self, nr: u32) -> Option<&'static str> {
+        let i = self.0.binary_search_by_key(&nr, |&(n, _)| n).ok()?;
+        Some(self.0[i].1)
     }
 }
 
@@ -143,6 +208,7 @@ pub(crate) fn compile(profile: &str) -> Result<CompiledFilter, SeccompError> {
         profile: programs.profile,
         arch: arch.name(),
         program: bpf::decode(embedded(programs, arch)),
+        names: embedded_names(programs, arch),
     })
 }
 
@@ -150,6 +216,13 @@ fn embedded(programs: &Programs, arch: Arch) -> &'static [u8] {
     match arch {
         Arch::X86_64 => programs.x86_64,
         Arch::Aarch64 => programs.aarch64,
+    }
+}
+
+fn embedded_names(programs: &Programs, arch: Arch) -> &'static [(u32, &'static str)] {
+    match arch {
+        Arch::X86_64 => programs.x86_64_names,
+        Arch::Aarch64 => programs.aarch64_names,
     }
 }
 
@@ -176,5 +249,6 @@ pub(crate) fn compile_text(
         profile: name,
         arch: arch.name(),
         program: crate::generate::generate(name, text, arch)?,
+        names: &[],
     })
 }

@@ -118,6 +118,28 @@ pub(crate) fn generate(
     Ok(program)
 }
 
+/// Every syscall profile `name` names that exists on `arch`, with its
+/// number there, sorted by number: how the jailer names a call it was
+/// told the filter refused.
+pub(crate) fn syscall_table(
+    name: &str,
+    text: &str,
+    arch: Arch,
+) -> Result<Vec<(u32, String)>, SeccompError> {
+    let profile = Profile::parse(name, text)?;
+    let numbers = syscall_numbers(&profile, arch).map_err(|source| SeccompError::Compile {
+        profile: name.to_owned(),
+        arch: arch.name(),
+        source,
+    })?;
+    let mut table: Vec<(u32, String)> = numbers
+        .into_iter()
+        .map(|(syscall, nr)| (nr, syscall.to_owned()))
+        .collect();
+    table.sort();
+    Ok(table)
+}
+
 /// What the chained layers decide for each listed syscall number.
 fn decisions<'p>(
     name: &str,

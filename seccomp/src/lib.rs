@@ -46,7 +46,7 @@ mod tests;
 #[cfg(test)]
 mod tree;
 
-pub use compile::{CompiledFilter, KernelGap};
+pub use compile::{CompiledFilter, KernelGap, SyscallNames};
 pub use error::SeccompError;
 
 use profile::{Profile, MAIN_FILTER};

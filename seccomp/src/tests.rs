@@ -872,3 +872,87 @@ fn rlimit_core_can_be_read_but_not_set() {
     );
     assert_eq!(x86("setrlimit", [7, new_limit, 0, 0, 0, 0]), RET_ALLOW);
 }
+
+// ------------------------------------------------------------ notifying
+
+/// The native filter's verdict on `name` with `args`.
+fn native_eval(filter: &CompiledFilter, name: &str, args: [u64; 6]) -> u32 {
+    eval(
+        filter,
+        AUDIT_ARCH_X86_64,
+        syscall_nr(name, TargetArch::x86_64),
+        args,
+    )
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_notifying_filter_hands_over_exactly_the_eperm_refusals() {
+    let filter = crate::compile("default").unwrap();
+    let notifying = filter.notifying();
+    assert_eq!(filter.instruction_count(), notifying.instruction_count());
+    let notif = libc::SECCOMP_RET_USER_NOTIF;
+    for name in ["mount", "ptrace", "unshare", "bpf", "keyctl"] {
+        assert_eq!(
+            native_eval(&filter, name, args1(0)),
+            ret_errno(libc::EPERM),
+            "{name}"
+        );
+        assert_eq!(native_eval(&notifying, name, args1(0)), notif, "{name}");
+    }
+    // A listener of the sandbox's own is refused, and handed over too.
+    let listener = [1, 8, 0, 0, 0, 0];
+    assert_eq!(
+        native_eval(&filter, "seccomp", listener),
+        ret_errno(libc::EPERM)
+    );
+    assert_eq!(native_eval(&notifying, "seccomp", listener), notif);
+    assert_eq!(
+        native_eval(&notifying, "seccomp", [1, 0, 0, 0, 0, 0]),
+        RET_ALLOW
+    );
+    // Everything else is as it was: allowed calls, ENOSYS, other errnos.
+    for (name, args) in [
+        ("read", args1(0)),
+        ("clone3", args1(0)),
+        ("socket", args1(17)),
+        ("clone", args1(0x11)),
+    ] {
+        assert_eq!(
+            native_eval(&filter, name, args),
+            native_eval(&notifying, name, args),
+            "{name} {args:x?}"
+        );
+    }
+    assert_eq!(native_eval(&notifying, "read", args1(0)), RET_ALLOW);
+    assert_eq!(
+        native_eval(&notifying, "socket", args1(17)),
+        ret_errno(libc::EAFNOSUPPORT)
+    );
+    // clone with CLONE_NEWUSER is a deny rule (EPERM): handed over.
+    assert_eq!(native_eval(&notifying, "clone", args1(0x1000_0000)), notif);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_refused_calls_number_has_its_name() {
+    let filter = crate::compile("default").unwrap();
+    for name in ["mount", "read", "seccomp", "clone3"] {
+        let nr = syscall_nr(name, TargetArch::x86_64);
+        assert_eq!(filter.syscall_name(nr), Some(name));
+    }
+    assert_eq!(filter.syscall_name(99_999), None);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_embedded_names_are_the_profiles_syscalls_by_number() {
+    let table = crate::generate::syscall_table("default", default_text(), crate::bpf::Arch::X86_64)
+        .unwrap();
+    assert!(table.len() > 300, "{}", table.len());
+    let filter = crate::compile("default").unwrap();
+    for (nr, name) in &table {
+        assert_eq!(filter.syscall_name(*nr), Some(name.as_str()));
+        assert_eq!(*nr, syscall_nr(name, TargetArch::x86_64), "{name}");
+    }
+}

@@ -62,3 +62,96 @@ fn the_programs_own_error_gets_no_line() {
     assert!(stderr.ends_with("ValueError: boom\n"), "{stderr}");
     assert!(!stderr.contains("pycell:"), "{stderr}");
 }
+
+/// A script that makes raw system calls through ctypes and prints, for
+/// each, the errno it got: `calls` is a list of `(name, number, args)`.
+fn raw_calls(calls: &str) -> String {
+    format!(
+        r#"
+import ctypes, json
+libc = ctypes.CDLL(None, use_errno=True)
+got = []
+for name, nr, args, times in {calls}:
+    errnos = set()
+    for _ in range(times):
+        ctypes.set_errno(0)
+        r = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
+        errnos.add(ctypes.get_errno() if r == -1 else 0)
+    got.append([name, sorted(errnos)])
+print(json.dumps(got))
+"#
+    )
+}
+
+/// The `seccomp` refusals of a result, as `(object, count)`.
+fn seccomp_refusals(result: &serde_json::Value) -> Vec<(String, u64)> {
+    let list = result["refusals"].as_array().expect("refusals");
+    list.iter()
+        .filter(|r| r["layer"] == "seccomp")
+        .inspect(|r| {
+            assert!(
+                r["rule"].as_str().unwrap().contains("seccomp profile"),
+                "{r}"
+            )
+        })
+        .map(|r| {
+            (
+                r["object"].as_str().unwrap().to_string(),
+                r["count"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+// x86_64 numbers: unshare 272, mount 165, seccomp 317, getpid 39.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn each_refused_system_call_is_counted_and_still_fails_with_eperm() {
+    let calls = r#"[("unshare", 272, [0x10000000], 3), ("mount", 165, [0, 0, 0, 0, 0], 1),
+        ("listener", 317, [1, 8, 0], 1), ("getpid", 39, [], 2)]"#;
+    let out = run_code("calls.py", &raw_calls(calls), &[], &[]);
+    assert_eq!(status_of(&out), "ok", "{}", out.describe());
+    let r = out.result();
+    let stdout = r["stdout"].as_str().unwrap().trim().to_string();
+    assert_eq!(
+        stdout,
+        r#"[["unshare", [1]], ["mount", [1]], ["listener", [1]], ["getpid", [0]]]"#,
+        "the program must still get EPERM\n{}",
+        out.describe()
+    );
+    let mut got = seccomp_refusals(&r);
+    got.sort();
+    let want = [
+        ("the system call mount (EPERM)".to_string(), 1),
+        ("the system call seccomp (EPERM)".to_string(), 1),
+        ("the system call unshare (EPERM)".to_string(), 3),
+    ];
+    assert_eq!(got, want, "{}", out.describe());
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn past_the_answers_a_jail_gets_the_refusals_are_still_refused_uncounted() {
+    // 5000 refused calls: the jailer answers 4096 (EPERM), then stops
+    // listening; the rest fail with ENOSYS.
+    let out = run_code(
+        "flood.py",
+        &raw_calls(r#"[("unshare", 272, [0x10000000], 5000)]"#),
+        &[],
+        &[],
+    );
+    let r = out.result();
+    assert_eq!(
+        r["stdout"].as_str().unwrap().trim(),
+        r#"[["unshare", [1, 38]]]"#,
+        "{}",
+        out.describe()
+    );
+    let got = seccomp_refusals(&r);
+    assert_eq!(
+        got[0],
+        ("the system call unshare (EPERM)".to_string(), 4096),
+        "{got:?}"
+    );
+    assert!(got[1].0.starts_with("more refused system calls"), "{got:?}");
+}

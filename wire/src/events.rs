@@ -71,6 +71,12 @@ pub struct ReplyMeasure {
     /// the request.
     #[serde(default, skip_serializing_if = "crate::report::LimitEvents::is_none")]
     pub limit_events: crate::report::LimitEvents,
+    /// The calls the seccomp filter refused during the request.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::report::SeccompRefused::is_none"
+    )]
+    pub seccomp_refused: crate::report::SeccompRefused,
 }
 
 /// Why the event stream cannot be read further.

@@ -35,6 +35,9 @@ pub enum Handout {
     /// The launcher's end of the program's stdin and stdout (a stream
     /// socket), for a server over stdio.
     Stdio,
+    /// The listener of the jail's seccomp filter, to the jailer only: the
+    /// calls the filter refuses with EPERM wait on it for their answer.
+    SeccompListener,
 }
 
 /// Hand `fd` out on `sock` as `what`.

@@ -270,6 +270,35 @@ pub struct JailReport {
     /// What the kernel counted of the run's limits refusing it.
     #[serde(default, skip_serializing_if = "LimitEvents::is_none")]
     pub limit_events: LimitEvents,
+    /// The calls the seccomp filter refused (when the kernel could tell).
+    #[serde(default, skip_serializing_if = "SeccompRefused::is_none")]
+    pub seccomp_refused: SeccompRefused,
+}
+
+/// The calls the jail's seccomp filter refused with `EPERM` (pycell's
+/// fixed profile), by syscall, as the kernel handed each to the jailer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeccompRefused {
+    /// By syscall name (or `syscall N`), sorted by name.
+    pub calls: Vec<RefusedCall>,
+    /// The jailer stopped listening after answering as many as it answers
+    /// for one jail: later refusals were not counted (and failed with
+    /// `ENOSYS` instead of `EPERM`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub uncounted: bool,
+}
+
+impl SeccompRefused {
+    pub fn is_none(&self) -> bool {
+        self.calls.is_empty() && !self.uncounted
+    }
+}
+
+/// One refused system call, and how many times it was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedCall {
+    pub syscall: String,
+    pub count: u64,
 }
 
 /// What the kernel counted of a jail's limits refusing it (the run's, or
@@ -327,6 +356,7 @@ impl JailReport {
             error: Some(failure),
             timings: Vec::new(),
             limit_events: LimitEvents::default(),
+            seccomp_refused: SeccompRefused::default(),
         }
     }
 

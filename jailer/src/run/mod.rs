@@ -13,5 +13,6 @@ pub(crate) mod outbox;
 pub(crate) mod outcome;
 pub(crate) mod relay;
 pub(crate) mod run_images;
+pub(crate) mod seccomp_watch;
 pub(crate) mod session;
 pub(crate) mod warm;

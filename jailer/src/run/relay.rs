@@ -23,8 +23,11 @@ use crate::run::session::{ClockAction, SessionRelay, SessionStep};
 use crate::run::warm::{Arrival, Phase, WarmState};
 use crate::setup::status::ChildMessage;
 use pycell_host::cgroup::{CgroupUsage, SandboxCgroup};
+use pycell_seccomp::SyscallNames;
 use pycell_wire::events::ReplyMeasure;
-use pycell_wire::report::{LimitEvents, SessionEnd};
+use pycell_wire::report::{LimitEvents, SeccompRefused, SessionEnd};
+
+use crate::run::seccomp_watch::{self, SeccompWatch};
 
 const CHUNK: usize = 64 * 1024;
 /// How long output may still drain once the jail's init is gone.
@@ -58,6 +61,9 @@ pub(crate) struct Relayed {
     pub disk_used_bytes: u64,
     /// The disk budget was full when the jail ended.
     pub disk_full: bool,
+    /// The calls the seccomp filter refused during the run (a warm
+    /// jail's: since its work came; a session's: its whole life).
+    pub seccomp_refused: SeccompRefused,
     /// The jail's /workspace (`O_PATH`), if it got ready: its tmpfs
     /// outlives the jail while this is held.
     pub workspace: Option<OwnedFd>,
@@ -101,9 +107,10 @@ pub(crate) fn run(
     signals: &SignalFd,
     deadline: Instant,
     events: BorrowedFd<'static>,
+    names: SyscallNames,
 ) -> io::Result<Relayed> {
     let outbox = Outbox::new(events, outbox::pending_limit(spec.limits.max_output.get()))?;
-    let mut relay = Relay::new(spec, ends, outbox);
+    let mut relay = Relay::new(spec, ends, outbox, names);
     let mut stopped = Stopped::default();
     let mut deadline = Some(deadline);
     let mut init_status = None;
@@ -281,14 +288,21 @@ impl WarmRelay {
     }
 }
 
-/// The descriptor of /workspace the jail sent, once it is ready. Not
-/// through /proc/<init>/root: init is not dumpable after its credential
-/// change, and pycelld's jailer has no CAP_SYS_PTRACE to open it anyway.
-fn receive_workspace(channel: &OwnedFd) -> Option<OwnedFd> {
-    match pycell_wire::handout::recv(channel.as_fd()) {
-        Ok(Some((pycell_wire::handout::Handout::Workspace, fd))) => Some(fd),
-        _ => None,
+/// What the jail sent the jailer before it said it was ready: its
+/// /workspace, and the listener of its seccomp filter. Not through
+/// /proc/<init>/root or pidfd_getfd: init is not dumpable after its
+/// credential change, and pycelld's jailer has no CAP_SYS_PTRACE anyway.
+fn receive_handouts(channel: &OwnedFd) -> (Option<OwnedFd>, Option<OwnedFd>) {
+    use pycell_wire::handout::{recv, Handout};
+    let (mut workspace, mut listener) = (None, None);
+    for _ in 0..2 {
+        match recv(channel.as_fd()) {
+            Ok(Some((Handout::Workspace, fd))) => workspace = Some(fd),
+            Ok(Some((Handout::SeccompListener, fd))) => listener = Some(fd),
+            _ => break,
+        }
     }
+    (workspace, listener)
 }
 
 enum SignalAction {
@@ -337,6 +351,14 @@ struct Relay {
     session: Option<SessionRelay>,
     /// A python run's way back (its images), on its stdin socket.
     back: Option<BackChannel>,
+    /// The jail's seccomp listener, once the jail sent it (see
+    /// [`SeccompWatch`]), and how to name the calls it hands over.
+    seccomp: Option<SeccompWatch>,
+    names: SyscallNames,
+    /// The refused calls counted when the run's work came (warm), and
+    /// when the request in flight began (a session's).
+    seccomp_at_work: seccomp_watch::Counts,
+    seccomp_at_request: seccomp_watch::Counts,
 }
 
 /// Which descriptor a poll slot stands for.
@@ -351,10 +373,11 @@ enum Slot {
     Requests,
     Runner,
     Back,
+    Seccomp,
 }
 
 impl Relay {
-    fn new(spec: &JailSpec, ends: ParentEnds, outbox: Outbox) -> Relay {
+    fn new(spec: &JailSpec, ends: ParentEnds, outbox: Outbox, names: SyscallNames) -> Relay {
         let (mut stdin, mut warm, mut session) = (None, None, None);
         let back = match (spec.images, spec.session) {
             (Some(_), None) => BackChannel::new(&ends.stdin_write).ok(),
@@ -400,6 +423,10 @@ impl Relay {
             warm,
             session,
             back,
+            seccomp: None,
+            names,
+            seccomp_at_work: Default::default(),
+            seccomp_at_request: Default::default(),
         };
         // A run with no stdin to write sees its end at once.
         if relay.stdin.is_none() && relay.warm.is_none() && relay.session.is_none() {
@@ -419,6 +446,11 @@ impl Relay {
         };
         let work = w.work.as_ref().expect("work arrived");
         w.before = cgroup.usage();
+        self.seccomp_at_work = self
+            .seccomp
+            .as_ref()
+            .map(SeccompWatch::counts)
+            .unwrap_or_default();
         if let Err(e) = crate::run::warm::restart_cpu_clock(
             spec,
             pid,
@@ -471,6 +503,11 @@ impl Relay {
             return;
         };
         s.before = cgroup.usage();
+        self.seccomp_at_request = self
+            .seccomp
+            .as_ref()
+            .map(SeccompWatch::counts)
+            .unwrap_or_default();
         // A program that is gone has no clock to restart: the jail ends.
         let _ = crate::run::warm::restart_cpu_clock(
             spec,
@@ -498,6 +535,7 @@ impl Relay {
             }
         }
         let disk_full = self.disk_full();
+        let seccomp_refused = self.seccomp_refused_since(&self.seccomp_at_request);
         let Some(s) = self.session.as_mut() else {
             return Ok(());
         };
@@ -515,6 +553,7 @@ impl Relay {
                 disk_full,
                 ..usage.limit_events().since(s.before.limit_events())
             },
+            seccomp_refused,
         };
         self.outbox.offer_reply(&measure, body)
     }
@@ -585,6 +624,7 @@ impl Relay {
     fn finish(mut self, init_status: Option<WaitStatus>, stopped: Stopped) -> Relayed {
         let disk_used_bytes = self.disk_used();
         let disk_full = self.disk_full();
+        let seccomp_refused = self.seccomp_refused_since(&self.seccomp_at_work);
         // The run's images go before its result.
         if let Some(body) = self.back.take().and_then(BackChannel::take_frame) {
             let _ = self
@@ -599,6 +639,7 @@ impl Relay {
             truncated: self.truncated,
             disk_used_bytes,
             disk_full,
+            seccomp_refused,
             workspace: self.disk.take(),
             warm: self.warm.map(WarmRelay::end),
             session: self.session.map(|s| SessionEndState {
@@ -668,6 +709,11 @@ impl Relay {
                         b.read();
                     }
                 }
+                Slot::Seccomp => {
+                    if let Some(w) = self.seccomp.as_mut() {
+                        w.answer();
+                    }
+                }
             }
         }
         Ok(signal)
@@ -694,6 +740,10 @@ impl Relay {
         if let Some(fd) = self.back.as_ref().and_then(BackChannel::fd) {
             fds.push(PollFd::new(fd, PollFlags::POLLIN));
             slots.push(Slot::Back);
+        }
+        if let Some(fd) = self.seccomp.as_ref().and_then(SeccompWatch::fd) {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
+            slots.push(Slot::Seccomp);
         }
         if self.outbox.waiting() > 0 {
             fds.push(PollFd::new(self.outbox.fd(), PollFlags::POLLOUT));
@@ -748,12 +798,23 @@ impl Relay {
             Ok(n) => self.status_buf.extend_from_slice(&buf[..n]),
         }
         if self.disk.is_none() && self.status_buf.starts_with(b"{\"ready\"") {
-            self.disk = self
+            let (workspace, listener) = self
                 .disk_channel
                 .take()
                 .as_ref()
-                .and_then(receive_workspace);
+                .map(receive_handouts)
+                .unwrap_or_default();
+            self.disk = workspace;
+            self.seccomp = listener.map(|l| SeccompWatch::new(l, self.names));
         }
+    }
+
+    /// The calls the seccomp filter refused since `before`.
+    fn seccomp_refused_since(&self, before: &seccomp_watch::Counts) -> SeccompRefused {
+        self.seccomp
+            .as_ref()
+            .map(|w| w.refused_since(before))
+            .unwrap_or_default()
     }
 
     /// Bytes in use on the jail's writable tmpfs (0 if it never got ready).

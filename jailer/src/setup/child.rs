@@ -294,6 +294,7 @@ impl JailSteps for RealSteps<'_> {
         keep.extend(self.zygote_end.as_ref().map(AsRawFd::as_raw_fd));
         keep.extend(self.zygote_lib.as_ref().map(AsRawFd::as_raw_fd));
         keep.extend(self.go_read.as_ref().map(AsRawFd::as_raw_fd));
+        keep.extend(self.disk_channel.as_ref().map(AsRawFd::as_raw_fd));
         self.signal_fd = Some(sfd);
         syscall::close_fds_except(&keep).map_err(io_step(Step::CloseFds))
     }
@@ -323,6 +324,8 @@ impl JailSteps for RealSteps<'_> {
     }
 
     fn apply_seccomp(&mut self) -> Result<(), StepError> {
+        // The channel to the jailer closes here, whatever happens.
+        let channel = self.disk_channel.take();
         if self.kind == JailKind::Zygote {
             return Ok(());
         }
@@ -336,15 +339,44 @@ impl JailSteps for RealSteps<'_> {
         } else {
             self.filter
         };
-        pycell_seccomp::apply(filter).map_err(|e| StepError::new(Step::Seccomp, e.to_string()))
+        match channel {
+            Some(channel) => apply_seccomp_telling(filter, channel.as_fd()),
+            None => pycell_seccomp::apply(filter)
+                .map_err(|e| StepError::new(Step::Seccomp, e.to_string())),
+        }
+    }
+}
+
+/// Install `filter` so that the calls it refuses with `EPERM` are told
+/// to the jailer: with a listener, sent to the jailer on `channel` (see
+/// `crate::run::seccomp_watch`). On a kernel without listeners, the
+/// filter alone (its refusals are then not counted).
+fn apply_seccomp_telling(
+    filter: &CompiledFilter,
+    channel: BorrowedFd<'_>,
+) -> Result<(), StepError> {
+    let failed =
+        |what: &str, e: std::io::Error| StepError::new(Step::Seccomp, format!("{what}: {e}"));
+    match nix::sys::prctl::get_no_new_privs() {
+        Ok(true) => {}
+        _ => return Err(StepError::new(Step::Seccomp, "no_new_privs is not set")),
+    }
+    match syscall::seccomp_filter_with_listener(&filter.notifying().kernel_program()) {
+        Ok(listener) => handout::send(channel, Handout::SeccompListener, listener.as_fd())
+            .map_err(|e| failed("handing the seccomp listener to the jailer", e)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            pycell_seccomp::apply(filter).map_err(|e| StepError::new(Step::Seccomp, e.to_string()))
+        }
+        Err(e) => Err(failed("installing the seccomp filter with a listener", e)),
     }
 }
 
 impl RealSteps<'_> {
     /// Send the jailer a descriptor of /workspace (the run's one writable
-    /// tmpfs), then close our end of the channel.
+    /// tmpfs); our end of the channel stays open for the seccomp
+    /// listener (see `apply_seccomp`).
     fn hand_disk_to_jailer(&mut self) -> Result<(), StepError> {
-        let Some(channel) = self.disk_channel.take() else {
+        let Some(channel) = self.disk_channel.as_ref() else {
             return Ok(());
         };
         hand_out_workspace_on(channel.as_fd(), OFlag::O_PATH).map_err(|e| {

@@ -18,6 +18,90 @@ use std::path::Path;
 
 use nix::unistd::Pid;
 
+/// Install the seccomp filter `program` on the calling thread, with a
+/// listener (`SECCOMP_FILTER_FLAG_NEW_LISTENER`): the calls the filter
+/// returns `SECCOMP_RET_USER_NOTIF` for wait on it for their answer. The
+/// listener is close-on-exec, as the kernel makes it. no_new_privs (or
+/// CAP_SYS_ADMIN) must be set, as for any filter.
+pub fn seccomp_filter_with_listener(program: &[libc::sock_filter]) -> io::Result<OwnedFd> {
+    let len = u16::try_from(program.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "filter too long"))?;
+    let prog = libc::sock_fprog {
+        len,
+        filter: program.as_ptr().cast_mut(),
+    };
+    // SAFETY: `prog` describes `program`, which outlives the call; the
+    // kernel only reads (and copies) the instructions.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            &prog as *const libc::sock_fprog,
+        )
+    };
+    let fd = check(ret)? as RawFd;
+    // SAFETY: `fd` was just returned by the kernel and is owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A call a seccomp filter handed to its listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeccompNotification {
+    /// The notification's cookie, for the answer.
+    pub id: u64,
+    /// The caller, in the listener's pid namespace.
+    pub pid: u32,
+    pub nr: i32,
+    pub arch: u32,
+    pub args: [u64; 6],
+}
+
+/// Take the next call waiting on `listener`. Call it only when poll says
+/// the listener is readable: then it does not block (a call whose caller
+/// died meanwhile gives `ENOENT`).
+pub fn seccomp_notification(listener: BorrowedFd<'_>) -> io::Result<SeccompNotification> {
+    // SAFETY: `seccomp_notif` is plain data, and the kernel wants it zeroed.
+    let mut n: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+    // SAFETY: `n` is a writable `seccomp_notif`, the type this request's
+    // number encodes, alive across the call; `listener` is open.
+    let ret = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_RECV,
+            &mut n as *mut libc::seccomp_notif,
+        )
+    };
+    check(ret.into())?;
+    Ok(SeccompNotification {
+        id: n.id,
+        pid: n.pid,
+        nr: n.data.nr,
+        arch: n.data.arch,
+        args: n.data.args,
+    })
+}
+
+/// Answer the call `id` waiting on `listener`: it fails with `errno`.
+pub fn seccomp_answer_error(listener: BorrowedFd<'_>, id: u64, errno: i32) -> io::Result<()> {
+    let mut resp = libc::seccomp_notif_resp {
+        id,
+        val: 0,
+        error: -errno,
+        flags: 0,
+    };
+    // SAFETY: `resp` is a `seccomp_notif_resp`, the type this request's
+    // number encodes, alive across the call; `listener` is open.
+    let ret = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_SEND,
+            &mut resp as *mut libc::seccomp_notif_resp,
+        )
+    };
+    check(ret.into()).map(drop)
+}
+
 /// Which side of a `clone` we are on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloneResult {

@@ -425,6 +425,7 @@ mod tests {
             error: None,
             timings: Vec::new(),
             limit_events: Default::default(),
+            seccomp_refused: Default::default(),
         }
     }
 

@@ -1,0 +1,139 @@
+//! The jail's seccomp listener. The filter hands every call it refuses
+//! with `EPERM` to the jailer (`SECCOMP_RET_USER_NOTIF`, see
+//! `pycell_seccomp::CompiledFilter::notifying`); the jailer answers each
+//! with `EPERM`, as the filter alone would have, and counts it by
+//! syscall: what the result's `seccomp` refusals say (docs/refusals.md).
+//! Allowed calls never reach the jailer.
+//!
+//! A refused call waits for the jailer's answer, so a program that makes
+//! refused calls in a loop would keep the jailer busy outside the jail's
+//! CPU limit. After [`MAX_ANSWERED`] answers the jailer closes the
+//! listener: the kernel then fails the calls it would have handed over
+//! with `ENOSYS`, still refused, no longer counted.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use pycell_seccomp::SyscallNames;
+use pycell_syscall as syscall;
+use pycell_wire::report::{RefusedCall, SeccompRefused};
+
+/// Refused calls answered for one jail, at most.
+pub(crate) const MAX_ANSWERED: u64 = 4096;
+
+/// Counts by syscall number.
+pub(crate) type Counts = BTreeMap<i32, u64>;
+
+pub(crate) struct SeccompWatch {
+    listener: Option<OwnedFd>,
+    names: SyscallNames,
+    counts: Counts,
+    answered: u64,
+}
+
+impl SeccompWatch {
+    pub fn new(listener: OwnedFd, names: SyscallNames) -> SeccompWatch {
+        SeccompWatch {
+            listener: Some(listener),
+            names,
+            counts: Counts::new(),
+            answered: 0,
+        }
+    }
+
+    /// The listener, while the jailer listens.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.listener.as_ref().map(AsFd::as_fd)
+    }
+
+    /// Answer the call waiting on the listener (poll said one is).
+    pub fn answer(&mut self) {
+        let Some(listener) = self.listener.as_ref() else {
+            return;
+        };
+        match syscall::seccomp_notification(listener.as_fd()) {
+            Ok(call) => {
+                // The caller may have died meanwhile: nothing to answer.
+                let _ = syscall::seccomp_answer_error(listener.as_fd(), call.id, libc::EPERM);
+                *self.counts.entry(call.nr).or_default() += 1;
+                self.answered += 1;
+                if self.answered >= MAX_ANSWERED {
+                    self.listener = None;
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(_) => self.listener = None,
+        }
+    }
+
+    /// The counts so far, for [`SeccompWatch::refused_since`] later.
+    pub fn counts(&self) -> Counts {
+        self.counts.clone()
+    }
+
+    /// The calls refused since `before` (a snapshot of [`counts`]).
+    pub fn refused_since(&self, before: &Counts) -> SeccompRefused {
+        let named = |nr: i32| match u32::try_from(nr).ok().and_then(|n| self.names.name(n)) {
+            Some(name) => name.to_string(),
+            None => format!("syscall {nr}"),
+        };
+        refused(&self.counts, before, named, self.listener.is_none())
+    }
+}
+
+/// The calls counted in `now` and not in `before`, named by `name`, by
+/// name; `stopped`: the listener was closed (later calls went uncounted).
+fn refused(
+    now: &Counts,
+    before: &Counts,
+    name: impl Fn(i32) -> String,
+    stopped: bool,
+) -> SeccompRefused {
+    let mut calls: Vec<RefusedCall> = now
+        .iter()
+        .filter_map(|(&nr, &n)| {
+            let count = n - before.get(&nr).copied().unwrap_or(0);
+            (count > 0).then(|| RefusedCall {
+                syscall: name(nr),
+                count,
+            })
+        })
+        .collect();
+    calls.sort_by(|a, b| a.syscall.cmp(&b.syscall));
+    SeccompRefused {
+        calls,
+        uncounted: stopped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_counted_since_a_snapshot_and_named() {
+        let before = Counts::from([(165, 2)]);
+        let now = Counts::from([(165, 5), (101, 1), (272, 0)]);
+        let name = |nr: i32| match nr {
+            165 => "mount".to_string(),
+            _ => format!("syscall {nr}"),
+        };
+        let got = refused(&now, &before, name, false);
+        assert_eq!(
+            got.calls,
+            [
+                RefusedCall {
+                    syscall: "mount".into(),
+                    count: 3
+                },
+                RefusedCall {
+                    syscall: "syscall 101".into(),
+                    count: 1
+                },
+            ]
+        );
+        assert!(!got.uncounted);
+        let none = refused(&now, &now, |n| n.to_string(), true);
+        assert!(none.calls.is_empty() && none.uncounted);
+    }
+}
