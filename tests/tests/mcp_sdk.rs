@@ -353,6 +353,13 @@ fn the_official_python_sdk_drives_pycell_mcp() {
                 .any(|n| n["message"].as_str().unwrap_or("").contains("9 B stdout")),
             || format!("cancellation: no progress note counted the 9 bytes printed: {notes:?}"),
         );
+        c.check(
+            notes.iter().any(|n| {
+                let m = n["message"].as_str().unwrap_or("");
+                m.ends_with("; latest output: \"sleeping\"")
+            }),
+            || format!("cancellation: no progress note showed the output printed: {notes:?}"),
+        );
         if let Some(next) = v.get("next_call") {
             c.run_result("cancellation/next_call", next, "ok");
             c.eq(

@@ -47,6 +47,8 @@ use pycell_protocol::info::ToolsInfo;
 
 /// How often a run with a progress token reports progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// The most of a run's newest output a progress notification carries.
+const PROGRESS_TAIL: usize = 240;
 /// How long, after stdin ends, runs still going get to be killed and cleaned up.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -339,6 +341,9 @@ struct Progress {
     /// Install steps not yet sent, each worth a notification of its own.
     notes: Mutex<Vec<String>>,
     news: tokio::sync::Notify,
+    /// The end of the output that came since the last notification (at
+    /// most [`PROGRESS_TAIL`] bytes, both streams as they came).
+    tail: Mutex<Vec<u8>>,
 }
 
 impl Progress {
@@ -370,7 +375,12 @@ impl Progress {
                     Stream::Stdout => &self.stdout_bytes,
                     Stream::Stderr => &self.stderr_bytes,
                 };
+                // Under the tail's lock: a message sees both or neither.
+                let tail = self.tail.lock();
                 counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                if let Ok(mut tail) = tail {
+                    keep_tail(&mut tail, bytes, PROGRESS_TAIL);
+                }
             }
             RunEvent::Step { .. } => {}
         }
@@ -394,13 +404,42 @@ impl Progress {
             Some((run_id, None)) => format!("run {run_id}"),
             None => "run".to_string(),
         };
-        format!(
+        let (stdout, stderr, tail) = {
+            let tail = self.tail.lock();
+            let counts = (
+                self.stdout_bytes.load(Ordering::Relaxed),
+                self.stderr_bytes.load(Ordering::Relaxed),
+            );
+            let tail = tail.map(|mut t| std::mem::take(&mut *t));
+            (counts.0, counts.1, tail.unwrap_or_default())
+        };
+        let mut message = format!(
             "{who}: running for {:.0} s; output so far: {} stdout, {} stderr",
             elapsed.as_secs_f64().floor(),
-            human_bytes(self.stdout_bytes.load(Ordering::Relaxed)),
-            human_bytes(self.stderr_bytes.load(Ordering::Relaxed)),
-        )
+            human_bytes(stdout),
+            human_bytes(stderr),
+        );
+        if !tail.is_empty() {
+            message.push_str(&format!("; latest output: {}", shown_tail(&tail)));
+        }
+        message
     }
+}
+
+/// Append `bytes` to `tail`, keeping its last `max` bytes.
+fn keep_tail(tail: &mut Vec<u8>, bytes: &[u8], max: usize) {
+    let new = &bytes[bytes.len().saturating_sub(max)..];
+    tail.extend_from_slice(new);
+    let excess = tail.len().saturating_sub(max);
+    tail.drain(..excess);
+}
+
+/// A tail of output for a progress message, as one quoted string
+/// (newlines as `\n`, other controls escaped).
+fn shown_tail(tail: &[u8]) -> String {
+    let text = String::from_utf8_lossy(tail);
+    let text = text.trim_start_matches('\u{FFFD}');
+    format!("{:?}", text.trim_end_matches('\n'))
 }
 
 /// Sends a progress notification when the sandbox starts (or after
@@ -685,4 +724,42 @@ async fn watch_for_the_end(eof: CancellationToken, stop: CancellationToken, sand
         _ = int.recv() => stop.cancel(),
     }
     sandboxes.cancel_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_progress_message_carries_the_newest_output_once_and_bounded() {
+        let p = Progress::default();
+        p.record(RunEvent::Output {
+            stream: Stream::Stdout,
+            bytes: b"epoch 1 loss 0.9\nepoch 2 loss 0.5\n",
+        });
+        let m = p.message(Duration::from_secs(3));
+        assert!(
+            m.ends_with("; latest output: \"epoch 1 loss 0.9\\nepoch 2 loss 0.5\""),
+            "{m}"
+        );
+        // Nothing new: no output in the next message.
+        assert!(!p.message(Duration::from_secs(4)).contains("latest output"));
+        let flood = vec![b'x'; 10_000];
+        p.record(RunEvent::Output {
+            stream: Stream::Stderr,
+            bytes: &flood,
+        });
+        let m = p.message(Duration::from_secs(5));
+        let shown = m.split("latest output: ").nth(1).unwrap();
+        assert_eq!(shown.len(), PROGRESS_TAIL + 2, "{m}");
+    }
+
+    #[test]
+    fn the_tail_keeps_the_last_bytes_across_chunks() {
+        let mut tail = Vec::new();
+        keep_tail(&mut tail, b"abcdef", 4);
+        assert_eq!(tail, b"cdef");
+        keep_tail(&mut tail, b"gh", 4);
+        assert_eq!(tail, b"efgh");
+    }
 }
