@@ -373,7 +373,11 @@ enum Slot {
     Requests,
     Runner,
     Back,
+    /// A call waits on the seccomp listener.
     Seccomp,
+    /// No process uses the filter any more (or the listener broke): no
+    /// call will come.
+    SeccompGone,
 }
 
 impl Relay {
@@ -714,6 +718,11 @@ impl Relay {
                         w.answer();
                     }
                 }
+                Slot::SeccompGone => {
+                    if let Some(w) = self.seccomp.as_mut() {
+                        w.stop_listening();
+                    }
+                }
             }
         }
         Ok(signal)
@@ -783,8 +792,16 @@ impl Relay {
         Ok(fds
             .iter()
             .zip(slots)
-            .filter(|(f, _)| f.revents().is_some_and(|r| !r.is_empty()))
-            .map(|(_, s)| s)
+            .filter_map(|(f, s)| match (s, f.revents()) {
+                (_, None) => None,
+                (_, Some(r)) if r.is_empty() => None,
+                // The listener's read blocks unless a call waits: only
+                // POLLIN says one does; a hang-up alone says none will.
+                (Slot::Seccomp, Some(r)) if !r.contains(PollFlags::POLLIN) => {
+                    Some(Slot::SeccompGone)
+                }
+                (s, Some(_)) => Some(s),
+            })
             .collect())
     }
 

@@ -29,6 +29,9 @@ pub(crate) struct SeccompWatch {
     names: SyscallNames,
     counts: Counts,
     answered: u64,
+    /// The jailer stopped listening while calls could still come (it
+    /// answered its most, or the listener broke): later ones go uncounted.
+    uncounted: bool,
 }
 
 impl SeccompWatch {
@@ -38,6 +41,7 @@ impl SeccompWatch {
             names,
             counts: Counts::new(),
             answered: 0,
+            uncounted: false,
         }
     }
 
@@ -59,11 +63,21 @@ impl SeccompWatch {
                 self.answered += 1;
                 if self.answered >= MAX_ANSWERED {
                     self.listener = None;
+                    self.uncounted = true;
                 }
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(_) => self.listener = None,
+            Err(_) => {
+                self.listener = None;
+                self.uncounted = true;
+            }
         }
+    }
+
+    /// Stop listening: no process uses the filter any more, so no call
+    /// can come (its hang-up), or the listener broke. Counted calls stay.
+    pub fn stop_listening(&mut self) {
+        self.listener = None;
     }
 
     /// The counts so far, for [`SeccompWatch::refused_since`] later.
@@ -77,7 +91,7 @@ impl SeccompWatch {
             Some(name) => name.to_string(),
             None => format!("syscall {nr}"),
         };
-        refused(&self.counts, before, named, self.listener.is_none())
+        refused(&self.counts, before, named, self.uncounted)
     }
 }
 
