@@ -123,6 +123,24 @@ def started(monkeypatch: pytest.MonkeyPatch, extra: str = "") -> Iterator[Pycell
             yield daemon
         finally:
             daemon.stop()
+            remove_cgroup_parent(f"pycelld-pytest-{pathlib.Path(d).name}")
+
+
+def remove_cgroup_parent(name: str) -> None:
+    """Remove this test's cgroup parent (empty once its pycelld stopped) in
+    every hierarchy. A pycelld makes it, and removes on stop what it made;
+    after a restart (SIGKILL, then a new pycelld) the new one finds it
+    there and keeps it, as it keeps a parent an operator made: a name of
+    the test's own is the test's to remove."""
+    root = pathlib.Path("/sys/fs/cgroup")
+    lines = pathlib.Path("/proc/self/cgroup").read_text().splitlines()
+    own = {line.split(":", 2)[2].lstrip("/") for line in lines}
+    for base in [root, *(p for p in root.iterdir() if p.is_dir())]:
+        for path in own:
+            try:
+                (base / path / name).rmdir()
+            except OSError:
+                pass
 
 
 @pytest.fixture
