@@ -275,7 +275,7 @@ fn of_seccomp(refused: &SeccompRefused) -> Vec<Refusal> {
         })
         .collect();
     if refused.uncounted {
-        let object = "more refused system calls than are counted (later ones failed with ENOSYS)"
+        let object = "more refused system calls than are counted (the jailer's listener broke; later ones failed with ENOSYS)"
             .to_string();
         out.push(Refusal::new(
             RefusalLayer::Seccomp,

@@ -281,9 +281,8 @@ pub struct JailReport {
 pub struct SeccompRefused {
     /// By syscall name (or `syscall N`), sorted by name.
     pub calls: Vec<RefusedCall>,
-    /// The jailer stopped listening after answering as many as it answers
-    /// for one jail: later refusals were not counted (and failed with
-    /// `ENOSYS` instead of `EPERM`).
+    /// The jailer's listener broke: later refusals were not counted (and
+    /// failed with `ENOSYS` instead of `EPERM`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub uncounted: bool,
 }

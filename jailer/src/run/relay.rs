@@ -288,23 +288,6 @@ impl WarmRelay {
     }
 }
 
-/// What the jail sent the jailer before it said it was ready: its
-/// /workspace, and the listener of its seccomp filter. Not through
-/// /proc/<init>/root or pidfd_getfd: init is not dumpable after its
-/// credential change, and pycelld's jailer has no CAP_SYS_PTRACE anyway.
-fn receive_handouts(channel: &OwnedFd) -> (Option<OwnedFd>, Option<OwnedFd>) {
-    use pycell_wire::handout::{recv, Handout};
-    let (mut workspace, mut listener) = (None, None);
-    for _ in 0..2 {
-        match recv(channel.as_fd()) {
-            Ok(Some((Handout::Workspace, fd))) => workspace = Some(fd),
-            Ok(Some((Handout::SeccompListener, fd))) => listener = Some(fd),
-            _ => break,
-        }
-    }
-    (workspace, listener)
-}
-
 enum SignalAction {
     None,
     Interrupt,
@@ -378,6 +361,8 @@ enum Slot {
     /// No process uses the filter any more (or the listener broke): no
     /// call will come.
     SeccompGone,
+    /// The jail's socket pair to the jailer: a descriptor it hands over.
+    Handouts,
 }
 
 impl Relay {
@@ -621,7 +606,13 @@ impl Relay {
         if !stopped.timed_out && deadline.is_some_and(|d| now >= d) {
             stopped.time_out(jail);
         }
-        Ok(deadline.iter().copied().chain(session_due).min())
+        let answer_due = self.seccomp.as_ref().and_then(SeccompWatch::resume_at);
+        Ok(deadline
+            .iter()
+            .copied()
+            .chain(session_due)
+            .chain(answer_due)
+            .min())
     }
 
     /// What the relay saw, once the jail is gone.
@@ -715,9 +706,10 @@ impl Relay {
                 }
                 Slot::Seccomp => {
                     if let Some(w) = self.seccomp.as_mut() {
-                        w.answer();
+                        w.answer(Instant::now());
                     }
                 }
+                Slot::Handouts => self.read_handout(),
                 Slot::SeccompGone => {
                     if let Some(w) = self.seccomp.as_mut() {
                         w.stop_listening();
@@ -750,9 +742,14 @@ impl Relay {
             fds.push(PollFd::new(fd, PollFlags::POLLIN));
             slots.push(Slot::Back);
         }
-        if let Some(fd) = self.seccomp.as_ref().and_then(SeccompWatch::fd) {
+        let now = Instant::now();
+        if let Some(fd) = self.seccomp.as_ref().and_then(|w| w.fd(now)) {
             fds.push(PollFd::new(fd, PollFlags::POLLIN));
             slots.push(Slot::Seccomp);
+        }
+        if let Some(c) = &self.disk_channel {
+            fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+            slots.push(Slot::Handouts);
         }
         if self.outbox.waiting() > 0 {
             fds.push(PollFd::new(self.outbox.fd(), PollFlags::POLLOUT));
@@ -814,15 +811,25 @@ impl Relay {
             Ok(0) | Err(_) => self.status = None,
             Ok(n) => self.status_buf.extend_from_slice(&buf[..n]),
         }
-        if self.disk.is_none() && self.status_buf.starts_with(b"{\"ready\"") {
-            let (workspace, listener) = self
-                .disk_channel
-                .take()
-                .as_ref()
-                .map(receive_handouts)
-                .unwrap_or_default();
-            self.disk = workspace;
-            self.seccomp = listener.map(|l| SeccompWatch::new(l, self.names));
+    }
+
+    /// Take one descriptor the jail handed the jailer: its /workspace
+    /// (once its root is built) or its seccomp listener (as soon as the
+    /// filter is in, so that a refused call of init's is answered too).
+    /// The jail closes its end after the listener.
+    fn read_handout(&mut self) {
+        use pycell_wire::handout::{recv, Handout};
+        let Some(channel) = self.disk_channel.as_ref() else {
+            return;
+        };
+        match recv(channel.as_fd()) {
+            Ok(Some((Handout::Workspace, fd))) if self.disk.is_none() => self.disk = Some(fd),
+            Ok(Some((Handout::SeccompListener, fd))) if self.seccomp.is_none() => {
+                self.seccomp = Some(SeccompWatch::new(fd, self.names));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            // The end, a second copy, or garbage: nothing more is taken.
+            _ => self.disk_channel = None,
         }
     }
 

@@ -6,20 +6,27 @@
 //! Allowed calls never reach the jailer.
 //!
 //! A refused call waits for the jailer's answer, so a program that makes
-//! refused calls in a loop would keep the jailer busy outside the jail's
-//! CPU limit. After [`MAX_ANSWERED`] answers the jailer closes the
-//! listener: the kernel then fails the calls it would have handed over
-//! with `ENOSYS`, still refused, no longer counted.
+//! refused calls in a loop could keep the jailer busy outside the jail's
+//! CPU limit. After [`FREE_ANSWERS`] answers the jailer answers at most
+//! one per [`THROTTLED_EVERY`]: the calls still fail with `EPERM` and are
+//! still counted, they just wait (on the jail's own wall clock).
+//!
+//! The counts are what the jail did not hide: its own filters (which may
+//! only refuse harder) can refuse a call before pycell's hands it over.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 use pycell_seccomp::SyscallNames;
 use pycell_syscall as syscall;
 use pycell_wire::report::{RefusedCall, SeccompRefused};
 
-/// Refused calls answered for one jail, at most.
-pub(crate) const MAX_ANSWERED: u64 = 4096;
+/// Refused calls answered for one jail as fast as they come.
+pub(crate) const FREE_ANSWERS: u64 = 4096;
+
+/// After those, at most one answer per this.
+pub(crate) const THROTTLED_EVERY: Duration = Duration::from_millis(1);
 
 /// Counts by syscall number.
 pub(crate) type Counts = BTreeMap<i32, u64>;
@@ -29,8 +36,10 @@ pub(crate) struct SeccompWatch {
     names: SyscallNames,
     counts: Counts,
     answered: u64,
-    /// The jailer stopped listening while calls could still come (it
-    /// answered its most, or the listener broke): later ones go uncounted.
+    /// Past [`FREE_ANSWERS`]: when the next call may be answered.
+    resume_at: Option<Instant>,
+    /// The listener broke while calls could still come: later ones fail
+    /// with `ENOSYS`, uncounted.
     uncounted: bool,
 }
 
@@ -41,32 +50,42 @@ impl SeccompWatch {
             names,
             counts: Counts::new(),
             answered: 0,
+            resume_at: None,
             uncounted: false,
         }
     }
 
-    /// The listener, while the jailer listens.
-    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+    /// The listener, while the jailer listens and may answer at `now`.
+    pub fn fd(&self, now: Instant) -> Option<BorrowedFd<'_>> {
+        if self.resume_at.is_some_and(|t| now < t) {
+            return None;
+        }
         self.listener.as_ref().map(AsFd::as_fd)
     }
 
+    /// When a throttled listener may be read again.
+    pub fn resume_at(&self) -> Option<Instant> {
+        self.listener.as_ref().and(self.resume_at)
+    }
+
     /// Answer the call waiting on the listener (poll said one is).
-    pub fn answer(&mut self) {
+    pub fn answer(&mut self, now: Instant) {
         let Some(listener) = self.listener.as_ref() else {
             return;
         };
         match syscall::seccomp_notification(listener.as_fd()) {
             Ok(call) => {
-                // The caller may have died meanwhile: nothing to answer.
-                let _ = syscall::seccomp_answer_error(listener.as_fd(), call.id, libc::EPERM);
-                *self.counts.entry(call.nr).or_default() += 1;
-                self.answered += 1;
-                if self.answered >= MAX_ANSWERED {
-                    self.listener = None;
-                    self.uncounted = true;
+                // A caller that died or was interrupted meanwhile is not
+                // answered (an interrupted one asks again): not counted.
+                if syscall::seccomp_answer_error(listener.as_fd(), call.id, libc::EPERM).is_ok() {
+                    *self.counts.entry(call.nr).or_default() += 1;
+                    self.answered += 1;
+                }
+                if self.answered >= FREE_ANSWERS {
+                    self.resume_at = Some(now + THROTTLED_EVERY);
                 }
             }
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINTR)) => {}
             Err(_) => {
                 self.listener = None;
                 self.uncounted = true;

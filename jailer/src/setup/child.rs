@@ -364,7 +364,10 @@ fn apply_seccomp_telling(
     match syscall::seccomp_filter_with_listener(&filter.notifying().kernel_program()) {
         Ok(listener) => handout::send(channel, Handout::SeccompListener, listener.as_fd())
             .map_err(|e| failed("handing the seccomp listener to the jailer", e)),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+        // EINVAL: a kernel without listeners; EBUSY: one already listens
+        // on a filter pycelld runs under (a container manager's). The
+        // filter alone then: refusals are not counted.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EBUSY)) => {
             pycell_seccomp::apply(filter).map_err(|e| StepError::new(Step::Seccomp, e.to_string()))
         }
         Err(e) => Err(failed("installing the seccomp filter with a listener", e)),

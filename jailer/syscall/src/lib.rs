@@ -35,7 +35,7 @@ pub fn seccomp_filter_with_listener(program: &[libc::sock_filter]) -> io::Result
     let ret = unsafe {
         libc::syscall(
             libc::SYS_seccomp,
-            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_SET_MODE_FILTER as libc::c_ulong,
             libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
             &prog as *const libc::sock_fprog,
         )
