@@ -308,7 +308,8 @@ fn load_tool_servers(path: &Path) -> Result<Servers, JailFailure> {
 }
 
 /// Print the result: one JSON object, or (streaming mode, where the output
-/// has already been shown) one `pycell: ...` line when the run did not end ok.
+/// has already been shown) the text of what it showed with `display()`,
+/// then one `pycell: ...` line when the run did not end ok.
 pub fn emit(json: bool, r: &RunResult) {
     if json {
         match serde_json::to_string(r) {
@@ -316,6 +317,15 @@ pub fn emit(json: bool, r: &RunResult) {
             Err(e) => eprintln!("pycell: cannot encode the result: {e}"),
         }
         return;
+    }
+    for d in &r.displays {
+        say!("{}", d.text);
+    }
+    if r.displays_omitted > 0 {
+        eprintln!(
+            "pycell: {} more displays were not kept (over the policy's [output] bounds)",
+            r.displays_omitted
+        );
     }
     if let Some(n) = status_note(r) {
         eprintln!("pycell: {n}");

@@ -236,11 +236,17 @@ pub fn cell_status(a: &SessionAnswer) -> i32 {
     }
 }
 
-/// Show a cell's answer as python's prompt would: its output, its value's
-/// repr, its traceback on stderr. Returns [`cell_status`].
+/// Show a cell's answer as python's prompt would: its output, what it
+/// showed with `display()`, its value's text, its traceback on stderr.
+/// Returns [`cell_status`].
 pub fn show_cell(a: &SessionAnswer) -> i32 {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(a.stdout.as_bytes());
+    for d in &a.reply.displays {
+        if d.kind == pycell_wire::report::DisplayKind::Display {
+            let _ = writeln!(out, "{}", d.text);
+        }
+    }
     if let Some(v) = &a.reply.value {
         let _ = writeln!(out, "{v}");
     }

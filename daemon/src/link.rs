@@ -254,9 +254,10 @@ pub enum ToBroker {
         sandbox_uid: u32,
         policy: String,
         limits: RunLimits,
-        /// The run's `[images]` bounds, for its images to be held to.
+        /// The run's `[images]` and `[output]` bounds, for its images and
+        /// displays to be held to.
         #[serde(default)]
-        images: Option<pycell_wire::spec::ImageLimits>,
+        media: Option<pycell_wire::spec::MediaLimits>,
         /// With egress: the policy's rules (the jail hands out the proxy's
         /// listener on its jailer's stdin, `pycell_wire::handout`).
         egress: Option<EgressRules>,

@@ -426,7 +426,7 @@ struct Grants {
 /// removed.
 fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     let layout = &checked.layout;
-    let (mut child_fds, go, ends) = pipes(spec.session.is_some() || spec.images.is_some())
+    let (mut child_fds, go, ends) = pipes(spec.session.is_some() || spec.media.is_some())
         .map_err(io_failure("creating pipes"))?;
     child_fds.handout_channel = handout_channel(spec)?;
     let (trees, grant_roots) = crate::setup::grants::prepare(spec)?;
@@ -511,7 +511,7 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
 fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     let channel = crate::zygote::inherited_channel()?;
     let (mut child_fds, go, mut ends) =
-        pipes(spec.images.is_some()).map_err(io_failure("creating pipes"))?;
+        pipes(spec.media.is_some()).map_err(io_failure("creating pipes"))?;
     let cgroup = create_cgroup(spec, &checked.layout)?;
     child_fds.cgroup_tasks = cgroup.open_join_files().map_err(cgroup_failure)?;
     mark("jailer: pipes and the cgroup made");

@@ -31,8 +31,8 @@ use pycell_protocol::refusals;
 use pycell_protocol::result::{NetworkReport, RunLimits, RunResult};
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::{Event, EventError, Stream};
-use pycell_wire::report::{JailFailure, JailReport, RunImages};
-use pycell_wire::spec::{new_run_id, Grant, ImageLimits, JailSpec, GRANT_FD_BASE};
+use pycell_wire::report::{JailFailure, JailReport, RunMedia};
+use pycell_wire::spec::{new_run_id, Grant, ImageLimits, JailSpec, MediaLimits, GRANT_FD_BASE};
 
 /// Where sandbox uid leases are kept (by embedded runs and pycelld alike:
 /// one directory, so the two can never hand out the same uid).
@@ -436,8 +436,9 @@ pub struct Started<Child, Events> {
     pub run_id: String,
     pub policy: String,
     pub limits: RunLimits,
-    /// The images it sends back are held to these (none: it sends none).
-    pub images: Option<ImageLimits>,
+    /// The images and displays it sends back are held to these (none: it
+    /// sends none).
+    pub media: Option<MediaLimits>,
     pub child: Child,
     /// The jailer's event stream.
     pub events: Events,
@@ -680,7 +681,7 @@ impl Prepared {
             run_id: self.run_id,
             policy: self.policy,
             limits: self.limits,
-            images: self.spec.images,
+            media: self.spec.media,
             child,
             events,
             egress: self.egress,
@@ -759,8 +760,8 @@ pub struct Collector {
     report: Option<JailReport>,
     broken: Option<EventError>,
     network: Option<NetworkReport>,
-    images: RunImages,
-    image_limits: Option<ImageLimits>,
+    media: RunMedia,
+    media_limits: Option<MediaLimits>,
     tool_calls: Option<pycell_tools::service::ToolCalls>,
 }
 
@@ -779,8 +780,8 @@ impl Collector {
             report: None,
             broken: None,
             network: None,
-            images: RunImages::default(),
-            image_limits: None,
+            media: RunMedia::default(),
+            media_limits: None,
             tool_calls: None,
         }
     }
@@ -813,15 +814,16 @@ impl Collector {
         &self.output[stream as usize]
     }
 
-    /// The images the run's runner sent back (untrusted bytes from the
-    /// jail: only what the run's image limits allow is kept).
-    pub fn images(&mut self, body: &[u8]) {
-        self.images = checked_images(body, self.image_limits);
+    /// The images and displays the run's runner sent back (untrusted
+    /// bytes from the jail: only what the run's limits allow is kept).
+    pub fn media(&mut self, body: &[u8]) {
+        self.media = checked_media(body, self.media_limits);
     }
 
-    /// The run's `[images]` bounds (none: it captures no images).
-    pub fn with_image_limits(mut self, limits: Option<ImageLimits>) -> Collector {
-        self.image_limits = limits;
+    /// The run's `[images]` and `[output]` bounds (none: it captures no
+    /// images or displays).
+    pub fn with_media_limits(mut self, limits: Option<MediaLimits>) -> Collector {
+        self.media_limits = limits;
         self
     }
 
@@ -865,8 +867,10 @@ impl Collector {
             &self.output[1],
         );
         result.network = self.network;
-        result.images = self.images.images;
-        result.images_omitted = self.images.images_omitted;
+        result.images = self.media.images;
+        result.images_omitted = self.media.images_omitted;
+        result.displays = self.media.displays;
+        result.displays_omitted = self.media.displays_omitted;
         result.tool_calls = self.tool_calls.map(Into::into);
         let network = result.network.as_ref().map(refusals::of_network);
         let tools = result.tool_calls.as_ref().map(refusals::of_tools);
@@ -875,10 +879,13 @@ impl Collector {
     }
 }
 
-/// A run's images as its runner sent them, checked against `limits`.
-fn checked_images(body: &[u8], limits: Option<ImageLimits>) -> RunImages {
-    let mut sent = serde_json::from_slice::<RunImages>(body).unwrap_or_default();
-    keep_valid_images(&mut sent.images, &mut sent.images_omitted, limits);
+/// A run's images and displays as its runner sent them, checked against
+/// `limits`.
+fn checked_media(body: &[u8], limits: Option<MediaLimits>) -> RunMedia {
+    let mut sent = serde_json::from_slice::<RunMedia>(body).unwrap_or_default();
+    let images = limits.map(|l| l.images);
+    keep_valid_images(&mut sent.images, &mut sent.images_omitted, images);
+    crate::displays::keep_valid_displays(&mut sent.displays, &mut sent.displays_omitted, limits);
     sent
 }
 

@@ -15,6 +15,7 @@
 //! every mode starts the separate, single-threaded `pycell-jailer`.
 #![forbid(unsafe_code)]
 
+pub mod displays;
 pub mod events;
 pub mod host_info;
 pub mod launcher;

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use pycell_policy::{Bytes, Interpreter, NetworkMode, Policy, RunLimits};
 use pycell_wire::spec::{
-    BindMount, CgroupSpec, ImageLimits, JailSpec, LandlockSpec, NetworkSpec, WorkspaceFile,
-    CA_CERTIFICATES, EGRESS_PROXY_PORT, WORKSPACE,
+    BindMount, CgroupSpec, DisplayLimits, ImageLimits, JailSpec, LandlockSpec, MediaLimits,
+    NetworkSpec, WorkspaceFile, CA_CERTIFICATES, EGRESS_PROXY_PORT, WORKSPACE,
 };
 
 use pycell_protocol::messages::{
@@ -497,8 +497,10 @@ pub fn resolve_with(
         session: None,
         // An install jail runs uv, and a server over stdio its own
         // program, not the runner.
-        images: (!extras.export_workspace && !req.serve_stdio)
-            .then(|| image_limits(&policy.images)),
+        media: (!extras.export_workspace && !req.serve_stdio).then(|| MediaLimits {
+            images: image_limits(&policy.images),
+            displays: display_limits(&policy.output),
+        }),
         // Code mode: the client offered tools (the policy's rules decide,
         // call by call, which the code may use).
         tools: req.tools.is_some() && !extras.export_workspace,
@@ -549,6 +551,15 @@ pub fn image_limits(s: &pycell_policy::ImageSettings) -> ImageLimits {
     ImageLimits {
         max_edge: s.max_edge,
         max_bytes: s.max_bytes,
+    }
+}
+
+/// A policy's `[output]` as the runner takes them.
+pub fn display_limits(s: &pycell_policy::OutputSettings) -> DisplayLimits {
+    DisplayLimits {
+        part_chars: s.part_chars,
+        total_bytes: s.display_bytes,
+        count: s.displays,
     }
 }
 
@@ -724,6 +735,9 @@ mod tests {
                 pycell_runner::COLD_FLAG,
                 "1024",
                 "1048576",
+                "16384",
+                "262144",
+                "16",
                 "/workspace/main.py",
                 "a"
             ]
@@ -734,7 +748,7 @@ mod tests {
             ..Extras::default()
         };
         let spec = resolve_with(&p, &req, &install).unwrap().spec;
-        assert!(spec.images.is_none() && pycell_runner::cold_on_runner(&spec).is_none());
+        assert!(spec.media.is_none() && pycell_runner::cold_on_runner(&spec).is_none());
     }
 
     #[test]

@@ -19,6 +19,7 @@ use pycell_runner::session::{RunnerReply, SessionOp, SessionRequest, MAX_REQUEST
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
 use pycell_wire::report::{RunStatus, SessionEnd};
+use pycell_wire::spec::MediaLimits;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -461,8 +462,9 @@ fn not_ready(result: RunResult) -> SessionEnded {
 /// The request running, and the output it printed so far.
 struct InFlight {
     answer: oneshot::Sender<Result<Answer, SessionError>>,
-    /// What the reply's images are held to.
-    images: pycell_wire::spec::ImageLimits,
+    /// What the reply's images and displays are held to (none: it may
+    /// have none).
+    media: Option<MediaLimits>,
     output: [Vec<u8>; 2],
     cap: usize,
     timeout_s: f64,
@@ -558,16 +560,16 @@ impl<C: JailerControl> Driver<C> {
         for o in &mut output {
             o.truncate(cap);
         }
-        let images = match &call.op.request {
-            SessionRequest::Cell { limits, .. } => limits.images,
-            _ => pycell_wire::spec::ImageLimits {
-                max_edge: 0,
-                max_bytes: 0,
-            },
+        let media = match &call.op.request {
+            SessionRequest::Cell { limits, .. } => Some(MediaLimits {
+                images: limits.images,
+                displays: limits.displays,
+            }),
+            _ => None,
         };
         self.in_flight = Some(InFlight {
             answer: call.answer,
-            images,
+            media,
             output,
             cap,
             timeout_s: call.op.wall_timeout.as_secs_f64(),
@@ -602,11 +604,7 @@ impl<C: JailerControl> Driver<C> {
                         )),
                         ..RunnerReply::default()
                     });
-                crate::launcher::keep_valid_images(
-                    &mut reply.images,
-                    &mut reply.images_omitted,
-                    Some(f.images),
-                );
+                keep_valid_media(&mut reply, f.media);
                 let answer = Answer {
                     run_id: self.run_id.clone(),
                     policy: self.policy.clone(),
@@ -623,6 +621,18 @@ impl<C: JailerControl> Driver<C> {
             }
             StreamItem::Ready => {}
         }
+    }
+}
+
+/// Hold what the runner sent (from the jail: untrusted) to `limits`: its
+/// images, its displays, and its value's text (which the cell's displays
+/// bound, as each of their text parts).
+fn keep_valid_media(reply: &mut RunnerReply, limits: Option<MediaLimits>) {
+    let images = limits.map(|l| l.images);
+    crate::launcher::keep_valid_images(&mut reply.images, &mut reply.images_omitted, images);
+    crate::displays::keep_valid_displays(&mut reply.displays, &mut reply.displays_omitted, limits);
+    if let (Some(value), Some(l)) = (reply.value.as_mut(), limits) {
+        reply.value_truncated |= crate::displays::cut_middle(value, l.displays.part_chars as usize);
     }
 }
 

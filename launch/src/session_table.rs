@@ -408,6 +408,7 @@ fn session_request(
                 code,
                 limits: CellLimits {
                     images: crate::resolve::image_limits(&policy.images),
+                    displays: crate::resolve::display_limits(&policy.output),
                     ..CellLimits::default()
                 },
             }

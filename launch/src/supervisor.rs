@@ -368,7 +368,7 @@ impl RunStream {
             match self.next_item().await? {
                 StreamItem::Output(s, bytes) => return Some((s, bytes)),
                 // A run's one reply: the images its runner sent back.
-                StreamItem::Reply(_, body) => self.collector.images(&body),
+                StreamItem::Reply(_, body) => self.collector.media(&body),
                 StreamItem::Ready => {}
             }
         }
@@ -552,7 +552,7 @@ pub async fn supervise(
     mut on_output: impl FnMut(Stream, &[u8]),
 ) -> (RunResult, Option<OwnedFd>) {
     let collector =
-        Collector::new(&l.run_id, &l.policy, Some(l.limits.clone())).with_image_limits(l.images);
+        Collector::new(&l.run_id, &l.policy, Some(l.limits.clone())).with_media_limits(l.media);
     services.egress = l
         .egress
         .take()

@@ -38,7 +38,7 @@ pub use limits::{
     TimeoutOutOfRange, CPUS_RANGE, MAX_MAX_OUTPUT, MAX_WALL_TIMEOUT, MIN_MAX_OUTPUT, MIN_MEMORY,
     MIN_TMPFS_SIZE, OPEN_FILES_RANGE, PIDS_RANGE,
 };
-pub use session::{ImageSettings, SessionSettings};
+pub use session::{ImageSettings, OutputSettings, SessionSettings};
 pub use tools::ToolSettings;
 pub use types::{
     namespaces, Dependencies, InstallSource, Interpreter, LandlockRules, Namespace, NetworkMode,
@@ -88,6 +88,8 @@ pub struct Policy {
     pub session: SessionSettings,
     /// `[images]`: how large the images a result carries may be.
     pub images: ImageSettings,
+    /// `[output]`: how large the displays a result carries may be.
+    pub output: OutputSettings,
     /// `[tools]`: which MCP tools code may call, and how much.
     pub tools: ToolSettings,
 }

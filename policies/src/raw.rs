@@ -32,6 +32,7 @@ pub(crate) struct RawPolicy {
     pub(crate) warm: Option<RawWarm>,
     pub(crate) session: Option<RawSession>,
     pub(crate) images: Option<RawImages>,
+    pub(crate) output: Option<RawOutput>,
     pub(crate) tools: Option<RawTools>,
 }
 
@@ -59,6 +60,14 @@ pub(crate) struct RawTools {
 pub(crate) struct RawImages {
     pub(crate) max_edge: Option<i64>,
     pub(crate) max_bytes: Option<Quantity>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawOutput {
+    pub(crate) part_chars: Option<i64>,
+    pub(crate) display_bytes: Option<Quantity>,
+    pub(crate) displays: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

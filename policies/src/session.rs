@@ -1,6 +1,7 @@
 //! `[session]`: how long a session of this policy may live and idle, how
 //! many a uid may hold, and how large a file it moves in or out; and
-//! `[images]`: how large the images a run or cell sends back may be.
+//! `[images]`: how large the images a run or cell sends back may be; and
+//! `[output]`: how large its displays (display(), a cell's value) may be.
 
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Diagnostic, FieldPath};
 use crate::limits::between;
-use crate::raw::{duration, size, Quantity, RawImages, RawSession};
+use crate::raw::{duration, size, Quantity, RawImages, RawOutput, RawSession};
 
 /// The largest file a session moves in one request (the protocol's bound).
 pub const MAX_FILE_CEILING: u64 = 8 << 20;
@@ -44,6 +45,28 @@ impl Default for ImageSettings {
     }
 }
 
+/// A policy's `[output]`: what a run or cell shows through `display()`,
+/// and a cell's last value, come back as displays (MIME bundles: text,
+/// markdown, HTML, JSON, SVG, PNG), each text part at most `part_chars`
+/// characters (its head and tail kept), all of one result's at most
+/// `display_bytes` together, at most `displays` of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputSettings {
+    pub part_chars: u32,
+    pub display_bytes: u64,
+    pub displays: u32,
+}
+
+impl Default for OutputSettings {
+    fn default() -> OutputSettings {
+        OutputSettings {
+            part_chars: 16 << 10,
+            display_bytes: 256 << 10,
+            displays: 16,
+        }
+    }
+}
+
 impl Default for SessionSettings {
     fn default() -> SessionSettings {
         SessionSettings {
@@ -62,6 +85,11 @@ const PER_UID_RANGE: (i64, i64) = (0, 1024);
 const IMAGE_EDGE_RANGE: (i64, i64) = (16, 8192);
 // Their base64 must fit a reply (16 MiB) with room to spare.
 const IMAGE_BYTES_RANGE: (u64, u64) = (0, 8 << 20);
+// Room for a head, a tail and the line between them.
+const PART_CHARS_RANGE: (i64, i64) = (256, 1 << 20);
+// With the images, within a reply (16 MiB).
+const DISPLAY_BYTES_RANGE: (u64, u64) = (0, 4 << 20);
+const DISPLAYS_RANGE: (i64, i64) = (0, 256);
 
 fn secs(d: Duration) -> String {
     format!("{}s", d.as_secs())
@@ -145,6 +173,25 @@ pub(crate) fn check_images(
     }
     if let Some(q) = raw.max_bytes {
         s.max_bytes = within_size(q, IMAGE_BYTES_RANGE, &path.key("max_bytes"))?;
+    }
+    Ok(s)
+}
+
+/// `[output]`, each field left out taking its default.
+pub(crate) fn check_output(
+    raw: Option<RawOutput>,
+    path: &FieldPath,
+) -> Result<OutputSettings, Diagnostic> {
+    let raw = raw.unwrap_or_default();
+    let mut s = OutputSettings::default();
+    if let Some(n) = raw.part_chars {
+        s.part_chars = within_int(n, PART_CHARS_RANGE, &path.key("part_chars"))?;
+    }
+    if let Some(q) = raw.display_bytes {
+        s.display_bytes = within_size(q, DISPLAY_BYTES_RANGE, &path.key("display_bytes"))?;
+    }
+    if let Some(n) = raw.displays {
+        s.displays = within_int(n, DISPLAYS_RANGE, &path.key("displays"))?;
     }
     Ok(s)
 }

@@ -173,7 +173,7 @@ fn unknown_field_lists_the_known_ones() {
         error_with("[network]", "[netwrok]"),
         "policies/custom.toml:20:2: netwrok: unknown field \"netwrok\"; expected one of: \
          name, description, purpose, namespaces, interpreter, limits, network, mounts, landlock, seccomp, env, \
-         dependencies, install, warm, session, images, tools"
+         dependencies, install, warm, session, images, output, tools"
     );
 }
 
@@ -720,6 +720,38 @@ fn image_settings_default_and_are_checked() {
     assert!(e.contains("images.max_bytes"), "{e}");
     let e = minimal_with("[session]\nimage_edge = 1024\n").unwrap_err();
     assert!(e.contains("image_edge"), "{e}");
+}
+
+#[test]
+fn output_settings_default_and_are_checked() {
+    let p = minimal_with("").unwrap();
+    assert_eq!(p.output, pycell_policy_output(16 << 10, 256 << 10, 16));
+    let p = minimal_with("[output]\npart_chars = 1000\ndisplay_bytes = \"1MiB\"\ndisplays = 0\n")
+        .unwrap();
+    assert_eq!(p.output, pycell_policy_output(1000, 1 << 20, 0));
+    let e = minimal_with("[output]\npart_chars = 10\n").unwrap_err();
+    assert!(
+        e.contains("output.part_chars") && e.contains("between"),
+        "{e}"
+    );
+    let e = minimal_with("[output]\ndisplay_bytes = \"5MiB\"\n").unwrap_err();
+    assert!(e.contains("output.display_bytes"), "{e}");
+    let e = minimal_with("[output]\ndisplays = 257\n").unwrap_err();
+    assert!(e.contains("output.displays"), "{e}");
+    let e = minimal_with("[output]\nmax_rows = 3\n").unwrap_err();
+    assert!(e.contains("max_rows"), "{e}");
+}
+
+fn pycell_policy_output(
+    part_chars: u32,
+    display_bytes: u64,
+    displays: u32,
+) -> crate::OutputSettings {
+    crate::OutputSettings {
+        part_chars,
+        display_bytes,
+        displays,
+    }
 }
 
 #[test]

@@ -87,6 +87,7 @@ pub(crate) fn validate(
     let warm_imports = check_warm(raw.warm, &root.key("warm"))?;
     let session = crate::session::check_session(raw.session, &root.key("session"))?;
     let images = crate::session::check_images(raw.images, &root.key("images"))?;
+    let output = crate::session::check_output(raw.output, &root.key("output"))?;
     let tools = crate::tools::check_tools(raw.tools, &root.key("tools"))?;
 
     Ok(Policy {
@@ -106,6 +107,7 @@ pub(crate) fn validate(
         warm_imports,
         session,
         images,
+        output,
         tools,
     })
 }

@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::refusals::{self, EndFacts, LimitFacts, Refusal, Termination};
 use pycell_wire::report::{
-    exit_code_for, ChangedFile, GrantCleanup, Image, JailFailure, JailReport, Layers, RunStatus,
-    SessionEnd,
+    exit_code_for, ChangedFile, Display, GrantCleanup, Image, JailFailure, JailReport, Layers,
+    RunStatus, SessionEnd,
 };
 
 pub use crate::limits::RunLimits;
@@ -67,6 +67,15 @@ pub struct RunResult {
     /// (their files are listed).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub images_omitted: u32,
+    /// What the run showed with `display()`: each a bundle of MIME parts
+    /// (text always; markdown, HTML, JSON, SVG, PNG when the object has
+    /// them), within the policy's `[output]` bounds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub displays: Vec<Display>,
+    /// Displays not sent: past `[output] displays`, or too large for what
+    /// was left of `display_bytes`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub displays_omitted: u32,
     pub policy: String,
     /// The effective limits; null when the run was refused before they were known.
     pub limits: Option<RunLimits>,
@@ -238,6 +247,8 @@ impl RunResult {
             grant_cleanups: report.grant_cleanups,
             images: Vec::new(),
             images_omitted: 0,
+            displays: Vec::new(),
+            displays_omitted: 0,
             policy: policy.to_string(),
             limits,
             layers: report.layers,

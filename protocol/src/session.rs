@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use pycell_runner::session::RunnerReply;
 use pycell_wire::events::ReplyMeasure;
-use pycell_wire::report::{ChangedFile, Image};
+use pycell_wire::report::{ChangedFile, Display, Image};
 
 use crate::limits::LimitOverrides;
 use crate::result::{EnvReport, RunLimits};
@@ -138,7 +138,9 @@ pub struct SessionReply {
     /// A cell: its number in the session.
     #[serde(default)]
     pub cell: Option<u64>,
-    /// A cell: the repr of its last expression's value.
+    /// A cell: its last expression's value as text (its repr; a pandas
+    /// object's or numpy array's bounded rendering; a long container's
+    /// summary and the head and tail of its repr).
     #[serde(default)]
     pub value: Option<String>,
     #[serde(default)]
@@ -156,6 +158,12 @@ pub struct SessionReply {
     pub images: Vec<Image>,
     #[serde(default)]
     pub images_omitted: u32,
+    /// A cell: what it showed with `display()`, then its value if that has
+    /// a richer form than its text (a markdown table, HTML, an image).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub displays: Vec<Display>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub displays_omitted: u32,
     /// A file operation: the path it resolved to, and the file's size.
     #[serde(default)]
     pub path: Option<String>,
@@ -206,6 +214,8 @@ impl From<RunnerReply> for SessionReply {
             files_truncated,
             images,
             images_omitted,
+            displays,
+            displays_omitted,
             path,
             size,
             data,
@@ -233,6 +243,8 @@ impl From<RunnerReply> for SessionReply {
             files_truncated,
             images,
             images_omitted,
+            displays,
+            displays_omitted,
             path,
             size,
             data,
@@ -283,4 +295,8 @@ pub struct SessionSummary {
     pub idle_s: f64,
     /// Seconds left before the idle timeout ends it.
     pub expires_in_s: f64,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

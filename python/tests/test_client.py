@@ -116,6 +116,22 @@ def test_a_session_keeps_state_files_and_images(pycelld: Pycelld) -> None:
     assert pycell.sessions() == []
 
 
+# An object with a markdown form, shown by a run and left as a cell's value.
+TABLE = "class Table:\n    def _repr_markdown_(self):\n        return '| a |\\n|---|\\n| 1 |'\n"
+
+
+def test_displays_come_back_typed(pycelld: Pycelld) -> None:
+    r = pycell.run(TABLE + "display(Table(), {'n': 1})\n")
+    assert r.ok, r
+    assert [(d.kind, d.markdown) for d in r.displays] == [("display", "| a |\n|---|\n| 1 |"), ("display", None)]
+    assert r.displays[1].text == "{'n': 1}" and r.displays_omitted == 0
+    with pycell.Session() as s:
+        cell = s.run(TABLE + "Table()")
+        assert cell.value is not None and cell.value.startswith("<__main__.Table object"), cell
+        assert [(d.kind, d.markdown) for d in cell.displays] == [("value", "| a |\n|---|\n| 1 |")], cell
+        assert s.run("1 + 1").displays == []
+
+
 def test_runs_go_at_once_from_threads_and_tasks(pycelld: Pycelld) -> None:
     code = "import time\ntime.sleep(1)\nprint('done')\n"
     started = time.monotonic()

@@ -27,11 +27,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use pycell_wire::limits::Bytes;
-use pycell_wire::spec::{ImageLimits, JailSpec, WORKSPACE};
+use pycell_wire::spec::{DisplayLimits, ImageLimits, JailSpec, MediaLimits, WORKSPACE};
 
 /// The runner's source: every python run starts on it (`python -s -c
 /// RUNNER --pycell-run ...` cold, `python -s -c RUNNER MODULE...` warm).
-/// Its core is compiled at start; its warm, images and session parts are
+/// Its core is compiled at start; its warm, images, display and session parts are
 /// kept as text, compiled when needed (see `runner.py`).
 pub const RUNNER: &str = concat!(
     include_str!("runner.py"),
@@ -39,6 +39,8 @@ pub const RUNNER: &str = concat!(
     include_str!("warm.py"),
     "''',\n    \"images\": r'''\n",
     include_str!("media.py"),
+    "''',\n    \"display\": r'''\n",
+    include_str!("display.py"),
     "''',\n    \"session\": r'''\n",
     include_str!("session.py"),
     "''',\n    \"tools\": r'''\n",
@@ -49,7 +51,8 @@ pub const RUNNER: &str = concat!(
 );
 
 /// The flag that makes the runner serve one cold run (no warm-up):
-/// `--pycell-run MAX_EDGE MAX_BYTES SCRIPT ARG...`.
+/// `--pycell-run MAX_EDGE MAX_BYTES PART_CHARS DISPLAY_BYTES DISPLAYS
+/// SCRIPT ARG...`.
 pub const COLD_FLAG: &str = "--pycell-run";
 
 /// The flag that makes the runner a zygote: `--pycell-zygote MODULE...`
@@ -79,10 +82,10 @@ pub fn warm_argv(python: String, modules: &[String]) -> Vec<String> {
 /// The jail `cold` describes, its python started on the runner, which
 /// runs the script there (`python -s SCRIPT ARG...`) as a warm jail runs
 /// its work: how every cold python run starts, so that it sends back its
-/// images. None for what is not a python run (no image limits: an install
-/// jail), or not cold.
+/// images and displays. None for what is not a python run (no media
+/// limits: an install jail), or not cold.
 pub fn cold_on_runner(cold: &JailSpec) -> Option<JailSpec> {
-    let images = cold.images?;
+    let MediaLimits { images, displays } = cold.media?;
     let script = cold.argv.get(2)?;
     if cold.warm || cold.session.is_some() || cold.argv.get(1).map(String::as_str) != Some("-s") {
         return None;
@@ -96,6 +99,9 @@ pub fn cold_on_runner(cold: &JailSpec) -> Option<JailSpec> {
         COLD_FLAG.to_string(),
         images.max_edge.to_string(),
         images.max_bytes.to_string(),
+        displays.part_chars.to_string(),
+        displays.total_bytes.to_string(),
+        displays.count.to_string(),
         script.clone(),
     ];
     spec.argv.extend(cold.argv[3..].iter().cloned());
@@ -167,7 +173,7 @@ pub fn work_for(cold: &JailSpec) -> Option<Work> {
         stdin: cold.stdin.clone(),
         wall_timeout: cold.limits.wall_timeout,
         max_output: cold.limits.max_output,
-        images: cold.images,
+        media: cold.media,
     })
 }
 
@@ -188,9 +194,10 @@ pub struct Work {
     pub wall_timeout: Duration,
     #[serde(rename = "max_output_bytes")]
     pub max_output: Bytes,
-    /// The images the runner sends back when the code is done.
+    /// The images and displays the runner sends back when the code is
+    /// done.
     #[serde(default)]
-    pub images: Option<ImageLimits>,
+    pub media: Option<MediaLimits>,
 }
 
 /// Why a piece of work was refused.
@@ -211,6 +218,7 @@ struct RunnerFrame<'a> {
     argv: &'a [String],
     code: &'a str,
     images: Option<ImageLimits>,
+    displays: Option<DisplayLimits>,
 }
 
 impl Work {
@@ -237,7 +245,8 @@ impl Work {
             path: format!("{WORKSPACE}/{}", self.filename),
             argv: &self.args,
             code: &self.code,
-            images: self.images,
+            images: self.media.map(|m| m.images),
+            displays: self.media.map(|m| m.displays),
         };
         let mut out = pycell_wire::framing::encode_within(&frame, MAX_WORK_FRAME)
             .expect("a checked work frame fits, and strings serialize");
@@ -258,9 +267,12 @@ mod tests {
             stdin: b"in".to_vec(),
             wall_timeout: Duration::from_secs(1),
             max_output: Bytes(1 << 20),
-            images: Some(ImageLimits {
-                max_edge: 64,
-                max_bytes: 4096,
+            media: Some(MediaLimits {
+                images: ImageLimits {
+                    max_edge: 64,
+                    max_bytes: 4096,
+                },
+                displays: DisplayLimits::default(),
             }),
         }
     }
@@ -314,6 +326,7 @@ mod tests {
         let parts = [
             include_str!("warm.py"),
             include_str!("media.py"),
+            include_str!("display.py"),
             include_str!("session.py"),
             include_str!("tools.py"),
             include_str!("explain.py"),
@@ -333,7 +346,10 @@ for name, part in ns["_PYCELL_PARTS"].items():
 print(sorted(ns["_PYCELL_PARTS"]))
 "#;
         let out = python(&["-c", check], RUNNER.as_bytes());
-        assert_eq!(out, "['explain', 'images', 'session', 'tools', 'warm']\n");
+        assert_eq!(
+            out,
+            "['display', 'explain', 'images', 'session', 'tools', 'warm']\n"
+        );
     }
 
     #[test]
@@ -348,11 +364,62 @@ print(sorted(ns["_PYCELL_PARTS"]))
         .unwrap();
         let script = script.display().to_string();
         let argv = [
-            "-s", "-c", RUNNER, COLD_FLAG, "1024", "1048576", &script, "a",
+            "-s", "-c", RUNNER, COLD_FLAG, "1024", "1048576", "16384", "262144", "16", &script, "a",
         ];
         let out = python(&argv, b"in");
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(out, "['a'] in\n");
+    }
+
+    #[test]
+    fn displays_take_the_richest_form_within_their_bounds() {
+        let check = r#"
+import json, sys
+src = sys.stdin.read()
+core = src.rsplit("_pycell_start()", 1)[0]
+ns = {}
+exec(compile(core, "<string>", "exec"), ns)
+ns["_pycell_load"]("display")
+ns["_PYCELL_SHOWN"]["limits"] = {"part_chars": 300, "total_bytes": 2000, "count": 4}
+class Rich:
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return {"text/plain": "rich", "application/json": {"a": [1]}, "image/png": b"not a png"}
+    def _repr_markdown_(self):
+        return "**rich**"
+class Broken:
+    def _repr_html_(self):
+        raise ValueError("no")
+    def __repr__(self):
+        raise RuntimeError("no repr")
+big = {"k%d" % i: {"a": i, "b": [1, 2]} for i in range(1000)}
+ns["_pycell_show"]((Rich(), Broken(), big, "x" * 1000, 5, 6))
+displays, omitted = ns["_pycell_take_displays"]()
+print(json.dumps([displays, omitted]))
+"#;
+        let out = python(&["-c", check], RUNNER.as_bytes());
+        let (displays, omitted): (Vec<serde_json::Value>, u32) =
+            serde_json::from_str(&out).unwrap();
+        assert_eq!(omitted, 2, "{out}");
+        let [rich, broken, big, long] = &displays[..] else {
+            panic!("{out}")
+        };
+        assert_eq!(rich["markdown"], "**rich**");
+        assert_eq!(rich["json"], r#"{"a": [1]}"#);
+        assert!(rich.get("png").is_none(), "not a PNG: {rich}");
+        assert_eq!(broken["text"], "<repr failed: RuntimeError: no repr>");
+        let summary = big["text"].as_str().unwrap();
+        assert!(
+            summary.starts_with("<dict of 1,000 items")
+                && summary.contains("shape: {str: {'a': int, 'b': [int]}}")
+                && summary.chars().count() <= 300
+                && big["truncated"] == true,
+            "{summary}"
+        );
+        let long = long["text"].as_str().unwrap();
+        assert!(
+            long.chars().count() <= 300 && long.contains("characters cut"),
+            "{long}"
+        );
     }
 
     #[test]

@@ -8,11 +8,11 @@
 # files are listed with the result).
 
 
-def _pycell_write_frame(fd, obj):
+def _pycell_write_frame(fd, obj, prefix=b""):
     import json
     import os
 
-    body = json.dumps(obj, separators=(",", ":")).encode()
+    body = prefix + json.dumps(obj, separators=(",", ":")).encode()
     data = len(body).to_bytes(4, "big") + body
     while data:
         data = data[os.write(fd, data):]
@@ -20,11 +20,15 @@ def _pycell_write_frame(fd, obj):
 
 def _pycell_send_images(fd, limits, started):
     """Send the jailer a run's images: its open figures (saved as
-    figures/figure-N.png), then the image files it wrote since `started`."""
+    figures/figure-N.png), then the image files it wrote since `started`;
+    and its displays, if it made any."""
     figures = _pycell_save_figures("figure")
     files = [{"path": p} for p in _pycell_images_since(started)]
     images, omitted = _pycell_images(figures, files, limits)
-    _pycell_write_frame(fd, {"images": images, "images_omitted": omitted})
+    frame = {"images": images, "images_omitted": omitted}
+    if _PYCELL_SHOWN["displays"] or _PYCELL_SHOWN["omitted"]:
+        frame["displays"], frame["displays_omitted"] = _pycell_take_displays()
+    _pycell_write_frame(fd, frame)
 
 
 def _pycell_snapshot():

@@ -1,6 +1,6 @@
 # pycell's runner: every python run and session starts on this file's text.
 #
-#   python -s -c RUNNER --pycell-run EDGE BYTES SCRIPT ARG...
+#   python -s -c RUNNER --pycell-run EDGE BYTES CHARS TOTAL COUNT SCRIPT ARG...
 #       a cold run: runs SCRIPT (already in /workspace) as `python -s SCRIPT
 #       ARG...` would, its stdin the run's own
 #   python -s -c RUNNER [MODULE ...]
@@ -13,15 +13,17 @@
 # PNG or JPEG files it wrote come back to the jailer as one frame (a 4-byte
 # big-endian length, then JSON) on stdin, which is a socket (if the run
 # closed or replaced its stdin, they do not), scaled to at most EDGE pixels
-# a side and BYTES together: see _pycell_serve_run. Nothing else of the
+# a side and BYTES together, with what it showed through display() (each
+# text part at most CHARS characters, all at most TOTAL bytes, at most
+# COUNT displays): see _pycell_serve_run. Nothing else of the
 # runner runs after the run's code but what `python SCRIPT` runs too
 # (atexit handlers, flushing, collecting the script's objects: a cold run
 # ends through the interpreter's own exit, a warm one see _pycell_exit),
 # and no frame of this file may show in the run's tracebacks.
 #
 # Only this part is compiled when python starts (a cold run pays about a
-# millisecond for it); the parts in _PYCELL_PARTS (warm, images, session,
-# explain) are compiled when first needed; "tools" (code mode's `pycell_tools`) is
+# millisecond for it); the parts in _PYCELL_PARTS (warm, images, display,
+# session, explain) are compiled when first needed; "tools" (code mode's `pycell_tools`) is
 # the text of a module of its own, compiled at its first import.
 
 
@@ -35,11 +37,12 @@ def _pycell_load(part):
 def _pycell_run_cold(argv):
     """A cold run: its script is in the jail already, its stdin is its own.
     It ends as `python SCRIPT` ends: through the interpreter's own exit."""
-    edge, budget, path = argv[:3]
+    edge, budget, chars, total, count, path = argv[:6]
     work = {
         "path": path,
-        "argv": argv[3:],
+        "argv": argv[6:],
         "images": {"max_edge": int(edge), "max_bytes": int(budget)},
+        "displays": {"part_chars": int(chars), "total_bytes": int(total), "count": int(count)},
     }
     with open(path, "rb") as f:
         code = f.read()
@@ -69,10 +72,12 @@ def _pycell_serve_run(work, code):
     # (or with a finer, later time): a file written right after this has an
     # mtime at or after it, which the fine clock would not promise.
     started = time.clock_gettime_ns(_PYCELL_CLOCK_REALTIME_COARSE)
+    _pycell_offer_display(work.get("displays"))
     status, interrupted = _pycell_main(work, code)
     limits = work.get("images")
+    shown = _PYCELL_SHOWN["displays"] or _PYCELL_SHOWN["omitted"]
     try:
-        if limits and _pycell_identity(0) == stdin and _pycell_made_images(started):
+        if limits and _pycell_identity(0) == stdin and (shown or _pycell_made_images(started)):
             _pycell_load("images")
             _pycell_send_images(0, limits, started)
     except BaseException:
@@ -80,6 +85,31 @@ def _pycell_serve_run(work, code):
         # figures' backend, filled its disk): it is not reported.
         pass
     return status, interrupted
+
+
+# What display() kept for the result (see display.py).
+_PYCELL_SHOWN = {"limits": None, "displays": [], "omitted": 0, "bytes": 0}
+
+
+def _pycell_offer_display(limits):
+    """display(*objs) as a builtin, as IPython has it, when the result
+    takes displays (`limits`: see display.py)."""
+    import builtins
+
+    if limits:
+        _PYCELL_SHOWN["limits"] = limits
+        builtins.display = _pycell_display_builtin
+
+
+def _pycell_display_builtin(*objs, **options):
+    """Show each object in the result, as a notebook's display() does:
+    its richest form (markdown, HTML, JSON, an image) as well as its text,
+    within the policy's [output] bounds. Options are accepted and ignored."""
+    _pycell_load("display")
+    _pycell_show(objs)
+
+
+_pycell_display_builtin.__name__ = _pycell_display_builtin.__qualname__ = "display"
 
 
 def _pycell_identity(fd):
@@ -275,7 +305,7 @@ def _pycell_start():
     if mode == ["--pycell-run"]:
         _pycell_run_cold(sys.argv[2:])
         return
-    for part in ("warm", "images", "session"):
+    for part in ("warm", "images", "display", "session"):
         _pycell_load(part)
     if mode == ["--pycell-session"]:
         _pycell_session(sys.argv[2:])

@@ -5,8 +5,10 @@
 # `python -s -c RUNNER --pycell-session [MODULE ...]`: after warm-up and
 # READY, stdin is the session's channel (a socket to the jailer; the
 # program's own stdin becomes /dev/null). On it come requests, one frame
-# each (4-byte big-endian length, JSON), and for each a reply goes back the
-# same way: cells run in one persistent __main__, as a REPL runs them, and
+# each (4-byte big-endian length, the jailer's token, JSON), and for each a
+# reply goes back the same way, with the same token (a reply with another
+# ends the session: the code cannot make one answer the next request):
+# cells run in one persistent __main__, as a REPL runs them, and
 # files are written, read and listed in /workspace. The program's output
 # goes to stdout and stderr as in a run; stdout and stderr are flushed
 # before a reply, so a cell's output is in the jailer's pipes before its
@@ -15,6 +17,7 @@
 
 
 def _pycell_session(modules):
+    import json
     import os
     import signal
 
@@ -24,12 +27,14 @@ def _pycell_session(modules):
     main = _pycell_session_main()
     state = {"cells": 0}
     while True:
-        request = _pycell_read_frame(channel)
-        if request is None:
+        body = _pycell_read_frame_bytes(channel)
+        if body is None:
             os._exit(0)
+        # The jailer's token first: the reply brings it back.
+        token, request = body[:_PYCELL_TOKEN_LEN], json.loads(body[_PYCELL_TOKEN_LEN:])
         reply = _pycell_serve(main, state, request)
         _pycell_flush_std()
-        _pycell_write_frame(channel, reply)
+        _pycell_write_frame(channel, reply, token)
 
 
 def _pycell_take_stdin():
@@ -59,12 +64,8 @@ def _pycell_session_main():
     return main
 
 
-def _pycell_read_frame(fd):
-    """The next request on the session's channel (JSON), or None at its end."""
-    import json
-
-    body = _pycell_read_frame_bytes(fd)
-    return None if body is None else json.loads(body)
+# The length of the token that starts each request and its reply.
+_PYCELL_TOKEN_LEN = 32
 
 
 def _pycell_flush_std():
@@ -103,7 +104,8 @@ class _PycellRefusal(Exception):
 
 
 def _pycell_cell(main, number, request):
-    """Run a cell's code in `main`; the value of a last expression, or the
+    """Run a cell's code in `main`; the value of a last expression (its
+    text, and its richer form among the displays: display.py), or the
     exception, as a REPL shows them."""
     import signal
 
@@ -111,6 +113,8 @@ def _pycell_cell(main, number, request):
     limits = request.get("limits", {})
     name = "<cell %d>" % number
     before = _pycell_snapshot()
+    _pycell_offer_display(limits["displays"])
+    _pycell_take_displays()
     value, error = None, None
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGXCPU, _pycell_cpu_allowance_reached)
@@ -126,10 +130,11 @@ def _pycell_cell(main, number, request):
     if error is not None:
         reply["error"] = _pycell_describe_error(error)
     elif value is not None:
-        text = _pycell_repr(value)
-        cap = limits.get("value_chars", 16384)
-        reply["value"] = text[:cap]
-        reply["value_truncated"] = len(text) > cap
+        bundle = _pycell_bundle(value, limits["displays"]["part_chars"])
+        reply["value"], reply["value_truncated"] = bundle["text"], bundle["truncated"]
+        if set(bundle) - {"text", "truncated"}:
+            _pycell_keep_display(bundle, "value")
+    reply["displays"], reply["displays_omitted"] = _pycell_take_displays()
     figures = _pycell_save_figures("cell-%d-figure" % number)
     reply.update(_pycell_changes(before, limits))
     reply["images"], reply["images_omitted"] = _pycell_images(
@@ -164,13 +169,6 @@ def _pycell_exec_cell(main, code, name):
     return value
 
 
-def _pycell_repr(value):
-    try:
-        return repr(value)
-    except BaseException as e:
-        return "<repr failed: %s: %s>" % (type(e).__name__, e)
-
-
 def _pycell_describe_error(e):
     """The exception with its traceback, without the runner's frames."""
     import traceback
@@ -191,20 +189,13 @@ def _pycell_describe_error(e):
         message = "<str failed>"
     return {
         "type": type(e).__name__,
-        "message": _pycell_clip(message, _PYCELL_ERROR_CHARS),
-        "traceback": _pycell_clip(text, _PYCELL_ERROR_CHARS),
+        "message": _pycell_cut(message, _PYCELL_ERROR_CHARS)[0],
+        "traceback": _pycell_cut(text, _PYCELL_ERROR_CHARS)[0],
     }
 
 
 # What an error's message and traceback may take of a reply, each.
 _PYCELL_ERROR_CHARS = 32768
-
-
-def _pycell_clip(text, cap):
-    if len(text) <= cap:
-        return text
-    half = cap // 2
-    return text[:half] + "\n[... %d characters cut ...]\n" % (len(text) - cap) + text[-half:]
 
 
 # ---- Files in /workspace ----------------------------------------------------
@@ -303,7 +294,7 @@ def _pycell_write_file(request):
         raise _PycellRefusal("writing %r: %s" % (request["path"], e.strerror))
     finally:
         os.close(fd)
-    return {"path": _pycell_display(request["path"]), "size": len(data)}
+    return {"path": _pycell_workspace_path(request["path"]), "size": len(data)}
 
 
 def _pycell_read_file(request):
@@ -331,7 +322,7 @@ def _pycell_read_file(request):
     if len(data) > cap:
         raise _PycellRefusal("%r grew past %d bytes while read" % (request["path"], cap))
     return {
-        "path": _pycell_display(request["path"]),
+        "path": _pycell_workspace_path(request["path"]),
         "size": len(data),
         "data": base64.b64encode(data).decode(),
     }
@@ -376,5 +367,5 @@ def _pycell_kind(mode):
     return "other"
 
 
-def _pycell_display(path):
+def _pycell_workspace_path(path):
     return "/".join([_PYCELL_WORKSPACE] + _pycell_parts(path))

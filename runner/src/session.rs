@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use pycell_wire::limits::{whole_secs, Bytes};
-use pycell_wire::spec::{ImageLimits, JailSpec, SessionSpec};
+use pycell_wire::spec::{DisplayLimits, ImageLimits, JailSpec, SessionSpec};
 
 use crate::RUNNER;
 
@@ -115,23 +115,24 @@ pub enum SessionRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CellLimits {
-    /// Characters of the last expression's repr.
-    pub value_chars: u32,
     /// Changed files listed.
     pub files: u32,
     /// The images sent back.
     pub images: ImageLimits,
+    /// The displays sent back (`display()`, the value), and each text
+    /// part of the value.
+    pub displays: DisplayLimits,
 }
 
 impl Default for CellLimits {
     fn default() -> CellLimits {
         CellLimits {
-            value_chars: 16 << 10,
             files: 100,
             images: ImageLimits {
                 max_edge: 1024,
                 max_bytes: 1 << 20,
             },
+            displays: DisplayLimits::default(),
         }
     }
 }
@@ -173,11 +174,46 @@ impl SessionOp {
     }
 
     /// The frame the jailer writes on the runner's channel: a 4-byte
-    /// big-endian length, then the request's JSON.
-    pub fn runner_frame(&self) -> Vec<u8> {
-        pycell_wire::framing::encode_within(&self.request, MAX_REQUEST_FRAME)
-            .expect("a request that came in a frame fits in one")
+    /// big-endian length, then `token`, then the request's JSON. The
+    /// runner's reply starts with the same token ([`reply_body`]).
+    pub fn runner_frame(&self, token: &Token) -> Vec<u8> {
+        let json = serde_json::to_vec(&self.request).expect("a request serializes");
+        let len = u32::try_from(TOKEN_LEN + json.len())
+            .ok()
+            .filter(|n| u64::from(*n) <= MAX_REQUEST_FRAME + TOKEN_LEN as u64)
+            .expect("a request that came in a frame fits in one");
+        let mut frame = Vec::with_capacity(4 + len as usize);
+        frame.extend_from_slice(&len.to_be_bytes());
+        frame.extend_from_slice(token);
+        frame.extend_from_slice(&json);
+        frame
     }
+}
+
+/// The bytes of a request's token: hex, so the runner handles text.
+pub const TOKEN_LEN: usize = 32;
+
+/// What the jailer sends with a request and wants back first in its
+/// reply: a reply with another token (one the code wrote itself, or the
+/// runner's late reply to an earlier request) answers nothing, and ends
+/// the session, instead of answering the next request.
+pub type Token = [u8; TOKEN_LEN];
+
+/// A fresh token, which the jail cannot guess: SipHash (a keyed
+/// pseudo-random function) under std's random keys, which the jail never
+/// sees, a new key for each token.
+pub fn new_token() -> Token {
+    use std::hash::BuildHasher;
+    let keys = std::collections::hash_map::RandomState::new();
+    let hex = format!("{:016x}{:016x}", keys.hash_one(1u8), keys.hash_one(2u8));
+    let mut token = [0u8; TOKEN_LEN];
+    token.copy_from_slice(hex.as_bytes());
+    token
+}
+
+/// A reply's body after `token`, if it starts with it.
+pub fn reply_body<'a>(body: &'a [u8], token: &Token) -> Option<&'a [u8]> {
+    body.strip_prefix(token.as_slice())
 }
 
 /// A runner's reply, as the launcher reads it: every field any request's
@@ -206,6 +242,11 @@ pub struct RunnerReply {
     pub images: Vec<Image>,
     #[serde(default)]
     pub images_omitted: u32,
+    /// What the cell showed (`display()`, its value in a richer form).
+    #[serde(default)]
+    pub displays: Vec<Display>,
+    #[serde(default)]
+    pub displays_omitted: u32,
     /// A file operation: the path it resolved to, and the file's size.
     #[serde(default)]
     pub path: Option<String>,
@@ -233,7 +274,7 @@ pub struct CellError {
 
 pub use pycell_wire::report::ChangedFile;
 
-pub use pycell_wire::report::Image;
+pub use pycell_wire::report::{Display, Image};
 
 /// One entry of a listing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -265,13 +306,28 @@ mod tests {
             code: "x = 1".into(),
             limits: CellLimits::default(),
         });
-        let frame = cell.runner_frame();
+        let token = new_token();
+        let frame = cell.runner_frame(&token);
         let len = u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize;
-        let v: serde_json::Value = serde_json::from_slice(&frame[4..4 + len]).unwrap();
+        assert_eq!(len, frame.len() - 4);
+        assert_eq!(&frame[4..4 + TOKEN_LEN], token.as_slice());
+        let v: serde_json::Value = serde_json::from_slice(&frame[4 + TOKEN_LEN..]).unwrap();
         assert_eq!(v["op"], "cell");
         assert_eq!(v["code"], "x = 1");
         assert_eq!(v["limits"]["images"]["max_edge"], 1024);
         assert!(v.get("wall_timeout_s").is_none(), "{v}");
+    }
+
+    #[test]
+    fn tokens_differ_and_only_a_reply_with_its_own_is_an_answer() {
+        let (a, b) = (new_token(), new_token());
+        assert_ne!(a, b);
+        assert!(a.iter().all(u8::is_ascii_hexdigit));
+        let mut reply = a.to_vec();
+        reply.extend_from_slice(b"{}");
+        assert_eq!(reply_body(&reply, &a), Some(&b"{}"[..]));
+        assert_eq!(reply_body(&reply, &b), None);
+        assert_eq!(reply_body(b"{\"value\": \"666\"}", &a), None);
     }
 
     #[test]

@@ -8,7 +8,8 @@ Steps: state across cells (x = 41, then x + 1), imports and files; an
 exception; a cell over its timeout (KeyboardInterrupt, the session goes
 on); a binary file round trip; input files for cells; path refusals; a
 pandas + matplotlib plot under data-science as a PNG within the edge and
-size limits, in a cell and in one-shot runs (over the budget too);
+size limits, in a cell and in one-shot runs (over the budget too); a
+DataFrame and a 2 MB value as a model sees them, and display();
 session_list; a cell that ignores
 KeyboardInterrupt (the session is killed, the next call says so); another
 session's state kept apart; session_end freeing the sandbox uid's processes
@@ -212,6 +213,43 @@ async def plot_run(session, schemas, policy):
     return out
 
 
+def texts(r):
+    return "".join(getattr(c, "text", "") for c in r.content if getattr(c, "type", "") == "text")
+
+
+async def frames(session, schemas, policy):
+    """What a model sees of a DataFrame and of a 2 MB value: a cell's
+    DataFrame as a bounded markdown table (shape, dtypes, first and last
+    rows), a dict too long for the context as a summary of its shape (the
+    whole written to /workspace by the cell), and display() in a one-shot
+    run as markdown in the text."""
+    start = await call(session, schemas, {"policy": policy}, name="session_start")
+    h = structured(start).get("session")
+    code = "import pandas as pd\ndf = pd.DataFrame({'n': range(100000), 'sq': [i * i for i in range(100000)]})\ndf"
+    r = await session.call_tool("run_python", {"session": h, "code": code, "timeout_s": 120})
+    sc = r.structured_content or {}
+    out = {"frame": {"value": (sc.get("cell") or {}).get("value"), "displays": sc.get("displays"), "text": texts(r)}}
+    code = (
+        "import json\nbig = {'k%d' % i: {'a': i, 'b': [1, 2, 3]} for i in range(60000)}\n"
+        "open('big.json', 'w').write(json.dumps(big))\nbig"
+    )
+    r = await session.call_tool("run_python", {"session": h, "code": code, "timeout_s": 120})
+    sc = r.structured_content or {}
+    cell = sc.get("cell") or {}
+    out["big"] = {
+        "value": cell.get("value"),
+        "value_truncated": cell.get("value_truncated"),
+        "files": sc.get("files"),
+        "text_chars": len(texts(r)),
+    }
+    await call(session, schemas, {"session": h}, name="session_end")
+    code = "import pandas as pd\ndisplay(pd.DataFrame({'a': [1, 2], 'b': ['x', 'y']}))\nprint('shown')"
+    r = await session.call_tool("run_python", {"code": code, "policy": policy, "timeout_s": 120})
+    sc = r.structured_content or {}
+    out["run"] = {"status": sc.get("status"), "displays": sc.get("displays"), "text": texts(r)}
+    return out
+
+
 def server_params(pycell):
     """`pycell mcp`: embedded, or through the pycelld at --socket."""
     env = dict(os.environ)
@@ -239,6 +277,7 @@ async def session_flow(pycell):
             if not ARGS.socket:
                 await step("plot", lambda: plot(session, schemas, "data-science"), timeout=300)
                 await step("plot_run", lambda: plot_run(session, schemas, "data-science"), timeout=300)
+                await step("frames", lambda: frames(session, schemas, "data-science"), timeout=300)
     return {"completed": True}
 
 

@@ -444,17 +444,22 @@ fn an_oversized_session_call_is_refused_and_the_session_lives_on() {
 }
 
 /// A cell that writes a reply frame of its own on the runner's channel
-/// (the socket the runner moved off stdin), as the runner would, as its
-/// last act: the runner's own reply follows at once, often in the same
-/// read of the jailer's.
+/// (the socket the runner moved off stdin), as the runner would, with the
+/// token of its request (found in the runner's frame: the code can read
+/// anything of its own process), as its last act: the runner's own reply
+/// follows at once, often in the same read of the jailer's, or after the
+/// next request has gone out.
 const FORGES_REPLIES: &str = r#"
-import json, os, stat
+import json, os, stat, sys
 def is_socket(fd):
     try:
         return stat.S_ISSOCK(os.fstat(fd).st_mode)
     except OSError:
         return False
-frame = json.dumps({"value": "666"}).encode()
+f = sys._getframe()
+while f is not None and "token" not in f.f_locals:
+    f = f.f_back
+frame = f.f_locals["token"] + json.dumps({"value": "666"}).encode()
 channel = [fd for fd in range(3, 256) if is_socket(fd)][0]
 os.write(channel, len(frame).to_bytes(4, "big") + frame)
 "#;
@@ -474,9 +479,10 @@ fn a_reply_nobody_asked_for_ends_the_session_and_shifts_no_answer() {
         },
         None,
     );
-    // It was sent (the code found the channel).
+    // It was sent (the code found the channel and the token).
     if let Ok(a) = &forged {
         assert!(a.reply.error.is_none(), "{a:?}");
+        assert_eq!(a.reply.value.as_deref(), Some("666"), "{a:?}");
     }
     for code in ["x + 1", "x + 2"] {
         match c.session_call(&s, SessionCall::Cell { code: code.into() }, None) {

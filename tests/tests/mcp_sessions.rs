@@ -259,6 +259,50 @@ fn check_plot_run(c: &mut Checks, v: &Value) {
     );
 }
 
+/// A DataFrame value: its text and markdown say its shape and dtypes and
+/// show its first and last rows, and nothing in between; a 2 MB dict: a
+/// summary of its shape within `[output] part_chars` (16384), the whole in
+/// the file the cell wrote; display() in a run: markdown in the text.
+fn check_frames(c: &mut Checks, v: &Value) {
+    let s = "frames";
+    c.contains(s, v, "/frame/value", "DataFrame: 100,000 rows x 2 columns");
+    c.contains(s, v, "/frame/value", "columns: n (int64), sq (int64)");
+    c.eq(s, v, "/frame/displays/0/kind", "value".into());
+    let markdown = v["frame"]["displays"][0]["markdown"].as_str().unwrap_or("");
+    let rows = [
+        "| 0 | 0 | 0 |",
+        "| 4 | 4 | 16 |",
+        "| ... |",
+        "| 99999 | 99999 | 9999800001 |",
+    ];
+    c.check(
+        rows.iter().all(|r| markdown.contains(r)) && !markdown.contains("| 5 | 5 |"),
+        || format!("{s}: the markdown is not the first and last five rows: {markdown}"),
+    );
+    c.contains(s, v, "/frame/text", "| 99999 | 99999 | 9999800001 |");
+    c.contains(s, v, "/big/value", "<dict of 60,000 items");
+    c.contains(s, v, "/big/value", "shape: {str: {'a': int, 'b': [int]}}");
+    c.eq(s, v, "/big/value_truncated", Value::Bool(true));
+    let value = v["big"]["value"].as_str().unwrap_or("");
+    c.check(value.chars().count() <= 16384, || {
+        format!("{s}: the value is {} characters", value.chars().count())
+    });
+    c.check(num(v, "/big/text_chars") < 20_000.0, || {
+        format!(
+            "{s}: the text content is {} characters",
+            v["big"]["text_chars"]
+        )
+    });
+    c.eq(s, v, "/big/files/0/path", "/workspace/big.json".into());
+    c.check(num(v, "/big/files/0/size") > 2e6, || {
+        format!("{s}: big.json is not the whole 2 MB: {}", v["big"]["files"])
+    });
+    c.eq(s, v, "/run/status", "ok".into());
+    c.eq(s, v, "/run/displays/0/kind", "display".into());
+    c.contains(s, v, "/run/text", "DataFrame: 2 rows x 2 columns");
+    c.contains(s, v, "/run/text", "| 1 | 2 | y |");
+}
+
 #[test]
 fn sessions_keep_state_move_files_show_plots_and_leave_nothing_behind() {
     let report = sdk_report("sdk_sessions.py", GUARD);
@@ -286,6 +330,9 @@ fn sessions_keep_state_move_files_show_plots_and_leave_nothing_behind() {
     }
     if let Some(v) = c.step("plot_run") {
         check_plot_run(&mut c, v);
+    }
+    if let Some(v) = c.step("frames") {
+        check_frames(&mut c, v);
     }
     for (step, exit) in [("eof", json!(0)), ("killed", json!(-9))] {
         if let Some(v) = c.step(step) {

@@ -98,14 +98,55 @@ pub struct Image {
     pub height: u32,
 }
 
+/// What a display is of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DisplayKind {
+    /// A `display()` call.
+    Display,
+    /// A session cell's last value, in a richer form than its text.
+    Value,
+}
+
+/// One thing a run or cell showed: its MIME parts, as a notebook has
+/// them, each text part within the policy's `[output] part_chars`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Display {
+    pub kind: DisplayKind,
+    /// `text/plain`, always there.
+    pub text: String,
+    /// `text/markdown` (pandas objects get a table of their first and last rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub markdown: Option<String>,
+    /// `text/html`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
+    /// `application/json`, as JSON text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<String>,
+    /// `image/svg+xml`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub svg: Option<String>,
+    /// `image/png`, base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub png: Option<String>,
+    /// Whether a text part was cut (its head and tail kept).
+    #[serde(default)]
+    pub truncated: bool,
+}
+
 /// What a run's runner sends back when its code is done: the images it
-/// made, and how many did not fit the result's image budget.
+/// made and what it showed, and how many of each did not fit the result.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RunImages {
+pub struct RunMedia {
     #[serde(default)]
     pub images: Vec<Image>,
     #[serde(default)]
     pub images_omitted: u32,
+    #[serde(default)]
+    pub displays: Vec<Display>,
+    #[serde(default)]
+    pub displays_omitted: u32,
 }
 
 /// Why a session's jail ended, when its jailer ended it (or its launcher

@@ -70,10 +70,11 @@ pub struct JailSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionSpec>,
     /// A python run on pycell's runner, which sends back the figures it
-    /// leaves open and the image files it writes, within these limits (on
-    /// its stdin, then a socket: see `pycell_runner`).
+    /// leaves open, the image files it writes and what it shows with
+    /// `display()`, within these limits (on its stdin, then a socket: see
+    /// `pycell_runner`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub images: Option<ImageLimits>,
+    pub media: Option<MediaLimits>,
     /// Code mode: the jail makes a socketpair, hands one end out on the
     /// jailer's stdin socket (`Handout::ToolChannel`) and gives the other
     /// to the program (its number in `PYCELL_TOOLS_FD`), through which
@@ -177,6 +178,15 @@ pub struct FromZygote {
     pub zygote_uid: u32,
 }
 
+/// What a python run's runner sends back besides its output (images and
+/// displays), and how large it may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MediaLimits {
+    pub images: ImageLimits,
+    pub displays: DisplayLimits,
+}
+
 /// How large the images a run sends back may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -185,6 +195,29 @@ pub struct ImageLimits {
     pub max_edge: u32,
     /// All of one result's images together, in bytes of PNG.
     pub max_bytes: u64,
+}
+
+/// How large the displays a run or cell sends back may be (`display()`,
+/// a cell's value): the policy's `[output]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DisplayLimits {
+    /// Characters of each text part (its head and tail kept).
+    pub part_chars: u32,
+    /// All of one result's displays together, in bytes.
+    pub total_bytes: u64,
+    /// Displays kept per result.
+    pub count: u32,
+}
+
+impl Default for DisplayLimits {
+    fn default() -> DisplayLimits {
+        DisplayLimits {
+            part_chars: 16 << 10,
+            total_bytes: 256 << 10,
+            count: 16,
+        }
+    }
 }
 
 /// A session's clocks, which its jailer keeps: the jail ends when it has
@@ -437,14 +470,14 @@ impl JailSpec {
                 ));
             }
         }
-        if self.tools && self.images.is_none() && self.session.is_none() {
+        if self.tools && self.media.is_none() && self.session.is_none() {
             return Err(bad(
                 "tools",
                 "tool calls need a python run on pycell's runner",
             ));
         }
         if self.stdio_socket
-            && (self.warm || self.tools || self.images.is_some() || !self.stdin.is_empty())
+            && (self.warm || self.tools || self.media.is_some() || !self.stdin.is_empty())
         {
             return Err(bad(
                 "stdio_socket",
@@ -771,9 +804,12 @@ mod tests {
         with_stdin.stdin = b"{}".to_vec();
         refused(&with_stdin);
         let mut on_runner = server;
-        on_runner.images = Some(super::ImageLimits {
-            max_edge: 64,
-            max_bytes: 1024,
+        on_runner.media = Some(super::MediaLimits {
+            images: super::ImageLimits {
+                max_edge: 64,
+                max_bytes: 1024,
+            },
+            displays: super::DisplayLimits::default(),
         });
         refused(&on_runner);
     }

@@ -60,8 +60,8 @@ pub(crate) struct SpawnedRun {
     pub(crate) ready: bool,
     pub(crate) policy: String,
     pub(crate) limits: pycell_protocol::result::RunLimits,
-    /// The run's `[images]` bounds.
-    pub(crate) images: Option<pycell_wire::spec::ImageLimits>,
+    /// The run's `[images]` and `[output]` bounds.
+    pub(crate) media: Option<pycell_wire::spec::MediaLimits>,
     pub(crate) events: tokio::net::unix::pipe::Receiver,
     pub(crate) handouts: Option<std::os::fd::OwnedFd>,
     pub(crate) services: pycell_launch::supervisor::Services,

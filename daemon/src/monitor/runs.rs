@@ -215,7 +215,7 @@ impl Monitor {
             sandbox_uid: launched.lease.uid,
             policy: launched.policy,
             limits: launched.limits,
-            images: launched.images,
+            media: launched.media,
             egress,
             descriptors,
             env: report,

@@ -368,7 +368,7 @@ enum Slot {
 impl Relay {
     fn new(spec: &JailSpec, ends: ParentEnds, outbox: Outbox, names: SyscallNames) -> Relay {
         let (mut stdin, mut warm, mut session) = (None, None, None);
-        let back = match (spec.images, spec.session) {
+        let back = match (spec.media, spec.session) {
             (Some(_), None) => BackChannel::new(&ends.stdin_write).ok(),
             _ => None,
         };

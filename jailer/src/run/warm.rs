@@ -236,7 +236,7 @@ mod tests {
             stdin: vec![],
             wall_timeout: std::time::Duration::from_secs(5),
             max_output: pycell_wire::limits::Bytes(1024),
-            images: None,
+            media: None,
         }
     }
 

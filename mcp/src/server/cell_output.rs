@@ -1,12 +1,13 @@
 //! What only a session cell's result has, under `cell` of `run_python`'s
 //! result (the last expression's value, the exception), and its part of
 //! the text; and what runs and cells both have: the files they changed,
-//! the images they made.
+//! the images they made, what they showed with `display()`.
 
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use pycell_runner::session::{ChangedFile, Image};
+use pycell_runner::session::{ChangedFile, Display, Image};
+use pycell_wire::report::DisplayKind;
 
 /// What a session cell has beyond a run's result.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -48,6 +49,52 @@ pub struct FileChange {
     pub sha256: Option<String>,
     /// True if the file is new.
     pub created: bool,
+}
+
+/// Something the code showed with `display()` (or a cell's value in a
+/// richer form than its text), as MIME parts; a PNG part is sent as image
+/// content, after the figures.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct DisplayInfo {
+    /// `display` (a display() call) or `value` (the cell's last value).
+    pub kind: DisplayKind,
+    /// text/plain.
+    pub text: String,
+    /// text/markdown: what the text content shows when present (pandas
+    /// objects: shape, dtypes, a table of their first and last rows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub markdown: Option<String>,
+    /// text/html.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
+    /// application/json, as JSON text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub json: Option<String>,
+    /// image/svg+xml.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub svg: Option<String>,
+    /// Bytes of the image/png part sent as image content (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub png_bytes: Option<u64>,
+    /// True if a text part was cut to the policy's `[output] part_chars`
+    /// (its head and tail kept).
+    pub truncated: bool,
+}
+
+pub fn display_info(d: &Display) -> DisplayInfo {
+    DisplayInfo {
+        kind: d.kind,
+        text: d.text.clone(),
+        markdown: d.markdown.clone(),
+        html: d.html.clone(),
+        json: d.json.clone(),
+        svg: d.svg.clone(),
+        png_bytes: d
+            .png
+            .as_deref()
+            .map(|p| pycell_protocol::bounds::base64_decoded_len(p).unwrap_or(0)),
+        truncated: d.truncated,
+    }
 }
 
 /// An image in the result's content.
@@ -95,8 +142,9 @@ pub fn no_cell(session: &str) -> CellInfo {
     }
 }
 
-/// A cell's part of the text content: the value, the exception.
-pub fn render_cell(c: &CellInfo, text: &mut String) {
+/// A cell's part of the text content: the value (its markdown, if its
+/// display has one), the exception.
+pub fn render_cell(c: &CellInfo, displays: &[DisplayInfo], text: &mut String) {
     if let Some(e) = &c.exception {
         text.push_str(&format!("\n--- exception ---\n{}", e.traceback));
         if !e.traceback.ends_with('\n') {
@@ -109,7 +157,29 @@ pub fn render_cell(c: &CellInfo, text: &mut String) {
         } else {
             ""
         };
-        text.push_str(&format!("\nOut[{}]: {v}{cut}\n", c.number));
+        let markdown = displays
+            .iter()
+            .find(|d| d.kind == DisplayKind::Value)
+            .and_then(|d| d.markdown.as_ref());
+        match markdown {
+            Some(m) => text.push_str(&format!("\nOut[{}]:{cut}\n{m}\n", c.number)),
+            None => text.push_str(&format!("\nOut[{}]: {v}{cut}\n", c.number)),
+        }
+    }
+}
+
+/// The displays' part of the text content: each `display()` call's
+/// markdown, or its text (a value's is the cell's `Out`).
+pub fn render_displays(displays: &[DisplayInfo], omitted: u32, text: &mut String) {
+    for d in displays.iter().filter(|d| d.kind == DisplayKind::Display) {
+        let body = d.markdown.as_ref().unwrap_or(&d.text);
+        let cut = if d.truncated { " [truncated]" } else { "" };
+        text.push_str(&format!("--- display{cut} ---\n{body}\n"));
+    }
+    if omitted > 0 {
+        text.push_str(&format!(
+            "{omitted} more displays were not sent (over the policy's [output] bounds)\n"
+        ));
     }
 }
 
@@ -128,11 +198,13 @@ pub fn render_images(images: &[ImageInfo], omitted: u32, text: &mut String) {
     }
 }
 
-/// The images as MCP image content, in order (each a PNG the launcher
-/// checked).
-pub fn image_content(images: &[Image]) -> Vec<rmcp::model::ContentBlock> {
-    images
-        .iter()
-        .map(|i| rmcp::model::ContentBlock::image(i.png.clone(), "image/png"))
+/// The images, then the displays' PNG parts, as MCP image content, in
+/// order (each a PNG the launcher checked).
+pub fn image_content(images: &[Image], displays: &[Display]) -> Vec<rmcp::model::ContentBlock> {
+    let figures = images.iter().map(|i| &i.png);
+    let shown = displays.iter().filter_map(|d| d.png.as_ref());
+    figures
+        .chain(shown)
+        .map(|png| rmcp::model::ContentBlock::image(png.clone(), "image/png"))
         .collect()
 }

@@ -228,7 +228,7 @@ impl PycellServer {
         };
         match result {
             Ok(r) => {
-                let images = cell_output::image_content(&r.images);
+                let images = cell_output::image_content(&r.images, &r.displays);
                 RunPythonOutput::from(r).tool_result(images)
             }
             Err(e) => argument_error(&pycell_engine::service::request_message(&e)),

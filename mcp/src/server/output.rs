@@ -10,7 +10,7 @@ use pycell_protocol::result::{EnvReport, NetworkReport, RunLimits, RunResult};
 
 use rmcp::model::{CallToolResult, ContentBlock};
 
-use super::cell_output::{image_info, CellInfo, FileChange, ImageInfo};
+use super::cell_output::{display_info, image_info, CellInfo, DisplayInfo, FileChange, ImageInfo};
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::{CgroupVersion, LandlockStatus, RunStatus};
 
@@ -132,6 +132,14 @@ pub struct RunPythonOutput {
     /// Images not returned because the result's image budget was used up
     /// (their files are listed).
     pub images_omitted: u32,
+    /// What the code showed with `display()` (a builtin, as in a
+    /// notebook), and a cell's value when it has a richer form than its
+    /// text: MIME parts, each text part within the policy's `[output]`
+    /// bounds; the markdown (or text) is in the text content.
+    pub displays: Vec<DisplayInfo>,
+    /// Displays not returned (past `[output] displays`, or over its
+    /// `display_bytes`).
+    pub displays_omitted: u32,
     /// A session cell (run_python with `session`): its number, the last
     /// expression's value, its exception; absent for a one-shot run.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -181,6 +189,8 @@ impl From<RunResult> for RunPythonOutput {
             files_truncated: r.files_truncated,
             images: r.images.iter().map(image_info).collect(),
             images_omitted: r.images_omitted,
+            displays: r.displays.iter().map(display_info).collect(),
+            displays_omitted: r.displays_omitted,
             cell: None,
             refusals: r.refusals,
             termination: r.termination,
@@ -349,10 +359,11 @@ impl RunPythonOutput {
             self.stderr_truncated,
             cap,
         );
-        let has_value = self
-            .cell
-            .as_ref()
-            .is_some_and(|c| c.value.is_some() || c.exception.is_some());
+        let has_value = !self.displays.is_empty()
+            || self
+                .cell
+                .as_ref()
+                .is_some_and(|c| c.value.is_some() || c.exception.is_some());
         if self.stdout.is_empty() && self.stderr.is_empty() && !has_value {
             match self.status {
                 Status::Ok | Status::Error => {
@@ -363,8 +374,9 @@ impl RunPythonOutput {
             }
         }
         if let Some(c) = &self.cell {
-            super::cell_output::render_cell(c, &mut text);
+            super::cell_output::render_cell(c, &self.displays, &mut text);
         }
+        super::cell_output::render_displays(&self.displays, self.displays_omitted, &mut text);
         for f in &self.files {
             let verb = if f.created { "created" } else { "changed" };
             text.push_str(&format!("file {verb}: {} ({} bytes)\n", f.path, f.size));

@@ -19,7 +19,7 @@ use pycell_protocol::session::{
     SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
 };
 
-use super::cell_output::{image_info, CellException, CellInfo, FileChange};
+use super::cell_output::{display_info, image_info, CellException, CellInfo, FileChange};
 use super::output::{human_bytes, structured, ErrorInfo, RunPythonOutput};
 use super::tools::{portable, ArgumentError};
 use super::PycellServer;
@@ -216,7 +216,8 @@ impl PycellServer {
             .await
         {
             Ok(answer) => {
-                let images = super::cell_output::image_content(&answer.reply.images);
+                let images =
+                    super::cell_output::image_content(&answer.reply.images, &answer.reply.displays);
                 cell_result(session, answer).tool_result(images)
             }
             Err(f)
@@ -439,6 +440,8 @@ fn killed_cell(session: &str, f: &SessionFailure) -> CallToolResult {
         files_truncated: false,
         images: Vec::new(),
         images_omitted: 0,
+        displays: Vec::new(),
+        displays_omitted: 0,
         cell: Some(super::cell_output::no_cell(session)),
         refusals: Vec::new(),
         termination: Some(session_gone(status, &f.message)),
@@ -670,6 +673,8 @@ pub fn cell_result(session: &str, a: Answer) -> RunPythonOutput {
         }),
         images: r.images.iter().map(image_info).collect(),
         images_omitted: r.images_omitted,
+        displays: r.displays.iter().map(display_info).collect(),
+        displays_omitted: r.displays_omitted,
         refusals: a.refusals.clone(),
         termination: a.termination.clone(),
     }

@@ -21,7 +21,7 @@ from typing import Any, Unpack
 from pycell import errors
 from pycell.client import Client, OutputCallback, ProgressCallback, RunOptions, Session
 from pycell.errors import PycellError
-from pycell.types import CellResult, ChangedFile, DirEntry, Failure, GrantCleanup, Image, Result
+from pycell.types import CellResult, ChangedFile, DirEntry, Display, Failure, GrantCleanup, Image, Result
 
 __version__ = "0.1.0"
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "ChangedFile",
     "Client",
     "DirEntry",
+    "Display",
     "Failure",
     "GrantCleanup",
     "Image",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pycell.aio import AsyncClient, AsyncSession
 from pycell.client import Client
 from pycell.errors import PycellError
-from pycell.types import CellResult, Result
+from pycell.types import CellResult, Display, Result
 
 __all__ = ["PYTHON_SESSION", "RUN_PYTHON", "SandboxTools"]
 
@@ -52,7 +52,13 @@ def render_run(result: Result) -> str:
     lines.append("stdout:\n" + _clip(result.stdout, result.stdout_truncated) if result.stdout else "stdout: (empty)")
     if result.stderr:
         lines.append("stderr:\n" + _clip(result.stderr, result.stderr_truncated))
+    lines.extend(_shown(result.displays))
     return "\n".join(lines)
+
+
+def _shown(displays: list[Display]) -> list[str]:
+    """What display() showed: each one's markdown, else its text."""
+    return [f"display:\n{d.markdown or d.text}" for d in displays if d.kind == "display"]
 
 
 def render_cell(cell: CellResult) -> str:
@@ -62,8 +68,10 @@ def render_cell(cell: CellResult) -> str:
         lines.append("stdout:\n" + _clip(cell.stdout))
     if cell.stderr:
         lines.append("stderr:\n" + _clip(cell.stderr))
+    lines.extend(_shown(cell.displays))
     if cell.value is not None:
-        lines.append(f"value: {_clip(cell.value)}")
+        rich = next((d.markdown for d in cell.displays if d.kind == "value" and d.markdown), None)
+        lines.append(f"value:\n{rich}" if rich else f"value: {_clip(cell.value)}")
     if cell.error is not None:
         lines.append(f"exception: {cell.error.type}: {cell.error.message}\n{_clip(cell.error.traceback)}")
     if cell.images:

@@ -16,6 +16,7 @@ __all__ = [
     "CellResult",
     "ChangedFile",
     "DirEntry",
+    "Display",
     "Failure",
     "Image",
     "Limits",
@@ -99,6 +100,29 @@ class Image:
 
 
 @dataclass
+class Display:
+    """Something the code showed with `display()`, or a cell's value in a
+    richer form than its text: its MIME parts, each text part within the
+    policy's `[output] part_chars` (`truncated` if one was cut). `kind` is
+    `display` or `value`."""
+
+    kind: str
+    text: str
+    markdown: str | None = field(default=None, omit="none")
+    html: str | None = field(default=None, omit="none")
+    json: str | None = field(default=None, omit="none")
+    svg: str | None = field(default=None, omit="none")
+    png: str | None = field(default=None, omit="none")
+    truncated: bool = False
+    extra: dict[str, Any] = field(factory=dict)
+
+    @property
+    def png_data(self) -> bytes | None:
+        """The image/png part's bytes, if there is one."""
+        return None if self.png is None else base64.b64decode(self.png)
+
+
+@dataclass
 class Refusal:
     """One thing the sandbox refused (docs/refusals.md): the `layer`
     (memory, pids, cpu, wall_timeout, disk, output, egress, dns, tools,
@@ -155,6 +179,8 @@ class Result:
     grant_cleanups: list[GrantCleanup] = field(factory=list, omit="empty")
     images: list[Image] = field(factory=list, omit="empty")
     images_omitted: int = field(default=0, omit="zero")
+    displays: list[Display] = field(factory=list, omit="empty")
+    displays_omitted: int = field(default=0, omit="zero")
     network: dict[str, Any] | None = field(default=None, omit="none")
     env: dict[str, Any] | None = field(default=None, omit="none")
     tool_calls: dict[str, Any] | None = field(default=None, omit="none")
@@ -202,6 +228,8 @@ class Reply:
     files_truncated: bool = False
     images: list[Image] = field(factory=list)
     images_omitted: int = 0
+    displays: list[Display] = field(factory=list, omit="empty")
+    displays_omitted: int = field(default=0, omit="zero")
     path: str | None = None
     size: int | None = None
     data: str | None = None
@@ -242,9 +270,11 @@ class SessionAnswer:
 
 @dataclass
 class CellResult:
-    """What a session cell did: its output, the repr of its last
-    expression (`value`), the exception it raised (`error`), the files it
-    changed and the images it made (PNG bytes)."""
+    """What a session cell did: its output, its last expression's text
+    (`value`: its repr, or a bounded rendering of a DataFrame, array or
+    long container), the exception it raised (`error`), the files it
+    changed, the images it made (PNG bytes), and what it showed
+    (`displays`: display() calls, then the value's richer form)."""
 
     cell: int | None
     stdout: str
@@ -256,6 +286,7 @@ class CellResult:
     measure: Measure
     refusals: list[Refusal]
     termination: Termination | None
+    displays: list[Display]
 
     @property
     def ok(self) -> bool:
@@ -277,6 +308,7 @@ class CellResult:
             measure=answer.measure,
             refusals=answer.refusals,
             termination=answer.termination,
+            displays=r.displays,
         )
 
 

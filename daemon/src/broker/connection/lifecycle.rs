@@ -201,14 +201,14 @@ pub(super) async fn start(
     let ((reply, fds), cancelled) = installing::last_reply(broker, conn, id, req, replies)
         .await
         .map_err(|e| internal(e.to_string()))?;
-    let (run_id, sandbox_uid, policy, limits, images, egress, env, ready, descriptors) = match reply
+    let (run_id, sandbox_uid, policy, limits, media, egress, env, ready, descriptors) = match reply
     {
         ToBroker::Spawned {
             run_id,
             sandbox_uid,
             policy,
             limits,
-            images,
+            media,
             egress,
             env,
             ready,
@@ -219,7 +219,7 @@ pub(super) async fn start(
             sandbox_uid,
             policy,
             limits,
-            images,
+            media,
             egress,
             env,
             ready,
@@ -275,7 +275,7 @@ pub(super) async fn start(
             ready,
             policy,
             limits,
-            images,
+            media,
             events,
             handouts,
             services,
@@ -359,7 +359,7 @@ pub(super) async fn relay_run(
 ) -> Vec<ServerMessage> {
     let kill = control.kill;
     let collector = Collector::new(&started.run_id, &started.policy, Some(started.limits))
-        .with_image_limits(started.images);
+        .with_media_limits(started.media);
     let env = started.env;
     let mut stdio = started.stdio;
     let mut stream = RunStream::start(

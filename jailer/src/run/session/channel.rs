@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Instant;
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
-use pycell_runner::session::SessionOp;
+use pycell_runner::session::{new_token, reply_body, SessionOp, Token};
 use pycell_wire::report::SessionEnd;
 use pycell_wire::spec::SessionSpec;
 
@@ -45,6 +45,8 @@ pub(crate) struct SessionRelay {
     /// The runner's channel.
     runner: Option<File>,
     to_runner: Vec<u8>,
+    /// The token of the request in flight, which its reply must bring.
+    token: Token,
     replies: Frames,
     pub steps: VecDeque<SessionStep>,
     /// Why the session ended, once it has.
@@ -82,6 +84,7 @@ impl SessionRelay {
             incoming: request_frames(),
             runner: Some(nonblocking(runner)),
             to_runner: Vec::new(),
+            token: new_token(),
             replies: reply_frames(),
             steps: VecDeque::new(),
             end: None,
@@ -149,7 +152,8 @@ impl SessionRelay {
         {
             Ok(None) => {}
             Ok(Some(op)) => {
-                self.to_runner = op.runner_frame();
+                self.token = new_token();
+                self.to_runner = op.runner_frame(&self.token);
                 self.steps.push_back(SessionStep::Begin(Box::new(op)));
             }
             Err(e) => self.ended(SessionEnd::Protocol, Some(e.to_string())),
@@ -172,7 +176,8 @@ impl SessionRelay {
     }
 
     /// Read the runner's channel: a whole reply is a step. A reply nobody
-    /// asked for, or one over the maximum, breaks the session.
+    /// asked for (a second one, one without the token of the request in
+    /// flight), or one over the maximum, breaks the session.
     pub fn read_runner(&mut self) {
         let mut buf = vec![0u8; CHUNK];
         let Some(f) = self.runner.as_mut() else {
@@ -193,13 +198,14 @@ impl SessionRelay {
         loop {
             match self.replies.next() {
                 Ok(None) => return,
-                Ok(Some(_)) if answered || !self.clocks.busy() => {
-                    let why = "the runner replied to no request (the code wrote a reply frame of its own)";
-                    return self.ended(SessionEnd::Protocol, Some(why.into()));
-                }
                 Ok(Some(body)) => {
+                    let reply = reply_body(&body, &self.token);
+                    let Some(reply) = reply.filter(|_| !answered && self.clocks.busy()) else {
+                        let why = "the runner replied to no request (the code wrote a reply frame of its own)";
+                        return self.ended(SessionEnd::Protocol, Some(why.into()));
+                    };
                     answered = true;
-                    self.steps.push_back(SessionStep::Reply(body));
+                    self.steps.push_back(SessionStep::Reply(reply.to_vec()));
                 }
                 Err(e) => {
                     let why = format!("the runner's reply: {e}");
@@ -242,22 +248,54 @@ mod tests {
         relay.steps.iter().filter(reply).count()
     }
 
+    fn reply(relay: &SessionRelay, body: &str) -> Vec<u8> {
+        frame(&format!(
+            "{}{body}",
+            std::str::from_utf8(&relay.token).unwrap()
+        ))
+    }
+
     #[test]
     fn one_request_gets_one_reply_and_a_second_in_the_same_read_ends_the_session() {
-        // A cell wrote a frame of its own, and the runner's real reply came
-        // right behind it, in one read: the second must not wait in the
-        // buffer to answer the next request.
+        // A cell wrote a frame of its own with the token it found, and the
+        // runner's real reply came right behind it, in one read: the second
+        // must not wait in the buffer to answer the next request.
         let (mut relay, _launcher, mut code) = busy_relay();
-        let mut both = frame(r#"{"value":"666"}"#);
-        both.extend(frame(r#"{"value":"41"}"#));
+        let mut both = reply(&relay, r#"{"value":"666"}"#);
+        both.extend(reply(&relay, r#"{"value":"41"}"#));
         code.write_all(&both).unwrap();
         relay.read_runner();
         assert_eq!(replies(&relay), 1);
         assert_eq!(relay.end, Some(SessionEnd::Protocol), "{:?}", relay.broken);
 
         let (mut relay, _launcher, mut code) = busy_relay();
-        code.write_all(&frame(r#"{"value":"41"}"#)).unwrap();
+        code.write_all(&reply(&relay, r#"{"value":"41"}"#)).unwrap();
         relay.read_runner();
         assert_eq!((replies(&relay), relay.end), (1, None));
+        match relay.steps.back() {
+            Some(SessionStep::Reply(body)) => assert_eq!(body, br#"{"value":"41"}"#),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_reply_without_the_requests_token_answers_nothing_and_ends_the_session() {
+        // What the code wrote without the token, or the runner's late
+        // reply to an earlier request, once the next one is in flight.
+        let (mut relay, _launcher, mut code) = busy_relay();
+        code.write_all(&frame(r#"{"value":"666"}"#)).unwrap();
+        relay.read_runner();
+        assert_eq!(replies(&relay), 0);
+        assert_eq!(relay.end, Some(SessionEnd::Protocol), "{:?}", relay.broken);
+
+        let (mut relay, _launcher, mut code) = busy_relay();
+        let late = reply(&relay, r#"{"value":"20"}"#);
+        relay.token = new_token();
+        code.write_all(&late).unwrap();
+        relay.read_runner();
+        assert_eq!(
+            (replies(&relay), relay.end),
+            (0, Some(SessionEnd::Protocol))
+        );
     }
 }

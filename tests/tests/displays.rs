@@ -1,0 +1,161 @@
+//! What a run shows with `display()` comes back as displays, each in the
+//! richest form the object offers (markdown, a PNG, text), held to the
+//! policy's `[output]` on the host: cold embedded (the runner's limits on
+//! its command line) and warm through pycelld (in its work frame) alike;
+//! and a runner that forges displays past those bounds gets them cut or
+//! counted. (A DataFrame and a 2 MB value through the official MCP SDK
+//! are in mcp_sessions.)
+
+#![forbid(unsafe_code)]
+
+use base64::Engine;
+use pycell_protocol::messages::RunRequest;
+use pycell_tests::daemon::Daemon;
+use pycell_tests::{run_code, status_of};
+use serde_json::Value;
+
+/// A markdown object, a 20x10 PNG through `_repr_png_`, a long string,
+/// then two more than `[output] displays = 3` keeps.
+const SHOWS: &str = r#"
+import struct, zlib
+def png(w, h):
+    raw = b"".join(b"\x00" + b"\xff\x00\x00" * w for _ in range(h))
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+class Table:
+    def _repr_markdown_(self):
+        return "| a |\n|---|\n| 1 |"
+    def __repr__(self):
+        return "Table(a=[1])"
+class Picture:
+    def _repr_png_(self):
+        return png(20, 10)
+display(Table(), Picture(), "x" * 5000)
+display(4, 5)
+print("shown")
+"#;
+
+/// The policy `outputs`: the default with `[output] part_chars = 300`
+/// and `displays = 3`.
+fn outputs_policy() -> String {
+    let text = pycell_policy::builtin::source("default")
+        .unwrap()
+        .replace("name = \"default\"", "name = \"outputs\"")
+        .replace("part_chars = 16384", "part_chars = 300")
+        .replace("displays = 16", "displays = 3");
+    assert!(text.contains("part_chars = 300") && text.contains("displays = 3"));
+    text
+}
+
+fn policy_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("outputs.toml"), outputs_policy()).unwrap();
+    dir
+}
+
+fn check_displays(r: &Value) {
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["stdout"], "shown\n", "{r}");
+    let shown = r["displays"].as_array().unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(shown.len(), 3, "{r}");
+    assert_eq!(r["displays_omitted"], 2, "{r}");
+    assert_eq!(shown[0]["kind"], "display");
+    assert_eq!(shown[0]["markdown"], "| a |\n|---|\n| 1 |");
+    assert_eq!(shown[0]["text"], "Table(a=[1])");
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(
+            shown[1]["png"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no png: {r}")),
+        )
+        .unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png[16..24] == [0, 0, 0, 20, 0, 0, 0, 10]);
+    let long = shown[2]["text"].as_str().unwrap();
+    assert!(long.chars().count() <= 300, "{long}");
+    assert!(
+        long.starts_with("'xxx") && long.contains("characters cut"),
+        "{long}"
+    );
+    assert_eq!(shown[2]["truncated"], true);
+}
+
+#[test]
+fn a_cold_embedded_run_shows_its_displays_within_the_policys_output_bounds() {
+    let dir = policy_dir();
+    let policy = dir.path().join("outputs.toml");
+    let out = run_code(
+        "main.py",
+        SHOWS,
+        &["--policy", policy.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(status_of(&out), "ok", "{}", out.describe());
+    check_displays(&out.result());
+}
+
+#[test]
+fn a_warm_run_through_pycelld_shows_them_too() {
+    let dir = policy_dir();
+    let d = Daemon::start(&format!(
+        "policy_dir = \"{}\"\nwarm_pools = {{ outputs = 1 }}\n",
+        dir.path().display()
+    ));
+    let result = d.warm_run(&RunRequest {
+        code: SHOWS.into(),
+        policy: Some("outputs".into()),
+        ..RunRequest::default()
+    });
+    check_displays(&serde_json::to_value(&result).unwrap());
+}
+
+/// Code that writes the runner's frame itself on the way back (its stdin)
+/// and closes it, with displays past every bound: the host keeps three,
+/// cuts each text part to 300 characters, drops a PNG part that is not a
+/// PNG within the 1024 px edge, and counts the rest.
+const FORGED: &str = r#"
+import base64, json, os
+def shown(**parts):
+    return dict({"kind": "display", "text": "t", "truncated": False}, **parts)
+frame = {"displays": [
+    shown(markdown="m" * 100000, html="h" * 100000),
+    shown(png=base64.b64encode(b"GIF89a" + b"\0" * 30).decode()),
+    shown(json="[" + "1," * 50000 + "1]"),
+    shown(), shown(), shown(),
+], "displays_omitted": 1}
+body = json.dumps(frame).encode()
+os.write(0, len(body).to_bytes(4, "big") + body)
+os.close(0)
+print("forged")
+"#;
+
+#[test]
+fn displays_a_runner_forges_are_held_to_the_policy_on_the_host() {
+    let dir = policy_dir();
+    let policy = dir.path().join("outputs.toml");
+    let out = run_code(
+        "main.py",
+        FORGED,
+        &["--policy", policy.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(status_of(&out), "ok", "{}", out.describe());
+    let r = out.result();
+    assert_eq!(r["stdout"], "forged\n", "{r}");
+    let shown = r["displays"].as_array().unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(shown.len(), 3, "{r}");
+    assert_eq!(r["displays_omitted"], 4, "{r}");
+    for part in ["markdown", "html"] {
+        let text = shown[0][part].as_str().unwrap();
+        assert!(text.chars().count() <= 300, "{part}: {}", text.len());
+    }
+    assert_eq!(shown[0]["truncated"], true);
+    assert!(shown[1].get("png").is_none(), "{r}");
+    assert!(shown[2]["json"].as_str().unwrap().chars().count() <= 300);
+}
