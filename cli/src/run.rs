@@ -318,6 +318,22 @@ pub fn emit(json: bool, r: &RunResult) {
         }
         return;
     }
+    if let Some(t) = &r.stdout_tail {
+        eprintln!(
+            "pycell: [... {} bytes of stdout past the output cap were not kept; its last {} follow]",
+            t.skipped_bytes,
+            t.tail.len()
+        );
+        let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), t.tail.as_bytes());
+    }
+    if let Some(t) = &r.stderr_tail {
+        eprintln!(
+            "pycell: [... {} bytes of stderr past the output cap were not kept; its last {} follow]",
+            t.skipped_bytes,
+            t.tail.len()
+        );
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), t.tail.as_bytes());
+    }
     for d in &r.displays {
         say!("{}", d.text);
     }

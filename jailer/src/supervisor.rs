@@ -159,6 +159,8 @@ fn assemble_report(
         signal: outcome.signal,
         stdout_truncated: relayed.truncated[0],
         stderr_truncated: relayed.truncated[1],
+        stdout_tail: relayed.tails[0].clone(),
+        stderr_tail: relayed.tails[1].clone(),
         wall_ms: run.wall.as_secs_f64() * 1000.0,
         cpu_ms: usage.cpu_ns.saturating_sub(run.before.cpu_ns) as f64 / 1e6,
         peak_memory_bytes: usage.peak_memory_bytes,

@@ -44,7 +44,7 @@ fn fitted(mut display: Display, limits: MediaLimits, left: &mut u64) -> Option<D
         display.svg.as_mut(),
     ];
     for part in parts.into_iter().flatten() {
-        display.truncated |= cut_middle(part, chars);
+        display.truncated |= pycell_protocol::bounds::cut_middle(part, chars);
     }
     if display
         .png
@@ -100,22 +100,6 @@ fn png_within(base64: &str, max_edge: u32) -> bool {
         .is_some_and(|(w, h)| (1..=max_edge).contains(&w) && (1..=max_edge).contains(&h))
 }
 
-/// Cut `text` to at most `chars` characters, its head and tail kept
-/// around a line that says how many were cut (as the runner cuts);
-/// whether it was cut.
-pub fn cut_middle(text: &mut String, chars: usize) -> bool {
-    let total = text.chars().count();
-    if total <= chars {
-        return false;
-    }
-    let mark = format!("\n[... {} characters cut ...]\n", total - chars);
-    let half = chars.saturating_sub(mark.chars().count()) / 2;
-    let head: String = text.chars().take(half).collect();
-    let tail: String = text.chars().skip(total - half).collect();
-    *text = format!("{head}{mark}{tail}");
-    true
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,18 +138,6 @@ mod tests {
         bytes.extend(width.to_be_bytes());
         bytes.extend(height.to_be_bytes());
         base64::engine::general_purpose::STANDARD.encode(bytes)
-    }
-
-    #[test]
-    fn a_long_part_keeps_its_head_and_tail_within_the_characters() {
-        let mut s = format!("{}{}", "a".repeat(500), "é".repeat(500));
-        assert!(cut_middle(&mut s, 300));
-        assert!(s.chars().count() <= 300, "{}", s.chars().count());
-        assert!(s.starts_with("aaa") && s.ends_with("ééé"), "{s}");
-        assert!(s.contains("[... 700 characters cut ...]"), "{s}");
-        let mut short = "abc".to_string();
-        assert!(!cut_middle(&mut short, 3));
-        assert_eq!(short, "abc");
     }
 
     #[test]

@@ -632,7 +632,8 @@ fn keep_valid_media(reply: &mut RunnerReply, limits: Option<MediaLimits>) {
     crate::launcher::keep_valid_images(&mut reply.images, &mut reply.images_omitted, images);
     crate::displays::keep_valid_displays(&mut reply.displays, &mut reply.displays_omitted, limits);
     if let (Some(value), Some(l)) = (reply.value.as_mut(), limits) {
-        reply.value_truncated |= crate::displays::cut_middle(value, l.displays.part_chars as usize);
+        reply.value_truncated |=
+            pycell_protocol::bounds::cut_middle(value, l.displays.part_chars as usize);
     }
 }
 

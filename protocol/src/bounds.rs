@@ -270,9 +270,37 @@ impl RunRequest {
     }
 }
 
+/// Cut `text` to at most `chars` characters, its head and tail kept
+/// around a line that says how many were cut (as the runner cuts);
+/// whether it was cut.
+pub fn cut_middle(text: &mut String, chars: usize) -> bool {
+    let total = text.chars().count();
+    if total <= chars {
+        return false;
+    }
+    let mark = format!("\n[... {} characters cut ...]\n", total - chars);
+    let half = chars.saturating_sub(mark.chars().count()) / 2;
+    let head: String = text.chars().take(half).collect();
+    let tail: String = text.chars().skip(total - half).collect();
+    *text = format!("{head}{mark}{tail}");
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_part_keeps_its_head_and_tail_within_the_characters() {
+        let mut s = format!("{}{}", "a".repeat(500), "é".repeat(500));
+        assert!(cut_middle(&mut s, 300));
+        assert!(s.chars().count() <= 300, "{}", s.chars().count());
+        assert!(s.starts_with("aaa") && s.ends_with("ééé"), "{s}");
+        assert!(s.contains("[... 700 characters cut ...]"), "{s}");
+        let mut short = "abc".to_string();
+        assert!(!cut_middle(&mut short, 3));
+        assert_eq!(short, "abc");
+    }
 
     fn req() -> RunRequest {
         RunRequest {

@@ -241,7 +241,7 @@ pub fn of_limits(facts: &LimitFacts<'_>) -> Vec<Refusal> {
             let cap = facts
                 .max_output
                 .map_or(String::new(), |n| format!(" past {}", size(n)));
-            let object = format!("{stream}{cap} (the rest was dropped)");
+            let object = format!("{stream}{cap} (the rest was dropped but its last 16 KiB)");
             let remedy = "print less (a summary, the head and tail), and write the full output to a file in /workspace";
             out.push(Refusal::new(
                 RefusalLayer::Output,

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::refusals::{self, EndFacts, LimitFacts, Refusal, Termination};
 use pycell_wire::report::{
     exit_code_for, ChangedFile, Display, GrantCleanup, Image, JailFailure, JailReport, Layers,
-    RunStatus, SessionEnd,
+    RunStatus, SessionEnd, StreamTail,
 };
 
 pub use crate::limits::RunLimits;
@@ -29,6 +29,13 @@ pub struct RunResult {
     pub stderr: String,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
+    /// The end of a stream that went over the output cap: its last bytes
+    /// (at most 16 KiB), and how many between them and `stdout` were
+    /// dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout_tail: Option<StreamTail>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_tail: Option<StreamTail>,
     pub wall_ms: f64,
     pub cpu_ms: f64,
     pub peak_memory_bytes: u64,
@@ -235,6 +242,8 @@ impl RunResult {
             stderr: String::from_utf8_lossy(stderr).into_owned(),
             stdout_truncated: report.stdout_truncated,
             stderr_truncated: report.stderr_truncated,
+            stdout_tail: report.stdout_tail,
+            stderr_tail: report.stderr_tail,
             wall_ms: report.wall_ms,
             cpu_ms: report.cpu_ms,
             peak_memory_bytes: report.peak_memory_bytes,

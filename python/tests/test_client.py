@@ -120,6 +120,13 @@ def test_a_session_keeps_state_files_and_images(pycelld: Pycelld) -> None:
 TABLE = "class Table:\n    def _repr_markdown_(self):\n        return '| a |\\n|---|\\n| 1 |'\n"
 
 
+def test_a_long_stdout_keeps_its_tail(pycelld: Pycelld) -> None:
+    r = pycell.run("for i in range(200_000):\n    print('%019d' % i)\nprint('END')\n")
+    assert r.ok and r.stdout_truncated and len(r.stdout) == 1 << 20, r.status
+    assert r.stdout_tail is not None and r.stdout_tail.tail.endswith("0000000000000199999\nEND\n")
+    assert r.stdout_tail.skipped_bytes == 200_000 * 20 + 4 - (1 << 20) - len(r.stdout_tail.tail)
+
+
 def test_displays_come_back_typed(pycelld: Pycelld) -> None:
     r = pycell.run(TABLE + "display(Table(), {'n': 1})\n")
     assert r.ok, r

@@ -64,6 +64,11 @@ pub struct ReplyMeasure {
     /// Output of this request past the cap was dropped.
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
+    /// The ends of this request's streams that went over the cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout_tail: Option<crate::report::StreamTail>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_tail: Option<crate::report::StreamTail>,
     /// It overran its wall timeout and was interrupted (SIGINT, which a
     /// cell sees as KeyboardInterrupt).
     pub interrupted: bool,

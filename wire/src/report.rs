@@ -274,6 +274,15 @@ pub struct Layers {
     pub capabilities: String,
 }
 
+/// The end of a stream that went over its cap: after the part kept
+/// (`stdout`, `stderr`), `skipped_bytes` were read and dropped, then came
+/// `tail`, the stream's last bytes (at most 16 KiB, lossy UTF-8).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct StreamTail {
+    pub skipped_bytes: u64,
+    pub tail: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JailReport {
     pub status: RunStatus,
@@ -281,6 +290,11 @@ pub struct JailReport {
     pub signal: Option<i32>,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
+    /// The ends of streams that went over the cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout_tail: Option<StreamTail>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_tail: Option<StreamTail>,
     pub wall_ms: f64,
     pub cpu_ms: f64,
     pub peak_memory_bytes: u64,
@@ -383,6 +397,8 @@ impl JailReport {
             signal: None,
             stdout_truncated: false,
             stderr_truncated: false,
+            stdout_tail: None,
+            stderr_tail: None,
             wall_ms: 0.0,
             cpu_ms: 0.0,
             peak_memory_bytes: 0,

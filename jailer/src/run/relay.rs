@@ -20,12 +20,13 @@ use pycell_wire::spec::JailSpec;
 use crate::run::outbox::{self, Outbox};
 use crate::run::run_images::BackChannel;
 use crate::run::session::{ClockAction, SessionRelay, SessionStep};
+use crate::run::tail::Tail;
 use crate::run::warm::{Arrival, Phase, WarmState};
 use crate::setup::status::ChildMessage;
 use pycell_host::cgroup::{CgroupUsage, SandboxCgroup};
 use pycell_seccomp::SyscallNames;
 use pycell_wire::events::ReplyMeasure;
-use pycell_wire::report::{LimitEvents, SeccompRefused, SessionEnd};
+use pycell_wire::report::{LimitEvents, SeccompRefused, SessionEnd, StreamTail};
 
 use crate::run::seccomp_watch::{self, SeccompWatch};
 
@@ -57,6 +58,8 @@ pub(crate) struct Relayed {
     pub init_status: Option<WaitStatus>,
     pub messages: Vec<ChildMessage>,
     pub truncated: [bool; 2],
+    /// The ends of the streams that went over the cap.
+    pub tails: [Option<StreamTail>; 2],
     /// Bytes used on the jail's writable tmpfs when it ended.
     pub disk_used_bytes: u64,
     /// The disk budget was full when the jail ended.
@@ -322,6 +325,7 @@ struct Relay {
     sent: [u64; 2],
     cap: u64,
     truncated: [bool; 2],
+    tails: [Tail; 2],
     drain_deadline: Option<Instant>,
     /// Where the jail sends its /workspace (see [`receive_workspace`]).
     disk_channel: Option<OwnedFd>,
@@ -405,6 +409,7 @@ impl Relay {
             sent: [0, 0],
             cap: spec.limits.max_output.get(),
             truncated: [false, false],
+            tails: tails(spec.limits.max_output.get()),
             drain_deadline: None,
             disk_channel: Some(ends.disk_channel),
             disk: None,
@@ -454,6 +459,7 @@ impl Relay {
         self.stdin_pos = 0;
         self.stdin = w.runner_stdin.take();
         self.cap = work.max_output.get();
+        self.tails = tails(self.cap);
         self.outbox
             .set_limit(outbox::pending_limit(work.max_output.get()));
         Some(WarmStep::Started(work.wall_timeout))
@@ -509,6 +515,7 @@ impl Relay {
         self.sent = [0, 0];
         self.truncated = [false, false];
         self.cap = op.max_output.get();
+        self.tails = tails(self.cap);
         self.outbox
             .set_limit(outbox::pending_limit(op.max_output.get()));
     }
@@ -537,6 +544,8 @@ impl Relay {
             peak_memory_bytes: usage.peak_memory_bytes,
             stdout_truncated: self.truncated[0],
             stderr_truncated: self.truncated[1],
+            stdout_tail: self.tails[0].take(),
+            stderr_tail: self.tails[1].take(),
             interrupted,
             limit_events: LimitEvents {
                 disk_full,
@@ -632,6 +641,7 @@ impl Relay {
             init_status,
             messages: self.messages(),
             truncated: self.truncated,
+            tails: self.tails.each_mut().map(Tail::take),
             disk_used_bytes,
             disk_full,
             seccomp_refused,
@@ -902,10 +912,13 @@ impl Relay {
                 // is dropped, as past its cap, and the result says so.
                 self.sent[i] = self.cap;
                 self.truncated[i] = true;
+                self.tails[i].push(&buf[..take]);
             }
         }
-        // Past the cap we keep reading and discarding, so the program is not
-        // blocked on a full pipe; the timeout bounds how long that goes on.
+        // Past the cap we keep reading, so the program is not blocked on a
+        // full pipe (the timeout bounds how long that goes on), and keep
+        // only the stream's last bytes, for the result.
+        self.tails[i].push(&buf[take..n]);
         Ok(true)
     }
 
@@ -930,4 +943,9 @@ impl Relay {
             .filter_map(|l| serde_json::from_slice(l).ok())
             .collect()
     }
+}
+
+/// A fresh tail for each stream, under the cap `cap`.
+fn tails(cap: u64) -> [Tail; 2] {
+    [Tail::new(cap), Tail::new(cap)]
 }

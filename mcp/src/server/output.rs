@@ -12,7 +12,7 @@ use rmcp::model::{CallToolResult, ContentBlock};
 
 use super::cell_output::{display_info, image_info, CellInfo, DisplayInfo, FileChange, ImageInfo};
 use pycell_wire::codes::{FailureCode, Layer};
-use pycell_wire::report::{CgroupVersion, LandlockStatus, RunStatus};
+use pycell_wire::report::{CgroupVersion, LandlockStatus, RunStatus, StreamTail};
 
 /// How the run ended.
 pub type Status = RunStatus;
@@ -80,10 +80,20 @@ pub struct RunPythonOutput {
     pub stdout: String,
     /// What the program printed on stderr (tracebacks go here).
     pub stderr: String,
-    /// True if stdout went over the output cap and the rest was dropped.
+    /// True if stdout went over the output cap and the rest was dropped
+    /// (but its last bytes: `stdout_tail`).
     pub stdout_truncated: bool,
-    /// True if stderr went over the output cap and the rest was dropped.
+    /// True if stderr went over the output cap and the rest was dropped
+    /// (but its last bytes: `stderr_tail`).
     pub stderr_truncated: bool,
+    /// When stdout went over the cap: its last bytes (at most 16 KiB,
+    /// `tail`) and how many between them and `stdout` were dropped
+    /// (`skipped_bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stdout_tail: Option<StreamTail>,
+    /// The same for stderr.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stderr_tail: Option<StreamTail>,
     /// Wall-clock time of the run, in milliseconds.
     pub duration_ms: f64,
     /// CPU time the program used, in milliseconds.
@@ -202,6 +212,8 @@ impl From<RunResult> for RunPythonOutput {
             stderr: r.stderr,
             stdout_truncated: r.stdout_truncated,
             stderr_truncated: r.stderr_truncated,
+            stdout_tail: r.stdout_tail,
+            stderr_tail: r.stderr_tail,
             duration_ms: r.wall_ms,
             cpu_ms: r.cpu_ms,
             peak_memory_bytes: r.peak_memory_bytes,
@@ -291,19 +303,58 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
-fn push_stream(text: &mut String, name: &str, body: &str, truncated: bool, cap: Option<u64>) {
+/// The most of each stream the text content shows: its head and its tail
+/// around a line that says how much was cut (the structured content has
+/// the stream as kept, up to the output cap, and its tail).
+pub const STREAM_TEXT_CHARS: usize = 24 << 10;
+
+/// One stream as kept (`body`, up to the cap), and its tail past the cap.
+struct Kept<'a> {
+    name: &'a str,
+    body: &'a str,
+    truncated: bool,
+    tail: Option<&'a StreamTail>,
+}
+
+fn push_stream(text: &mut String, s: Kept<'_>, cap: Option<u64>) {
+    let Kept {
+        name,
+        body,
+        truncated,
+        tail,
+    } = s;
     if body.is_empty() && !truncated {
         return;
     }
     text.push_str(&format!("\n--- {name} ---\n"));
-    text.push_str(body);
-    if !body.ends_with('\n') && !body.is_empty() {
+    let mut shown = body.to_string();
+    if let Some(t) = tail {
+        let end = if shown.ends_with('\n') || shown.is_empty() {
+            ""
+        } else {
+            "\n"
+        };
+        shown.push_str(&format!(
+            "{end}[... {} bytes of {name} past the output cap were not kept; its last {} follow ...]\n{}",
+            t.skipped_bytes,
+            human_bytes(t.tail.len() as u64),
+            t.tail
+        ));
+    }
+    if pycell_protocol::bounds::cut_middle(&mut shown, STREAM_TEXT_CHARS) {
+        let end = if shown.ends_with('\n') { "" } else { "\n" };
+        shown.push_str(&format!(
+            "{end}[{name} was cut to its head and tail here: the structured result's {name} and {name}_tail have more]"
+        ));
+    }
+    text.push_str(&shown);
+    if !shown.ends_with('\n') && !shown.is_empty() {
         text.push('\n');
     }
     if truncated {
         match cap {
             Some(c) => text.push_str(&format!(
-                "[{name} truncated: only the first {} were kept]\n",
+                "[{name} truncated: only the first {} and the last bytes were kept]\n",
                 human_bytes(c)
             )),
             None => text.push_str(&format!("[{name} truncated]\n")),
@@ -345,20 +396,29 @@ impl RunPythonOutput {
         let mut text = head;
         text.push('\n');
         let cap = self.limits.as_ref().map(|l| l.max_output.get());
-        push_stream(
-            &mut text,
-            "stdout",
-            &self.stdout,
-            self.stdout_truncated,
-            cap,
-        );
-        push_stream(
-            &mut text,
-            "stderr",
-            &self.stderr,
-            self.stderr_truncated,
-            cap,
-        );
+        let streams = [
+            (
+                "stdout",
+                &self.stdout,
+                self.stdout_truncated,
+                &self.stdout_tail,
+            ),
+            (
+                "stderr",
+                &self.stderr,
+                self.stderr_truncated,
+                &self.stderr_tail,
+            ),
+        ];
+        for (name, body, truncated, tail) in streams {
+            let kept = Kept {
+                name,
+                body,
+                truncated,
+                tail: tail.as_ref(),
+            };
+            push_stream(&mut text, kept, cap);
+        }
         let has_value = !self.displays.is_empty()
             || self
                 .cell
@@ -424,6 +484,8 @@ mod tests {
             signal: None,
             stdout_truncated: false,
             stderr_truncated: false,
+            stdout_tail: None,
+            stderr_tail: None,
             wall_ms: 17.4,
             cpu_ms: 9.2,
             peak_memory_bytes: 8_839_168,
@@ -460,6 +522,44 @@ mod tests {
     }
 
     #[test]
+    fn a_long_stream_shows_its_head_and_its_tail_within_the_text_budget() {
+        let mut rep = report(RunStatus::Ok, Some(0));
+        rep.stdout_truncated = true;
+        rep.stdout_tail = Some(StreamTail {
+            skipped_bytes: 4_000_000,
+            tail: "the last line\n".into(),
+        });
+        let head = "first line\n".repeat(100_000);
+        let r = RunResult::new(
+            "r-3",
+            "default",
+            Some(pycell_policy::RunLimits::default()),
+            rep,
+            head.as_bytes(),
+            b"",
+        );
+        let o = RunPythonOutput::from(r);
+        let text = o.render();
+        assert!(
+            text.chars().count() < STREAM_TEXT_CHARS + 1000,
+            "{}",
+            text.len()
+        );
+        assert!(text.contains("--- stdout ---\nfirst line\n"), "{text}");
+        assert!(text.contains("characters cut"), "{text}");
+        assert!(
+            text.contains("4000000 bytes of stdout past the output cap"),
+            "{text}"
+        );
+        assert!(text.contains("the last line\n[stdout was cut"), "{text}");
+        assert_eq!(
+            o.stdout.len(),
+            head.len(),
+            "the structured stdout is as kept"
+        );
+    }
+
+    #[test]
     fn a_timeout_says_what_to_change_in_the_call() {
         let mut rep = report(RunStatus::Timeout, None);
         rep.signal = Some(9);
@@ -481,7 +581,7 @@ mod tests {
         let text = o.render();
         assert!(text.starts_with("status: timeout ("), "{text}");
         assert!(
-            text.contains("[stdout truncated: only the first 1 MiB were kept]"),
+            text.contains("[stdout truncated: only the first 1 MiB and the last bytes were kept]"),
             "{text}"
         );
         assert!(text.contains("hint: pass a larger timeout_s"), "{text}");

@@ -28,6 +28,7 @@ __all__ = [
     "SessionEnded",
     "SessionInfo",
     "SessionSummary",
+    "StreamTail",
     "Termination",
 ]
 
@@ -123,6 +124,17 @@ class Display:
 
 
 @dataclass
+class StreamTail:
+    """The end of a stream that went over the output cap: its last bytes
+    (`tail`, at most 16 KiB) and how many were dropped between the part
+    kept and them (`skipped_bytes`)."""
+
+    skipped_bytes: int
+    tail: str
+    extra: dict[str, Any] = field(factory=dict)
+
+
+@dataclass
 class Refusal:
     """One thing the sandbox refused (docs/refusals.md): the `layer`
     (memory, pids, cpu, wall_timeout, disk, output, egress, dns, tools,
@@ -171,6 +183,8 @@ class Result:
     layers: dict[str, Any] | None
     error: Failure | None
     disk_used_bytes: int = 0
+    stdout_tail: StreamTail | None = field(default=None, omit="none")
+    stderr_tail: StreamTail | None = field(default=None, omit="none")
     warm: bool = False
     warm_waited_ms: float | None = field(default=None, omit="none")
     session_end: dict[str, Any] | None = field(default=None, omit="none")
@@ -249,6 +263,8 @@ class Measure:
     stdout_truncated: bool
     stderr_truncated: bool
     interrupted: bool
+    stdout_tail: StreamTail | None = field(default=None, omit="none")
+    stderr_tail: StreamTail | None = field(default=None, omit="none")
     limit_events: dict[str, Any] | None = field(default=None, omit="none")
     extra: dict[str, Any] = field(factory=dict)
 

@@ -1,15 +1,18 @@
-//! What a run shows with `display()` comes back as displays, each in the
-//! richest form the object offers (markdown, a PNG, text), held to the
-//! policy's `[output]` on the host: cold embedded (the runner's limits on
-//! its command line) and warm through pycelld (in its work frame) alike;
-//! and a runner that forges displays past those bounds gets them cut or
-//! counted. (A DataFrame and a 2 MB value through the official MCP SDK
-//! are in mcp_sessions.)
+//! Outputs sized for a model's context. What a run shows with
+//! `display()` comes back as displays, each in the richest form the object
+//! offers (markdown, a PNG, text), held to the policy's `[output]` on the
+//! host: cold embedded (the runner's limits on its command line) and warm
+//! through pycelld (in its work frame) alike; a runner that forges
+//! displays past those bounds gets them cut or counted. A 5 MB stdout
+//! comes back as its head (the output cap) and its tail, in a run and in
+//! a session cell. (A DataFrame and a 2 MB value through the official MCP
+//! SDK are in mcp_sessions.)
 
 #![forbid(unsafe_code)]
 
 use base64::Engine;
 use pycell_protocol::messages::RunRequest;
+use pycell_protocol::session::{SessionCall, SessionStartRequest};
 use pycell_tests::daemon::Daemon;
 use pycell_tests::{run_code, status_of};
 use serde_json::Value;
@@ -158,4 +161,68 @@ fn displays_a_runner_forges_are_held_to_the_policy_on_the_host() {
     assert_eq!(shown[0]["truncated"], true);
     assert!(shown[1].get("png").is_none(), "{r}");
     assert!(shown[2]["json"].as_str().unwrap().chars().count() <= 300);
+}
+
+/// 5 MB of numbered lines on stdout, then a last line the model needs.
+const FLOOD: &str = r#"
+import sys
+for i in range(250_000):
+    sys.stdout.write("line %019d\n" % i)
+print("THE END: 42")
+"#;
+
+fn check_tail(stdout: &str, truncated: bool, tail: &Value) {
+    assert!(truncated, "5 MB is over the 1 MiB cap");
+    assert_eq!(stdout.len(), 1 << 20, "the head is the cap");
+    assert!(stdout.starts_with("line 0000000000000000000\n"));
+    let end = tail["tail"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no tail: {tail}"));
+    assert!(
+        end.ends_with("line 0000000000000249999\nTHE END: 42\n"),
+        "{}",
+        &end[end.len().saturating_sub(80)..]
+    );
+    assert_eq!(end.len(), 16 << 10, "the tail is 16 KiB");
+    let total = 250_000 * 25 + "THE END: 42\n".len() as u64;
+    let skipped = tail["skipped_bytes"].as_u64().unwrap();
+    assert_eq!(skipped, total - (1 << 20) - (16 << 10), "{tail}");
+}
+
+#[test]
+fn a_long_stdout_keeps_its_head_and_its_tail_in_a_run_and_a_cell() {
+    let out = run_code("main.py", FLOOD, &[], &[]);
+    assert_eq!(status_of(&out), "ok", "{}", out.describe());
+    let r = out.result();
+    check_tail(
+        r["stdout"].as_str().unwrap(),
+        r["stdout_truncated"] == true,
+        &r["stdout_tail"],
+    );
+    assert!(r.get("stderr_tail").is_none(), "{}", r["stderr_tail"]);
+
+    let d = Daemon::start("");
+    let mut c = d.client();
+    let s = c
+        .session_start(SessionStartRequest::default(), |_| {})
+        .unwrap_or_else(|e| panic!("session_start: {e}\n{}", d.log()))
+        .session;
+    let a = c
+        .session_call(&s, SessionCall::Cell { code: FLOOD.into() }, None)
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let m = serde_json::to_value(&a.measure).unwrap();
+    check_tail(&a.stdout, a.measure.stdout_truncated, &m["stdout_tail"]);
+    // The next cell's streams are its own.
+    let next = c
+        .session_call(
+            &s,
+            SessionCall::Cell {
+                code: "print('short')".into(),
+            },
+            None,
+        )
+        .unwrap();
+    assert_eq!(next.stdout, "short\n");
+    assert!(next.measure.stdout_tail.is_none());
+    c.session_end(&s).unwrap();
 }
