@@ -30,6 +30,17 @@ pub mod sdk;
 /// Default host-side guard for one `pycell` invocation: a hang fails the test
 /// instead of stalling the suite.
 pub const DEFAULT_GUARD: Duration = Duration::from_secs(120);
+/// Python that defines `png(w, h)`: the bytes of a `w` x `h` red PNG,
+/// made without Pillow (which the jail's python does not have).
+pub const PNG_WRITER: &str = r#"
+import struct, zlib
+def png(w, h):
+    raw = b"".join(b"\x00" + b"\xff\x00\x00" * w for _ in range(h))
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+"#;
 
 /// The root of the cargo workspace (the parent of this crate), or
 /// `$PYCELL_TEST_REPO`: where the Debian VM runs these tests against the

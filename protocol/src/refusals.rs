@@ -159,99 +159,113 @@ fn seconds(s: f64) -> String {
 /// What the jail's own limits refused, from the kernel's counts and how
 /// the jail ended.
 pub fn of_limits(facts: &LimitFacts<'_>) -> Vec<Refusal> {
-    let mut out = Vec::new();
-    let l = facts.limits;
-    let e = facts.events;
-    if e.oom_kills > 0 {
-        let memory = l.map_or(String::new(), |l| format!(" of {}", size(l.memory.get())));
-        let object = format!("memory limit{memory} (all processes together; the kernel's OOM killer killed a process)");
-        let remedy = "use less memory (load and process the data in chunks, free what is done, use smaller dtypes), or ask for a higher memory limit (up to the policy's limits.max.memory)";
-        out.push(
-            Refusal::new(RefusalLayer::Memory, object, "limits.memory", remedy).times(e.oom_kills),
-        );
-    }
-    if e.pids_refused > 0 {
-        let pids = l.map_or(String::new(), |l| format!(" (limit {})", l.pids));
-        let object = format!("a new process or thread{pids}");
-        let remedy = "start fewer processes or threads (a smaller pool, join workers before starting more), or ask for a higher pids limit (up to the policy's limits.max.pids)";
-        out.push(
-            Refusal::new(RefusalLayer::Pids, object, "limits.pids", remedy).times(e.pids_refused),
-        );
-    }
-    if e.disk_full {
-        let disk = l.map_or(String::new(), |l| format!(" of {}", size(l.disk.get())));
-        let object = format!("disk budget{disk} (/workspace, /tmp and /dev/shm together), full");
-        let remedy = "write less (compress, delete temporary files as you go, stream instead of saving), or ask for a larger disk limit (up to the policy's limits.max.disk)";
-        out.push(Refusal::new(
-            RefusalLayer::Disk,
-            object,
-            "limits.disk",
-            remedy,
-        ));
-    }
-    if facts.timed_out {
-        let wall = facts
-            .wall_timeout_s
-            .map_or(String::new(), |s| format!(" of {}", seconds(s)));
-        let object = format!("wall-clock time{wall}");
-        let remedy = if facts.cell {
-            "do the work in smaller cells, or pass a larger timeout for the cell (up to the policy's limits.max.wall_timeout); the session keeps what earlier cells made"
-        } else {
-            "make the code faster, split the work across several runs or session cells, or ask for a longer timeout (up to the policy's limits.max.wall_timeout)"
-        };
-        out.push(Refusal::new(
-            RefusalLayer::WallTimeout,
-            object,
-            "limits.wall_timeout",
-            remedy,
-        ));
-    }
-    if facts.failure == Some(FailureCode::CpuTimeLimit) {
-        let cpu = l.map_or(String::new(), |l| {
-            format!(" of {} s", l.cpu_time_whole_secs())
-        });
-        let object = format!("CPU time{cpu} (RLIMIT_CPU)");
-        let remedy = "do less work per run (sample the data, vectorize loops), or ask for a policy with a larger limits.cpu_time";
-        out.push(Refusal::new(
-            RefusalLayer::Cpu,
-            object,
-            "limits.cpu_time",
-            remedy,
-        ));
-    }
-    if facts.signal == Some(SIGXFSZ) {
-        let fsize = l.map_or(String::new(), |l| {
-            format!(" of {}", size(l.file_size.get()))
-        });
-        let object =
-            format!("a file larger than the file size limit{fsize} (RLIMIT_FSIZE; SIGXFSZ)");
-        let remedy = "write smaller files (split or compress them), or ask for a policy with a larger limits.file_size";
-        out.push(Refusal::new(
-            RefusalLayer::Rlimit,
-            object,
-            "limits.file_size",
-            remedy,
-        ));
-    }
-    if let Some(seccomp) = facts.seccomp {
-        out.extend(of_seccomp(seccomp));
-    }
-    for (truncated, stream) in facts.truncated.iter().zip(["stdout", "stderr"]) {
-        if *truncated {
-            let cap = facts
-                .max_output
-                .map_or(String::new(), |n| format!(" past {}", size(n)));
-            let object = format!("{stream}{cap} (the rest was dropped but its last 16 KiB)");
-            let remedy = "print less (a summary, the head and tail), and write the full output to a file in /workspace";
-            out.push(Refusal::new(
-                RefusalLayer::Output,
-                object,
-                "limits.max_output",
-                remedy,
-            ));
-        }
-    }
+    let checks: [fn(&LimitFacts<'_>) -> Option<Refusal>; 6] =
+        [memory, pids, disk, wall_timeout, cpu_time, file_size];
+    let mut out: Vec<Refusal> = checks.iter().filter_map(|check| check(facts)).collect();
+    out.extend(facts.seccomp.map(of_seccomp).unwrap_or_default());
+    out.extend(output(facts));
     out
+}
+
+/// `what` of the run's limits, as ` of 512 MiB` say; empty when they are
+/// not known.
+fn of_limit(facts: &LimitFacts<'_>, what: impl Fn(&RunLimits) -> String) -> String {
+    facts.limits.map_or(String::new(), what)
+}
+
+fn memory(facts: &LimitFacts<'_>) -> Option<Refusal> {
+    let kills = facts.events.oom_kills;
+    (kills > 0).then_some(())?;
+    let memory = of_limit(facts, |l| format!(" of {}", size(l.memory.get())));
+    let object = format!(
+        "memory limit{memory} (all processes together; the kernel's OOM killer killed a process)"
+    );
+    let remedy = "use less memory (load and process the data in chunks, free what is done, use smaller dtypes), or ask for a higher memory limit (up to the policy's limits.max.memory)";
+    Some(Refusal::new(RefusalLayer::Memory, object, "limits.memory", remedy).times(kills))
+}
+
+fn pids(facts: &LimitFacts<'_>) -> Option<Refusal> {
+    let refused = facts.events.pids_refused;
+    (refused > 0).then_some(())?;
+    let pids = of_limit(facts, |l| format!(" (limit {})", l.pids));
+    let object = format!("a new process or thread{pids}");
+    let remedy = "start fewer processes or threads (a smaller pool, join workers before starting more), or ask for a higher pids limit (up to the policy's limits.max.pids)";
+    Some(Refusal::new(RefusalLayer::Pids, object, "limits.pids", remedy).times(refused))
+}
+
+fn disk(facts: &LimitFacts<'_>) -> Option<Refusal> {
+    facts.events.disk_full.then_some(())?;
+    let disk = of_limit(facts, |l| format!(" of {}", size(l.disk.get())));
+    let object = format!("disk budget{disk} (/workspace, /tmp and /dev/shm together), full");
+    let remedy = "write less (compress, delete temporary files as you go, stream instead of saving), or ask for a larger disk limit (up to the policy's limits.max.disk)";
+    Some(Refusal::new(
+        RefusalLayer::Disk,
+        object,
+        "limits.disk",
+        remedy,
+    ))
+}
+
+fn wall_timeout(facts: &LimitFacts<'_>) -> Option<Refusal> {
+    facts.timed_out.then_some(())?;
+    let wall = facts
+        .wall_timeout_s
+        .map_or(String::new(), |s| format!(" of {}", seconds(s)));
+    let object = format!("wall-clock time{wall}");
+    let remedy = if facts.cell {
+        "do the work in smaller cells, or pass a larger timeout for the cell (up to the policy's limits.max.wall_timeout); the session keeps what earlier cells made"
+    } else {
+        "make the code faster, split the work across several runs or session cells, or ask for a longer timeout (up to the policy's limits.max.wall_timeout)"
+    };
+    let rule = "limits.wall_timeout";
+    Some(Refusal::new(
+        RefusalLayer::WallTimeout,
+        object,
+        rule,
+        remedy,
+    ))
+}
+
+fn cpu_time(facts: &LimitFacts<'_>) -> Option<Refusal> {
+    (facts.failure == Some(FailureCode::CpuTimeLimit)).then_some(())?;
+    let cpu = of_limit(facts, |l| format!(" of {} s", l.cpu_time_whole_secs()));
+    let object = format!("CPU time{cpu} (RLIMIT_CPU)");
+    let remedy = "do less work per run (sample the data, vectorize loops), or ask for a policy with a larger limits.cpu_time";
+    Some(Refusal::new(
+        RefusalLayer::Cpu,
+        object,
+        "limits.cpu_time",
+        remedy,
+    ))
+}
+
+fn file_size(facts: &LimitFacts<'_>) -> Option<Refusal> {
+    (facts.signal == Some(SIGXFSZ)).then_some(())?;
+    let fsize = of_limit(facts, |l| format!(" of {}", size(l.file_size.get())));
+    let object = format!("a file larger than the file size limit{fsize} (RLIMIT_FSIZE; SIGXFSZ)");
+    let remedy = "write smaller files (split or compress them), or ask for a policy with a larger limits.file_size";
+    Some(Refusal::new(
+        RefusalLayer::Rlimit,
+        object,
+        "limits.file_size",
+        remedy,
+    ))
+}
+
+/// A stream past the output cap, each.
+fn output(facts: &LimitFacts<'_>) -> Vec<Refusal> {
+    let cap = facts
+        .max_output
+        .map_or(String::new(), |n| format!(" past {}", size(n)));
+    let remedy = "print less (a summary, the head and tail), and write the full output to a file in /workspace";
+    let streams = facts.truncated.iter().zip(["stdout", "stderr"]);
+    streams
+        .filter(|(truncated, _)| **truncated)
+        .map(|(_, stream)| {
+            let object = format!("{stream}{cap} (the rest was dropped but its last 16 KiB)");
+            Refusal::new(RefusalLayer::Output, object, "limits.max_output", remedy)
+        })
+        .collect()
 }
 
 const SIGXFSZ: i32 = 25;

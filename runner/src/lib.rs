@@ -259,6 +259,16 @@ impl Work {
 mod tests {
     use super::*;
 
+    /// Python that defines the runner's core (read from stdin) in `ns`,
+    /// without starting it, for a test to load parts and call them.
+    const RUNNER_CORE: &str = r#"
+import json, sys
+src = sys.stdin.read()
+core = src.rsplit("_pycell_start()", 1)[0]
+ns = {}
+exec(compile(core, "<string>", "exec"), ns)
+"#;
+
     fn work() -> Work {
         Work {
             code: "print(1)".into(),
@@ -373,12 +383,8 @@ print(sorted(ns["_PYCELL_PARTS"]))
 
     #[test]
     fn displays_take_the_richest_form_within_their_bounds() {
-        let check = r#"
-import json, sys
-src = sys.stdin.read()
-core = src.rsplit("_pycell_start()", 1)[0]
-ns = {}
-exec(compile(core, "<string>", "exec"), ns)
+        let check = RUNNER_CORE.to_string()
+            + r#"
 ns["_pycell_load"]("display")
 ns["_PYCELL_SHOWN"]["limits"] = {"part_chars": 300, "total_bytes": 2000, "count": 4}
 class Rich:
@@ -396,7 +402,7 @@ ns["_pycell_show"]((Rich(), Broken(), big, "x" * 1000, 5, 6))
 displays, omitted = ns["_pycell_take_displays"]()
 print(json.dumps([displays, omitted]))
 "#;
-        let out = python(&["-c", check], RUNNER.as_bytes());
+        let out = python(&["-c", &check], RUNNER.as_bytes());
         let (displays, omitted): (Vec<serde_json::Value>, u32) =
             serde_json::from_str(&out).unwrap();
         assert_eq!(omitted, 2, "{out}");
@@ -424,12 +430,9 @@ print(json.dumps([displays, omitted]))
 
     #[test]
     fn an_exception_from_a_refusal_gets_a_line_naming_the_layer_and_others_none() {
-        let check = r#"
-import errno, socket, sys
-src = sys.stdin.read()
-core = src.rsplit("_pycell_start()", 1)[0]
-ns = {}
-exec(compile(core, "<string>", "exec"), ns)
+        let check = RUNNER_CORE.to_string()
+            + r#"
+import errno, socket
 ns["_pycell_load"]("explain")
 line = ns["_pycell_refusal_line"]
 def raised(e):
@@ -458,7 +461,7 @@ cases = [
 for e in cases:
     print(str(line(e)).rstrip("\n"))
 "#;
-        let out = python(&["-c", check], RUNNER.as_bytes());
+        let out = python(&["-c", &check], RUNNER.as_bytes());
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 8, "{out}");
         let has = |i: usize, words: &[&str]| {

@@ -14,19 +14,13 @@ use base64::Engine;
 use pycell_protocol::messages::RunRequest;
 use pycell_protocol::session::{SessionCall, SessionStartRequest};
 use pycell_tests::daemon::Daemon;
-use pycell_tests::{run_code, status_of};
+use pycell_tests::{run_code, status_of, PNG_WRITER};
 use serde_json::Value;
 
 /// A markdown object, a 20x10 PNG through `_repr_png_`, a long string,
-/// then two more than `[output] displays = 3` keeps.
+/// then two more than `[output] displays = 3` keeps (after
+/// [`PNG_WRITER`]).
 const SHOWS: &str = r#"
-import struct, zlib
-def png(w, h):
-    raw = b"".join(b"\x00" + b"\xff\x00\x00" * w for _ in range(h))
-    def chunk(t, d):
-        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
-    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
 class Table:
     def _repr_markdown_(self):
         return "| a |\n|---|\n| 1 |"
@@ -95,7 +89,7 @@ fn a_cold_embedded_run_shows_its_displays_within_the_policys_output_bounds() {
     let policy = dir.path().join("outputs.toml");
     let out = run_code(
         "main.py",
-        SHOWS,
+        &format!("{PNG_WRITER}{SHOWS}"),
         &["--policy", policy.to_str().unwrap()],
         &[],
     );
@@ -111,7 +105,7 @@ fn a_warm_run_through_pycelld_shows_them_too() {
         dir.path().display()
     ));
     let result = d.warm_run(&RunRequest {
-        code: SHOWS.into(),
+        code: format!("{PNG_WRITER}{SHOWS}"),
         policy: Some("outputs".into()),
         ..RunRequest::default()
     });

@@ -11,21 +11,13 @@
 use base64::Engine;
 use pycell_protocol::messages::RunRequest;
 use pycell_tests::daemon::Daemon;
-use pycell_tests::{run_code, status_of};
+use pycell_tests::{run_code, status_of, PNG_WRITER};
 use serde_json::Value;
 
 /// Writes a 20x10 PNG and a 2000x10 one (over the 1024 px edge).
-const PNGS: &str = r#"
-import struct, zlib
-def png(w, h):
-    raw = b"".join(b"\x00" + b"\xff\x00\x00" * w for _ in range(h))
-    def chunk(t, d):
-        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
-    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
-open("small.png", "wb").write(png(20, 10))
-open("big.png", "wb").write(png(2000, 10))
-"#;
+fn pngs() -> String {
+    format!("{PNG_WRITER}open(\"small.png\", \"wb\").write(png(20, 10))\nopen(\"big.png\", \"wb\").write(png(2000, 10))\n")
+}
 
 /// The (width, height) a PNG's header says, if it is a PNG.
 fn png_size(b64: &str) -> Option<(u32, u32)> {
@@ -48,7 +40,7 @@ fn check_images(images: &Value, omitted: &Value) {
 
 #[test]
 fn an_embedded_run_sends_back_the_images_it_wrote() {
-    let out = run_code("main.py", &format!("{PNGS}\nprint('done')"), &[], &[]);
+    let out = run_code("main.py", &format!("{}\nprint('done')", pngs()), &[], &[]);
     assert_eq!(status_of(&out), "ok", "{}", out.describe());
     let r = out.result();
     assert_eq!(r["stdout"], "done\n");
@@ -67,7 +59,7 @@ fn an_embedded_run_sends_back_the_images_it_wrote() {
 fn a_warm_run_through_pycelld_sends_them_back_too() {
     let d = Daemon::start("warm_pools = { default = 1 }\n");
     let result = d.warm_run(&RunRequest {
-        code: PNGS.into(),
+        code: pngs(),
         ..RunRequest::default()
     });
     let v = serde_json::to_value(&result).unwrap();
@@ -78,11 +70,13 @@ fn a_warm_run_through_pycelld_sends_them_back_too() {
 fn a_run_that_replaces_or_writes_on_its_stdin_gets_no_images_and_loses_nothing() {
     // Its stdin replaced by a file: the images are not written into it.
     let replaced = format!(
-        "import os\nfd = os.open('kept.txt', os.O_WRONLY | os.O_CREAT)\nos.dup2(fd, 0)\n{PNGS}\nprint('done')"
+        "import os\nfd = os.open('kept.txt', os.O_WRONLY | os.O_CREAT)\nos.dup2(fd, 0)\n{}\nprint('done')",
+        pngs()
     );
     // Bytes that look like a frame, and then junk, written on its stdin.
     let forged = format!(
-        "import os\nos.write(0, b'\\x00\\x00\\x00\\x05hello')\n{PNGS}\nos.write(0, b'junk')\nprint('done')"
+        "import os\nos.write(0, b'\\x00\\x00\\x00\\x05hello')\n{}\nos.write(0, b'junk')\nprint('done')",
+        pngs()
     );
     for (code, keeps_file) in [(replaced, true), (forged, false)] {
         let out = run_code("main.py", &code, &[], &[]);
