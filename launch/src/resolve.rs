@@ -728,7 +728,7 @@ mod tests {
         let on = pycell_runner::cold_on_runner(&spec).expect("a python run");
         assert_eq!(on.argv[0], spec.argv[0]);
         assert_eq!(on.argv[1..3], ["-s", "-c"]);
-        assert_eq!(on.argv[3], pycell_runner::RUNNER);
+        assert_eq!(on.argv[3], pycell_runner::COLD_RUNNER);
         assert_eq!(
             on.argv[4..],
             [

@@ -29,25 +29,40 @@ use serde::{Deserialize, Serialize};
 use pycell_wire::limits::Bytes;
 use pycell_wire::spec::{DisplayLimits, ImageLimits, JailSpec, MediaLimits, WORKSPACE};
 
-/// The runner's source: every python run starts on it (`python -s -c
-/// RUNNER --pycell-run ...` cold, `python -s -c RUNNER MODULE...` warm).
-/// Its core is compiled at start; its warm, images, display and session parts are
-/// kept as text, compiled when needed (see `runner.py`).
-pub const RUNNER: &str = concat!(
-    include_str!("runner.py"),
-    "\n\n_PYCELL_PARTS = {\n    \"warm\": r'''\n",
-    include_str!("warm.py"),
-    "''',\n    \"images\": r'''\n",
-    include_str!("media.py"),
-    "''',\n    \"display\": r'''\n",
-    include_str!("display.py"),
-    "''',\n    \"session\": r'''\n",
-    include_str!("session.py"),
-    "''',\n    \"tools\": r'''\n",
-    include_str!("tools.py"),
-    "''',\n    \"explain\": r'''\n",
-    include_str!("explain.py"),
-    "''',\n}\n\n_pycell_start()\n",
+/// The runner's text: `runner.py` (its core, compiled at start), then its
+/// parts (each kept as text, compiled when first needed: see `runner.py`).
+macro_rules! runner_text {
+    ($($name:literal => $file:literal),* $(,)?) => {
+        concat!(
+            include_str!("runner.py"),
+            "\n\n_PYCELL_PARTS = {\n",
+            $("    \"", $name, "\": r'''\n", include_str!($file), "''',\n",)*
+            "}\n\n_pycell_start()\n",
+        )
+    };
+}
+
+/// The runner's source: every warm jail, zygote and session starts on it
+/// (`python -s -c RUNNER MODULE...`); its core is compiled at start, its
+/// warm, images, display and session parts are kept as text, compiled
+/// when needed (see `runner.py`).
+pub const RUNNER: &str = runner_text!(
+    "warm" => "warm.py",
+    "images" => "media.py",
+    "display" => "display.py",
+    "session" => "session.py",
+    "tools" => "tools.py",
+    "explain" => "explain.py",
+);
+
+/// The runner of a cold run (`python -s -c COLD_RUNNER --pycell-run ...`):
+/// the same core without the warm and session parts, which a cold run
+/// never uses, so that python has less to read at start.
+pub const COLD_RUNNER: &str = runner_text!(
+    "images" => "media.py",
+    "display" => "display.py",
+    "tools" => "tools.py",
+    "explain" => "explain.py",
 );
 
 /// The flag that makes the runner serve one cold run (no warm-up):
@@ -95,7 +110,7 @@ pub fn cold_on_runner(cold: &JailSpec) -> Option<JailSpec> {
         cold.argv[0].clone(),
         "-s".to_string(),
         "-c".to_string(),
-        RUNNER.to_string(),
+        COLD_RUNNER.to_string(),
         COLD_FLAG.to_string(),
         images.max_edge.to_string(),
         images.max_bytes.to_string(),
@@ -360,6 +375,8 @@ print(sorted(ns["_PYCELL_PARTS"]))
             out,
             "['display', 'explain', 'images', 'session', 'tools', 'warm']\n"
         );
+        let out = python(&["-c", check], COLD_RUNNER.as_bytes());
+        assert_eq!(out, "['display', 'explain', 'images', 'tools']\n");
     }
 
     #[test]
@@ -374,7 +391,17 @@ print(sorted(ns["_PYCELL_PARTS"]))
         .unwrap();
         let script = script.display().to_string();
         let argv = [
-            "-s", "-c", RUNNER, COLD_FLAG, "1024", "1048576", "16384", "262144", "16", &script, "a",
+            "-s",
+            "-c",
+            COLD_RUNNER,
+            COLD_FLAG,
+            "1024",
+            "1048576",
+            "16384",
+            "262144",
+            "16",
+            &script,
+            "a",
         ];
         let out = python(&argv, b"in");
         std::fs::remove_dir_all(&dir).unwrap();
