@@ -242,6 +242,10 @@ pub fn cell_status(a: &SessionAnswer) -> i32 {
 pub fn show_cell(a: &SessionAnswer) -> i32 {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(a.stdout.as_bytes());
+    if let Some(t) = &a.measure.stdout_tail {
+        let _ = writeln!(out, "[... {} bytes not kept ...]", t.skipped_bytes);
+        let _ = out.write_all(t.tail.as_bytes());
+    }
     for d in &a.reply.displays {
         if d.kind == pycell_wire::report::DisplayKind::Display {
             let _ = writeln!(out, "{}", d.text);
@@ -253,6 +257,10 @@ pub fn show_cell(a: &SessionAnswer) -> i32 {
     let _ = out.flush();
     let mut err = std::io::stderr().lock();
     let _ = err.write_all(a.stderr.as_bytes());
+    if let Some(t) = &a.measure.stderr_tail {
+        let _ = writeln!(err, "[... {} bytes not kept ...]", t.skipped_bytes);
+        let _ = err.write_all(t.tail.as_bytes());
+    }
     if let Some(e) = &a.reply.error {
         let _ = err.write_all(e.traceback.as_bytes());
     }

@@ -85,10 +85,12 @@ const PER_UID_RANGE: (i64, i64) = (0, 1024);
 const IMAGE_EDGE_RANGE: (i64, i64) = (16, 8192);
 // Their base64 must fit a reply (16 MiB) with room to spare.
 const IMAGE_BYTES_RANGE: (u64, u64) = (0, 8 << 20);
-// Room for a head, a tail and the line between them.
-const PART_CHARS_RANGE: (i64, i64) = (256, 1 << 20);
-// With the images, within a reply (16 MiB).
-const DISPLAY_BYTES_RANGE: (u64, u64) = (0, 4 << 20);
+// Room for a head, a tail and the line between them; at most 256 Ki
+// characters, which JSON-escaped stay within 1.5 MiB of a reply.
+const PART_CHARS_RANGE: (i64, i64) = (256, 256 << 10);
+// With the images (at most 8 MiB, 10.7 MiB as base64) and a cell's value,
+// within a reply (16 MiB).
+const DISPLAY_BYTES_RANGE: (u64, u64) = (0, 2 << 20);
 const DISPLAYS_RANGE: (i64, i64) = (0, 256);
 
 fn secs(d: Duration) -> String {

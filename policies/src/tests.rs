@@ -734,7 +734,7 @@ fn output_settings_default_and_are_checked() {
         e.contains("output.part_chars") && e.contains("between"),
         "{e}"
     );
-    let e = minimal_with("[output]\ndisplay_bytes = \"5MiB\"\n").unwrap_err();
+    let e = minimal_with("[output]\ndisplay_bytes = \"3MiB\"\n").unwrap_err();
     assert!(e.contains("output.display_bytes"), "{e}");
     let e = minimal_with("[output]\ndisplays = 257\n").unwrap_err();
     assert!(e.contains("output.displays"), "{e}");

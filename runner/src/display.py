@@ -62,7 +62,11 @@ def _pycell_keep_display(bundle, kind):
 
 
 def _pycell_bundle_size(bundle):
-    return sum(len(v.encode("utf-8", "replace")) for v in bundle.values() if isinstance(v, str))
+    """The bytes the bundle's parts take in the frame (as JSON strings)."""
+    import json
+
+    parts = (v for v in bundle.values() if isinstance(v, str))
+    return sum(len(json.dumps(v, ensure_ascii=False).encode("utf-8", "replace")) for v in parts)
 
 
 def _pycell_take_displays():

@@ -12,7 +12,11 @@ def _pycell_write_frame(fd, obj, prefix=b""):
     import json
     import os
 
-    body = prefix + json.dumps(obj, separators=(",", ":")).encode()
+    # UTF-8 JSON; a lone surrogate (a file name that is not UTF-8, read
+    # with surrogateescape) would make the whole frame unreadable to the
+    # host's JSON parser, so it becomes "?".
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    body = prefix + text.encode("utf-8", "replace")
     data = len(body).to_bytes(4, "big") + body
     while data:
         data = data[os.write(fd, data):]

@@ -219,14 +219,29 @@ def _pycell_uncaught(e):
     sys.excepthook, without this file's frames."""
     import sys
 
-    tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
-        tb = tb.tb_next
+    tb = _pycell_user_frames(e.__traceback__)
     e.__traceback__ = tb
     sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
     sys.last_exc = e
     sys.excepthook(type(e), e, tb)
     _pycell_explain(e, sys.stderr.write)
+
+
+def _pycell_user_frames(tb):
+    """The traceback `tb` without the runner's frames: those before the
+    program's (all in "<string>"), and its functions between them
+    (display() called by the program)."""
+    while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+        tb = tb.tb_next
+    kept = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not (code.co_filename == "<string>" and code.co_name.startswith("_pycell")):
+            kept.append(tb)
+        tb = tb.tb_next
+    for this, after in zip(kept, kept[1:] + [None]):
+        this.tb_next = after
+    return kept[0] if kept else None
 
 
 def _pycell_explain(e, write):

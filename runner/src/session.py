@@ -7,8 +7,8 @@
 # program's own stdin becomes /dev/null). On it come requests, one frame
 # each (4-byte big-endian length, the jailer's token, JSON), and for each a
 # reply goes back the same way, with the same token (a reply with another
-# ends the session: the code cannot make one answer the next request):
-# cells run in one persistent __main__, as a REPL runs them, and
+# ends the session: a stray frame or a late reply answers no later
+# request): cells run in one persistent __main__, as a REPL runs them, and
 # files are written, read and listed in /workspace. The program's output
 # goes to stdout and stderr as in a run; stdout and stderr are flushed
 # before a reply, so a cell's output is in the jailer's pipes before its
@@ -30,8 +30,14 @@ def _pycell_session(modules):
         body = _pycell_read_frame_bytes(channel)
         if body is None:
             os._exit(0)
-        # The jailer's token first: the reply brings it back.
-        token, request = body[:_PYCELL_TOKEN_LEN], json.loads(body[_PYCELL_TOKEN_LEN:])
+        # The jailer's token first: the reply brings it back. A frame that
+        # is not a request (the cell's code took bytes off the channel)
+        # ends the session.
+        token = body[:_PYCELL_TOKEN_LEN]
+        try:
+            request = json.loads(body[_PYCELL_TOKEN_LEN:])
+        except ValueError:
+            os._exit(1)
         reply = _pycell_serve(main, state, request)
         _pycell_flush_std()
         _pycell_write_frame(channel, reply, token)
@@ -115,11 +121,15 @@ def _pycell_cell(main, number, request):
     before = _pycell_snapshot()
     _pycell_offer_display(limits["displays"])
     _pycell_take_displays()
-    value, error = None, None
+    bundle, error = None, None
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGXCPU, _pycell_cpu_allowance_reached)
     try:
         value = _pycell_exec_cell(main, code, name)
+        # Rendered while the cell's clocks can still interrupt it: a value's
+        # _repr_*_ methods are the cell's code too.
+        if value is not None:
+            bundle = _pycell_bundle(value, limits["displays"]["part_chars"])
     except BaseException as e:
         error = e
     finally:
@@ -129,8 +139,7 @@ def _pycell_cell(main, number, request):
     reply = {"cell": number}
     if error is not None:
         reply["error"] = _pycell_describe_error(error)
-    elif value is not None:
-        bundle = _pycell_bundle(value, limits["displays"]["part_chars"])
+    elif bundle is not None:
         reply["value"], reply["value_truncated"] = bundle["text"], bundle["truncated"]
         if set(bundle) - {"text", "truncated"}:
             _pycell_keep_display(bundle, "value")
@@ -173,9 +182,7 @@ def _pycell_describe_error(e):
     """The exception with its traceback, without the runner's frames."""
     import traceback
 
-    tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
-        tb = tb.tb_next
+    tb = _pycell_user_frames(e.__traceback__)
     try:
         text = "".join(traceback.format_exception(type(e), e, tb))
     except BaseException:

@@ -194,9 +194,9 @@ impl SessionOp {
 pub const TOKEN_LEN: usize = 32;
 
 /// What the jailer sends with a request and wants back first in its
-/// reply: a reply with another token (one the code wrote itself, or the
-/// runner's late reply to an earlier request) answers nothing, and ends
-/// the session, instead of answering the next request.
+/// reply: a reply with another token (a frame the code wrote without it,
+/// or the runner's late reply to an earlier request) answers nothing, and
+/// ends the session, instead of answering the next request.
 pub type Token = [u8; TOKEN_LEN];
 
 /// A fresh token, which the jail cannot guess: SipHash (a keyed

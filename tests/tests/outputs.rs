@@ -220,3 +220,41 @@ fn a_long_stdout_keeps_its_head_and_its_tail_in_a_run_and_a_cell() {
     assert!(next.measure.stdout_tail.is_none());
     c.session_end(&s).unwrap();
 }
+
+/// A value whose markdown is not UTF-8 (a file name read with
+/// surrogateescape) and one whose markdown never ends: the first comes
+/// back with "?" for the byte (the frame stays readable), the second is
+/// interrupted at the cell's timeout like the cell's own code, and the
+/// session lives on.
+#[test]
+fn a_values_rendering_is_the_cells_own_code_and_cannot_break_the_reply() {
+    let d = Daemon::start("");
+    let mut c = d.client();
+    let s = c
+        .session_start(SessionStartRequest::default(), |_| {})
+        .unwrap_or_else(|e| panic!("session_start: {e}\n{}", d.log()))
+        .session;
+    let mut cell = |code: &str, timeout: Option<f64>| {
+        c.session_call(&s, SessionCall::Cell { code: code.into() }, timeout)
+            .unwrap_or_else(|e| panic!("{code}: {e}\n{}", d.log()))
+    };
+    let odd = cell(
+        "import os\nclass Odd:\n    def _repr_markdown_(self):\n        return os.fsdecode(b'caf\\xe9')\nOdd()",
+        None,
+    );
+    let shown = &odd.reply.displays;
+    assert_eq!(shown.len(), 1, "{odd:?}");
+    assert_eq!(shown[0].markdown.as_deref(), Some("caf?"), "{odd:?}");
+    let stuck = cell(
+        "class Stuck:\n    def _repr_markdown_(self):\n        while True:\n            pass\nStuck()",
+        Some(1.0),
+    );
+    let error = stuck
+        .reply
+        .error
+        .as_ref()
+        .unwrap_or_else(|| panic!("{stuck:?}"));
+    assert_eq!(error.kind, "KeyboardInterrupt", "{stuck:?}");
+    assert!(!error.traceback.contains("_pycell"), "{}", error.traceback);
+    assert_eq!(cell("1 + 1", None).reply.value.as_deref(), Some("2"));
+}

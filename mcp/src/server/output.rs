@@ -316,6 +316,44 @@ struct Kept<'a> {
     tail: Option<&'a StreamTail>,
 }
 
+/// What the text shows of a stream: its head and, past the cap, its tail,
+/// each within half of [`STREAM_TEXT_CHARS`] (the whole budget for a
+/// stream without a tail), with the line between them that says how much
+/// was dropped, and one at the end if either was cut here.
+fn shown_stream(name: &str, body: &str, tail: Option<&StreamTail>) -> String {
+    let budget = match tail {
+        Some(_) => STREAM_TEXT_CHARS / 2,
+        None => STREAM_TEXT_CHARS,
+    };
+    let mut shown = body.to_string();
+    let mut cut = pycell_protocol::bounds::cut_middle(&mut shown, budget);
+    if let Some(t) = tail {
+        let mut last = t.tail.clone();
+        cut |= pycell_protocol::bounds::cut_middle(&mut last, budget);
+        shown.push_str(&format!(
+            "{}[... {} bytes of {name} past the output cap were not kept; its last {} follow ...]\n{last}",
+            line_end(&shown),
+            t.skipped_bytes,
+            human_bytes(t.tail.len() as u64),
+        ));
+    }
+    if cut {
+        shown.push_str(&format!(
+            "{}[{name} was cut to its head and tail here: the structured result's {name} and {name}_tail have more]",
+            line_end(&shown)
+        ));
+    }
+    shown
+}
+
+/// A newline, unless `text` is empty or ends a line already.
+fn line_end(text: &str) -> &'static str {
+    match text.is_empty() || text.ends_with('\n') {
+        true => "",
+        false => "\n",
+    }
+}
+
 fn push_stream(text: &mut String, s: Kept<'_>, cap: Option<u64>) {
     let Kept {
         name,
@@ -327,26 +365,7 @@ fn push_stream(text: &mut String, s: Kept<'_>, cap: Option<u64>) {
         return;
     }
     text.push_str(&format!("\n--- {name} ---\n"));
-    let mut shown = body.to_string();
-    if let Some(t) = tail {
-        let end = if shown.ends_with('\n') || shown.is_empty() {
-            ""
-        } else {
-            "\n"
-        };
-        shown.push_str(&format!(
-            "{end}[... {} bytes of {name} past the output cap were not kept; its last {} follow ...]\n{}",
-            t.skipped_bytes,
-            human_bytes(t.tail.len() as u64),
-            t.tail
-        ));
-    }
-    if pycell_protocol::bounds::cut_middle(&mut shown, STREAM_TEXT_CHARS) {
-        let end = if shown.ends_with('\n') { "" } else { "\n" };
-        shown.push_str(&format!(
-            "{end}[{name} was cut to its head and tail here: the structured result's {name} and {name}_tail have more]"
-        ));
-    }
+    let shown = shown_stream(name, body, tail);
     text.push_str(&shown);
     if !shown.ends_with('\n') && !shown.is_empty() {
         text.push('\n');
@@ -527,7 +546,7 @@ mod tests {
         rep.stdout_truncated = true;
         rep.stdout_tail = Some(StreamTail {
             skipped_bytes: 4_000_000,
-            tail: "the last line\n".into(),
+            tail: format!("{}the last line\n", "late line\n".repeat(1600)),
         });
         let head = "first line\n".repeat(100_000);
         let r = RunResult::new(

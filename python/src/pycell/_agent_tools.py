@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pycell.aio import AsyncClient, AsyncSession
 from pycell.client import Client
 from pycell.errors import PycellError
-from pycell.types import CellResult, Display, Result
+from pycell.types import CellResult, Display, Result, StreamTail
 
 __all__ = ["PYTHON_SESSION", "RUN_PYTHON", "SandboxTools"]
 
@@ -35,9 +35,15 @@ PYTHON_SESSION = (
 MAX_STREAM_CHARS = 20_000
 
 
-def _clip(text: str, truncated: bool = False) -> str:
+def _clip(text: str, truncated: bool = False, tail: StreamTail | None = None) -> str:
+    """`text`'s head and tail within MAX_STREAM_CHARS, then the stream's
+    end past the sandbox's cap (`tail`), if it went over."""
+    half = MAX_STREAM_CHARS // 2
     if len(text) > MAX_STREAM_CHARS:
-        return text[:MAX_STREAM_CHARS] + f"\n[... {len(text) - MAX_STREAM_CHARS} more characters cut]"
+        text = text[:half] + f"\n[... {len(text) - 2 * half} characters cut ...]\n" + text[-half:]
+    if tail is not None:
+        end = tail.tail[-half:]
+        return text + f"\n[... {tail.skipped_bytes} bytes past the sandbox's output cap not kept ...]\n" + end
     return text + ("\n[... output truncated by the sandbox's limit]" if truncated else "")
 
 
@@ -49,9 +55,10 @@ def render_run(result: Result) -> str:
     lines = [head]
     if result.error is not None and result.status != "ok":
         lines.append(f"why: {result.error.message}")
-    lines.append("stdout:\n" + _clip(result.stdout, result.stdout_truncated) if result.stdout else "stdout: (empty)")
+    stdout = _clip(result.stdout, result.stdout_truncated, result.stdout_tail)
+    lines.append("stdout:\n" + stdout if result.stdout else "stdout: (empty)")
     if result.stderr:
-        lines.append("stderr:\n" + _clip(result.stderr, result.stderr_truncated))
+        lines.append("stderr:\n" + _clip(result.stderr, result.stderr_truncated, result.stderr_tail))
     lines.extend(_shown(result.displays))
     return "\n".join(lines)
 
@@ -64,10 +71,11 @@ def _shown(displays: list[Display]) -> list[str]:
 def render_cell(cell: CellResult) -> str:
     """A session cell's outcome, as a model reads it."""
     lines = []
+    m = cell.measure
     if cell.stdout:
-        lines.append("stdout:\n" + _clip(cell.stdout))
+        lines.append("stdout:\n" + _clip(cell.stdout, m.stdout_truncated, m.stdout_tail))
     if cell.stderr:
-        lines.append("stderr:\n" + _clip(cell.stderr))
+        lines.append("stderr:\n" + _clip(cell.stderr, m.stderr_truncated, m.stderr_tail))
     lines.extend(_shown(cell.displays))
     if cell.value is not None:
         rich = next((d.markdown for d in cell.displays if d.kind == "value" and d.markdown), None)
