@@ -55,6 +55,13 @@ pub struct McpArgs {
     /// starts them, and they never enter a sandbox.
     #[arg(long, value_name = "FILE")]
     pub tool_servers: Option<PathBuf>,
+    /// A run_python call still going after SECONDS is handed off: to a
+    /// client that declares MCP's tasks extension it becomes a task (the
+    /// client polls it with tasks/get and stops it with tasks/cancel); for
+    /// other clients a session cell goes on detached (the session's next
+    /// call collects its result) and a one-shot run keeps the call waiting.
+    #[arg(long, value_name = "SECONDS", default_value = "20", value_parser = hand_off_seconds)]
+    pub hand_off_after: std::time::Duration,
     /// Serve the same tools over MCP's streamable HTTP transport at ADDR
     /// (host:port), for agents on other hosts, instead of stdio. Runs go
     /// through pycelld only (this process never jails, and never runs as
@@ -124,4 +131,15 @@ pub struct McpArgs {
     /// The CA that signs the gateways' certificates (PEM).
     #[arg(long, value_name = "FILE", requires = "node_tls_cert")]
     pub node_ca: Option<PathBuf>,
+}
+
+/// `--hand-off-after`: seconds, more than 0 and at most a day.
+fn hand_off_seconds(arg: &str) -> Result<std::time::Duration, String> {
+    let secs: f64 = arg
+        .parse()
+        .map_err(|_| format!("{arg:?} is not a number of seconds"))?;
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        return Err(format!("{arg} s: must be more than 0 and at most 86400"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
 }

@@ -23,6 +23,7 @@
 //! size-checked and output is capped again by the collector.
 
 pub mod daemon;
+pub mod detached;
 pub mod embedded;
 pub mod in_cluster;
 mod zygote;
@@ -416,6 +417,8 @@ struct Shared {
     /// Whether the front end's user may name policy files.
     policy_files: bool,
     ctrl_c: Option<watch::Receiver<u64>>,
+    /// Session cells left running past their call's wait.
+    detached: detached::DetachedCells,
 }
 
 /// Runs and sessions, wherever they go. Cheap to clone; clones share one
@@ -488,6 +491,7 @@ impl RunService {
                 tools,
                 policy_files: options.policy_files,
                 ctrl_c: options.ctrl_c,
+                detached: detached::DetachedCells::default(),
             }),
         }
     }
@@ -691,7 +695,39 @@ impl RunService {
             .await
     }
 
+    /// A cell in session `handle` that the call waits for at most `wait`
+    /// (see [`detached`]): past it the cell goes on, detached, and the
+    /// session's next call here collects its answer instead of running
+    /// its own code.
+    pub async fn cell_within(
+        &self,
+        handle: &str,
+        code: String,
+        timeout_s: Option<f64>,
+        cancel: CancellationToken,
+        wait: Duration,
+    ) -> detached::CellTurn {
+        let key = self.detached_key(handle);
+        if let Some(turn) = self.shared.detached.collect(&key, wait, &cancel).await {
+            return turn;
+        }
+        let service = self.clone();
+        let handle = handle.to_string();
+        let cell = move |stop| {
+            let call = SessionCall::Cell { code };
+            let tracker = service.shared.tracker.clone();
+            tracker.spawn(async move { service.session_call(&handle, call, timeout_s, stop).await })
+        };
+        self.shared.detached.run(key, cell, wait, &cancel).await
+    }
+
+    fn detached_key(&self, handle: &str) -> (Option<Arc<str>>, String) {
+        let identity = self.caller.as_ref().map(|c| Arc::clone(&c.identity));
+        (identity, handle.to_string())
+    }
+
     pub async fn end_session(&self, handle: &str) -> Result<SessionEndInfo, SessionFailure> {
+        self.shared.detached.drop_cell(&self.detached_key(handle));
         self.shared.backend.end_session(&self.asker(), handle).await
     }
 
@@ -703,6 +739,7 @@ impl RunService {
     /// new ones.
     pub fn cancel_all(&self) {
         self.shared.shutdown.cancel();
+        self.shared.detached.stop_all();
     }
 
     /// Cancel every run in flight, end every session this process holds,
@@ -710,6 +747,7 @@ impl RunService {
     /// runs are refused afterwards.
     pub async fn shutdown(&self, grace: Duration) {
         self.shared.shutdown.cancel();
+        self.shared.detached.stop_all();
         self.shared.tracker.close();
         let runs = tokio::time::timeout(grace, self.shared.tracker.wait());
         let (_, ()) = tokio::join!(runs, self.shared.backend.end_all(grace));

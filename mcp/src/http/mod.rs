@@ -98,7 +98,8 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
     let sandboxes = RunService::new(mode, tools);
     let cancels = Arc::<crate::server::cancels::Cancels>::default();
     let mut server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode.as_ref())
-        .with_cancels(Arc::clone(&cancels));
+        .with_cancels(Arc::clone(&cancels))
+        .with_hand_off_after(args.hand_off_after);
     if !setup.gate.open {
         server = server.with_gate(Arc::new(limiter::QuotaGate::default()));
     }

@@ -16,6 +16,7 @@
 pub(crate) mod cancels;
 mod cell_output;
 mod eof;
+pub(crate) mod handoff;
 pub(crate) mod jsonrpc;
 mod output;
 pub(crate) mod session_tools;
@@ -27,9 +28,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomRequest,
-    CustomResult, Implementation, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ProgressToken, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    CustomRequest, CustomResult, GetTaskParams, GetTaskResult, Implementation, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ServerCapabilities,
+    ServerConfig, Tool,
 };
 use rmcp::service::{Peer, RequestContext, ServerInitializeError};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
@@ -118,6 +120,8 @@ pub struct PycellServer {
     /// Over HTTP: the calls in flight, for the front end to cancel when
     /// their caller sends `notifications/cancelled` (stdio: rmcp pairs them).
     cancels: Option<Arc<cancels::Cancels>>,
+    /// Calls that outlive their wait: tasks, detached cells.
+    handoff: handoff::Handoff,
 }
 
 impl PycellServer {
@@ -139,7 +143,14 @@ impl PycellServer {
             tools: Arc::new(tools),
             gate: None,
             cancels: None,
+            handoff: handoff::Handoff::default(),
         }
+    }
+
+    /// The same server, handing off calls still going after `after`.
+    pub fn with_hand_off_after(mut self, after: Duration) -> Self {
+        self.handoff = handoff::Handoff::after(after);
+        self
     }
 
     /// The same server, keeping its calls where `cancels` can cancel them.
@@ -191,47 +202,123 @@ impl PycellServer {
         }
     }
 
+    /// The identity of the HTTP caller of `context` (None: stdio, or HTTP
+    /// without authentication), for the tasks it owns.
+    fn caller_identity(&self, context: &RequestContext<RoleServer>) -> Option<Arc<str>> {
+        let gate = self.gate.as_ref()?;
+        let parts = context.extensions.get::<http::request::Parts>();
+        gate.enter(parts, false)
+            .ok()
+            .map(|e| e.caller.identity.clone())
+    }
+
+    /// `run_python`: a run or a cell, answered when it ends, or handed off
+    /// (a task, a detached cell) when it outlives the wait.
     async fn run_python(
         &self,
         params: CallToolRequestParams,
         context: RequestContext<RoleServer>,
-    ) -> CallToolResult {
-        let req = match tools::run_python_call(params.arguments, &self.default_policy) {
-            Ok(tools::RunPythonCall::Run(r)) => *r,
-            Ok(tools::RunPythonCall::Cell {
+        held: Option<Box<dyn Send>>,
+    ) -> CallToolResponse {
+        let call = match tools::run_python_call(params.arguments, &self.default_policy) {
+            Ok(call) => call,
+            Err(e) => return argument_error(&e.0).into(),
+        };
+        let progress = Arc::new(Progress::default());
+        let handed_off = CancellationToken::new();
+        let stop = CancellationToken::new();
+        let reporter = Reporter::of(&context, &handed_off);
+        let (server, stop_run, shown) = (self.clone(), stop.clone(), Arc::clone(&progress));
+        let (answer, ceiling): (handoff::Answer, _) = match call {
+            tools::RunPythonCall::Run(req) => {
+                if let Err(m) = self.may_use(req.policy.as_deref()) {
+                    return argument_error(&m.to_string()).into();
+                }
+                let ceiling = CeilingOf::Run {
+                    timeout_s: req.limits.timeout_s,
+                    policy: req.policy_name().to_string(),
+                };
+                let run = async move { server.run_once(*req, shown, stop_run).await };
+                (
+                    Box::pin(with_progress(run, reporter, progress.clone())),
+                    ceiling,
+                )
+            }
+            tools::RunPythonCall::Cell {
                 session,
                 code,
                 timeout,
-            }) => {
-                return self
-                    .run_cell(&session, code, timeout, context.ct.clone())
-                    .await
-            }
-            Err(e) => return argument_error(&e.0),
-        };
-        if let Err(m) = self.may_use(req.policy.as_deref()) {
-            return argument_error(&m.to_string());
-        }
-        let progress = Arc::new(Progress::default());
-        let sink = Arc::clone(&progress);
-        let on_event = move |ev: RunEvent<'_>| sink.record(ev);
-        let run = self.sandboxes.run(req, on_event, context.ct.clone());
-        let result = match context.meta.get_progress_token() {
-            None => run.await,
-            Some(token) => {
-                // In this task (not a spawned one): the reporter stops when the run does.
-                tokio::select! {
-                    r = run => r,
-                    never = report_progress(context.peer.clone(), token, progress) => match never {},
-                }
+            } => {
+                progress.label_cell(&session);
+                let wait = match handoff::client_takes_tasks(&context) {
+                    true => handoff::NO_DETACH,
+                    false => self.handoff.wait(),
+                };
+                let ceiling = CeilingOf::Cell {
+                    timeout_s: timeout.map(|t| t.as_secs_f64()),
+                    session: session.clone(),
+                };
+                let cell = async move {
+                    server
+                        .run_cell(&session, code, timeout, stop_run, wait)
+                        .await
+                };
+                (
+                    Box::pin(with_progress(cell, reporter, progress.clone())),
+                    ceiling,
+                )
             }
         };
-        match result {
+        let work = handoff::Work {
+            answer,
+            stop,
+            handed_off,
+            status: Arc::new(move |elapsed| progress.status(elapsed)),
+            ceiling: Box::pin(self.clone().ceiling(ceiling)),
+            held,
+        };
+        let owner = self.caller_identity(&context);
+        self.handoff.answer(work, &context, owner).await
+    }
+
+    /// A one-shot run, its events recorded in `progress`.
+    async fn run_once(
+        &self,
+        req: pycell_protocol::messages::RunRequest,
+        progress: Arc<Progress>,
+        stop: CancellationToken,
+    ) -> CallToolResult {
+        let on_event = move |ev: RunEvent<'_>| progress.record(ev);
+        match self.sandboxes.run(req, on_event, stop).await {
             Ok(r) => {
                 let images = cell_output::image_content(&r.images, &r.displays);
                 RunPythonOutput::from(r).tool_result(images)
             }
             Err(e) => argument_error(&pycell_engine::service::request_message(&e)),
+        }
+    }
+
+    /// How long the call may run at most: its `timeout_s`, else its
+    /// policy's wall timeout (a session's: the policy it was started
+    /// with); the longest a policy may have if neither can be found.
+    async fn ceiling(self, of: CeilingOf) -> Duration {
+        let (given, policy) = match of {
+            CeilingOf::Run { timeout_s, policy } => (timeout_s, Some(policy)),
+            CeilingOf::Cell { timeout_s, session } => {
+                let sessions = self.sandboxes.list_sessions().await.unwrap_or_default();
+                let policy = sessions.into_iter().find(|s| s.session == session);
+                (timeout_s, policy.map(|s| s.policy))
+            }
+        };
+        if let Some(t) = given {
+            return Duration::from_secs_f64(t);
+        }
+        let Some(policy) = policy else {
+            return pycell_policy::MAX_WALL_TIMEOUT;
+        };
+        match self.sandboxes.policy(&policy).await {
+            Ok(p) => p.limits.wall_timeout,
+            Err(_) => pycell_policy::MAX_WALL_TIMEOUT,
         }
     }
 
@@ -327,6 +414,60 @@ fn render_info(info: &pycell_protocol::info::HostInfo) -> String {
     t
 }
 
+/// What a call's time ceiling is found from.
+enum CeilingOf {
+    Run {
+        timeout_s: Option<f64>,
+        policy: String,
+    },
+    Cell {
+        timeout_s: Option<f64>,
+        session: String,
+    },
+}
+
+/// Where a call's progress notifications go: the client that asked for
+/// them with a progress token, until the call is handed off.
+struct Reporter {
+    peer: Peer<RoleServer>,
+    token: ProgressToken,
+    handed_off: CancellationToken,
+}
+
+impl Reporter {
+    fn of(context: &RequestContext<RoleServer>, handed_off: &CancellationToken) -> Option<Self> {
+        Some(Reporter {
+            peer: context.peer.clone(),
+            token: context.meta.get_progress_token()?,
+            handed_off: handed_off.clone(),
+        })
+    }
+
+    /// Reports `progress` until the call is handed off. Never returns.
+    async fn report(self, progress: Arc<Progress>) -> std::convert::Infallible {
+        tokio::select! {
+            never = report_progress(self.peer, self.token, progress) => never,
+            () = self.handed_off.cancelled() => std::future::pending().await,
+        }
+    }
+}
+
+/// `work`, with its progress reported by `reporter` meanwhile (in the
+/// same task: the reporter stops when the work does).
+async fn with_progress<T>(
+    work: impl std::future::Future<Output = T>,
+    reporter: Option<Reporter>,
+    progress: Arc<Progress>,
+) -> T {
+    match reporter {
+        None => work.await,
+        Some(r) => tokio::select! {
+            done = work => done,
+            never = r.report(progress) => match never {},
+        },
+    }
+}
+
 /// What a run has done so far, for progress notifications.
 #[derive(Debug, Default)]
 struct Progress {
@@ -344,6 +485,10 @@ struct Progress {
     /// The end of the output that came since the last notification (at
     /// most [`PROGRESS_TAIL`] bytes, both streams as they came).
     tail: Mutex<Vec<u8>>,
+    /// The newest output, never taken: a task's status shows it.
+    latest: Mutex<Vec<u8>>,
+    /// A session cell's call: `cell in session HANDLE`.
+    cell: Mutex<Option<String>>,
 }
 
 impl Progress {
@@ -381,12 +526,37 @@ impl Progress {
                 if let Ok(mut tail) = tail {
                     keep_tail(&mut tail, bytes, PROGRESS_TAIL);
                 }
+                if let Ok(mut latest) = self.latest.lock() {
+                    keep_tail(&mut latest, bytes, PROGRESS_TAIL);
+                }
             }
             RunEvent::Step { .. } => {}
         }
     }
 
+    fn label_cell(&self, session: &str) {
+        if let Ok(mut c) = self.cell.lock() {
+            *c = Some(format!("cell in session {session}"));
+        }
+    }
+
+    /// A progress notification's message: the output since the last one.
     fn message(&self, elapsed: Duration) -> String {
+        self.say(elapsed, true)
+    }
+
+    /// A task's status message: the newest output.
+    fn status(&self, elapsed: Duration) -> String {
+        self.say(elapsed, false)
+    }
+
+    fn say(&self, elapsed: Duration, take_tail: bool) -> String {
+        if let Some(cell) = self.cell.lock().ok().and_then(|c| c.clone()) {
+            let secs = elapsed.as_secs_f64().floor();
+            return format!(
+                "{cell}: running for {secs:.0} s (a cell's output comes with its result)"
+            );
+        }
         let started = self.sandbox.lock().is_ok_and(|s| s.is_some());
         let installing = self.installing.lock().ok().and_then(|m| m.clone());
         if let (false, Some(step)) = (started, installing) {
@@ -410,7 +580,10 @@ impl Progress {
                 self.stdout_bytes.load(Ordering::Relaxed),
                 self.stderr_bytes.load(Ordering::Relaxed),
             );
-            let tail = tail.map(|mut t| std::mem::take(&mut *t));
+            let tail = match take_tail {
+                true => tail.map(|mut t| std::mem::take(&mut *t)).ok(),
+                false => self.latest.lock().map(|t| t.clone()).ok(),
+            };
             (counts.0, counts.1, tail.unwrap_or_default())
         };
         let mut message = format!(
@@ -490,7 +663,11 @@ async fn report_progress(
 
 impl ServerHandler for PycellServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tasks()
+            .build();
+        ServerConfig::new(capabilities)
             .with_server_info(
                 Implementation::new("pycell", env!("CARGO_PKG_VERSION"))
                     .with_title("pycell: a sandbox for untrusted Python"),
@@ -504,6 +681,25 @@ impl ServerHandler for PycellServer {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         Ok(ListToolsResult::with_all_items(self.tools.as_ref().clone()))
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let caller = self.caller_identity(&context);
+        let task = self.handoff.get(&request.task_id, caller)?;
+        Ok(GetTaskResult::new(task))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let caller = self.caller_identity(&context);
+        self.handoff.cancel(&request.task_id, caller)
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -532,7 +728,7 @@ impl ServerHandler for PycellServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let (server, _permit) = match self.as_caller(request.name.as_ref(), &context) {
+        let (server, permit) = match self.as_caller(request.name.as_ref(), &context) {
             Ok(v) => v,
             Err(refused) => return Ok(refused.into()),
         };
@@ -541,8 +737,12 @@ impl ServerHandler for PycellServer {
             c.register(caller, &context.id, context.ct.clone())
         });
         let server = &server;
+        let _permit = match request.name.as_ref() {
+            // A task holds the permit until its run ends.
+            tools::RUN_PYTHON => return Ok(server.run_python(request, context, permit).await),
+            _ => permit,
+        };
         let result = match request.name.as_ref() {
-            tools::RUN_PYTHON => server.run_python(request, context).await,
             tools::SANDBOX_INFO => server.sandbox_info().await,
             session_tools::SESSION_START => server.session_start(request.arguments).await,
             session_tools::WRITE_FILE => {
@@ -647,7 +847,8 @@ async fn serve(args: &McpArgs) -> i32 {
     };
     let tools = servers.clone().map(|s| Arc::new(s) as Arc<dyn ToolSource>);
     let sandboxes = RunService::new(Backend::choose(args.embedded, None), tools);
-    let server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode.as_ref());
+    let server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode.as_ref())
+        .with_hand_off_after(args.hand_off_after);
     // The end of stdin means the client is gone: nobody can read the results
     // of runs still going, so stop them at once rather than after rmcp's
     // grace period for in-flight handlers (longer than clients wait for a

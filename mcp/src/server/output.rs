@@ -14,8 +14,66 @@ use super::cell_output::{display_info, image_info, CellInfo, DisplayInfo, FileCh
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::{CgroupVersion, LandlockStatus, RunStatus, StreamTail};
 
-/// How the run ended.
-pub type Status = RunStatus;
+/// How the run ended; `running` only for a session cell still going
+/// after the call's wait (see `detached`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// The program exited with code 0 (a cell: ended without an exception).
+    Ok,
+    /// The program exited non-zero (e.g. an uncaught exception: see stderr) or died of a signal it did not get from pycell.
+    Error,
+    /// The wall-clock limit expired: the run was killed, the cell interrupted.
+    Timeout,
+    /// The memory limit was reached; the kernel killed the program.
+    Oom,
+    /// Killed on request (the run was cancelled) or by the CPU-time limit.
+    Killed,
+    /// The sandbox could not be built, so the code never ran; `error` says why.
+    Refused,
+    /// A session cell still running after the call's wait: `detached` says how to get its result.
+    Running,
+}
+
+impl From<RunStatus> for Status {
+    fn from(s: RunStatus) -> Status {
+        match s {
+            RunStatus::Ok => Status::Ok,
+            RunStatus::Error => Status::Error,
+            RunStatus::Timeout => Status::Timeout,
+            RunStatus::Oom => Status::Oom,
+            RunStatus::Killed => Status::Killed,
+            RunStatus::Refused => Status::Refused,
+        }
+    }
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Running => "running",
+            Status::Ok => RunStatus::Ok.as_str(),
+            Status::Error => RunStatus::Error.as_str(),
+            Status::Timeout => RunStatus::Timeout.as_str(),
+            Status::Oom => RunStatus::Oom.as_str(),
+            Status::Killed => RunStatus::Killed.as_str(),
+            Status::Refused => RunStatus::Refused.as_str(),
+        }
+    }
+}
+
+/// A session cell that outlived its call's wait (`pycell mcp
+/// --hand-off-after`): it goes on within the session's limits, and the
+/// session's next `run_python` call collects its result.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct DetachedInfo {
+    /// How long the cell has run (or ran), in seconds.
+    pub running_for_s: f64,
+    /// Whether this call's own code ran: false while an earlier detached cell is pending.
+    pub code_run: bool,
+    /// What happened and what to do next.
+    pub note: String,
+}
 
 /// Why a run did not end normally.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -167,6 +225,10 @@ pub struct RunPythonOutput {
     /// wall_timeout) and a sentence.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub termination: Option<Termination>,
+    /// A session cell past the call's wait: still running (`status`
+    /// `running`), or collected by this call; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detached: Option<DetachedInfo>,
 }
 
 /// Hints written for a `pycell run` user name its flags; say what to change
@@ -204,8 +266,9 @@ impl From<RunResult> for RunPythonOutput {
             cell: None,
             refusals: r.refusals,
             termination: r.termination,
+            detached: None,
             run_id: r.run_id,
-            status: r.status,
+            status: r.status.into(),
             exit_code: r.exit_code,
             signal: r.signal,
             stdout: r.stdout,
@@ -382,6 +445,44 @@ fn push_stream(text: &mut String, s: Kept<'_>, cap: Option<u64>) {
 }
 
 impl RunPythonOutput {
+    /// A result with nothing in it but `status` (a cell's, in `session`).
+    pub fn bare(status: Status, session: &str) -> RunPythonOutput {
+        RunPythonOutput {
+            run_id: String::new(),
+            status,
+            exit_code: None,
+            signal: None,
+            tool_calls: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            stdout_tail: None,
+            stderr_tail: None,
+            duration_ms: 0.0,
+            cpu_ms: 0.0,
+            peak_memory_bytes: 0,
+            disk_used_bytes: 0,
+            warm: true,
+            policy: String::new(),
+            limits: None,
+            layers: None,
+            error: None,
+            network: None,
+            env: None,
+            files: Vec::new(),
+            files_truncated: false,
+            images: Vec::new(),
+            images_omitted: 0,
+            displays: Vec::new(),
+            displays_omitted: 0,
+            cell: Some(super::cell_output::no_cell(session)),
+            refusals: Vec::new(),
+            termination: None,
+            detached: None,
+        }
+    }
+
     /// The tool result: this as structured content, its text, then
     /// `images` as image content; an error only if it was refused.
     pub fn tool_result(&self, images: Vec<ContentBlock>) -> CallToolResult {
@@ -395,6 +496,10 @@ impl RunPythonOutput {
     /// The text content of the tool result: one status line, then the
     /// output streams, then what went wrong and what to do about it.
     pub fn render(&self) -> String {
+        let note = self.detached.as_ref().map(|d| format!("{}\n", d.note));
+        if self.status == Status::Running {
+            return format!("status: running\n{}", note.unwrap_or_default());
+        }
         let mut head = format!("status: {}", self.status.as_str());
         match (self.exit_code, self.signal) {
             (Some(c), _) if self.status != Status::Ok => head.push_str(&format!(", exit code {c}")),
@@ -412,7 +517,8 @@ impl RunPythonOutput {
                 self.policy
             ));
         }
-        let mut text = head;
+        let mut text = note.unwrap_or_default();
+        text.push_str(&head);
         text.push('\n');
         let cap = self.limits.as_ref().map(|l| l.max_output.get());
         let streams = [

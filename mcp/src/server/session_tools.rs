@@ -20,9 +20,10 @@ use pycell_protocol::session::{
 };
 
 use super::cell_output::{display_info, image_info, CellException, CellInfo, FileChange};
-use super::output::{human_bytes, structured, ErrorInfo, RunPythonOutput};
+use super::output::{human_bytes, structured, DetachedInfo, ErrorInfo, RunPythonOutput, Status};
 use super::tools::{portable, ArgumentError};
 use super::PycellServer;
+use pycell_engine::service::detached::{CellAnswer, CellTurn};
 use pycell_engine::service::SessionFailure;
 use pycell_launch::session::Answer;
 use pycell_wire::codes::{FailureCode, Layer};
@@ -200,35 +201,48 @@ impl PycellServer {
         }
     }
 
-    /// `run_python` with `session`: the code runs as the session's next cell.
+    /// `run_python` with `session`: the code runs as the session's next
+    /// cell, waited for at most `wait`; past it the cell is detached, and
+    /// the next call collects it (see `pycell_engine::service::detached`).
     pub(super) async fn run_cell(
         &self,
         session: &str,
         code: String,
         timeout: Option<Duration>,
         cancel: CancellationToken,
+        wait: Duration,
     ) -> CallToolResult {
-        let call = SessionCall::Cell { code };
         let timeout_s = timeout.map(|t| t.as_secs_f64());
-        match self
+        let resend = match code.trim().is_empty() {
+            true => "",
+            false => " The code of this call was NOT run: send it again.",
+        };
+        let turn = self
             .sandboxes
-            .session_call(session, call, timeout_s, cancel)
-            .await
-        {
-            Ok(answer) => {
-                let images =
-                    super::cell_output::image_content(&answer.reply.images, &answer.reply.displays);
-                cell_result(session, answer).tool_result(images)
+            .cell_within(session, code, timeout_s, cancel, wait)
+            .await;
+        match turn {
+            CellTurn::Answered(answer) => cell_answer(session, answer, None),
+            CellTurn::Collected { answer, ran_for } => {
+                let note = format!(
+                    "This is the result of the cell detached earlier (it ran {:.0} s).{resend}",
+                    ran_for.as_secs_f64()
+                );
+                let detached = DetachedInfo {
+                    running_for_s: ran_for.as_secs_f64(),
+                    code_run: false,
+                    note,
+                };
+                cell_answer(session, answer, Some(detached))
             }
-            Err(f)
-                if matches!(
-                    f.code,
-                    FailureCode::SessionKilled | FailureCode::SessionGone
-                ) =>
-            {
-                killed_cell(session, &f)
+            CellTurn::Detached { running_for } => {
+                let note = format!("The cell is still running after {:.0} s, detached: it goes on within the session's limits. Call run_python with session {session:?} again to get its result (the code of that call is not run while this cell is pending; empty code is fine), or session_end to stop it.", running_for.as_secs_f64());
+                still_running(session, running_for, true, note)
             }
-            Err(f) => failure(super::tools::RUN_PYTHON, &f),
+            CellTurn::StillRunning { running_for } => {
+                let note = format!("The cell detached earlier is still running ({:.0} s so far).{resend} Call run_python with session {session:?} again to get its result, or session_end to stop it.", running_for.as_secs_f64());
+                still_running(session, running_for, false, note)
+            }
         }
     }
 
@@ -403,6 +417,48 @@ fn refused(why: String) -> SessionFailure {
     }
 }
 
+/// A cell's answer (or failure) as `run_python`'s result.
+fn cell_answer(
+    session: &str,
+    answer: CellAnswer,
+    detached: Option<DetachedInfo>,
+) -> CallToolResult {
+    match answer {
+        Ok(answer) => {
+            let images =
+                super::cell_output::image_content(&answer.reply.images, &answer.reply.displays);
+            let mut out = cell_result(session, answer);
+            out.detached = detached;
+            out.tool_result(images)
+        }
+        Err(f)
+            if matches!(
+                f.code,
+                FailureCode::SessionKilled | FailureCode::SessionGone
+            ) =>
+        {
+            killed_cell(session, &f)
+        }
+        Err(f) => failure(super::tools::RUN_PYTHON, &f),
+    }
+}
+
+/// A cell still running after the call's wait.
+fn still_running(
+    session: &str,
+    running_for: Duration,
+    code_run: bool,
+    note: String,
+) -> CallToolResult {
+    let mut out = RunPythonOutput::bare(Status::Running, session);
+    out.detached = Some(DetachedInfo {
+        running_for_s: running_for.as_secs_f64(),
+        code_run,
+        note,
+    });
+    out.tool_result(vec![])
+}
+
 /// A cell whose session ended under it: a result that says so.
 fn killed_cell(session: &str, f: &SessionFailure) -> CallToolResult {
     let status = if f.message.contains("(oom)") {
@@ -410,44 +466,14 @@ fn killed_cell(session: &str, f: &SessionFailure) -> CallToolResult {
     } else {
         RunStatus::Killed
     };
-    let out = RunPythonOutput {
-        run_id: String::new(),
-        status,
-        exit_code: None,
-        signal: None,
-        tool_calls: None,
-        stdout: String::new(),
-        stderr: String::new(),
-        stdout_truncated: false,
-        stderr_truncated: false,
-        stdout_tail: None,
-        stderr_tail: None,
-        duration_ms: 0.0,
-        cpu_ms: 0.0,
-        peak_memory_bytes: 0,
-        disk_used_bytes: 0,
-        warm: true,
-        policy: String::new(),
-        limits: None,
-        layers: None,
-        error: Some(ErrorInfo {
-            code: f.code,
-            layer: Layer::Sessions,
-            message: f.message.clone(),
-            hint: Some("start a new session with session_start".into()),
-        }),
-        network: None,
-        env: None,
-        files: Vec::new(),
-        files_truncated: false,
-        images: Vec::new(),
-        images_omitted: 0,
-        displays: Vec::new(),
-        displays_omitted: 0,
-        cell: Some(super::cell_output::no_cell(session)),
-        refusals: Vec::new(),
-        termination: Some(session_gone(status, &f.message)),
-    };
+    let mut out = RunPythonOutput::bare(status.into(), session);
+    out.error = Some(ErrorInfo {
+        code: f.code,
+        layer: Layer::Sessions,
+        message: f.message.clone(),
+        hint: Some("start a new session with session_start".into()),
+    });
+    out.termination = Some(session_gone(status, &f.message));
     let mut r = out.tool_result(vec![]);
     r.is_error = Some(true);
     r
@@ -640,7 +666,7 @@ pub fn cell_result(session: &str, a: Answer) -> RunPythonOutput {
     };
     RunPythonOutput {
         run_id: a.run_id.clone(),
-        status,
+        status: status.into(),
         exit_code: None,
         signal: None,
         tool_calls: None,
@@ -681,6 +707,7 @@ pub fn cell_result(session: &str, a: Answer) -> RunPythonOutput {
         displays_omitted: r.displays_omitted,
         refusals: a.refusals.clone(),
         termination: a.termination.clone(),
+        detached: None,
     }
 }
 
