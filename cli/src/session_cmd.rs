@@ -267,6 +267,9 @@ pub fn show_cell(a: &SessionAnswer) -> i32 {
     if let Some(why) = &a.reply.refused {
         let _ = writeln!(err, "pycell: {why}");
     }
+    if let Some(f) = &a.reply.value_file {
+        let _ = writeln!(err, "pycell: the value was cut; the whole value is in {f}");
+    }
     for refusal in &a.refusals {
         let _ = writeln!(err, "pycell: {}", refusal.line());
     }

@@ -145,6 +145,11 @@ pub struct SessionReply {
     pub value: Option<String>,
     #[serde(default)]
     pub value_truncated: bool,
+    /// A cell whose value was cut: the file in the session's workspace
+    /// that has it whole (`/workspace/outputs/cell-N-value.json` for a
+    /// dict or list JSON can write, else `.txt` with its text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_file: Option<String>,
     /// A cell: the exception it ended with.
     #[serde(default)]
     pub error: Option<CellError>,
@@ -179,6 +184,12 @@ pub struct SessionReply {
     pub truncated: bool,
 }
 
+/// Where the runner keeps cell `cell`'s value whole, if `kind` (what the
+/// runner said it wrote, from the jail: untrusted) is one it writes.
+pub fn value_file(cell: u64, kind: &str) -> Option<String> {
+    matches!(kind, "json" | "txt").then(|| format!("/workspace/outputs/cell-{cell}-value.{kind}"))
+}
+
 /// The exception a cell ended with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CellError {
@@ -209,6 +220,7 @@ impl From<RunnerReply> for SessionReply {
             cell,
             value,
             value_truncated,
+            value_saved,
             error,
             files,
             files_truncated,
@@ -224,6 +236,7 @@ impl From<RunnerReply> for SessionReply {
         } = r;
         SessionReply {
             refused,
+            value_file: cell.and_then(|n| value_file(n, value_saved.as_deref()?)),
             cell,
             value,
             value_truncated,
@@ -299,4 +312,36 @@ pub struct SessionSummary {
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_names_a_kept_value_only_for_the_kinds_the_runner_writes() {
+        assert_eq!(
+            value_file(3, "json").as_deref(),
+            Some("/workspace/outputs/cell-3-value.json")
+        );
+        assert_eq!(
+            value_file(4, "txt").as_deref(),
+            Some("/workspace/outputs/cell-4-value.txt")
+        );
+        for kind in ["", "../../etc/passwd", "json/../x", "png"] {
+            assert_eq!(value_file(1, kind), None, "{kind:?}");
+        }
+        let reply = |cell: Option<u64>, saved: &str| RunnerReply {
+            cell,
+            value_saved: Some(saved.into()),
+            ..RunnerReply::default()
+        };
+        let kept = SessionReply::from(reply(Some(2), "json")).value_file;
+        assert_eq!(
+            kept.as_deref(),
+            Some("/workspace/outputs/cell-2-value.json")
+        );
+        assert_eq!(SessionReply::from(reply(None, "json")).value_file, None);
+        assert_eq!(SessionReply::from(reply(Some(2), "/etc")).value_file, None);
+    }
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 import signal
 import socket
@@ -137,6 +138,16 @@ def test_displays_come_back_typed(pycelld: Pycelld) -> None:
         assert cell.value is not None and cell.value.startswith("<__main__.Table object"), cell
         assert [(d.kind, d.markdown) for d in cell.displays] == [("value", "| a |\n|---|\n| 1 |")], cell
         assert s.run("1 + 1").displays == []
+
+
+def test_a_cut_value_is_kept_whole_in_the_workspace(pycelld: Pycelld) -> None:
+    with pycell.Session() as s:
+        cell = s.run("big = [{'i': i, 'sq': i * i} for i in range(20_000)]\nbig")
+        assert cell.value is not None and cell.value.startswith("<list of 20,000 items"), (cell.value or "")[:200]
+        assert cell.value_file == "/workspace/outputs/cell-1-value.json", cell
+        kept = json.loads(s.read_file("outputs/cell-1-value.json"))
+        assert kept == [{"i": i, "sq": i * i} for i in range(20_000)]
+        assert s.run("[1, 2]").value_file is None
 
 
 def test_runs_go_at_once_from_threads_and_tasks(pycelld: Pycelld) -> None:

@@ -77,9 +77,10 @@ def _pycell_take_displays():
     return displays, omitted
 
 
-def _pycell_bundle(obj, cap):
+def _pycell_bundle(obj, cap, whole=None):
     """The MIME parts of `obj` (keys as in _PYCELL_MIME_KEYS), each text
-    part within `cap` characters, and whether any was cut."""
+    part within `cap` characters, and whether any was cut; the uncut text
+    part is appended to the list `whole`, if given."""
     parts = None
     try:
         parts = _pycell_own_parts(obj, cap)
@@ -89,6 +90,8 @@ def _pycell_bundle(obj, cap):
         parts = _pycell_repr_parts(obj)
     if "text" not in parts:
         parts["text"] = _pycell_plain(obj, cap)
+    if whole is not None:
+        whole.append(parts["text"])
     bundle, cut = {}, False
     for key, value in parts.items():
         if key != "png":
@@ -277,3 +280,29 @@ def _pycell_cut(text, cap):
     mark = "\n[... %d characters cut ...]\n" % (len(text) - cap)
     half = max(0, (cap - len(mark)) // 2)
     return text[:half] + mark + text[len(text) - half:], True
+
+
+def _pycell_save_value(value, text, number):
+    """A cell's value whose text was cut, kept whole in /workspace: as
+    JSON (outputs/cell-N-value.json) if it is a dict or list JSON can
+    write, else its text (outputs/cell-N-value.txt). The file's kind, or
+    None if it could not be written (the disk budget, say). The host names
+    the path from the cell's number and the kind (SessionReply's
+    value_file)."""
+    import json
+    import os
+
+    kind, data = "txt", text
+    if isinstance(value, (dict, list)):
+        try:
+            kind, data = "json", json.dumps(value, ensure_ascii=False, indent=1)
+        except (TypeError, ValueError, RecursionError):
+            pass
+    path = "%s/outputs/cell-%d-value.%s" % (_PYCELL_WORKSPACE, number, kind)
+    try:
+        os.makedirs(_PYCELL_WORKSPACE + "/outputs", exist_ok=True)
+        with open(path, "w", encoding="utf-8", errors="replace") as f:
+            f.write(data)
+    except OSError:
+        return None
+    return kind

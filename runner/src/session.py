@@ -121,7 +121,7 @@ def _pycell_cell(main, number, request):
     before = _pycell_snapshot()
     _pycell_offer_display(limits["displays"])
     _pycell_take_displays()
-    bundle, error = None, None
+    bundle, error, whole, saved = None, None, [], None
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGXCPU, _pycell_cpu_allowance_reached)
     try:
@@ -129,7 +129,9 @@ def _pycell_cell(main, number, request):
         # Rendered while the cell's clocks can still interrupt it: a value's
         # _repr_*_ methods are the cell's code too.
         if value is not None:
-            bundle = _pycell_bundle(value, limits["displays"]["part_chars"])
+            bundle = _pycell_bundle(value, limits["displays"]["part_chars"], whole)
+            if bundle["truncated"]:
+                saved = _pycell_save_value(value, whole[0], number)
     except BaseException as e:
         error = e
     finally:
@@ -141,6 +143,7 @@ def _pycell_cell(main, number, request):
         reply["error"] = _pycell_describe_error(error)
     elif bundle is not None:
         reply["value"], reply["value_truncated"] = bundle["text"], bundle["truncated"]
+        reply["value_saved"] = saved
         if set(bundle) - {"text", "truncated"}:
             _pycell_keep_display(bundle, "value")
     reply["displays"], reply["displays_omitted"] = _pycell_take_displays()

@@ -232,6 +232,10 @@ pub struct RunnerReply {
     pub value: Option<String>,
     #[serde(default)]
     pub value_truncated: bool,
+    /// A cut value kept whole in the workspace: `json` or `txt` (the host
+    /// names the file; see `pycell_protocol::session::value_file`).
+    #[serde(default)]
+    pub value_saved: Option<String>,
     #[serde(default)]
     pub error: Option<CellError>,
     #[serde(default)]

@@ -229,19 +229,22 @@ async def frames(session, schemas, policy):
     r = await session.call_tool("run_python", {"session": h, "code": code, "timeout_s": 120})
     sc = r.structured_content or {}
     out = {"frame": {"value": (sc.get("cell") or {}).get("value"), "displays": sc.get("displays"), "text": texts(r)}}
-    code = (
-        "import json\nbig = {'k%d' % i: {'a': i, 'b': [1, 2, 3]} for i in range(60000)}\n"
-        "open('big.json', 'w').write(json.dumps(big))\nbig"
-    )
+    code = "big = {'k%d' % i: {'a': i, 'b': [1, 2, 3]} for i in range(60000)}\nbig"
     r = await session.call_tool("run_python", {"session": h, "code": code, "timeout_s": 120})
     sc = r.structured_content or {}
     cell = sc.get("cell") or {}
     out["big"] = {
         "value": cell.get("value"),
         "value_truncated": cell.get("value_truncated"),
+        "value_file": cell.get("value_file"),
         "files": sc.get("files"),
+        "text": texts(r)[-300:],
         "text_chars": len(texts(r)),
     }
+    # The file pycell kept is the whole value.
+    code = "import json\njson.load(open(%r)) == big" % (cell.get("value_file") or "")
+    r = await session.call_tool("run_python", {"session": h, "code": code, "timeout_s": 120})
+    out["big_file_is_whole"] = ((r.structured_content or {}).get("cell") or {}).get("value")
     await call(session, schemas, {"session": h}, name="session_end")
     code = "import pandas as pd\ndisplay(pd.DataFrame({'a': [1, 2], 'b': ['x', 'y']}))\nprint('shown')"
     r = await session.call_tool("run_python", {"code": code, "policy": policy, "timeout_s": 120})

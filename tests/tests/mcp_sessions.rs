@@ -293,10 +293,18 @@ fn check_frames(c: &mut Checks, v: &Value) {
             v["big"]["text_chars"]
         )
     });
-    c.eq(s, v, "/big/files/0/path", "/workspace/big.json".into());
+    // The whole value is kept in the workspace, named in the result.
+    let kept = "/workspace/outputs/cell-2-value.json";
+    c.eq(s, v, "/big/value_file", kept.into());
+    c.contains(s, v, "/big/text", &format!("(the whole value: {kept})"));
+    c.eq(s, v, "/big/files/0/path", kept.into());
     c.check(num(v, "/big/files/0/size") > 2e6, || {
-        format!("{s}: big.json is not the whole 2 MB: {}", v["big"]["files"])
+        format!(
+            "{s}: the value's file is not the whole 2 MB: {}",
+            v["big"]["files"]
+        )
     });
+    c.eq(s, v, "/big_file_is_whole", "True".into());
     c.eq(s, v, "/run/status", "ok".into());
     c.eq(s, v, "/run/displays/0/kind", "display".into());
     c.contains(s, v, "/run/text", "DataFrame: 2 rows x 2 columns");

@@ -22,6 +22,11 @@ pub struct CellInfo {
     pub value: Option<String>,
     /// True if the value's repr was longer than the cap and was cut.
     pub value_truncated: bool,
+    /// A cut value kept whole in the session's workspace (JSON for a dict
+    /// or list, else its text): read it with read_file, or from the next
+    /// cell.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value_file: Option<String>,
     /// The exception the cell ended with, if it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exception: Option<CellException>,
@@ -137,6 +142,7 @@ pub fn no_cell(session: &str) -> CellInfo {
         number: 0,
         value: None,
         value_truncated: false,
+        value_file: None,
         exception: None,
         memory_bytes: 0,
     }
@@ -164,6 +170,9 @@ pub fn render_cell(c: &CellInfo, displays: &[DisplayInfo], text: &mut String) {
         match markdown {
             Some(m) => text.push_str(&format!("\nOut[{}]:{cut}\n{m}\n", c.number)),
             None => text.push_str(&format!("\nOut[{}]: {v}{cut}\n", c.number)),
+        }
+        if let Some(f) = &c.value_file {
+            text.push_str(&format!("(the whole value: {f})\n"));
         }
     }
 }

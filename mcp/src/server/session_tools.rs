@@ -694,6 +694,7 @@ pub fn cell_result(session: &str, a: Answer) -> RunPythonOutput {
             number: r.cell.unwrap_or(0),
             value: r.value.clone(),
             value_truncated: r.value_truncated,
+            value_file: r.value_file.clone(),
             exception: r.error.as_ref().map(|e| CellException {
                 kind: e.kind.clone(),
                 message: e.message.clone(),

@@ -80,6 +80,8 @@ def render_cell(cell: CellResult) -> str:
     if cell.value is not None:
         rich = next((d.markdown for d in cell.displays if d.kind == "value" and d.markdown), None)
         lines.append(f"value:\n{rich}" if rich else f"value: {_clip(cell.value)}")
+        if cell.value_file:
+            lines.append(f"(the whole value: {cell.value_file})")
     if cell.error is not None:
         lines.append(f"exception: {cell.error.type}: {cell.error.message}\n{_clip(cell.error.traceback)}")
     if cell.images:

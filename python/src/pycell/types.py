@@ -237,6 +237,8 @@ class Reply:
     cell: int | None = None
     value: str | None = None
     value_truncated: bool = False
+    # A cut value kept whole in the workspace (its path there).
+    value_file: str | None = field(default=None, omit="none")
     error: CellError | None = None
     files: list[ChangedFile] = field(factory=list)
     files_truncated: bool = False
@@ -303,6 +305,8 @@ class CellResult:
     refusals: list[Refusal]
     termination: Termination | None
     displays: list[Display]
+    # A cut value kept whole in the workspace (its path there).
+    value_file: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -325,6 +329,7 @@ class CellResult:
             refusals=answer.refusals,
             termination=answer.termination,
             displays=r.displays,
+            value_file=r.value_file,
         )
 
 
