@@ -21,12 +21,16 @@ pid, master = pty.fork()
 if pid == 0:
     os.execve(PYCELL, [PYCELL, "repl", *sys.argv[2:]], env)
 screen = b""
+# Where the last read_until's token ended: what came after it in the same
+# read is the next one's.
+cursor = 0
 
 
 def read_until(token, timeout=60):
-    """Everything shown from now until `token` (or the timeout)."""
-    global screen
-    start = len(screen)
+    """Everything shown after the last token up to `token` (or until the
+    timeout)."""
+    global screen, cursor
+    start = cursor
     deadline = time.monotonic() + timeout
     while token.encode() not in screen[start:]:
         left = deadline - time.monotonic()
@@ -42,7 +46,9 @@ def read_until(token, timeout=60):
         if not chunk:
             break
         screen += chunk
-    shown = screen[start:].decode(errors="replace")
+    found = screen.find(token.encode(), start)
+    cursor = found + len(token.encode()) if found >= 0 else len(screen)
+    shown = screen[start:cursor].decode(errors="replace")
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown).replace("\r", "")
 
 
