@@ -500,6 +500,21 @@ impl RunPythonOutput {
         if self.status == Status::Running {
             return format!("status: running\n{}", note.unwrap_or_default());
         }
+        let mut text = note.unwrap_or_default();
+        text.push_str(&self.status_line());
+        self.push_streams(&mut text);
+        if let Some(c) = &self.cell {
+            super::cell_output::render_cell(c, &self.displays, &mut text);
+        }
+        super::cell_output::render_displays(&self.displays, self.displays_omitted, &mut text);
+        self.push_files(&mut text);
+        super::cell_output::render_images(&self.images, self.images_omitted, &mut text);
+        self.push_ending(&mut text);
+        text
+    }
+
+    /// `status: ok (17 ms, 9 ms CPU, 8.4 MiB peak memory; policy default)`.
+    fn status_line(&self) -> String {
         let mut head = format!("status: {}", self.status.as_str());
         match (self.exit_code, self.signal) {
             (Some(c), _) if self.status != Status::Ok => head.push_str(&format!(", exit code {c}")),
@@ -517,9 +532,13 @@ impl RunPythonOutput {
                 self.policy
             ));
         }
-        let mut text = note.unwrap_or_default();
-        text.push_str(&head);
-        text.push('\n');
+        head.push('\n');
+        head
+    }
+
+    /// Each stream within the text's budget, or a line saying there was
+    /// no output.
+    fn push_streams(&self, text: &mut String) {
         let cap = self.limits.as_ref().map(|l| l.max_output.get());
         let streams = [
             (
@@ -536,13 +555,17 @@ impl RunPythonOutput {
             ),
         ];
         for (name, body, truncated, tail) in streams {
-            let kept = Kept {
-                name,
-                body,
-                truncated,
-                tail: tail.as_ref(),
-            };
-            push_stream(&mut text, kept, cap);
+            let tail = tail.as_ref();
+            push_stream(
+                text,
+                Kept {
+                    name,
+                    body,
+                    truncated,
+                    tail,
+                },
+                cap,
+            );
         }
         let has_value = !self.displays.is_empty()
             || self
@@ -558,10 +581,9 @@ impl RunPythonOutput {
                 _ => text.push_str("(no output)\n"),
             }
         }
-        if let Some(c) = &self.cell {
-            super::cell_output::render_cell(c, &self.displays, &mut text);
-        }
-        super::cell_output::render_displays(&self.displays, self.displays_omitted, &mut text);
+    }
+
+    fn push_files(&self, text: &mut String) {
         for f in &self.files {
             let verb = if f.created { "created" } else { "changed" };
             text.push_str(&format!("file {verb}: {} ({} bytes)\n", f.path, f.size));
@@ -569,7 +591,11 @@ impl RunPythonOutput {
         if self.files_truncated {
             text.push_str("(more files changed)\n");
         }
-        super::cell_output::render_images(&self.images, self.images_omitted, &mut text);
+    }
+
+    /// What was refused, the network's failures, why it ended, and the
+    /// error with what to do about it.
+    fn push_ending(&self, text: &mut String) {
         for r in &self.refusals {
             text.push_str(&format!("{}\n", r.line()));
         }
@@ -583,17 +609,12 @@ impl RunPythonOutput {
             _ => {}
         }
         if let Some(e) = &self.error {
-            text.push_str(&format!(
-                "\n{} ({}): {}\n",
-                self.status.as_str(),
-                e.code,
-                e.message
-            ));
+            let status = self.status.as_str();
+            text.push_str(&format!("\n{status} ({}): {}\n", e.code, e.message));
             if let Some(h) = &e.hint {
                 text.push_str(&format!("hint: {h}\n"));
             }
         }
-        text
     }
 }
 
