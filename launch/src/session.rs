@@ -33,6 +33,10 @@ use crate::supervisor::{
 /// Requests that may wait behind the one running.
 pub const MAX_QUEUED: usize = 8;
 
+/// Hears a request's output as it comes (up to the request's cap on each
+/// stream): a live view for progress; the answer's output is the record.
+pub type OutputSink = Arc<dyn Fn(pycell_wire::events::Stream, &[u8]) + Send + Sync>;
+
 /// A request's answer (the protocol's: the embedded server and pycelld's
 /// broker answer alike).
 pub use pycell_protocol::session::SessionAnswer as Answer;
@@ -162,6 +166,7 @@ pub enum SessionError {
 struct Call {
     op: SessionOp,
     answer: oneshot::Sender<Result<Answer, SessionError>>,
+    watch: Option<OutputSink>,
 }
 
 /// A live session. Cheap to clone; clones share the session. Dropping
@@ -387,11 +392,20 @@ impl Session {
 
     /// Serve `op` when the requests before it are done.
     pub async fn request(&self, op: SessionOp) -> Result<Answer, SessionError> {
+        self.request_watched(op, None).await
+    }
+
+    /// [`Session::request`], its output heard by `watch` as it comes.
+    pub async fn request_watched(
+        &self,
+        op: SessionOp,
+        watch: Option<OutputSink>,
+    ) -> Result<Answer, SessionError> {
         if let Some(e) = self.ended() {
             return Err(SessionError::Ended(e));
         }
         let (answer, answered) = oneshot::channel();
-        match self.calls.try_send(Call { op, answer }) {
+        match self.calls.try_send(Call { op, answer, watch }) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => return Err(SessionError::Busy),
             Err(mpsc::error::TrySendError::Closed(_)) => {
@@ -468,6 +482,7 @@ struct InFlight {
     output: [Vec<u8>; 2],
     cap: usize,
     timeout_s: f64,
+    watch: Option<OutputSink>,
 }
 
 /// The task that owns a session's jailer.
@@ -573,6 +588,7 @@ impl<C: JailerControl> Driver<C> {
             output,
             cap,
             timeout_s: call.op.wall_timeout.as_secs_f64(),
+            watch: call.watch,
         });
     }
 
@@ -582,7 +598,13 @@ impl<C: JailerControl> Driver<C> {
                 let i = stream as usize;
                 match self.in_flight.as_mut() {
                     Some(f) => {
+                        let had = f.output[i].len();
                         append_capped(&mut f.output[i], &bytes, f.cap);
+                        if let (Some(watch), Some(kept)) = (&f.watch, f.output[i].get(had..)) {
+                            if !kept.is_empty() {
+                                watch(stream, kept);
+                            }
+                        }
                     }
                     None => {
                         append_capped(&mut self.stray[i], &bytes, STRAY_CAP);

@@ -97,6 +97,9 @@ impl ClientError {
     }
 }
 
+/// Hears output as it comes: the stream, and the bytes.
+pub type OnOutput<'a> = dyn FnMut(Stream, &[u8]) + 'a;
+
 #[derive(Debug)]
 pub struct DaemonClient {
     stream: UnixStream,
@@ -369,18 +372,43 @@ impl DaemonClient {
         session: &str,
         call: SessionCall,
         timeout_s: Option<f64>,
+        on_tool_call: impl FnMut(Stage<'_>),
+    ) -> Result<SessionAnswer, ClientError> {
+        self.session_call_watching(session, call, timeout_s, on_tool_call, None)
+    }
+
+    /// [`DaemonClient::session_call_offering`], the call's output heard by
+    /// `on_output` as it comes, if given.
+    pub fn session_call_watching(
+        &mut self,
+        session: &str,
+        call: SessionCall,
+        timeout_s: Option<f64>,
         mut on_tool_call: impl FnMut(Stage<'_>),
+        mut on_output: Option<&mut OnOutput<'_>>,
     ) -> Result<SessionAnswer, ClientError> {
         let msg = ClientMessage::Session {
             id: "1".into(),
             session: session.to_string(),
             call,
             timeout_s,
+            watch: on_output.is_some(),
         };
         framing::write_sync(&mut self.stream, &msg)?;
         loop {
             match self.next_reply()? {
                 ServerMessage::SessionAnswer { answer, .. } => return Ok(*answer),
+                ServerMessage::Output {
+                    stream,
+                    data_base64,
+                    ..
+                } => {
+                    let bytes = decode_b64(&data_base64)
+                        .map_err(|e| ClientError::Unexpected(e.to_string()))?;
+                    if let Some(f) = on_output.as_mut() {
+                        f(stream, &bytes);
+                    }
+                }
                 ServerMessage::ToolCall {
                     call,
                     server,

@@ -299,6 +299,11 @@ pub enum ClientMessage {
         /// A cell's wall timeout (default: the policy's).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         timeout_s: Option<f64>,
+        /// Send `output` messages as the call prints (up to its cap; a
+        /// live view, dropped while the client lags: the answer's output
+        /// is the record).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        watch: bool,
     },
     /// End a session; `session_ended` answers once its jail is gone.
     SessionEnd {

@@ -181,11 +181,12 @@ async def quick_run(session):
 async def task_cell(session):
     started = await session.call_tool("session_start", {})
     handle = (started.structured_content or {}).get("session")
-    code = "import time\nfor i in range(6):\n    time.sleep(1)\nanswer = 6 * 7\nanswer"
+    code = "import time\nfor i in range(8):\n    print('step', i, flush=True)\n    time.sleep(1)\nanswer = 6 * 7\nanswer"
     first, answered_s = await start(session, {"session": handle, "code": code})
     out = {"kind": type(first).__name__, "answered_s": answered_s}
     if isinstance(first, TaskCreated):
-        _, last = await follow(session, task_fields(first)["taskId"], 60)
+        messages, last = await follow(session, task_fields(first)["taskId"], 60)
+        out["messages"] = messages
         out["final_status"] = (last or {}).get("status")
         out["result"] = result_of(last)
     await session.call_tool("session_end", {"session": handle})
@@ -212,8 +213,14 @@ async def detached_cells(pycell):
         started = await call(session, schemas, {}, name="session_start")
         handle = (started.get("structured") or {}).get("session")
         out = {}
-        slow = "import time\nfor i in range(15):\n    time.sleep(1)\nx = 7\nx"
-        out["slow"] = await call(session, schemas, {"session": handle, "code": slow})
+        slow = "import time\nfor i in range(15):\n    print('step', i, flush=True)\n    time.sleep(1)\nx = 7\nx"
+        notes = []
+
+        async def on_progress(progress, total, message):
+            notes.append(message)
+
+        out["slow"] = await call(session, schemas, {"session": handle, "code": slow}, progress_callback=on_progress)
+        out["slow_progress"] = notes
         out["while_running"] = await call(session, schemas, {"session": handle, "code": "x * 2"})
         collected, waits = None, 0
         for waits in range(1, 21):

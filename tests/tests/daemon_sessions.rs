@@ -562,3 +562,34 @@ refused
         "{a:?}"
     );
 }
+
+#[test]
+fn a_watched_cell_streams_its_output_while_it_runs() {
+    let d = Daemon::start("");
+    let s = start(&d, None).session;
+    let mut c = d.client();
+    let mut canceller = c.canceller().unwrap();
+    // The cell waits until interrupted; the test interrupts it when it
+    // hears the first line, which it can only do if the line comes while
+    // the cell runs (else the cell's 30 s timeout ends it).
+    let code = "import time\nprint('first', flush=True)\ntry:\n    time.sleep(600)\nexcept KeyboardInterrupt:\n    print('second')";
+    let mut heard = Vec::new();
+    let mut interrupted = false;
+    let mut sink = |_stream, bytes: &[u8]| {
+        heard.extend_from_slice(bytes);
+        if !interrupted && heard.starts_with(b"first\n") {
+            interrupted = canceller.cancel().is_ok();
+        }
+    };
+    let call = SessionCall::Cell { code: code.into() };
+    let a = c
+        .session_call_watching(&s, call, None, |_| {}, Some(&mut sink))
+        .unwrap();
+    assert!(
+        interrupted,
+        "the first line was not heard while the cell ran: {heard:?}"
+    );
+    assert_eq!(a.stdout, "first\nsecond\n", "{a:?}");
+    // 'second' may come with the answer rather than before it.
+    assert!(heard.starts_with(b"first\n"), "{heard:?}");
+}

@@ -68,6 +68,17 @@ fn check_detached(c: &mut Checks, v: &Value) {
         Value::Bool(true),
     );
     c.contains(s, v, "/slow/text", "still running after 5 s, detached");
+    // Progress notifications carry the cell's newest output.
+    let notes = v["slow_progress"].as_array().into_iter().flatten();
+    let live = notes
+        .filter_map(Value::as_str)
+        .any(|m| m.contains("cell in session s-") && m.contains("latest output: \"step"));
+    c.check(live, || {
+        format!(
+            "{s}: no progress showed the cell's output: {}",
+            v["slow_progress"]
+        )
+    });
     // Five to ten seconds into a 15-second cell: the new code is not run.
     c.run_result(s, &v["while_running"], "running");
     c.eq(
@@ -114,6 +125,14 @@ fn long_calls_become_tasks_or_detached_cells_and_lose_nothing() {
         c.eq("task_cell", v, "/kind", "TaskCreated".into());
         c.eq("task_cell", v, "/final_status", "completed".into());
         c.eq("task_cell", v, "/result/cell/value", "42".into());
+        // The cell's status shows its output as it prints.
+        let shown = v["messages"].as_array().into_iter().flatten();
+        let live = shown
+            .filter_map(Value::as_str)
+            .any(|m| m.starts_with("cell in session s-") && m.contains("latest output: \"step 0"));
+        c.check(live, || {
+            format!("task_cell: no status showed the cell's output: {v}")
+        });
     }
     if let Some(v) = c.step("detached") {
         check_detached(&mut c, v);

@@ -313,7 +313,17 @@ async fn answer(broker: &Arc<Broker>, conn: &mut Conn, peer: &Peer, msg: ClientM
             session,
             call,
             timeout_s,
-        } => session_calls::call(broker, conn, peer, id, session, call, timeout_s).await,
+            watch,
+        } => {
+            let asked = session_calls::Asked {
+                id,
+                handle: session,
+                call,
+                timeout_s,
+                watch,
+            };
+            session_calls::call(broker, conn, peer, asked).await
+        }
         ClientMessage::SessionEnd { id, session } => {
             session_calls::end(broker, conn, peer, id, session).await
         }

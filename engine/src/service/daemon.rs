@@ -26,7 +26,8 @@ use pycell_wire::report::JailFailure;
 
 use super::embedded::Embedded;
 use super::{
-    mode_name, stopped, Asker, OnEvent, RequestError, RunEvent, Sandboxes, Serving, SessionFailure,
+    mode_name, stopped, Asker, OnEvent, OutputSink, RequestError, RunEvent, Sandboxes, Serving,
+    SessionFailure,
 };
 use crate::tool_source::DaemonToolCalls;
 
@@ -88,11 +89,13 @@ impl Sandboxes for Daemon {
         call: SessionCall,
         timeout_s: Option<f64>,
         cancel: CancellationToken,
+        watch: Option<OutputSink>,
     ) -> Result<SessionAnswer, SessionFailure> {
         let asked = Asked {
             handle,
             call,
             timeout_s,
+            watch,
         };
         session_call(self.endpoint(asker), asker, asked, cancel).await
     }
@@ -192,10 +195,11 @@ impl Sandboxes for DaemonOr {
         call: SessionCall,
         timeout_s: Option<f64>,
         cancel: CancellationToken,
+        watch: Option<OutputSink>,
     ) -> Result<SessionAnswer, SessionFailure> {
         self.now()
             .place()
-            .session_call(asker, handle, call, timeout_s, cancel)
+            .session_call(asker, handle, call, timeout_s, cancel, watch)
             .await
     }
 
@@ -475,6 +479,8 @@ pub(super) struct Asked<'a> {
     pub handle: &'a str,
     pub call: SessionCall,
     pub timeout_s: Option<f64>,
+    /// Hears the call's output as it comes (`watch` in the message).
+    pub watch: Option<OutputSink>,
 }
 
 /// A session call through the pycelld at `endpoint`; cancelling sends the
@@ -489,6 +495,7 @@ pub(super) async fn session_call(
         handle,
         call,
         timeout_s,
+        watch,
     } = asked;
     let handle = handle.to_string();
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -498,9 +505,10 @@ pub(super) async fn session_call(
         if let Some(calls) = &calls {
             calls.connected(c);
         }
-        c.session_call_offering(&handle, call, timeout_s, |stage| {
-            DaemonToolCalls::take(calls.as_ref(), stage);
-        })
+        let mut heard = watch.map(|w| move |s: Stream, b: &[u8]| w(s, b));
+        let on_output = heard.as_mut().map(|h| h as &mut dyn FnMut(Stream, &[u8]));
+        let on_tool_call = |stage: Stage<'_>| DaemonToolCalls::take(calls.as_ref(), stage);
+        c.session_call_watching(&handle, call, timeout_s, on_tool_call, on_output)
     });
     tokio::pin!(answered);
     tokio::select! {

@@ -43,7 +43,9 @@ use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
 use pycell_wire::spec::Grant;
 
-use super::{Asker, OnEvent, Options, RequestError, RunEvent, Sandboxes, Serving, SessionFailure};
+use super::{
+    Asker, OnEvent, Options, OutputSink, RequestError, RunEvent, Sandboxes, Serving, SessionFailure,
+};
 use crate::local::{self, Installer};
 use crate::tool_source::ToolSource;
 
@@ -351,6 +353,7 @@ impl Sandboxes for Embedded {
         call: SessionCall,
         timeout_s: Option<f64>,
         cancel: CancellationToken,
+        watch: Option<OutputSink>,
     ) -> Result<SessionAnswer, SessionFailure> {
         let entry = self.session(handle)?;
         let op = session_table::op_for(
@@ -361,7 +364,7 @@ impl Sandboxes for Embedded {
         )
         .map_err(|(code, m)| SessionFailure::new(code, m))?;
         let session = entry.session;
-        let asked = session.request(op);
+        let asked = session.request_watched(op, watch);
         tokio::pin!(asked);
         let answered = tokio::select! {
             a = &mut asked => a,

@@ -17,7 +17,7 @@ use pycell_protocol::session::{
 use pycell_wire::codes::FailureCode;
 
 use super::daemon::{self, via_daemon, Asked};
-use super::{Asker, OnEvent, RequestError, Sandboxes, Serving, SessionFailure};
+use super::{Asker, OnEvent, OutputSink, RequestError, Sandboxes, Serving, SessionFailure};
 use crate::cluster::{join_handle, split_handle, Node, Nodes};
 
 /// Nothing of the call happened on the node: another may take it.
@@ -148,6 +148,7 @@ impl Sandboxes for Cluster {
         call: SessionCall,
         timeout_s: Option<f64>,
         cancel: CancellationToken,
+        watch: Option<OutputSink>,
     ) -> Result<SessionAnswer, SessionFailure> {
         let (node, local) = self.node_of(handle)?;
         let _lease = node.lease();
@@ -156,6 +157,7 @@ impl Sandboxes for Cluster {
             handle: local,
             call,
             timeout_s,
+            watch,
         };
         let answer = daemon::session_call(endpoint, asker, asked, cancel).await;
         reached(answer, &node, handle)

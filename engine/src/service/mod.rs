@@ -40,6 +40,7 @@ use tokio_util::task::TaskTracker;
 
 pub use pycell_launch::launcher::RequestError;
 use pycell_launch::launcher::{Launcher, PolicyChoice};
+pub use pycell_launch::session::OutputSink;
 use pycell_launch::supervisor::{Patience, PATIENCE};
 use pycell_protocol::client::{daemon_socket, ClientError};
 use pycell_protocol::info::PolicySummary;
@@ -274,7 +275,8 @@ pub trait Sandboxes: Send + Sync + std::fmt::Debug {
 
     /// `call` in session `handle`, with the policy's clocks (the wall
     /// timeout `timeout_s`, if given). A cancelled call is interrupted
-    /// (KeyboardInterrupt in a cell); its answer still comes.
+    /// (KeyboardInterrupt in a cell); its answer still comes. `watch`
+    /// hears its output as it comes.
     async fn session_call(
         &self,
         asker: &Asker,
@@ -282,6 +284,7 @@ pub trait Sandboxes: Send + Sync + std::fmt::Debug {
         call: SessionCall,
         timeout_s: Option<f64>,
         cancel: CancellationToken,
+        watch: Option<OutputSink>,
     ) -> Result<SessionAnswer, SessionFailure>;
 
     /// End session `handle` and wait until its jail is gone.
@@ -689,9 +692,22 @@ impl RunService {
         timeout_s: Option<f64>,
         cancel: CancellationToken,
     ) -> Result<SessionAnswer, SessionFailure> {
+        self.session_call_watched(handle, call, timeout_s, cancel, None)
+            .await
+    }
+
+    /// [`RunService::session_call`], its output heard by `watch`.
+    pub async fn session_call_watched(
+        &self,
+        handle: &str,
+        call: SessionCall,
+        timeout_s: Option<f64>,
+        cancel: CancellationToken,
+        watch: Option<OutputSink>,
+    ) -> Result<SessionAnswer, SessionFailure> {
         self.shared
             .backend
-            .session_call(&self.asker(), handle, call, timeout_s, cancel)
+            .session_call(&self.asker(), handle, call, timeout_s, cancel, watch)
             .await
     }
 
@@ -706,6 +722,7 @@ impl RunService {
         timeout_s: Option<f64>,
         cancel: CancellationToken,
         wait: Duration,
+        watch: Option<OutputSink>,
     ) -> detached::CellTurn {
         let key = self.detached_key(handle);
         if let Some(turn) = self.shared.detached.collect(&key, wait, &cancel).await {
@@ -716,7 +733,11 @@ impl RunService {
         let cell = move |stop| {
             let call = SessionCall::Cell { code };
             let tracker = service.shared.tracker.clone();
-            tracker.spawn(async move { service.session_call(&handle, call, timeout_s, stop).await })
+            tracker.spawn(async move {
+                service
+                    .session_call_watched(&handle, call, timeout_s, stop, watch)
+                    .await
+            })
         };
         self.shared.detached.run(key, cell, wait, &cancel).await
     }

@@ -43,7 +43,7 @@ use pycell_wire::events::Stream;
 use crate::args::McpArgs;
 use crate::tool_servers::ToolServers;
 use output::{human_bytes, RunPythonOutput};
-use pycell_engine::service::{Backend, RunEvent, RunService};
+use pycell_engine::service::{Backend, OutputSink, RunEvent, RunService};
 use pycell_engine::tool_source::ToolSource;
 use pycell_protocol::info::ToolsInfo;
 
@@ -250,6 +250,9 @@ impl PycellServer {
                 timeout,
             } => {
                 progress.label_cell(&session);
+                let heard = Arc::clone(&progress);
+                let watch: OutputSink =
+                    Arc::new(move |stream, bytes| heard.record(RunEvent::Output { stream, bytes }));
                 let wait = match handoff::client_takes_tasks(&context) {
                     true => handoff::NO_DETACH,
                     false => self.handoff.wait(),
@@ -259,9 +262,14 @@ impl PycellServer {
                     session: session.clone(),
                 };
                 let cell = async move {
-                    server
-                        .run_cell(&session, code, timeout, stop_run, wait)
-                        .await
+                    let asked = session_tools::CellAsked {
+                        session: &session,
+                        code,
+                        timeout,
+                        wait,
+                        watch: Some(watch),
+                    };
+                    server.run_cell(asked, stop_run).await
                 };
                 (
                     Box::pin(with_progress(cell, reporter, progress.clone())),
@@ -551,12 +559,6 @@ impl Progress {
     }
 
     fn say(&self, elapsed: Duration, take_tail: bool) -> String {
-        if let Some(cell) = self.cell.lock().ok().and_then(|c| c.clone()) {
-            let secs = elapsed.as_secs_f64().floor();
-            return format!(
-                "{cell}: running for {secs:.0} s (a cell's output comes with its result)"
-            );
-        }
         let started = self.sandbox.lock().is_ok_and(|s| s.is_some());
         let installing = self.installing.lock().ok().and_then(|m| m.clone());
         if let (false, Some(step)) = (started, installing) {
@@ -569,10 +571,12 @@ impl Progress {
                 elapsed.as_secs_f64().floor()
             );
         }
-        let who = match self.sandbox.lock().ok().and_then(|s| s.clone()) {
-            Some((run_id, Some(uid))) => format!("run {run_id} in sandbox uid {uid}"),
-            Some((run_id, None)) => format!("run {run_id}"),
-            None => "run".to_string(),
+        let cell = self.cell.lock().ok().and_then(|c| c.clone());
+        let who = match (cell, self.sandbox.lock().ok().and_then(|s| s.clone())) {
+            (Some(cell), _) => cell,
+            (None, Some((run_id, Some(uid)))) => format!("run {run_id} in sandbox uid {uid}"),
+            (None, Some((run_id, None))) => format!("run {run_id}"),
+            (None, None) => "run".to_string(),
         };
         let (stdout, stderr, tail) = {
             let tail = self.tail.lock();

@@ -206,12 +206,16 @@ impl PycellServer {
     /// the next call collects it (see `pycell_engine::service::detached`).
     pub(super) async fn run_cell(
         &self,
-        session: &str,
-        code: String,
-        timeout: Option<Duration>,
+        asked: CellAsked<'_>,
         cancel: CancellationToken,
-        wait: Duration,
     ) -> CallToolResult {
+        let CellAsked {
+            session,
+            code,
+            timeout,
+            wait,
+            watch,
+        } = asked;
         let timeout_s = timeout.map(|t| t.as_secs_f64());
         let resend = match code.trim().is_empty() {
             true => "",
@@ -219,7 +223,7 @@ impl PycellServer {
         };
         let turn = self
             .sandboxes
-            .cell_within(session, code, timeout_s, cancel, wait)
+            .cell_within(session, code, timeout_s, cancel, wait, watch)
             .await;
         match turn {
             CellTurn::Answered(answer) => cell_answer(session, answer, None),
@@ -415,6 +419,17 @@ fn refused(why: String) -> SessionFailure {
         code: FailureCode::FileRefused,
         message: why,
     }
+}
+
+/// A `run_python` call with `session`.
+pub(super) struct CellAsked<'a> {
+    pub session: &'a str,
+    pub code: String,
+    pub timeout: Option<Duration>,
+    /// How long the call waits before the cell is detached.
+    pub wait: Duration,
+    /// Hears the cell's output as it comes (its progress).
+    pub watch: Option<pycell_engine::service::OutputSink>,
 }
 
 /// A cell's answer (or failure) as `run_python`'s result.

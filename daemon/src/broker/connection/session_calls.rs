@@ -75,20 +75,46 @@ async fn started(
 
 /// A `session` call: answered when the session has served it. False if
 /// the connection is finished.
-pub(super) async fn call(
-    broker: &Arc<Broker>,
-    conn: &mut Conn,
-    peer: &Peer,
-    id: String,
-    handle: String,
-    call: SessionCall,
-    timeout_s: Option<f64>,
-) -> bool {
+/// A `session` message.
+pub(super) struct Asked {
+    pub id: String,
+    pub handle: String,
+    pub call: SessionCall,
+    pub timeout_s: Option<f64>,
+    /// Send the call's output as it comes.
+    pub watch: bool,
+}
+
+/// Output chunks a watched call may have queued for the connection; past
+/// that, chunks are dropped (the answer has the output).
+const WATCH_QUEUE: usize = 64;
+
+pub(super) async fn call(broker: &Arc<Broker>, conn: &mut Conn, peer: &Peer, asked: Asked) -> bool {
+    let Asked {
+        id,
+        handle,
+        call,
+        timeout_s,
+        watch,
+    } = asked;
     let (session, op, tools) = match broker.session_op(&peer.principal(), &handle, call, timeout_s)
     {
         Ok(s) => s,
         Err(r) => return conn.out.send(refusal(&id, r)).await,
     };
+    let (output_tx, mut output) = tokio::sync::mpsc::channel::<ServerMessage>(WATCH_QUEUE);
+    let sink = watch.then(|| {
+        let id = id.clone();
+        let sink: pycell_launch::session::OutputSink = Arc::new(move |stream, bytes| {
+            let data_base64 = pycell_protocol::messages::encode_b64(bytes);
+            let _ = output_tx.try_send(ServerMessage::Output {
+                id: id.clone(),
+                stream,
+                data_base64,
+            });
+        });
+        sink
+    });
     // The session's tool calls go to this connection while it waits.
     let relay = tools.as_ref().map(|switch| {
         let relay = ToolRelay::new(&id, conn.out.tx.clone());
@@ -96,11 +122,14 @@ pub(super) async fn call(
         relay
     });
     let _unset = Unset(tools.clone());
-    let asked = session.request(op);
+    let asked = session.request_watched(op, sink);
     tokio::pin!(asked);
     let answered = loop {
         tokio::select! {
             a = &mut asked => break a,
+            Some(chunk) = output.recv() => {
+                conn.out.offer(chunk);
+            }
             msg = conn.inbox.recv() => match msg {
                 // The session outlives its callers: the call goes on, and
                 // its answer is dropped.
