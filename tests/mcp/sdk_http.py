@@ -262,6 +262,35 @@ async def limit_steps(url, token):
     return out
 
 
+async def tasks_steps(url, owner, stranger):
+    """A run that becomes a task for its owner: another caller can neither
+    see nor cancel it; the owner follows it to its result."""
+    from mcp.shared.exceptions import MCPError
+    from sdk_tasks import AnyResult, CancelTask, GetTask, Tasks, TaskIdParams, follow
+
+    def tasks_client(token):
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        return Client(streamable_http_client(url, http_client=http), mode="2026-07-28", extensions=[Tasks()])
+
+    out = {}
+    code = "import time\nprint('started', flush=True)\ntime.sleep(6)\nprint('done')"
+    async with tasks_client(owner) as a, tasks_client(stranger) as b:
+        first = await a.session.call_tool("run_python", {"code": code}, allow_claimed=True)
+        out["kind"] = type(first).__name__
+        task_id = first.model_dump(by_alias=True, mode="json").get("taskId")
+        for name, request in (("get", GetTask), ("cancel", CancelTask)):
+            try:
+                await b.session.send_request(request(params=TaskIdParams(taskId=task_id)), AnyResult)
+                out[f"stranger_{name}"] = "answered"
+            except MCPError as e:
+                out[f"stranger_{name}"] = {"code": e.code, "message": e.message}
+        _, last = await follow(a.session, task_id, 60)
+        result = (last or {}).get("result") or {}
+        out["final_status"] = (last or {}).get("status")
+        out["stdout"] = (result.get("structuredContent") or {}).get("stdout")
+    return out
+
+
 async def get_endpoint(url, token):
     async with httpx2.AsyncClient(timeout=30) as c:
         r = await c.get(url, headers={"Authorization": f"Bearer {token}", "Accept": "text/event-stream"})
@@ -295,6 +324,7 @@ async def check(args):
     await step("alice_again", lambda: owner_again(url, tokens["alice"], handle), timeout=90)
     await step("viewer", lambda: viewer_steps(url, tokens["viewer"]), timeout=90)
     await step("limited", lambda: limit_steps(url, tokens["limited"]), timeout=90)
+    await step("tasks", lambda: tasks_steps(url, tokens["alice"], tokens["bob"]), timeout=90)
 
 
 async def cluster_phase(args):

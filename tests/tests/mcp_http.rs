@@ -47,6 +47,9 @@ fn set_up(files: &[(&str, &str)]) -> Setup {
         daemon.socket().to_string_lossy().to_string(),
         "--tokens".into(),
         p("tokens.toml"),
+        // A run still going after 2 s becomes a task (for clients of tasks).
+        "--hand-off-after".into(),
+        "2".into(),
     ];
     for (flag, file) in files {
         args.extend([flag.to_string(), p(file)]);
@@ -229,6 +232,20 @@ fn remote_callers_are_authenticated_limited_and_kept_apart() {
         "{}",
         show()
     );
+
+    // A task is its caller's: another caller gets "no task" for its id.
+    assert_eq!(text(&r, "/tasks/kind"), "TaskCreated", "{}", show());
+    for step in ["get", "cancel"] {
+        let refused = get(&r, &format!("/tasks/stranger_{step}"));
+        assert_eq!(refused["code"], -32602, "{step}: {}", show());
+        assert!(
+            refused["message"].as_str().unwrap_or("").contains("no task"),
+            "{step}: {}",
+            show()
+        );
+    }
+    assert_eq!(text(&r, "/tasks/final_status"), "completed", "{}", show());
+    assert_eq!(text(&r, "/tasks/stdout"), "started\ndone\n", "{}", show());
 
     // pycelld ran them as the identities, and says so.
     let audit = daemon.audit();
