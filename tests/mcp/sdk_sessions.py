@@ -246,10 +246,23 @@ async def frames(session, schemas, policy):
     r = await session.call_tool("run_python", {"session": h, "code": code, "timeout_s": 120})
     out["big_file_is_whole"] = ((r.structured_content or {}).get("cell") or {}).get("value")
     await call(session, schemas, {"session": h}, name="session_end")
-    code = "import pandas as pd\ndisplay(pd.DataFrame({'a': [1, 2], 'b': ['x', 'y']}))\nprint('shown')"
+    code = (
+        "import pandas as pd\ndisplay(pd.DataFrame({'a': [1, 2], 'b': ['x', 'y']}))\n"
+        "class Badge:\n    def _repr_html_(self):\n        return '<b>ok</b>'\n"
+        "display(Badge())\nprint('shown')"
+    )
     r = await session.call_tool("run_python", {"code": code, "policy": policy, "timeout_s": 120})
     sc = r.structured_content or {}
-    out["run"] = {"status": sc.get("status"), "displays": sc.get("displays"), "text": texts(r)}
+    out["run"] = {
+        "status": sc.get("status"),
+        "displays": sc.get("displays"),
+        "text": texts(r),
+        "resources": [
+            {"uri": str(c.resource.uri), "mime": c.resource.mime_type, "text": getattr(c.resource, "text", None)}
+            for c in r.content
+            if getattr(c, "type", "") == "resource"
+        ],
+    }
     return out
 
 

@@ -239,7 +239,10 @@ fn remote_callers_are_authenticated_limited_and_kept_apart() {
         let refused = get(&r, &format!("/tasks/stranger_{step}"));
         assert_eq!(refused["code"], -32602, "{step}: {}", show());
         assert!(
-            refused["message"].as_str().unwrap_or("").contains("no task"),
+            refused["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("no task"),
             "{step}: {}",
             show()
         );

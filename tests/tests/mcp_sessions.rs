@@ -309,6 +309,13 @@ fn check_frames(c: &mut Checks, v: &Value) {
     c.eq(s, v, "/run/displays/0/kind", "display".into());
     c.contains(s, v, "/run/text", "DataFrame: 2 rows x 2 columns");
     c.contains(s, v, "/run/text", "| 1 | 2 | y |");
+    // An HTML part comes as an embedded resource too.
+    c.eq(
+        s,
+        v,
+        "/run/resources",
+        json!([{"uri": "pycell://displays/2.html", "mime": "text/html", "text": "<b>ok</b>"}]),
+    );
 }
 
 #[test]

@@ -208,12 +208,36 @@ pub fn render_images(images: &[ImageInfo], omitted: u32, text: &mut String) {
 }
 
 /// The images, then the displays' PNG parts, as MCP image content, in
-/// order (each a PNG the launcher checked).
-pub fn image_content(images: &[Image], displays: &[Display]) -> Vec<rmcp::model::ContentBlock> {
+/// order (each a PNG the launcher checked); then the displays' HTML, SVG
+/// and JSON parts as embedded resources (`pycell://displays/N.html`, N
+/// counting from 1 in the result's `displays`), each within the policy's
+/// `[output]` as the launcher held it.
+pub fn media_content(images: &[Image], displays: &[Display]) -> Vec<rmcp::model::ContentBlock> {
     let figures = images.iter().map(|i| &i.png);
     let shown = displays.iter().filter_map(|d| d.png.as_ref());
-    figures
+    let pictures = figures
         .chain(shown)
-        .map(|png| rmcp::model::ContentBlock::image(png.clone(), "image/png"))
-        .collect()
+        .map(|png| rmcp::model::ContentBlock::image(png.clone(), "image/png"));
+    pictures.chain(display_resources(displays)).collect()
+}
+
+/// Each display's HTML, SVG and JSON part as an embedded text resource.
+fn display_resources(displays: &[Display]) -> impl Iterator<Item = rmcp::model::ContentBlock> + '_ {
+    displays.iter().enumerate().flat_map(|(i, d)| {
+        let parts = [
+            ("html", "text/html", &d.html),
+            ("svg", "image/svg+xml", &d.svg),
+            ("json", "application/json", &d.json),
+        ];
+        parts.into_iter().filter_map(move |(ext, mime, part)| {
+            let text = part.as_ref()?;
+            let contents = rmcp::model::ResourceContents::TextResourceContents {
+                uri: format!("pycell://displays/{}.{ext}", i + 1),
+                mime_type: Some(mime.to_string()),
+                text: text.clone(),
+                meta: None,
+            };
+            Some(rmcp::model::ContentBlock::resource(contents))
+        })
+    })
 }

@@ -299,7 +299,7 @@ impl PycellServer {
         let on_event = move |ev: RunEvent<'_>| progress.record(ev);
         match self.sandboxes.run(req, on_event, stop).await {
             Ok(r) => {
-                let images = cell_output::image_content(&r.images, &r.displays);
+                let images = cell_output::media_content(&r.images, &r.displays);
                 RunPythonOutput::from(r).tool_result(images)
             }
             Err(e) => argument_error(&pycell_engine::service::request_message(&e)),

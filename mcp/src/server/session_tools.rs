@@ -441,7 +441,7 @@ fn cell_answer(
     match answer {
         Ok(answer) => {
             let images =
-                super::cell_output::image_content(&answer.reply.images, &answer.reply.displays);
+                super::cell_output::media_content(&answer.reply.images, &answer.reply.displays);
             let mut out = cell_result(session, answer);
             out.detached = detached;
             out.tool_result(images)
