@@ -243,7 +243,7 @@ pub fn show_cell(a: &SessionAnswer) -> i32 {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(a.stdout.as_bytes());
     if let Some(t) = &a.measure.stdout_tail {
-        let _ = writeln!(out, "[... {} bytes not kept ...]", t.skipped_bytes);
+        let _ = writeln!(out, "[... {} bytes not kept here ...]", t.skipped_bytes);
         let _ = out.write_all(t.tail.as_bytes());
     }
     for d in &a.reply.displays {
@@ -258,8 +258,16 @@ pub fn show_cell(a: &SessionAnswer) -> i32 {
     let mut err = std::io::stderr().lock();
     let _ = err.write_all(a.stderr.as_bytes());
     if let Some(t) = &a.measure.stderr_tail {
-        let _ = writeln!(err, "[... {} bytes not kept ...]", t.skipped_bytes);
+        let _ = writeln!(err, "[... {} bytes not kept here ...]", t.skipped_bytes);
         let _ = err.write_all(t.tail.as_bytes());
+    }
+    let tails = [&a.measure.stdout_tail, &a.measure.stderr_tail];
+    for file in tails
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.rest_file.as_ref())
+    {
+        let _ = writeln!(err, "pycell: the output past the cap is whole in {file}");
     }
     if let Some(e) = &a.reply.error {
         let _ = err.write_all(e.traceback.as_bytes());

@@ -634,7 +634,7 @@ impl<C: JailerControl> Driver<C> {
                     reply: reply.into(),
                     stdout,
                     stderr,
-                    measure,
+                    measure: *measure,
                     refusals: Vec::new(),
                     termination: None,
                 }

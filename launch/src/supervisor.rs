@@ -315,7 +315,7 @@ pub enum StreamItem {
     Ready,
     /// A session's reply: what the jailer measured, and the runner's
     /// bytes (untrusted).
-    Reply(ReplyMeasure, Vec<u8>),
+    Reply(Box<ReplyMeasure>, Vec<u8>),
 }
 
 /// The stream side of a started jailer: its events, decoded on a task of

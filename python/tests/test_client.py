@@ -126,6 +126,14 @@ def test_a_long_stdout_keeps_its_tail(pycelld: Pycelld) -> None:
     assert r.ok and r.stdout_truncated and len(r.stdout) == 1 << 20, r.status
     assert r.stdout_tail is not None and r.stdout_tail.tail.endswith("0000000000000199999\nEND\n")
     assert r.stdout_tail.skipped_bytes == 200_000 * 20 + 4 - (1 << 20) - len(r.stdout_tail.tail)
+    assert r.stdout_tail.rest_file is None, "a run's workspace ends with it"
+    with pycell.Session() as s:
+        cell = s.run("for i in range(200_000):\n    print('%019d' % i)\nprint('END')\n")
+        tail = cell.measure.stdout_tail
+        assert tail is not None and tail.rest_file == "/workspace/outputs/cell-1-stdout.txt", tail
+        whole = "".join(f"{i:019d}\n" for i in range(200_000)) + "END\n"
+        assert cell.stdout + s.read_file("outputs/cell-1-stdout.txt").decode() == whole
+        assert tail.rest_file_bytes == len(whole) - (1 << 20)
 
 
 def test_displays_come_back_typed(pycelld: Pycelld) -> None:

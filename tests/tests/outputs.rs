@@ -206,6 +206,37 @@ fn a_long_stdout_keeps_its_head_and_its_tail_in_a_run_and_a_cell() {
         .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     let m = serde_json::to_value(&a.measure).unwrap();
     check_tail(&a.stdout, a.measure.stdout_truncated, &m["stdout_tail"]);
+    // A cell's stream past the cap is kept whole in its workspace: the
+    // answer's head and the file are all it printed.
+    let mut whole: String = (0..250_000).map(|i| format!("line {i:019}\n")).collect();
+    whole.push_str("THE END: 42\n");
+    let rest = &m["stdout_tail"];
+    assert_eq!(
+        rest["rest_file"], "/workspace/outputs/cell-1-stdout.txt",
+        "{rest}"
+    );
+    assert_eq!(
+        rest["rest_file_bytes"],
+        (whole.len() - (1 << 20)) as u64,
+        "{rest}"
+    );
+    let read = SessionCall::Read {
+        path: "outputs/cell-1-stdout.txt".into(),
+    };
+    let file = c
+        .session_call(&s, read, None)
+        .unwrap()
+        .reply
+        .data
+        .unwrap_or_default();
+    let file = base64::engine::general_purpose::STANDARD
+        .decode(file)
+        .unwrap();
+    assert!(a.stdout.as_bytes() == &whole.as_bytes()[..1 << 20]);
+    assert!(
+        file == whole.as_bytes()[1 << 20..],
+        "the file is not the rest"
+    );
     // The next cell's streams are its own.
     let next = c
         .session_call(

@@ -48,7 +48,7 @@ pub enum Event {
     /// A session's answer to one request: what the jailer measured, and
     /// the runner's reply, as the runner wrote it (untrusted bytes: the
     /// jailer does not parse them). The request's output came before it.
-    Reply(ReplyMeasure, Vec<u8>),
+    Reply(Box<ReplyMeasure>, Vec<u8>),
 }
 
 /// What the jailer measured of one session request.
@@ -136,7 +136,7 @@ fn decode_reply(mut payload: Vec<u8>) -> Result<Event, EventError> {
         .get(4..end)
         .and_then(|m| serde_json::from_slice(m).ok())
         .ok_or(EventError::BadReply)?;
-    Ok(Event::Reply(measure, payload.split_off(end)))
+    Ok(Event::Reply(Box::new(measure), payload.split_off(end)))
 }
 
 /// A read that stopped inside a frame is a corrupt stream, not an end.
@@ -260,7 +260,7 @@ mod tests {
         write_reply(&mut buf, &m, b"{\"cell\":1}").unwrap();
         match read_event(&mut &buf[..]).unwrap().unwrap() {
             Event::Reply(got, body) => {
-                assert_eq!(got, m);
+                assert_eq!(*got, m);
                 assert_eq!(body, b"{\"cell\":1}");
             }
             other => panic!("{other:?}"),

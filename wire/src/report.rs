@@ -281,6 +281,19 @@ pub struct Layers {
 pub struct StreamTail {
     pub skipped_bytes: u64,
     pub tail: String,
+    /// A session cell: the file in its workspace that has every byte
+    /// past the part kept (the skipped bytes and the tail), if it could
+    /// be made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rest_file: Option<String>,
+    /// The bytes written to `rest_file` (fewer than came past the part
+    /// kept if the disk budget ran out).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub rest_file_bytes: u64,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -13,6 +13,7 @@ pub(crate) mod grant_sweep;
 pub(crate) mod outbox;
 pub(crate) mod outcome;
 pub(crate) mod relay;
+pub(crate) mod rest_file;
 pub(crate) mod run_images;
 pub(crate) mod seccomp_watch;
 pub(crate) mod session;

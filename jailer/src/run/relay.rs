@@ -18,12 +18,14 @@ use pycell_wire::events::Stream;
 use pycell_wire::spec::JailSpec;
 
 use crate::run::outbox::{self, Outbox};
+use crate::run::rest_file::RestFile;
 use crate::run::run_images::BackChannel;
 use crate::run::session::{ClockAction, SessionRelay, SessionStep};
 use crate::run::tail::Tail;
 use crate::run::warm::{Arrival, Phase, WarmState};
 use crate::setup::status::ChildMessage;
 use pycell_host::cgroup::{CgroupUsage, SandboxCgroup};
+use pycell_runner::session::SessionRequest;
 use pycell_seccomp::SyscallNames;
 use pycell_wire::events::ReplyMeasure;
 use pycell_wire::report::{LimitEvents, SeccompRefused, SessionEnd, StreamTail};
@@ -326,6 +328,16 @@ struct Relay {
     cap: u64,
     truncated: [bool; 2],
     tails: [Tail; 2],
+    /// A session cell's streams past the cap, whole (see [`RestFile`]);
+    /// whether making each was tried.
+    rests: [Option<RestFile>; 2],
+    rest_tried: [bool; 2],
+    /// A session: the cells begun (the runner numbers them alike), and
+    /// whether the request in flight is one.
+    cells: u64,
+    in_cell: bool,
+    /// The sandbox's host uid and gid: its rest files are made as it.
+    owner: (u32, u32),
     drain_deadline: Option<Instant>,
     /// Where the jail sends its /workspace (see [`receive_workspace`]).
     disk_channel: Option<OwnedFd>,
@@ -410,6 +422,11 @@ impl Relay {
             cap: spec.limits.max_output.get(),
             truncated: [false, false],
             tails: tails(spec.limits.max_output.get()),
+            rests: [None, None],
+            rest_tried: [false, false],
+            cells: 0,
+            in_cell: false,
+            owner: (spec.sandbox_uid, spec.sandbox_gid),
             drain_deadline: None,
             disk_channel: Some(ends.disk_channel),
             disk: None,
@@ -516,6 +533,10 @@ impl Relay {
         self.truncated = [false, false];
         self.cap = op.max_output.get();
         self.tails = tails(self.cap);
+        self.in_cell = matches!(op.request, SessionRequest::Cell { .. });
+        self.cells += u64::from(self.in_cell);
+        self.rests = [None, None];
+        self.rest_tried = [false, false];
         self.outbox
             .set_limit(outbox::pending_limit(op.max_output.get()));
     }
@@ -532,6 +553,7 @@ impl Relay {
         }
         let disk_full = self.disk_full();
         let seccomp_refused = self.seccomp_refused_since(&self.seccomp_at_request);
+        let [stdout_tail, stderr_tail] = [self.take_tail(0), self.take_tail(1)];
         let Some(s) = self.session.as_mut() else {
             return Ok(());
         };
@@ -544,8 +566,8 @@ impl Relay {
             peak_memory_bytes: usage.peak_memory_bytes,
             stdout_truncated: self.truncated[0],
             stderr_truncated: self.truncated[1],
-            stdout_tail: self.tails[0].take(),
-            stderr_tail: self.tails[1].take(),
+            stdout_tail,
+            stderr_tail,
             interrupted,
             limit_events: LimitEvents {
                 disk_full,
@@ -553,7 +575,41 @@ impl Relay {
             },
             seccomp_refused,
         };
+        self.in_cell = false;
         self.outbox.offer_reply(&measure, body)
+    }
+
+    /// Stream `i`'s tail for the reply, naming its rest file if it has one.
+    fn take_tail(&mut self, i: usize) -> Option<StreamTail> {
+        let tail = self.tails[i].take()?;
+        Some(match self.rests[i].take() {
+            Some(rest) => rest.name_in(tail),
+            None => tail,
+        })
+    }
+
+    /// Bytes of stream `i` past the cap: the tail keeps their end, a
+    /// session cell's rest file all of them.
+    fn past_cap(&mut self, i: usize, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        self.tails[i].push(bytes);
+        if !self.in_cell {
+            return;
+        }
+        if !self.rest_tried[i] {
+            self.rest_tried[i] = true;
+            let stream = [Stream::Stdout, Stream::Stderr][i];
+            let (cell, owner) = (self.cells, self.owner);
+            self.rests[i] = self
+                .disk
+                .as_ref()
+                .and_then(|ws| RestFile::create(ws.as_fd(), cell, stream, owner));
+        }
+        if let Some(rest) = self.rests[i].as_mut() {
+            rest.write(bytes);
+        }
     }
 
     /// A session's clocks: an overdue request is interrupted, an overdue
@@ -912,13 +968,14 @@ impl Relay {
                 // is dropped, as past its cap, and the result says so.
                 self.sent[i] = self.cap;
                 self.truncated[i] = true;
-                self.tails[i].push(&buf[..take]);
+                self.past_cap(i, &buf[..take]);
             }
         }
         // Past the cap we keep reading, so the program is not blocked on a
         // full pipe (the timeout bounds how long that goes on), and keep
-        // only the stream's last bytes, for the result.
-        self.tails[i].push(&buf[take..n]);
+        // only the stream's last bytes, for the result (and a session
+        // cell's whole rest, in its workspace).
+        self.past_cap(i, &buf[take..n]);
         Ok(true)
     }
 

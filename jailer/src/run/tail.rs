@@ -47,6 +47,8 @@ impl Tail {
         let tail = StreamTail {
             skipped_bytes: self.past_cap - last.len() as u64,
             tail: String::from_utf8_lossy(&last).into_owned(),
+            rest_file: None,
+            rest_file_bytes: 0,
         };
         self.past_cap = 0;
         Some(tail)

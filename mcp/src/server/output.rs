@@ -442,6 +442,23 @@ fn push_stream(text: &mut String, s: Kept<'_>, cap: Option<u64>) {
             None => text.push_str(&format!("[{name} truncated]\n")),
         }
     }
+    if let Some(t) = tail {
+        push_rest_file(text, name, t);
+    }
+}
+
+/// Where a session cell's stream past the part kept is, whole.
+fn push_rest_file(text: &mut String, name: &str, t: &StreamTail) {
+    let Some(file) = &t.rest_file else { return };
+    let past = t.skipped_bytes + t.tail.len() as u64;
+    let whole = match t.rest_file_bytes >= past {
+        true => "all",
+        false => "the first part (the disk budget ran out)",
+    };
+    text.push_str(&format!(
+        "[{name} past the part kept: {whole} of it is in {file}, {} bytes; read it with read_file]\n",
+        t.rest_file_bytes
+    ));
 }
 
 impl RunPythonOutput {
@@ -674,6 +691,8 @@ mod tests {
         rep.stdout_tail = Some(StreamTail {
             skipped_bytes: 4_000_000,
             tail: format!("{}the last line\n", "late line\n".repeat(1600)),
+            rest_file: None,
+            rest_file_bytes: 0,
         });
         let head = "first line\n".repeat(100_000);
         let r = RunResult::new(
@@ -702,6 +721,26 @@ mod tests {
             o.stdout.len(),
             head.len(),
             "the structured stdout is as kept"
+        );
+        assert!(!text.contains("read_file"), "a run keeps no rest: {text}");
+    }
+
+    #[test]
+    fn a_cells_rest_file_is_named_and_a_short_one_said_so() {
+        let tail = |written| StreamTail {
+            skipped_bytes: 1000,
+            tail: "end\n".into(),
+            rest_file: Some("/workspace/outputs/cell-2-stdout.txt".into()),
+            rest_file_bytes: written,
+        };
+        let mut text = String::new();
+        push_rest_file(&mut text, "stdout", &tail(1004));
+        assert_eq!(text, "[stdout past the part kept: all of it is in /workspace/outputs/cell-2-stdout.txt, 1004 bytes; read it with read_file]\n");
+        let mut text = String::new();
+        push_rest_file(&mut text, "stdout", &tail(500));
+        assert!(
+            text.contains("the first part (the disk budget ran out)"),
+            "{text}"
         );
     }
 

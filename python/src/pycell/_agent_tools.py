@@ -43,7 +43,9 @@ def _clip(text: str, truncated: bool = False, tail: StreamTail | None = None) ->
         text = text[:half] + f"\n[... {len(text) - 2 * half} characters cut ...]\n" + text[-half:]
     if tail is not None:
         end = tail.tail[-half:]
-        return text + f"\n[... {tail.skipped_bytes} bytes past the sandbox's output cap not kept ...]\n" + end
+        kept = f" (all in {tail.rest_file})" if tail.rest_file else ""
+        dropped = f"{tail.skipped_bytes} bytes past the sandbox's output cap not kept here{kept}"
+        return text + f"\n[... {dropped} ...]\n" + end
     return text + ("\n[... output truncated by the sandbox's limit]" if truncated else "")
 
 

@@ -127,10 +127,15 @@ class Display:
 class StreamTail:
     """The end of a stream that went over the output cap: its last bytes
     (`tail`, at most 16 KiB) and how many were dropped between the part
-    kept and them (`skipped_bytes`)."""
+    kept and them (`skipped_bytes`); for a session cell, the file that has
+    them all (`rest_file`)."""
 
     skipped_bytes: int
     tail: str
+    # A session cell: the file in its workspace with every byte past the
+    # part kept, and how many were written to it.
+    rest_file: str | None = field(default=None, omit="none")
+    rest_file_bytes: int = field(default=0, omit="zero")
     extra: dict[str, Any] = field(factory=dict)
 
 
