@@ -287,7 +287,7 @@ pub struct StreamTail {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rest_file: Option<String>,
     /// The bytes written to `rest_file` (fewer than came past the part
-    /// kept if the disk budget ran out).
+    /// kept past a quarter of the disk budget, or if it ran out).
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub rest_file_bytes: u64,
 }

@@ -8,8 +8,9 @@
 //! thread takes the sandbox's filesystem ids (they are per thread, and so
 //! are the capabilities and the parent-death signal the switch clears),
 //! makes `outputs` and the file relative to the jail's /workspace without
-//! following a symlink, and ends. The relay then writes to it; the disk
-//! budget (the tmpfs's size) bounds it, and a write that fails ends it.
+//! following a symlink, and ends. The relay then writes to it, at most a
+//! quarter of the disk budget (the tmpfs's size) per stream, so that the
+//! cell's own files keep at least half of it; a write that fails ends it.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -48,7 +49,12 @@ pub(crate) struct RestFile {
     file: Option<File>,
     path: String,
     written: u64,
+    /// The most it may hold.
+    limit: u64,
 }
+
+/// The share of the disk budget one stream's file may take.
+const SHARE_OF_BUDGET: u64 = 4;
 
 impl RestFile {
     /// The file for cell `cell`'s `stream`, made in `workspace` as
@@ -60,6 +66,9 @@ impl RestFile {
         stream: Stream,
         owner: (u32, u32),
     ) -> Option<RestFile> {
+        let budget = nix::sys::statvfs::fstatvfs(workspace)
+            .map(|s| s.blocks() * s.fragment_size())
+            .ok()?;
         let workspace = workspace.try_clone_to_owned().ok()?;
         let name = file_name(cell, stream);
         let made = std::thread::scope(|s| {
@@ -76,16 +85,22 @@ impl RestFile {
             file: Some(File::from(made.ok()?)),
             path: rest_path(cell, stream),
             written: 0,
+            limit: budget / SHARE_OF_BUDGET,
         })
     }
 
-    /// Append `bytes`; after a failed write (the disk budget is full)
-    /// nothing more is written.
+    /// Append `bytes`, as far as the file's share of the disk budget
+    /// goes; after that, or a failed write, nothing more is written.
     pub fn write(&mut self, bytes: &[u8]) {
         let Some(f) = self.file.as_mut() else { return };
-        match f.write_all(bytes) {
-            Ok(()) => self.written += bytes.len() as u64,
+        let room = usize::try_from(self.limit - self.written).unwrap_or(usize::MAX);
+        let take = &bytes[..bytes.len().min(room)];
+        match f.write_all(take) {
+            Ok(()) => self.written += take.len() as u64,
             Err(_) => self.file = None,
+        }
+        if take.len() < bytes.len() {
+            self.file = None;
         }
     }
 
@@ -159,6 +174,15 @@ mod tests {
         let meta = std::fs::metadata(&path).unwrap();
         use std::os::unix::fs::MetadataExt;
         assert_eq!((meta.uid(), meta.gid()), owner);
+        // Past its share of the disk budget, nothing more is written.
+        let mut small = RestFile::create(ws.as_fd(), 9, Stream::Stderr, owner).unwrap();
+        small.limit = 10;
+        small.write(b"0123456");
+        small.write(b"789abc");
+        small.write(b"def");
+        assert_eq!(small.written, 10);
+        let kept = std::fs::read(dir.path().join("outputs/cell-9-stderr.txt")).unwrap();
+        assert_eq!(kept, b"0123456789");
         // The same name again (the code could have made it): no file.
         assert!(RestFile::create(ws.as_fd(), 1, Stream::Stdout, owner).is_none());
         // `outputs` a symlink to elsewhere: no file there.

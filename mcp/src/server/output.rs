@@ -451,13 +451,15 @@ fn push_stream(text: &mut String, s: Kept<'_>, cap: Option<u64>) {
 fn push_rest_file(text: &mut String, name: &str, t: &StreamTail) {
     let Some(file) = &t.rest_file else { return };
     let past = t.skipped_bytes + t.tail.len() as u64;
-    let whole = match t.rest_file_bytes >= past {
-        true => "all",
-        false => "the first part (the disk budget ran out)",
+    let n = t.rest_file_bytes;
+    let line = match n >= past {
+        true => format!("all {n} bytes are in {file}"),
+        false => format!(
+            "its first {n} bytes are in {file} (a file may take a quarter of the disk budget)"
+        ),
     };
     text.push_str(&format!(
-        "[{name} past the part kept: {whole} of it is in {file}, {} bytes; read it with read_file]\n",
-        t.rest_file_bytes
+        "[{name} past the part kept: {line}; read it with read_file]\n"
     ));
 }
 
@@ -735,13 +737,10 @@ mod tests {
         };
         let mut text = String::new();
         push_rest_file(&mut text, "stdout", &tail(1004));
-        assert_eq!(text, "[stdout past the part kept: all of it is in /workspace/outputs/cell-2-stdout.txt, 1004 bytes; read it with read_file]\n");
+        assert_eq!(text, "[stdout past the part kept: all 1004 bytes are in /workspace/outputs/cell-2-stdout.txt; read it with read_file]\n");
         let mut text = String::new();
         push_rest_file(&mut text, "stdout", &tail(500));
-        assert!(
-            text.contains("the first part (the disk budget ran out)"),
-            "{text}"
-        );
+        assert!(text.contains("its first 500 bytes are in"), "{text}");
     }
 
     #[test]
