@@ -7,10 +7,10 @@ tests/tests/mcp_tasks.rs makes the assertions).
 `pycell mcp --hand-off-after 5` is driven by two clients at once:
 
 - a client of the 2026-07-28 revision that declares the tasks extension
-  (SEP-2663), with a read timeout of 30 s: a 90-second run becomes a task,
-  polled with tasks/get (its status messages carry the output's tail) to
-  its result; a run stopped with tasks/cancel (its sandbox uid left with
-  no process); a quick run answered at once; a session cell as a task;
+  (SEP-2663), with a read timeout of 30 s: a 90-second session cell
+  becomes a task, polled with tasks/get (its status messages carry the
+  cell's newest output) to its result; a run stopped with tasks/cancel
+  (its sandbox uid left with no process); a quick run answered at once;
 - a client without tasks (the initialize handshake): a session cell past
   the wait is detached, the next call (new code) is not run while it
   goes, and a later call collects its result; the session then goes on.
@@ -124,10 +124,14 @@ def result_of(state):
     }
 
 
-async def long_run(session):
-    code = "import time\nfor i in range(90):\n    print('tick', i, flush=True)\n    time.sleep(1)\nprint('done')\n"
+async def long_cell(session):
+    """A 90-second session cell, past the client's 30 s: a task followed to
+    its result, its status showing the cell's newest output."""
+    started = await session.call_tool("session_start", {})
+    handle = (started.structured_content or {}).get("session")
+    code = "import time\nfor i in range(90):\n    print('tick', i, flush=True)\n    time.sleep(1)\nprint('done')\n'finished'"
     t0 = time.monotonic()
-    first, answered_s = await start(session, {"code": code, "timeout_s": 150})
+    first, answered_s = await start(session, {"session": handle, "code": code, "timeout_s": 150})
     out = {"first_kind": type(first).__name__, "answered_s": answered_s}
     if not isinstance(first, TaskCreated):
         out["first"] = str(first)[:500]
@@ -140,6 +144,7 @@ async def long_run(session):
     out["message_count"] = len(messages)
     out["final_status"] = (last or {}).get("status")
     out["result"] = result_of(last)
+    await session.call_tool("session_end", {"session": handle})
     return out
 
 
@@ -178,31 +183,15 @@ async def quick_run(session):
     }
 
 
-async def task_cell(session):
-    started = await session.call_tool("session_start", {})
-    handle = (started.structured_content or {}).get("session")
-    code = "import time\nfor i in range(8):\n    print('step', i, flush=True)\n    time.sleep(1)\nanswer = 6 * 7\nanswer"
-    first, answered_s = await start(session, {"session": handle, "code": code})
-    out = {"kind": type(first).__name__, "answered_s": answered_s}
-    if isinstance(first, TaskCreated):
-        messages, last = await follow(session, task_fields(first)["taskId"], 60)
-        out["messages"] = messages
-        out["final_status"] = (last or {}).get("status")
-        out["result"] = result_of(last)
-    await session.call_tool("session_end", {"session": handle})
-    return out
-
-
 async def tasks_client(pycell):
     params = StdioServerParameters(command=pycell, args=SERVER_ARGS)
     async with Client(params, mode="2026-07-28", extensions=[Tasks()], read_timeout_seconds=CLIENT_TIMEOUT) as client:
         session = client.session
         await session.list_tools()
         async with anyio.create_task_group() as tg:
-            tg.start_soon(step, "long_run", lambda: long_run(session), 200)
+            tg.start_soon(step, "long_cell", lambda: long_cell(session), 200)
             tg.start_soon(step, "stopped_run", lambda: stopped_run(session), 90)
             tg.start_soon(step, "quick_run", lambda: quick_run(session), 60)
-            tg.start_soon(step, "task_cell", lambda: task_cell(session), 90)
 
 
 async def detached_cells(pycell):
