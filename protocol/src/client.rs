@@ -97,6 +97,11 @@ impl ClientError {
     }
 }
 
+/// An `output` message's bytes.
+fn output_bytes(data_base64: &str) -> Result<Vec<u8>, ClientError> {
+    decode_b64(data_base64).map_err(|e| ClientError::Unexpected(e.to_string()))
+}
+
 /// Hears output as it comes: the stream, and the bytes.
 pub type OnOutput<'a> = dyn FnMut(Stream, &[u8]) + 'a;
 
@@ -303,11 +308,7 @@ impl DaemonClient {
                     stream,
                     data_base64,
                     ..
-                } => {
-                    let bytes = decode_b64(&data_base64)
-                        .map_err(|e| ClientError::Unexpected(e.to_string()))?;
-                    on_output(stream, &bytes);
-                }
+                } => on_output(stream, &output_bytes(&data_base64)?),
                 ServerMessage::Result { result, .. } => return Ok(*result),
                 ServerMessage::Error { code, message, .. } => {
                     // An error about a stray cancel does not end the run.
@@ -403,8 +404,7 @@ impl DaemonClient {
                     data_base64,
                     ..
                 } => {
-                    let bytes = decode_b64(&data_base64)
-                        .map_err(|e| ClientError::Unexpected(e.to_string()))?;
+                    let bytes = output_bytes(&data_base64)?;
                     if let Some(f) = on_output.as_mut() {
                         f(stream, &bytes);
                     }

@@ -157,6 +157,13 @@ fn displays_a_runner_forges_are_held_to_the_policy_on_the_host() {
     assert!(shown[2]["json"].as_str().unwrap().chars().count() <= 300);
 }
 
+/// A default session of pycelld `d`, started on `c`: its handle.
+fn new_session(d: &Daemon, c: &mut pycell_protocol::client::DaemonClient) -> String {
+    c.session_start(SessionStartRequest::default(), |_| {})
+        .unwrap_or_else(|e| panic!("session_start: {e}\n{}", d.log()))
+        .session
+}
+
 /// 5 MB of numbered lines on stdout, then a last line the model needs.
 const FLOOD: &str = r#"
 import sys
@@ -197,10 +204,7 @@ fn a_long_stdout_keeps_its_head_and_its_tail_in_a_run_and_a_cell() {
 
     let d = Daemon::start("");
     let mut c = d.client();
-    let s = c
-        .session_start(SessionStartRequest::default(), |_| {})
-        .unwrap_or_else(|e| panic!("session_start: {e}\n{}", d.log()))
-        .session;
+    let s = new_session(&d, &mut c);
     let a = c
         .session_call(&s, SessionCall::Cell { code: FLOOD.into() }, None)
         .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
@@ -261,10 +265,7 @@ fn a_long_stdout_keeps_its_head_and_its_tail_in_a_run_and_a_cell() {
 fn a_values_rendering_is_the_cells_own_code_and_cannot_break_the_reply() {
     let d = Daemon::start("");
     let mut c = d.client();
-    let s = c
-        .session_start(SessionStartRequest::default(), |_| {})
-        .unwrap_or_else(|e| panic!("session_start: {e}\n{}", d.log()))
-        .session;
+    let s = new_session(&d, &mut c);
     let mut cell = |code: &str, timeout: Option<f64>| {
         c.session_call(&s, SessionCall::Cell { code: code.into() }, timeout)
             .unwrap_or_else(|e| panic!("{code}: {e}\n{}", d.log()))

@@ -72,6 +72,25 @@ pub fn main(args: &McpArgs, addr: &str) -> i32 {
     runtime.block_on(serve(args, setup))
 }
 
+/// The MCP server behind the front end, and the calls in flight its
+/// `notifications/cancelled` reach; its callers' quotas are counted unless
+/// the front is `open` (no authentication).
+fn mcp_server(
+    args: &McpArgs,
+    sandboxes: &RunService,
+    code_mode: Option<&pycell_protocol::info::ToolsInfo>,
+    open: bool,
+) -> (PycellServer, Arc<crate::server::cancels::Cancels>) {
+    let cancels = Arc::<crate::server::cancels::Cancels>::default();
+    let mut server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode)
+        .with_cancels(Arc::clone(&cancels))
+        .with_hand_off_after(args.hand_off_after);
+    if !open {
+        server = server.with_gate(Arc::new(limiter::QuotaGate::default()));
+    }
+    (server, cancels)
+}
+
 async fn serve(args: &McpArgs, setup: Setup) -> i32 {
     let servers = match crate::server::load_tool_servers(args) {
         Ok(s) => s,
@@ -96,13 +115,7 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
     };
     let tools = servers.clone().map(|s| Arc::new(s) as Arc<dyn ToolSource>);
     let sandboxes = RunService::new(mode, tools);
-    let cancels = Arc::<crate::server::cancels::Cancels>::default();
-    let mut server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode.as_ref())
-        .with_cancels(Arc::clone(&cancels))
-        .with_hand_off_after(args.hand_off_after);
-    if !setup.gate.open {
-        server = server.with_gate(Arc::new(limiter::QuotaGate::default()));
-    }
+    let (server, cancels) = mcp_server(args, &sandboxes, code_mode.as_ref(), setup.gate.open);
     let mut config =
         StreamableHttpServerConfig::default().with_allowed_hosts(setup.allowed_hosts.clone());
     config.legacy_session_mode = false;
