@@ -121,8 +121,8 @@ pub struct Config {
     /// A warm jail unused this long is replaced by a fresh one.
     pub warm_idle: Duration,
     /// Fork each run pool's members from a zygote of its policy (default
-    /// false: a zygote's death kills the runs it forked, and they are not
-    /// yet told why); see `crate::monitor::pool`.
+    /// true; a run its zygote's death kills ends `zygote_died`); see
+    /// `crate::monitor::pool`.
     pub zygotes: bool,
     /// The text this configuration was parsed from (empty for the built-in
     /// defaults): the monitor hands it to the broker, which so never reads
@@ -216,7 +216,7 @@ impl Default for Config {
             warm_pools: [("default".to_string(), 2)].into_iter().collect(),
             session_pools: [("default".to_string(), 1)].into_iter().collect(),
             warm_idle: Duration::from_secs(600),
-            zygotes: false,
+            zygotes: true,
             source_text: String::new(),
         }
     }
@@ -596,9 +596,9 @@ mod tests {
         assert_eq!(c.socket, PathBuf::from("/run/pycell/pycell.sock"));
         assert_eq!(c.socket_mode, 0o660);
         assert_eq!(c.allowed_groups, vec!["pycell".to_string()]);
-        assert!(!c.zygotes);
-        let c = Config::parse("zygotes = true\n", Path::new("x.toml")).unwrap();
         assert!(c.zygotes);
+        let c = Config::parse("zygotes = false\n", Path::new("x.toml")).unwrap();
+        assert!(!c.zygotes);
         let e = Config::parse("zygotes = \"no\"\n", Path::new("x.toml")).unwrap_err();
         assert!(e.to_string().contains("x.toml:1"), "{e}");
     }

@@ -7,7 +7,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::fcntl::OFlag;
@@ -117,7 +117,8 @@ fn run_checked(
     let usage = jail.cgroup.usage();
     mark("jailer: cgroup emptied, usage read");
     let cleanups = crate::run::grant_sweep::sweep(&jail.grants.roots, jail.grants.started_at);
-    let mut report = assemble_report(spec, &checked, relayed, &usage, end, &jail.cgroup)?;
+    let zygote = jail.zygote.as_ref().map(AsFd::as_fd);
+    let mut report = assemble_report(spec, &checked, relayed, &usage, end, &jail.cgroup, zygote)?;
     report.grant_cleanups = cleanups;
     let remains = Remains {
         _cgroup: jail.cgroup,
@@ -135,6 +136,7 @@ fn assemble_report(
     usage: &cgroup::sandbox::CgroupUsage,
     end: Duration,
     cgroup: &SandboxCgroup,
+    zygote: Option<BorrowedFd<'_>>,
 ) -> Result<JailReport, JailFailure> {
     let changes = run_changes(spec, &relayed);
     let run = match &relayed.session {
@@ -142,13 +144,17 @@ fn assemble_report(
         None => warm_run(spec, relayed.warm.as_ref(), end)?,
     };
     let session_end = relayed.session.as_ref().and_then(|s| s.end);
-    let seen = Observed {
+    let mut seen = Observed {
         timed_out: relayed.timed_out,
         cancelled: relayed.cancelled,
         oom_kills: usage.oom_kills,
         messages: relayed.messages,
         init_status: crate::run::outcome::describe_end(relayed.init_status),
+        zygote_died: false,
     };
+    if let Some(channel) = zygote.filter(|_| crate::run::outcome::ended_unexplained(&seen)) {
+        seen.zygote_died = crate::zygote::gone(channel, crate::zygote::DEATH_GRACE);
+    }
     let mut outcome = classify(&seen, &run.limits)?;
     if let (Some(why), Some(clocks)) = (session_end, spec.session) {
         outcome.error = crate::run::session::end_failure(why, &clocks).or(outcome.error);
@@ -406,6 +412,9 @@ struct Jail {
     /// A jail from a zygote: the go pipe, held open while we live (its
     /// init ends the jail at EOF).
     _go: Option<File>,
+    /// A jail from a zygote: our end of the zygote's channel, which hangs
+    /// up when the zygote dies.
+    zygote: Option<OwnedFd>,
     cgroup: SandboxCgroup,
     ends: ParentEnds,
     start: Instant,
@@ -489,6 +498,7 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
             pid,
             pidfd: None,
             _go: None,
+            zygote: None,
             cgroup,
             ends,
             start,
@@ -521,7 +531,7 @@ fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFai
     crate::zygote::ForkRequest::new(spec.clone(), &child_fds)
         .and_then(|(request, fds)| crate::zygote::send_request(channel.as_fd(), &request, &fds))
         .map_err(crate::zygote::failure("sending the run to its zygote"))?;
-    drop((child_fds, channel));
+    drop(child_fds);
     ends.work = io::stdin().as_fd().try_clone_to_owned().ok();
     release_stdin();
     if ends.work.is_none() {
@@ -532,7 +542,13 @@ fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFai
     let mut go = File::from(go);
     go.write_all(&[GO_MAPS])
         .map_err(crate::zygote::failure("starting the jail"))?;
-    let pid = crate::zygote::joined(&ends.status_read, &cgroup)?;
+    let pid =
+        crate::zygote::joined(&ends.status_read, &cgroup).map_err(
+            |e| match crate::zygote::gone(channel.as_fd(), crate::zygote::DEATH_GRACE) {
+                true => crate::run::outcome::zygote_died("before the run's jail joined its cgroup"),
+                false => e,
+            },
+        )?;
     mark("jailer: jail forked from the zygote, in its cgroup");
     let pidfd = rustix::process::pidfd_open(
         rustix::process::Pid::from_raw(pid.as_raw()).expect("a positive pid"),
@@ -552,6 +568,7 @@ fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFai
         pid,
         pidfd: Some(pidfd),
         _go: Some(go),
+        zygote: Some(channel),
         cgroup,
         ends,
         start,

@@ -425,6 +425,36 @@ pub(crate) fn id_maps(own: SlotIds, slots: &[SlotIds]) -> (String, String) {
     (uid_map, gid_map)
 }
 
+/// How long a run whose jail ended unexplained waits to hear that its
+/// zygote is gone: the zygote's jail dies as a whole, but the run's init
+/// may be reaped a moment before the zygote's python.
+pub(crate) const DEATH_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Whether the zygote behind our end of its `channel` is gone: its own
+/// end closes when the last process of its jail dies. Waits at most
+/// `wait` for that.
+pub(crate) fn gone(channel: BorrowedFd<'_>, wait: std::time::Duration) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut fds = [PollFd::new(channel, PollFlags::empty())];
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(left).unwrap_or(PollTimeout::ZERO),
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Ok(n) if n > 0 => {
+                // A hang-up is reported whatever was asked for.
+                return fds[0]
+                    .revents()
+                    .is_some_and(|r| r.contains(PollFlags::POLLHUP));
+            }
+            _ => return false,
+        }
+    }
+}
+
 /// The zygote's channel, inherited (see `pycell_wire::spec::ZYGOTE_FD`).
 pub(crate) fn inherited_channel() -> Result<OwnedFd, JailFailure> {
     if std::env::var_os(pycell_wire::spec::ZYGOTE_FD_ENV).is_none() {

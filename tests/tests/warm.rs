@@ -480,7 +480,23 @@ fn a_pools_members_are_forked_from_its_zygote_each_with_a_uid_of_its_own() {
 
 #[test]
 fn when_a_pools_zygote_dies_its_members_go_and_a_new_zygote_refills_the_pool() {
-    let (d, pool, zygote, procs) = pool_from_a_zygote();
+    let (d, _, _, _) = pool_from_a_zygote();
+    // A run in flight in a member, once it has said so.
+    let (started, said) = std::sync::mpsc::channel();
+    let mut client = d.client();
+    let in_flight = std::thread::spawn(move || {
+        let code = "import time; print('started', flush=True); time.sleep(60)";
+        client.run(request(code), move |_, _| {
+            let _ = started.send(());
+        })
+    });
+    said.recv_timeout(Duration::from_secs(30))
+        .expect("the run in flight started");
+    let (pool, zygote, procs) = {
+        let pool = d.client().info().unwrap().daemon.warm_pools[0].clone();
+        let zygote = pool.zygote_jailer_pid.expect("the pool's zygote");
+        (pool, zygote, pycell_tests::host_processes())
+    };
     // The zygote's python: its init's child, the init a child of its jailer.
     let init = procs
         .iter()
@@ -491,6 +507,12 @@ fn when_a_pools_zygote_dies_its_members_go_and_a_new_zygote_refills_the_pool() {
         .find(|p| p.ppid == init.pid && p.name.starts_with("python"))
         .expect("the zygote's python");
     kill(Pid::from_raw(python.pid as i32), Signal::SIGKILL).expect("SIGKILL to the zygote");
+    // The run it had forked ends, and says why; its output is kept.
+    let r = in_flight.join().unwrap().expect("the run's result");
+    assert_eq!(r.status, RunStatus::Killed, "{r:?}");
+    let e = r.error.as_ref().expect("an error");
+    assert_eq!(e.code, pycell_wire::codes::FailureCode::ZygoteDied, "{r:?}");
+    assert_eq!(r.stdout, "started\n", "{r:?}");
     // Its members die with it; a new zygote forks new ones.
     let deadline = Instant::now() + Duration::from_secs(20);
     let after = loop {

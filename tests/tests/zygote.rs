@@ -210,7 +210,7 @@ fn a_sigkill_of_pycell_leaves_no_zygote_no_run_and_no_cgroup() {
 }
 
 #[test]
-fn when_the_zygote_dies_its_runs_end_and_the_batch_goes_on_cold() {
+fn when_the_zygote_dies_its_runs_end_as_zygote_died_and_the_batch_goes_on_cold() {
     let parent = format!("pycell-test-zygote-dies-{}", std::process::id());
     let (child, below) = batch_of_sleepers(&["--zygote", "--jobs", "3"], &parent, 3, 4);
     // The zygote: the python whose parent is a jail's init that is the
@@ -237,9 +237,10 @@ fn when_the_zygote_dies_its_runs_end_and_the_batch_goes_on_cold() {
         .map(|l| serde_json::from_str::<Value>(l).unwrap()["result"].clone())
         .collect();
     assert_eq!(results.len(), 4, "{results:?}");
-    // The runs it had forked died with its pid namespace.
+    // The runs it had forked died with its pid namespace, and say so.
     for r in &results[..3] {
-        assert_ne!(r["status"], "ok", "{r}");
+        assert_eq!(r["status"], "killed", "{r}");
+        assert_eq!(r["error"]["code"], "zygote_died", "{r}");
     }
     // The next line ran all the same, cold (as isolated, python started).
     assert_eq!(results[3]["status"], "ok", "{}", results[3]);

@@ -54,6 +54,9 @@ named_enum! {
         CpuTimeLimit = "cpu_time_limit",
         /// The run was cancelled before its sandbox started.
         Cancelled = "cancelled",
+        /// The zygote the run was forked from died and took the run along
+        /// (a run's jail lives inside its zygote's): no fault of the run's.
+        ZygoteDied = "zygote_died",
 
         // The caller's request or the host's configuration.
         /// The policy does not load (a bad file, or an interpreter it names is missing).

@@ -16,7 +16,8 @@ pub enum RunStatus {
     Timeout,
     /// The memory limit was reached; the kernel killed the program.
     Oom,
-    /// Killed on request (the run was cancelled) or by the CPU-time limit.
+    /// Killed on request (the run was cancelled), by the CPU-time limit, or
+    /// with the zygote it was forked from (`error.code` says which).
     Killed,
     /// The sandbox could not be built, so the code never ran; `error` says why.
     Refused,

@@ -21,6 +21,8 @@ pub(crate) struct Observed {
     pub messages: Vec<ChildMessage>,
     /// A description of how the jail's init ended, for an error message.
     pub init_status: String,
+    /// The jail came from a zygote, which died (and took the jail along).
+    pub zygote_died: bool,
 }
 
 /// How the run ended, when the code ran.
@@ -82,6 +84,9 @@ fn not_ready(seen: &Observed) -> JailFailure {
         let m = "the run was cancelled while its jail was being set up: no code ran";
         return JailFailure::new(FailureCode::Cancelled, Layer::Jailer, m);
     }
+    if seen.zygote_died {
+        return zygote_died("while the run's jail was being set up: no code ran");
+    }
     JailFailure::new(
         FailureCode::JailSetupFailed,
         Layer::Jailer,
@@ -90,6 +95,35 @@ fn not_ready(seen: &Observed) -> JailFailure {
             seen.init_status
         ),
     )
+}
+
+/// The failure of a run whose zygote died `when`.
+pub(crate) fn zygote_died(when: &str) -> JailFailure {
+    JailFailure::new(
+        FailureCode::ZygoteDied,
+        Layer::Jailer,
+        format!("the zygote this run was forked from died {when}; the run's jail, inside the zygote's, died with it"),
+    )
+    .with_hint("not the code's fault: run it again (a new zygote is started; meanwhile runs start cold)")
+}
+
+/// Whether the jail ended in a way nothing we saw explains: not our timeout
+/// or cancel, no OOM kill, and init either killed by SIGKILL or gone
+/// without a word. Only then is a zygote's death worth asking about.
+pub(crate) fn ended_unexplained(seen: &Observed) -> bool {
+    if seen.timed_out || seen.cancelled || seen.oom_kills > 0 {
+        return false;
+    }
+    let last = seen
+        .messages
+        .iter()
+        .rev()
+        .find(|m| !matches!(m, ChildMessage::Joined));
+    match last {
+        None | Some(ChildMessage::Ready { .. }) => true,
+        Some(ChildMessage::Signaled { signal }) => *signal == Signal::SIGKILL as i32,
+        Some(_) => false,
+    }
 }
 
 /// How a process ended, in words (for messages).
@@ -140,6 +174,8 @@ pub(crate) fn classify(seen: &Observed, limits: &RunLimits) -> Result<Outcome, J
                 Some("raise --memory, or use less memory"),
             ),
         )
+    } else if seen.zygote_died && killed {
+        (RunStatus::Killed, Some(zygote_died("while the run ran")))
     } else if let Some(ChildMessage::ExecFailed { message }) = ended {
         return Err(
             JailFailure::new(FailureCode::ExecFailed, Layer::Exec, message.clone())
@@ -206,6 +242,7 @@ mod tests {
             oom_kills: 0,
             messages: [Some(ready()), end].into_iter().flatten().collect(),
             init_status: "exited with status 1".into(),
+            zygote_died: false,
         }
     }
 
@@ -253,6 +290,55 @@ mod tests {
         s.cancelled = true;
         let o = outcome(&s);
         assert_eq!((o.status, o.error), (RunStatus::Killed, None));
+    }
+
+    #[test]
+    fn a_run_killed_with_its_zygote_says_so() {
+        for end in [None, Some(ChildMessage::Signaled { signal: 9 })] {
+            let mut s = seen(end);
+            assert!(ended_unexplained(&s), "{s:?}");
+            s.zygote_died = true;
+            let o = outcome(&s);
+            assert_eq!(o.status, RunStatus::Killed);
+            assert_eq!(o.error.unwrap().code, FailureCode::ZygoteDied);
+        }
+        // Dying in setup: no code ran, and the code says why.
+        let mut s = seen(None);
+        s.messages.clear();
+        s.zygote_died = true;
+        assert!(ended_unexplained(&s));
+        let e = classify(&s, &limits()).unwrap_err();
+        assert_eq!(e.code, FailureCode::ZygoteDied, "{e:?}");
+    }
+
+    #[test]
+    fn only_an_unexplained_end_asks_about_the_zygote() {
+        let explained = [
+            seen(Some(ChildMessage::Exited { code: 0 })),
+            seen(Some(ChildMessage::Signaled { signal: 11 })),
+            Observed {
+                timed_out: true,
+                ..seen(None)
+            },
+            Observed {
+                cancelled: true,
+                ..seen(None)
+            },
+            Observed {
+                oom_kills: 1,
+                ..seen(Some(ChildMessage::Signaled { signal: 9 }))
+            },
+        ];
+        for s in explained {
+            assert!(!ended_unexplained(&s), "{s:?}");
+        }
+        // A timeout wins over a zygote's death, as over everything.
+        let s = Observed {
+            timed_out: true,
+            zygote_died: true,
+            ..seen(None)
+        };
+        assert_eq!(outcome(&s).status, RunStatus::Timeout);
     }
 
     #[test]

@@ -102,6 +102,12 @@ class Cancelled(RunStopped):
     code = "cancelled"
 
 
+class ZygoteDied(RunStopped):
+    """`zygote_died` (docs/errors.md)."""
+
+    code = "zygote_died"
+
+
 class InvalidPolicy(RequestError):
     """`invalid_policy` (docs/errors.md)."""
 
@@ -506,6 +512,7 @@ __all__ += [
     "UnknownSession",
     "UserNamespaceFailed",
     "VersionMismatch",
+    "ZygoteDied",
 ]
 
 #: Every stable failure code, and its exception class.
@@ -516,6 +523,7 @@ CODES: dict[str, type[PycellError]] = {
         OutOfMemory,
         CpuTimeLimit,
         Cancelled,
+        ZygoteDied,
         InvalidPolicy,
         InvalidRequest,
         InvalidConfig,
