@@ -451,6 +451,10 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
         })?;
         child_fds.zygote_lib = Some(lib);
     }
+    child_fds.runner_pyc = match &checked.runner_pyc {
+        Some(fd) => Some(fd.try_clone().map_err(io_failure("the compiled runner"))?),
+        None => None,
+    };
     let cgroup = create_cgroup(spec, layout)?;
     child_fds.cgroup_tasks = cgroup.open_v1_tasks().map_err(cgroup_failure)?;
     let joins_itself = !child_fds.cgroup_tasks.is_empty();
@@ -725,6 +729,7 @@ fn pipes(stdin_socket: bool) -> io::Result<(ChildFds, OwnedFd, ParentEnds)> {
         stderr_write: stderr.1,
         cgroup_tasks: Vec::new(),
         zygote_lib: None,
+        runner_pyc: None,
         grants: Vec::new(),
     };
     let ours = ParentEnds {

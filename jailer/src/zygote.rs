@@ -277,6 +277,7 @@ fn child_fds(names: Vec<ChildFd>, fds: Vec<OwnedFd>) -> Result<ChildFds, NamedFd
         handout_channel: None,
         cgroup_tasks: named.all(&ChildFd::CgroupJoin),
         zygote_lib: None,
+        runner_pyc: None,
         grants: Vec::new(),
     };
     named.done()?;

@@ -602,7 +602,8 @@ impl Prepared {
     /// The spec as the jailer reads it: one frame.
     /// The spec the jailer gets: a cold python run's on the runner.
     fn spec_frame(&self) -> Result<Vec<u8>, Box<RunResult>> {
-        let on_runner = pycell_runner::cold_on_runner(&self.spec);
+        let pyc = crate::runner_pyc::for_spec(&self.spec);
+        let on_runner = pycell_runner::cold_on_runner(&self.spec, pyc.as_deref());
         let spec = on_runner.as_ref().unwrap_or(&self.spec);
         pycell_wire::framing::encode_within(spec, pycell_wire::spec::MAX_SPEC_FRAME).map_err(|e| {
             self.refused_boxed(JailFailure::new(

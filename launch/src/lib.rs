@@ -21,6 +21,7 @@ pub mod host_info;
 pub mod launcher;
 pub mod layers;
 pub mod resolve;
+pub mod runner_pyc;
 pub mod serving;
 pub mod session;
 pub mod session_table;

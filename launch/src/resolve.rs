@@ -509,6 +509,8 @@ pub fn resolve_with(
         timings: false,
         zygote: None,
         from_zygote: None,
+        // The launcher names one when it starts a cold run.
+        runner_pyc: None,
     };
     Ok(Resolved { spec, limits })
 }
@@ -725,7 +727,7 @@ mod tests {
             ..RunRequest::default()
         };
         let spec = resolve_with(&p, &req, &Extras::default()).unwrap().spec;
-        let on = pycell_runner::cold_on_runner(&spec).expect("a python run");
+        let on = pycell_runner::cold_on_runner(&spec, None).expect("a python run");
         assert_eq!(on.argv[0], spec.argv[0]);
         assert_eq!(on.argv[1..3], ["-s", "-c"]);
         assert_eq!(on.argv[3], pycell_runner::COLD_RUNNER);
@@ -748,7 +750,7 @@ mod tests {
             ..Extras::default()
         };
         let spec = resolve_with(&p, &req, &install).unwrap().spec;
-        assert!(spec.media.is_none() && pycell_runner::cold_on_runner(&spec).is_none());
+        assert!(spec.media.is_none() && pycell_runner::cold_on_runner(&spec, None).is_none());
     }
 
     #[test]

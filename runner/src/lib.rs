@@ -27,7 +27,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use pycell_wire::limits::Bytes;
-use pycell_wire::spec::{DisplayLimits, ImageLimits, JailSpec, MediaLimits, WORKSPACE};
+use std::path::Path;
+
+use pycell_wire::spec::{DisplayLimits, ImageLimits, JailSpec, MediaLimits, RUNNER_PYC, WORKSPACE};
 
 /// The runner's text: `runner.py` (its core, compiled at start), then its
 /// parts (each kept as text, compiled when first needed: see `runner.py`).
@@ -97,20 +99,29 @@ pub fn warm_argv(python: String, modules: &[String]) -> Vec<String> {
 /// The jail `cold` describes, its python started on the runner, which
 /// runs the script there (`python -s SCRIPT ARG...`) as a warm jail runs
 /// its work: how every cold python run starts, so that it sends back its
-/// images and displays. None for what is not a python run (no media
-/// limits: an install jail), or not cold.
-pub fn cold_on_runner(cold: &JailSpec) -> Option<JailSpec> {
+/// images and displays. With `pyc` (the runner compiled for the run's
+/// interpreter, [`PYC_COMPILER`]), python starts on that file, copied
+/// into the jail at [`RUNNER_PYC`], instead of compiling the runner's
+/// text from `-c`. None for what is not a python run (no media limits: an
+/// install jail), or not cold.
+pub fn cold_on_runner(cold: &JailSpec, pyc: Option<&Path>) -> Option<JailSpec> {
     let MediaLimits { images, displays } = cold.media?;
     let script = cold.argv.get(2)?;
     if cold.warm || cold.session.is_some() || cold.argv.get(1).map(String::as_str) != Some("-s") {
         return None;
     }
     let mut spec = cold.clone();
-    spec.argv = vec![
-        cold.argv[0].clone(),
-        "-s".to_string(),
-        "-c".to_string(),
-        COLD_RUNNER.to_string(),
+    spec.argv = vec![cold.argv[0].clone(), "-s".to_string()];
+    match pyc {
+        Some(host_path) => {
+            spec.argv.push(RUNNER_PYC.to_string());
+            spec.runner_pyc = Some(host_path.to_path_buf());
+        }
+        None => spec
+            .argv
+            .extend(["-c".to_string(), COLD_RUNNER.to_string()]),
+    }
+    spec.argv.extend([
         COLD_FLAG.to_string(),
         images.max_edge.to_string(),
         images.max_bytes.to_string(),
@@ -118,9 +129,34 @@ pub fn cold_on_runner(cold: &JailSpec) -> Option<JailSpec> {
         displays.total_bytes.to_string(),
         displays.count.to_string(),
         script.clone(),
-    ];
+    ]);
     spec.argv.extend(cold.argv[3..].iter().cloned());
     Some(spec)
+}
+
+/// What compiles [`COLD_RUNNER`] for an interpreter, run by that
+/// interpreter as `python -I -S -c PYC_COMPILER` with the text on stdin:
+/// writes the `.pyc` python runs as its main file (the interpreter's magic
+/// number, an unchecked header, the code as `-c` would compile it).
+pub const PYC_COMPILER: &str = "import sys, marshal\n\
+from importlib.util import MAGIC_NUMBER\n\
+code = compile(sys.stdin.buffer.read(), '<string>', 'exec', dont_inherit=True)\n\
+sys.stdout.buffer.write(MAGIC_NUMBER + bytes(12) + marshal.dumps(code))\n";
+
+/// A fingerprint of [`COLD_RUNNER`]'s text (64-bit FNV-1a), which names
+/// its compiled forms: a new runner never meets an old one's `.pyc`.
+pub const COLD_RUNNER_ID: u64 = fnv1a(COLD_RUNNER.as_bytes());
+
+/// 64-bit FNV-1a of `bytes`: a fingerprint, not a defence against anyone.
+pub const fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < bytes.len() {
+        hash ^= bytes[i] as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        i += 1;
+    }
+    hash
 }
 
 /// The warm jail for runs that would get `cold` (a spec resolved for an

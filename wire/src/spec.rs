@@ -106,7 +106,19 @@ pub struct JailSpec {
     /// an inherited descriptor, [`ZYGOTE_FD`]) instead of cloned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_zygote: Option<FromZygote>,
+    /// A cold run's runner compiled for its interpreter: a host file (root's,
+    /// in a directory only root may change) that the jailer copies into the
+    /// jail's root at [`RUNNER_PYC`], where argv names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_pyc: Option<PathBuf>,
 }
+
+/// Where a cold run's compiled runner ([`JailSpec::runner_pyc`]) is in the
+/// jail: a read-only file of the jail's root.
+pub const RUNNER_PYC: &str = "/.pycell/runner.pyc";
+
+/// The largest compiled runner the jailer copies in.
+pub const MAX_RUNNER_PYC: u64 = 1 << 20;
 
 /// A granted host path: where it shows in the jail, and whether the jail
 /// may write there. Its files keep their owner on the host; in the jail
@@ -419,6 +431,14 @@ impl JailSpec {
         self.validate_identity()?;
         self.validate_program()?;
         self.validate_mounts()?;
+        if let Some(pyc) = &self.runner_pyc {
+            if !is_clean_absolute(pyc) {
+                return Err(bad("runner_pyc", "must be a clean absolute path"));
+            }
+            if self.argv.get(2).map(String::as_str) != Some(RUNNER_PYC) {
+                return Err(bad("runner_pyc", format!("argv[2] must be {RUNNER_PYC}")));
+            }
+        }
         check_limits(&self.limits)?;
         self.landlock.validate()?;
         if !is_plain_relative_path(&self.cgroup.parent) {

@@ -66,6 +66,9 @@ pub(crate) struct ChildFds {
     pub cgroup_tasks: Vec<OwnedFd>,
     /// A zygote: its library, a sealed memfd.
     pub zygote_lib: Option<OwnedFd>,
+    /// A cold run's compiled runner, opened by the jailer (copied into
+    /// the jail's root).
+    pub runner_pyc: Option<OwnedFd>,
     /// The caller's grants, idmapped (`crate::setup::grants`).
     pub grants: Vec<crate::setup::grants::GrantedTree>,
 }
@@ -115,6 +118,7 @@ struct RealSteps<'a> {
     /// library.
     zygote_end: Option<OwnedFd>,
     zygote_lib: Option<OwnedFd>,
+    runner_pyc: Option<OwnedFd>,
     sources: Option<PreparedSources>,
     grants: Vec<crate::setup::grants::GrantedTree>,
     landlock: Option<LandlockReport>,
@@ -235,6 +239,7 @@ impl JailSteps for RealSteps<'_> {
             hostname: HOSTNAME,
             cover_proc: self.kind != JailKind::Zygote,
             user_limits: crate::setup::ns_settings::user_limits(l),
+            runner_pyc: self.runner_pyc.take().map(File::from),
         };
         mounts::build_root(sources, &layout).map_err(|e| {
             let step = StepError::new(Step::Rootfs, e.to_string());
@@ -306,6 +311,11 @@ impl JailSteps for RealSteps<'_> {
         let targets: Vec<PathBuf> = mounts::tree_targets(&self.spec.mounts);
         let mut grants = Grants::for_jail(&self.spec.landlock, &targets, self.spec.network);
         grants.add_granted(&self.spec.grants);
+        if self.spec.runner_pyc.is_some() {
+            // The compiled runner python starts on: read, like /etc.
+            let pyc = PathBuf::from(pycell_wire::spec::RUNNER_PYC);
+            grants.read_only.push(pyc);
+        }
         let report =
             landlock_rules::restrict(self.spec.landlock.min_abi, &grants).map_err(|e| {
                 let code = match e {
@@ -585,6 +595,7 @@ pub(crate) fn set_up(
         stdio_end: None,
         zygote_end: None,
         zygote_lib: fds.zygote_lib,
+        runner_pyc: fds.runner_pyc,
         sources: None,
         grants: fds.grants,
         landlock: None,

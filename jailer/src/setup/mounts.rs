@@ -201,6 +201,8 @@ pub struct RootfsLayout<'a> {
     /// `/proc/sys/user` limits of the jail's user namespace, written in
     /// the fresh /proc (`crate::setup::ns_settings::set_user_limits`).
     pub user_limits: Vec<(&'static str, u64)>,
+    /// A cold run's compiled runner, to copy to `RUNNER_PYC`.
+    pub runner_pyc: Option<fs::File>,
 }
 
 fn staged(p: &Path) -> PathBuf {
@@ -258,7 +260,27 @@ pub fn build_root(sources: PreparedSources, layout: &RootfsLayout<'_>) -> Result
         crate::timings::mark("jail: rootfs: /proc files covered");
     }
     mount_disk(&dev, layout)?;
-    write_etc(layout.hostname)
+    write_etc(layout.hostname)?;
+    match &layout.runner_pyc {
+        Some(pyc) => copy_runner_pyc(pyc),
+        None => Ok(()),
+    }
+}
+
+/// Copy a cold run's compiled runner (opened and checked by the jailer)
+/// into the root, read-only like the rest of it once pivoted.
+fn copy_runner_pyc(mut pyc: &fs::File) -> Result<(), MountError> {
+    use std::io::Read;
+    let target = staged(Path::new(pycell_wire::spec::RUNNER_PYC));
+    let mut bytes = Vec::new();
+    (&mut pyc)
+        .take(pycell_wire::spec::MAX_RUNNER_PYC)
+        .read_to_end(&mut bytes)
+        .map_err(err("reading the compiled runner".to_string()))?;
+    if let Some(dir) = target.parent() {
+        mkdir_p(dir)?;
+    }
+    write_file(&target, &bytes, 0o444)
 }
 
 /// A prepared bind at its target: a symlink recreated, or a tree attached.

@@ -18,6 +18,8 @@ pub(crate) struct Checked {
     pub layout: CgroupLayout,
     /// Where each of `spec.mounts` leads, checked on the host.
     pub sources: Vec<SourceId>,
+    /// A cold run's compiled runner, opened for reading.
+    pub runner_pyc: Option<std::os::fd::OwnedFd>,
 }
 
 fn check_sources(spec: &JailSpec) -> Result<Vec<SourceId>, JailFailure> {
@@ -56,11 +58,21 @@ pub(crate) fn preflight(spec: &JailSpec) -> Result<Checked, JailFailure> {
     let gaps = Vec::new();
     let layout = CgroupLayout::detect().map_err(cgroup_failure)?;
     let sources = check_sources(spec)?;
+    let runner_pyc = match &spec.runner_pyc {
+        Some(path) => Some(
+            sources::open_trusted_file(path, pycell_wire::spec::MAX_RUNNER_PYC).map_err(|e| {
+                JailFailure::new(FailureCode::MountsFailed, Layer::Mounts, e.to_string())
+                    .with_hint("a compiled runner is root's, in a directory only root may change; pycell makes it so in /var/cache/pycell/runner (remove the directory to have it made again)")
+            })?,
+        ),
+        None => None,
+    };
     Ok(Checked {
         filter,
         gaps,
         layout,
         sources,
+        runner_pyc,
     })
 }
 

@@ -67,6 +67,8 @@ pub(crate) enum WalkError {
     Open { at: String, source: nix::Error },
     #[error("the source is / itself")]
     IsRoot,
+    #[error("{} is not a regular file of at most {max} bytes", .path.display())]
+    NotAFile { path: PathBuf, max: u64 },
     #[error("{} is not a directory (a symlink on the way is not followed)", .0.display())]
     NotADirectory(PathBuf),
     #[error("{} {why}; a bind source and every directory above it must be owned by root and writable by no one else", .at.display())]
@@ -168,6 +170,47 @@ pub(crate) fn check_on_host(path: &Path) -> Result<SourceId, SourceError> {
         why,
     })?;
     Ok(walked.id())
+}
+
+/// Host side: open the regular file at `path` for reading, every
+/// component checked as a bind source's are, and at most `max` bytes.
+pub(crate) fn open_trusted_file(path: &Path, max: u64) -> Result<OwnedFd, SourceError> {
+    let refused = |why| SourceError::Refused {
+        path: path.to_path_buf(),
+        why,
+    };
+    let walked = walk(path, |at, st| {
+        trusted(st.st_uid, st.st_gid, st.st_mode).map_err(|why| WalkError::Untrusted {
+            at: at.to_path_buf(),
+            why,
+        })
+    })
+    .map_err(refused)?;
+    let regular = SFlag::from_bits_truncate(walked.stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG;
+    if !regular || walked.stat.st_size < 0 || walked.stat.st_size as u64 > max {
+        return Err(refused(WalkError::NotAFile {
+            path: path.to_path_buf(),
+            max,
+        }));
+    }
+    let open_failed = |source| {
+        refused(WalkError::Open {
+            at: path.display().to_string(),
+            source,
+        })
+    };
+    let fd = openat(
+        walked.parent.as_fd(),
+        walked.name.as_os_str(),
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(open_failed)?;
+    let now = fstat(&fd).map_err(open_failed)?;
+    if (now.st_dev, now.st_ino) != (walked.stat.st_dev, walked.stat.st_ino) {
+        return Err(SourceError::Changed(path.to_path_buf()));
+    }
+    Ok(fd)
 }
 
 /// Jail side: walk `path` again and insist on reaching `expected`.
