@@ -599,12 +599,14 @@ impl Prepared {
         Ok((cmd, ours, outcome.into()))
     }
 
-    /// The spec as the jailer reads it: one frame.
-    /// The spec the jailer gets: a cold python run's on the runner.
+    /// The spec as the jailer reads it, one frame: a cold python run's on
+    /// the runner, and python on the runner compiled for its interpreter
+    /// where it can be (`crate::runner_pyc`).
     fn spec_frame(&self) -> Result<Vec<u8>, Box<RunResult>> {
-        let pyc = crate::runner_pyc::for_spec(&self.spec);
-        let on_runner = pycell_runner::cold_on_runner(&self.spec, pyc.as_deref());
+        let on_runner = pycell_runner::cold_on_runner(&self.spec);
         let spec = on_runner.as_ref().unwrap_or(&self.spec);
+        let compiled = crate::runner_pyc::compiled(spec);
+        let spec = compiled.as_ref().unwrap_or(spec);
         pycell_wire::framing::encode_within(spec, pycell_wire::spec::MAX_SPEC_FRAME).map_err(|e| {
             self.refused_boxed(JailFailure::new(
                 FailureCode::Internal,

@@ -727,7 +727,7 @@ mod tests {
             ..RunRequest::default()
         };
         let spec = resolve_with(&p, &req, &Extras::default()).unwrap().spec;
-        let on = pycell_runner::cold_on_runner(&spec, None).expect("a python run");
+        let on = pycell_runner::cold_on_runner(&spec).expect("a python run");
         assert_eq!(on.argv[0], spec.argv[0]);
         assert_eq!(on.argv[1..3], ["-s", "-c"]);
         assert_eq!(on.argv[3], pycell_runner::COLD_RUNNER);
@@ -750,7 +750,7 @@ mod tests {
             ..Extras::default()
         };
         let spec = resolve_with(&p, &req, &install).unwrap().spec;
-        assert!(spec.media.is_none() && pycell_runner::cold_on_runner(&spec, None).is_none());
+        assert!(spec.media.is_none() && pycell_runner::cold_on_runner(&spec).is_none());
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! A cold run's runner compiled once per interpreter, so that python
-//! starts on a `.pyc` instead of compiling the runner's text from `-c`
-//! (about 2 ms of every cold run's start).
+//! pycell's runner compiled once per interpreter, so that python starts
+//! on a `.pyc` instead of compiling the runner's text from `-c` (about
+//! 2 ms of every cold run's start, more for a warm jail's, a zygote's or
+//! a session's, which start on the whole runner).
 //!
 //! The compiled runner is kept in [`CACHE_DIR`] (root's, like every
 //! directory above it), named by the runner's text and by the interpreter
@@ -25,6 +26,7 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use pycell_runner::RunnerText;
 use pycell_wire::spec::{trusted, BindMount, JailSpec, MAX_RUNNER_PYC};
 
 /// Where compiled runners are kept.
@@ -36,28 +38,38 @@ const COMPILE_TIMEOUT: Duration = Duration::from_secs(20);
 /// The uid and gid the compiling interpreter runs as (`nobody`).
 const NOBODY: u32 = 65534;
 
-/// Each interpreter's compiled runner, as this process found or made it
-/// (None: it cannot have one; not asked again).
-static KNOWN: Mutex<Option<HashMap<PathBuf, Option<PathBuf>>>> = Mutex::new(None);
+/// Each interpreter's compiled runners, as this process found or made
+/// them (None: it cannot have one; not asked again).
+type Known = HashMap<(PathBuf, RunnerText), Option<PathBuf>>;
+static KNOWN: Mutex<Option<Known>> = Mutex::new(None);
 
-/// The compiled runner for `spec`'s cold python run, made now if it is
-/// not there yet; None when the run is not one, or cannot have one.
-pub fn for_spec(spec: &JailSpec) -> Option<PathBuf> {
-    if spec.media.is_none() || spec.warm || spec.session.is_some() {
+/// `spec` with python started on its runner compiled for its interpreter
+/// (made now if it is not there yet), instead of on the runner's text;
+/// None when `spec` starts on no runner text or cannot have it compiled.
+pub fn compiled(spec: &JailSpec) -> Option<JailSpec> {
+    let text = RunnerText::of(spec)?;
+    if spec.from_zygote.is_some() {
+        // Its python is a fork of the zygote's, started already.
         return None;
     }
     let interpreter = Path::new(spec.argv.first()?);
     if !same_path_in_jail(&spec.mounts, interpreter) {
         return None;
     }
-    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
-    let known = known.get_or_insert_with(HashMap::new);
-    if let Some(found) = known.get(interpreter) {
-        return found.clone();
-    }
-    let found = find_or_make(interpreter, Path::new(CACHE_DIR));
-    known.insert(interpreter.to_path_buf(), found.clone());
-    found
+    let pyc = {
+        let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+        let known = known.get_or_insert_with(HashMap::new);
+        let key = (interpreter.to_path_buf(), text);
+        match known.get(&key) {
+            Some(found) => found.clone(),
+            None => {
+                let found = find_or_make(interpreter, text, Path::new(CACHE_DIR));
+                known.insert(key, found.clone());
+                found
+            }
+        }
+    }?;
+    pycell_runner::on_compiled(spec, &pyc)
 }
 
 /// Whether the jail sees `path` where the host does: the mount that
@@ -71,24 +83,24 @@ pub fn same_path_in_jail(mounts: &[BindMount], path: &Path) -> bool {
         .is_some_and(|m| m.source == m.target && !m.hide_source)
 }
 
-/// The compiled runner for `interpreter` in `dir`, made if missing.
-fn find_or_make(interpreter: &Path, dir: &Path) -> Option<PathBuf> {
+/// `text` compiled for `interpreter`, in `dir`, made if missing.
+fn find_or_make(interpreter: &Path, text: RunnerText, dir: &Path) -> Option<PathBuf> {
     let real = fs::canonicalize(interpreter).ok()?;
     let meta = fs::metadata(&real).ok()?;
     if !trusted_chain(&real) {
         return None;
     }
-    let path = dir.join(file_name(&real, &meta));
+    let path = dir.join(file_name(text, &real, &meta));
     if trusted_chain(&path) {
         return Some(path);
     }
     make_trusted_dir(dir).ok()?;
-    compile_to(&real, &path).ok()?;
+    compile_to(&real, text, &path).ok()?;
     trusted_chain(&path).then_some(path)
 }
 
-/// The file's name: the runner's fingerprint and the interpreter's.
-fn file_name(real: &Path, meta: &fs::Metadata) -> String {
+/// The file's name: the runner text's fingerprint and the interpreter's.
+fn file_name(text: RunnerText, real: &Path, meta: &fs::Metadata) -> String {
     let id = format!(
         "{}\0{}\0{}\0{}\0{}",
         real.display(),
@@ -98,8 +110,9 @@ fn file_name(real: &Path, meta: &fs::Metadata) -> String {
         meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
     );
     format!(
-        "cold-{:016x}-{:016x}.pyc",
-        pycell_runner::COLD_RUNNER_ID,
+        "{}-{:016x}-{:016x}.pyc",
+        text.name(),
+        text.id(),
         pycell_runner::fnv1a(id.as_bytes())
     )
 }
@@ -145,19 +158,19 @@ fn make_trusted_dir(dir: &Path) -> io::Result<()> {
     }
 }
 
-/// Have `interpreter` compile the runner into `path` (through a
-/// temporary file beside it, renamed into place once checked).
-fn compile_to(interpreter: &Path, path: &Path) -> io::Result<()> {
+/// Have `interpreter` compile `text` into `path` (through a temporary
+/// file beside it, renamed into place once checked).
+fn compile_to(interpreter: &Path, text: RunnerText, path: &Path) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("/"));
     let tmp = dir.join(format!(".compiling-{}", std::process::id()));
-    let result = compile_into_file(interpreter, &tmp).and_then(|()| fs::rename(&tmp, path));
+    let result = compile_into_file(interpreter, text, &tmp).and_then(|()| fs::rename(&tmp, path));
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
     result
 }
 
-fn compile_into_file(interpreter: &Path, tmp: &Path) -> io::Result<()> {
+fn compile_into_file(interpreter: &Path, text: RunnerText, tmp: &Path) -> io::Result<()> {
     let out = fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -176,7 +189,7 @@ fn compile_into_file(interpreter: &Path, tmp: &Path) -> io::Result<()> {
         .gid(NOBODY)
         .spawn()?;
     let mut stdin = child.stdin.take().expect("piped");
-    let written = stdin.write_all(pycell_runner::COLD_RUNNER.as_bytes());
+    let written = stdin.write_all(text.text().as_bytes());
     drop(stdin);
     let deadline = Instant::now() + COMPILE_TIMEOUT;
     let status = loop {
@@ -226,14 +239,16 @@ mod tests {
     }
 
     #[test]
-    fn the_name_changes_with_the_interpreter() {
+    fn the_name_changes_with_the_text_and_the_interpreter() {
         let dir = tempfile::tempdir().unwrap();
         let a = dir.path().join("a");
         fs::write(&a, b"x").unwrap();
-        let before = file_name(&a, &fs::metadata(&a).unwrap());
+        let name = |text| file_name(text, &a, &fs::metadata(&a).unwrap());
+        let before = name(RunnerText::Cold);
         assert!(before.starts_with("cold-") && before.ends_with(".pyc"));
+        assert!(name(RunnerText::Full).starts_with("full-"));
         fs::write(&a, b"xy").unwrap();
-        assert_ne!(before, file_name(&a, &fs::metadata(&a).unwrap()));
+        assert_ne!(before, name(RunnerText::Cold));
     }
 
     #[test]

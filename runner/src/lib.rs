@@ -99,29 +99,20 @@ pub fn warm_argv(python: String, modules: &[String]) -> Vec<String> {
 /// The jail `cold` describes, its python started on the runner, which
 /// runs the script there (`python -s SCRIPT ARG...`) as a warm jail runs
 /// its work: how every cold python run starts, so that it sends back its
-/// images and displays. With `pyc` (the runner compiled for the run's
-/// interpreter, [`PYC_COMPILER`]), python starts on that file, copied
-/// into the jail at [`RUNNER_PYC`], instead of compiling the runner's
-/// text from `-c`. None for what is not a python run (no media limits: an
-/// install jail), or not cold.
-pub fn cold_on_runner(cold: &JailSpec, pyc: Option<&Path>) -> Option<JailSpec> {
+/// images and displays. None for what is not a python run (no media
+/// limits: an install jail), or not cold.
+pub fn cold_on_runner(cold: &JailSpec) -> Option<JailSpec> {
     let MediaLimits { images, displays } = cold.media?;
     let script = cold.argv.get(2)?;
     if cold.warm || cold.session.is_some() || cold.argv.get(1).map(String::as_str) != Some("-s") {
         return None;
     }
     let mut spec = cold.clone();
-    spec.argv = vec![cold.argv[0].clone(), "-s".to_string()];
-    match pyc {
-        Some(host_path) => {
-            spec.argv.push(RUNNER_PYC.to_string());
-            spec.runner_pyc = Some(host_path.to_path_buf());
-        }
-        None => spec
-            .argv
-            .extend(["-c".to_string(), COLD_RUNNER.to_string()]),
-    }
-    spec.argv.extend([
+    spec.argv = vec![
+        cold.argv[0].clone(),
+        "-s".to_string(),
+        "-c".to_string(),
+        COLD_RUNNER.to_string(),
         COLD_FLAG.to_string(),
         images.max_edge.to_string(),
         images.max_bytes.to_string(),
@@ -129,12 +120,71 @@ pub fn cold_on_runner(cold: &JailSpec, pyc: Option<&Path>) -> Option<JailSpec> {
         displays.total_bytes.to_string(),
         displays.count.to_string(),
         script.clone(),
-    ]);
+    ];
     spec.argv.extend(cold.argv[3..].iter().cloned());
     Some(spec)
 }
 
-/// What compiles [`COLD_RUNNER`] for an interpreter, run by that
+/// A text python starts on as `python -s -c TEXT ...`: a cold run's
+/// runner, or the whole one (warm jails, zygotes, sessions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunnerText {
+    Cold,
+    Full,
+}
+
+impl RunnerText {
+    /// The text python starts on under `spec`, if it starts on one.
+    pub fn of(spec: &JailSpec) -> Option<RunnerText> {
+        match spec.argv.get(1..4)? {
+            [s, c, text] if s == "-s" && c == "-c" => [RunnerText::Cold, RunnerText::Full]
+                .into_iter()
+                .find(|t| t.text() == text),
+            _ => None,
+        }
+    }
+
+    pub fn text(self) -> &'static str {
+        match self {
+            RunnerText::Cold => COLD_RUNNER,
+            RunnerText::Full => RUNNER,
+        }
+    }
+
+    /// A fingerprint of the text (64-bit FNV-1a, at build time), which
+    /// names its compiled forms: a new runner never meets an old one's.
+    pub fn id(self) -> u64 {
+        match self {
+            RunnerText::Cold => COLD_RUNNER_ID,
+            RunnerText::Full => RUNNER_ID,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RunnerText::Cold => "cold",
+            RunnerText::Full => "full",
+        }
+    }
+}
+
+/// `spec`, which starts python on a runner's text (`python -s -c TEXT
+/// ...`), with python started instead on that text compiled for its
+/// interpreter ([`PYC_COMPILER`]): the host file `pyc`, which the jailer
+/// copies into the jail at [`RUNNER_PYC`]. None if `spec` starts on no
+/// runner text.
+pub fn on_compiled(spec: &JailSpec, pyc: &Path) -> Option<JailSpec> {
+    RunnerText::of(spec)?;
+    let mut compiled = spec.clone();
+    compiled
+        .argv
+        .splice(2..4, [RUNNER_PYC.to_string()])
+        .for_each(drop);
+    compiled.runner_pyc = Some(pyc.to_path_buf());
+    Some(compiled)
+}
+
+/// What compiles a runner's text for an interpreter, run by that
 /// interpreter as `python -I -S -c PYC_COMPILER` with the text on stdin:
 /// writes the `.pyc` python runs as its main file (the interpreter's magic
 /// number, an unchecked header, the code as `-c` would compile it).
@@ -143,9 +193,8 @@ from importlib.util import MAGIC_NUMBER\n\
 code = compile(sys.stdin.buffer.read(), '<string>', 'exec', dont_inherit=True)\n\
 sys.stdout.buffer.write(MAGIC_NUMBER + bytes(12) + marshal.dumps(code))\n";
 
-/// A fingerprint of [`COLD_RUNNER`]'s text (64-bit FNV-1a), which names
-/// its compiled forms: a new runner never meets an old one's `.pyc`.
-pub const COLD_RUNNER_ID: u64 = fnv1a(COLD_RUNNER.as_bytes());
+const COLD_RUNNER_ID: u64 = fnv1a(COLD_RUNNER.as_bytes());
+const RUNNER_ID: u64 = fnv1a(RUNNER.as_bytes());
 
 /// 64-bit FNV-1a of `bytes`: a fingerprint, not a defence against anyone.
 pub const fn fnv1a(bytes: &[u8]) -> u64 {
@@ -413,6 +462,60 @@ print(sorted(ns["_PYCELL_PARTS"]))
         );
         let out = python(&["-c", check], COLD_RUNNER.as_bytes());
         assert_eq!(out, "['display', 'explain', 'images', 'tools']\n");
+    }
+
+    fn spec_with_argv(argv: Vec<String>) -> JailSpec {
+        serde_json::from_value(serde_json::json!({
+            "run_id": "r-1f", "sandbox_uid": 1_800_000_001u32, "sandbox_gid": 1_800_000_001u32,
+            "argv": argv, "env": [], "files": [], "mounts": [],
+            "limits": {"wall_timeout_s": 1.0, "cpu_time_s": 1.0, "memory_bytes": 64 << 20,
+                       "pids": 16, "cpus": 1.0, "open_files": 64,
+                       "file_size_bytes": 1 << 20, "disk_bytes": 1 << 20, "max_output_bytes": 1 << 20,
+                       "inotify_instances": 16, "inotify_watches": 8192},
+            "landlock": {"min_abi": 1, "read_exec": [], "read_only": [], "read_write": []},
+            "seccomp_profile": "default", "cgroup": {"parent": "pycell"},
+            "media": {"images": {"max_edge": 64, "max_bytes": 4096},
+                      "displays": {"part_chars": 100, "total_bytes": 1000, "count": 2}},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_runner_text_gives_way_to_its_compiled_form_and_nothing_else_does() {
+        let python = || "/usr/bin/python3".to_string();
+        let cold = spec_with_argv(vec![
+            python(),
+            "-s".into(),
+            "/workspace/a.py".into(),
+            "x".into(),
+        ]);
+        let on = cold_on_runner(&cold).unwrap();
+        assert_eq!(RunnerText::of(&on), Some(RunnerText::Cold));
+        let pyc = Path::new("/var/cache/pycell/runner/cold-1-2.pyc");
+        let compiled = on_compiled(&on, pyc).unwrap();
+        assert_eq!(
+            compiled.argv[..3],
+            [python(), "-s".into(), RUNNER_PYC.to_string()]
+        );
+        // The rest of the command line is the runner's, unchanged.
+        assert_eq!(compiled.argv[3..], on.argv[4..]);
+        assert_eq!(compiled.argv.last().map(String::as_str), Some("x"));
+        assert_eq!(compiled.runner_pyc.as_deref(), Some(pyc));
+        compiled.validate().unwrap();
+        // The whole runner (warm jails, zygotes, sessions) too.
+        let warm = spec_with_argv(warm_argv(python(), &["json".into()]));
+        assert_eq!(RunnerText::of(&warm), Some(RunnerText::Full));
+        let compiled = on_compiled(&warm, pyc).unwrap();
+        assert_eq!(compiled.argv[2..], [RUNNER_PYC.to_string(), "json".into()]);
+        // A script, or any other text, is not a runner.
+        assert_eq!(RunnerText::of(&cold), None);
+        assert!(on_compiled(&cold, pyc).is_none());
+        let other = spec_with_argv(vec![python(), "-s".into(), "-c".into(), "print(1)".into()]);
+        assert!(on_compiled(&other, pyc).is_none());
+        // A spec naming a compiled runner python does not start on is refused.
+        let mut wrong = on.clone();
+        wrong.runner_pyc = Some(pyc.to_path_buf());
+        assert!(wrong.validate().is_err());
     }
 
     #[test]

@@ -92,7 +92,8 @@ fn spec_with_pyc(pyc: &std::path::Path) -> JailSpec {
         .expect("pycell debug spec");
     assert!(out.status.success(), "{out:?}");
     let cold: JailSpec = serde_json::from_slice(&out.stdout).expect("a spec");
-    pycell_runner::cold_on_runner(&cold, Some(pyc)).expect("a python run")
+    let on_runner = pycell_runner::cold_on_runner(&cold).expect("a python run");
+    pycell_runner::on_compiled(&on_runner, pyc).expect("on the runner's text")
 }
 
 #[test]
