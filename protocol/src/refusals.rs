@@ -421,6 +421,8 @@ pub enum EndReason {
     SessionEnded,
     /// The jailer ended without a result (killed, or crashed).
     JailerDied,
+    /// The zygote it was forked from died and took it along.
+    ZygoteDied,
     /// The daemon restarted, shut down, or the connection to it broke.
     DaemonGone,
     /// No code ran: the sandbox could not be built, or the request was refused.
@@ -488,6 +490,9 @@ pub fn termination(f: &EndFacts<'_>) -> Termination {
         RunStatus::Killed if code == Some(FailureCode::CpuTimeLimit) => {
             Termination::new(R::CpuLimit, why())
         }
+        RunStatus::Killed if code == Some(FailureCode::ZygoteDied) => {
+            Termination::new(R::ZygoteDied, why())
+        }
         RunStatus::Killed => match f.session_end {
             Some(end) => session_end(end),
             None => Termination::new(
@@ -517,6 +522,7 @@ fn refused_end(code: Option<FailureCode>, why: String) -> Termination {
         Some(FailureCode::DaemonFailed | FailureCode::ShuttingDown) => R::DaemonGone,
         Some(FailureCode::Cancelled) => R::Cancelled,
         Some(FailureCode::Timeout) => R::WallTimeout,
+        Some(FailureCode::ZygoteDied) => R::ZygoteDied,
         _ => R::Refused,
     };
     Termination::new(reason, why)

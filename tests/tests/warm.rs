@@ -512,6 +512,8 @@ fn when_a_pools_zygote_dies_its_members_go_and_a_new_zygote_refills_the_pool() {
     assert_eq!(r.status, RunStatus::Killed, "{r:?}");
     let e = r.error.as_ref().expect("an error");
     assert_eq!(e.code, pycell_wire::codes::FailureCode::ZygoteDied, "{r:?}");
+    let end = r.termination.as_ref().expect("a termination");
+    assert_eq!(end.reason_str(), "zygote_died", "{r:?}");
     assert_eq!(r.stdout, "started\n", "{r:?}");
     // Its members die with it; a new zygote forks new ones.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -535,6 +537,32 @@ fn when_a_pools_zygote_dies_its_members_go_and_a_new_zygote_refills_the_pool() {
     );
     let r = d.warm_run(&request("print(6 * 7)"));
     assert_eq!(r.stdout, "42\n", "{r:?}");
+}
+
+#[test]
+fn sigterm_lets_a_run_forked_from_the_zygote_finish_then_exits() {
+    let (mut d, _, _, _) = pool_from_a_zygote();
+    let (started, said) = std::sync::mpsc::channel();
+    let mut client = d.client();
+    let in_flight = std::thread::spawn(move || {
+        let code = "import time; print('started', flush=True); time.sleep(2); print('finished')";
+        client.run(request(code), move |_, _| {
+            let _ = started.send(());
+        })
+    });
+    said.recv_timeout(Duration::from_secs(30))
+        .expect("the run in flight started");
+    // A drain: idle members go at once, the zygote only once the run it
+    // forked is done (its death would kill it).
+    d.signal(Signal::SIGTERM);
+    let r = in_flight.join().unwrap().expect("the run's result");
+    assert_eq!(r.status, RunStatus::Ok, "{r:?}\n{}", d.log());
+    assert!(r.warm, "{r:?}");
+    assert_eq!(r.stdout, "started\nfinished\n", "{r:?}");
+    let status = d.wait(Duration::from_secs(15));
+    assert!(status.success(), "pycelld exit: {status:?}\n{}", d.log());
+    d.assert_sandbox_gone(Duration::from_secs(10));
+    assert!(d.daemon_cgroups().is_empty());
 }
 
 #[test]

@@ -27,6 +27,11 @@ impl Monitor {
     pub(super) fn serve(&mut self, sfd: &SignalFd) -> Result<(), MonitorError> {
         loop {
             if let Some(since) = self.stopping_since {
+                // The zygotes go once the runs that may be forked from
+                // them are done.
+                if self.runs.is_empty() {
+                    self.pools.stop_zygotes();
+                }
                 // The broker drains for the grace period; after that (and a
                 // little slack) everything left is killed.
                 let deadline = since + self.config.shutdown_grace + Duration::from_secs(2);
@@ -55,7 +60,10 @@ impl Monitor {
                         self.stopping_since = Some(Instant::now());
                         notify_systemd("STOPPING=1");
                         let _ = kill(self.broker_pid, Signal::SIGTERM);
-                        self.pools.stop_all();
+                        // Idle members go now; a zygote once the runs
+                        // are done (above): its death would kill those
+                        // forked from it.
+                        self.pools.stop_members();
                         for run in self.runs.values_mut() {
                             run.process.blame(StoppedBy::Shutdown);
                         }

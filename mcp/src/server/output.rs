@@ -221,7 +221,7 @@ pub struct RunPythonOutput {
     pub refusals: Vec<Refusal>,
     /// Why the run or cell ended: `reason` (exited, signaled, pids_limit,
     /// wall_timeout, cpu_limit, oom_kill, cancelled, session_ended,
-    /// jailer_died, daemon_gone, refused; a cell: finished, raised,
+    /// jailer_died, zygote_died, daemon_gone, refused; a cell: finished, raised,
     /// wall_timeout) and a sentence.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub termination: Option<Termination>,

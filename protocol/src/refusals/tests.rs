@@ -209,6 +209,13 @@ fn each_end_has_its_reason() {
         ..end(RunStatus::Killed)
     };
     assert_eq!(termination(&killed).reason, R::CpuLimit);
+    let zygote = JailFailure::new(FailureCode::ZygoteDied, Layer::Jailer, "died");
+    let killed = EndFacts {
+        error: Some(&zygote),
+        ..end(RunStatus::Killed)
+    };
+    let t = termination(&killed);
+    assert_eq!((t.reason, t.detail.as_str()), (R::ZygoteDied, "died"));
     let idle = EndFacts {
         session_end: Some(SessionEnd::Idle),
         ..end(RunStatus::Killed)
@@ -224,6 +231,7 @@ fn a_run_that_never_ran_says_which_process_failed() {
         (FailureCode::JailerFailed, R::JailerDied),
         (FailureCode::DaemonFailed, R::DaemonGone),
         (FailureCode::Cancelled, R::Cancelled),
+        (FailureCode::ZygoteDied, R::ZygoteDied),
         (FailureCode::MountsFailed, R::Refused),
     ] {
         let f = JailFailure::new(code, Layer::Jailer, "m");

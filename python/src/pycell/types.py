@@ -158,7 +158,7 @@ class Refusal:
 class Termination:
     """Why a run or cell ended: `reason` (exited, signaled, pids_limit,
     wall_timeout, cpu_limit, oom_kill, cancelled, session_ended,
-    jailer_died, daemon_gone, refused; a cell: finished, raised,
+    jailer_died, zygote_died, daemon_gone, refused; a cell: finished, raised,
     wall_timeout) and a sentence; at an OOM kill, the memory in use."""
 
     reason: str

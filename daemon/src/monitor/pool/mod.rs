@@ -383,12 +383,25 @@ impl Pools {
         }
     }
 
-    /// Stop every member (shutdown).
+    /// Stop every member and zygote (a forced shutdown).
     pub fn stop_all(&mut self) {
+        self.stop_members();
+        self.stop_zygotes();
+    }
+
+    /// Stop every member that is not a run (a drain): the zygotes stay
+    /// while runs forked from them go on (their jails are inside theirs).
+    pub fn stop_members(&mut self) {
         for pool in &mut self.pools {
             for m in pool.members.values_mut() {
                 stop(m);
             }
+        }
+    }
+
+    /// Stop every zygote (a drain, once no run is left).
+    pub fn stop_zygotes(&mut self) {
+        for pool in &mut self.pools {
             pool.zygote.stop();
         }
     }
