@@ -439,22 +439,7 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
     let layout = &checked.layout;
     let (mut child_fds, go, ends) = pipes(spec.session.is_some() || spec.media.is_some())
         .map_err(io_failure("creating pipes"))?;
-    child_fds.handout_channel = handout_channel(spec)?;
-    let (trees, grant_roots) = crate::setup::grants::prepare(spec)?;
-    child_fds.grants = trees;
-    if let Some(z) = &spec.zygote {
-        let lib = crate::zygote::library_memfd(&z.lib).map_err(|e| {
-            crate::zygote::failure("the zygote's library")(io::Error::other(format!(
-                "{}: {e}",
-                z.lib.display()
-            )))
-        })?;
-        child_fds.zygote_lib = Some(lib);
-    }
-    child_fds.runner_pyc = match &checked.runner_pyc {
-        Some(fd) => Some(fd.try_clone().map_err(io_failure("the compiled runner"))?),
-        None => None,
-    };
+    let grant_roots = give_extras(spec, checked, &mut child_fds)?;
     let cgroup = create_cgroup(spec, layout)?;
     child_fds.cgroup_tasks = cgroup.open_v1_tasks().map_err(cgroup_failure)?;
     let joins_itself = !child_fds.cgroup_tasks.is_empty();
@@ -517,6 +502,33 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
             Err(f)
         }
     }
+}
+
+/// What a cloned jail gets besides its pipes: the handout channel, the
+/// caller's grants (their roots are returned, to sweep at the end), a
+/// zygote's library and the compiled runner.
+fn give_extras(
+    spec: &JailSpec,
+    checked: &Checked,
+    child_fds: &mut ChildFds,
+) -> Result<Vec<crate::setup::grants::GrantRoot>, JailFailure> {
+    child_fds.handout_channel = handout_channel(spec)?;
+    let (trees, grant_roots) = crate::setup::grants::prepare(spec)?;
+    child_fds.grants = trees;
+    if let Some(z) = &spec.zygote {
+        let lib = crate::zygote::library_memfd(&z.lib).map_err(|e| {
+            crate::zygote::failure("the zygote's library")(io::Error::other(format!(
+                "{}: {e}",
+                z.lib.display()
+            )))
+        })?;
+        child_fds.zygote_lib = Some(lib);
+    }
+    child_fds.runner_pyc = match &checked.runner_pyc {
+        Some(fd) => Some(fd.try_clone().map_err(io_failure("the compiled runner"))?),
+        None => None,
+    };
+    Ok(grant_roots)
 }
 
 /// A warm jail forked from the zygote whose channel we inherited: the

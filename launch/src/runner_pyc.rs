@@ -61,8 +61,11 @@ pub fn compiled(spec: &JailSpec) -> Option<JailSpec> {
         let known = known.get_or_insert_with(HashMap::new);
         let key = (interpreter.to_path_buf(), text);
         match known.get(&key) {
-            Some(found) => found.clone(),
-            None => {
+            // A file found earlier is used only while it is still there
+            // and still root's alone (someone may clear the cache).
+            Some(Some(path)) if trusted_chain(path) => Some(path.clone()),
+            Some(None) => None,
+            _ => {
                 let found = find_or_make(interpreter, text, Path::new(CACHE_DIR));
                 known.insert(key, found.clone());
                 found

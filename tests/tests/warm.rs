@@ -478,20 +478,30 @@ fn a_pools_members_are_forked_from_its_zygote_each_with_a_uid_of_its_own() {
     assert_all_members_new(&pool, &after);
 }
 
-#[test]
-fn when_a_pools_zygote_dies_its_members_go_and_a_new_zygote_refills_the_pool() {
-    let (d, _, _, _) = pool_from_a_zygote();
-    // A run in flight in a member, once it has said so.
+/// A run through `d` that prints `started`, then runs `rest`: its
+/// thread, once its first output has come (it is running, in a member).
+fn run_in_flight(
+    d: &Daemon,
+    rest: &str,
+) -> std::thread::JoinHandle<Result<RunResult, pycell_protocol::client::ClientError>> {
     let (started, said) = std::sync::mpsc::channel();
     let mut client = d.client();
+    let code = format!("import time; print('started', flush=True); {rest}");
     let in_flight = std::thread::spawn(move || {
-        let code = "import time; print('started', flush=True); time.sleep(60)";
-        client.run(request(code), move |_, _| {
+        client.run(request(&code), move |_, _| {
             let _ = started.send(());
         })
     });
     said.recv_timeout(Duration::from_secs(30))
         .expect("the run in flight started");
+    in_flight
+}
+
+#[test]
+fn when_a_pools_zygote_dies_its_members_go_and_a_new_zygote_refills_the_pool() {
+    let (d, _, _, _) = pool_from_a_zygote();
+    // A run in flight in a member, once it has said so.
+    let in_flight = run_in_flight(&d, "time.sleep(60)");
     let (pool, zygote, procs) = {
         let pool = d.client().info().unwrap().daemon.warm_pools[0].clone();
         let zygote = pool.zygote_jailer_pid.expect("the pool's zygote");
@@ -542,16 +552,7 @@ fn when_a_pools_zygote_dies_its_members_go_and_a_new_zygote_refills_the_pool() {
 #[test]
 fn sigterm_lets_a_run_forked_from_the_zygote_finish_then_exits() {
     let (mut d, _, _, _) = pool_from_a_zygote();
-    let (started, said) = std::sync::mpsc::channel();
-    let mut client = d.client();
-    let in_flight = std::thread::spawn(move || {
-        let code = "import time; print('started', flush=True); time.sleep(2); print('finished')";
-        client.run(request(code), move |_, _| {
-            let _ = started.send(());
-        })
-    });
-    said.recv_timeout(Duration::from_secs(30))
-        .expect("the run in flight started");
+    let in_flight = run_in_flight(&d, "time.sleep(2); print('finished')");
     // A drain: idle members go at once, the zygote only once the run it
     // forked is done (its death would kill it).
     d.signal(Signal::SIGTERM);
