@@ -237,13 +237,18 @@ impl Daemon {
             .collect()
     }
 
-    /// Wait until none of the daemon's sandbox processes or cgroups is
-    /// left; fail after `within`.
+    /// Wait until none of the daemon's sandbox processes or run cgroups
+    /// is left, and no cgroup it keeps for its next runs (on v1) holds a
+    /// process; fail after `within`.
     pub fn assert_sandbox_gone(&self, within: Duration) {
         let deadline = Instant::now() + within;
         loop {
             let procs = self.sandbox_processes();
-            let cgroups = self.daemon_cgroups();
+            let cgroups: Vec<PathBuf> = self
+                .daemon_cgroups()
+                .into_iter()
+                .filter(|c| !crate::is_kept_empty(c))
+                .collect();
             if procs.is_empty() && cgroups.is_empty() {
                 return;
             }

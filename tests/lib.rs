@@ -804,16 +804,34 @@ pub fn find_cgroups_named(name: &str) -> BTreeSet<PathBuf> {
     find_cgroups(|n| n == name)
 }
 
+/// Whether `dir` is a cgroup pycelld keeps for its next runs
+/// (`pycell-kept-N`, v1) and no process is in it.
+pub fn is_kept_empty(dir: &Path) -> bool {
+    let kept = dir
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("pycell-kept-"));
+    kept && fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty())
+}
+
 /// Remove the (empty) cgroup directories named `name` that a test's
-/// daemon left when it was SIGKILLed, waiting up to `within` for its
-/// jailers to remove their runs' cgroups first. Directories still in use
-/// stay.
+/// daemon left when it was SIGKILLed, and the cgroups it kept for its next
+/// runs below them (as its next start would), waiting up to `within` for
+/// its jailers to remove their runs' cgroups first. Directories still in
+/// use stay.
 pub fn remove_cgroup_parent(name: &str, within: Duration) {
     let deadline = Instant::now() + within;
     loop {
         let left: Vec<PathBuf> = find_cgroups_named(name)
             .into_iter()
-            .filter(|d| fs::remove_dir(d).is_err())
+            .filter(|d| {
+                let kept = fs::read_dir(d).into_iter().flatten().flatten();
+                for k in
+                    kept.filter(|k| k.file_name().to_string_lossy().starts_with("pycell-kept-"))
+                {
+                    let _ = fs::remove_dir(k.path());
+                }
+                fs::remove_dir(d).is_err()
+            })
             .collect();
         if left.is_empty() || Instant::now() >= deadline {
             return;

@@ -49,23 +49,33 @@ const CLONE_FLAGS: libc::c_int = libc::CLONE_NEWUSER
 /// jail is cloned from it). Blocks SIGINT/SIGTERM/SIGHUP/SIGCHLD while it
 /// runs (SIGINT is passed on to the program; SIGTERM/SIGHUP kill the jail).
 pub(crate) fn run(spec: &JailSpec, events: &mut dyn Write) -> Outcome {
-    let (report, left) = match run_checked(spec, events) {
+    let starter = nix::unistd::getppid();
+    let (report, mut left) = match run_checked(spec, events) {
         Ok((report, left)) => (report, Some(left)),
         Err(f) => (JailReport::refused(f), None),
     };
     let _ = events::write_result(events, &report);
     let _ = events.flush();
     // The jail's (empty) cgroup is removed, and its mounts torn down, after
-    // the result is out: a client waits for the one, not the other.
+    // the result is out: a client waits for the one, not the other. A
+    // starter gone by now (pycelld SIGKILLed) removes no kept cgroup: none
+    // is kept.
+    if nix::unistd::getppid() != starter {
+        if let Some(l) = left.as_mut() {
+            l.cgroup.do_not_keep();
+        }
+    }
     drop(left);
     Outcome::of(&report)
 }
 
-/// What is left of a jail whose program ended: its empty cgroup, and its
-/// mount namespace (no process in it), both gone when this is dropped.
+/// What is left of a jail whose program ended: its mount namespace (no
+/// process in it) and its empty cgroup, both gone when this is dropped, in
+/// that order (the jail's tmpfs pages, charged to the cgroup, are freed
+/// before a v1 cgroup is kept for the next run).
 struct Remains {
-    _cgroup: SandboxCgroup,
     _mounts: Option<File>,
+    cgroup: SandboxCgroup,
 }
 
 fn run_checked(
@@ -121,8 +131,8 @@ fn run_checked(
     let mut report = assemble_report(spec, &checked, relayed, &usage, end, &jail.cgroup, zygote)?;
     report.grant_cleanups = cleanups;
     let remains = Remains {
-        _cgroup: jail.cgroup,
         _mounts: mounts,
+        cgroup: jail.cgroup,
     };
     Ok((report, remains))
 }
@@ -400,6 +410,7 @@ fn create_cgroup(spec: &JailSpec, layout: &CgroupLayout) -> Result<SandboxCgroup
         &spec.cgroup.parent,
         &cgroup::run_name(spec.sandbox_uid, &spec.run_id),
         limits,
+        spec.cgroup.keep,
     )
     .map_err(cgroup_failure)
 }

@@ -181,6 +181,9 @@ pub struct Launcher {
     pub uid_lock_dir: PathBuf,
     /// Parent of the runs' cgroups, relative to the jailer's own cgroup.
     pub cgroup_parent: String,
+    /// Whether runs keep their v1 cgroups for the next (pycelld, which
+    /// removes them when it stops; see `CgroupSpec::keep`).
+    pub keep_cgroups: bool,
     /// The jailer to start, or why there is none (a run is then refused
     /// once its request has been checked).
     pub jailer: Result<PathBuf, JailFailure>,
@@ -200,6 +203,7 @@ impl Launcher {
             uid_range: uid_range_from_env()?,
             uid_lock_dir: PathBuf::from(UID_LOCK_DIR),
             cgroup_parent: cgroup_parent_from_env()?,
+            keep_cgroups: false,
             jailer: find_jailer(),
         })
     }
@@ -249,6 +253,7 @@ impl Launcher {
         spec.sandbox_uid = lease.uid;
         spec.sandbox_gid = lease.gid;
         spec.cgroup.parent = self.cgroup_parent.clone();
+        spec.cgroup.keep = self.keep_cgroups;
         spec.validate().map_err(invalid_spec)?;
         Ok(Prepared {
             run_id: spec.run_id.clone(),
@@ -1112,6 +1117,7 @@ mod tests {
             uid_range: uidalloc::DEFAULT_RANGE,
             uid_lock_dir: dir.path().join("uids"),
             cgroup_parent: "pycell".into(),
+            keep_cgroups: false,
             jailer: Ok(PathBuf::from("/nonexistent")),
         };
         match l.load_policy(PolicyChoice::Name("nope")) {

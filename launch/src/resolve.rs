@@ -485,6 +485,7 @@ pub fn resolve_with(
         seccomp_profile: policy.seccomp_profile.clone(),
         cgroup: CgroupSpec {
             parent: CGROUP_PARENT.to_string(),
+            keep: false,
         },
         network: match policy.network {
             NetworkMode::None => NetworkSpec::Loopback,

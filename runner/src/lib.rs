@@ -248,7 +248,7 @@ pub fn fits(warm: &JailSpec, cold: &JailSpec) -> bool {
         // What the launcher assigns, not the request.
         s.run_id.clear();
         (s.sandbox_uid, s.sandbox_gid) = (0, 0);
-        s.cgroup.parent.clear();
+        s.cgroup = Default::default();
         s.argv.truncate(1);
         s.files.clear();
         s.stdin.clear();

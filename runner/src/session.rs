@@ -71,7 +71,7 @@ pub fn fits_session(member: &JailSpec, wanted: &JailSpec) -> bool {
         let mut s = s.clone();
         s.run_id.clear();
         (s.sandbox_uid, s.sandbox_gid) = (0, 0);
-        s.cgroup.parent.clear();
+        s.cgroup = Default::default();
         serde_json::to_value(s).ok()
     };
     member.session.is_some() && shape(member).is_some() && shape(member) == shape(wanted)

@@ -332,12 +332,18 @@ pub struct LandlockSpec {
     pub read_write: Vec<PathBuf>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CgroupSpec {
     /// Parent under which the per-run cgroup is created, relative to the
     /// jailer's own cgroup in each hierarchy (e.g. "pycell").
     pub parent: String,
+    /// Whether the run may take a kept cgroup, and keep its own for the
+    /// next run, on v1 (`pycell_host::cgroup::kept`): only for a
+    /// long-lived owner of `parent` that removes what is kept when it
+    /// stops (pycelld); a one-off `pycell run` leaves nothing.
+    #[serde(default)]
+    pub keep: bool,
 }
 
 /// Why a spec was rejected by [`JailSpec::validate`].

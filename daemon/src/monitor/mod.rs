@@ -134,6 +134,9 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
         uid_range: config.uid_range.clone(),
         uid_lock_dir: PathBuf::from(launch::UID_LOCK_DIR),
         cgroup_parent: cgroup_parent.clone(),
+        // Kept v1 cgroups are removed with the other leftovers when this
+        // monitor stops, and when the next one starts.
+        keep_cgroups: true,
         jailer: Ok(launch::find_jailer().map_err(|f| MonitorError::Jailer(f.message))?),
     };
     let took = self_check::check(&config, &launcher).inspect_err(|_| {

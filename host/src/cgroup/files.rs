@@ -23,6 +23,11 @@ pub(super) fn mkdir(path: &Path) -> io::Result<()> {
     }
 }
 
+/// A control file's text, empty if it cannot be read.
+pub(super) fn read_text(path: &Path) -> String {
+    fs::read_to_string(path).unwrap_or_default()
+}
+
 pub(super) fn read_u64(path: &Path) -> u64 {
     fs::read_to_string(path)
         .ok()

@@ -19,6 +19,7 @@
 
 mod files;
 mod hierarchy;
+pub mod kept;
 mod kill;
 pub mod layout;
 pub mod sandbox;

@@ -1,5 +1,6 @@
-//! One run's cgroup: created with its limits, joined by the jail, measured,
-//! and killed and removed when dropped.
+//! One run's cgroup: created with its limits (on v1, a kept one taken
+//! where there is one: [`super::kept`]), joined by the jail, measured, and
+//! killed and removed (or kept) when dropped.
 
 use std::fs;
 use std::os::fd::{AsFd, OwnedFd};
@@ -192,28 +193,118 @@ pub struct SandboxCgroup {
     version: CgroupVersion,
     name: String,
     cgroup: Cgroup,
-    /// Every directory created for this run, in creation order.
+    /// Every directory of this run, in creation order.
     dirs: Vec<PathBuf>,
+    /// The counters as the run found them: zero in a new cgroup; in a
+    /// kept one, what earlier runs left (`peak_memory_bytes`: the memory
+    /// still charged to it, their page cache), subtracted from what this
+    /// run reads, so that its accounting is its own.
+    baseline: CgroupUsage,
+    /// Whether the directories are kept for the next run when dropped
+    /// (v1, once its limits are set).
+    keep: bool,
 }
 
 impl SandboxCgroup {
     /// Create the run's cgroup(s) named `name` under `parent` and apply
-    /// `limits`. On error, whatever was created is removed again.
+    /// `limits`. On error, whatever was created is removed again. `keep`
+    /// (v1 only): take a kept set if there is one, and keep this one for
+    /// the next run when dropped ([`super::kept`]).
     pub fn create(
         layout: &CgroupLayout,
         parent: &str,
         name: &str,
         limits: CgroupLimits,
+        keep: bool,
     ) -> Result<SandboxCgroup, CgroupError> {
-        let mut cg = SandboxCgroup {
+        let v1 = keep && layout.version() == CgroupVersion::V1;
+        if v1 {
+            if let Some(cg) = SandboxCgroup::take_kept(layout, parent, name, limits) {
+                return Ok(cg);
+            }
+        }
+        let mut cg = SandboxCgroup::unmade(layout, parent, name);
+        make_dirs(layout, parent, name, &mut cg.dirs)?;
+        cg.apply(limits)?;
+        cg.keep = v1;
+        Ok(cg)
+    }
+
+    /// The cgroup named `name` under `parent`, its directories not yet
+    /// made or taken.
+    fn unmade(layout: &CgroupLayout, parent: &str, name: &str) -> SandboxCgroup {
+        SandboxCgroup {
             version: layout.version(),
             name: name.to_string(),
             cgroup: RunHierarchy::new(layout).load(parent, name),
             dirs: Vec::new(),
-        };
-        make_dirs(layout, parent, name, &mut cg.dirs)?;
-        cg.apply(limits)?;
-        Ok(cg)
+            baseline: CgroupUsage::default(),
+            keep: false,
+        }
+    }
+
+    /// A kept set taken as the run's cgroup, checked empty and thawed, its
+    /// accounting restarted and `limits` set; None (whatever was taken
+    /// removed again) when there is none or it will not do.
+    fn take_kept(
+        layout: &CgroupLayout,
+        parent: &str,
+        name: &str,
+        limits: CgroupLimits,
+    ) -> Option<SandboxCgroup> {
+        let mut parents: Vec<PathBuf> = Vec::new();
+        for base in layout.bases() {
+            let p = join_rel(base, parent);
+            if !parents.contains(&p) {
+                parents.push(p);
+            }
+        }
+        let mut cg = SandboxCgroup::unmade(layout, parent, name);
+        cg.dirs = super::kept::take(&parents, name)?;
+        if !cg.is_empty_and_thawed() {
+            return None;
+        }
+        cg.baseline = cg.restart_accounting().ok()?;
+        cg.apply(limits).ok()?;
+        cg.keep = true;
+        Some(cg)
+    }
+
+    /// Remove the run's directories when dropped, whatever `create` was
+    /// told: its owner is gone and will not remove a kept set.
+    pub fn do_not_keep(&mut self) {
+        self.keep = false;
+    }
+
+    /// Whether no process is in any of the run's directories and none is
+    /// frozen: what a cgroup must be to be kept, or used again.
+    fn is_empty_and_thawed(&self) -> bool {
+        self.dirs.iter().all(|d| {
+            let procs = fs::read_to_string(d.join("cgroup.procs"));
+            let empty = procs.is_ok_and(|p| p.trim().is_empty());
+            let state = d.join("freezer.state");
+            empty && (!state.exists() || files::read_text(&state).trim() == "THAWED")
+        })
+    }
+
+    /// v1: the peak memory restarted from what is in use now (what earlier
+    /// runs left charged), and every counter read as this run's baseline.
+    fn restart_accounting(&self) -> std::io::Result<CgroupUsage> {
+        files::write(&self.memory_dir().join("memory.max_usage_in_bytes"), "0")?;
+        let mut at_start = self.read_usage();
+        at_start.peak_memory_bytes =
+            files::read_u64(&self.memory_dir().join("memory.usage_in_bytes"));
+        Ok(at_start)
+    }
+
+    /// v1: memory and memory+swap unlimited again (in that order of
+    /// files: memory+swap may never be below memory), so that the next
+    /// run's limits can be written in the usual order.
+    fn unlimit_memory(&self) -> bool {
+        let dir = self.memory_dir();
+        let memsw = dir.join("memory.memsw.limit_in_bytes");
+        (!memsw.exists() || files::write(&memsw, "-1").is_ok())
+            && files::write(&dir.join("memory.limit_in_bytes"), "-1").is_ok()
     }
 
     fn apply(&self, limits: CgroupLimits) -> Result<(), CgroupError> {
@@ -356,6 +447,18 @@ impl SandboxCgroup {
     /// cost the jailer 7% more CPU per run; on v2 they count no OOM kills
     /// and panic on an unreadable file.
     pub fn usage(&self) -> CgroupUsage {
+        let now = self.read_usage();
+        let base = &self.baseline;
+        CgroupUsage {
+            cpu_ns: now.cpu_ns.saturating_sub(base.cpu_ns),
+            peak_memory_bytes: now.peak_memory_bytes.saturating_sub(base.peak_memory_bytes),
+            oom_kills: now.oom_kills.saturating_sub(base.oom_kills),
+            pids_refused: now.pids_refused.saturating_sub(base.pids_refused),
+        }
+    }
+
+    /// The counters as the kernel has them.
+    fn read_usage(&self) -> CgroupUsage {
         let dir = self.memory_dir();
         let (peak, events) = match self.version {
             CgroupVersion::V1 => ("memory.max_usage_in_bytes", "memory.oom_control"),
@@ -393,14 +496,19 @@ impl SandboxCgroup {
             CgroupVersion::V1 => "memory.usage_in_bytes",
             CgroupVersion::V2 => "memory.current",
         };
-        files::read_u64(&self.memory_dir().join(file))
+        let now = files::read_u64(&self.memory_dir().join(file));
+        now.saturating_sub(self.baseline.peak_memory_bytes)
     }
 }
 
 impl Drop for SandboxCgroup {
     fn drop(&mut self) {
         self.kill_all();
-        files::remove_dirs(&self.dirs);
+        if self.keep && self.is_empty_and_thawed() && self.unlimit_memory() {
+            super::kept::keep_or_remove(&self.dirs);
+        } else {
+            files::remove_dirs(&self.dirs);
+        }
     }
 }
 
@@ -602,7 +710,7 @@ mod tests {
             root: root.clone(),
             proc_self: "/proc/self".into(),
         };
-        let cg = SandboxCgroup::create(&layout, "runs", "pycell-7-r-1", LIMITS).unwrap();
+        let cg = SandboxCgroup::create(&layout, "runs", "pycell-7-r-1", LIMITS, false).unwrap();
         let leaf = root.join("runs/pycell-7-r-1");
         let read = |f: &str| fs::read_to_string(leaf.join(f)).unwrap();
         assert_eq!(read("memory.max"), "67108864");
@@ -642,7 +750,7 @@ mod tests {
             root: root.clone(),
             proc_self: "/proc/self".into(),
         };
-        let e = SandboxCgroup::create(&layout, "runs", "r", LIMITS)
+        let e = SandboxCgroup::create(&layout, "runs", "r", LIMITS, false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("cannot set memory.swap.max"), "{e}");
@@ -658,7 +766,7 @@ mod tests {
             root,
             proc_self: "/proc/self".into(),
         };
-        let e = SandboxCgroup::create(&layout, "runs", "r", LIMITS)
+        let e = SandboxCgroup::create(&layout, "runs", "r", LIMITS, false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("memory controller"), "{e}");
