@@ -60,6 +60,14 @@ impl Endpoint {
     pub fn connect(&self) -> Result<DaemonClient, ClientError> {
         DaemonClient::connect_as(&self.socket, self.identity.as_deref())
     }
+
+    /// A connection for one run, whose handshake is read with the run's
+    /// first answer: the hello is written now and the run right behind it,
+    /// one round trip where there were two (see
+    /// [`DaemonClient::run_attached`]).
+    pub fn connect_for_run(&self) -> Result<DaemonClient, ClientError> {
+        DaemonClient::open(&self.socket, self.identity.as_deref())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +119,9 @@ pub struct DaemonClient {
     /// Held while a message is written from another thread (a cancel, a
     /// tool call's answer), so that frames never interleave.
     writing: Arc<Mutex<()>>,
+    /// A hello whose answer is still to be read: the socket's path, and
+    /// whether the hello could be written.
+    unanswered: Option<(PathBuf, Result<(), FrameError>)>,
 }
 
 /// How long a client keeps trying a socket that is missing or refuses
@@ -154,31 +165,46 @@ impl DaemonClient {
     /// authenticated caller; pycelld refuses it unless this process's uid
     /// is one of its trusted front ends).
     pub fn connect_as(path: &Path, identity: Option<&str>) -> Result<DaemonClient, ClientError> {
-        let stream =
+        let mut c = DaemonClient::open(path, identity)?;
+        c.answered()?;
+        Ok(c)
+    }
+
+    /// Connect and write the hello; its answer is read by [`Self::answered`].
+    fn open(path: &Path, identity: Option<&str>) -> Result<DaemonClient, ClientError> {
+        let mut stream =
             connect_patiently(path, CONNECT_PATIENCE).map_err(|source| ClientError::Connect {
                 path: path.to_path_buf(),
                 source,
             })?;
-        let mut c = DaemonClient {
-            stream,
-            writing: Arc::default(),
-        };
         let hello = framing::write_sync(
-            &mut c.stream,
+            &mut stream,
             &ClientMessage::Hello {
                 version: PROTOCOL_VERSION,
                 client: format!("pycell {}", env!("CARGO_PKG_VERSION")),
                 identity: identity.map(str::to_string),
             },
         );
+        Ok(DaemonClient {
+            stream,
+            writing: Arc::default(),
+            unanswered: Some((path.to_path_buf(), hello)),
+        })
+    }
+
+    /// The answer to our hello, if not read yet: a welcome, or why not.
+    fn answered(&mut self) -> Result<(), ClientError> {
+        let Some((path, hello)) = self.unanswered.take() else {
+            return Ok(());
+        };
         // A daemon that refuses us (unauthorized) says why and hangs up
         // without reading: its reason may already be waiting even though
         // our hello could not be written.
-        let reply = framing::read_sync::<ServerMessage>(&mut c.stream);
+        let reply = framing::read_sync::<ServerMessage>(&mut self.stream);
         // No handshake: nothing was asked of this daemon (a router may
         // try another), as when the socket cannot be connected at all.
         let unreachable = |e: FrameError| ClientError::Connect {
-            path: path.to_path_buf(),
+            path,
             source: io::Error::other(format!("the handshake broke off: {e}")),
         };
         let reply = match (hello, reply) {
@@ -187,7 +213,7 @@ impl DaemonClient {
             (Ok(()), Err(e)) => return Err(unreachable(e)),
         };
         match reply {
-            ServerMessage::Welcome { .. } => Ok(c),
+            ServerMessage::Welcome { .. } => Ok(()),
             ServerMessage::Error { code, message, .. } => {
                 Err(ClientError::Refused { code, message })
             }
@@ -248,18 +274,20 @@ impl DaemonClient {
             id: "1".into(),
             request,
         };
-        match granted.is_empty() {
-            true => framing::write_sync(&mut self.stream, &msg)?,
+        let sent = match granted.is_empty() {
+            true => framing::write_sync(&mut self.stream, &msg),
             false => {
                 let fds: Vec<_> = granted.iter().map(|f| f.as_fd()).collect();
-                pycell_wire::fdpass::send_with_fds(
-                    self.stream.as_fd(),
-                    &framing::encode(&msg)?,
-                    &fds,
-                )
-                .map_err(|e| ClientError::Frame(e.into()))?
+                framing::encode(&msg).and_then(|frame| {
+                    pycell_wire::fdpass::send_with_fds(self.stream.as_fd(), &frame, &fds)
+                        .map_err(FrameError::from)
+                })
             }
-        }
+        };
+        // On a connection for this run, the hello's answer comes first: a
+        // refusal explains a request the daemon hung up on unread.
+        self.answered()?;
+        sent?;
         self.relay_run(on_output, on_stage, on_stdio)
     }
 
@@ -333,6 +361,7 @@ impl DaemonClient {
             id: "1".into(),
             request,
         };
+        self.answered()?;
         framing::write_sync(&mut self.stream, &msg)?;
         loop {
             match self.next_reply()? {
@@ -395,6 +424,7 @@ impl DaemonClient {
             timeout_s,
             watch: on_output.is_some(),
         };
+        self.answered()?;
         framing::write_sync(&mut self.stream, &msg)?;
         loop {
             match self.next_reply()? {
@@ -436,6 +466,7 @@ impl DaemonClient {
             id: "1".into(),
             session: session.to_string(),
         };
+        self.answered()?;
         framing::write_sync(&mut self.stream, &msg)?;
         match self.next_reply()? {
             ServerMessage::SessionEnded { ended, .. } => Ok(ended),
@@ -446,6 +477,7 @@ impl DaemonClient {
     /// This uid's open sessions.
     pub fn session_list(&mut self) -> Result<Vec<SessionSummary>, ClientError> {
         let msg = ClientMessage::SessionList { id: "1".into() };
+        self.answered()?;
         framing::write_sync(&mut self.stream, &msg)?;
         match self.next_reply()? {
             ServerMessage::Sessions { sessions, .. } => Ok(sessions),
@@ -471,6 +503,7 @@ impl DaemonClient {
     }
 
     pub fn info(&mut self) -> Result<DaemonInfo, ClientError> {
+        self.answered()?;
         framing::write_sync(&mut self.stream, &ClientMessage::Info)?;
         match self.next_reply()? {
             ServerMessage::Info { info } => Ok(*info),
@@ -480,6 +513,7 @@ impl DaemonClient {
 
     /// The daemon's load and limits (`status`).
     pub fn status(&mut self) -> Result<DaemonStatus, ClientError> {
+        self.answered()?;
         framing::write_sync(&mut self.stream, &ClientMessage::Status)?;
         match self.next_reply()? {
             ServerMessage::Status { status } => Ok(*status),
@@ -529,7 +563,7 @@ pub fn run_patiently(
 ) -> Result<RunResult, ClientError> {
     let give_up = Instant::now() + CONNECT_PATIENCE;
     loop {
-        let mut client = endpoint.connect()?;
+        let mut client = endpoint.connect_for_run()?;
         on_connected(&client);
         // A new trait object each time, borrowing the caller's for this run.
         let stdio = on_stdio
@@ -567,6 +601,68 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
         assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    /// A daemon that answers nothing until both the hello and the run have
+    /// arrived: a run costs the client one round trip, not two.
+    fn daemon_that_reads_two_frames_first(path: &Path, answer: ServerMessage) {
+        let l = std::os::unix::net::UnixListener::bind(path).unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            // A client that waits for an answer first hangs up here.
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let hello: ClientMessage = framing::read_sync(&mut s).unwrap();
+            assert!(matches!(hello, ClientMessage::Hello { .. }), "{hello:?}");
+            let run: ClientMessage = framing::read_sync(&mut s).unwrap();
+            assert!(matches!(run, ClientMessage::Run { .. }), "{run:?}");
+            framing::write_sync(&mut s, &answer).unwrap();
+            let result = ServerMessage::Result {
+                id: "1".into(),
+                result: Box::new(RunResult::refused(
+                    "r-1",
+                    "default",
+                    JailFailure::new(FailureCode::Internal, Layer::Jailer, "a stand-in"),
+                )),
+            };
+            let _ = framing::write_sync(&mut s, &result);
+        });
+    }
+
+    #[test]
+    fn a_run_is_written_behind_the_hello_and_a_refused_hello_still_explains_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let welcome = ServerMessage::Welcome {
+            version: PROTOCOL_VERSION,
+            server: "test".into(),
+        };
+        let path = dir.path().join("d.sock");
+        daemon_that_reads_two_frames_first(&path, welcome);
+        let r = run_patiently(
+            &Endpoint::local(path),
+            RunRequest::default(),
+            &[],
+            |_, _| {},
+            |_| {},
+            |_| {},
+            None,
+        );
+        assert_eq!(r.unwrap().run_id, "r-1");
+
+        let refusal = ServerMessage::Error {
+            id: None,
+            code: ErrorCode::Unauthorized,
+            message: "uid 4242 may not".into(),
+        };
+        let path = dir.path().join("refusing.sock");
+        daemon_that_reads_two_frames_first(&path, refusal);
+        let mut c = Endpoint::local(path).connect_for_run().unwrap();
+        match c.run(RunRequest::default(), |_, _| {}) {
+            Err(ClientError::Refused { code, message }) => {
+                assert_eq!(code, ErrorCode::Unauthorized);
+                assert!(message.contains("4242"), "{message}");
+            }
+            other => panic!("not refused: {other:?}"),
+        }
     }
 }
 
