@@ -342,7 +342,7 @@ pub struct CgroupSpec {
     /// next run, on v1 (`pycell_host::cgroup::kept`): only for a
     /// long-lived owner of `parent` that removes what is kept when it
     /// stops (pycelld); a one-off `pycell run` leaves nothing.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub keep: bool,
 }
 
