@@ -225,6 +225,24 @@ impl Daemon {
         }
     }
 
+    /// The daemon's one warm pool, once `ready` members are ready (and
+    /// each has its jailer); fails after 20 s.
+    pub fn pool_when_ready(&self, ready: usize) -> pycell_protocol::info::WarmPoolStatus {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let pools = self.client().info().unwrap().daemon.warm_pools;
+            assert_eq!(pools.len(), 1, "{pools:?}");
+            if pools[0].ready == ready && pools[0].jailer_pids.len() == ready {
+                return pools[0].clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{ready} members never ready: {pools:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Host processes running as one of this daemon's sandbox uids.
     pub fn sandbox_processes(&self) -> Vec<crate::HostProc> {
         crate::host_processes()

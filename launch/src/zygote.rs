@@ -224,6 +224,7 @@ impl Launcher {
         spec.sandbox_uid = lease.uid;
         spec.sandbox_gid = lease.gid;
         spec.cgroup.parent = self.cgroup_parent.clone();
+        spec.cgroup.keep = self.keep_cgroups;
         spec.from_zygote = Some(FromZygote { slot, zygote_uid });
         let channel = zygote.channel.try_clone().map_err(|e| {
             LaunchError::Refused(JailFailure::new(

@@ -331,23 +331,6 @@ fn killing_pycelld_takes_its_warm_jails_along() {
     d.assert_sandbox_gone(Duration::from_secs(15));
 }
 
-/// The pools as `pycell info` shows them, once `ready` members are ready.
-fn pools_when_ready(d: &Daemon, ready: usize) -> pycell_protocol::info::WarmPoolStatus {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let pools = d.client().info().unwrap().daemon.warm_pools;
-        assert_eq!(pools.len(), 1, "{pools:?}");
-        if pools[0].ready == ready && pools[0].jailer_pids.len() == ready {
-            return pools[0].clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{ready} members never ready: {pools:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Whether `pid` descends from one of `ancestors` in `procs`.
 fn descends_from(procs: &[pycell_tests::HostProc], mut pid: u32, ancestors: &[i32]) -> bool {
     let parent = |pid: u32| procs.iter().find(|p| p.pid == pid).map(|p| p.ppid);
@@ -363,7 +346,7 @@ fn descends_from(procs: &[pycell_tests::HostProc], mut pid: u32, ancestors: &[i3
 #[test]
 fn pycell_info_shows_each_pool_and_its_members_jailers() {
     let d = Daemon::start("warm_pools = { default = 2 }\nzygotes = false\n");
-    let pool = pools_when_ready(&d, 2);
+    let pool = d.pool_when_ready(2);
     assert_eq!(
         (pool.policy.as_str(), pool.size, pool.warming),
         ("default", 2, 0)
@@ -389,7 +372,7 @@ fn pycell_info_shows_each_pool_and_its_members_jailers() {
     assert!(sandbox.iter().all(in_member), "{sandbox:?}");
     // A member taken by a run leaves the pool; a new one replaces it.
     d.warm_run(&request("pass"));
-    let after = pools_when_ready(&d, 2);
+    let after = d.pool_when_ready(2);
     let kept = after
         .jailer_pids
         .iter()
@@ -418,7 +401,7 @@ fn pool_from_a_zygote() -> (
     Vec<pycell_tests::HostProc>,
 ) {
     let d = Daemon::start("warm_pools = { default = 2 }\nzygotes = true\n");
-    let pool = pools_when_ready(&d, 2);
+    let pool = d.pool_when_ready(2);
     let zygote = pool.zygote_jailer_pid.expect("the pool's zygote");
     (d, pool, zygote, pycell_tests::host_processes())
 }
@@ -473,7 +456,7 @@ fn a_pools_members_are_forked_from_its_zygote_each_with_a_uid_of_its_own() {
         let r = d.warm_run(&request("print(6 * 7)"));
         assert_eq!(r.stdout, "42\n", "{r:?}");
     }
-    let after = pools_when_ready(&d, 2);
+    let after = d.pool_when_ready(2);
     assert_eq!(after.zygote_jailer_pid, Some(zygote), "{after:?}");
     assert_all_members_new(&pool, &after);
 }
@@ -528,7 +511,7 @@ fn when_a_pools_zygote_dies_its_members_go_and_a_new_zygote_refills_the_pool() {
     // Its members die with it; a new zygote forks new ones.
     let deadline = Instant::now() + Duration::from_secs(20);
     let after = loop {
-        let now = pools_when_ready(&d, 2);
+        let now = d.pool_when_ready(2);
         if now.zygote_jailer_pid.is_some_and(|z| z != zygote) {
             break now;
         }
@@ -571,7 +554,7 @@ fn a_policy_whose_runs_cannot_come_from_a_zygote_gets_a_pool_of_cold_jails() {
     // `network` (egress through pycell's proxy): a zygote serves only
     // loopback-only jails, so its pool's members each start their own python.
     let d = Daemon::start("warm_pools = { network = 1 }\nzygotes = true\n");
-    let pool = pools_when_ready(&d, 1);
+    let pool = d.pool_when_ready(1);
     assert_eq!(pool.zygote_jailer_pid, None, "{pool:?}");
     assert!(
         d.log().contains("policy \"network\" gets no zygote"),
