@@ -434,20 +434,24 @@ pub fn resolve(policy: &Policy, req: &RunRequest) -> Result<Resolved, ResolveErr
     resolve_with(policy, req, &Extras::default())
 }
 
+/// Whether `policy` is for what `req` asks (a run, or a server over
+/// stdio); the install jail itself (it exports its workspace) is no run.
+fn check_purpose(policy: &Policy, req: &RunRequest, extras: &Extras) -> Result<(), ResolveError> {
+    match policy.purpose_problem(req.serve_stdio) {
+        Some(problem) if !extras.export_workspace => Err(ResolveError::BadRequest {
+            field: "policy",
+            problem,
+        }),
+        _ => Ok(()),
+    }
+}
+
 pub fn resolve_with(
     policy: &Policy,
     req: &RunRequest,
     extras: &Extras,
 ) -> Result<Resolved, ResolveError> {
-    // The install jail itself (it exports its workspace) is no run.
-    if !extras.export_workspace {
-        if let Some(problem) = policy.purpose_problem(req.serve_stdio) {
-            return Err(ResolveError::BadRequest {
-                field: "policy",
-                problem,
-            });
-        }
-    }
+    check_purpose(policy, req, extras)?;
     let stdin = checked_input(req)?;
     let limits = match &extras.limits {
         Some(settled) => settled.clone(),

@@ -29,14 +29,8 @@ use super::files;
 pub(super) const KEPT_SETS: usize = 16;
 
 /// The name of kept set `k`.
-pub fn kept_name(k: usize) -> String {
+fn kept_name(k: usize) -> String {
     format!("pycell-kept-{k}")
-}
-
-/// Whether `name` is a kept set's.
-pub fn is_kept_name(name: &str) -> bool {
-    name.strip_prefix("pycell-kept-")
-        .is_some_and(|n| n.parse::<usize>().is_ok_and(|k| k < KEPT_SETS))
 }
 
 /// Take a kept set for a run named `name`: each parent (one per hierarchy,
@@ -209,14 +203,5 @@ mod tests {
         assert_eq!(take(&p, "pycell-7-r-2"), None);
         assert!(!p[0].join("pycell-kept-1").exists(), "its part removed");
         assert!(!p[0].join("pycell-7-r-2").exists());
-    }
-
-    #[test]
-    fn kept_names_are_told_apart_from_runs() {
-        assert!(is_kept_name("pycell-kept-0"));
-        assert!(is_kept_name(&kept_name(KEPT_SETS - 1)));
-        assert!(!is_kept_name(&kept_name(KEPT_SETS)));
-        assert!(!is_kept_name("pycell-5-r-1"));
-        assert!(!is_kept_name("pycell-kept-x"));
     }
 }
