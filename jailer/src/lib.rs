@@ -26,24 +26,56 @@ mod timings;
 pub mod zygote;
 
 use std::io::{self, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events;
-use pycell_wire::outcome::{Outcome, OUTCOME_FD, OUTCOME_FD_ENV};
+use pycell_wire::named_fds::{Named, NamedFdsError};
+use pycell_wire::outcome::Outcome;
 use pycell_wire::report::{JailFailure, JailReport};
-use pycell_wire::spec::JailSpec;
+use pycell_wire::spec::{JailSpec, SpecFd};
 
 /// The spec: one frame on stdin (see [`pycell_runner`]),
 /// read unbuffered, so that a warm jail's work, which follows it on the
-/// same stream, is still there for the supervisor.
-fn read_spec() -> Result<JailSpec, SpecUnread> {
-    let mut stdin = io::stdin()
-        .as_fd()
-        .try_clone_to_owned()
-        .map(std::fs::File::from)?;
+/// same stream, is still there for the supervisor; with the descriptors
+/// that came with it, when stdin is a unix socket (a launcher's).
+fn read_spec() -> Result<(JailSpec, Vec<OwnedFd>), SpecUnread> {
+    let stdin = io::stdin().as_fd().try_clone_to_owned()?;
     let max = pycell_wire::spec::MAX_SPEC_FRAME;
-    Ok(pycell_wire::framing::read_sync_within(&mut stdin, max)?)
+    let is_socket =
+        nix::sys::stat::fstat(&stdin).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFSOCK);
+    if !is_socket {
+        let mut file = std::fs::File::from(stdin);
+        return Ok((
+            pycell_wire::framing::read_sync_within(&mut file, max)?,
+            Vec::new(),
+        ));
+    }
+    let mut reader = pycell_wire::fdpass::FdReader::new(&stdin);
+    let spec = pycell_wire::framing::read_sync_within(&mut reader, max)?;
+    Ok((spec, reader.take()))
+}
+
+/// The descriptors that came with the spec, each where its name says
+/// (`JailSpec::descriptors`).
+#[derive(Debug, Default)]
+pub(crate) struct Handed {
+    pub outcome: Option<std::fs::File>,
+    pub zygote: Option<OwnedFd>,
+    pub grants: Vec<OwnedFd>,
+}
+
+impl Handed {
+    fn take(spec: &JailSpec, fds: Vec<OwnedFd>) -> Result<Handed, NamedFdsError> {
+        let mut named = Named::pair(spec.descriptors.clone(), fds)?;
+        let handed = Handed {
+            outcome: named.take(&SpecFd::Outcome).map(std::fs::File::from),
+            zygote: named.take(&SpecFd::Zygote),
+            grants: named.all(&SpecFd::Grant),
+        };
+        named.done()?;
+        Ok(handed)
+    }
 }
 
 /// Why there is no spec to run.
@@ -73,36 +105,34 @@ pub fn jailer_main() -> i32 {
     // If whoever started us goes away, stop the sandbox and clean up: SIGTERM
     // is handled by the supervisor as "kill the sandbox".
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
-    let outcome_pipe = outcome_pipe();
     let mut out = io::BufWriter::with_capacity(128 * 1024, io::stdout().lock());
-    let (outcome, code) = match read_spec() {
-        Ok(spec) => {
+    let (handed, outcome, code) = match read_handed() {
+        Ok((spec, mut handed)) => {
             if spec.timings {
                 timings::keep("jailer: started", started_us);
                 timings::mark("jailer: spec read");
             }
-            (supervisor::run(&spec, &mut out), 0)
+            let outcome = supervisor::run(&spec, &mut handed, &mut out);
+            (handed, outcome, 0)
         }
-        Err(unread) => {
-            let message = unread.to_string();
+        Err(message) => {
             let f = JailFailure::new(FailureCode::InvalidSpec, Layer::Jailer, message);
             let report = JailReport::refused(f);
             let _ = events::write_result(&mut out, &report);
             let _ = out.flush();
-            (Outcome::of(&report), 2)
+            (Handed::default(), Outcome::of(&report), 2)
         }
     };
-    if let Some(mut pipe) = outcome_pipe {
+    if let Some(mut pipe) = handed.outcome {
         let _ = pipe.write_all(outcome.to_line().as_bytes());
     }
     code
 }
 
-/// The pipe our starter reads our outcome line from, if it gave us one
-/// (pycelld's monitor does, for its audit log).
-fn outcome_pipe() -> Option<std::fs::File> {
-    std::env::var_os(OUTCOME_FD_ENV)?;
-    pycell_syscall::adopt_inherited_fd(OUTCOME_FD)
-        .ok()
-        .map(std::fs::File::from)
+/// The spec and the descriptors that came with it, or why not.
+fn read_handed() -> Result<(JailSpec, Handed), String> {
+    let (spec, fds) = read_spec().map_err(|e| e.to_string())?;
+    let handed = Handed::take(&spec, fds)
+        .map_err(|e| format!("the descriptors that came with the spec: {e}"))?;
+    Ok((spec, handed))
 }

@@ -48,9 +48,9 @@ const CLONE_FLAGS: libc::c_int = libc::CLONE_NEWUSER
 /// frames, then the report. The caller must be single-threaded (the
 /// jail is cloned from it). Blocks SIGINT/SIGTERM/SIGHUP/SIGCHLD while it
 /// runs (SIGINT is passed on to the program; SIGTERM/SIGHUP kill the jail).
-pub(crate) fn run(spec: &JailSpec, events: &mut dyn Write) -> Outcome {
+pub(crate) fn run(spec: &JailSpec, handed: &mut crate::Handed, events: &mut dyn Write) -> Outcome {
     let starter = nix::unistd::getppid();
-    let (report, mut left) = match run_checked(spec, events) {
+    let (report, mut left) = match run_checked(spec, handed, events) {
         Ok((report, left)) => (report, Some(left)),
         Err(f) => (JailReport::refused(f), None),
     };
@@ -80,6 +80,7 @@ struct Remains {
 
 fn run_checked(
     spec: &JailSpec,
+    handed: &mut crate::Handed,
     events: &mut dyn Write,
 ) -> Result<(JailReport, Remains), JailFailure> {
     let checked = preflight(spec)?;
@@ -94,9 +95,11 @@ fn run_checked(
         )
     })?;
     let signals = block_signals()?;
-    let jail = match spec.from_zygote {
-        Some(_) => spawn_from_zygote(spec, &checked)?,
-        None => spawn(spec, &checked)?,
+    let grants = std::mem::take(&mut handed.grants);
+    let jail = match (&spec.from_zygote, handed.zygote.take()) {
+        (Some(_), Some(channel)) => spawn_from_zygote(spec, &checked, channel)?,
+        (Some(_), None) => return Err(crate::zygote::no_channel()),
+        (None, _) => spawn(spec, &checked, grants)?,
     };
     // Held until the result is out: the last process of the jail to exit
     // (its init) then leaves the namespace's teardown (every mount of
@@ -446,11 +449,11 @@ struct Grants {
 /// period: 4 to 23 ms on v1), is made for the jail, unless clone3 is
 /// missing on v2. On failure the child is killed and reaped and the cgroup
 /// removed.
-fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
+fn spawn(spec: &JailSpec, checked: &Checked, grants: Vec<OwnedFd>) -> Result<Jail, JailFailure> {
     let layout = &checked.layout;
     let (mut child_fds, go, ends) = pipes(spec.session.is_some() || spec.media.is_some())
         .map_err(io_failure("creating pipes"))?;
-    let grant_roots = give_extras(spec, checked, &mut child_fds)?;
+    let grant_roots = give_extras(spec, checked, grants, &mut child_fds)?;
     let cgroup = create_cgroup(spec, layout)?;
     child_fds.cgroup_tasks = cgroup.open_v1_tasks().map_err(cgroup_failure)?;
     let joins_itself = !child_fds.cgroup_tasks.is_empty();
@@ -516,15 +519,17 @@ fn spawn(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
 }
 
 /// What a cloned jail gets besides its pipes: the handout channel, the
-/// caller's grants (their roots are returned, to sweep at the end), a
-/// zygote's library and the compiled runner.
+/// caller's grants (from `sources`, the descriptors that came for them;
+/// their roots are returned, to sweep at the end), a zygote's library and
+/// the compiled runner.
 fn give_extras(
     spec: &JailSpec,
     checked: &Checked,
+    sources: Vec<OwnedFd>,
     child_fds: &mut ChildFds,
 ) -> Result<Vec<crate::setup::grants::GrantRoot>, JailFailure> {
     child_fds.handout_channel = handout_channel(spec)?;
-    let (trees, grant_roots) = crate::setup::grants::prepare(spec)?;
+    let (trees, grant_roots) = crate::setup::grants::prepare(spec, sources)?;
     child_fds.grants = trees;
     if let Some(z) = &spec.zygote {
         let lib = crate::zygote::library_memfd(&z.lib).map_err(|e| {
@@ -542,13 +547,16 @@ fn give_extras(
     Ok(grant_roots)
 }
 
-/// A warm jail forked from the zygote whose channel we inherited: the
+/// A warm jail forked from the zygote whose `channel` came with the spec: the
 /// same pipes and cgroup as [`spawn`]'s, sent to the zygote instead of
 /// cloned with. The jail writes its own id maps and moves itself into the
 /// cgroup (through files we opened), then says so; we find its pid there
 /// (the only member), pin its rlimits and say go.
-fn spawn_from_zygote(spec: &JailSpec, checked: &Checked) -> Result<Jail, JailFailure> {
-    let channel = crate::zygote::inherited_channel()?;
+fn spawn_from_zygote(
+    spec: &JailSpec,
+    checked: &Checked,
+    channel: OwnedFd,
+) -> Result<Jail, JailFailure> {
     let (mut child_fds, go, mut ends) =
         pipes(spec.media.is_some()).map_err(io_failure("creating pipes"))?;
     let cgroup = create_cgroup(spec, &checked.layout)?;

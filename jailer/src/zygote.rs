@@ -456,16 +456,9 @@ pub(crate) fn gone(channel: BorrowedFd<'_>, wait: std::time::Duration) -> bool {
     }
 }
 
-/// The zygote's channel, inherited (see `pycell_wire::spec::ZYGOTE_FD`).
-pub(crate) fn inherited_channel() -> Result<OwnedFd, JailFailure> {
-    if std::env::var_os(pycell_wire::spec::ZYGOTE_FD_ENV).is_none() {
-        return Err(failure("finding the zygote")(io::Error::other(format!(
-            "no {} given",
-            pycell_wire::spec::ZYGOTE_FD_ENV
-        ))));
-    }
-    syscall::adopt_inherited_fd(pycell_wire::spec::ZYGOTE_FD)
-        .map_err(failure("the zygote's channel"))
+/// A run from a zygote whose channel did not come with its spec.
+pub(crate) fn no_channel() -> JailFailure {
+    failure("finding the zygote")(io::Error::other("no zygote channel came with the spec"))
 }
 
 pub(crate) fn failure(what: &'static str) -> impl Fn(io::Error) -> JailFailure {

@@ -14,12 +14,12 @@
 
 use std::io::{self, Write};
 use std::ops::RangeInclusive;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use pycell_wire::outcome::{Outcome, MAX_OUTCOME_LINE, OUTCOME_FD, OUTCOME_FD_ENV};
+use pycell_wire::outcome::{Outcome, MAX_OUTCOME_LINE};
 
 use pycell_policy::network::EgressRules;
 use pycell_policy::Policy;
@@ -32,7 +32,7 @@ use pycell_protocol::result::{NetworkReport, RunLimits, RunResult};
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::{Event, EventError, Stream};
 use pycell_wire::report::{JailFailure, JailReport, RunMedia};
-use pycell_wire::spec::{new_run_id, Grant, ImageLimits, JailSpec, MediaLimits, GRANT_FD_BASE};
+use pycell_wire::spec::{new_run_id, Grant, ImageLimits, JailSpec, MediaLimits, SpecFd};
 
 /// Where sandbox uid leases are kept (by embedded runs and pycelld alike:
 /// one directory, so the two can never hand out the same uid).
@@ -254,6 +254,7 @@ impl Launcher {
         spec.sandbox_gid = lease.gid;
         spec.cgroup.parent = self.cgroup_parent.clone();
         spec.cgroup.keep = self.keep_cgroups;
+        spec.descriptors = handed_names(false, 0);
         spec.validate().map_err(invalid_spec)?;
         Ok(Prepared {
             run_id: spec.run_id.clone(),
@@ -416,11 +417,11 @@ pub struct Prepared {
     spec: JailSpec,
     lease: UidLease,
     jailer: PathBuf,
-    /// A run from a zygote: the zygote's channel, for the jailer to
-    /// inherit (`pycell_wire::spec::ZYGOTE_FD`).
+    /// A run from a zygote: the zygote's channel, which goes to the
+    /// jailer with the spec (`pycell_wire::spec::SpecFd::Zygote`).
     zygote_channel: Option<OwnedFd>,
     /// The host paths granted to the jail, as their caller opened them
-    /// (`JailSpec::grants`), for the jailer to inherit.
+    /// (`JailSpec::grants`), which go to the jailer with the spec.
     grant_sources: Vec<OwnedFd>,
 }
 
@@ -516,6 +517,8 @@ impl Prepared {
         jailer: PathBuf,
         zygote_channel: Option<OwnedFd>,
     ) -> Result<Prepared, JailFailure> {
+        let mut spec = spec;
+        spec.descriptors = handed_names(zygote_channel.is_some(), spec.grants.len());
         spec.validate().map_err(|e| invalid_spec(e).failure())?;
         Ok(Prepared {
             run_id: spec.run_id.clone(),
@@ -546,6 +549,7 @@ impl Prepared {
     pub fn grant(&mut self, granted: Vec<(Grant, OwnedFd)>) -> Result<(), JailFailure> {
         let (grants, sources): (Vec<Grant>, Vec<OwnedFd>) = granted.into_iter().unzip();
         let mut spec = self.spec.clone();
+        spec.descriptors = handed_names(self.zygote_channel.is_some(), grants.len());
         spec.grants = grants;
         self.set_spec(spec)?;
         self.grant_sources = sources;
@@ -569,11 +573,12 @@ impl Prepared {
 
     /// The jailer command: nothing from our environment, the spec on stdin
     /// (a unix socket, returned: the jailer sends the egress proxy's
-    /// listener back on it), events on stdout, its outcome line on a pipe
-    /// (whose read end is returned too).
-    fn command(&self, stderr: JailerStderr) -> io::Result<(Command, UnixStream, OwnedFd)> {
+    /// listener back on it), events on stdout. No step of ours runs in the
+    /// child before its exec (std then spawns it as `posix_spawn` does,
+    /// without copying this process): the descriptors it needs come with
+    /// the spec ([`Prepared::handed`]).
+    fn command(&self, stderr: JailerStderr) -> io::Result<(Command, UnixStream)> {
         let (ours, theirs) = UnixStream::pair()?;
-        let (outcome, outcome_w) = io::pipe()?;
         let mut cmd = Command::new(&self.jailer);
         if self.spec.session.is_some() {
             // A session's cells are interrupted by its launcher, never by
@@ -586,28 +591,30 @@ impl Prepared {
             .stderr(match stderr {
                 JailerStderr::Inherit => Stdio::inherit(),
                 JailerStderr::Capture => Stdio::piped(),
-            })
-            .env(OUTCOME_FD_ENV, OUTCOME_FD.to_string());
-        pycell_syscall::inherit_fd_as(&mut cmd, outcome_w.into(), OUTCOME_FD);
-        if let Some(channel) = &self.zygote_channel {
-            use pycell_wire::spec::{ZYGOTE_FD, ZYGOTE_FD_ENV};
-            cmd.env(ZYGOTE_FD_ENV, ZYGOTE_FD.to_string());
-            // Above every descriptor the child moves (OUTCOME_FD's source
-            // included), so that no dup2 there lands on it first.
-            let copy = rustix::io::fcntl_dupfd_cloexec(channel, 16)?;
-            pycell_syscall::inherit_fd_as(&mut cmd, copy, ZYGOTE_FD);
+            });
+        Ok((cmd, ours))
+    }
+
+    /// The descriptors that go with the spec, in the order of its
+    /// `descriptors` ([`handed_names`]): the write end of the outcome
+    /// pipe (whose read end is returned too), the zygote's channel, the
+    /// grants' sources.
+    fn handed(&self) -> io::Result<(Vec<OwnedFd>, OwnedFd)> {
+        let (outcome, outcome_w) = io::pipe()?;
+        let mut fds = vec![OwnedFd::from(outcome_w)];
+        for fd in self.zygote_channel.iter().chain(&self.grant_sources) {
+            fds.push(fd.try_clone()?);
         }
-        for (i, source) in self.grant_sources.iter().enumerate() {
-            let copy = rustix::io::fcntl_dupfd_cloexec(source, 16)?;
-            pycell_syscall::inherit_fd_as(&mut cmd, copy, GRANT_FD_BASE + i as i32);
-        }
-        Ok((cmd, ours, outcome.into()))
+        Ok((fds, outcome.into()))
     }
 
     /// The spec as the jailer reads it, one frame: a cold python run's on
     /// the runner, and python on the runner compiled for its interpreter
     /// where it can be (`crate::runner_pyc`).
-    fn spec_frame(&self) -> Result<Vec<u8>, Box<RunResult>> {
+    fn spec_frame(&mut self) -> Result<Vec<u8>, Box<RunResult>> {
+        // What goes with it, named as [`Prepared::handed`] sends them.
+        self.spec.descriptors =
+            handed_names(self.zygote_channel.is_some(), self.grant_sources.len());
         let on_runner = pycell_runner::cold_on_runner(&self.spec);
         let spec = on_runner.as_ref().unwrap_or(&self.spec);
         let compiled = crate::runner_pyc::compiled(spec);
@@ -646,10 +653,10 @@ impl Prepared {
 
     /// Start the jailer and hand it the spec. On failure the jailer has been
     /// killed and reaped, and the result says why.
-    pub fn spawn(self, stderr: JailerStderr) -> Result<Launched, Box<RunResult>> {
+    pub fn spawn(mut self, stderr: JailerStderr) -> Result<Launched, Box<RunResult>> {
         let frame = self.spec_frame()?;
-        let (mut cmd, mut spec_in, outcome) =
-            self.command(stderr).map_err(|e| self.cannot_start(e))?;
+        let (mut cmd, spec_in) = self.command(stderr).map_err(|e| self.cannot_start(e))?;
+        let (handed, outcome) = self.handed().map_err(|e| self.cannot_start(e))?;
         // A warm jail's work follows its spec on the same stream.
         let work = match self.spec.warm {
             true => Some(spec_in.try_clone().map_err(|e| self.cannot_start(e))?),
@@ -660,10 +667,11 @@ impl Prepared {
         let Some(events) = child.stdout.take() else {
             unreachable!("stdout was configured as a pipe");
         };
-        let sent = spec_in.write_all(&frame).and_then(|()| match work {
+        let sent = send_spec(&spec_in, &frame, &handed).and_then(|()| match work {
             Some(_) => Ok(()),
             None => spec_in.shutdown(std::net::Shutdown::Write),
         });
+        drop(handed);
         if let Err(e) = sent {
             let _ = child.kill();
             let _ = child.wait();
@@ -705,10 +713,14 @@ impl Prepared {
     /// with `block_on` to its end, never from an async task that an idle
     /// blocking-pool thread runs after it returns: the jailer's parent-death
     /// signal follows the thread that started it, and idle pool threads exit.
-    pub async fn spawn_async(self, stderr: JailerStderr) -> Result<LaunchedAsync, Box<RunResult>> {
+    pub async fn spawn_async(
+        mut self,
+        stderr: JailerStderr,
+    ) -> Result<LaunchedAsync, Box<RunResult>> {
         use tokio::io::AsyncWriteExt;
         let frame = self.spec_frame()?;
-        let (cmd, spec_in, outcome) = self.command(stderr).map_err(|e| self.cannot_start(e))?;
+        let (cmd, spec_in) = self.command(stderr).map_err(|e| self.cannot_start(e))?;
+        let (handed, outcome) = self.handed().map_err(|e| self.cannot_start(e))?;
         let mut cmd = tokio::process::Command::from(cmd);
         let mut child = cmd.spawn().map_err(|e| self.cannot_start(e))?;
         drop(cmd);
@@ -719,7 +731,15 @@ impl Prepared {
         let sent = async {
             spec_in.set_nonblocking(true)?;
             let mut tx = tokio::net::UnixStream::from_std(spec_in)?;
-            tx.write_all(&frame).await?;
+            // The descriptors go with the frame's first bytes.
+            let first = tx
+                .async_io(tokio::io::Interest::WRITABLE, || {
+                    let fds: Vec<_> = handed.iter().map(AsFd::as_fd).collect();
+                    pycell_wire::fdpass::send_some_with_fds(tx.as_fd(), &frame, &fds)
+                })
+                .await?;
+            drop(handed);
+            tx.write_all(&frame[first..]).await?;
             // A warm jail's work (a session's requests) follows its spec.
             if !warm {
                 tx.shutdown().await?;
@@ -740,6 +760,24 @@ impl Prepared {
             }
         }
     }
+}
+
+/// The names of the descriptors that go with a spec
+/// (`JailSpec::descriptors`), in the order [`Prepared::handed`] sends them.
+fn handed_names(zygote: bool, grants: usize) -> Vec<SpecFd> {
+    let mut names = vec![SpecFd::Outcome];
+    if zygote {
+        names.push(SpecFd::Zygote);
+    }
+    names.extend(std::iter::repeat_n(SpecFd::Grant, grants));
+    names
+}
+
+/// Send the spec's frame on the jailer's stdin, `handed` attached to its
+/// first bytes.
+fn send_spec(spec_in: &UnixStream, frame: &[u8], handed: &[OwnedFd]) -> io::Result<()> {
+    let fds: Vec<_> = handed.iter().map(AsFd::as_fd).collect();
+    pycell_wire::fdpass::send_with_fds(spec_in.as_fd(), frame, &fds)
 }
 
 /// How the jailer process ended, as far as the reader of its events knows.

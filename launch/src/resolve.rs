@@ -516,6 +516,7 @@ pub fn resolve_with(
         from_zygote: None,
         // The launcher names one when it starts a cold run.
         runner_pyc: None,
+        descriptors: Vec::new(),
     };
     Ok(Resolved { spec, limits })
 }

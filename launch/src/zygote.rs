@@ -218,14 +218,12 @@ impl Launcher {
             return Ok(None);
         };
         lease.release_after_cgroups(&self.cgroup_parent);
-        let mut spec = zygote.parts.runs.clone();
-        let zygote_uid = spec.sandbox_uid;
+        let mut spec = pycell_runner::forked_spec(&zygote.parts.runs, slot);
         spec.run_id = new_run_id();
         spec.sandbox_uid = lease.uid;
         spec.sandbox_gid = lease.gid;
         spec.cgroup.parent = self.cgroup_parent.clone();
         spec.cgroup.keep = self.keep_cgroups;
-        spec.from_zygote = Some(FromZygote { slot, zygote_uid });
         let channel = zygote.channel.try_clone().map_err(|e| {
             LaunchError::Refused(JailFailure::new(
                 FailureCode::Internal,
@@ -376,6 +374,7 @@ fn check_fits_a_zygote(runs: &JailSpec) -> Result<(), LaunchError> {
         slot: 0,
         zygote_uid: runs.sandbox_uid,
     });
+    probe.descriptors = vec![pycell_wire::spec::SpecFd::Zygote];
     probe.validate().map_err(|e| {
         LaunchError::Refused(
             JailFailure::new(

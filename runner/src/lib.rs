@@ -239,6 +239,24 @@ pub fn zygote_spec(
     spec
 }
 
+/// A run of a zygote's `runs` (its warm jail) forked from it in `slot`:
+/// the same jail, which execs nothing (its program is the zygote's
+/// runner, already running), so its argv keeps only the interpreter's
+/// name (a spec's argv[0]); the runner's text, 30 KB, would only be
+/// encoded and parsed again per run, by the jailer and by the zygote.
+/// The launcher gives it its own run id, uid and cgroup.
+pub fn forked_spec(runs: &JailSpec, slot: u32) -> JailSpec {
+    let mut spec = runs.clone();
+    spec.argv.truncate(1);
+    spec.from_zygote = Some(pycell_wire::spec::FromZygote {
+        slot,
+        zygote_uid: runs.sandbox_uid,
+    });
+    // The zygote's channel goes to its jailer with the spec.
+    spec.descriptors = vec![pycell_wire::spec::SpecFd::Zygote];
+    spec
+}
+
 /// Whether a warm jail built from `warm` is exactly the jail `cold` (a
 /// run's resolved spec) describes, but for what a run brings with its
 /// work: its script, arguments, stdin, wall timeout and output cap.
@@ -249,6 +267,7 @@ pub fn fits(warm: &JailSpec, cold: &JailSpec) -> bool {
         s.run_id.clear();
         (s.sandbox_uid, s.sandbox_gid) = (0, 0);
         s.cgroup = Default::default();
+        s.descriptors.clear();
         s.argv.truncate(1);
         s.files.clear();
         s.stdin.clear();
@@ -259,7 +278,11 @@ pub fn fits(warm: &JailSpec, cold: &JailSpec) -> bool {
         s.limits.max_output = Bytes(0);
         serde_json::to_value(s).ok()
     };
-    warm.warm && cold.files.len() == 1 && shape(warm).is_some() && shape(warm) == shape(cold)
+    if !warm.warm || cold.files.len() != 1 {
+        return false;
+    }
+    let warm = shape(warm);
+    warm.is_some() && warm == shape(cold)
 }
 
 /// The work a run resolved as `cold` brings to a warm jail.
@@ -462,6 +485,45 @@ print(sorted(ns["_PYCELL_PARTS"]))
         );
         let out = python(&["-c", check], COLD_RUNNER.as_bytes());
         assert_eq!(out, "['display', 'explain', 'images', 'tools']\n");
+    }
+
+    #[test]
+    fn a_forked_run_carries_no_runner_text_and_still_fits_its_zygote() {
+        let python = || "/usr/bin/python3".to_string();
+        let mut cold = spec_with_argv(vec![python(), "-s".into(), "/workspace/x.py".into()]);
+        cold.files = vec![pycell_wire::spec::WorkspaceFile::text("x.py", "print(1)")];
+        let warm = warm_spec(&cold, &[]);
+        let forked = forked_spec(&warm, 3);
+        assert_eq!(forked.argv, [python()]);
+        assert_eq!(forked.from_zygote.as_ref().map(|z| z.slot), Some(3));
+        let size = |s: &JailSpec| serde_json::to_vec(s).map(|v| v.len()).unwrap_or(0);
+        assert!(size(&warm) > RUNNER.len(), "{}", size(&warm));
+        assert!(size(&forked) < 4096, "{}", size(&forked));
+        assert!(
+            fits(&forked, &cold),
+            "a forked run is its zygote's warm jail"
+        );
+        forked.validate().expect("a forked run's spec is valid");
+    }
+
+    #[test]
+    fn a_session_jail_fits_whatever_its_launcher_assigned_it() {
+        let cold = spec_with_argv(vec!["/usr/bin/python3".into(), "-s".into()]);
+        let clocks = pycell_wire::spec::SessionSpec {
+            idle_timeout_ms: 1000,
+            lifetime_ms: 60_000,
+            cell_grace_ms: 500,
+        };
+        let wanted = session::session_spec(&cold, &[], clocks);
+        let mut member = wanted.clone();
+        member.run_id = "r-2e".into();
+        member.sandbox_uid += 1;
+        member.cgroup.keep = true;
+        member.descriptors = vec![pycell_wire::spec::SpecFd::Outcome];
+        assert!(session::fits_session(&member, &wanted));
+        member.limits.pids += 1;
+        assert!(!session::fits_session(&member, &wanted));
+        assert!(!session::fits_session(&cold, &cold), "not a session");
     }
 
     fn spec_with_argv(argv: Vec<String>) -> JailSpec {

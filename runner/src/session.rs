@@ -65,16 +65,22 @@ pub fn session_spec(cold: &JailSpec, modules: &[String], clocks: SessionSpec) ->
 
 /// Whether a session jail built ahead (`member`) is exactly the jail a
 /// session would get (`wanted`, from [`session_spec`]), but for what the
-/// launcher assigns (its run id, sandbox uid, cgroup parent).
+/// launcher assigns (its run id, sandbox uid, cgroup, the descriptors it
+/// hands its jailer).
 pub fn fits_session(member: &JailSpec, wanted: &JailSpec) -> bool {
     let shape = |s: &JailSpec| {
         let mut s = s.clone();
         s.run_id.clear();
         (s.sandbox_uid, s.sandbox_gid) = (0, 0);
         s.cgroup = Default::default();
+        s.descriptors.clear();
         serde_json::to_value(s).ok()
     };
-    member.session.is_some() && shape(member).is_some() && shape(member) == shape(wanted)
+    if member.session.is_none() {
+        return false;
+    }
+    let member = shape(member);
+    member.is_some() && member == shape(wanted)
 }
 
 /// One request for a session, from its launcher to its jailer.

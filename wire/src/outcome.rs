@@ -1,17 +1,11 @@
 //! A run's outcome as its jailer tells its starter, apart from the event
-//! stream: one short line on a pipe of the starter's own
-//! ([`OUTCOME_FD_ENV`]), written when the run ends. pycelld's monitor,
+//! stream: one short line on a pipe of the starter's own (which comes
+//! with the spec, [`crate::spec::SpecFd::Outcome`]), written when the run
+//! ends. pycelld's monitor,
 //! which starts jailers but never reads their event streams (the broker
 //! does), reads it for the audit log's `run_end` line. Pure.
 
 use crate::report::{JailReport, RunStatus};
-
-/// The environment variable that tells a jailer which of its descriptors
-/// takes its outcome line.
-pub const OUTCOME_FD_ENV: &str = "PYCELL_OUTCOME_FD";
-
-/// The descriptor a starter gives a jailer for its outcome line.
-pub const OUTCOME_FD: i32 = 3;
 
 /// The longest outcome line (a reader reads at most this much).
 pub const MAX_OUTCOME_LINE: usize = 128;

@@ -89,11 +89,19 @@ pub struct JailSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stdio_socket: bool,
     /// Host paths the caller granted (`pycell mcp-server --ro/--rw`),
-    /// bound after `mounts`: the source of the i-th is the descriptor the
-    /// caller opened it on, which the jailer inherits as
-    /// [`GRANT_FD_BASE`]` + i`.
+    /// bound after `mounts`: the source of the i-th is the i-th
+    /// [`SpecFd::Grant`] descriptor that comes with the spec, the one the
+    /// caller opened it on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub grants: Vec<Grant>,
+    /// The descriptors that come with this spec (attached to its frame's
+    /// first bytes on the jailer's stdin socket, `SCM_RIGHTS`), named in
+    /// the order they come. Handed over with the spec rather than
+    /// inherited at fixed numbers, the jailer is started without a
+    /// pre-exec step in its starter (a `vfork`-style spawn, not a copy of
+    /// a large multi-threaded process).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub descriptors: Vec<SpecFd>,
     /// Mark each step of the jail's start and end in the report
     /// ([`crate::timings`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -102,8 +110,8 @@ pub struct JailSpec {
     /// request instead of running work itself (see [`ZygoteSpec`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zygote: Option<ZygoteSpec>,
-    /// A warm jail forked from a zygote (whose channel the jailer gets as
-    /// an inherited descriptor, [`ZYGOTE_FD`]) instead of cloned.
+    /// A warm jail forked from a zygote (whose channel comes with the
+    /// spec, [`SpecFd::Zygote`]) instead of cloned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_zygote: Option<FromZygote>,
     /// A cold run's runner compiled for its interpreter: a host file (root's,
@@ -140,14 +148,24 @@ pub struct Grant {
 /// Where a run's env of installed dependencies is mounted.
 pub const VENV_TARGET: &str = "/venv";
 
-/// Where a jailer finds the descriptor of its first grant.
-pub const GRANT_FD_BASE: i32 = 5;
 /// The most grants one jail takes.
 pub const MAX_GRANTS: usize = 8;
 
-/// The descriptor on which a jailer of a run from a zygote finds the
-/// zygote's channel (named in [`ZYGOTE_FD_ENV`]).
-pub const ZYGOTE_FD: i32 = 4;
+/// A descriptor that comes with a spec ([`JailSpec::descriptors`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpecFd {
+    /// The pipe the jailer writes its outcome line to when the run ends
+    /// (`crate::outcome`): pycelld's monitor reads it for its audit log.
+    Outcome,
+    /// The channel of the zygote a run is forked from ([`FromZygote`]).
+    Zygote,
+    /// The source of the next of [`JailSpec::grants`].
+    Grant,
+}
+
+/// The variable that tells a run's program forked from a zygote where the
+/// zygote's channel is (in the zygote, which serves runs on it).
 pub const ZYGOTE_FD_ENV: &str = "PYCELL_ZYGOTE_FD";
 /// The variable that tells a zygote's program where its library is
 /// (`/proc/self/fd/N`: the sealed memfd its jailer made).
@@ -445,6 +463,7 @@ impl JailSpec {
                 return Err(bad("runner_pyc", format!("argv[2] must be {RUNNER_PYC}")));
             }
         }
+        self.validate_descriptors()?;
         check_limits(&self.limits)?;
         self.landlock.validate()?;
         if !is_plain_relative_path(&self.cgroup.parent) {
@@ -616,6 +635,26 @@ impl JailSpec {
         self.validate_grants()
     }
 
+    /// Exactly the descriptors the spec needs come with it: one per
+    /// grant, the zygote's channel for a run from a zygote, and at most
+    /// an outcome pipe besides.
+    fn validate_descriptors(&self) -> Result<(), SpecError> {
+        let count = |k: SpecFd| self.descriptors.iter().filter(|d| **d == k).count();
+        if count(SpecFd::Grant) != self.grants.len() {
+            return Err(bad("descriptors", "one grant descriptor per grant"));
+        }
+        if count(SpecFd::Zygote) != usize::from(self.from_zygote.is_some()) {
+            return Err(bad(
+                "descriptors",
+                "the zygote's channel comes with a run from a zygote, and only then",
+            ));
+        }
+        if count(SpecFd::Outcome) > 1 {
+            return Err(bad("descriptors", "one outcome pipe at most"));
+        }
+        Ok(())
+    }
+
     fn validate_grants(&self) -> Result<(), SpecError> {
         if self.grants.len() > MAX_GRANTS {
             return Err(bad("grants", format!("at most {MAX_GRANTS}")));
@@ -773,7 +812,16 @@ mod tests {
             slot: 1,
             zygote_uid: 1_800_000_001,
         });
+        assert_eq!(run.validate().unwrap_err().field, "descriptors");
+        use super::SpecFd;
+        run.descriptors = vec![SpecFd::Outcome, SpecFd::Zygote];
         run.validate().unwrap();
+        let mut channel_to_a_zygote = z.clone();
+        channel_to_a_zygote.descriptors = vec![SpecFd::Zygote];
+        assert_eq!(
+            channel_to_a_zygote.validate().unwrap_err().field,
+            "descriptors"
+        );
         let refused = |s: &JailSpec, why: &str| {
             let e = s.validate().unwrap_err().to_string();
             assert!(e.contains(why), "{e}");
@@ -842,7 +890,7 @@ mod tests {
 
     #[test]
     fn grants_go_to_a_cold_run_outside_what_the_jailer_builds_once_each() {
-        use super::{grant_target_problem, Grant, MAX_GRANTS};
+        use super::{grant_target_problem, Grant, SpecFd, MAX_GRANTS};
         let mut cold = warm();
         cold.warm = false;
         let grant = |t: &str, writable| Grant {
@@ -851,7 +899,15 @@ mod tests {
             owner: None,
         };
         cold.grants = vec![grant("/srv/repo", false), grant("/home/u/state", true)];
+        let descriptors = |s: &JailSpec| s.validate().unwrap_err().field == "descriptors";
+        assert!(descriptors(&cold), "a grant's source comes with the spec");
+        cold.descriptors = vec![SpecFd::Outcome, SpecFd::Grant];
+        assert!(descriptors(&cold), "one per grant");
+        cold.descriptors.push(SpecFd::Grant);
         cold.validate().unwrap();
+        cold.descriptors.push(SpecFd::Outcome);
+        assert!(descriptors(&cold), "one outcome pipe");
+        cold.descriptors.pop();
         for bad in [
             "/",
             "/tmp/x",

@@ -26,7 +26,7 @@ use pycell_syscall::{
 };
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
-use pycell_wire::spec::{grant_source_problem, Grant, JailSpec, GRANT_FD_BASE};
+use pycell_wire::spec::{grant_source_problem, Grant, JailSpec};
 
 const OTHER_NAMESPACE: &str = "the granted path is not in pycell's mount namespace: pycelld's systemd service has a namespace of its own (no /home), so it cannot take grants; run `pycell mcp-server --embedded` as root for them";
 const NOT_PRIVILEGED: &str = "cloning and idmapping a host mount needs CAP_SYS_ADMIN, which pycelld's systemd service does not have: run `pycell mcp-server --embedded` as root for grants";
@@ -47,17 +47,31 @@ pub(crate) struct GrantRoot {
     pub target: PathBuf,
 }
 
-/// Every grant of `spec`, from the descriptors inherited for them,
+/// Every grant of `spec`, from the descriptors that came for them (`sources`, in order),
 /// parents first: a grant inside another (`--ro PROJECT/.git` in `--rw
 /// PROJECT`) is attached on top of it, never hidden under it. Also the
 /// writable grants' own descriptors, to sweep once the jail has ended
 /// (`crate::run::grant_sweep`).
-pub(crate) fn prepare(spec: &JailSpec) -> Result<(Vec<GrantedTree>, Vec<GrantRoot>), JailFailure> {
+pub(crate) fn prepare(
+    spec: &JailSpec,
+    sources: Vec<OwnedFd>,
+) -> Result<(Vec<GrantedTree>, Vec<GrantRoot>), JailFailure> {
     let ids = (spec.sandbox_uid, spec.sandbox_gid);
     let mut trees = Vec::new();
     let mut roots = Vec::new();
-    for (i, g) in spec.grants.iter().enumerate() {
-        let (tree, source) = prepare_one(GRANT_FD_BASE + i as i32, g, ids)?;
+    if sources.len() != spec.grants.len() {
+        return Err(JailFailure::new(
+            FailureCode::MountsFailed,
+            Layer::Mounts,
+            format!(
+                "{} grants but {} descriptors came for them",
+                spec.grants.len(),
+                sources.len()
+            ),
+        ));
+    }
+    for (g, source) in spec.grants.iter().zip(sources) {
+        let (tree, source) = prepare_one(source, g, ids)?;
         if g.writable {
             roots.push(GrantRoot {
                 source,
@@ -86,7 +100,7 @@ pub(crate) fn grant_attrs(writable: bool) -> u64 {
 }
 
 fn prepare_one(
-    fd: i32,
+    source: OwnedFd,
     g: &Grant,
     (uid, gid): (u32, u32),
 ) -> Result<(GrantedTree, OwnedFd), JailFailure> {
@@ -98,8 +112,6 @@ fn prepare_one(
             format!("the grant of {t}: {what}"),
         )
     };
-    let source = syscall::adopt_inherited_fd(fd)
-        .map_err(|e| fail(format!("no descriptor {fd} was inherited for it: {e}")))?;
     let flags = nix::fcntl::fcntl(&source, nix::fcntl::FcntlArg::F_GETFL)
         .map_err(|e| fail(format!("fcntl: {e}")))?;
     let st = fstat(&source).map_err(|e| fail(format!("fstat: {e}")))?;

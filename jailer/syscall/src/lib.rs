@@ -633,30 +633,6 @@ pub fn fsetxattr(fd: BorrowedFd<'_>, name: &str, value: &[u8]) -> io::Result<()>
     .map(|_| ())
 }
 
-/// Give the program `cmd` starts `fd` as its descriptor `target` (dup2 in
-/// the child, which leaves close-on-exec off there only). Our copy is
-/// closed when `cmd` is dropped: drop it right after spawning.
-pub fn inherit_fd_as(cmd: &mut std::process::Command, fd: OwnedFd, target: RawFd) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: the closure runs in the forked child before exec and calls
-    // only dup2 and fcntl, both async-signal-safe, on descriptors it owns
-    // there; it allocates nothing and touches no lock.
-    unsafe {
-        cmd.pre_exec(move || {
-            let raw = fd.as_raw_fd();
-            let done = match raw == target {
-                // dup2 onto itself would leave close-on-exec on.
-                true => libc::fcntl(raw, libc::F_SETFD, 0),
-                false => libc::dup2(raw, target),
-            };
-            if done < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
 /// Make the program `cmd` starts die (SIGKILL) when the thread that
 /// starts it does, so that a helper process (an MCP server a client
 /// configured) never outlives its client, even one that is SIGKILLed.
