@@ -147,9 +147,13 @@ fn prepare_embedded(args: &RunArgs) -> Result<Prepared, JailFailure> {
 pub fn print_spec(args: &RunArgs) -> i32 {
     match prepare_embedded(args) {
         Ok(p) => {
+            // Without the descriptors a launcher attaches when it starts
+            // the jailer: the spec as given on a pipe (none can come).
+            let mut spec = p.spec().clone();
+            spec.descriptors.clear();
             say!(
                 "{}",
-                serde_json::to_string_pretty(p.spec()).unwrap_or_default()
+                serde_json::to_string_pretty(&spec).unwrap_or_default()
             );
             0
         }

@@ -104,9 +104,7 @@ fn the_jailer_refuses_a_compiled_runner_anyone_but_root_could_change() {
     let dir = tempfile::tempdir().unwrap();
     let pyc = dir.path().join("runner.pyc");
     std::fs::write(&pyc, b"not even a pyc").unwrap();
-    let mut spec = spec_with_pyc(&pyc);
-    // Fed on a pipe: no descriptor (no outcome pipe) comes with it.
-    spec.descriptors.clear();
+    let spec = spec_with_pyc(&pyc);
     let frame = pycell_wire::framing::encode_within(&spec, pycell_wire::spec::MAX_SPEC_FRAME)
         .expect("a frame");
     let mut jailer = Command::new(pycell_bin().with_file_name("pycell-jailer"))
