@@ -350,10 +350,17 @@ impl Zygote {
 }
 
 impl Drop for Zygote {
+    fn drop(&mut self) {
+        self.stop_and_reap();
+    }
+}
+
+impl Zygote {
     /// SIGTERM: the jailer kills the zygote's jail and removes its cgroup;
     /// SIGKILL if it is still there after the grace; reaped here. Nothing
-    /// for a jailer already reaped (here or by the caller).
-    fn drop(&mut self) {
+    /// for a jailer already reaped (here or by the caller). Blocks until
+    /// it is reaped; a zygote stopped serves no run.
+    pub fn stop_and_reap(&mut self) {
         let parts = &mut self.parts;
         if parts.stopper.is_reaped() {
             return;

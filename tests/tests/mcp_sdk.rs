@@ -237,6 +237,13 @@ fn the_official_python_sdk_drives_pycell_mcp() {
         );
         c.contains("truncation", v, "/text_tail", "[stdout truncated");
     }
+    // The server keeps a zygote of its policy: runs come forked from it
+    // once it is ready (started in the background), jailed all the same.
+    if let Some(v) = c.step("zygote") {
+        c.run_result("zygote", v, "ok");
+        c.eq("zygote", v, "/structured/warm", Value::Bool(true));
+        c.eq("zygote", v, "/structured/stdout", "42\n".into());
+    }
     if let Some(v) = c.step("sandbox_info") {
         c.eq("sandbox_info", v, "/is_error", Value::Bool(false));
         c.eq("sandbox_info", v, "/schema_errors", Value::Array(vec![]));

@@ -226,6 +226,20 @@ impl Sandboxes for DaemonOr {
     async fn end_all(&self, grace: Duration) {
         self.embedded.end_all(grace).await;
     }
+
+    /// Embedded's, while no pycelld is there to take the runs.
+    fn start_zygote(
+        &self,
+        policy: &str,
+        slots: usize,
+        rt: &tokio::runtime::Handle,
+        stop: &CancellationToken,
+    ) -> Result<(), JailFailure> {
+        match self.now() {
+            Now::Embedded(e) => e.start_zygote(policy, slots, rt, stop),
+            Now::Daemon(d) => d.start_zygote(policy, slots, rt, stop),
+        }
+    }
 }
 
 /// What the daemon client's thread hands to the async side.

@@ -478,6 +478,11 @@ impl Sandboxes for Embedded {
     async fn end_all(&self, grace: Duration) {
         let all = self.table().map(|t| t.all()).unwrap_or_default();
         session_table::end_every(all, grace).await;
+        // Gone before we are, rather than after, by its parent-death
+        // signal: its jailer takes a few milliseconds.
+        if let Some(zygote) = self.zygote.get() {
+            zygote.stop();
+        }
     }
 }
 

@@ -74,6 +74,15 @@ impl Forked {
         })
     }
 
+    /// Stop the zygote (its jail and cgroup gone, its jailer reaped) and
+    /// wait for it: later runs of its policy go the cold way.
+    pub(super) fn stop(&self) {
+        self.zygote
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stop_and_reap();
+    }
+
     fn alive(&self) -> bool {
         self.zygote
             .lock()

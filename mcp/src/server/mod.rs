@@ -850,7 +850,12 @@ async fn serve(args: &McpArgs) -> i32 {
         None => None,
     };
     let tools = servers.clone().map(|s| Arc::new(s) as Arc<dyn ToolSource>);
-    let sandboxes = RunService::new(Backend::choose(args.embedded, None), tools);
+    let backend = Backend::choose(args.embedded, None);
+    let jails_here = matches!(backend.clone().settled(), Backend::Embedded);
+    let sandboxes = RunService::new(backend, tools);
+    if jails_here {
+        start_zygote(&sandboxes, &args.policy);
+    }
     let server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode.as_ref())
         .with_hand_off_after(args.hand_off_after);
     // The end of stdin means the client is gone: nobody can read the results
@@ -896,6 +901,41 @@ async fn serve(args: &McpArgs) -> i32 {
         }
     }
 }
+
+/// Runs forked from a zygote of `policy` when this process jails them
+/// (no pycelld is there): python and the policy's warm imports started
+/// once, in the background, each run of that policy forked from it into
+/// a jail of its own; until it is ready, and for runs it cannot take, a
+/// run goes the cold way. Started from a thread of its own that lives as
+/// long as we do (the zygote's jailer dies with the thread that started
+/// it); stopped when the service shuts down.
+fn start_zygote(sandboxes: &RunService, policy: &str) {
+    let (sandboxes, policy) = (sandboxes.clone(), policy.to_string());
+    let rt = tokio::runtime::Handle::current();
+    let started = std::thread::Builder::new()
+        .name("zygote".into())
+        .spawn(move || {
+            let stop = CancellationToken::new();
+            match sandboxes.start_zygote(&policy, ZYGOTE_SLOTS, &rt, &stop) {
+                Ok(()) => {
+                    drop(sandboxes);
+                    loop {
+                        std::thread::park();
+                    }
+                }
+                Err(f) => eprintln!(
+                    "pycell mcp: runs of {policy} start cold (no zygote: {})",
+                    f.message
+                ),
+            }
+        });
+    if let Err(e) = started {
+        eprintln!("pycell mcp: runs start cold (no thread for a zygote: {e})");
+    }
+}
+
+/// Runs a `pycell mcp` zygote forks at once; more go the cold way.
+const ZYGOTE_SLOTS: usize = 4;
 
 /// The client's tools as `policy` lets code call them.
 pub(crate) async fn code_mode(servers: &dyn ToolSource, policy: &str) -> ToolsInfo {
