@@ -875,3 +875,17 @@ pub fn own_dir_under(base: &Path) -> PathBuf {
     fs::create_dir_all(&own).expect("the test's own directory");
     own
 }
+
+/// The spec `pycell debug spec` gives for a script of `code` (a uid lease
+/// taken and given back, as for a run): what its jailer would read.
+pub fn debug_spec(code: &str) -> pycell_wire::spec::JailSpec {
+    let script = tempfile::Builder::new().suffix(".py").tempfile().unwrap();
+    fs::write(script.path(), code).unwrap();
+    let out = Command::new(pycell_bin())
+        .args(["debug", "spec"])
+        .arg(script.path())
+        .output()
+        .expect("pycell debug spec");
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).expect("a spec")
+}

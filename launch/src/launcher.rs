@@ -537,8 +537,10 @@ impl Prepared {
         &self.spec
     }
 
-    /// Replace the spec (validated) keeping everything else.
-    pub(crate) fn set_spec(&mut self, spec: JailSpec) -> Result<(), JailFailure> {
+    /// Replace the spec (validated, its descriptors named for what this
+    /// run hands its jailer) keeping everything else.
+    pub(crate) fn set_spec(&mut self, mut spec: JailSpec) -> Result<(), JailFailure> {
+        spec.descriptors = handed_names(self.zygote_channel.is_some(), spec.grants.len());
         spec.validate().map_err(|e| invalid_spec(e).failure())?;
         self.spec = spec;
         Ok(())
@@ -549,7 +551,6 @@ impl Prepared {
     pub fn grant(&mut self, granted: Vec<(Grant, OwnedFd)>) -> Result<(), JailFailure> {
         let (grants, sources): (Vec<Grant>, Vec<OwnedFd>) = granted.into_iter().unzip();
         let mut spec = self.spec.clone();
-        spec.descriptors = handed_names(self.zygote_channel.is_some(), grants.len());
         spec.grants = grants;
         self.set_spec(spec)?;
         self.grant_sources = sources;
@@ -611,10 +612,7 @@ impl Prepared {
     /// The spec as the jailer reads it, one frame: a cold python run's on
     /// the runner, and python on the runner compiled for its interpreter
     /// where it can be (`crate::runner_pyc`).
-    fn spec_frame(&mut self) -> Result<Vec<u8>, Box<RunResult>> {
-        // What goes with it, named as [`Prepared::handed`] sends them.
-        self.spec.descriptors =
-            handed_names(self.zygote_channel.is_some(), self.grant_sources.len());
+    fn spec_frame(&self) -> Result<Vec<u8>, Box<RunResult>> {
         let on_runner = pycell_runner::cold_on_runner(&self.spec);
         let spec = on_runner.as_ref().unwrap_or(&self.spec);
         let compiled = crate::runner_pyc::compiled(spec);
@@ -653,7 +651,7 @@ impl Prepared {
 
     /// Start the jailer and hand it the spec. On failure the jailer has been
     /// killed and reaped, and the result says why.
-    pub fn spawn(mut self, stderr: JailerStderr) -> Result<Launched, Box<RunResult>> {
+    pub fn spawn(self, stderr: JailerStderr) -> Result<Launched, Box<RunResult>> {
         let frame = self.spec_frame()?;
         let (mut cmd, spec_in) = self.command(stderr).map_err(|e| self.cannot_start(e))?;
         let (handed, outcome) = self.handed().map_err(|e| self.cannot_start(e))?;
@@ -713,10 +711,7 @@ impl Prepared {
     /// with `block_on` to its end, never from an async task that an idle
     /// blocking-pool thread runs after it returns: the jailer's parent-death
     /// signal follows the thread that started it, and idle pool threads exit.
-    pub async fn spawn_async(
-        mut self,
-        stderr: JailerStderr,
-    ) -> Result<LaunchedAsync, Box<RunResult>> {
+    pub async fn spawn_async(self, stderr: JailerStderr) -> Result<LaunchedAsync, Box<RunResult>> {
         use tokio::io::AsyncWriteExt;
         let frame = self.spec_frame()?;
         let (cmd, spec_in) = self.command(stderr).map_err(|e| self.cannot_start(e))?;
@@ -734,8 +729,7 @@ impl Prepared {
             // The descriptors go with the frame's first bytes.
             let first = tx
                 .async_io(tokio::io::Interest::WRITABLE, || {
-                    let fds: Vec<_> = handed.iter().map(AsFd::as_fd).collect();
-                    pycell_wire::fdpass::send_some_with_fds(tx.as_fd(), &frame, &fds)
+                    pycell_wire::fdpass::send_some_with_fds(tx.as_fd(), &frame, &borrowed(&handed))
                 })
                 .await?;
             drop(handed);
@@ -776,8 +770,11 @@ fn handed_names(zygote: bool, grants: usize) -> Vec<SpecFd> {
 /// Send the spec's frame on the jailer's stdin, `handed` attached to its
 /// first bytes.
 fn send_spec(spec_in: &UnixStream, frame: &[u8], handed: &[OwnedFd]) -> io::Result<()> {
-    let fds: Vec<_> = handed.iter().map(AsFd::as_fd).collect();
-    pycell_wire::fdpass::send_with_fds(spec_in.as_fd(), frame, &fds)
+    pycell_wire::fdpass::send_with_fds(spec_in.as_fd(), frame, &borrowed(handed))
+}
+
+fn borrowed(fds: &[OwnedFd]) -> Vec<std::os::fd::BorrowedFd<'_>> {
+    fds.iter().map(AsFd::as_fd).collect()
 }
 
 /// How the jailer process ended, as far as the reader of its events knows.

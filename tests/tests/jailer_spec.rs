@@ -17,18 +17,8 @@ use pycell_wire::events::{read_event, Event};
 use pycell_wire::report::JailReport;
 use pycell_wire::spec::{JailSpec, SpecFd};
 
-/// The spec `pycell debug spec` gives for `print(1)` (a uid lease taken
-/// and given back, as for a run).
 fn print_one_spec() -> JailSpec {
-    let script = tempfile::Builder::new().suffix(".py").tempfile().unwrap();
-    std::fs::write(script.path(), "print(1)\n").unwrap();
-    let out = Command::new(pycell_bin())
-        .args(["debug", "spec"])
-        .arg(script.path())
-        .output()
-        .expect("pycell debug spec");
-    assert!(out.status.success(), "{out:?}");
-    serde_json::from_slice(&out.stdout).expect("a spec")
+    pycell_tests::debug_spec("print(1)\n")
 }
 
 fn jailer(stdin: Stdio) -> Child {

@@ -83,15 +83,7 @@ fn a_cold_run_starts_on_the_compiled_runner_and_behaves_as_python_script_does() 
 /// The spec `pycell debug spec` gives for `print(1)`, its python started
 /// on the compiled runner at `pyc`.
 fn spec_with_pyc(pyc: &std::path::Path) -> JailSpec {
-    let script = tempfile::Builder::new().suffix(".py").tempfile().unwrap();
-    std::fs::write(script.path(), "print(1)\n").unwrap();
-    let out = Command::new(pycell_bin())
-        .args(["debug", "spec"])
-        .arg(script.path())
-        .output()
-        .expect("pycell debug spec");
-    assert!(out.status.success(), "{out:?}");
-    let cold: JailSpec = serde_json::from_slice(&out.stdout).expect("a spec");
+    let cold = pycell_tests::debug_spec("print(1)\n");
     let on_runner = pycell_runner::cold_on_runner(&cold).expect("a python run");
     pycell_runner::on_compiled(&on_runner, pyc).expect("on the runner's text")
 }
