@@ -19,6 +19,7 @@
 //! through its life and reports how it ended.
 #![forbid(unsafe_code)]
 
+pub mod fork_server;
 mod run;
 mod setup;
 mod supervisor;

@@ -24,6 +24,7 @@ use pycell_wire::outcome::{Outcome, MAX_OUTCOME_LINE};
 use pycell_policy::network::EgressRules;
 use pycell_policy::Policy;
 
+use crate::fork_server::{ForkServer, ForkedJailer};
 use crate::resolve::{self, ResolveError};
 use pycell_host::uidalloc::{self, UidLease};
 use pycell_protocol::messages::RunRequest;
@@ -31,6 +32,7 @@ use pycell_protocol::refusals;
 use pycell_protocol::result::{NetworkReport, RunLimits, RunResult};
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::{Event, EventError, Stream};
+use pycell_wire::fork_server::ForkJailer;
 use pycell_wire::report::{JailFailure, JailReport, RunMedia};
 use pycell_wire::spec::{new_run_id, Grant, ImageLimits, JailSpec, MediaLimits, SpecFd};
 
@@ -505,6 +507,8 @@ impl<C, E> Started<C, E> {
 pub type Launched = Started<std::process::Child, std::process::ChildStdout>;
 /// A started jailer, for a tokio caller.
 pub type LaunchedAsync = Started<tokio::process::Child, tokio::process::ChildStdout>;
+/// A started jailer that pycelld's monitor's fork server forked.
+pub type ForkedLaunch = Started<ForkedJailer, std::fs::File>;
 
 impl Prepared {
     /// A run of `spec` (validated here) holding `lease`, for `jailer`;
@@ -655,27 +659,51 @@ impl Prepared {
         let frame = self.spec_frame()?;
         let (mut cmd, spec_in) = self.command(stderr).map_err(|e| self.cannot_start(e))?;
         let (handed, outcome) = self.handed().map_err(|e| self.cannot_start(e))?;
-        // A warm jail's work follows its spec on the same stream.
-        let work = match self.spec.warm {
-            true => Some(spec_in.try_clone().map_err(|e| self.cannot_start(e))?),
-            false => None,
-        };
+        let work = self.work_stream(&spec_in)?;
         let mut child = cmd.spawn().map_err(|e| self.cannot_start(e))?;
         drop(cmd); // our copy of the jailer's end of the socket
         let Some(events) = child.stdout.take() else {
             unreachable!("stdout was configured as a pipe");
         };
-        let sent = send_spec(&spec_in, &frame, &handed).and_then(|()| match work {
-            Some(_) => Ok(()),
-            None => spec_in.shutdown(std::net::Shutdown::Write),
-        });
-        drop(handed);
-        if let Err(e) = sent {
+        if let Err(e) = hand_spec(&spec_in, &frame, handed, work.is_some()) {
             let _ = child.kill();
             let _ = child.wait();
             return Err(self.spec_not_taken(e));
         }
         Ok(self.started(child, events, spec_in, work, outcome))
+    }
+
+    /// [`Prepared::spawn`] by `server`, pycelld's monitor's: the jailer is
+    /// forked by the fork server, not executed, and is our child all the
+    /// same (our reaper reaps it); its stderr is the server's, ours.
+    pub fn spawn_forked(self, server: &mut ForkServer) -> Result<ForkedLaunch, Box<RunResult>> {
+        let frame = self.spec_frame()?;
+        let (spec_in, theirs) = UnixStream::pair().map_err(|e| self.cannot_start(e))?;
+        let (events, events_w) = io::pipe().map_err(|e| self.cannot_start(e))?;
+        let (handed, outcome) = self.handed().map_err(|e| self.cannot_start(e))?;
+        let work = self.work_stream(&spec_in)?;
+        let request = ForkJailer {
+            new_process_group: self.spec.session.is_some(),
+        };
+        let child = server
+            .fork(&self.jailer, theirs.as_fd(), events_w.as_fd(), request)
+            .map_err(|e| self.cannot_start(e))?;
+        drop((theirs, events_w));
+        if let Err(e) = hand_spec(&spec_in, &frame, handed, work.is_some()) {
+            child.kill();
+            return Err(self.spec_not_taken(e));
+        }
+        let events = std::fs::File::from(OwnedFd::from(events));
+        Ok(self.started(child, events, spec_in, work, outcome))
+    }
+
+    /// A warm jail's stream for its work, which follows its spec on the
+    /// same socket.
+    fn work_stream(&self, spec_in: &UnixStream) -> Result<Option<UnixStream>, Box<RunResult>> {
+        match self.spec.warm {
+            true => Ok(Some(spec_in.try_clone().map_err(|e| self.cannot_start(e))?)),
+            false => Ok(None),
+        }
     }
 
     fn started<C, E>(
@@ -768,9 +796,20 @@ fn handed_names(zygote: bool, grants: usize) -> Vec<SpecFd> {
 }
 
 /// Send the spec's frame on the jailer's stdin, `handed` attached to its
-/// first bytes.
-fn send_spec(spec_in: &UnixStream, frame: &[u8], handed: &[OwnedFd]) -> io::Result<()> {
-    pycell_wire::fdpass::send_with_fds(spec_in.as_fd(), frame, &borrowed(handed))
+/// first bytes (ours closed after), and end the stream there unless work
+/// follows (`more`).
+fn hand_spec(
+    spec_in: &UnixStream,
+    frame: &[u8],
+    handed: Vec<OwnedFd>,
+    more: bool,
+) -> io::Result<()> {
+    pycell_wire::fdpass::send_with_fds(spec_in.as_fd(), frame, &borrowed(&handed))?;
+    drop(handed);
+    match more {
+        true => Ok(()),
+        false => spec_in.shutdown(std::net::Shutdown::Write),
+    }
 }
 
 fn borrowed(fds: &[OwnedFd]) -> Vec<std::os::fd::BorrowedFd<'_>> {

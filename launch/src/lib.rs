@@ -12,11 +12,13 @@
 //! before a jailer sees it (which validates it again). The jailer's event
 //! stream carries the sandbox's output: frames are length-checked before
 //! allocation and output is capped again here. Nothing here builds a jail:
-//! every mode starts the separate, single-threaded `pycell-jailer`.
+//! every mode starts the separate, single-threaded `pycell-jailer`
+//! (pycelld's monitor has it forked by one that stays, [`fork_server`]).
 #![forbid(unsafe_code)]
 
 pub mod displays;
 pub mod events;
+pub mod fork_server;
 pub mod host_info;
 pub mod launcher;
 pub mod layers;

@@ -76,6 +76,9 @@ pub trait JailerChild: Send + 'static {
     /// The jailer is abandoned, not yet reaped: wait for it elsewhere, and
     /// release `lease` only then.
     fn reap_later(self, lease: Option<UidLease>);
+    /// It was reaped by someone else (pycelld's monitor reaps every child
+    /// with `waitpid`).
+    fn reaped_elsewhere(self);
 }
 
 impl JailerChild for Child {
@@ -88,6 +91,10 @@ impl JailerChild for Child {
             let _ = self.wait();
             drop(lease);
         });
+    }
+
+    fn reaped_elsewhere(mut self) {
+        let _ = self.try_wait();
     }
 }
 
@@ -109,6 +116,8 @@ impl JailerChild for tokio::process::Child {
             Err(_) => drop(lease),
         }
     }
+
+    fn reaped_elsewhere(self) {}
 }
 
 /// The process side of a started jailer.
@@ -181,13 +190,13 @@ impl<C: JailerChild> JailerProcess<C> {
     }
 }
 
-impl JailerProcess<Child> {
+impl<C: JailerChild> JailerProcess<C> {
     /// The jailer was reaped by someone else (pycelld's monitor reaps every
     /// child with `waitpid`): release the uid.
     pub fn reaped_elsewhere(&mut self) {
         self.stopper.reaped();
-        if let Some(mut child) = self.child.take() {
-            let _ = child.try_wait();
+        if let Some(child) = self.child.take() {
+            child.reaped_elsewhere();
         }
         self.lease = None;
     }

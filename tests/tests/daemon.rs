@@ -721,6 +721,52 @@ fn a_sigkilled_jailer_takes_its_sandbox_along_and_the_client_hears_of_it() {
     assert!(d.client().run(request("print(1)"), |_, _| {}).is_ok());
 }
 
+#[test]
+fn jailers_are_forked_by_a_fork_server_that_is_started_again_if_killed() {
+    use pycell_wire::fork_server::{ARG, JAILER_NAME, NAME};
+    let d = Daemon::start("");
+    let (handle, mut canceller) = start_long_run(&d);
+    let children = pycell_tests::children_of(d.pid() as u32);
+    let named = |name: &str| children.iter().find(|p| p.name == name).map(|p| p.pid);
+    let server = named(NAME).expect("a jailer fork server under the monitor");
+    let jailer = named(JAILER_NAME).expect("the run's jailer under the monitor");
+    let cmdline = std::fs::read(format!("/proc/{jailer}/cmdline")).unwrap();
+    assert!(
+        cmdline.split(|b| *b == 0).any(|arg| arg == ARG.as_bytes()),
+        "the run's jailer was forked by the server, not executed: {:?}",
+        String::from_utf8_lossy(&cmdline)
+    );
+    let kill9 = |pid: u32| {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+    };
+    kill9(server).unwrap();
+    // The run's jailer is the monitor's child, not the server's: it and
+    // its run go on.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{server}")).exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        Path::new(&format!("/proc/{jailer}")).exists(),
+        "the run's jailer outlives the fork server"
+    );
+    assert!(!d.sandbox_processes().is_empty(), "and so does its run");
+    canceller.cancel().unwrap();
+    let r = handle.join().unwrap().unwrap();
+    assert_eq!(serde_json::to_value(r.status).unwrap(), "killed", "{r:?}");
+    // The next run gets a new server.
+    let r = d.client().run(request("print(2)"), |_, _| {}).unwrap();
+    assert_eq!(r.stdout, "2\n", "{r:?}\n{}", d.log());
+    let again = pycell_tests::children_of(d.pid() as u32)
+        .into_iter()
+        .find(|p| p.name == NAME)
+        .expect("a new jailer fork server under the monitor");
+    assert_ne!(again.pid, server, "the server was started again");
+}
+
 /// Read replies on a raw connection until the result; every message read.
 fn read_until_result(s: &mut UnixStream) -> Vec<ServerMessage> {
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();

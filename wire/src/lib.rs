@@ -2,7 +2,8 @@
 //! jail spec it reads ([`spec`]), the report it ends with ([`report`]) and
 //! its stable failure [`codes`], its event frames ([`events`]), the bounded
 //! JSON frames its stdin carries ([`framing`]), the descriptors the jail
-//! hands out, each named ([`handout`]), descriptor passing over unix
+//! hands out, each named ([`handout`]), the jailer fork server's messages
+//! ([`fork_server`]), descriptor passing over unix
 //! sockets ([`fdpass`]) with each descriptor named by its message
 //! ([`named_fds`]), and the marks of where a run spent its
 //! time ([`timings`]).
@@ -18,6 +19,7 @@
 pub mod codes;
 pub mod events;
 pub mod fdpass;
+pub mod fork_server;
 pub mod framing;
 pub mod handout;
 pub mod limits;

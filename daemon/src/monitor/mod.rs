@@ -8,8 +8,9 @@
 //! normalized requirements), re-checks each field cheaply and resolves it
 //! itself against the operator's policies, exactly as for any client. Its
 //! root powers are used for: creating the socket, sweeping leftover cgroups,
-//! leasing sandbox uids, spawning `pycell-jailer` (which creates the run's
-//! cgroup) and killing runs.
+//! leasing sandbox uids, starting `pycell-jailer` (which creates the run's
+//! cgroup; forked by its fork server, `pycell_launch::fork_server`, but
+//! a pool's zygote's, executed) and killing runs.
 //!
 //! By job: `setup.rs` (ids, signals, the socket, the broker's start,
 //! systemd), `serve.rs` (the loop: signals, the broker's messages, reaping,
@@ -23,7 +24,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -33,9 +34,8 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{Gid, Group, Pid, Uid, User};
 use pycell_deps::{self as deps, build::Plan, store::EnvInUse, store::EnvStore};
 use pycell_host::cgroup::CgroupLayout;
-use pycell_launch::launcher::{
-    self as launch, read_outcome, JailerStderr, Launched, Launcher, PolicyChoice,
-};
+use pycell_launch::fork_server::{ForkServer, ForkedJailer};
+use pycell_launch::launcher::{self as launch, read_outcome, ForkedLaunch, Launcher, PolicyChoice};
 use pycell_launch::resolve::Extras;
 use pycell_protocol::framing;
 use pycell_protocol::messages::{ErrorCode, RunRequest};
@@ -92,7 +92,7 @@ struct Run {
     /// Its jailer and uid lease, its deadline (the run's wall timeout and
     /// [`PATIENCE`]'s slack) and stop escalation: the supervisor's process
     /// side, the same as in embedded mode.
-    process: JailerProcess<Child>,
+    process: JailerProcess<ForkedJailer>,
     /// The env of its dependencies: in use (so kept) while the run goes.
     _env: Option<EnvInUse>,
     started: Instant,
@@ -181,6 +181,7 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
         builds: HashMap::new(),
         pools,
         pools_reported,
+        forks: ForkServer::default(),
         broker_pid,
         broker_alive: true,
         stopping_since: None,
@@ -214,6 +215,9 @@ struct Monitor {
     pools: Pools,
     /// What the broker was last told of them.
     pools_reported: Vec<pycell_protocol::info::WarmPoolStatus>,
+    /// Forks every jailer of a run, a session or a pool member (started
+    /// on first use; started again if it died).
+    forks: ForkServer,
     broker_pid: Pid,
     broker_alive: bool,
     stopping_since: Option<Instant>,

@@ -74,7 +74,7 @@ impl Monitor {
         prepared
             .grant(granted.into_iter().zip(grant_sources).collect())
             .map_err(|f| refuse((ErrorCode::InvalidRequest, f.message)))?;
-        let launched = prepared.spawn(JailerStderr::Inherit).map_err(|r| {
+        let launched = prepared.spawn_forked(&mut self.forks).map_err(|r| {
             let message = r.error.map_or_else(String::new, |e| e.message);
             refuse((ErrorCode::Internal, message))
         })?;
@@ -105,7 +105,7 @@ impl Monitor {
                     .launcher
                     .prepare_session(policy, request, extras)
                     .map_err(|e| refuse(refusal(e)))?;
-                let launched = prepared.spawn(JailerStderr::Inherit).map_err(|r| {
+                let launched = prepared.spawn_forked(&mut self.forks).map_err(|r| {
                     let message = r.error.map_or_else(String::new, |e| e.message);
                     refuse((ErrorCode::Internal, message))
                 })?;
@@ -164,7 +164,7 @@ impl Monitor {
         &mut self,
         req: u64,
         peer: &PeerIds,
-        launched: Launched,
+        launched: ForkedLaunch,
         env: Option<(EnvInUse, EnvReport)>,
         code: &str,
         warm: bool,
@@ -180,7 +180,7 @@ impl Monitor {
         &mut self,
         req: u64,
         peer: &PeerIds,
-        launched: Launched,
+        launched: ForkedLaunch,
         env: Option<(EnvInUse, EnvReport)>,
         code: &str,
         warm: bool,

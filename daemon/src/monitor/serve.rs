@@ -144,7 +144,8 @@ impl Monitor {
         self.pools.retire_idle();
         let store = self.envs.as_ref().ok().map(|(s, _)| s);
         let busy = !self.runs.is_empty();
-        self.pools.refill(&self.launcher, store, busy);
+        self.pools
+            .refill(&self.launcher, &mut self.forks, store, busy);
         self.report_pools();
     }
 
@@ -289,6 +290,11 @@ impl Monitor {
                     let Some(pid) = status.pid() else { return };
                     if pid == self.broker_pid {
                         self.broker_alive = false;
+                    } else if self.forks.exited(pid.as_raw()) {
+                        tracing::debug!(
+                            "the jailer fork server exited ({})",
+                            describe_wait(&status)
+                        );
                     } else if let Some(mut run) = self.runs.remove(&pid.as_raw()) {
                         run.process.reaped_elsewhere();
                         let outcome = read_outcome(&run.outcome);
@@ -337,6 +343,7 @@ impl Monitor {
         if self.broker_alive {
             let _ = kill(self.broker_pid, Signal::SIGKILL);
         }
+        self.forks.stop();
         self.kill_all_runs();
         let deadline = Instant::now() + Duration::from_secs(5);
         let idle = |m: &Self| m.runs.is_empty() && m.builds.is_empty() && m.pools.is_empty();

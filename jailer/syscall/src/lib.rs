@@ -144,8 +144,19 @@ fn ensure_single_threaded() -> io::Result<()> {
 /// the stack). `flags` are `CLONE_NEW*` namespace flags, or 0 for a plain fork.
 /// Refused in a multi-threaded process.
 pub fn clone_fork(namespace_flags: libc::c_int) -> io::Result<CloneResult> {
+    clone_with(namespace_flags | libc::SIGCHLD)
+}
+
+/// A plain fork whose child is our parent's child, not ours
+/// (`CLONE_PARENT`): it is reaped, and its parent-death signal sent, by
+/// our parent. Refused in a multi-threaded process.
+pub fn fork_as_sibling() -> io::Result<CloneResult> {
+    clone_with(libc::CLONE_PARENT | libc::SIGCHLD)
+}
+
+fn clone_with(flags: libc::c_int) -> io::Result<CloneResult> {
     ensure_single_threaded()?;
-    let flags = (namespace_flags | libc::SIGCHLD) as libc::c_ulong;
+    let flags = flags as libc::c_ulong;
     // SAFETY: with a NULL stack pointer clone behaves like fork: the child runs
     // on a copy-on-write copy of the caller's stack and memory. The caller is
     // single-threaded (checked just above), so no lock or

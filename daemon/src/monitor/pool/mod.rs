@@ -23,7 +23,8 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use pycell_deps::{self as deps, store::EnvInUse, store::EnvStore};
-use pycell_launch::launcher::{JailerStderr, Launched, Launcher, PolicyChoice};
+use pycell_launch::fork_server::ForkServer;
+use pycell_launch::launcher::{ForkedLaunch, Launcher, PolicyChoice};
 use pycell_launch::resolve::Extras;
 use pycell_launch::stopper::Stopper;
 use pycell_launch::supervisor::PATIENCE;
@@ -147,7 +148,7 @@ pub fn reserved_memory(plans: &[PoolPlan]) -> u64 {
 #[derive(Debug)]
 struct Member {
     spec: JailSpec,
-    launched: Launched,
+    launched: ForkedLaunch,
     env: Option<(EnvInUse, EnvReport)>,
     state: State,
     /// Its jailer's stop (only when asked; killed after the grace).
@@ -168,7 +169,7 @@ enum State {
 /// broker gets.
 #[derive(Debug)]
 pub struct Taken {
-    pub launched: Launched,
+    pub launched: ForkedLaunch,
     pub env: Option<(EnvInUse, EnvReport)>,
 }
 
@@ -228,9 +229,15 @@ impl Pools {
         self.len() == 0
     }
 
-    /// Start members where pools are short (not while stopping); `busy`:
-    /// some run is going.
-    pub fn refill(&mut self, launcher: &Launcher, store: Option<&EnvStore>, busy: bool) {
+    /// Start members where pools are short (not while stopping), their
+    /// jailers forked by `forks`; `busy`: some run is going.
+    pub fn refill(
+        &mut self,
+        launcher: &Launcher,
+        forks: &mut ForkServer,
+        store: Option<&EnvStore>,
+        busy: bool,
+    ) {
         let now = Instant::now();
         let quiet = busy && self.last_take.is_some_and(|t| now < t + REFILL_QUIET);
         for pool in &mut self.pools {
@@ -240,7 +247,7 @@ impl Pools {
                 continue;
             }
             while pool.members.len() < pool.plan.members && now >= pool.not_before {
-                match start_member(launcher, store, &pool.plan, pool.zygote.source()) {
+                match start_member(launcher, forks, store, &pool.plan, pool.zygote.source()) {
                     Ok(Some(m)) => {
                         pool.members.insert(m.launched.child.id() as i32, m);
                     }
@@ -355,7 +362,6 @@ impl Pools {
         if let Some(mut m) = pool.members.remove(&pid) {
             // Already reaped; the lease goes now, the cgroup went with it.
             m.stopper.reaped();
-            let _ = m.launched.child.try_wait();
         }
         true
     }
@@ -511,6 +517,7 @@ struct Retry {
 /// (for the zygote to be ready, or for one of its slots).
 fn start_member(
     launcher: &Launcher,
+    forks: &mut ForkServer,
     store: Option<&EnvStore>,
     plan: &PoolPlan,
     source: zygote::Source<'_>,
@@ -545,7 +552,7 @@ fn start_member(
     .map_err(|e| fail(e.failure().message))?;
     let spec = prepared.spec().clone();
     let launched = prepared
-        .spawn(JailerStderr::Inherit)
+        .spawn_forked(forks)
         .map_err(|r| fail(r.error.map_or_else(String::new, |e| e.message)))?;
     Ok(Some(Member {
         stopper: Stopper::new(launched.child.id(), None, PATIENCE.grace),
