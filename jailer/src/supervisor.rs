@@ -154,7 +154,7 @@ fn assemble_report(
     let changes = run_changes(spec, &relayed);
     let run = match &relayed.session {
         Some(session) => session_run(spec, session, end)?,
-        None => warm_run(spec, relayed.warm.as_ref(), end)?,
+        None => warm_run(spec, relayed.warm.as_ref(), relayed.cancelled, end)?,
     };
     let session_end = relayed.session.as_ref().and_then(|s| s.end);
     let mut seen = Observed {
@@ -273,10 +273,12 @@ struct RunClock {
 
 /// The run's clock. A warm jail that never got its work did not run: a
 /// failed warm-up is refused (its output goes to our stderr, the
-/// operator's), as is work it could not take.
+/// operator's, unless it was stopped, `cancelled`, before it was ready:
+/// a pool or a server that stops), as is work it could not take.
 fn warm_run(
     spec: &JailSpec,
     warm: Option<&relay::WarmEnd>,
+    cancelled: bool,
     since_start: Duration,
 ) -> Result<RunClock, JailFailure> {
     let mut clock = RunClock {
@@ -303,6 +305,9 @@ fn warm_run(
             clock.waited_ms = Some(waited_ms);
             Ok(clock)
         }
+        (crate::run::warm::Phase::WarmingUp, _) if cancelled => Err(not_run(
+            "the warm jail was stopped before it was ready".into(),
+        )),
         (crate::run::warm::Phase::WarmingUp, _) => {
             let output = String::from_utf8_lossy(&w.warm_up_output);
             eprintln!(
