@@ -72,8 +72,9 @@ def main():
     daemon = [a.pycell, "run", "--socket", a.socket, script]
     # Idle first, before any run has grown the broker's buffers. The
     # monitor and the broker only: the warm pools' jailers (members and
-    # zygotes, also the monitor's children) are the sandboxes' side.
-    broker = [p for p in children(a.daemon_pid) if comm(p) != "pycell-jailer"]
+    # zygotes, also the monitor's children) and the fork server that forks
+    # them (jailer-forks) are the sandboxes' side.
+    broker = [p for p in children(a.daemon_pid) if comm(p) not in ("pycell-jailer", "jailer-forks")]
     idle = rss_kb(a.daemon_pid) + sum(rss_kb(p) for p in broker)
     print(f"{'concurrency':>11} {'bare runs/s':>12} {'daemon runs/s':>14} {'ratio':>6}")
     verdicts = []
