@@ -62,7 +62,8 @@ impl ForkServer {
 
     /// A jailer of `jailer` (the server's own executable), `stdin` and
     /// `stdout` its own, forked by the server (started first if need be,
-    /// and once more if it had died). Its pid, a child of ours.
+    /// and once more if it was gone before it took the request). Its pid,
+    /// a child of ours.
     pub fn fork(
         &mut self,
         jailer: &Path,
@@ -76,17 +77,25 @@ impl ForkServer {
                 Some(r) => r,
                 None => start(jailer)?,
             };
-            match ask(&running, stdin, stdout, request) {
-                Ok(answer) => {
+            let sock = running.requests.as_fd();
+            let sent =
+                pycell_wire::fdpass::send_with_fds(sock, &request.encode(), &[stdin, stdout]);
+            let taken = sent.is_ok();
+            match sent.and_then(|()| answer(sock)) {
+                Ok(Forked::Pid(pid)) => {
                     self.running = Some(running);
-                    return match answer {
-                        Forked::Pid(pid) => Ok(ForkedJailer { pid }),
-                        Forked::Failed(errno) => Err(io::Error::from_raw_os_error(errno)),
-                    };
+                    return Ok(ForkedJailer { pid });
+                }
+                Ok(Forked::Failed(errno)) => {
+                    self.running = Some(running);
+                    return Err(io::Error::from_raw_os_error(errno));
                 }
                 Err(e) => {
                     let _ = kill(Pid::from_raw(running.pid), Signal::SIGKILL);
-                    if retried || !gone(&e) {
+                    // Only a request the server never took is asked
+                    // again: one it took may have forked a jailer on
+                    // these descriptors already.
+                    if retried || taken || !gone(&e) {
                         return Err(e);
                     }
                     retried = true;
@@ -122,15 +131,9 @@ fn start(jailer: &Path) -> io::Result<Running> {
     })
 }
 
-/// One request, one answer (an error: the server is no use any more).
-fn ask(
-    running: &Running,
-    stdin: BorrowedFd<'_>,
-    stdout: BorrowedFd<'_>,
-    request: ForkJailer,
-) -> io::Result<Forked> {
-    let sock = running.requests.as_fd();
-    pycell_wire::fdpass::send_with_fds(sock, &request.encode(), &[stdin, stdout])?;
+/// The server's answer to the request just sent (an error: the server
+/// is no use any more).
+fn answer(sock: BorrowedFd<'_>) -> io::Result<Forked> {
     let mut buf = [0u8; 8];
     let (n, _) = loop {
         match pycell_wire::fdpass::recv_with_fds(sock, &mut buf) {
@@ -147,7 +150,7 @@ fn ask(
     Forked::decode(&buf[..n]).map_err(io::Error::other)
 }
 
-/// The server was gone before it could answer (worth one new server).
+/// The server was gone before it took the request (worth one new server).
 fn gone(e: &io::Error) -> bool {
     matches!(
         e.kind(),
