@@ -729,4 +729,82 @@ for e in cases:
         assert_eq!(argv[..3], ["/usr/bin/python3", "-s", "-c"]);
         assert_eq!(argv.last().unwrap(), "numpy");
     }
+
+    /// A session's state bundle (`state.py`, on `session.py`'s safe paths),
+    /// written from one `__main__` and /workspace and loaded into others.
+    #[test]
+    fn a_sessions_state_is_carried_to_another_and_what_cannot_be_is_named() {
+        let check = r#"
+import builtins, os, sys, tempfile, threading, types
+ns = {"__name__": "__main__", "__builtins__": builtins}
+exec(compile(sys.stdin.read(), "<runner parts>", "exec"), ns)
+def session(workspace):
+    ns["_PYCELL_WORKSPACE"] = workspace
+    m = types.ModuleType("__main__")
+    m.__builtins__ = builtins
+    sys.modules["__main__"] = m
+    return m
+source_ws = tempfile.mkdtemp()
+source = session(source_ws)
+exec("""
+import math, random, threading
+x = 41
+def inc(n, k=1):
+    return n + k
+class Counter:
+    def __init__(self):
+        self.n = 0
+    def bump(self):
+        self.n += 1
+        return self.n
+c = Counter()
+c.bump()
+shared = [1, 2]
+holder = {"list": shared}
+rng = random.Random(7)
+adder = (lambda base: lambda y: y + base)(10)
+f = open("/dev/null")
+lock = threading.Lock()
+""", source.__dict__)
+os.makedirs(source_ws + "/data")
+with open(source_ws + "/data/a.txt", "w") as out:
+    out.write("hello")
+os.symlink("/etc/passwd", source_ws + "/link")
+bundle, left = ns["_pycell_state_bundle"](source, 1 << 20)
+print(sorted(left["dropped"]), left["skipped"], left["reseeded"])
+try:
+    ns["_pycell_state_bundle"](source, 64)
+    print("not refused")
+except ns["_PycellRefusal"] as e:
+    print("refused:", "more than the 64" in str(e))
+for _ in range(2):
+    fork_ws = tempfile.mkdtemp()
+    fork = session(fork_ws)
+    loaded = ns["_pycell_state_load"](fork, bundle)
+    print(loaded["files"], "x" in loaded["names"], "f" in loaded["names"])
+    exec("""
+x += 1
+print(x, inc(1), c.bump(), isinstance(c, Counter), holder["list"] is shared, adder(1), math.floor(1.5))
+print(rng.random() != random.Random(7).random())
+""", fork.__dict__)
+    print(open(fork_ws + "/data/a.txt").read(), os.path.lexists(fork_ws + "/link"))
+print(source.x, source.c.n)
+"#;
+        let parts = [include_str!("session.py"), include_str!("state.py")].join("\n");
+        let out = python(&["-c", check], parts.as_bytes());
+        assert_eq!(
+            out,
+            "['f', 'lock'] {'link': 'not a regular file (symlink)'} ['Random']\n\
+             refused: True\n\
+             1 True False\n\
+             42 2 2 True True 11 1\n\
+             True\n\
+             hello False\n\
+             1 True False\n\
+             42 2 2 True True 11 1\n\
+             True\n\
+             hello False\n\
+             41 1\n"
+        );
+    }
 }
