@@ -205,15 +205,22 @@ pub const TOKEN_LEN: usize = 32;
 /// ends the session, instead of answering the next request.
 pub type Token = [u8; TOKEN_LEN];
 
-/// A fresh token, which the jail cannot guess: SipHash (a keyed
-/// pseudo-random function) under std's random keys, which the jail never
-/// sees, a new key for each token.
+/// A fresh token, which the jail cannot guess: 128 bits from the kernel
+/// (`getrandom`) for each token, in hex. Never from a generator seeded in
+/// this process: a jailer forked by pycelld's fork server starts with a
+/// copy of its server's memory, so a seed kept there would be every
+/// jailer's. The kernel always has random bytes for root on the kernels
+/// pycell runs on; a jailer that got none aborts (its jail dies with it)
+/// rather than send a guessable token.
 pub fn new_token() -> Token {
-    use std::hash::BuildHasher;
-    let keys = std::collections::hash_map::RandomState::new();
-    let hex = format!("{:016x}{:016x}", keys.hash_one(1u8), keys.hash_one(2u8));
+    let mut bytes = [0u8; TOKEN_LEN / 2];
+    if getrandom::fill(&mut bytes).is_err() {
+        std::process::abort();
+    }
     let mut token = [0u8; TOKEN_LEN];
-    token.copy_from_slice(hex.as_bytes());
+    for (pair, b) in token.chunks_exact_mut(2).zip(bytes) {
+        pair.copy_from_slice(format!("{b:02x}").as_bytes());
+    }
     token
 }
 
