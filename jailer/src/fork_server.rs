@@ -11,12 +11,16 @@
 //! fork, no state between requests. It reads requests only on its stdin,
 //! one end of a socket pair the monitor made (nobody else can reach it),
 //! dies with the monitor (parent-death signal, or end of file), and is
-//! single-threaded (the fork checks it).
+//! single-threaded (the fork checks it). Nothing here may seed or keep
+//! process-wide state before a fork (a `HashMap`'s random keys, a
+//! generator): every jailer would start with a copy of it (session
+//! tokens come from the kernel for this reason, `pycell_runner::session`).
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
 use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use pycell_syscall::{self as syscall, CloneResult};
 use pycell_wire::fork_server::{ForkJailer, Forked, DESCRIPTORS, JAILER_NAME, NAME};
 
@@ -25,6 +29,8 @@ use pycell_wire::fork_server::{ForkJailer, Forked, DESCRIPTORS, JAILER_NAME, NAM
 pub fn serve() -> i32 {
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
     set_name(NAME);
+    // Every jailer we fork is our parent's child: it checks it still is.
+    let monitor = nix::unistd::getppid();
     let requests = io::stdin();
     let sock = requests.as_fd();
     let mut buf = [0u8; 16];
@@ -37,17 +43,19 @@ pub fn serve() -> i32 {
         if n == 0 && fds.is_empty() {
             return 0;
         }
-        let answer = fork_one(&buf[..n], fds);
-        if let Err(e) = pycell_wire::fdpass::send_with_fds(sock, &answer.encode(), &[]) {
-            if e.kind() != io::ErrorKind::Interrupted {
-                return 1;
+        let answer = fork_one(&buf[..n], fds, monitor);
+        loop {
+            match pycell_wire::fdpass::send_with_fds(sock, &answer.encode(), &[]) {
+                Ok(()) => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return 1,
             }
         }
     }
 }
 
 /// Fork the jailer `request` asks for (in the child: never returns).
-fn fork_one(request: &[u8], fds: Vec<OwnedFd>) -> Forked {
+fn fork_one(request: &[u8], fds: Vec<OwnedFd>, monitor: Pid) -> Forked {
     let Ok(request) = ForkJailer::decode(request) else {
         return Forked::Failed(libc::EINVAL);
     };
@@ -55,7 +63,9 @@ fn fork_one(request: &[u8], fds: Vec<OwnedFd>) -> Forked {
         return Forked::Failed(libc::EBADMSG);
     };
     match syscall::fork_as_sibling() {
-        Ok(CloneResult::Child) => std::process::exit(become_jailer(request, stdin, stdout)),
+        Ok(CloneResult::Child) => {
+            std::process::exit(become_jailer(request, stdin, stdout, monitor))
+        }
         Ok(CloneResult::Parent(pid)) => Forked::Pid(pid.as_raw()),
         Err(e) => Forked::Failed(e.raw_os_error().unwrap_or(libc::EIO)),
     }
@@ -63,8 +73,13 @@ fn fork_one(request: &[u8], fds: Vec<OwnedFd>) -> Forked {
 
 /// In the forked child: the request's descriptors become stdin and
 /// stdout (the server's socket, stdin until now, goes with it), then the
-/// jailer runs as if executed.
-fn become_jailer(request: ForkJailer, stdin: OwnedFd, stdout: OwnedFd) -> i32 {
+/// jailer runs as if executed, its parent-death signal set first and
+/// checked: a monitor gone before it was set would never send it.
+fn become_jailer(request: ForkJailer, stdin: OwnedFd, stdout: OwnedFd, monitor: Pid) -> i32 {
+    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGTERM);
+    if nix::unistd::getppid() != monitor {
+        return 127;
+    }
     if nix::unistd::dup2_stdin(&stdin).is_err() || nix::unistd::dup2_stdout(&stdout).is_err() {
         return 127;
     }

@@ -172,9 +172,12 @@ impl ForkedJailer {
         self.pid as u32
     }
 
-    /// SIGKILL it (it was never given its spec).
-    pub fn kill(&self) {
+    /// SIGKILL it (it never took its whole spec) and reap it, so that
+    /// the uid it was given is free only once it is gone (our caller is
+    /// single-threaded: nobody else reaps it meanwhile).
+    pub fn kill_and_reap(self) {
         let _ = kill(Pid::from_raw(self.pid), Signal::SIGKILL);
+        let _ = waitpid(Pid::from_raw(self.pid), None);
     }
 }
 

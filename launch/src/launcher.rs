@@ -645,6 +645,17 @@ impl Prepared {
         )
     }
 
+    fn cannot_fork(&self, e: io::Error) -> Box<RunResult> {
+        self.refused_boxed(JailFailure::new(
+            FailureCode::JailerUnavailable,
+            Layer::Jailer,
+            format!(
+                "the jailer fork server ({} --fork-server) could not fork a jailer: {e}",
+                self.jailer.display()
+            ),
+        ))
+    }
+
     fn spec_not_taken(&self, e: io::Error) -> Box<RunResult> {
         self.refused_boxed(JailFailure::new(
             FailureCode::JailerFailed,
@@ -687,10 +698,10 @@ impl Prepared {
         };
         let child = server
             .fork(&self.jailer, theirs.as_fd(), events_w.as_fd(), request)
-            .map_err(|e| self.cannot_start(e))?;
+            .map_err(|e| self.cannot_fork(e))?;
         drop((theirs, events_w));
         if let Err(e) = hand_spec(&spec_in, &frame, handed, work.is_some()) {
-            child.kill();
+            child.kill_and_reap();
             return Err(self.spec_not_taken(e));
         }
         let events = std::fs::File::from(OwnedFd::from(events));

@@ -154,6 +154,11 @@ pub fn fork_as_sibling() -> io::Result<CloneResult> {
     clone_with(libc::CLONE_PARENT | libc::SIGCHLD)
 }
 
+/// The raw system call, not glibc's `fork`: no `pthread_atfork`
+/// handlers run, and glibc's per-thread record (the tid cached in its
+/// thread block) is still the parent's in the child. That is sound only
+/// because the caller is single-threaded and holds no lock, and nothing
+/// the child does may depend on that record being its own.
 fn clone_with(flags: libc::c_int) -> io::Result<CloneResult> {
     ensure_single_threaded()?;
     let flags = flags as libc::c_ulong;
