@@ -150,14 +150,13 @@ fn answer(sock: BorrowedFd<'_>) -> io::Result<Forked> {
     Forked::decode(&buf[..n]).map_err(io::Error::other)
 }
 
-/// The server was gone before it took the request (worth one new server).
+/// Sending failed because the server was gone (worth one new server).
 fn gone(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::BrokenPipe
             | io::ErrorKind::ConnectionReset
             | io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::UnexpectedEof
     )
 }
 

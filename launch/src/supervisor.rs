@@ -19,7 +19,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::process::{Child, ExitStatus};
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use pycell_egress::{AuditHook, Egress, EgressConfig};
@@ -69,8 +69,9 @@ pub enum StoppedBy {
 
 pub use crate::stopper::Escalation;
 
-/// A jailer's child handle: blocking (pycelld's monitor, which reaps with
-/// `waitpid`) or tokio's (the embedded launcher).
+/// A jailer's child handle: one the fork server forked (pycelld's
+/// monitor, which reaps with `waitpid`: `crate::fork_server::ForkedJailer`)
+/// or tokio's (the embedded launcher).
 pub trait JailerChild: Send + 'static {
     fn pid(&self) -> Option<u32>;
     /// The jailer is abandoned, not yet reaped: wait for it elsewhere, and
@@ -79,23 +80,6 @@ pub trait JailerChild: Send + 'static {
     /// It was reaped by someone else (pycelld's monitor reaps every child
     /// with `waitpid`).
     fn reaped_elsewhere(self);
-}
-
-impl JailerChild for Child {
-    fn pid(&self) -> Option<u32> {
-        Some(self.id())
-    }
-
-    fn reap_later(mut self, lease: Option<UidLease>) {
-        std::thread::spawn(move || {
-            let _ = self.wait();
-            drop(lease);
-        });
-    }
-
-    fn reaped_elsewhere(mut self) {
-        let _ = self.try_wait();
-    }
 }
 
 impl JailerChild for tokio::process::Child {

@@ -57,12 +57,17 @@ fn finish(mut jailer: Child) -> (Vec<u8>, JailReport, i32) {
 fn send(spec: &JailSpec, fds: &[OwnedFd]) -> Child {
     let (ours, theirs) = UnixStream::pair().unwrap();
     let child = jailer(Stdio::from(OwnedFd::from(theirs)));
+    hand_spec(&ours, spec, fds);
+    child
+}
+
+/// Send `spec` on a jailer's stdin, `fds` attached, and end it there.
+fn hand_spec(stdin: &UnixStream, spec: &JailSpec, fds: &[OwnedFd]) {
     let frame = pycell_wire::framing::encode_within(spec, pycell_wire::spec::MAX_SPEC_FRAME)
         .expect("a frame");
     let fds: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
-    pycell_wire::fdpass::send_with_fds(ours.as_fd(), &frame, &fds).expect("sent");
-    ours.shutdown(std::net::Shutdown::Write).unwrap();
-    child
+    pycell_wire::fdpass::send_with_fds(stdin.as_fd(), &frame, &fds).expect("sent");
+    stdin.shutdown(std::net::Shutdown::Write).unwrap();
 }
 
 #[test]
@@ -156,11 +161,7 @@ fn a_forked_jailer_is_its_servers_starters_child_and_runs_its_spec() {
     let mut spec = print_one_spec();
     spec.descriptors = vec![SpecFd::Outcome];
     let (mut outcome, outcome_w) = std::io::pipe().unwrap();
-    let frame = pycell_wire::framing::encode_within(&spec, pycell_wire::spec::MAX_SPEC_FRAME)
-        .expect("a frame");
-    pycell_wire::fdpass::send_with_fds(spec_in.as_fd(), &frame, &[outcome_w.as_fd()]).unwrap();
-    drop(outcome_w);
-    spec_in.shutdown(std::net::Shutdown::Write).unwrap();
+    hand_spec(&spec_in, &spec, &[OwnedFd::from(outcome_w)]);
     let mut output = Vec::new();
     while let Some(ev) = read_event(&mut events).expect("events") {
         if let Event::Output(_, bytes) = ev {
