@@ -349,6 +349,14 @@ pub enum SessionCommand {
     },
     /// End a session: its processes and files are gone.
     End { session: String },
+    /// Fork a session: a new one whose variables, imports and /workspace
+    /// are a copy of SESSION's, in a sandbox of its own; prints the new
+    /// handle and what was not carried (one JSON object with --json).
+    Fork {
+        session: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Your open sessions.
     List {
         #[arg(long)]

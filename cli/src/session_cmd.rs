@@ -140,6 +140,14 @@ fn run(c: &mut DaemonClient, command: &SessionCommand) -> Result<i32, Failure> {
             say!("{}: {}", e.session, e.message);
             Ok(0)
         }
+        SessionCommand::Fork { session, json } => {
+            let fork = c.session_fork(session, |_| {})?;
+            match json {
+                true => say!("{}", serde_json::to_string(&fork).unwrap_or_default()),
+                false => show_fork(&fork),
+            }
+            Ok(0)
+        }
         SessionCommand::List { json } => {
             let list = c.session_list()?;
             if *json {
@@ -157,6 +165,22 @@ fn run(c: &mut DaemonClient, command: &SessionCommand) -> Result<i32, Failure> {
             }
             Ok(0)
         }
+    }
+}
+
+/// The new handle on stdout; what was not carried on stderr.
+fn show_fork(f: &pycell_protocol::session::SessionForkInfo) {
+    say!("{}", f.session.session);
+    let names = f.dropped.iter().chain(&f.skipped);
+    for (name, why) in names {
+        eprintln!("pycell: not carried: {name}: {why}");
+    }
+    if !f.reseeded.is_empty() {
+        eprintln!("pycell: reseeded: {}", f.reseeded.join(", "));
+    }
+    if !f.threads_not_carried.is_empty() {
+        let threads = f.threads_not_carried.join(", ");
+        eprintln!("pycell: threads not carried: {threads}");
     }
 }
 

@@ -26,6 +26,7 @@ pub mod resolve;
 pub mod runner_pyc;
 pub mod serving;
 pub mod session;
+pub mod session_fork;
 pub mod session_table;
 pub mod stopper;
 pub mod supervisor;

@@ -15,7 +15,7 @@ use crate::messages::{
 };
 use crate::result::RunResult;
 use crate::session::{
-    SessionAnswer, SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
+    SessionAnswer, SessionCall, SessionEndInfo, SessionForkInfo, SessionInfo, SessionStartRequest, SessionSummary,
 };
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
@@ -355,17 +355,53 @@ impl DaemonClient {
     pub fn session_start(
         &mut self,
         request: SessionStartRequest,
-        mut on_stage: impl FnMut(Stage<'_>),
+        on_stage: impl FnMut(Stage<'_>),
     ) -> Result<SessionInfo, ClientError> {
         let msg = ClientMessage::SessionStart {
             id: "1".into(),
             request,
         };
+        let started = self.starting(&msg, on_stage, |m| match m {
+            ServerMessage::SessionStarted { session, .. } => Ok(*session),
+            other => Err(other),
+        })?;
+        Ok(started)
+    }
+
+    /// A new session whose state and workspace are a copy of session
+    /// `session`'s (its start queued and admitted as any session's).
+    pub fn session_fork(
+        &mut self,
+        session: &str,
+        on_stage: impl FnMut(Stage<'_>),
+    ) -> Result<SessionForkInfo, ClientError> {
+        let msg = ClientMessage::SessionFork {
+            id: "1".into(),
+            session: session.to_string(),
+        };
+        self.starting(&msg, on_stage, |m| match m {
+            ServerMessage::SessionForked { fork, .. } => Ok(*fork),
+            other => Err(other),
+        })
+    }
+
+    /// Send `msg`, which starts a session, and wait for the answer `done`
+    /// takes (it gives back any other message), telling `on_stage` of its
+    /// queueing and installs.
+    fn starting<T>(
+        &mut self,
+        msg: &ClientMessage,
+        mut on_stage: impl FnMut(Stage<'_>),
+        done: impl Fn(ServerMessage) -> Result<T, ServerMessage>,
+    ) -> Result<T, ClientError> {
         self.answered()?;
-        framing::write_sync(&mut self.stream, &msg)?;
+        framing::write_sync(&mut self.stream, msg)?;
         loop {
-            match self.next_reply()? {
-                ServerMessage::SessionStarted { session, .. } => return Ok(*session),
+            let other = match done(self.next_reply()?) {
+                Ok(answer) => return Ok(answer),
+                Err(other) => other,
+            };
+            match other {
                 ServerMessage::Queued { position, .. } => on_stage(Stage::Queued(position)),
                 ServerMessage::Installing { message, .. } => on_stage(Stage::Installing(&message)),
                 // A session that could not start, with a run's result.

@@ -201,6 +201,8 @@ pycell_wire::named_enum! {
         SessionsUnavailable = "sessions_unavailable",
         /// A file operation was refused (a path outside /workspace, too big).
         FileRefused = "file_refused",
+        /// A session's state could not be carried to a fork (too big, refused by its runner).
+        StateRefused = "state_refused",
     }
 }
 
@@ -226,6 +228,7 @@ impl From<ErrorCode> for FailureCode {
             ErrorCode::TooManySessions => FailureCode::TooManySessions,
             ErrorCode::SessionsUnavailable => FailureCode::SessionsUnavailable,
             ErrorCode::FileRefused => FailureCode::FileRefused,
+            ErrorCode::StateRefused => FailureCode::StateRefused,
         }
     }
 }
@@ -243,6 +246,7 @@ impl ErrorCode {
             FailureCode::TooManySessions => ErrorCode::TooManySessions,
             FailureCode::SessionsUnavailable => ErrorCode::SessionsUnavailable,
             FailureCode::FileRefused => ErrorCode::FileRefused,
+            FailureCode::StateRefused => ErrorCode::StateRefused,
             FailureCode::InvalidRequest | FailureCode::InvalidPolicy => ErrorCode::InvalidRequest,
             FailureCode::Busy | FailureCode::UidUnavailable => ErrorCode::Busy,
             FailureCode::ShuttingDown => ErrorCode::ShuttingDown,
@@ -307,6 +311,12 @@ pub enum ClientMessage {
     },
     /// End a session; `session_ended` answers once its jail is gone.
     SessionEnd {
+        id: String,
+        session: String,
+    },
+    /// A new session of the caller's whose Python state and /workspace
+    /// are a copy of session `session`'s; `session_forked` answers.
+    SessionFork {
         id: String,
         session: String,
     },
@@ -400,6 +410,10 @@ pub enum ServerMessage {
         id: String,
         ended: crate::session::SessionEndInfo,
     },
+    SessionForked {
+        id: String,
+        fork: Box<crate::session::SessionForkInfo>,
+    },
     Sessions {
         id: String,
         sessions: Vec<crate::session::SessionSummary>,
@@ -461,7 +475,9 @@ mod tests {
             assert_eq!(failure.as_str(), code.as_str());
             let back = ErrorCode::for_failure(failure);
             // The run-level codes are the daemon's own; sessions' map back.
-            if code.as_str().contains("session") || *code == ErrorCode::FileRefused {
+            if code.as_str().contains("session")
+                || [ErrorCode::FileRefused, ErrorCode::StateRefused].contains(code)
+            {
                 assert_eq!(back, *code, "{code}");
             }
         }

@@ -2,6 +2,8 @@
 //! session, and what pycelld answers. A session outlives the connection
 //! that started it: any connection of the same uid may name its handle.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use pycell_runner::session::RunnerReply;
@@ -182,6 +184,10 @@ pub struct SessionReply {
     pub entries: Vec<DirEntry>,
     #[serde(default)]
     pub truncated: bool,
+    /// A fork's state requests (never a client's call): what the runner
+    /// said its state carried. Not on the wire.
+    #[serde(skip)]
+    pub state: Option<pycell_runner::session::StateReport>,
 }
 
 /// Where the runner keeps cell `cell`'s value whole, if `kind` (what the
@@ -233,6 +239,7 @@ impl From<RunnerReply> for SessionReply {
             data,
             entries,
             truncated,
+            state,
         } = r;
         SessionReply {
             refused,
@@ -263,6 +270,7 @@ impl From<RunnerReply> for SessionReply {
             data,
             entries: entries.into_iter().map(DirEntry::from).collect(),
             truncated,
+            state,
         }
     }
 }
@@ -294,6 +302,37 @@ pub struct SessionEndInfo {
     pub message: String,
     /// The session's peak memory, in bytes.
     pub peak_memory_bytes: u64,
+}
+
+/// A fork, as `session_forked` reports it (and MCP's `session_fork`): the
+/// new session, and what its state carried from its source and left.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionForkInfo {
+    /// The new session: its handle, jail, uid and limits are its own.
+    pub session: SessionInfo,
+    /// The session it is a copy of, which goes on unchanged.
+    pub forked_from: String,
+    /// The names of `__main__` it has, copies of the source's (modules imported again by name).
+    pub names: Vec<String>,
+    /// The files of /workspace copied.
+    pub files: u64,
+    /// Names not carried, with why (an open file, a socket, a lock, a generator...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dropped: BTreeMap<String, String>,
+    /// Workspace paths not carried, with why (symlinks and other non-regular files).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub skipped: BTreeMap<String, String>,
+    /// Random generators carried with fresh seeds (the fork never draws what its source draws).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reseeded: Vec<String>,
+    /// Threads that ran in the source besides the main one: not carried (a fork has only its main thread).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub threads_not_carried: Vec<String>,
+    /// The size of the state moved, in bytes.
+    pub state_bytes: u64,
+    /// How long the fork took, in milliseconds (the new jail's start included).
+    pub took_ms: f64,
 }
 
 /// One session of `sessions`.

@@ -53,6 +53,7 @@ pub const RUNNER: &str = runner_text!(
     "images" => "media.py",
     "display" => "display.py",
     "session" => "session.py",
+    "state" => "state.py",
     "tools" => "tools.py",
     "explain" => "explain.py",
 );
@@ -461,6 +462,7 @@ exec(compile(core, "<string>", "exec"), ns)
             include_str!("media.py"),
             include_str!("display.py"),
             include_str!("session.py"),
+            include_str!("state.py"),
             include_str!("tools.py"),
             include_str!("explain.py"),
         ];
@@ -481,7 +483,7 @@ print(sorted(ns["_PYCELL_PARTS"]))
         let out = python(&["-c", check], RUNNER.as_bytes());
         assert_eq!(
             out,
-            "['display', 'explain', 'images', 'session', 'tools', 'warm']\n"
+            "['display', 'explain', 'images', 'session', 'state', 'tools', 'warm']\n"
         );
         let out = python(&["-c", check], COLD_RUNNER.as_bytes());
         assert_eq!(out, "['display', 'explain', 'images', 'tools']\n");

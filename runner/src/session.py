@@ -97,11 +97,96 @@ def _pycell_serve(main, state, request):
             reply = _pycell_read_file(request)
         elif op == "list":
             reply = _pycell_list_files(request)
+        elif op in _PYCELL_STATE_OPS:
+            reply = _pycell_state_op(main, state, request)
         else:
             reply = {"refused": "unknown request %r" % (op,)}
     except _PycellRefusal as e:
         reply = {"refused": str(e)}
     return reply
+
+
+def _pycell_state_op(main, state, request):
+    """A fork's request, interruptible as a cell is (the jailer's SIGINT at
+    its timeout): whatever stops it is the caller's refusal, and the
+    session goes on as it was."""
+    import signal
+
+    _pycell_load("state")
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _PYCELL_STATE_OPS[request["op"]](main, state, request)
+    except _PycellRefusal:
+        raise
+    except BaseException as e:
+        state.pop("export", None)
+        state.pop("import", None)
+        raise _PycellRefusal("the session's state could not be carried: %s: %s" % (type(e).__name__, e))
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _pycell_export_state(main, state, request):
+    """Write this session's state bundle (kept here, under a number of its
+    own, until its last chunk is read): its number and size, what it
+    carries and what it leaves."""
+    import threading
+
+    state.pop("export", None)
+    bundle, left = _pycell_state_bundle(main, int(request["max_bytes"]))
+    state["exports"] = number = state.get("exports", 0) + 1
+    state["export"] = (number, bundle)
+    main_thread = threading.main_thread()
+    left["threads"] = [t.name for t in threading.enumerate() if t is not main_thread]
+    left["cells"] = state["cells"]
+    left["export"] = number
+    return {"size": len(bundle), "state": left}
+
+
+def _pycell_export_chunk(main, state, request):
+    number, bundle = state.get("export", (None, b""))
+    if number is None or number != int(request["export"]):
+        raise _PycellRefusal("state export %s is not the one being read" % (request["export"],))
+    offset, most = int(request["offset"]), int(request["max_bytes"])
+    chunk = bundle[offset:offset + most]
+    if offset + len(chunk) >= len(bundle):
+        del state["export"]
+    return {"size": len(bundle), "data": _pycell_b64(chunk)}
+
+
+def _pycell_import_chunk(main, state, request):
+    import base64
+
+    received = state.setdefault("import", bytearray())
+    if int(request["offset"]) != len(received):
+        raise _PycellRefusal("a state chunk at %s, after %d bytes" % (request["offset"], len(received)))
+    received += base64.b64decode(request["data"], validate=True)
+    return {"size": len(received)}
+
+
+def _pycell_import_state(main, state, request):
+    bundle = bytes(state.pop("import", b""))
+    if len(bundle) != int(request["size"]):
+        raise _PycellRefusal("%d bytes of state came, not %s" % (len(bundle), request["size"]))
+    loaded = _pycell_state_load(main, bundle)
+    state["cells"] = int(request["cells"])
+    return {"state": loaded}
+
+
+def _pycell_b64(data):
+    import base64
+
+    return base64.b64encode(data).decode()
+
+
+# A fork's requests (see state.py): the source writes its state and hands
+# it out in chunks, the fork takes them and loads it.
+_PYCELL_STATE_OPS = {
+    "export_state": _pycell_export_state,
+    "export_chunk": _pycell_export_chunk,
+    "import_chunk": _pycell_import_chunk,
+    "import_state": _pycell_import_state,
+}
 
 
 class _PycellRefusal(Exception):

@@ -115,6 +115,22 @@ pub enum SessionRequest {
     Read { path: String, max_bytes: u64 },
     /// List the directory `path` in /workspace.
     List { path: String, max_entries: u32 },
+    /// Write the session's state (`__main__` and /workspace) as a bundle
+    /// of at most `max_bytes`, kept in the runner until read: its size,
+    /// and what it carries and leaves ([`StateReport`]).
+    ExportState { max_bytes: u64 },
+    /// At most `max_bytes` of bundle `export` (its number, from its
+    /// [`StateReport`]) from `offset` (base64).
+    ExportChunk {
+        export: u64,
+        offset: u64,
+        max_bytes: u64,
+    },
+    /// The bundle's next bytes (base64), which start at `offset`.
+    ImportChunk { offset: u64, data: String },
+    /// Load the `size` bytes taken into `__main__` and /workspace; the
+    /// cells go on numbered after `cells`.
+    ImportState { size: u64, cells: u64 },
 }
 
 /// What a cell's reply may hold.
@@ -172,7 +188,10 @@ impl SessionOp {
             SessionRequest::Read { path, .. } if path.contains('\0') => {
                 Err(SessionOpError::NulInPath)
             }
-            SessionRequest::Read { max_bytes, .. } if *max_bytes > MAX_FILE_BYTES => {
+            SessionRequest::Read { max_bytes, .. }
+            | SessionRequest::ExportChunk { max_bytes, .. }
+                if *max_bytes > MAX_FILE_BYTES =>
+            {
                 Err(SessionOpError::ReadTooLarge(*max_bytes))
             }
             _ => Ok(()),
@@ -277,6 +296,39 @@ pub struct RunnerReply {
     pub entries: Vec<DirEntry>,
     #[serde(default)]
     pub truncated: bool,
+    /// A state's export or import: what it carried and left.
+    #[serde(default)]
+    pub state: Option<StateReport>,
+}
+
+/// What a session's state bundle carried and left out, as its runners
+/// said (from the jail: bounded by the host before anyone sees it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StateReport {
+    /// The names of `__main__` it set (an import).
+    #[serde(default)]
+    pub names: Vec<String>,
+    /// The workspace's files it wrote (an import).
+    #[serde(default)]
+    pub files: u64,
+    /// Names left out, with why (an export).
+    #[serde(default)]
+    pub dropped: std::collections::BTreeMap<String, String>,
+    /// Workspace paths left out, with why (an export).
+    #[serde(default)]
+    pub skipped: std::collections::BTreeMap<String, String>,
+    /// The kinds of random generators reseeded (an export).
+    #[serde(default)]
+    pub reseeded: Vec<String>,
+    /// The threads running besides the main one, not carried (an export).
+    #[serde(default)]
+    pub threads: Vec<String>,
+    /// The cells the session had run (an export).
+    #[serde(default)]
+    pub cells: u64,
+    /// The export's number, which its chunks are read by.
+    #[serde(default)]
+    pub export: u64,
 }
 
 /// The exception a cell ended with.

@@ -159,6 +159,8 @@ named_enum! {
         SessionsUnavailable = "sessions_unavailable",
         /// A file operation was refused: a path outside /workspace, a symlink, a file too big.
         FileRefused = "file_refused",
+        /// A session's state could not be carried to a fork: more than it may carry, or its runner refused it.
+        StateRefused = "state_refused",
 
         // The daemon, as its clients report it (the protocol's error codes,
         // under the same names).

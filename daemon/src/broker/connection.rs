@@ -328,6 +328,9 @@ async fn answer(broker: &Arc<Broker>, conn: &mut Conn, peer: &Peer, msg: ClientM
             session_calls::end(broker, conn, peer, id, session).await
         }
         ClientMessage::SessionList { id } => session_calls::list(broker, conn, peer, id).await,
+        ClientMessage::SessionFork { id, session } => {
+            session_calls::fork(broker, conn, peer, id, session).await
+        }
         ClientMessage::ToolAnswer { id, .. } => {
             let e = error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN);
             conn.out.send(e).await

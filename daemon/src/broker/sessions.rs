@@ -52,6 +52,8 @@ pub(crate) struct Held {
     /// Code mode: where its tool calls go (the connection of the call
     /// being served).
     tools: Option<Arc<RelaySwitch>>,
+    /// What started it: what starts its forks.
+    pub start: Arc<SessionStartRequest>,
 }
 
 pub(crate) type Sessions = std::sync::Mutex<SessionTable<Held, Principal>>;
@@ -126,7 +128,7 @@ impl Broker {
         self: &Arc<Self>,
         who: Principal,
         spawned: SpawnedRun,
-        policy: Policy,
+        (policy, start): (Policy, SessionStartRequest),
         slot: Slot,
         tools: Option<Arc<RelaySwitch>>,
     ) -> Result<SessionInfo, Refused> {
@@ -141,6 +143,7 @@ impl Broker {
             limits: limits.clone(),
             _slot: Arc::new(slot),
             tools,
+            start: Arc::new(start),
         };
         let admitted = self
             .sessions
@@ -202,7 +205,11 @@ impl Broker {
         })
     }
 
-    fn session_of(&self, who: &Principal, handle: &str) -> Result<Entry<Held, Principal>, Refused> {
+    pub(crate) fn session_of(
+        &self,
+        who: &Principal,
+        handle: &str,
+    ) -> Result<Entry<Held, Principal>, Refused> {
         let looked = match self.sessions.lock() {
             Ok(mut t) => t.get(who, handle),
             Err(_) => Err(Lookup::Unknown),

@@ -18,7 +18,8 @@ use pycell_protocol::info::PolicySummary;
 use pycell_protocol::messages::{ErrorCode, RunRequest};
 use pycell_protocol::result::RunResult;
 use pycell_protocol::session::{
-    SessionAnswer, SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
+    SessionAnswer, SessionCall, SessionEndInfo, SessionForkInfo, SessionInfo, SessionStartRequest,
+    SessionSummary,
 };
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
@@ -111,6 +112,15 @@ impl Sandboxes for Daemon {
 
     async fn list_sessions(&self, asker: &Asker) -> Result<Vec<SessionSummary>, SessionFailure> {
         via_daemon(self.endpoint(asker), |c| c.session_list()).await
+    }
+
+    async fn fork_session(
+        &self,
+        asker: &Asker,
+        handle: &str,
+    ) -> Result<SessionForkInfo, SessionFailure> {
+        let h = handle.to_string();
+        via_daemon(self.endpoint(asker), move |c| c.session_fork(&h, |_| {})).await
     }
 
     fn mode(&self) -> String {
@@ -213,6 +223,14 @@ impl Sandboxes for DaemonOr {
 
     async fn list_sessions(&self, asker: &Asker) -> Result<Vec<SessionSummary>, SessionFailure> {
         self.now().place().list_sessions(asker).await
+    }
+
+    async fn fork_session(
+        &self,
+        asker: &Asker,
+        handle: &str,
+    ) -> Result<SessionForkInfo, SessionFailure> {
+        self.now().place().fork_session(asker, handle).await
     }
 
     fn mode(&self) -> String {

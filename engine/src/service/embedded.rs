@@ -29,6 +29,7 @@ use pycell_launch::launcher::{JailerStderr, LaunchError, Launcher, PolicyChoice,
 use pycell_launch::resolve::Extras;
 use pycell_launch::serving;
 use pycell_launch::session::{Session, SessionParts, SessionTiming};
+use pycell_launch::session_fork;
 use pycell_launch::session_table::{self, Entry, Lookup, SessionTable};
 use pycell_launch::supervisor::{supervise, Patience, Services, StoppedBy};
 use pycell_launch::tool_grant::ToolGrant;
@@ -37,7 +38,8 @@ use pycell_protocol::info::PolicySummary;
 use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::{RunLimits, RunResult};
 use pycell_protocol::session::{
-    SessionAnswer, SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
+    SessionAnswer, SessionCall, SessionEndInfo, SessionForkInfo, SessionInfo, SessionStartRequest,
+    SessionSummary,
 };
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
@@ -66,6 +68,8 @@ pub struct SessionHeld {
     pub limits: RunLimits,
     /// Its env, held in use (safe from removal) while the session lives.
     pub _env: Option<Arc<Ensured>>,
+    /// What started it: what starts its forks.
+    pub start: Arc<SessionStartRequest>,
 }
 
 impl session_table::HeldPolicy for SessionHeld {
@@ -329,6 +333,7 @@ impl Sandboxes for Embedded {
         asker: &Asker,
         req: SessionStartRequest,
     ) -> Result<SessionInfo, SessionFailure> {
+        let start = Arc::new(req.clone());
         let run_req = RunRequest {
             policy: req.policy,
             limits: req.limits,
@@ -343,7 +348,34 @@ impl Sandboxes for Embedded {
         }
         let tools = tool_service(grant, asker.tools.as_ref());
         let session = self.launch_session(prepared, &policy, tools).await?;
-        self.admit(session, policy, ensured).await
+        self.admit(session, policy, ensured, start).await
+    }
+
+    async fn fork_session(
+        &self,
+        asker: &Asker,
+        handle: &str,
+    ) -> Result<SessionForkInfo, SessionFailure> {
+        let began = std::time::Instant::now();
+        let source = self.session(handle)?;
+        let started = self
+            .start_session(asker, (*source.info.start).clone())
+            .await?;
+        let fork = self.session(&started.session)?;
+        let half_made = session_fork::HalfMade::new(fork.session.clone());
+        let held = &source.info;
+        let clocks = session_fork::Clocks::of(&held.policy, &held.limits);
+        let bound = session_fork::state_bound(&held.limits);
+        let carried = session_fork::carry_state(&source.session, &fork.session, clocks, bound)
+            .await
+            .map_err(|(code, m)| SessionFailure::new(code, m))?;
+        half_made.keep();
+        Ok(session_fork::fork_info(
+            started,
+            handle,
+            carried,
+            began.elapsed(),
+        ))
     }
 
     async fn session_call(
@@ -650,6 +682,7 @@ impl Embedded {
         (session, limits): (Session, RunLimits),
         policy: Policy,
         ensured: Option<Ensured>,
+        start: Arc<SessionStartRequest>,
     ) -> Result<SessionInfo, SessionFailure> {
         let policy = Arc::new(policy);
         let env = ensured.as_ref().map(|e| e.report.clone());
@@ -657,6 +690,7 @@ impl Embedded {
             policy: Arc::clone(&policy),
             limits: limits.clone(),
             _env: ensured.map(Arc::new),
+            start,
         };
         let admitted = self
             .table()

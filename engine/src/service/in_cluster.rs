@@ -12,7 +12,8 @@ use pycell_protocol::info::PolicySummary;
 use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::RunResult;
 use pycell_protocol::session::{
-    SessionAnswer, SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
+    SessionAnswer, SessionCall, SessionEndInfo, SessionForkInfo, SessionInfo, SessionStartRequest,
+    SessionSummary,
 };
 use pycell_wire::codes::FailureCode;
 
@@ -177,6 +178,27 @@ impl Sandboxes for Cluster {
         let mut info = reached(ended, &node, handle)?;
         info.session = handle.to_string();
         Ok(info)
+    }
+
+    /// A fork stays on its source's node (its state moves between two
+    /// jails there, never across the network).
+    async fn fork_session(
+        &self,
+        asker: &Asker,
+        handle: &str,
+    ) -> Result<SessionForkInfo, SessionFailure> {
+        let (node, local) = self.node_of(handle)?;
+        let mut lease = node.lease();
+        let local = local.to_string();
+        let forked = via_daemon(node.endpoint(asker.identity.clone()), move |c| {
+            c.session_fork(&local, |_| {})
+        })
+        .await;
+        let mut fork = reached(forked, &node, handle)?;
+        lease.started_a_session();
+        fork.session.session = join_handle(&fork.session.session, &node.name);
+        fork.forked_from = handle.to_string();
+        Ok(fork)
     }
 
     /// The caller's sessions on every node that is up.

@@ -47,7 +47,8 @@ use pycell_protocol::info::PolicySummary;
 use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::RunResult;
 use pycell_protocol::session::{
-    SessionAnswer, SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
+    SessionAnswer, SessionCall, SessionEndInfo, SessionForkInfo, SessionInfo, SessionStartRequest,
+    SessionSummary,
 };
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
@@ -296,6 +297,16 @@ pub trait Sandboxes: Send + Sync + std::fmt::Debug {
 
     /// The asker's open sessions.
     async fn list_sessions(&self, asker: &Asker) -> Result<Vec<SessionSummary>, SessionFailure>;
+
+    /// A new session of the asker's whose Python state and /workspace are
+    /// a copy of session `handle`'s (`pycell_launch::session_fork`),
+    /// started and admitted as any session (with the source's policy,
+    /// limits and dependencies); the source goes on unchanged.
+    async fn fork_session(
+        &self,
+        asker: &Asker,
+        handle: &str,
+    ) -> Result<SessionForkInfo, SessionFailure>;
 
     /// `embedded`, `daemon (SOCKET)` or `cluster (nodes ...)`.
     fn mode(&self) -> String;
@@ -754,6 +765,11 @@ impl RunService {
 
     pub async fn list_sessions(&self) -> Result<Vec<SessionSummary>, SessionFailure> {
         self.shared.backend.list_sessions(&self.asker()).await
+    }
+
+    /// Fork session `handle` (see [`Sandboxes::fork_session`]).
+    pub async fn fork_session(&self, handle: &str) -> Result<SessionForkInfo, SessionFailure> {
+        self.shared.backend.fork_session(&self.asker(), handle).await
     }
 
     /// Cancel every run in flight (their results say `killed`) and refuse

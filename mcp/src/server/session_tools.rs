@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use pycell_protocol::refusals::{EndReason, Termination};
 use pycell_protocol::session::{
-    SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
+    SessionCall, SessionEndInfo, SessionForkInfo, SessionInfo, SessionStartRequest, SessionSummary,
 };
 
 use super::cell_output::{display_info, image_info, CellException, CellInfo, FileChange};
@@ -35,6 +35,7 @@ pub const READ_FILE: &str = "read_file";
 pub const LIST_FILES: &str = "list_files";
 pub const SESSION_END: &str = "session_end";
 pub const SESSION_LIST: &str = "session_list";
+pub const SESSION_FORK: &str = "session_fork";
 
 /// Arguments of `session_start`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -149,6 +150,14 @@ pub struct ListFilesOutput {
 
 /// What `session_end` returns.
 type SessionEndOutput = SessionEndInfo;
+
+/// Arguments of `session_fork`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionForkArgs {
+    /// The handle of the session to copy (from session_start or session_fork).
+    pub session: String,
+}
 
 /// What `session_list` returns.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -385,6 +394,20 @@ impl PycellServer {
         }
     }
 
+    pub(super) async fn session_fork(&self, args: Option<JsonObject>) -> CallToolResult {
+        let a: SessionForkArgs = match parse(SESSION_FORK, args, r#"{"session": "s-..."}"#) {
+            Ok(a) => a,
+            Err(ArgumentError(m)) => return CallToolResult::error(vec![ContentBlock::text(m)]),
+        };
+        match self.sandboxes.fork_session(&a.session).await {
+            Ok(out) => {
+                let text = fork_text(&out);
+                structured(&out, text, vec![])
+            }
+            Err(f) => failure(SESSION_FORK, &f),
+        }
+    }
+
     pub(super) async fn session_list(&self) -> CallToolResult {
         let sessions = match self.sandboxes.list_sessions().await {
             Ok(l) => l,
@@ -399,6 +422,37 @@ impl PycellServer {
         }
         structured(&SessionListOutput { sessions }, text, vec![])
     }
+}
+
+/// What an agent reads of a fork: the new handle, and what was not carried.
+fn fork_text(f: &SessionForkInfo) -> String {
+    let mut text = format!(
+        "session {} forked from {} in {:.0} ms: {} names and {} files copied ({} bytes of state). Pass it as `session` to run_python; both sessions go on independently.",
+        f.session.session, f.forked_from, f.took_ms, f.names.len(), f.files, f.state_bytes
+    );
+    let named = |m: &std::collections::BTreeMap<String, String>| {
+        let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k} ({v})")).collect();
+        parts.join(", ")
+    };
+    if !f.dropped.is_empty() {
+        text.push_str(&format!(" Not carried: {}.", named(&f.dropped)));
+    }
+    if !f.skipped.is_empty() {
+        text.push_str(&format!(" Files not copied: {}.", named(&f.skipped)));
+    }
+    if !f.reseeded.is_empty() {
+        text.push_str(&format!(
+            " Random generators reseeded: {}.",
+            f.reseeded.join(", ")
+        ));
+    }
+    if !f.threads_not_carried.is_empty() {
+        text.push_str(&format!(
+            " Threads not carried (the fork has only its main thread): {}.",
+            f.threads_not_carried.join(", ")
+        ));
+    }
+    text
 }
 
 /// A file's bytes for `write_file`: `content`, or `content_base64` decoded.
@@ -581,6 +635,8 @@ const LIST_FILES_DESCRIPTION: &str = r#"List a directory of a session's /workspa
 
 const SESSION_END_DESCRIPTION: &str = r#"End a session: its interpreter, files and processes are gone, and its handle is no longer valid. Example: {"session": "s-3f2a..."}."#;
 
+const SESSION_FORK_DESCRIPTION: &str = r#"Fork a session: a new session whose variables, functions, classes, imports and /workspace files are a copy of the given session's at this moment, in a sandbox of its own (its own process, uid and limits); both go on independently, and neither sees the other's later changes. Use it to try an approach without losing the state you built. What cannot be copied is listed, not carried: open files and sockets, locks, threads other than the main one, child processes; random generators get fresh seeds. The fork counts as one of your sessions. Example: {"session": "s-3f2a..."} returns {"session": {"session": "s-9b1c...", ...}, "forked_from": "s-3f2a...", "names": ["df", "model"], ...}."#;
+
 const SESSION_LIST_DESCRIPTION: &str = r#"List the open sessions of this server: handle, policy, age, time since the last call, and time left before the idle timeout ends each. Takes no arguments. Example: {} returns {"sessions": [{"session": "s-3f2a...", "policy": "default", "age_s": 42.0, ...}]}."#;
 
 fn tool<I: JsonSchema + 'static, O: JsonSchema + 'static>(
@@ -646,6 +702,12 @@ pub fn session_tools() -> Vec<Tool> {
             SESSION_END,
             "End a session",
             SESSION_END_DESCRIPTION,
+            false,
+        ),
+        tool::<SessionForkArgs, SessionForkInfo>(
+            SESSION_FORK,
+            "Fork a session",
+            SESSION_FORK_DESCRIPTION,
             false,
         ),
         list,

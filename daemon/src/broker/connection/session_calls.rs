@@ -1,13 +1,14 @@
 //! Session messages on a connection: `session_start` (ordered, admitted and
 //! started as a run is, then driven by the broker), `session` calls (the
 //! connection waits for the answer, a `cancel` with the call's id
-//! interrupts it), `session_end` and `session_list`.
+//! interrupts it), `session_fork` (a start, then the source's state
+//! carried in), `session_end` and `session_list`.
 
 use std::sync::Arc;
 
-use pycell_launch::session_table;
+use pycell_launch::{session_fork, session_table};
 use pycell_protocol::messages::{ClientMessage, ErrorCode, ServerMessage};
-use pycell_protocol::session::{SessionCall, SessionStartRequest};
+use pycell_protocol::session::{SessionCall, SessionForkInfo, SessionInfo, SessionStartRequest};
 
 use super::lifecycle::{admit, ordered, reply_during_run, start, NotStarted};
 use super::{error, Conn};
@@ -24,11 +25,60 @@ pub(super) async fn start_session(
     request: SessionStartRequest,
 ) -> bool {
     let reply = match started(broker, conn, peer, &id, request).await {
-        Ok(reply) => reply,
+        Ok(info) => ServerMessage::SessionStarted {
+            id,
+            session: Box::new(info),
+        },
         Err(NotStarted::Reply(reply)) => reply,
         Err(NotStarted::ClientGone) => return false,
     };
     conn.out.send(reply).await
+}
+
+/// `session_fork`: a session started as `session_start` starts one (with
+/// the source's request), then the source's state carried into it. False
+/// if the connection is finished.
+pub(super) async fn fork(
+    broker: &Arc<Broker>,
+    conn: &mut Conn,
+    peer: &Peer,
+    id: String,
+    handle: String,
+) -> bool {
+    let reply = match forked(broker, conn, peer, &id, &handle).await {
+        Ok(fork) => ServerMessage::SessionForked {
+            id,
+            fork: Box::new(fork),
+        },
+        Err(NotStarted::Reply(reply)) => reply,
+        Err(NotStarted::ClientGone) => return false,
+    };
+    conn.out.send(reply).await
+}
+
+async fn forked(
+    broker: &Arc<Broker>,
+    conn: &mut Conn,
+    peer: &Peer,
+    id: &str,
+    handle: &str,
+) -> Result<SessionForkInfo, NotStarted> {
+    let began = std::time::Instant::now();
+    let refuse = |r| NotStarted::Reply(refusal(id, r));
+    let who = peer.principal();
+    let source = broker.session_of(&who, handle).map_err(refuse)?;
+    let info = started(broker, conn, peer, id, (*source.info.start).clone()).await?;
+    let fork = broker.session_of(&who, &info.session).map_err(refuse)?;
+    let half_made = session_fork::HalfMade::new(fork.session.clone());
+    let held = &source.info;
+    let clocks = session_fork::Clocks::of(&held.policy, &held.limits);
+    let bound = session_fork::state_bound(&held.limits);
+    let carried = session_fork::carry_state(&source.session, &fork.session, clocks, bound)
+        .await
+        .map_err(|(code, m)| refuse((ErrorCode::for_failure(code), m)))?;
+    half_made.keep();
+    let took = began.elapsed();
+    Ok(session_fork::fork_info(info, handle, carried, took))
 }
 
 async fn started(
@@ -37,7 +87,7 @@ async fn started(
     peer: &Peer,
     id: &str,
     request: SessionStartRequest,
-) -> Result<ServerMessage, NotStarted> {
+) -> Result<SessionInfo, NotStarted> {
     let refuse = |r| NotStarted::Reply(refusal(id, r));
     if let Some(refused) = super::lifecycle::may_use(broker, peer, id, request.policy_name()) {
         return Err(refused);
@@ -63,14 +113,10 @@ async fn started(
     let spawned = start(broker, conn, peer, id, ordered, switch)
         .await
         .map_err(NotStarted::Reply)?;
-    let info = broker
-        .open_session(peer.principal(), spawned, policy, slot, tools)
+    broker
+        .open_session(peer.principal(), spawned, (policy, request), slot, tools)
         .await
-        .map_err(refuse)?;
-    Ok(ServerMessage::SessionStarted {
-        id: id.to_string(),
-        session: Box::new(info),
-    })
+        .map_err(refuse)
 }
 
 /// A `session` call: answered when the session has served it. False if
