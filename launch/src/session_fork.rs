@@ -110,7 +110,9 @@ pub async fn carry_state(
         let data = ask(from, clocks.op(read), "source").await?.data;
         let data = data.filter(|d| base64_decoded_len(d) == Some(want));
         let Some(data) = data else {
-            return Err(refused("the source sent a chunk of its state of another size"));
+            return Err(refused(
+                "the source sent a chunk of its state of another size",
+            ));
         };
         let write = SessionRequest::ImportChunk { offset, data };
         ask(to, clocks.op(write), "fork").await?;
@@ -188,19 +190,38 @@ pub fn fork_info(
     }
 }
 
-/// A fork's new session until the fork is done: ended if the fork fails,
-/// or if whoever made it stops waiting (its future dropped), so that no
-/// half-made fork outlives the call that asked for it.
+/// Carry `source`'s state into `fork`, a session just started with its
+/// request (see [`carry_state`]; its clocks and bound are the source's).
+/// If it fails, `fork` is ended before this returns; if whoever waits
+/// stops waiting (this future dropped), it is ended then: no half-made
+/// fork outlives the call that asked for it.
+pub async fn fill_fork(
+    source: &Session,
+    fork: &Session,
+    policy: &pycell_policy::Policy,
+    limits: &RunLimits,
+) -> Result<Carried, ForkError> {
+    let half_made = HalfMade(Some(fork.clone()));
+    let (clocks, bound) = (Clocks::of(policy, limits), state_bound(limits));
+    match carry_state(source, fork, clocks, bound).await {
+        Ok(carried) => {
+            half_made.keep();
+            Ok(carried)
+        }
+        Err(e) => {
+            half_made.keep();
+            fork.end().await;
+            Err(e)
+        }
+    }
+}
+
+/// A fork's new session until the fork is done (see [`fill_fork`]).
 #[derive(Debug)]
-pub struct HalfMade(Option<Session>);
+struct HalfMade(Option<Session>);
 
 impl HalfMade {
-    pub fn new(session: Session) -> HalfMade {
-        HalfMade(Some(session))
-    }
-
-    /// The fork is done: its session is the caller's.
-    pub fn keep(mut self) {
+    fn keep(mut self) {
         self.0 = None;
     }
 }

@@ -362,14 +362,11 @@ impl Sandboxes for Embedded {
             .start_session(asker, (*source.info.start).clone())
             .await?;
         let fork = self.session(&started.session)?;
-        let half_made = session_fork::HalfMade::new(fork.session.clone());
         let held = &source.info;
-        let clocks = session_fork::Clocks::of(&held.policy, &held.limits);
-        let bound = session_fork::state_bound(&held.limits);
-        let carried = session_fork::carry_state(&source.session, &fork.session, clocks, bound)
-            .await
-            .map_err(|(code, m)| SessionFailure::new(code, m))?;
-        half_made.keep();
+        let carried =
+            session_fork::fill_fork(&source.session, &fork.session, &held.policy, &held.limits)
+                .await
+                .map_err(|(code, m)| SessionFailure::new(code, m))?;
         Ok(session_fork::fork_info(
             started,
             handle,

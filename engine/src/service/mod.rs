@@ -769,7 +769,10 @@ impl RunService {
 
     /// Fork session `handle` (see [`Sandboxes::fork_session`]).
     pub async fn fork_session(&self, handle: &str) -> Result<SessionForkInfo, SessionFailure> {
-        self.shared.backend.fork_session(&self.asker(), handle).await
+        self.shared
+            .backend
+            .fork_session(&self.asker(), handle)
+            .await
     }
 
     /// Cancel every run in flight (their results say `killed`) and refuse

@@ -30,7 +30,7 @@ from pycell.client import (
     session_request,
 )
 from pycell.errors import DaemonUnavailable, ProtocolError, PycellError, error_for
-from pycell.types import CellResult, DirEntry, Result, SessionInfo, SessionSummary
+from pycell.types import CellResult, DirEntry, Result, SessionForkInfo, SessionInfo, SessionSummary
 
 __all__ = ["AsyncClient", "AsyncSession"]
 
@@ -186,6 +186,16 @@ class AsyncSession:
         self._lock = asyncio.Lock()
         self.info = info
         self.handle = info.session
+        self.fork_info: SessionForkInfo | None = None
+
+    async def fork(self) -> AsyncSession:
+        """A copy of this session in a jail of its own (see
+        `pycell.Session.fork`)."""
+        msg = p.SessionFork(id=_next_id(), session=self.handle)
+        fork = (await self._call(msg, p.SessionForked)).fork
+        forked = AsyncSession(self.client, await self.client.connect(), fork.session)
+        forked.fork_info = fork
+        return forked
 
     @classmethod
     async def start(

@@ -19,7 +19,7 @@ from typing import Any, TypedDict, Unpack
 
 from pycell import protocol as p
 from pycell.errors import DaemonUnavailable, ProtocolError, PycellError, error_for
-from pycell.types import CellResult, DirEntry, Result, SessionInfo, SessionSummary
+from pycell.types import CellResult, DirEntry, Result, SessionForkInfo, SessionInfo, SessionSummary
 
 __all__ = ["Client", "OutputCallback", "ProgressCallback", "RunOptions", "Session", "default_socket"]
 
@@ -312,6 +312,28 @@ class Session:
             raise
         self.info: SessionInfo = reply.session
         self.handle = self.info.session
+        self.fork_info: SessionForkInfo | None = None
+
+    @classmethod
+    def _adopt(cls, client: Client, fork: SessionForkInfo) -> Session:
+        """The session a fork made, on a connection of its own."""
+        s = cls.__new__(cls)
+        s.client = client
+        s._lock = threading.Lock()
+        s._conn = client.connect()
+        s.info = fork.session
+        s.handle = s.info.session
+        s.fork_info = fork
+        return s
+
+    def fork(self) -> Session:
+        """A new session whose variables, imports and /workspace are a copy
+        of this one's, in a jail of its own; this one goes on unchanged.
+        Its `fork_info` says what was not carried (open files, sockets,
+        threads...) and which random generators were reseeded."""
+        msg = p.SessionFork(id=_next_id(), session=self.handle)
+        reply = self._call(msg, p.SessionForked)
+        return Session._adopt(self.client, reply.fork)
 
     def __enter__(self) -> Session:
         return self

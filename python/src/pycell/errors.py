@@ -378,6 +378,12 @@ class FileRefused(SessionError):
     code = "file_refused"
 
 
+class StateRefused(SessionError):
+    """`state_refused` (docs/errors.md)."""
+
+    code = "state_refused"
+
+
 class DaemonUnavailable(DaemonError):
     """`daemon_unavailable` (docs/errors.md)."""
 
@@ -506,6 +512,7 @@ __all__ += [
     "SessionsUnavailable",
     "SetgroupsFailed",
     "ShuttingDown",
+    "StateRefused",
     "TooManySessions",
     "UidUnavailable",
     "Unauthorized",
@@ -569,6 +576,7 @@ CODES: dict[str, type[PycellError]] = {
         TooManySessions,
         SessionsUnavailable,
         FileRefused,
+        StateRefused,
         DaemonUnavailable,
         DaemonFailed,
         Unauthorized,

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from pycell._codec import from_json, to_json
 from pycell._fields import field
 from pycell.errors import ProtocolError
-from pycell.types import Result, SessionAnswer, SessionEnded, SessionInfo, SessionSummary
+from pycell.types import Result, SessionAnswer, SessionEnded, SessionForkInfo, SessionInfo, SessionSummary
 
 PROTOCOL_VERSION = 6
 #: Largest frame either side accepts.
@@ -159,6 +159,13 @@ class SessionList:
 
 
 @dataclass
+class SessionFork:
+    TYPE: ClassVar[str] = "session_fork"
+    id: str
+    session: str
+
+
+@dataclass
 class ToolAnswer:
     TYPE: ClassVar[str] = "tool_answer"
     id: str
@@ -167,7 +174,18 @@ class ToolAnswer:
 
 
 ClientMessage = (
-    Hello | Run | Cancel | Interrupt | Info | Status | SessionStart | Session | SessionEnd | SessionList | ToolAnswer
+    Hello
+    | Run
+    | Cancel
+    | Interrupt
+    | Info
+    | Status
+    | SessionStart
+    | Session
+    | SessionEnd
+    | SessionList
+    | SessionFork
+    | ToolAnswer
 )
 
 
@@ -257,6 +275,13 @@ class SessionEndedReply:
 
 
 @dataclass
+class SessionForked:
+    TYPE: ClassVar[str] = "session_forked"
+    id: str
+    fork: SessionForkInfo
+
+
+@dataclass
 class Sessions:
     TYPE: ClassVar[str] = "sessions"
     id: str
@@ -296,6 +321,7 @@ DaemonMessage = (
     | SessionStarted
     | SessionAnswered
     | SessionEndedReply
+    | SessionForked
     | Sessions
     | ToolCall
     | Error

@@ -26,6 +26,7 @@ __all__ = [
     "Result",
     "SessionAnswer",
     "SessionEnded",
+    "SessionForkInfo",
     "SessionInfo",
     "SessionSummary",
     "StreamTail",
@@ -351,6 +352,23 @@ class SessionInfo:
     lifetime_s: float
     max_file_bytes: int
     env: dict[str, Any] | None = field(default=None, omit="none")
+
+
+@dataclass
+class SessionForkInfo:
+    """A fork: the new session, and what its state carried from its source
+    and left (names and paths with why; generators reseeded; threads)."""
+
+    session: SessionInfo
+    forked_from: str
+    names: list[str]
+    files: int
+    state_bytes: int
+    took_ms: float
+    dropped: dict[str, str] = field(factory=dict, omit="empty")
+    skipped: dict[str, str] = field(factory=dict, omit="empty")
+    reseeded: list[str] = field(factory=list, omit="empty")
+    threads_not_carried: list[str] = field(factory=list, omit="empty")
 
 
 @dataclass

@@ -69,14 +69,11 @@ async fn forked(
     let source = broker.session_of(&who, handle).map_err(refuse)?;
     let info = started(broker, conn, peer, id, (*source.info.start).clone()).await?;
     let fork = broker.session_of(&who, &info.session).map_err(refuse)?;
-    let half_made = session_fork::HalfMade::new(fork.session.clone());
     let held = &source.info;
-    let clocks = session_fork::Clocks::of(&held.policy, &held.limits);
-    let bound = session_fork::state_bound(&held.limits);
-    let carried = session_fork::carry_state(&source.session, &fork.session, clocks, bound)
-        .await
-        .map_err(|(code, m)| refuse((ErrorCode::for_failure(code), m)))?;
-    half_made.keep();
+    let carried =
+        session_fork::fill_fork(&source.session, &fork.session, &held.policy, &held.limits)
+            .await
+            .map_err(|(code, m)| refuse((ErrorCode::for_failure(code), m)))?;
     let took = began.elapsed();
     Ok(session_fork::fork_info(info, handle, carried, took))
 }

@@ -1,0 +1,245 @@
+//! Forks of live sessions through pycelld (issue 51): a fork is a copy of
+//! its source's Python state and /workspace in a jail, uid and cgroup of
+//! its own; each side then goes its own way; random generators are
+//! reseeded; what cannot be carried is named; only the owner may fork;
+//! state over the bound is refused with the source unharmed; and a
+//! pycelld killed mid-fork leaves nothing behind.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pycell_protocol::client::{ClientError, DaemonClient};
+use pycell_protocol::messages::{ErrorCode, LimitOverrides};
+use pycell_protocol::session::{SessionAnswer, SessionCall, SessionInfo, SessionStartRequest};
+use pycell_tests::daemon::Daemon;
+
+fn cell(c: &mut DaemonClient, s: &str, code: &str) -> SessionAnswer {
+    let a = c
+        .session_call(s, SessionCall::Cell { code: code.into() }, None)
+        .unwrap_or_else(|e| panic!("cell {code:?}: {e}"));
+    assert!(a.reply.error.is_none(), "cell {code:?}: {a:?}");
+    a
+}
+
+fn value(c: &mut DaemonClient, s: &str, code: &str) -> String {
+    cell(c, s, code).reply.value.unwrap_or_default()
+}
+
+fn start(d: &Daemon, memory: Option<u64>) -> SessionInfo {
+    let req = SessionStartRequest {
+        limits: LimitOverrides {
+            memory_bytes: memory,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    d.client()
+        .session_start(req, |_| {})
+        .unwrap_or_else(|e| panic!("session_start: {e}\n{}", d.log()))
+}
+
+const SOURCE: &str = r#"
+import hashlib, random, threading, time
+x = 41
+def bump(n=1):
+    global x
+    x += n
+    return x
+class Box:
+    def __init__(self, v):
+        self.v = v
+box = Box([1, 2, 3])
+also = box
+rng = random.Random(7)
+big = bytes(range(256)) * (24 << 12)
+digest = hashlib.sha256(big).hexdigest()
+f = open('/dev/null')
+stop = threading.Event()
+worker = threading.Thread(target=stop.wait, name='worker', daemon=True)
+worker.start()
+open('notes.txt', 'w').write('source')
+"#;
+
+#[test]
+fn a_fork_is_a_copy_that_goes_its_own_way_and_only_its_owner_may_make_one() {
+    const OTHER: u32 = 4262;
+    let d = Daemon::start(&format!(
+        "socket_mode = \"0666\"\nallowed_uids = [{OTHER}]\n"
+    ));
+    let source = start(&d, None);
+    let s = source.session.clone();
+    let mut c = d.client();
+    cell(&mut c, &s, SOURCE);
+    let fork = c
+        .session_fork(&s, |_| {})
+        .unwrap_or_else(|e| panic!("session_fork: {e}\n{}", d.log()));
+    let f = fork.session.session.clone();
+    assert_eq!(fork.forked_from, s);
+    assert_ne!(f, s);
+    assert_ne!(fork.session.sandbox_uid, source.sandbox_uid, "{fork:?}");
+    for name in ["x", "bump", "Box", "box", "rng", "big", "digest"] {
+        assert!(fork.names.contains(&name.to_string()), "{name}: {fork:?}");
+    }
+    for name in ["f", "worker"] {
+        assert!(fork.dropped.contains_key(name), "{name}: {fork:?}");
+    }
+    assert!(
+        fork.threads_not_carried.contains(&"worker".to_string()),
+        "{fork:?}"
+    );
+    assert_eq!(fork.reseeded, ["Random"], "{fork:?}");
+    assert_eq!(fork.files, 1, "{fork:?}");
+    // 24 MiB of bytes: more than one chunk each way.
+    assert!(fork.state_bytes > 24 << 20, "{fork:?}");
+
+    // The same state on both sides, then each its own.
+    let check =
+        "hashlib.sha256(big).hexdigest() == digest, also is box, box.v, open('notes.txt').read()";
+    let same = "(True, True, [1, 2, 3], 'source')";
+    assert_eq!(value(&mut c, &f, check), same);
+    assert_eq!(value(&mut c, &f, "bump(), Box(5).v"), "(42, 5)");
+    cell(
+        &mut c,
+        &f,
+        "open('notes.txt', 'w').write('fork'); box.v.append(4)",
+    );
+    assert_eq!(value(&mut c, &s, "bump(10)"), "51");
+    assert_eq!(value(&mut c, &s, check), same);
+    assert_eq!(
+        value(&mut c, &f, "x, box.v, open('notes.txt').read()"),
+        "(42, [1, 2, 3, 4], 'fork')"
+    );
+    // The cells go on numbered after the source's.
+    let a = cell(&mut c, &f, "1");
+    assert!(a.reply.cell.is_some_and(|n| n >= 5), "{a:?}");
+    // The generators differ: the fork was reseeded, and so are draws from
+    // the kernel.
+    let draw = "rng.random(), __import__('secrets').token_hex(16)";
+    let (a, b) = (value(&mut c, &s, draw), value(&mut c, &f, draw));
+    assert_ne!(a, b);
+    assert_ne!(a.split(',').next(), b.split(',').next(), "{a} {b}");
+    // The fork has only its main thread.
+    assert_eq!(value(&mut c, &f, "threading.active_count()"), "1");
+
+    // A fork of a fork; every one listed, each the caller's.
+    let second = c.session_fork(&f, |_| {}).unwrap();
+    assert_eq!(value(&mut c, &second.session.session, "x"), "42");
+    assert_eq!(d.client().session_list().unwrap().len(), 3);
+
+    // Another uid gets what an unknown handle gets.
+    let other = as_uid(&d, OTHER, &s);
+    assert_eq!(other["type"], "error", "{other}");
+    assert_eq!(other["code"], "unknown_session", "{other}");
+    for h in [&s, &f, &second.session.session] {
+        d.client().session_end(h).unwrap();
+    }
+    d.assert_sandbox_gone(Duration::from_secs(15));
+}
+
+#[test]
+fn state_over_the_bound_is_refused_and_the_source_lives_on() {
+    let d = Daemon::start("");
+    // 256 MiB of memory: at most 64 MiB of state.
+    let source = start(&d, Some(256 << 20));
+    let s = source.session.clone();
+    let mut c = d.client();
+    cell(&mut c, &s, "x = 1\nbig = bytes(80 << 20)");
+    let refused = c.session_fork(&s, |_| {});
+    match refused {
+        Err(ClientError::Refused { code, message }) => {
+            assert_eq!(code, ErrorCode::StateRefused, "{message}");
+            assert!(message.contains("more than"), "{message}");
+        }
+        other => panic!("expected state_refused, got {other:?}"),
+    }
+    // Only the source is left, as it was.
+    assert_eq!(
+        value(&mut c, &s, "x, len(big)"),
+        format!("(1, {})", 80 << 20)
+    );
+    let listed = d.client().session_list().unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    // Freed of its bulk, it forks.
+    cell(&mut c, &s, "del big");
+    let fork = c.session_fork(&s, |_| {}).unwrap();
+    assert_eq!(value(&mut c, &fork.session.session, "x"), "1");
+}
+
+#[test]
+fn a_pycelld_killed_mid_fork_leaves_nothing_behind() {
+    let mut d = Daemon::start("");
+    let source = start(&d, Some(1 << 30));
+    let mut c = d.client();
+    // 200 MiB of state: the fork's jail is up well before it is carried.
+    cell(&mut c, &source.session, "big = bytes(200 << 20)");
+    let handle = source.session.clone();
+    let forking = std::thread::spawn(move || c.session_fork(&handle, |_| {}));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut uids: Vec<u32> = d
+            .sandbox_processes()
+            .iter()
+            .flat_map(|p| p.uids.first().copied())
+            .collect();
+        uids.sort();
+        uids.dedup();
+        if uids.len() >= 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the fork's jail never came\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!forking.is_finished(), "the fork was done before the kill");
+    d.signal(nix::sys::signal::Signal::SIGKILL);
+    d.wait(Duration::from_secs(10));
+    d.assert_sandbox_gone(Duration::from_secs(15));
+    let heard = forking.join().unwrap();
+    assert!(
+        heard.is_err(),
+        "the client must hear the fork failed: {heard:?}"
+    );
+}
+
+/// One `session_fork` of `handle` by a raw client as uid `uid`: the reply.
+fn as_uid(d: &Daemon, uid: u32, handle: &str) -> serde_json::Value {
+    let script = d.dir.path().join("fork_as.py");
+    std::fs::write(&script, RAW_FORK).unwrap();
+    let out = Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+            "/usr/bin/python3",
+        ])
+        .arg(&script)
+        .arg(d.socket())
+        .arg(handle)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        panic!("{e}: {stdout}\n{stderr}\n{}", d.log())
+    })
+}
+
+const RAW_FORK: &str = r#"
+import json, socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+def send(m):
+    b = json.dumps(m).encode()
+    s.sendall(struct.pack(">I", len(b)) + b)
+def recv():
+    n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+    return json.loads(s.recv(n, socket.MSG_WAITALL))
+send({"type": "hello", "version": 6, "client": "a raw client"})
+recv()
+send({"type": "session_fork", "id": "1", "session": sys.argv[2]})
+print(json.dumps(recv()))
+"#;
