@@ -15,8 +15,15 @@ bench/run's pycelld. Rows, medians:
   - idle memory of a session (its cgroup's, after one cell), under default
     and data-science.
 
+  - session_fork (issue 51) of a bare session and of a data-science one
+    (numpy and pandas imported, a 10,000-row frame), and of one with an
+    8 MB array too (how the time grows with the state), a pooled jail
+    free for the fork, against session_start of the same policy (pooled
+    too).
+
 Targets: a cell <= 1 ms over the raw protocol and <= 2 ms per MCP call;
-session_start <= 10 ms with a warm jail free.
+session_start <= 10 ms with a warm jail free; session_fork <= 20 ms bare
+and <= 50 ms data-science.
 """
 import argparse
 import asyncio
@@ -96,15 +103,59 @@ def raw_cells(sock, runs):
     return floor, cells
 
 
-def pool_ready(sock):
-    """Wait until the daemon's `default` session pool has a ready jail."""
+def pool_ready(sock, policy="default"):
+    """Wait until the daemon's session pool of `policy` has a ready jail."""
     raw = Raw(sock)
-    for _ in range(600):
+    for _ in range(1200):
         info = raw.ask({"type": "info"})["info"]["daemon"]
-        if any(p.get("sessions") and p["ready"] > 0 for p in info["warm_pools"]):
+        pools = info["warm_pools"]
+        if any(p.get("sessions") and p["policy"] == policy and p["ready"] > 0 for p in pools):
             return
         time.sleep(0.05)
-    raise SystemExit("bench/sessions.py: the session pool never got a ready jail")
+    raise SystemExit(f"bench/sessions.py: the session pool of {policy} never got a ready jail")
+
+
+# What a session holds before it forks: a bare one a few names; a
+# data-science one numpy and pandas imported, a generator, a 10,000-row
+# frame; and the same with an 8 MB array (how the time grows with state).
+FORK_SETUP = {
+    "default": "import json, random\nx = 41\nrng = random.Random(1)\nopen('notes.txt', 'w').write('x')",
+    "data-science": "import numpy as np, pandas as pd\nrng = np.random.default_rng(1)\n"
+    "df = pd.DataFrame({'a': rng.normal(size=10_000), 'b': range(10_000)})",
+    "data-science, 8 MB array": "import numpy as np, pandas as pd\nrng = np.random.default_rng(1)\n"
+    "a = rng.normal(size=1_000_000)\ndf = pd.DataFrame({'a': a[:10_000]})",
+}
+
+
+def forks(sock, setup, runs):
+    """session_fork of a session set up as FORK_SETUP[setup] (a pooled
+    jail free for the fork: paced), against session_start of the same
+    policy, also pooled; and the size of the state carried."""
+    policy = setup.split(",")[0]
+    raw = Raw(sock)
+    pool_ready(sock, policy)
+    h = start(raw, policy)["session"]
+    cell(raw, h, FORK_SETUP[setup])
+    started, forked, size = [], [], 0
+    for i in range(runs + 2):
+        pool_ready(sock, policy)
+        t0 = time.perf_counter()
+        s = start(raw, policy)["session"]
+        st = (time.perf_counter() - t0) * 1000
+        end(raw, s)
+        pool_ready(sock, policy)
+        t0 = time.perf_counter()
+        r = raw.ask({"type": "session_fork", "id": "1", "session": h})
+        fk = (time.perf_counter() - t0) * 1000
+        if r["type"] != "session_forked":
+            raise SystemExit(f"bench/sessions.py: session_fork under {policy}: {r}")
+        size = r["fork"]["state_bytes"]
+        end(raw, r["fork"]["session"]["session"])
+        if i >= 2:
+            started.append(st)
+            forked.append(fk)
+    end(raw, h)
+    return started, forked, size
 
 
 def starts(sock, pycell, runs):
@@ -194,12 +245,20 @@ def main():
     row(f"pycell run print(1) through pycelld ({n} runs)", cold)
     row("session_start (a pooled jail taken, clocks started)", started, cold)
     row("session_end (jail gone)", ended, cold)
+    fork_ms = {}
+    for setup in FORK_SETUP:
+        started, forked, size = forks(a.socket, setup, n)
+        row(f"session_start under {setup.split(',')[0]} (pooled)", started)
+        row(f"session_fork, {setup} ({size / 2**20:.2f} MiB of state)", forked, started)
+        fork_ms[setup] = med(forked)
     for policy in ("default", "data-science"):
         print(f"  idle memory of a session under {policy}: {idle_memory(a.socket, policy) / 2**20:.1f} MiB")
     print("targets:")
     target(med(cells) <= 1.0, f"a cell over the raw protocol <= 1 ms: {med(cells):.2f} ms")
     target(med(mcells) <= 2.0, f"a cell per MCP call <= 2 ms: {med(mcells):.2f} ms")
     target(med(started) <= 10.0, f"session_start <= 10 ms with a session jail of the pool free: {med(started):.2f} ms")
+    target(fork_ms["default"] <= 20.0, f"session_fork of a bare session <= 20 ms: {fork_ms['default']:.2f} ms")
+    target(fork_ms["data-science"] <= 50.0, f"session_fork of a data-science session <= 50 ms: {fork_ms['data-science']:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -364,7 +364,7 @@ impl DaemonClient {
         };
         let started = self.starting(&msg, on_stage, |m| match m {
             ServerMessage::SessionStarted { session, .. } => Ok(*session),
-            other => Err(other),
+            other => Err(Box::new(other)),
         })?;
         Ok(started)
     }
@@ -382,7 +382,7 @@ impl DaemonClient {
         };
         self.starting(&msg, on_stage, |m| match m {
             ServerMessage::SessionForked { fork, .. } => Ok(*fork),
-            other => Err(other),
+            other => Err(Box::new(other)),
         })
     }
 
@@ -393,7 +393,7 @@ impl DaemonClient {
         &mut self,
         msg: &ClientMessage,
         mut on_stage: impl FnMut(Stage<'_>),
-        done: impl Fn(ServerMessage) -> Result<T, ServerMessage>,
+        done: impl Fn(ServerMessage) -> Result<T, Box<ServerMessage>>,
     ) -> Result<T, ClientError> {
         self.answered()?;
         framing::write_sync(&mut self.stream, msg)?;
@@ -402,7 +402,7 @@ impl DaemonClient {
                 Ok(answer) => return Ok(answer),
                 Err(other) => other,
             };
-            match other {
+            match *other {
                 ServerMessage::Queued { position, .. } => on_stage(Stage::Queued(position)),
                 ServerMessage::Installing { message, .. } => on_stage(Stage::Installing(&message)),
                 // A session that could not start, with a run's result.

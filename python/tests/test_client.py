@@ -117,6 +117,35 @@ def test_a_session_keeps_state_files_and_images(pycelld: Pycelld) -> None:
     assert pycell.sessions() == []
 
 
+def test_a_session_forks_into_a_copy_that_goes_its_own_way(pycelld: Pycelld) -> None:
+    with pycell.Session() as s:
+        s.run("import random\nx = 41\nrng = random.Random(9)\nf = open('/dev/null')")
+        s.write_file("notes.txt", "source")
+        with s.fork() as fork:
+            info = fork.fork_info
+            assert info is not None and info.forked_from == s.handle
+            assert "x" in info.names and "f" in info.dropped and info.reseeded == ["Random"], info
+            assert fork.handle != s.handle and fork.info.sandbox_uid != s.info.sandbox_uid
+            assert fork.run("x += 1\nx").value == "42"
+            fork.write_file("notes.txt", "fork")
+            assert s.run("x").value == "41" and s.read_file("notes.txt") == b"source"
+            assert fork.read_file("notes.txt") == b"fork"
+            assert s.run("rng.random()").value != fork.run("rng.random()").value
+            assert len(pycell.sessions()) == 2
+        with pytest.raises(errors.SessionGone):
+            fork.run("x")
+        assert [x.session for x in pycell.sessions()] == [s.handle]
+
+    async def main() -> None:
+        async with await AsyncSession.start() as a:
+            await a.run("y = 'kept'")
+            async with await a.fork() as b:
+                assert (await b.run("y")).value == "'kept'"
+
+    asyncio.run(main())
+    assert pycell.sessions() == []
+
+
 # An object with a markdown form, shown by a run and left as a cell's value.
 TABLE = "class Table:\n    def _repr_markdown_(self):\n        return '| a |\\n|---|\\n| 1 |'\n"
 

@@ -10,7 +10,9 @@ on); a binary file round trip; input files for cells; path refusals; a
 pandas + matplotlib plot under data-science as a PNG within the edge and
 size limits, in a cell and in one-shot runs (over the budget too); a
 DataFrame and a 2 MB value as a model sees them, and display();
-session_list; a cell that ignores
+session_list; a fork (each side its own x, file and random draws; what
+was not carried named), and of a data-science session (numpy and pandas
+not imported again); a cell that ignores
 KeyboardInterrupt (the session is killed, the next call says so); another
 session's state kept apart; session_end freeing the sandbox uid's processes
 and cgroups; too many sessions; unknown handles; stdin closing with
@@ -117,6 +119,52 @@ async def isolation(session, schemas):
     out["b_files"] = await call(session, schemas, {"session": b}, name="list_files")
     await call(session, schemas, {"session": a}, name="session_end")
     await call(session, schemas, {"session": b}, name="session_end")
+    return out
+
+
+async def fork(session, schemas):
+    """A session forks: each side then changes its own x, file and
+    generator; the fork's report names what it did not carry."""
+    started = structured(await call(session, schemas, {}, name="session_start"))
+    h = started.get("session")
+    await call(session, schemas, {"session": h, "code": "import random\nx = 41\nrng = random.Random(3)\nf = open('/dev/null')\nopen('f.txt', 'w').write('source')"})
+    out = {"fork": await call(session, schemas, {"session": h}, name="session_fork")}
+    forked = structured(out["fork"]).get("session") or {}
+    k = forked.get("session")
+    out["uids_differ"] = forked.get("sandbox_uid") not in (None, started.get("sandbox_uid"))
+    out["fork_sets"] = await call(session, schemas, {"session": k, "code": "x += 1\nopen('f.txt', 'w').write('fork')\nx"})
+    out["source_sets"] = await call(session, schemas, {"session": h, "code": "x += 10\nx"})
+    out["fork_reads"] = await call(session, schemas, {"session": k, "code": "x, open('f.txt').read()"})
+    out["source_reads"] = await call(session, schemas, {"session": h, "code": "x, open('f.txt').read()"})
+    draws = []
+    for s in (h, k):
+        draws.append(structured(await call(session, schemas, {"session": s, "code": "rng.random()"})).get("cell", {}).get("value"))
+    out["draws_differ"] = draws[0] is not None and draws[0] != draws[1]
+    out["unknown"] = await call(session, schemas, {"session": "s-unknown"}, name="session_fork")
+    for s in (h, k):
+        await call(session, schemas, {"session": s}, name="session_end")
+    uid = forked.get("sandbox_uid")
+    time.sleep(0.2)
+    out["left"] = {"processes": processes_with_uid(uid) if uid else "no uid", "cgroups": cgroups_of_uid(uid) if uid else "no uid"}
+    return out
+
+
+async def fork_data(session, schemas, policy):
+    """A data-science session forks with numpy and pandas imported and a
+    generator drawn from: the fork has them without importing again."""
+    h = structured(await call(session, schemas, {"policy": policy}, name="session_start")).get("session")
+    setup = "import numpy as np, pandas as pd, sys\nrng = np.random.default_rng(5)\na = rng.normal(size=1_000_000)\ndf = pd.DataFrame({'a': a[:1000]})\nfloat(a.sum())"
+    out = {"source": await call(session, schemas, {"session": h, "code": setup})}
+    out["fork"] = await call(session, schemas, {"session": h}, name="session_fork")
+    k = (structured(out["fork"]).get("session") or {}).get("session")
+    check = "import time\nt = time.perf_counter()\nimport numpy\nimported_ms = (time.perf_counter() - t) * 1e3\n(float(a.sum()), len(df), type(df).__name__, 'pandas' in sys.modules, imported_ms < 5)"
+    out["fork_check"] = await call(session, schemas, {"session": k, "code": check})
+    draws = []
+    for s in (h, k):
+        draws.append(structured(await call(session, schemas, {"session": s, "code": "float(rng.random())"})).get("cell", {}).get("value"))
+    out["draws_differ"] = draws[0] is not None and draws[0] != draws[1]
+    for s in (h, k):
+        await call(session, schemas, {"session": s}, name="session_end")
     return out
 
 
@@ -288,12 +336,14 @@ async def session_flow(pycell):
             await step("input_files", lambda: input_files(session, schemas))
             await step("too_many", lambda: too_many(session, schemas))
             await step("stubborn", lambda: stubborn(session, schemas))
+            await step("fork", lambda: fork(session, schemas))
             # data-science's packages (numpy, pandas, matplotlib) come from
             # the package index into the embedded env store, once.
             if not ARGS.socket:
                 await step("plot", lambda: plot(session, schemas, "data-science"), timeout=300)
                 await step("plot_run", lambda: plot_run(session, schemas, "data-science"), timeout=300)
                 await step("frames", lambda: frames(session, schemas, "data-science"), timeout=300)
+                await step("fork_data", lambda: fork_data(session, schemas, "data-science"), timeout=300)
     return {"completed": True}
 
 

@@ -1,7 +1,7 @@
 //! Sessions for people: `pycell repl` driven on a pseudo-terminal
 //! (tests/repl/drive.py: values and errors as python's prompt shows them,
 //! blocks, ^C, history, ^D), embedded and through pycelld; and `pycell
-//! session start|run|put|get|ls|list|end` through pycelld.
+//! session start|run|put|get|ls|list|fork|end` through pycelld.
 
 #![forbid(unsafe_code)]
 
@@ -174,6 +174,27 @@ fn pycell_session_commands_work_through_pycelld() {
     assert!(err.contains("'..'"), "{err}");
     let (_, out, _) = session(&d, &["list"], None);
     assert!(out.contains(h), "{out}");
+    // A fork: its handle on stdout, what it did not carry on stderr.
+    session(&d, &["run", h, "--code", "f = open('/dev/null')"], None);
+    let (code, fork, err) = session(&d, &["fork", h], None);
+    assert_eq!(code, 0, "{err}");
+    let fork = fork.trim().to_string();
+    assert!(fork.starts_with("s-") && fork != h, "{fork}");
+    assert!(err.contains("not carried: f: TextIOWrapper"), "{err}");
+    let (code, out, _) = session(
+        &d,
+        &[
+            "run",
+            &fork,
+            "--code",
+            "x = 0\nlen(open('data/in.bin','rb').read())",
+        ],
+        None,
+    );
+    assert_eq!((code, out.as_str()), (0, "3000\n"));
+    let (_, out, _) = session(&d, &["run", h, "--code", "x"], None);
+    assert_eq!(out, "41\n");
+    assert_eq!(session(&d, &["end", &fork], None).0, 0);
     assert_eq!(session(&d, &["end", h], None).0, 0);
     d.assert_sandbox_gone(Duration::from_secs(10));
     let (code, _, err) = session(&d, &["run", h, "--code", "x"], None);

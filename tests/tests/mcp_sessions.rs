@@ -212,6 +212,38 @@ fn check_flow(c: &mut Checks) {
         c.tool_error("stubborn", &v["next"], &["session_killed", "cell_timeout"]);
         nothing_left(c, "stubborn", v, "/left");
     }
+    if let Some(v) = c.step("fork") {
+        check_fork(c, v);
+    }
+}
+
+/// A fork: the copy's x and file go their own way from its source's, its
+/// generator draws differently, what it did not carry is named.
+fn check_fork(c: &mut Checks, v: &Value) {
+    c.eq("fork", v, "/fork/is_error", Value::Bool(false));
+    c.eq("fork", v, "/fork/schema_errors", json!([]));
+    c.eq("fork", v, "/fork/structured/reseeded", json!(["Random"]));
+    c.contains("fork", v, "/fork/structured/dropped/f", "TextIOWrapper");
+    c.eq("fork", v, "/fork/structured/files", json!(1));
+    c.contains("fork", v, "/fork/text", "Not carried: f (");
+    c.eq("fork", v, "/uids_differ", Value::Bool(true));
+    c.eq("fork", v, "/fork_sets/structured/cell/value", "42".into());
+    c.eq("fork", v, "/source_sets/structured/cell/value", "51".into());
+    c.eq(
+        "fork",
+        v,
+        "/fork_reads/structured/cell/value",
+        "(42, 'fork')".into(),
+    );
+    c.eq(
+        "fork",
+        v,
+        "/source_reads/structured/cell/value",
+        "(51, 'source')".into(),
+    );
+    c.eq("fork", v, "/draws_differ", Value::Bool(true));
+    c.tool_error("fork", &v["unknown"], &["unknown_session"]);
+    nothing_left(c, "fork", v, "/left");
 }
 
 /// One-shot runs: the figure left open (1600x1200) and the PNG saved at
@@ -348,6 +380,25 @@ fn sessions_keep_state_move_files_show_plots_and_leave_nothing_behind() {
     }
     if let Some(v) = c.step("frames") {
         check_frames(&mut c, v);
+    }
+    if let Some(v) = c.step("fork_data") {
+        let sum = v["source"]["structured"]["cell"]["value"]
+            .as_str()
+            .unwrap_or("?");
+        let want = format!("({sum}, 1000, 'DataFrame', True, True)");
+        c.eq(
+            "fork_data",
+            v,
+            "/fork_check/structured/cell/value",
+            want.into(),
+        );
+        c.eq(
+            "fork_data",
+            v,
+            "/fork/structured/reseeded",
+            json!(["Generator"]),
+        );
+        c.eq("fork_data", v, "/draws_differ", Value::Bool(true));
     }
     for (step, exit) in [("eof", json!(0)), ("killed", json!(-9))] {
         if let Some(v) = c.step(step) {
