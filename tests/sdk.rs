@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::{compact, output_guarded, pycell_bin, repo_root, require_root};
 
 /// The tools `pycell mcp` lists, in order.
-pub const TOOLS: [&str; 9] = [
+pub const TOOLS: [&str; 10] = [
     "run_python",
     "sandbox_info",
     "session_start",
@@ -20,6 +20,7 @@ pub const TOOLS: [&str; 9] = [
     "list_files",
     "session_end",
     "session_fork",
+    "session_snapshot",
     "session_list",
 ];
 

@@ -298,6 +298,10 @@ pub struct SessionStartArgs {
     /// Each cell's default wall-clock timeout in seconds.
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<String>,
+    /// Start from a snapshot (`pycell session snapshot`): its policy,
+    /// packages and limits, then its variables and files.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["policy", "with", "memory", "timeout"])]
+    pub from_snapshot: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -349,6 +353,14 @@ pub enum SessionCommand {
     },
     /// End a session: its processes and files are gone.
     End { session: String },
+    /// Keep a session's variables, imports and /workspace in pycelld's
+    /// snapshot store (they outlive the session and pycelld's restarts);
+    /// prints the snapshot's id, for `start --from-snapshot`.
+    Snapshot {
+        session: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Fork a session: a new one whose variables, imports and /workspace
     /// are a copy of SESSION's, in a sandbox of its own; prints the new
     /// handle and what was not carried (one JSON object with --json).

@@ -33,6 +33,12 @@ pub fn start_request(how: &SessionStartArgs) -> Result<SessionStartRequest, Stri
                 .map_err(|e| format!("--timeout {t:?}: {e}"))
         })
         .transpose()?;
+    if let Some(id) = &how.from_snapshot {
+        return Ok(SessionStartRequest {
+            from_snapshot: Some(id.clone()),
+            ..SessionStartRequest::default()
+        });
+    }
     Ok(SessionStartRequest {
         policy: Some(how.policy.clone()),
         limits: LimitOverrides {
@@ -42,6 +48,7 @@ pub fn start_request(how: &SessionStartArgs) -> Result<SessionStartRequest, Stri
         },
         dependencies: how.with.clone(),
         tools: None,
+        from_snapshot: None,
     })
 }
 
@@ -138,6 +145,17 @@ fn run(c: &mut DaemonClient, command: &SessionCommand) -> Result<i32, Failure> {
         SessionCommand::End { session } => {
             let e = c.session_end(session)?;
             say!("{}: {}", e.session, e.message);
+            Ok(0)
+        }
+        SessionCommand::Snapshot { session, json } => {
+            let s = c.session_snapshot(session)?;
+            match json {
+                true => say!("{}", serde_json::to_string(&s).unwrap_or_default()),
+                false => say!("{}", s.snapshot),
+            }
+            for (name, why) in s.dropped.iter().chain(&s.skipped) {
+                eprintln!("pycell: not kept: {name}: {why}");
+            }
             Ok(0)
         }
         SessionCommand::Fork { session, json } => {

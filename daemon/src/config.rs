@@ -44,6 +44,9 @@ struct RawConfig {
     env_store: Option<PathBuf>,
     env_store_max_size: Option<String>,
     env_max_age: Option<String>,
+    snapshots_per_owner: Option<usize>,
+    snapshot_bytes_per_owner: Option<String>,
+    snapshot_expiry: Option<String>,
     warm_pools: Option<std::collections::BTreeMap<String, usize>>,
     session_pools: Option<std::collections::BTreeMap<String, usize>>,
     warm_idle: Option<String>,
@@ -113,6 +116,9 @@ pub struct Config {
     /// never one in use.
     pub env_store_max_size: u64,
     pub env_max_age: Duration,
+    /// Sessions' snapshots kept per owner: how many, how many bytes in
+    /// all, and for how long (in `snapshot_dir`).
+    pub snapshots: pycell_launch::snapshots::Quota,
     /// Warm jails kept per policy (default: 2 of `default`); see
     /// `crate::monitor::pool`.
     pub warm_pools: std::collections::BTreeMap<String, usize>,
@@ -213,6 +219,7 @@ impl Default for Config {
             env_store: PathBuf::from(DEFAULT_ENV_STORE),
             env_store_max_size: 20 << 30,
             env_max_age: Duration::from_secs(30 * 24 * 3600),
+            snapshots: pycell_launch::snapshots::Quota::default(),
             warm_pools: [("default".to_string(), 2)].into_iter().collect(),
             session_pools: [("default".to_string(), 1)].into_iter().collect(),
             warm_idle: Duration::from_secs(600),
@@ -405,7 +412,30 @@ impl Config {
             self.env_max_age =
                 pycell_policy::parse_duration(a).map_err(|e| at.field("env_max_age", e))?;
         }
+        self.apply_snapshots(raw, at)
+    }
+
+    /// Sessions' snapshots: what each owner may keep.
+    fn apply_snapshots(&mut self, raw: &RawConfig, at: &Locator<'_>) -> Result<(), ConfigError> {
+        let q = &mut self.snapshots;
+        if let Some(n) = raw.snapshots_per_owner {
+            q.count = n;
+        }
+        if let Some(s) = &raw.snapshot_bytes_per_owner {
+            q.bytes = pycell_policy::parse_size(s)
+                .map_err(|e| at.field("snapshot_bytes_per_owner", e))?;
+        }
+        if let Some(d) = &raw.snapshot_expiry {
+            q.keep =
+                pycell_policy::parse_duration(d).map_err(|e| at.field("snapshot_expiry", e))?;
+        }
         Ok(())
+    }
+
+    /// Where sessions' snapshots are kept: `snapshots` in the env store's
+    /// directory, the broker's alone.
+    pub fn snapshot_dir(&self) -> PathBuf {
+        self.env_store.join("snapshots")
     }
 
     /// The warm pools.

@@ -28,6 +28,7 @@ pub mod serving;
 pub mod session;
 pub mod session_fork;
 pub mod session_table;
+pub mod snapshots;
 pub mod stopper;
 pub mod supervisor;
 pub mod tool_grant;

@@ -20,11 +20,14 @@ use std::time::Duration;
 
 use pycell_protocol::bounds::base64_decoded_len;
 use pycell_protocol::result::RunLimits;
-use pycell_protocol::session::{SessionForkInfo, SessionInfo, SessionReply};
+use pycell_protocol::session::{
+    Restored, SessionForkInfo, SessionInfo, SessionReply, SessionStartRequest, SnapshotInfo,
+};
 use pycell_runner::session::{SessionOp, SessionRequest, StateReport, MAX_FILE_BYTES};
 use pycell_wire::codes::FailureCode;
 
 use crate::session::{Session, SessionError};
+use crate::snapshots::{SnapshotStore, StoreError, Stored};
 
 /// The bytes of state moved in one request each way.
 pub const CHUNK_BYTES: u64 = MAX_FILE_BYTES;
@@ -92,42 +95,235 @@ pub async fn carry_state(
     clocks: Clocks,
     bound: u64,
 ) -> Result<Carried, ForkError> {
-    let asked = SessionRequest::ExportState { max_bytes: bound };
-    let exported = ask(from, clocks.op(asked), "source").await?;
-    let size = exported.size.unwrap_or(0);
-    let export = exported.state.unwrap_or_default();
-    if size > bound {
-        return Err(too_big(size, bound));
+    let mut export = Export::begin(from, clocks, bound).await?;
+    let mut import = Import::new(to, clocks);
+    while let Some(data) = export.next_chunk().await? {
+        import.chunk(data).await?;
     }
-    let mut offset = 0;
-    while offset < size {
-        let want = CHUNK_BYTES.min(size - offset);
+    let (report, size) = (export.report, export.size);
+    let loaded = import.load(size, report.cells).await?;
+    Ok(Carried {
+        export: bounded(report),
+        import: bounded(loaded),
+        bytes: size,
+    })
+}
+
+/// A session's state being read out of it, chunk by chunk.
+struct Export<'a> {
+    session: &'a Session,
+    clocks: Clocks,
+    report: StateReport,
+    size: u64,
+    offset: u64,
+}
+
+impl<'a> Export<'a> {
+    /// Ask `session` to write its state, at most `bound` bytes.
+    async fn begin(session: &'a Session, clocks: Clocks, bound: u64) -> Result<Self, ForkError> {
+        let asked = SessionRequest::ExportState { max_bytes: bound };
+        let exported = ask(session, clocks.op(asked), "source").await?;
+        let size = exported.size.unwrap_or(0);
+        if size > bound {
+            return Err(too_big(size, bound));
+        }
+        Ok(Export {
+            session,
+            clocks,
+            report: exported.state.unwrap_or_default(),
+            size,
+            offset: 0,
+        })
+    }
+
+    /// The next chunk (base64), of the size asked; None once all is read.
+    async fn next_chunk(&mut self) -> Result<Option<String>, ForkError> {
+        if self.offset >= self.size {
+            return Ok(None);
+        }
+        let want = CHUNK_BYTES.min(self.size - self.offset);
         let read = SessionRequest::ExportChunk {
-            export: export.export,
-            offset,
+            export: self.report.export,
+            offset: self.offset,
             max_bytes: want,
         };
-        let data = ask(from, clocks.op(read), "source").await?.data;
+        let data = ask(self.session, self.clocks.op(read), "source")
+            .await?
+            .data;
         let data = data.filter(|d| base64_decoded_len(d) == Some(want));
         let Some(data) = data else {
             return Err(refused(
                 "the source sent a chunk of its state of another size",
             ));
         };
-        let write = SessionRequest::ImportChunk { offset, data };
-        ask(to, clocks.op(write), "fork").await?;
-        offset += want;
+        self.offset += want;
+        Ok(Some(data))
     }
-    let load = SessionRequest::ImportState {
-        size,
-        cells: export.cells,
+}
+
+/// A session's state being loaded into it, chunk by chunk.
+struct Import<'a> {
+    session: &'a Session,
+    clocks: Clocks,
+    offset: u64,
+}
+
+impl<'a> Import<'a> {
+    fn new(session: &'a Session, clocks: Clocks) -> Self {
+        Import {
+            session,
+            clocks,
+            offset: 0,
+        }
+    }
+
+    /// The next chunk (base64, at most [`CHUNK_BYTES`]).
+    async fn chunk(&mut self, data: String) -> Result<(), ForkError> {
+        let len = base64_decoded_len(&data).unwrap_or(0);
+        let offset = self.offset;
+        let write = SessionRequest::ImportChunk { offset, data };
+        ask(self.session, self.clocks.op(write), "fork").await?;
+        self.offset += len;
+        Ok(())
+    }
+
+    /// Load the `size` bytes sent; the cells go on after `cells`.
+    async fn load(self, size: u64, cells: u64) -> Result<StateReport, ForkError> {
+        let load = SessionRequest::ImportState { size, cells };
+        let loaded = ask(self.session, self.clocks.op(load), "fork").await?;
+        Ok(loaded.state.unwrap_or_default())
+    }
+}
+
+/// Keep `source`'s state in `store` for `owner` (bounded as a fork's, and
+/// by the store's quota); `start` started `source`. A snapshot cut short
+/// leaves nothing in the store.
+pub async fn snapshot(
+    source: &Session,
+    handle: &str,
+    held: (&pycell_policy::Policy, &RunLimits, &SessionStartRequest),
+    store: &SnapshotStore,
+    owner: &str,
+) -> Result<SnapshotInfo, ForkError> {
+    let began = std::time::Instant::now();
+    let (policy, limits, start) = held;
+    let bound = state_bound(limits).min(store.quota().bytes);
+    let mut export = Export::begin(source, Clocks::of(policy, limits), bound).await?;
+    let mut writing = store.begin(owner, export.size).map_err(stored)?;
+    while let Some(data) = export.next_chunk().await? {
+        let bytes = pycell_protocol::messages::decode_b64(&data)
+            .map_err(|e| refused(&format!("a chunk of the state: {e}")))?;
+        writing.write(&bytes).map_err(stored)?;
+    }
+    let report = bounded(export.report);
+    let info = SnapshotInfo {
+        snapshot: writing.id().to_string(),
+        session: handle.to_string(),
+        policy: policy.name.clone(),
+        size_bytes: export.size,
+        created_at: writing.expires_at() - store.quota().keep.as_secs(),
+        expires_at: writing.expires_at(),
+        names: report.names,
+        dropped: report.dropped,
+        skipped: report.skipped,
+        reseeded: report.reseeded,
+        threads_not_carried: report.threads,
+        evicted: writing.evicted.clone(),
+        took_ms: began.elapsed().as_secs_f64() * 1e3,
     };
-    let import = ask(to, clocks.op(load), "fork").await?.state;
-    Ok(Carried {
-        export: bounded(export),
-        import: bounded(import.unwrap_or_default()),
-        bytes: size,
+    let kept = Stored {
+        info: info.clone(),
+        owner: owner.to_string(),
+        start: start.clone(),
+        cells: report.cells,
+    };
+    writing.finish(&kept).map_err(stored)?;
+    Ok(info)
+}
+
+/// Load snapshot `snapshot` (its description and bundle, from the store)
+/// into `to`, a session just started with its request; `to` is ended if
+/// this fails (or is dropped), as a fork's.
+pub async fn restore(
+    to: &Session,
+    (kept, bundle): (Stored, std::fs::File),
+    policy: &pycell_policy::Policy,
+    limits: &RunLimits,
+) -> Result<Restored, ForkError> {
+    let half_made = HalfMade(Some(to.clone()));
+    let loaded = load_bundle(to, &kept, bundle, Clocks::of(policy, limits)).await;
+    let loaded = match loaded {
+        Ok(l) => l,
+        Err(e) => {
+            half_made.keep();
+            to.end().await;
+            return Err(e);
+        }
+    };
+    half_made.keep();
+    let loaded = bounded(loaded);
+    Ok(Restored {
+        snapshot: kept.info.snapshot,
+        names: loaded.names,
+        files: loaded.files,
     })
+}
+
+async fn load_bundle(
+    to: &Session,
+    kept: &Stored,
+    mut bundle: std::fs::File,
+    clocks: Clocks,
+) -> Result<StateReport, ForkError> {
+    use std::io::Read;
+    let size = kept.info.size_bytes;
+    let mut import = Import::new(to, clocks);
+    let mut buf = vec![0u8; CHUNK_BYTES as usize];
+    let mut left = size;
+    while left > 0 {
+        let want = CHUNK_BYTES.min(left) as usize;
+        bundle
+            .read_exact(&mut buf[..want])
+            .map_err(|e| refused(&format!("reading the snapshot: {e}")))?;
+        import
+            .chunk(pycell_protocol::messages::encode_b64(&buf[..want]))
+            .await?;
+        left -= want as u64;
+    }
+    import.load(size, kept.cells).await
+}
+
+fn stored(e: StoreError) -> ForkError {
+    let code = match e {
+        StoreError::Unknown(_) => FailureCode::UnknownSnapshot,
+        StoreError::TooBig { .. } => FailureCode::StateRefused,
+        StoreError::Io { .. } => FailureCode::Internal,
+    };
+    (code, e.to_string())
+}
+
+/// The snapshot `id` of `owner` in `store`, and the request that starts
+/// a session from it; refused if `req` asks for anything else too.
+pub fn snapshot_to_start(
+    store: &SnapshotStore,
+    owner: &str,
+    req: &SessionStartRequest,
+) -> Result<Option<(Stored, std::fs::File)>, ForkError> {
+    let Some(id) = &req.from_snapshot else {
+        return Ok(None);
+    };
+    let bare = SessionStartRequest {
+        from_snapshot: Some(id.clone()),
+        tools: req.tools.clone(),
+        ..SessionStartRequest::default()
+    };
+    if *req != bare {
+        return Err((
+            FailureCode::InvalidRequest,
+            "from_snapshot starts the session with its snapshot's policy, limits and dependencies: give none of those with it".into(),
+        ));
+    }
+    store.get(owner, id).map(Some).map_err(stored)
 }
 
 /// The reply of `session` (the `side` of the fork) to `op`, if it served it.

@@ -273,6 +273,7 @@ pub fn session_info(
         lifetime_s: policy.session.lifetime.as_secs_f64(),
         max_file_bytes: policy.session.max_file,
         env,
+        restored: None,
     }
 }
 

@@ -16,7 +16,7 @@ use crate::messages::{
 use crate::result::RunResult;
 use crate::session::{
     SessionAnswer, SessionCall, SessionEndInfo, SessionForkInfo, SessionInfo, SessionStartRequest,
-    SessionSummary,
+    SessionSummary, SnapshotInfo,
 };
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
@@ -384,6 +384,20 @@ impl DaemonClient {
             ServerMessage::SessionForked { fork, .. } => Ok(*fork),
             other => Err(Box::new(other)),
         })
+    }
+
+    /// Keep session `session`'s state in the server's store.
+    pub fn session_snapshot(&mut self, session: &str) -> Result<SnapshotInfo, ClientError> {
+        let msg = ClientMessage::SessionSnapshot {
+            id: "1".into(),
+            session: session.to_string(),
+        };
+        self.answered()?;
+        framing::write_sync(&mut self.stream, &msg)?;
+        match self.next_reply()? {
+            ServerMessage::SessionSnapshotted { snapshot, .. } => Ok(*snapshot),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Send `msg`, which starts a session, and wait for the answer `done`

@@ -203,6 +203,8 @@ pycell_wire::named_enum! {
         FileRefused = "file_refused",
         /// A session's state could not be carried to a fork (too big, refused by its runner).
         StateRefused = "state_refused",
+        /// The snapshot id names no snapshot of the caller's.
+        UnknownSnapshot = "unknown_snapshot",
     }
 }
 
@@ -229,6 +231,7 @@ impl From<ErrorCode> for FailureCode {
             ErrorCode::SessionsUnavailable => FailureCode::SessionsUnavailable,
             ErrorCode::FileRefused => FailureCode::FileRefused,
             ErrorCode::StateRefused => FailureCode::StateRefused,
+            ErrorCode::UnknownSnapshot => FailureCode::UnknownSnapshot,
         }
     }
 }
@@ -247,6 +250,7 @@ impl ErrorCode {
             FailureCode::SessionsUnavailable => ErrorCode::SessionsUnavailable,
             FailureCode::FileRefused => ErrorCode::FileRefused,
             FailureCode::StateRefused => ErrorCode::StateRefused,
+            FailureCode::UnknownSnapshot => ErrorCode::UnknownSnapshot,
             FailureCode::InvalidRequest | FailureCode::InvalidPolicy => ErrorCode::InvalidRequest,
             FailureCode::Busy | FailureCode::UidUnavailable => ErrorCode::Busy,
             FailureCode::ShuttingDown => ErrorCode::ShuttingDown,
@@ -311,6 +315,12 @@ pub enum ClientMessage {
     },
     /// End a session; `session_ended` answers once its jail is gone.
     SessionEnd {
+        id: String,
+        session: String,
+    },
+    /// Keep session `session`'s Python state and /workspace in the
+    /// server's store; `session_snapshotted` answers.
+    SessionSnapshot {
         id: String,
         session: String,
     },
@@ -414,6 +424,10 @@ pub enum ServerMessage {
         id: String,
         fork: Box<crate::session::SessionForkInfo>,
     },
+    SessionSnapshotted {
+        id: String,
+        snapshot: Box<crate::session::SnapshotInfo>,
+    },
     Sessions {
         id: String,
         sessions: Vec<crate::session::SessionSummary>,
@@ -476,6 +490,7 @@ mod tests {
             let back = ErrorCode::for_failure(failure);
             // The run-level codes are the daemon's own; sessions' map back.
             if code.as_str().contains("session")
+                || code.as_str().contains("snapshot")
                 || [ErrorCode::FileRefused, ErrorCode::StateRefused].contains(code)
             {
                 assert_eq!(back, *code, "{code}");

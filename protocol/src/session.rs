@@ -31,6 +31,11 @@ pub struct SessionStartRequest {
     /// Code mode: the MCP tools the client offers the session's cells.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<crate::tools::ToolCatalog>,
+    /// Start from this snapshot of the caller's (`session_snapshot`): its
+    /// session's policy, limits and dependencies, then its state loaded.
+    /// Nothing else may be given with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
 }
 
 impl SessionStartRequest {
@@ -76,6 +81,58 @@ pub struct SessionInfo {
     /// The session's packages (when it has dependencies).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<EnvReport>,
+    /// A session started from a snapshot: which, and what it loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<Restored>,
+}
+
+/// What a session started from a snapshot loaded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Restored {
+    pub snapshot: String,
+    /// The names of `__main__` it set.
+    pub names: Vec<String>,
+    /// The files of /workspace it wrote.
+    pub files: u64,
+}
+
+/// A snapshot, as `session_snapshotted` reports it (and MCP's
+/// `session_snapshot`): kept in the server's store under its owner, until
+/// it expires or a newer one of the same owner needs its room.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotInfo {
+    /// Its id: pass it as `from_snapshot` to session_start.
+    pub snapshot: String,
+    /// The session it was taken of, which goes on unchanged.
+    pub session: String,
+    pub policy: String,
+    /// The state kept, in bytes.
+    pub size_bytes: u64,
+    /// When it was taken and when it expires (seconds since the epoch).
+    pub created_at: u64,
+    pub expires_at: u64,
+    /// The names of `__main__` it keeps.
+    pub names: Vec<String>,
+    /// Names not kept, with why (an open file, a socket, a lock...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dropped: BTreeMap<String, String>,
+    /// Workspace paths not kept, with why.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub skipped: BTreeMap<String, String>,
+    /// Random generators that a restore reseeds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reseeded: Vec<String>,
+    /// Threads that ran besides the main one: not kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub threads_not_carried: Vec<String>,
+    /// Older snapshots of the same owner removed to make room (the store
+    /// keeps a number and a size per owner).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evicted: Vec<String>,
+    /// How long taking it took, in milliseconds.
+    pub took_ms: f64,
 }
 
 /// A session call's answer: the runner's reply (a cell's value, exception,

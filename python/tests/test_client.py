@@ -146,6 +146,22 @@ def test_a_session_forks_into_a_copy_that_goes_its_own_way(pycelld: Pycelld) -> 
     assert pycell.sessions() == []
 
 
+def test_a_snapshot_outlives_its_session_and_starts_another(pycelld: Pycelld) -> None:
+    with pycell.Session() as s:
+        s.run("x = 41\ndef inc(n):\n    return n + 1")
+        s.write_file("kept.txt", "yes")
+        snap = s.snapshot()
+        assert snap.snapshot.startswith("snap-") and "x" in snap.names and snap.size_bytes > 0, snap
+    with pycell.Session(from_snapshot=snap.snapshot) as again:
+        assert again.info.restored is not None and again.info.restored.snapshot == snap.snapshot
+        assert again.run("inc(x)").value == "42"
+        assert again.read_file("kept.txt") == b"yes"
+    with pytest.raises(errors.UnknownSnapshot):
+        pycell.Session(from_snapshot="snap-" + "0" * 32)
+    with pytest.raises(errors.InvalidRequest):
+        pycell.Session(from_snapshot=snap.snapshot, policy="default")
+
+
 # An object with a markdown form, shown by a run and left as a cell's value.
 TABLE = "class Table:\n    def _repr_markdown_(self):\n        return '| a |\\n|---|\\n| 1 |'\n"
 

@@ -305,7 +305,7 @@ pub struct RunnerReply {
 /// said (from the jail: bounded by the host before anyone sees it).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StateReport {
-    /// The names of `__main__` it set (an import).
+    /// The names of `__main__` it carries (an export) or set (an import).
     #[serde(default)]
     pub names: Vec<String>,
     /// The workspace's files it wrote (an import).

@@ -242,7 +242,7 @@ def _pycell_state_bundle(main, max_bytes):
             "the session's state is %d bytes, more than the %d it may carry"
             % (len(bundle), max_bytes)
         )
-    left = {"dropped": dropped, "skipped": skipped, "reseeded": reseeded}
+    left = {"names": kept, "dropped": dropped, "skipped": skipped, "reseeded": reseeded}
     return bundle, left
 
 

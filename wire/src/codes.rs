@@ -161,6 +161,8 @@ named_enum! {
         FileRefused = "file_refused",
         /// A session's state could not be carried to a fork: more than it may carry, or its runner refused it.
         StateRefused = "state_refused",
+        /// The snapshot id names no snapshot of the caller's (never one, another's, or expired).
+        UnknownSnapshot = "unknown_snapshot",
 
         // The daemon, as its clients report it (the protocol's error codes,
         // under the same names).

@@ -331,6 +331,9 @@ async fn answer(broker: &Arc<Broker>, conn: &mut Conn, peer: &Peer, msg: ClientM
         ClientMessage::SessionFork { id, session } => {
             session_calls::fork(broker, conn, peer, id, session).await
         }
+        ClientMessage::SessionSnapshot { id, session } => {
+            session_calls::snapshot(broker, conn, peer, id, session).await
+        }
         ClientMessage::ToolAnswer { id, .. } => {
             let e = error(Some(&id), ErrorCode::NoSuchRun, NO_SUCH_RUN);
             conn.out.send(e).await

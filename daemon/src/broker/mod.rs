@@ -48,6 +48,8 @@ pub(crate) struct Broker {
     sessions: sessions::Sessions,
     /// Cancelled when the daemon stops: every session is killed.
     session_stop: tokio_util::sync::CancellationToken,
+    /// Sessions' snapshots, or why there are none.
+    snapshots: Result<pycell_launch::snapshots::SnapshotStore, String>,
 }
 
 /// A run the monitor started: its id, policy and limits, its events, and
@@ -441,7 +443,11 @@ impl Broker {
         allowed_gids: Vec<u32>,
         link: Arc<MonitorLink>,
     ) -> Arc<Broker> {
+        let snapshots =
+            pycell_launch::snapshots::SnapshotStore::open(&config.snapshot_dir(), config.snapshots)
+                .map_err(|e| e.to_string());
         Arc::new(Broker {
+            snapshots,
             admission: Admission::new(admission_limits(&config, warm_reserved_bytes)),
             connections: Connections {
                 max: config.max_connections,

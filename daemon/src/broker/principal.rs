@@ -30,6 +30,21 @@ impl Principal {
             Principal::Identity { name, .. } => Some(name),
         }
     }
+
+    /// The principal's key in the snapshot store (a directory's name): a
+    /// uid as such, an identity by its front end and the SHA-256 of its
+    /// name (which the front end chose, and may be any text).
+    pub fn store_key(&self) -> String {
+        use sha2::Digest;
+        match self {
+            Principal::Uid(uid) => format!("uid-{uid}"),
+            Principal::Identity { front_end, name } => {
+                let digest = sha2::Sha256::digest(name.as_bytes());
+                let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+                format!("id-{front_end}-{hex}")
+            }
+        }
+    }
 }
 
 impl fmt::Display for Principal {
@@ -54,6 +69,28 @@ pub fn identity_problem(peer_uid: u32, front_ends: &[u32], identity: &str) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn store_keys_keep_principals_apart_and_are_plain_names() {
+        let id = |f: u32, n: &str| Principal::Identity {
+            front_end: f,
+            name: n.into(),
+        };
+        let keys = [
+            Principal::Uid(1000).store_key(),
+            id(1000, "alice").store_key(),
+            id(1001, "alice").store_key(),
+            id(1000, "../bob").store_key(),
+        ];
+        assert_eq!(keys[0], "uid-1000");
+        for (i, k) in keys.iter().enumerate() {
+            assert!(
+                k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
+                "{k}"
+            );
+            assert!(keys[i + 1..].iter().all(|o| o != k), "{keys:?}");
+        }
+    }
 
     #[test]
     fn only_front_ends_may_name_identities() {

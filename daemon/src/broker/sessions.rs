@@ -14,13 +14,15 @@ use std::time::Duration;
 use pycell_launch::launcher::Collector;
 use pycell_launch::launcher::JailerEnd;
 use pycell_launch::session::{JailerControl, Session, SessionError, SessionParts};
+use pycell_launch::session_fork;
 use pycell_launch::session_table::{self, Entry, Lookup, SessionTable};
+use pycell_launch::snapshots::{SnapshotStore, Stored};
 use pycell_launch::supervisor::RunStream;
 use pycell_policy::Policy;
 use pycell_protocol::messages::{ErrorCode, RunRequest};
 use pycell_protocol::result::RunLimits;
 use pycell_protocol::session::{
-    SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary,
+    SessionCall, SessionEndInfo, SessionInfo, SessionStartRequest, SessionSummary, SnapshotInfo,
 };
 use pycell_runner::session::SessionOp;
 use pycell_wire::codes::FailureCode;
@@ -88,6 +90,9 @@ impl JailerControl for MonitorJailer {
         JailerEnd::Elsewhere
     }
 }
+
+/// A snapshot to load into a session once it has started.
+pub(crate) type Restoring = (Stored, std::fs::File);
 
 /// Why a session message gets no answer it asked for: the wire's error.
 pub(crate) type Refused = (ErrorCode, String);
@@ -259,6 +264,68 @@ impl Broker {
             t.forget(handle, ended.clone());
         }
         Ok(session_table::end_info(handle, &ended))
+    }
+
+    fn snapshot_store(&self) -> Result<&SnapshotStore, Refused> {
+        self.snapshots.as_ref().map_err(|why| {
+            let m = format!("this pycelld keeps no snapshots: {why}");
+            refused(FailureCode::StateRefused, m)
+        })
+    }
+
+    /// Keep session `handle`'s state in the snapshot store, under `who`.
+    pub(crate) async fn snapshot_session(
+        &self,
+        who: &Principal,
+        handle: &str,
+    ) -> Result<SnapshotInfo, Refused> {
+        let store = self.snapshot_store()?;
+        let entry = self.session_of(who, handle)?;
+        let held = (&*entry.info.policy, &entry.info.limits, &*entry.info.start);
+        let key = who.store_key();
+        session_fork::snapshot(&entry.session, handle, held, store, &key)
+            .await
+            .map_err(|(code, m)| refused(code, m))
+    }
+
+    /// The snapshot a session start names, if it names one (of `who`'s),
+    /// and the request that starts its session.
+    pub(crate) fn snapshot_to_start(
+        &self,
+        who: &Principal,
+        request: SessionStartRequest,
+    ) -> Result<(SessionStartRequest, Option<Restoring>), Refused> {
+        if request.from_snapshot.is_none() {
+            return Ok((request, None));
+        }
+        let store = self.snapshot_store()?;
+        let found = session_fork::snapshot_to_start(store, &who.store_key(), &request)
+            .map_err(|(code, m)| refused(code, m))?;
+        let Some((kept, bundle)) = found else {
+            return Ok((request, None));
+        };
+        let start = SessionStartRequest {
+            tools: request.tools,
+            ..kept.start.clone()
+        };
+        Ok((start, Some((kept, bundle))))
+    }
+
+    /// Load a snapshot into the session just started from it (`info`);
+    /// the session is ended if it cannot be.
+    pub(crate) async fn restore_into(
+        &self,
+        who: &Principal,
+        mut info: SessionInfo,
+        snapshot: Restoring,
+    ) -> Result<SessionInfo, Refused> {
+        let entry = self.session_of(who, &info.session)?;
+        let held = &entry.info;
+        let restored = session_fork::restore(&entry.session, snapshot, &held.policy, &held.limits)
+            .await
+            .map_err(|(code, m)| refused(code, m))?;
+        info.restored = Some(restored);
+        Ok(info)
     }
 
     pub(crate) fn list_sessions(&self, who: &Principal) -> Vec<SessionSummary> {

@@ -47,6 +47,36 @@ pub(super) fn clear_cloexec(fd: &impl AsFd) -> Result<(), MonitorError> {
         .map_err(|e| MonitorError::Sys(format!("fcntl: {e}")))
 }
 
+/// The broker's snapshot store (`Config::snapshot_dir`): made here, as
+/// root, and given to the broker user alone (0700). A path there that is
+/// not a plain directory (a symlink) is left as it is, and snapshots are
+/// refused.
+pub(super) fn prepare_snapshot_dir(config: &Config, ids: &ResolvedIds) {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let dir = config.snapshot_dir();
+    let made = fs::create_dir_all(&config.env_store)
+        .and_then(|_| match fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            made => made,
+        })
+        .and_then(|_| fs::symlink_metadata(&dir))
+        .and_then(|m| match m.file_type().is_dir() {
+            true => Ok(()),
+            false => Err(io::Error::other("not a directory")),
+        })
+        .and_then(|_| {
+            let (uid, gid) = (ids.broker_uid.as_raw(), ids.broker_gid.as_raw());
+            std::os::unix::fs::lchown(&dir, Some(uid), Some(gid))
+        })
+        .and_then(|_| fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)));
+    if let Err(e) = made {
+        tracing::warn!(
+            "sessions' snapshots will be refused: {}: {e}",
+            dir.display()
+        );
+    }
+}
+
 /// pycelld's env store (created if need be) and its builders.
 pub(super) fn open_envs(
     config: &Config,

@@ -19,7 +19,7 @@ use pycell_protocol::messages::{ErrorCode, RunRequest};
 use pycell_protocol::result::RunResult;
 use pycell_protocol::session::{
     SessionAnswer, SessionCall, SessionEndInfo, SessionForkInfo, SessionInfo, SessionStartRequest,
-    SessionSummary,
+    SessionSummary, SnapshotInfo,
 };
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
@@ -121,6 +121,15 @@ impl Sandboxes for Daemon {
     ) -> Result<SessionForkInfo, SessionFailure> {
         let h = handle.to_string();
         via_daemon(self.endpoint(asker), move |c| c.session_fork(&h, |_| {})).await
+    }
+
+    async fn snapshot_session(
+        &self,
+        asker: &Asker,
+        handle: &str,
+    ) -> Result<SnapshotInfo, SessionFailure> {
+        let h = handle.to_string();
+        via_daemon(self.endpoint(asker), move |c| c.session_snapshot(&h)).await
     }
 
     fn mode(&self) -> String {
@@ -231,6 +240,14 @@ impl Sandboxes for DaemonOr {
         handle: &str,
     ) -> Result<SessionForkInfo, SessionFailure> {
         self.now().place().fork_session(asker, handle).await
+    }
+
+    async fn snapshot_session(
+        &self,
+        asker: &Asker,
+        handle: &str,
+    ) -> Result<SnapshotInfo, SessionFailure> {
+        self.now().place().snapshot_session(asker, handle).await
     }
 
     fn mode(&self) -> String {

@@ -31,6 +31,7 @@ use pycell_launch::serving;
 use pycell_launch::session::{Session, SessionParts, SessionTiming};
 use pycell_launch::session_fork;
 use pycell_launch::session_table::{self, Entry, Lookup, SessionTable};
+use pycell_launch::snapshots::{Quota, SnapshotStore};
 use pycell_launch::supervisor::{supervise, Patience, Services, StoppedBy};
 use pycell_launch::tool_grant::ToolGrant;
 use pycell_policy::Policy;
@@ -39,7 +40,7 @@ use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::{RunLimits, RunResult};
 use pycell_protocol::session::{
     SessionAnswer, SessionCall, SessionEndInfo, SessionForkInfo, SessionInfo, SessionStartRequest,
-    SessionSummary,
+    SessionSummary, SnapshotInfo,
 };
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::report::JailFailure;
@@ -104,6 +105,28 @@ pub struct Embedded {
 /// The uid that owns embedded sessions: this process's.
 fn owner() -> u32 {
     nix::unistd::getuid().as_raw()
+}
+
+/// Embedded sessions' snapshots: `snapshots` in the embedded env store's
+/// directory (`$PYCELL_ENV_STORE`, else /var/cache/pycell), under this
+/// process's uid; opened when first used.
+fn snapshot_store() -> Result<SnapshotStore, SessionFailure> {
+    let root = std::env::var_os("PYCELL_ENV_STORE")
+        .filter(|p| !p.is_empty())
+        .map_or_else(
+            || std::path::PathBuf::from(pycell_deps::store::EMBEDDED_STORE),
+            std::path::PathBuf::from,
+        );
+    SnapshotStore::open(&root.join("snapshots"), Quota::default())
+        .map_err(|e| SessionFailure::new(FailureCode::StateRefused, e.to_string()))
+}
+
+fn owner_key() -> String {
+    format!("uid-{}", owner())
+}
+
+fn failed((code, m): (FailureCode, String)) -> SessionFailure {
+    SessionFailure::new(code, m)
 }
 
 /// The tool service of a run granted tools, answered by `servers`.
@@ -333,6 +356,19 @@ impl Sandboxes for Embedded {
         asker: &Asker,
         req: SessionStartRequest,
     ) -> Result<SessionInfo, SessionFailure> {
+        let (req, restoring) = match req.from_snapshot.is_some() {
+            false => (req, None),
+            true => {
+                let store = snapshot_store()?;
+                let found = session_fork::snapshot_to_start(&store, &owner_key(), &req);
+                let (kept, bundle) = found.map_err(failed)?.expect("from_snapshot is set");
+                let start = SessionStartRequest {
+                    tools: req.tools,
+                    ..kept.start.clone()
+                };
+                (start, Some((kept, bundle)))
+            }
+        };
         let start = Arc::new(req.clone());
         let run_req = RunRequest {
             policy: req.policy,
@@ -348,7 +384,30 @@ impl Sandboxes for Embedded {
         }
         let tools = tool_service(grant, asker.tools.as_ref());
         let session = self.launch_session(prepared, &policy, tools).await?;
-        self.admit(session, policy, ensured, start).await
+        let mut info = self.admit(session, policy, ensured, start).await?;
+        if let Some(snapshot) = restoring {
+            let entry = self.session(&info.session)?;
+            let held = &entry.info;
+            let restored =
+                session_fork::restore(&entry.session, snapshot, &held.policy, &held.limits)
+                    .await
+                    .map_err(failed)?;
+            info.restored = Some(restored);
+        }
+        Ok(info)
+    }
+
+    async fn snapshot_session(
+        &self,
+        _asker: &Asker,
+        handle: &str,
+    ) -> Result<SnapshotInfo, SessionFailure> {
+        let store = snapshot_store()?;
+        let entry = self.session(handle)?;
+        let held = (&*entry.info.policy, &entry.info.limits, &*entry.info.start);
+        session_fork::snapshot(&entry.session, handle, held, &store, &owner_key())
+            .await
+            .map_err(failed)
     }
 
     async fn fork_session(

@@ -13,7 +13,7 @@ use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::RunResult;
 use pycell_protocol::session::{
     SessionAnswer, SessionCall, SessionEndInfo, SessionForkInfo, SessionInfo, SessionStartRequest,
-    SessionSummary,
+    SessionSummary, SnapshotInfo,
 };
 use pycell_wire::codes::FailureCode;
 
@@ -43,6 +43,34 @@ impl Cluster {
 
     /// The node `handle` names and the node's own handle, or why the
     /// session cannot be reached.
+    /// A session from snapshot `id` (`LOCAL@NODE`), on the node that keeps it.
+    async fn start_from_snapshot(
+        &self,
+        asker: &Asker,
+        id: String,
+        mut req: SessionStartRequest,
+    ) -> Result<SessionInfo, SessionFailure> {
+        let unknown = || {
+            let m = format!("there is no snapshot {id:?} of yours on this cluster (its ids name the node that keeps it: LOCAL@NODE)");
+            SessionFailure::new(FailureCode::UnknownSnapshot, m)
+        };
+        let (local, name) = split_handle(&id).ok_or_else(unknown)?;
+        let node = self.nodes.named(name).ok_or_else(unknown)?;
+        req.from_snapshot = Some(local.to_string());
+        let mut lease = node.lease();
+        let started = via_daemon(node.endpoint(asker.identity.clone()), move |c| {
+            c.session_start(req, |_| {})
+        })
+        .await;
+        let mut info = started?;
+        lease.started_a_session();
+        info.session = join_handle(&info.session, &node.name);
+        if let Some(r) = &mut info.restored {
+            r.snapshot = id.clone();
+        }
+        Ok(info)
+    }
+
     fn node_of<'h>(&self, handle: &'h str) -> Result<(Arc<Node>, &'h str), SessionFailure> {
         let unknown = || {
             let (code, message) = session_table::lookup_message(&Lookup::Unknown, handle);
@@ -119,6 +147,9 @@ impl Sandboxes for Cluster {
         asker: &Asker,
         req: SessionStartRequest,
     ) -> Result<SessionInfo, SessionFailure> {
+        if let Some(id) = &req.from_snapshot {
+            return self.start_from_snapshot(asker, id.clone(), req).await;
+        }
         for node in self.nodes.ranked() {
             let mut lease = node.lease();
             let r = req.clone();
@@ -199,6 +230,25 @@ impl Sandboxes for Cluster {
         fork.session.session = join_handle(&fork.session.session, &node.name);
         fork.forked_from = handle.to_string();
         Ok(fork)
+    }
+
+    /// A snapshot is kept by its session's node (restoring it needs that
+    /// node: a snapshot id does not name one).
+    async fn snapshot_session(
+        &self,
+        asker: &Asker,
+        handle: &str,
+    ) -> Result<SnapshotInfo, SessionFailure> {
+        let (node, local) = self.node_of(handle)?;
+        let local = local.to_string();
+        let taken = via_daemon(node.endpoint(asker.identity.clone()), move |c| {
+            c.session_snapshot(&local)
+        })
+        .await;
+        let mut info = reached(taken, &node, handle)?;
+        info.session = handle.to_string();
+        info.snapshot = join_handle(&info.snapshot, &node.name);
+        Ok(info)
     }
 
     /// The caller's sessions on every node that is up.

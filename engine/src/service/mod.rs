@@ -48,7 +48,7 @@ use pycell_protocol::messages::RunRequest;
 use pycell_protocol::result::RunResult;
 use pycell_protocol::session::{
     SessionAnswer, SessionCall, SessionEndInfo, SessionForkInfo, SessionInfo, SessionStartRequest,
-    SessionSummary,
+    SessionSummary, SnapshotInfo,
 };
 use pycell_wire::codes::{FailureCode, Layer};
 use pycell_wire::events::Stream;
@@ -307,6 +307,15 @@ pub trait Sandboxes: Send + Sync + std::fmt::Debug {
         asker: &Asker,
         handle: &str,
     ) -> Result<SessionForkInfo, SessionFailure>;
+
+    /// Keep session `handle`'s state in the snapshot store of the server
+    /// that holds it, under the asker; `start_session` with
+    /// `from_snapshot` starts a session from it.
+    async fn snapshot_session(
+        &self,
+        asker: &Asker,
+        handle: &str,
+    ) -> Result<SnapshotInfo, SessionFailure>;
 
     /// `embedded`, `daemon (SOCKET)` or `cluster (nodes ...)`.
     fn mode(&self) -> String;
@@ -765,6 +774,12 @@ impl RunService {
 
     pub async fn list_sessions(&self) -> Result<Vec<SessionSummary>, SessionFailure> {
         self.shared.backend.list_sessions(&self.asker()).await
+    }
+
+    /// Snapshot session `handle` (see [`Sandboxes::snapshot_session`]).
+    pub async fn snapshot_session(&self, handle: &str) -> Result<SnapshotInfo, SessionFailure> {
+        let asker = self.asker();
+        self.shared.backend.snapshot_session(&asker, handle).await
     }
 
     /// Fork session `handle` (see [`Sandboxes::fork_session`]).

@@ -54,11 +54,11 @@ const PROGRESS_TAIL: usize = 240;
 /// How long, after stdin ends, runs still going get to be killed and cleaned up.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-const INSTRUCTIONS: &str = "pycell runs Python code in a locked-down Linux sandbox: call run_python with the code (each call is a fresh sandbox with no state from earlier calls and no network beyond the hosts its policy allowlists; print what you want to see). For work that builds up over several steps, call session_start and pass its handle as run_python's `session`: variables, imports and files then persist between calls, a cell's last expression is shown, and matplotlib figures come back as images; move files with write_file, read_file and list_files, and call session_end when done; session_fork branches a session (a copy of its variables and files, in a sandbox of its own) to try something without losing what you have. Call sandbox_info to see the policies (limits, network) you can choose and what isolation this host enforces.";
+const INSTRUCTIONS: &str = "pycell runs Python code in a locked-down Linux sandbox: call run_python with the code (each call is a fresh sandbox with no state from earlier calls and no network beyond the hosts its policy allowlists; print what you want to see). For work that builds up over several steps, call session_start and pass its handle as run_python's `session`: variables, imports and files then persist between calls, a cell's last expression is shown, and matplotlib figures come back as images; move files with write_file, read_file and list_files, and call session_end when done; session_fork branches a session (a copy of its variables and files, in a sandbox of its own) to try something without losing what you have, and session_snapshot keeps its state for a later session_start with from_snapshot. Call sandbox_info to see the policies (limits, network) you can choose and what isolation this host enforces.";
 
 /// The tools that run code or touch a session: over HTTP they need the
 /// `pycell:run` scope and count in the caller's quotas.
-pub(crate) const CODE_TOOLS: [&str; 7] = [
+pub(crate) const CODE_TOOLS: [&str; 8] = [
     tools::RUN_PYTHON,
     session_tools::SESSION_START,
     session_tools::WRITE_FILE,
@@ -66,6 +66,7 @@ pub(crate) const CODE_TOOLS: [&str; 7] = [
     session_tools::LIST_FILES,
     session_tools::SESSION_END,
     session_tools::SESSION_FORK,
+    session_tools::SESSION_SNAPSHOT,
 ];
 
 /// The layer in front of the server that says who makes each call (over
@@ -767,6 +768,7 @@ impl ServerHandler for PycellServer {
             }
             session_tools::SESSION_END => server.session_end(request.arguments).await,
             session_tools::SESSION_FORK => server.session_fork(request.arguments).await,
+            session_tools::SESSION_SNAPSHOT => server.session_snapshot(request.arguments).await,
             session_tools::SESSION_LIST => server.session_list().await,
             other => {
                 let names: Vec<String> = self.tools.iter().map(|t| t.name.to_string()).collect();

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use pycell_protocol::refusals::{EndReason, Termination};
 use pycell_protocol::session::{
     SessionCall, SessionEndInfo, SessionForkInfo, SessionInfo, SessionStartRequest, SessionSummary,
+    SnapshotInfo,
 };
 
 use super::cell_output::{display_info, image_info, CellException, CellInfo, FileChange};
@@ -36,6 +37,7 @@ pub const LIST_FILES: &str = "list_files";
 pub const SESSION_END: &str = "session_end";
 pub const SESSION_LIST: &str = "session_list";
 pub const SESSION_FORK: &str = "session_fork";
+pub const SESSION_SNAPSHOT: &str = "session_snapshot";
 
 /// Arguments of `session_start`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -49,6 +51,10 @@ pub struct SessionStartArgs {
     #[serde(default)]
     #[schemars(with = "Vec<String>", transform = super::tools::no_default)]
     pub dependencies: Option<Vec<String>>,
+    /// A snapshot id from session_snapshot: the session starts with that snapshot's policy and packages, then its variables, imports and files. Give no policy or dependencies with it.
+    #[serde(default)]
+    #[schemars(with = "String", transform = super::tools::no_default)]
+    pub from_snapshot: Option<String>,
 }
 
 /// Arguments of `write_file`.
@@ -193,12 +199,28 @@ impl PycellServer {
         if let Err(m) = self.may_use(a.policy.as_deref()) {
             return CallToolResult::error(vec![ContentBlock::text(m.to_string())]);
         }
-        let req = SessionStartRequest {
-            policy: Some(a.policy.unwrap_or_else(|| self.default_policy.clone())),
-            dependencies: a.dependencies.unwrap_or_default(),
-            ..SessionStartRequest::default()
+        let req = match a.from_snapshot {
+            Some(id) => SessionStartRequest {
+                policy: a.policy,
+                dependencies: a.dependencies.unwrap_or_default(),
+                from_snapshot: Some(id),
+                ..SessionStartRequest::default()
+            },
+            None => SessionStartRequest {
+                policy: Some(a.policy.unwrap_or_else(|| self.default_policy.clone())),
+                dependencies: a.dependencies.unwrap_or_default(),
+                ..SessionStartRequest::default()
+            },
         };
         match self.sandboxes.start_session(req).await {
+            Ok(out) if out.restored.is_some() => {
+                let r = out.restored.as_ref().expect("restored");
+                let text = format!(
+                    "session {} started from snapshot {} (policy {}): {} names and {} files restored; pass it as `session` to run_python.",
+                    out.session, r.snapshot, out.policy, r.names.len(), r.files
+                );
+                structured(&out, text, vec![])
+            }
             Ok(out) => {
                 let text = format!(
                     "session {} started (policy {}): pass it as `session` to run_python, write_file, read_file, list_files and session_end. Variables, imports and /workspace files persist between its cells. It ends after {} s without a call, or {} s after it started.",
@@ -405,6 +427,28 @@ impl PycellServer {
                 structured(&out, text, vec![])
             }
             Err(f) => failure(SESSION_FORK, &f),
+        }
+    }
+
+    pub(super) async fn session_snapshot(&self, args: Option<JsonObject>) -> CallToolResult {
+        let example = r#"{"session": "s-..."}"#;
+        let a: SessionEndArgs = match parse(SESSION_SNAPSHOT, args, example) {
+            Ok(a) => a,
+            Err(ArgumentError(m)) => return CallToolResult::error(vec![ContentBlock::text(m)]),
+        };
+        match self.sandboxes.snapshot_session(&a.session).await {
+            Ok(out) => {
+                let mut text = format!(
+                    "snapshot {} of session {} kept ({} bytes, until {} s since the epoch): pass it as `from_snapshot` to session_start to start a session with its state. The session goes on unchanged.",
+                    out.snapshot, out.session, out.size_bytes, out.expires_at
+                );
+                if !out.dropped.is_empty() {
+                    let names: Vec<&str> = out.dropped.keys().map(String::as_str).collect();
+                    text.push_str(&format!(" Not kept: {}.", names.join(", ")));
+                }
+                structured(&out, text, vec![])
+            }
+            Err(f) => failure(SESSION_SNAPSHOT, &f),
         }
     }
 
@@ -637,6 +681,8 @@ const SESSION_END_DESCRIPTION: &str = r#"End a session: its interpreter, files a
 
 const SESSION_FORK_DESCRIPTION: &str = r#"Fork a session: a new session whose variables, functions, classes, imports and /workspace files are a copy of the given session's at this moment, in a sandbox of its own (its own process, uid and limits); both go on independently, and neither sees the other's later changes. Use it to try an approach without losing the state you built. What cannot be copied is listed, not carried: open files and sockets, locks, threads other than the main one, child processes; random generators get fresh seeds. The fork counts as one of your sessions. Example: {"session": "s-3f2a..."} returns {"session": {"session": "s-9b1c...", ...}, "forked_from": "s-3f2a...", "names": ["df", "model"], ...}."#;
 
+const SESSION_SNAPSHOT_DESCRIPTION: &str = r#"Keep a session's state (variables, functions, classes, imports and /workspace files) as a snapshot that outlives the session and server restarts; start a session from it later with session_start's `from_snapshot`. The session goes on unchanged. What cannot be kept is listed (open files, sockets, threads). Snapshots expire, and a new one replaces your oldest when your quota is full (the result lists what it evicted). Example: {"session": "s-3f2a..."} returns {"snapshot": "snap-9c41...", "size_bytes": 48213, "expires_at": 1767225600, ...}."#;
+
 const SESSION_LIST_DESCRIPTION: &str = r#"List the open sessions of this server: handle, policy, age, time since the last call, and time left before the idle timeout ends each. Takes no arguments. Example: {} returns {"sessions": [{"session": "s-3f2a...", "policy": "default", "age_s": 42.0, ...}]}."#;
 
 fn tool<I: JsonSchema + 'static, O: JsonSchema + 'static>(
@@ -708,6 +754,12 @@ pub fn session_tools() -> Vec<Tool> {
             SESSION_FORK,
             "Fork a session",
             SESSION_FORK_DESCRIPTION,
+            false,
+        ),
+        tool::<SessionEndArgs, SnapshotInfo>(
+            SESSION_SNAPSHOT,
+            "Snapshot a session",
+            SESSION_SNAPSHOT_DESCRIPTION,
             false,
         ),
         list,

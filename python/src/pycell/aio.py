@@ -30,7 +30,7 @@ from pycell.client import (
     session_request,
 )
 from pycell.errors import DaemonUnavailable, ProtocolError, PycellError, error_for
-from pycell.types import CellResult, DirEntry, Result, SessionForkInfo, SessionInfo, SessionSummary
+from pycell.types import CellResult, DirEntry, Result, SessionForkInfo, SessionInfo, SessionSummary, SnapshotInfo
 
 __all__ = ["AsyncClient", "AsyncSession"]
 
@@ -188,6 +188,12 @@ class AsyncSession:
         self.handle = info.session
         self.fork_info: SessionForkInfo | None = None
 
+    async def snapshot(self) -> SnapshotInfo:
+        """Keep this session's state (see `pycell.Session.snapshot`)."""
+        msg = p.SessionSnapshot(id=_next_id(), session=self.handle)
+        reply: p.SessionSnapshotted = await self._call(msg, p.SessionSnapshotted)
+        return reply.snapshot
+
     async def fork(self) -> AsyncSession:
         """A copy of this session in a jail of its own (see
         `pycell.Session.fork`)."""
@@ -206,10 +212,11 @@ class AsyncSession:
         dependencies: Iterable[str] | None = None,
         memory: int | None = None,
         timeout: float | None = None,
+        from_snapshot: str | None = None,
     ) -> AsyncSession:
         client = client or AsyncClient()
         conn = await client.connect()
-        request = session_request(policy, dependencies, memory, timeout)
+        request = session_request(policy, dependencies, memory, timeout, from_snapshot)
         try:
             await conn.send(p.SessionStart(id=_next_id(), request=request))
             while True:

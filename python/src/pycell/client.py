@@ -19,7 +19,7 @@ from typing import Any, TypedDict, Unpack
 
 from pycell import protocol as p
 from pycell.errors import DaemonUnavailable, ProtocolError, PycellError, error_for
-from pycell.types import CellResult, DirEntry, Result, SessionForkInfo, SessionInfo, SessionSummary
+from pycell.types import CellResult, DirEntry, Result, SessionForkInfo, SessionInfo, SessionSummary, SnapshotInfo
 
 __all__ = ["Client", "OutputCallback", "ProgressCallback", "RunOptions", "Session", "default_socket"]
 
@@ -96,11 +96,17 @@ def seconds(timeout: float | None) -> float | None:
 
 
 def session_request(
-    policy: str | None, dependencies: Iterable[str] | None, memory: int | None, timeout: float | None
+    policy: str | None,
+    dependencies: Iterable[str] | None,
+    memory: int | None,
+    timeout: float | None,
+    from_snapshot: str | None = None,
 ) -> p.SessionStartRequest:
     """The request of a session, from `session`'s arguments."""
     limits = p.LimitOverrides(memory_bytes=memory, timeout_s=seconds(timeout))
-    return p.SessionStartRequest(policy=policy, dependencies=list(dependencies or []), limits=limits)
+    return p.SessionStartRequest(
+        policy=policy, dependencies=list(dependencies or []), limits=limits, from_snapshot=from_snapshot
+    )
 
 
 def run_request(code: str, **options: Unpack[RunOptions]) -> p.RunRequest:
@@ -299,11 +305,12 @@ class Session:
         memory: int | None = None,
         timeout: float | None = None,
         client: Client | None = None,
+        from_snapshot: str | None = None,
     ) -> None:
         self.client = client or Client()
         self._lock = threading.Lock()
         self._conn: Connection | None = self.client.connect()
-        request = session_request(policy, dependencies, memory, timeout)
+        request = session_request(policy, dependencies, memory, timeout, from_snapshot)
         try:
             reply = self._call(p.SessionStart(id=_next_id(), request=request), p.SessionStarted)
         except BaseException:
@@ -325,6 +332,14 @@ class Session:
         s.handle = s.info.session
         s.fork_info = fork
         return s
+
+    def snapshot(self) -> SnapshotInfo:
+        """Keep this session's variables, imports and /workspace in
+        pycelld's store (they outlive the session and pycelld's restarts):
+        `Session(from_snapshot=info.snapshot)` starts a session from it."""
+        msg = p.SessionSnapshot(id=_next_id(), session=self.handle)
+        reply: p.SessionSnapshotted = self._call(msg, p.SessionSnapshotted)
+        return reply.snapshot
 
     def fork(self) -> Session:
         """A new session whose variables, imports and /workspace are a copy

@@ -384,6 +384,12 @@ class StateRefused(SessionError):
     code = "state_refused"
 
 
+class UnknownSnapshot(SessionError):
+    """`unknown_snapshot` (docs/errors.md)."""
+
+    code = "unknown_snapshot"
+
+
 class DaemonUnavailable(DaemonError):
     """`daemon_unavailable` (docs/errors.md)."""
 
@@ -517,6 +523,7 @@ __all__ += [
     "UidUnavailable",
     "Unauthorized",
     "UnknownSession",
+    "UnknownSnapshot",
     "UserNamespaceFailed",
     "VersionMismatch",
     "ZygoteDied",
@@ -577,6 +584,7 @@ CODES: dict[str, type[PycellError]] = {
         SessionsUnavailable,
         FileRefused,
         StateRefused,
+        UnknownSnapshot,
         DaemonUnavailable,
         DaemonFailed,
         Unauthorized,

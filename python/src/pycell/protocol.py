@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from pycell._codec import from_json, to_json
 from pycell._fields import field
 from pycell.errors import ProtocolError
-from pycell.types import Result, SessionAnswer, SessionEnded, SessionForkInfo, SessionInfo, SessionSummary
+from pycell.types import Result, SessionAnswer, SessionEnded, SessionForkInfo, SessionInfo, SessionSummary, SnapshotInfo
 
 PROTOCOL_VERSION = 6
 #: Largest frame either side accepts.
@@ -76,6 +76,7 @@ class SessionStartRequest:
     limits: LimitOverrides = field(factory=LimitOverrides)
     dependencies: list[str] = field(factory=list, omit="empty")
     tools: dict[str, Any] | None = field(default=None, omit="none")
+    from_snapshot: str | None = field(default=None, omit="none")
 
 
 @dataclass
@@ -166,6 +167,13 @@ class SessionFork:
 
 
 @dataclass
+class SessionSnapshot:
+    TYPE: ClassVar[str] = "session_snapshot"
+    id: str
+    session: str
+
+
+@dataclass
 class ToolAnswer:
     TYPE: ClassVar[str] = "tool_answer"
     id: str
@@ -185,6 +193,7 @@ ClientMessage = (
     | SessionEnd
     | SessionList
     | SessionFork
+    | SessionSnapshot
     | ToolAnswer
 )
 
@@ -282,6 +291,13 @@ class SessionForked:
 
 
 @dataclass
+class SessionSnapshotted:
+    TYPE: ClassVar[str] = "session_snapshotted"
+    id: str
+    snapshot: SnapshotInfo
+
+
+@dataclass
 class Sessions:
     TYPE: ClassVar[str] = "sessions"
     id: str
@@ -322,6 +338,7 @@ DaemonMessage = (
     | SessionAnswered
     | SessionEndedReply
     | SessionForked
+    | SessionSnapshotted
     | Sessions
     | ToolCall
     | Error

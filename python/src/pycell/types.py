@@ -23,12 +23,14 @@ __all__ = [
     "Measure",
     "Refusal",
     "Reply",
+    "Restored",
     "Result",
     "SessionAnswer",
     "SessionEnded",
     "SessionForkInfo",
     "SessionInfo",
     "SessionSummary",
+    "SnapshotInfo",
     "StreamTail",
     "Termination",
 ]
@@ -352,6 +354,36 @@ class SessionInfo:
     lifetime_s: float
     max_file_bytes: int
     env: dict[str, Any] | None = field(default=None, omit="none")
+    restored: Restored | None = field(default=None, omit="none")
+
+
+@dataclass
+class Restored:
+    """What a session started from a snapshot loaded."""
+
+    snapshot: str
+    names: list[str]
+    files: int
+
+
+@dataclass
+class SnapshotInfo:
+    """A snapshot of a session's state, kept by pycelld under your uid:
+    pass its `snapshot` id as `from_snapshot` to start a session from it."""
+
+    snapshot: str
+    session: str
+    policy: str
+    size_bytes: int
+    created_at: int
+    expires_at: int
+    names: list[str]
+    took_ms: float
+    dropped: dict[str, str] = field(factory=dict, omit="empty")
+    skipped: dict[str, str] = field(factory=dict, omit="empty")
+    reseeded: list[str] = field(factory=list, omit="empty")
+    threads_not_carried: list[str] = field(factory=list, omit="empty")
+    evicted: list[str] = field(factory=list, omit="empty")
 
 
 @dataclass

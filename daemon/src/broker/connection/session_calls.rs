@@ -86,6 +86,9 @@ async fn started(
     request: SessionStartRequest,
 ) -> Result<SessionInfo, NotStarted> {
     let refuse = |r| NotStarted::Reply(refusal(id, r));
+    let (request, restoring) = broker
+        .snapshot_to_start(&peer.principal(), request)
+        .map_err(refuse)?;
     if let Some(refused) = super::lifecycle::may_use(broker, peer, id, request.policy_name()) {
         return Err(refused);
     }
@@ -110,10 +113,35 @@ async fn started(
     let spawned = start(broker, conn, peer, id, ordered, switch)
         .await
         .map_err(NotStarted::Reply)?;
-    broker
+    let info = broker
         .open_session(peer.principal(), spawned, (policy, request), slot, tools)
         .await
-        .map_err(refuse)
+        .map_err(refuse)?;
+    match restoring {
+        None => Ok(info),
+        Some(snapshot) => broker
+            .restore_into(&peer.principal(), info, snapshot)
+            .await
+            .map_err(refuse),
+    }
+}
+
+/// `session_snapshot`. False if the connection is finished.
+pub(super) async fn snapshot(
+    broker: &Arc<Broker>,
+    conn: &mut Conn,
+    peer: &Peer,
+    id: String,
+    handle: String,
+) -> bool {
+    let reply = match broker.snapshot_session(&peer.principal(), &handle).await {
+        Ok(s) => ServerMessage::SessionSnapshotted {
+            id,
+            snapshot: Box::new(s),
+        },
+        Err(r) => refusal(&id, r),
+    };
+    conn.out.send(reply).await
 }
 
 /// A `session` call: answered when the session has served it. False if
