@@ -141,8 +141,21 @@ async def fork(session, schemas):
         draws.append(structured(await call(session, schemas, {"session": s, "code": "rng.random()"})).get("cell", {}).get("value"))
     out["draws_differ"] = draws[0] is not None and draws[0] != draws[1]
     out["unknown"] = await call(session, schemas, {"session": "s-unknown"}, name="session_fork")
-    for s in (h, k):
+    # A snapshot of the source, and a session from it.
+    out["snapshot"] = await call(session, schemas, {"session": h}, name="session_snapshot")
+    snap = structured(out["snapshot"]).get("snapshot")
+    out["restored"] = await call(session, schemas, {"from_snapshot": snap}, name="session_start")
+    r = structured(out["restored"]).get("session")
+    out["restored_reads"] = await call(session, schemas, {"session": r, "code": "x, open('f.txt').read()"})
+    out["no_snapshot"] = await call(session, schemas, {"from_snapshot": "snap-" + "0" * 32}, name="session_start")
+    for s in (h, k, r):
         await call(session, schemas, {"session": s}, name="session_end")
+    # Embedded, the snapshot is in this machine's store: not left there.
+    for ext in ("bundle", "json"):
+        try:
+            os.remove(f"/var/cache/pycell/snapshots/uid-0/{snap}.{ext}")
+        except (OSError, TypeError):
+            pass
     uid = forked.get("sandbox_uid")
     time.sleep(0.2)
     out["left"] = {"processes": processes_with_uid(uid) if uid else "no uid", "cgroups": cgroups_of_uid(uid) if uid else "no uid"}

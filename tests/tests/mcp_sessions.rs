@@ -243,6 +243,20 @@ fn check_fork(c: &mut Checks, v: &Value) {
     );
     c.eq("fork", v, "/draws_differ", Value::Bool(true));
     c.tool_error("fork", &v["unknown"], &["unknown_session"]);
+    c.eq("fork", v, "/snapshot/is_error", Value::Bool(false));
+    c.eq("fork", v, "/snapshot/schema_errors", json!([]));
+    c.contains("fork", v, "/snapshot/structured/snapshot", "snap-");
+    c.contains("fork", v, "/snapshot/text", "Not kept: f");
+    c.eq("fork", v, "/restored/schema_errors", json!([]));
+    c.eq("fork", v, "/restored/structured/restored/files", json!(1));
+    c.contains("fork", v, "/restored/text", "started from snapshot snap-");
+    c.eq(
+        "fork",
+        v,
+        "/restored_reads/structured/cell/value",
+        "(51, 'source')".into(),
+    );
+    c.tool_error("fork", &v["no_snapshot"], &["unknown_snapshot"]);
     nothing_left(c, "fork", v, "/left");
 }
 

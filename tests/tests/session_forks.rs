@@ -1,9 +1,12 @@
-//! Forks of live sessions through pycelld (issue 51): a fork is a copy of
-//! its source's Python state and /workspace in a jail, uid and cgroup of
-//! its own; each side then goes its own way; random generators are
-//! reseeded; what cannot be carried is named; only the owner may fork;
-//! state over the bound is refused with the source unharmed; and a
-//! pycelld killed mid-fork leaves nothing behind.
+//! Forks and snapshots of live sessions through pycelld (issue 51): a fork
+//! is a copy of its source's Python state and /workspace in a jail, uid
+//! and cgroup of its own; each side then goes its own way; random
+//! generators are reseeded; what cannot be carried is named; only the
+//! owner may fork; state over the bound is refused with the source
+//! unharmed; and a pycelld killed mid-fork leaves nothing behind. A
+//! snapshot outlives its session and pycelld, restores only for its
+//! owner, makes room within its owner's quota, and one cut short by a
+//! killed pycelld leaves nothing.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -127,7 +130,8 @@ fn a_fork_is_a_copy_that_goes_its_own_way_and_only_its_owner_may_make_one() {
     assert_eq!(d.client().session_list().unwrap().len(), 3);
 
     // Another uid gets what an unknown handle gets.
-    let other = as_uid(&d, OTHER, &s);
+    let fork = format!(r#"{{"type": "session_fork", "id": "1", "session": "{s}"}}"#);
+    let other = as_uid(&d, OTHER, &fork);
     assert_eq!(other["type"], "error", "{other}");
     assert_eq!(other["code"], "unknown_session", "{other}");
     for h in [&s, &f, &second.session.session] {
@@ -170,8 +174,9 @@ fn a_pycelld_killed_mid_fork_leaves_nothing_behind() {
     let mut d = Daemon::start("");
     let source = start(&d, Some(1 << 30));
     let mut c = d.client();
-    // 200 MiB of state: the fork's jail is up well before it is carried.
-    cell(&mut c, &source.session, "big = bytes(200 << 20)");
+    // 100 MiB of state (within its bound, 128 MiB: its disk limit): the
+    // fork's jail is up well before the state is carried.
+    cell(&mut c, &source.session, "big = bytes(100 << 20)");
     let handle = source.session.clone();
     let forking = std::thread::spawn(move || c.session_fork(&handle, |_| {}));
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -204,8 +209,156 @@ fn a_pycelld_killed_mid_fork_leaves_nothing_behind() {
     );
 }
 
-/// One `session_fork` of `handle` by a raw client as uid `uid`: the reply.
-fn as_uid(d: &Daemon, uid: u32, handle: &str) -> serde_json::Value {
+/// A store for snapshots that outlives one pycelld: `env_store` in the
+/// daemon's configuration.
+fn lasting_store() -> (tempfile::TempDir, String) {
+    let dir = pycell_tests::open_tempdir("pycell-snapshots");
+    let conf = format!("env_store = \"{}/envs\"\n", dir.path().display());
+    (dir, conf)
+}
+
+fn files_in(dir: &std::path::Path) -> Vec<String> {
+    walk(dir)
+        .into_iter()
+        .map(|p| p.display().to_string())
+        .collect()
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        match e.file_type().is_ok_and(|t| t.is_dir()) {
+            true => out.extend(walk(&e.path())),
+            false => out.push(e.path()),
+        }
+    }
+    out
+}
+
+#[test]
+fn a_snapshot_outlives_its_session_and_pycelld_and_is_its_owners_alone() {
+    const OTHER: u32 = 4263;
+    let (store, conf) = lasting_store();
+    let conf = format!(
+        "{conf}socket_mode = \"0666\"\nallowed_uids = [{OTHER}]\nsnapshots_per_owner = 2\n"
+    );
+    let d = Daemon::start(&conf);
+    let source = start(&d, None);
+    let s = source.session.clone();
+    let mut c = d.client();
+    cell(&mut c, &s, "import random\nx = 41\nrng = random.Random(2)\nf = open('/dev/null')\nopen('kept.txt', 'w').write('yes')");
+    let snap = c.session_snapshot(&s).unwrap();
+    assert!(snap.snapshot.starts_with("snap-"), "{snap:?}");
+    assert!(
+        snap.names.contains(&"x".to_string()) && snap.dropped.contains_key("f"),
+        "{snap:?}"
+    );
+    assert_eq!(snap.reseeded, ["Random"]);
+    assert!(snap.expires_at > snap.created_at, "{snap:?}");
+    // The session goes on unchanged.
+    assert_eq!(value(&mut c, &s, "x"), "41");
+    // Another uid can neither snapshot the session nor start from its snapshot.
+    let other = as_uid(
+        &d,
+        OTHER,
+        &format!(r#"{{"type": "session_snapshot", "id": "1", "session": "{s}"}}"#),
+    );
+    assert_eq!(other["code"], "unknown_session", "{other}");
+    let from = format!(
+        r#"{{"type": "session_start", "id": "1", "request": {{"from_snapshot": "{}"}}}}"#,
+        snap.snapshot
+    );
+    let other = as_uid(&d, OTHER, &from);
+    assert_eq!(other["code"], "unknown_snapshot", "{other}");
+    // A restart of pycelld: the session is gone, its snapshot is not.
+    drop(c);
+    drop(d);
+    let d = Daemon::start(&conf);
+    let req = SessionStartRequest {
+        from_snapshot: Some(snap.snapshot.clone()),
+        ..Default::default()
+    };
+    let again = d.client().session_start(req.clone(), |_| {}).unwrap();
+    let restored = again
+        .restored
+        .clone()
+        .unwrap_or_else(|| panic!("{again:?}"));
+    assert_eq!(restored.snapshot, snap.snapshot);
+    assert_eq!(restored.files, 1);
+    let mut c = d.client();
+    let h = again.session.clone();
+    assert_eq!(
+        value(&mut c, &h, "x + 1, open('kept.txt').read()"),
+        "(42, 'yes')"
+    );
+    // A snapshot with other settings is refused, not half obeyed.
+    let mixed = SessionStartRequest {
+        policy: Some("default".into()),
+        ..req
+    };
+    match d.client().session_start(mixed, |_| {}) {
+        Err(ClientError::Refused { code, message }) => {
+            assert_eq!(code, ErrorCode::InvalidRequest, "{message}")
+        }
+        other => panic!("expected invalid_request, got {other:?}"),
+    }
+    // Two per owner: a third evicts the oldest.
+    let second = c.session_snapshot(&h).unwrap();
+    assert!(second.evicted.is_empty(), "{second:?}");
+    let third = c.session_snapshot(&h).unwrap();
+    assert_eq!(third.evicted, [snap.snapshot.clone()]);
+    let gone = SessionStartRequest {
+        from_snapshot: Some(snap.snapshot.clone()),
+        ..Default::default()
+    };
+    match d.client().session_start(gone, |_| {}) {
+        Err(ClientError::Refused { code, .. }) => assert_eq!(code, ErrorCode::UnknownSnapshot),
+        other => panic!("expected unknown_snapshot, got {other:?}"),
+    }
+    d.client().session_end(&h).unwrap();
+    let kept = files_in(&store.path().join("envs/snapshots"));
+    assert_eq!(
+        kept.len(),
+        4,
+        "two snapshots, a bundle and a description each: {kept:?}"
+    );
+}
+
+#[test]
+fn a_pycelld_killed_mid_snapshot_keeps_no_half_of_it() {
+    let (store, conf) = lasting_store();
+    let mut d = Daemon::start(&conf);
+    let source = start(&d, Some(1 << 30));
+    let mut c = d.client();
+    cell(&mut c, &source.session, "big = bytes(100 << 20)");
+    let handle = source.session.clone();
+    let taking = std::thread::spawn(move || c.session_snapshot(&handle));
+    let snapshots = store.path().join("envs/snapshots");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !files_in(&snapshots).iter().any(|f| f.ends_with(".partial")) {
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot was being written\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !taking.is_finished(),
+        "the snapshot was done before the kill"
+    );
+    d.signal(nix::sys::signal::Signal::SIGKILL);
+    d.wait(Duration::from_secs(10));
+    d.assert_sandbox_gone(Duration::from_secs(15));
+    assert!(taking.join().unwrap().is_err());
+    // The next pycelld removes the half-written snapshot as it starts.
+    let _d = Daemon::start(&conf);
+    let left = files_in(&snapshots);
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// One message (JSON) from a raw client as uid `uid`: the reply.
+fn as_uid(d: &Daemon, uid: u32, message: &str) -> serde_json::Value {
     let script = d.dir.path().join("fork_as.py");
     std::fs::write(&script, RAW_FORK).unwrap();
     let out = Command::new("setpriv")
@@ -217,7 +370,7 @@ fn as_uid(d: &Daemon, uid: u32, handle: &str) -> serde_json::Value {
         ])
         .arg(&script)
         .arg(d.socket())
-        .arg(handle)
+        .arg(message)
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -240,6 +393,6 @@ def recv():
     return json.loads(s.recv(n, socket.MSG_WAITALL))
 send({"type": "hello", "version": 6, "client": "a raw client"})
 recv()
-send({"type": "session_fork", "id": "1", "session": sys.argv[2]})
+send(json.loads(sys.argv[2]))
 print(json.dumps(recv()))
 "#;
