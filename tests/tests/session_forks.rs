@@ -306,7 +306,7 @@ fn a_snapshot_outlives_its_session_and_pycelld_and_is_its_owners_alone() {
     let second = c.session_snapshot(&h).unwrap();
     assert!(second.evicted.is_empty(), "{second:?}");
     let third = c.session_snapshot(&h).unwrap();
-    assert_eq!(third.evicted, [snap.snapshot.clone()]);
+    assert_eq!(third.evicted, std::slice::from_ref(&snap.snapshot));
     let gone = SessionStartRequest {
         from_snapshot: Some(snap.snapshot.clone()),
         ..Default::default()
