@@ -19,7 +19,8 @@ bench/run's pycelld. Rows, medians:
     (numpy and pandas imported, a 10,000-row frame), and of one with an
     8 MB array too (how the time grows with the state), a pooled jail
     free for the fork, against session_start of the same policy (pooled
-    too).
+    too); session_snapshot of each, and session_start from the snapshot
+    (no target: times and sizes).
 
 Targets: a cell <= 1 ms over the raw protocol and <= 2 ms per MCP call;
 session_start <= 10 ms with a warm jail free; session_fork <= 20 ms bare
@@ -177,6 +178,38 @@ def starts(sock, pycell, runs):
     return cold, started, ended
 
 
+def snapshots(sock, setup, runs):
+    """session_snapshot of a session set up as FORK_SETUP[setup], and
+    session_start from that snapshot (a pooled jail free: paced); the
+    snapshot's size."""
+    policy = setup.split(",")[0]
+    raw = Raw(sock)
+    pool_ready(sock, policy)
+    h = start(raw, policy)["session"]
+    cell(raw, h, FORK_SETUP[setup])
+    taken, restored, size = [], [], 0
+    for i in range(runs + 2):
+        t0 = time.perf_counter()
+        r = raw.ask({"type": "session_snapshot", "id": "1", "session": h})
+        t = (time.perf_counter() - t0) * 1000
+        if r["type"] != "session_snapshotted":
+            raise SystemExit(f"bench/sessions.py: session_snapshot under {setup}: {r}")
+        size = r["snapshot"]["size_bytes"]
+        pool_ready(sock, policy)
+        req = {"from_snapshot": r["snapshot"]["snapshot"]}
+        t0 = time.perf_counter()
+        s = raw.ask({"type": "session_start", "id": "1", "request": req})
+        rs = (time.perf_counter() - t0) * 1000
+        if s["type"] != "session_started":
+            raise SystemExit(f"bench/sessions.py: a start from a snapshot under {setup}: {s}")
+        end(raw, s["session"]["session"])
+        if i >= 2:
+            taken.append(t)
+            restored.append(rs)
+    end(raw, h)
+    return taken, restored, size
+
+
 def idle_memory(sock, policy):
     raw = Raw(sock)
     info = start(raw, policy)
@@ -251,6 +284,10 @@ def main():
         row(f"session_start under {setup.split(',')[0]} (pooled)", started)
         row(f"session_fork, {setup} ({size / 2**20:.2f} MiB of state)", forked, started)
         fork_ms[setup] = med(forked)
+    for setup in FORK_SETUP:
+        taken, restored, size = snapshots(a.socket, setup, n)
+        row(f"session_snapshot, {setup} ({size / 2**20:.2f} MiB)", taken)
+        row("session_start from it (pooled)", restored, taken)
     for policy in ("default", "data-science"):
         print(f"  idle memory of a session under {policy}: {idle_memory(a.socket, policy) / 2**20:.1f} MiB")
     print("targets:")
