@@ -316,11 +316,20 @@ impl Launcher {
 /// before its session is killed.
 pub const CELL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long past its idle timeout the jailer of a session that pauses
+/// when idle ends it, if its server has not paused it by then (the
+/// server is gone, or the pause failed).
+pub const PAUSE_BACKSTOP: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A policy's session settings as the jailer's clocks.
 pub fn session_clocks(s: &pycell_policy::SessionSettings) -> pycell_wire::spec::SessionSpec {
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let idle = match s.pause_when_idle {
+        true => (s.idle_timeout + PAUSE_BACKSTOP).min(s.lifetime),
+        false => s.idle_timeout,
+    };
     pycell_wire::spec::SessionSpec {
-        idle_timeout_ms: ms(s.idle_timeout),
+        idle_timeout_ms: ms(idle),
         lifetime_ms: ms(s.lifetime),
         cell_grace_ms: ms(CELL_GRACE),
     }

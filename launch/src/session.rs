@@ -180,6 +180,24 @@ pub struct Session {
     close: CancellationToken,
     interrupt: Arc<tokio::sync::Notify>,
     ended: watch::Receiver<Option<SessionEnded>>,
+    /// Requests asked and not yet answered.
+    pending: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Counts a request as pending while it lives.
+struct Pending(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Pending {
+    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Pending {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Pending(Arc::clone(count))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Debug for Call {
@@ -367,6 +385,7 @@ impl Session {
             close,
             interrupt,
             ended,
+            pending: Default::default(),
         };
         match session.request(first_request()).await {
             Ok(_) => Ok(session),
@@ -404,6 +423,7 @@ impl Session {
         if let Some(e) = self.ended() {
             return Err(SessionError::Ended(e));
         }
+        let _pending = Pending::new(&self.pending);
         let (answer, answered) = oneshot::channel();
         match self.calls.try_send(Call { op, answer, watch }) {
             Ok(()) => {}
@@ -416,6 +436,11 @@ impl Session {
             Ok(r) => r,
             Err(_) => Err(SessionError::Ended(self.wait_ended().await)),
         }
+    }
+
+    /// Whether a request is asked and not yet answered.
+    pub fn busy(&self) -> bool {
+        self.pending.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
     /// Why the session is over, if it is.
@@ -637,6 +662,7 @@ impl<C: JailerControl> Driver<C> {
                     measure: *measure,
                     refusals: Vec::new(),
                     termination: None,
+                    resumed: false,
                 }
                 .explained(f.cap as u64);
                 let _ = f.answer.send(Ok(answer));

@@ -430,6 +430,50 @@ impl Drop for HalfMade {
     }
 }
 
+/// The store key of `owner`'s paused sessions' snapshots: apart from the
+/// snapshots they take themselves, so that a pause never evicts one.
+pub fn paused_key(owner: &str) -> String {
+    format!("{owner}-paused")
+}
+
+/// Pause the sessions of `table` due for it (idle for their idle timeout,
+/// under a policy that pauses them): each one's state kept in `store`
+/// under its owner's paused key (`key` makes an owner's key), then its
+/// jail ended; the table then knows it as paused. A session that cannot
+/// be paused goes on (its jailer ends it past its idle timeout).
+pub async fn pause_idle<T, O>(
+    table: &std::sync::Mutex<crate::session_table::SessionTable<T, O>>,
+    store: &SnapshotStore,
+    key: impl Fn(&O) -> String,
+) where
+    T: Clone + crate::session_table::HeldPolicy,
+    O: Clone + Eq,
+{
+    let due = table
+        .lock()
+        .map(|mut t| t.due_for_pause())
+        .unwrap_or_default();
+    for (handle, e) in due {
+        let held = (e.info.policy(), e.info.limits(), e.info.start());
+        let owner = paused_key(&key(&e.owner));
+        let kept = snapshot(&e.session, &handle, held, store, &owner).await;
+        let paused = match (table.lock(), kept) {
+            (Ok(mut t), Ok(s)) => {
+                t.paused(&handle, s.snapshot, e.info.policy().name.clone());
+                true
+            }
+            (Ok(mut t), Err(_)) => {
+                t.pause_failed(&handle);
+                false
+            }
+            (Err(_), _) => return,
+        };
+        if paused {
+            e.session.end().await;
+        }
+    }
+}
+
 /// `r` with at most [`REPORTED`] entries in each list, each text at most
 /// [`REPORTED_CHARS`] characters.
 fn bounded(r: StateReport) -> StateReport {

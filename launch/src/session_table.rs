@@ -74,6 +74,21 @@ pub enum Lookup {
     /// It was a handle of an earlier instance of this server, which ended
     /// its sessions when it stopped.
     Restarted,
+    /// It is paused (idle, its policy's `pause_when_idle`): the snapshot
+    /// its next call resumes it from.
+    Paused(String),
+    /// It is being paused now: its next call waits until it is.
+    Pausing,
+}
+
+/// A session paused to a snapshot: whose it is, and the snapshot's id.
+#[derive(Debug, Clone)]
+pub struct Paused<O> {
+    pub owner: O,
+    pub snapshot: String,
+    pub started: Instant,
+    pub paused_at: Instant,
+    pub policy: String,
 }
 
 /// The table.
@@ -84,6 +99,12 @@ pub struct SessionTable<T, O = u32> {
     live: HashMap<String, Entry<T, O>>,
     ended: HashMap<String, (O, SessionEnded)>,
     ended_order: VecDeque<String>,
+    /// Live sessions being paused: no call gets them meanwhile.
+    pausing: std::collections::HashSet<String>,
+    /// Live sessions whose pause failed: not tried again (their jailer
+    /// ends them past the idle timeout).
+    unpausable: std::collections::HashSet<String>,
+    paused: HashMap<String, Paused<O>>,
 }
 
 impl<T, O> Default for SessionTable<T, O> {
@@ -97,6 +118,9 @@ impl<T, O> Default for SessionTable<T, O> {
             live: HashMap::new(),
             ended: HashMap::new(),
             ended_order: VecDeque::new(),
+            pausing: Default::default(),
+            unpausable: Default::default(),
+            paused: HashMap::new(),
         }
     }
 }
@@ -133,7 +157,14 @@ impl<T: Clone, O: Clone + Eq> SessionTable<T, O> {
     /// The live session `handle` of `owner`, marked used; a session found
     /// ended is moved to the ended ones.
     pub fn get(&mut self, owner: &O, handle: &str) -> Result<Entry<T, O>, Lookup> {
+        if let Some(p) = self.paused.get(handle).filter(|p| &p.owner == owner) {
+            return Err(Lookup::Paused(p.snapshot.clone()));
+        }
+        let pausing = self.pausing.contains(handle);
         if let Some(e) = self.live.get_mut(handle).filter(|e| &e.owner == owner) {
+            if pausing {
+                return Err(Lookup::Pausing);
+            }
             if let Some(ended) = e.session.ended() {
                 self.forget(handle, ended.clone());
                 return Err(Lookup::Gone(ended));
@@ -150,6 +181,7 @@ impl<T: Clone, O: Clone + Eq> SessionTable<T, O> {
 
     /// `handle`'s session is over: remember why.
     pub fn forget(&mut self, handle: &str, ended: SessionEnded) {
+        self.unpausable.remove(handle);
         let Some(e) = self.live.remove(handle) else {
             return;
         };
@@ -206,11 +238,51 @@ impl<T: Clone, O: Clone + Eq> SessionTable<T, O> {
     pub fn all(&self) -> Vec<Session> {
         self.live.values().map(|e| e.session.clone()).collect()
     }
+
+    /// Session `handle`, being paused, is: its snapshot is `snapshot`.
+    pub fn paused(&mut self, handle: &str, snapshot: String, policy: String) {
+        self.pausing.remove(handle);
+        if let Some(e) = self.live.remove(handle) {
+            let paused = Paused {
+                owner: e.owner,
+                snapshot,
+                started: e.started,
+                paused_at: Instant::now(),
+                policy,
+            };
+            self.paused.insert(handle.to_string(), paused);
+        }
+    }
+
+    /// The snapshots of the paused sessions.
+    pub fn paused_snapshots(&self) -> Vec<String> {
+        self.paused.values().map(|p| p.snapshot.clone()).collect()
+    }
+
+    /// Session `handle` could not be paused: calls get it again, and it
+    /// is not tried again.
+    pub fn pause_failed(&mut self, handle: &str) {
+        self.pausing.remove(handle);
+        self.unpausable.insert(handle.to_string());
+    }
+
+    /// Forget paused session `handle` of `owner` (ended by its caller):
+    /// its snapshot's id, if it was one.
+    pub fn forget_paused(&mut self, owner: &O, handle: &str) -> Option<String> {
+        match self.paused.get(handle) {
+            Some(p) if &p.owner == owner => self.paused.remove(handle).map(|p| p.snapshot),
+            _ => None,
+        }
+    }
 }
 
 /// What a server keeps of a session that says its policy.
 pub trait HeldPolicy {
     fn policy(&self) -> &pycell_policy::Policy;
+    /// The session's limits, as it started.
+    fn limits(&self) -> &RunLimits;
+    /// What started it (what starts it again from a snapshot).
+    fn start(&self) -> &pycell_protocol::session::SessionStartRequest;
 }
 
 impl<T: Clone + HeldPolicy, O: Clone + Eq> SessionTable<T, O> {
@@ -219,10 +291,28 @@ impl<T: Clone + HeldPolicy, O: Clone + Eq> SessionTable<T, O> {
     /// as it goes in: another start may have finished meanwhile); `None`
     /// if not, or if no handle could be made.
     pub fn admit(&mut self, owner: O, session: Session, info: T) -> Option<String> {
+        self.admit_as(None, owner, session, info)
+    }
+
+    /// [`SessionTable::admit`], under `handle` if given: a paused session
+    /// of `owner`'s resumed.
+    pub fn admit_as(
+        &mut self,
+        handle: Option<&str>,
+        owner: O,
+        session: Session,
+        info: T,
+    ) -> Option<String> {
         if self.count(&owner) >= info.policy().session.per_uid as usize {
             return None;
         }
-        let handle = self.new_handle().ok()?;
+        let handle = match handle {
+            Some(h) => {
+                self.forget_paused(&owner, h)?;
+                h.to_string()
+            }
+            None => self.new_handle().ok()?,
+        };
         let now = Instant::now();
         let entry = Entry {
             session,
@@ -233,6 +323,31 @@ impl<T: Clone + HeldPolicy, O: Clone + Eq> SessionTable<T, O> {
         };
         self.insert(handle.clone(), entry);
         Some(handle)
+    }
+
+    /// Live sessions idle for their policy's idle timeout, with nothing
+    /// asked of them, whose policy pauses them then: marked as being
+    /// paused (calls wait for it) and given to the caller to pause.
+    pub fn due_for_pause(&mut self) -> Vec<(String, Entry<T, O>)> {
+        let now = Instant::now();
+        let due: Vec<(String, Entry<T, O>)> = self
+            .live
+            .iter()
+            .filter(|(h, e)| {
+                let s = &e.info.policy().session;
+                s.pause_when_idle
+                    && now - e.last_used >= s.idle_timeout
+                    && !e.session.busy()
+                    && e.session.ended().is_none()
+                    && !self.pausing.contains(*h)
+                    && !self.unpausable.contains(*h)
+            })
+            .map(|(h, e)| (h.clone(), e.clone()))
+            .collect();
+        for (h, _) in &due {
+            self.pausing.insert(h.clone());
+        }
+        due
     }
 
     /// `owner`'s live sessions as `session_list` shows them.
@@ -249,9 +364,29 @@ impl<T: Clone + HeldPolicy, O: Clone + Eq> SessionTable<T, O> {
                     age_s: (now - e.started).as_secs_f64(),
                     idle_s: idle.as_secs_f64(),
                     expires_in_s: idle_timeout.saturating_sub(idle).as_secs_f64(),
+                    paused: false,
                 }
             })
+            .chain(self.paused_summaries(owner, now))
             .collect()
+    }
+
+    fn paused_summaries(&self, owner: &O, now: Instant) -> Vec<SessionSummary> {
+        let mut out: Vec<SessionSummary> = self
+            .paused
+            .iter()
+            .filter(|(_, p)| &p.owner == owner)
+            .map(|(h, p)| SessionSummary {
+                session: h.clone(),
+                policy: p.policy.clone(),
+                age_s: (now - p.started).as_secs_f64(),
+                idle_s: (now - p.paused_at).as_secs_f64(),
+                expires_in_s: 0.0,
+                paused: true,
+            })
+            .collect();
+        out.sort_by(|a, b| b.age_s.total_cmp(&a.age_s));
+        out
     }
 }
 
@@ -294,6 +429,16 @@ pub fn end_info(handle: &str, ended: &SessionEnded) -> SessionEndInfo {
     }
 }
 
+/// A paused session ended by its caller, as `session_end` reports it.
+pub fn paused_end_info(handle: &str) -> SessionEndInfo {
+    SessionEndInfo {
+        session: handle.to_string(),
+        reason: "ended".into(),
+        message: "the session was ended while paused (its snapshot is removed)".into(),
+        peak_memory_bytes: 0,
+    }
+}
+
 /// End `sessions` (their server is stopping), waiting at most `grace`.
 pub async fn end_every(sessions: Vec<Session>, grace: Duration) {
     let _ = tokio::time::timeout(grace, async {
@@ -325,6 +470,14 @@ pub fn lookup_message(l: &Lookup, handle: &str) -> (FailureCode, String) {
         Lookup::Unknown => (
             FailureCode::UnknownSession,
             format!("there is no session {handle:?}: start one with session_start (session_list shows yours)"),
+        ),
+        Lookup::Paused(_) => (
+            FailureCode::SessionBusy,
+            format!("session {handle} is paused (it was idle): a call with it (run a cell, list its files) resumes it; then ask again"),
+        ),
+        Lookup::Pausing => (
+            FailureCode::SessionBusy,
+            format!("session {handle} is being paused (it was idle): call it again in a moment, which resumes it"),
         ),
         Lookup::Restarted => (
             FailureCode::SessionGone,

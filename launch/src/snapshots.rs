@@ -192,6 +192,28 @@ impl SnapshotStore {
         Ok((stored, bundle))
     }
 
+    /// Remove every paused session's snapshot (the owners' keys that end
+    /// in `-paused`: see `session_fork::paused_key`), which only the
+    /// server that paused them could resume.
+    pub fn clear_paused(&self) {
+        for owner in std::fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if owner.file_name().to_string_lossy().ends_with("-paused") {
+                let _ = std::fs::remove_dir_all(owner.path());
+            }
+        }
+    }
+
+    /// Remove snapshot `id` of `owner`, if it is there.
+    pub fn remove(&self, owner: &str, id: &str) {
+        if let (Ok(dir), true) = (self.dir(owner), is_snapshot_id(id)) {
+            remove(&dir, id);
+        }
+    }
+
     /// Begin a snapshot of `size` bytes for `owner`: room made for it
     /// (its owner's oldest evicted), its bundle's `.partial` file open.
     pub fn begin(&self, owner: &str, size: u64) -> Result<Writing, StoreError> {

@@ -43,6 +43,7 @@ pub(crate) struct RawSession {
     pub(crate) lifetime: Option<Quantity>,
     pub(crate) per_uid: Option<i64>,
     pub(crate) max_file: Option<Quantity>,
+    pub(crate) pause_when_idle: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

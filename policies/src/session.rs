@@ -25,6 +25,11 @@ pub struct SessionSettings {
     pub per_uid: u32,
     /// The largest file written or read in one request.
     pub max_file: u64,
+    /// A session idle for `idle_timeout` is paused to a snapshot (its
+    /// jail ended, its memory and admission freed) instead of ended, and
+    /// its next call resumes it.
+    #[serde(default)]
+    pub pause_when_idle: bool,
 }
 
 /// A policy's `[images]`: figures a run or cell leaves open, and PNG or
@@ -74,6 +79,7 @@ impl Default for SessionSettings {
             lifetime: Duration::from_secs(3600),
             per_uid: 4,
             max_file: MAX_FILE_CEILING,
+            pause_when_idle: false,
         }
     }
 }
@@ -160,6 +166,7 @@ pub(crate) fn check_session(
     if let Some(q) = raw.max_file {
         s.max_file = within_size(q, (1, MAX_FILE_CEILING), &path.key("max_file"))?;
     }
+    s.pause_when_idle = raw.pause_when_idle.unwrap_or(false);
     Ok(s)
 }
 

@@ -156,6 +156,10 @@ pub struct SessionAnswer {
     /// A cell: how it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub termination: Option<crate::refusals::Termination>,
+    /// The session was paused (idle) and this call resumed it: what a
+    /// snapshot does not keep is gone (docs/sessions.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resumed: bool,
 }
 
 impl SessionAnswer {
@@ -402,8 +406,12 @@ pub struct SessionSummary {
     pub age_s: f64,
     /// Seconds since its last call.
     pub idle_s: f64,
-    /// Seconds left before the idle timeout ends it.
+    /// Seconds left before the idle timeout ends it (or pauses it).
     pub expires_in_s: f64,
+    /// Paused (idle, under a policy that pauses sessions): its next call
+    /// resumes it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -396,3 +396,88 @@ recv()
 send(json.loads(sys.argv[2]))
 print(json.dumps(recv()))
 "#;
+
+/// A policy whose sessions pause after a second idle, in a directory of
+/// its own: (the directory, pycelld's configuration naming it).
+fn pausing_policy() -> (tempfile::TempDir, String) {
+    let policies = pycell_tests::open_tempdir("pycell-pausing");
+    let text = pycell_policy::builtin::source("default")
+        .unwrap()
+        .replace("name = \"default\"", "name = \"pausing\"")
+        .replace(
+            "idle_timeout = \"10m\"",
+            "idle_timeout = \"1s\"\npause_when_idle = true",
+        );
+    assert!(text.contains("pause_when_idle = true"), "{text}");
+    std::fs::write(policies.path().join("pausing.toml"), text).unwrap();
+    let conf = format!("policy_dir = \"{}\"\n", policies.path().display());
+    (policies, conf)
+}
+
+fn wait_paused(d: &Daemon, handle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = d.client().session_list().unwrap();
+        if listed.iter().any(|s| s.session == handle && s.paused) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never paused: {listed:?}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_idle_session_pauses_and_its_next_call_resumes_it() {
+    let (_policies, conf) = pausing_policy();
+    let (store, store_conf) = lasting_store();
+    let d = Daemon::start(&format!("{conf}{store_conf}"));
+    let req = SessionStartRequest {
+        policy: Some("pausing".into()),
+        ..Default::default()
+    };
+    let info = d.client().session_start(req, |_| {}).unwrap();
+    let h = info.session.clone();
+    let mut c = d.client();
+    cell(&mut c, &h, "x = 41\nopen('kept.txt', 'w').write('yes')");
+    wait_paused(&d, &h);
+    // Paused: its jail is gone (its memory and admission freed).
+    d.assert_sandbox_gone(Duration::from_secs(10));
+    assert_eq!(d.client().status().unwrap().memory_admitted_bytes, 0);
+    // The next call resumes it, under the same handle, and says so.
+    let a = c
+        .session_call(
+            &h,
+            SessionCall::Cell {
+                code: "x + 1, open('kept.txt').read()".into(),
+            },
+            None,
+        )
+        .unwrap();
+    assert!(a.resumed, "{a:?}");
+    assert_eq!(a.reply.value.as_deref(), Some("(42, 'yes')"), "{a:?}");
+    let again = cell(&mut c, &h, "x");
+    assert!(!again.resumed);
+    // Resumed, it holds its admission again (a busy session never pauses).
+    let handle = h.clone();
+    let mut c2 = d.client();
+    let busy = std::thread::spawn(move || cell(&mut c2, &handle, "import time\ntime.sleep(2)"));
+    std::thread::sleep(Duration::from_millis(500));
+    let admitted = d.client().status().unwrap().memory_admitted_bytes;
+    assert!(admitted >= info.limits.memory.get(), "{admitted}");
+    assert!(!busy.join().unwrap().resumed);
+    // Its pause's snapshot went once it resumed; a second pause, then an
+    // end while paused, leaves no snapshot behind.
+    wait_paused(&d, &h);
+    d.client().session_end(&h).unwrap();
+    let left = files_in(&store.path().join("envs/snapshots"));
+    assert!(left.is_empty(), "{left:?}");
+    let gone = c.session_call(&h, SessionCall::Cell { code: "x".into() }, None);
+    match gone {
+        Err(ClientError::Refused { code, .. }) => assert_eq!(code, ErrorCode::UnknownSession),
+        other => panic!("expected unknown_session, got {other:?}"),
+    }
+}

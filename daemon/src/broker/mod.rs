@@ -446,6 +446,10 @@ impl Broker {
         let snapshots =
             pycell_launch::snapshots::SnapshotStore::open(&config.snapshot_dir(), config.snapshots)
                 .map_err(|e| e.to_string());
+        // The sessions paused by an earlier pycelld ended with it.
+        if let Ok(store) = &snapshots {
+            store.clear_paused();
+        }
         Arc::new(Broker {
             snapshots,
             admission: Admission::new(admission_limits(&config, warm_reserved_bytes)),
@@ -546,6 +550,7 @@ async fn serve(handoff: Handoff, allowed_gids: Vec<u32>) -> i32 {
     let broker = Broker::new(config, warm_reserved_bytes, allowed_gids, link);
     let _ = broker.link.send(&crate::link::ToMonitor::Ready);
     spawn_heartbeat(Arc::clone(&broker.link));
+    broker.keep_pausing();
     if let Err(e) = accept_until_term(listener, &broker).await {
         tracing::error!("the broker stopped accepting: {e}");
         return 1;

@@ -42,6 +42,14 @@ impl session_table::HeldPolicy for Held {
     fn policy(&self) -> &Policy {
         &self.policy
     }
+
+    fn limits(&self) -> &RunLimits {
+        &self.limits
+    }
+
+    fn start(&self) -> &SessionStartRequest {
+        &self.start
+    }
 }
 
 /// What the broker keeps of a session besides the session itself.
@@ -91,6 +99,15 @@ impl JailerControl for MonitorJailer {
     }
 }
 
+/// `who`'s key in the snapshot store: of its paused sessions' when
+/// resuming one.
+fn store_key(who: &Principal, resume: Option<&str>) -> String {
+    match resume {
+        Some(_) => session_fork::paused_key(&who.store_key()),
+        None => who.store_key(),
+    }
+}
+
 /// A snapshot to load into a session once it has started.
 pub(crate) type Restoring = (Stored, std::fs::File);
 
@@ -136,6 +153,7 @@ impl Broker {
         (policy, start): (Policy, SessionStartRequest),
         slot: Slot,
         tools: Option<Arc<RelaySwitch>>,
+        resume: Option<&str>,
     ) -> Result<SessionInfo, Refused> {
         let (limits, env) = (spawned.limits.clone(), spawned.env.clone());
         let parts = self.session_parts(spawned)?;
@@ -154,7 +172,7 @@ impl Broker {
             .sessions
             .lock()
             .ok()
-            .and_then(|mut t| t.admit(who.clone(), session.clone(), held));
+            .and_then(|mut t| t.admit_as(resume, who.clone(), session.clone(), held));
         let Some(handle) = admitted else {
             session.end().await;
             let m = session_table::too_many(&who, &policy);
@@ -258,6 +276,9 @@ impl Broker {
         who: &Principal,
         handle: &str,
     ) -> Result<SessionEndInfo, Refused> {
+        if let Some(ended) = self.end_paused(who, handle) {
+            return Ok(ended);
+        }
         let entry = self.session_of(who, handle)?;
         let ended = entry.session.end().await;
         if let Ok(mut t) = self.sessions.lock() {
@@ -288,18 +309,21 @@ impl Broker {
             .map_err(|(code, m)| refused(code, m))
     }
 
-    /// The snapshot a session start names, if it names one (of `who`'s),
-    /// and the request that starts its session.
+    /// The snapshot a session start names, if it names one (of `who`'s;
+    /// of `who`'s paused sessions when `resume` names one), and the
+    /// request that starts its session.
     pub(crate) fn snapshot_to_start(
         &self,
         who: &Principal,
         request: SessionStartRequest,
+        resume: Option<&str>,
     ) -> Result<(SessionStartRequest, Option<Restoring>), Refused> {
         if request.from_snapshot.is_none() {
             return Ok((request, None));
         }
         let store = self.snapshot_store()?;
-        let found = session_fork::snapshot_to_start(store, &who.store_key(), &request)
+        let key = store_key(who, resume);
+        let found = session_fork::snapshot_to_start(store, &key, &request)
             .map_err(|(code, m)| refused(code, m))?;
         let Some((kept, bundle)) = found else {
             return Ok((request, None));
@@ -318,14 +342,56 @@ impl Broker {
         who: &Principal,
         mut info: SessionInfo,
         snapshot: Restoring,
+        resume: Option<&str>,
     ) -> Result<SessionInfo, Refused> {
         let entry = self.session_of(who, &info.session)?;
         let held = &entry.info;
+        let id = snapshot.0.info.snapshot.clone();
         let restored = session_fork::restore(&entry.session, snapshot, &held.policy, &held.limits)
             .await
             .map_err(|(code, m)| refused(code, m))?;
         info.restored = Some(restored);
+        if let (Some(_), Ok(store)) = (resume, &self.snapshots) {
+            store.remove(&store_key(who, resume), &id);
+        }
         Ok(info)
+    }
+
+    /// Where session `handle` of `who` stands: live (Ok), paused, being
+    /// paused, or gone.
+    pub(crate) fn lookup(&self, who: &Principal, handle: &str) -> Result<(), Lookup> {
+        match self.sessions.lock() {
+            Ok(mut t) => t.get(who, handle).map(|_| ()),
+            Err(_) => Err(Lookup::Unknown),
+        }
+    }
+
+    /// End paused session `handle` of `who`, if it is one.
+    pub(crate) fn end_paused(&self, who: &Principal, handle: &str) -> Option<SessionEndInfo> {
+        let snapshot = self.sessions.lock().ok()?.forget_paused(who, handle)?;
+        if let Ok(store) = &self.snapshots {
+            store.remove(&store_key(who, Some(handle)), &snapshot);
+        }
+        Some(session_table::paused_end_info(handle))
+    }
+
+    /// Pause idle sessions whose policy says so, every second, for as
+    /// long as the broker lives.
+    pub(crate) fn keep_pausing(self: &Arc<Self>) {
+        let broker = Arc::clone(self);
+        tokio::spawn(async move {
+            let Ok(store) = broker.snapshots.clone() else {
+                return;
+            };
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = broker.session_stop.cancelled() => return,
+                }
+                session_fork::pause_idle(&broker.sessions, &store, Principal::store_key).await;
+            }
+        });
     }
 
     pub(crate) fn list_sessions(&self, who: &Principal) -> Vec<SessionSummary> {

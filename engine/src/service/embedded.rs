@@ -77,6 +77,14 @@ impl session_table::HeldPolicy for SessionHeld {
     fn policy(&self) -> &Policy {
         &self.policy
     }
+
+    fn limits(&self) -> &RunLimits {
+        &self.limits
+    }
+
+    fn start(&self) -> &SessionStartRequest {
+        &self.start
+    }
 }
 
 type Table = Arc<Mutex<SessionTable<SessionHeld>>>;
@@ -100,6 +108,8 @@ pub struct Embedded {
     timings: bool,
     /// The zygote runs of its policy are forked from, once started.
     zygote: std::sync::OnceLock<super::zygote::Forked>,
+    /// Set once the task that pauses idle sessions runs.
+    pauser: std::sync::OnceLock<()>,
 }
 
 /// The uid that owns embedded sessions: this process's.
@@ -156,6 +166,7 @@ impl Embedded {
             policy_files: options.policy_files,
             timings: options.timings,
             zygote: std::sync::OnceLock::new(),
+            pauser: std::sync::OnceLock::new(),
         }
     }
 
@@ -200,7 +211,121 @@ impl Embedded {
         };
         looked.map_err(|l| gone(&l, handle))
     }
+
+    /// Start a session for `req` (see [`Sandboxes::start_session`]); as
+    /// paused session `resume` (under its handle) if given, whose
+    /// snapshot `req` names.
+    async fn start_session_as(
+        &self,
+        asker: &Asker,
+        req: SessionStartRequest,
+        resume: Option<&str>,
+    ) -> Result<SessionInfo, SessionFailure> {
+        self.keep_pausing();
+        let key = match resume {
+            Some(_) => session_fork::paused_key(&owner_key()),
+            None => owner_key(),
+        };
+        let (req, restoring) = match req.from_snapshot.is_some() {
+            false => (req, None),
+            true => {
+                let store = snapshot_store()?;
+                let found = session_fork::snapshot_to_start(&store, &key, &req);
+                let (kept, bundle) = found.map_err(failed)?.expect("from_snapshot is set");
+                let start = SessionStartRequest {
+                    tools: req.tools,
+                    ..kept.start.clone()
+                };
+                (start, Some((kept, bundle)))
+            }
+        };
+        let start = Arc::new(req.clone());
+        let run_req = RunRequest {
+            policy: req.policy,
+            limits: req.limits,
+            dependencies: req.dependencies,
+            tools: req.tools,
+            ..RunRequest::default()
+        };
+        let (prepared, policy, ensured, grant) = self.prepare_session(run_req).await?;
+        let per_uid = policy.session.per_uid as usize;
+        if self.table().map(|t| t.count(&owner())).unwrap_or(0) >= per_uid {
+            return Err(too_many(&policy));
+        }
+        let tools = tool_service(grant, asker.tools.as_ref());
+        let session = self.launch_session(prepared, &policy, tools).await?;
+        let mut info = self.admit(session, policy, ensured, start, resume).await?;
+        if let Some(snapshot) = restoring {
+            let id = snapshot.0.info.snapshot.clone();
+            let entry = self.session(&info.session)?;
+            let held = &entry.info;
+            let restored =
+                session_fork::restore(&entry.session, snapshot, &held.policy, &held.limits)
+                    .await
+                    .map_err(failed)?;
+            info.restored = Some(restored);
+            if resume.is_some() {
+                snapshot_store()?.remove(&key, &id);
+            }
+        }
+        Ok(info)
+    }
+
+    /// The live session `handle`, resumed first if it was paused (then
+    /// true); a call to one being paused waits until it is.
+    async fn live_or_resumed(
+        &self,
+        asker: &Asker,
+        handle: &str,
+    ) -> Result<(Entry<SessionHeld>, bool), SessionFailure> {
+        let deadline = std::time::Instant::now() + PAUSE_WAIT;
+        let mut resumed = false;
+        loop {
+            let looked = match self.table() {
+                Ok(mut t) => t.get(&owner(), handle),
+                Err(_) => Err(Lookup::Unknown),
+            };
+            match looked {
+                Ok(e) => return Ok((e, resumed)),
+                Err(Lookup::Pausing) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await
+                }
+                Err(Lookup::Paused(snapshot)) if !resumed => {
+                    let req = SessionStartRequest {
+                        from_snapshot: Some(snapshot),
+                        ..SessionStartRequest::default()
+                    };
+                    self.start_session_as(asker, req, Some(handle)).await?;
+                    resumed = true;
+                }
+                Err(l) => return Err(gone(&l, handle)),
+            }
+        }
+    }
+
+    /// Pause this process's idle sessions whose policy says so, every
+    /// second, for as long as it lives (started with its first session).
+    fn keep_pausing(&self) {
+        let table = Arc::clone(&self.sessions);
+        let shutdown = self.shutdown.clone();
+        self.pauser.get_or_init(|| {
+            tokio::spawn(async move {
+                let Ok(store) = snapshot_store() else { return };
+                let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = shutdown.cancelled() => return,
+                    }
+                    session_fork::pause_idle(&table, &store, |_| owner_key()).await;
+                }
+            });
+        });
+    }
 }
+
+/// How long a call to a session being paused waits for the pause.
+const PAUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Load the policy, get the env of the run's dependencies (installing
 /// them if they are not cached) and prepare the run, a server's grants
@@ -356,45 +481,7 @@ impl Sandboxes for Embedded {
         asker: &Asker,
         req: SessionStartRequest,
     ) -> Result<SessionInfo, SessionFailure> {
-        let (req, restoring) = match req.from_snapshot.is_some() {
-            false => (req, None),
-            true => {
-                let store = snapshot_store()?;
-                let found = session_fork::snapshot_to_start(&store, &owner_key(), &req);
-                let (kept, bundle) = found.map_err(failed)?.expect("from_snapshot is set");
-                let start = SessionStartRequest {
-                    tools: req.tools,
-                    ..kept.start.clone()
-                };
-                (start, Some((kept, bundle)))
-            }
-        };
-        let start = Arc::new(req.clone());
-        let run_req = RunRequest {
-            policy: req.policy,
-            limits: req.limits,
-            dependencies: req.dependencies,
-            tools: req.tools,
-            ..RunRequest::default()
-        };
-        let (prepared, policy, ensured, grant) = self.prepare_session(run_req).await?;
-        let per_uid = policy.session.per_uid as usize;
-        if self.table().map(|t| t.count(&owner())).unwrap_or(0) >= per_uid {
-            return Err(too_many(&policy));
-        }
-        let tools = tool_service(grant, asker.tools.as_ref());
-        let session = self.launch_session(prepared, &policy, tools).await?;
-        let mut info = self.admit(session, policy, ensured, start).await?;
-        if let Some(snapshot) = restoring {
-            let entry = self.session(&info.session)?;
-            let held = &entry.info;
-            let restored =
-                session_fork::restore(&entry.session, snapshot, &held.policy, &held.limits)
-                    .await
-                    .map_err(failed)?;
-            info.restored = Some(restored);
-        }
-        Ok(info)
+        self.start_session_as(asker, req, None).await
     }
 
     async fn snapshot_session(
@@ -436,14 +523,14 @@ impl Sandboxes for Embedded {
 
     async fn session_call(
         &self,
-        _asker: &Asker,
+        asker: &Asker,
         handle: &str,
         call: SessionCall,
         timeout_s: Option<f64>,
         cancel: CancellationToken,
         watch: Option<OutputSink>,
     ) -> Result<SessionAnswer, SessionFailure> {
-        let entry = self.session(handle)?;
+        let (entry, resumed) = self.live_or_resumed(asker, handle).await?;
         let op = session_table::op_for(
             &entry.info.policy,
             entry.info.limits.max_output,
@@ -461,7 +548,7 @@ impl Sandboxes for Embedded {
                 asked.await
             }
         };
-        answered.map_err(|e| {
+        let answer = answered.map_err(|e| {
             let (code, message) = match self.table() {
                 Ok(mut t) => t.call_failed(handle, e),
                 Err(_) => (
@@ -470,7 +557,8 @@ impl Sandboxes for Embedded {
                 ),
             };
             SessionFailure::new(code, message)
-        })
+        })?;
+        Ok(SessionAnswer { resumed, ..answer })
     }
 
     async fn end_session(
@@ -478,6 +566,15 @@ impl Sandboxes for Embedded {
         _asker: &Asker,
         handle: &str,
     ) -> Result<SessionEndInfo, SessionFailure> {
+        let paused = self
+            .table()
+            .ok()
+            .and_then(|mut t| t.forget_paused(&owner(), handle));
+        if let Some(snapshot) = paused {
+            let key = session_fork::paused_key(&owner_key());
+            snapshot_store()?.remove(&key, &snapshot);
+            return Ok(session_table::paused_end_info(handle));
+        }
         let entry = self.session(handle)?;
         let ended = entry.session.end().await;
         if let Ok(mut t) = self.table() {
@@ -566,6 +663,17 @@ impl Sandboxes for Embedded {
     async fn end_all(&self, grace: Duration) {
         let all = self.table().map(|t| t.all()).unwrap_or_default();
         session_table::end_every(all, grace).await;
+        // Its paused sessions end with it: their snapshots too.
+        let paused = self
+            .table()
+            .map(|t| t.paused_snapshots())
+            .unwrap_or_default();
+        if let (false, Ok(store)) = (paused.is_empty(), snapshot_store()) {
+            let key = session_fork::paused_key(&owner_key());
+            for id in paused {
+                store.remove(&key, &id);
+            }
+        }
         // Gone before we are, rather than after, by its parent-death
         // signal: its jailer takes a few milliseconds.
         if let Some(zygote) = self.zygote.get() {
@@ -739,6 +847,7 @@ impl Embedded {
         policy: Policy,
         ensured: Option<Ensured>,
         start: Arc<SessionStartRequest>,
+        resume: Option<&str>,
     ) -> Result<SessionInfo, SessionFailure> {
         let policy = Arc::new(policy);
         let env = ensured.as_ref().map(|e| e.report.clone());
@@ -751,7 +860,7 @@ impl Embedded {
         let admitted = self
             .table()
             .ok()
-            .and_then(|mut t| t.admit(owner(), session.clone(), held));
+            .and_then(|mut t| t.admit_as(resume, owner(), session.clone(), held));
         let Some(handle) = admitted else {
             session.end().await;
             return Err(too_many(&policy));

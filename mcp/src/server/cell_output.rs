@@ -32,6 +32,11 @@ pub struct CellInfo {
     pub exception: Option<CellException>,
     /// The session's memory when the cell ended, in bytes.
     pub memory_bytes: u64,
+    /// The session had been paused (idle) and this call resumed it: its
+    /// names and files are back, and what a snapshot does not keep (open
+    /// files, sockets, threads, child processes) is gone.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub resumed: bool,
 }
 
 /// The exception a cell ended with.
@@ -145,12 +150,16 @@ pub fn no_cell(session: &str) -> CellInfo {
         value_file: None,
         exception: None,
         memory_bytes: 0,
+        resumed: false,
     }
 }
 
 /// A cell's part of the text content: the value (its markdown, if its
 /// display has one), the exception.
 pub fn render_cell(c: &CellInfo, displays: &[DisplayInfo], text: &mut String) {
+    if c.resumed {
+        text.push_str("\n(the session was paused while idle and resumed for this call: open files, sockets and threads of before are gone)\n");
+    }
     if let Some(e) = &c.exception {
         text.push_str(&format!("\n--- exception ---\n{}", e.traceback));
         if !e.traceback.ends_with('\n') {

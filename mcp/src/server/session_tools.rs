@@ -830,6 +830,7 @@ pub fn cell_result(session: &str, a: Answer) -> RunPythonOutput {
                 traceback: e.traceback.clone(),
             }),
             memory_bytes: m.memory_bytes,
+            resumed: a.resumed,
         }),
         images: r.images.iter().map(image_info).collect(),
         images_omitted: r.images_omitted,

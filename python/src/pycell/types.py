@@ -292,6 +292,7 @@ class SessionAnswer:
     measure: Measure
     refusals: list[Refusal] = field(factory=list, omit="empty")
     termination: Termination | None = field(default=None, omit="none")
+    resumed: bool = field(default=False, omit="false")
 
 
 @dataclass
@@ -315,6 +316,8 @@ class CellResult:
     displays: list[Display]
     # A cut value kept whole in the workspace (its path there).
     value_file: str | None = None
+    # The session had been paused (idle) and this call resumed it.
+    resumed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -338,6 +341,7 @@ class CellResult:
             termination=answer.termination,
             displays=r.displays,
             value_file=r.value_file,
+            resumed=answer.resumed,
         )
 
 
@@ -422,3 +426,4 @@ class SessionSummary:
     age_s: float
     idle_s: float
     expires_in_s: float
+    paused: bool = field(default=False, omit="false")

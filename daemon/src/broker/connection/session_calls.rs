@@ -6,9 +6,12 @@
 
 use std::sync::Arc;
 
+use pycell_launch::session_table::Lookup;
 use pycell_launch::{session_fork, session_table};
 use pycell_protocol::messages::{ClientMessage, ErrorCode, ServerMessage};
-use pycell_protocol::session::{SessionCall, SessionForkInfo, SessionInfo, SessionStartRequest};
+use pycell_protocol::session::{
+    SessionAnswer, SessionCall, SessionForkInfo, SessionInfo, SessionStartRequest,
+};
 
 use super::lifecycle::{admit, ordered, reply_during_run, start, NotStarted};
 use super::{error, Conn};
@@ -85,9 +88,22 @@ async fn started(
     id: &str,
     request: SessionStartRequest,
 ) -> Result<SessionInfo, NotStarted> {
+    started_as(broker, conn, peer, id, request, None).await
+}
+
+/// [`started`], as paused session `resume` if given (its snapshot named
+/// by `request`), under its handle.
+async fn started_as(
+    broker: &Arc<Broker>,
+    conn: &mut Conn,
+    peer: &Peer,
+    id: &str,
+    request: SessionStartRequest,
+    resume: Option<&str>,
+) -> Result<SessionInfo, NotStarted> {
     let refuse = |r| NotStarted::Reply(refusal(id, r));
     let (request, restoring) = broker
-        .snapshot_to_start(&peer.principal(), request)
+        .snapshot_to_start(&peer.principal(), request, resume)
         .map_err(refuse)?;
     if let Some(refused) = super::lifecycle::may_use(broker, peer, id, request.policy_name()) {
         return Err(refused);
@@ -114,15 +130,53 @@ async fn started(
         .await
         .map_err(NotStarted::Reply)?;
     let info = broker
-        .open_session(peer.principal(), spawned, (policy, request), slot, tools)
+        .open_session(
+            peer.principal(),
+            spawned,
+            (policy, request),
+            slot,
+            tools,
+            resume,
+        )
         .await
         .map_err(refuse)?;
     match restoring {
         None => Ok(info),
         Some(snapshot) => broker
-            .restore_into(&peer.principal(), info, snapshot)
+            .restore_into(&peer.principal(), info, snapshot, resume)
             .await
             .map_err(refuse),
+    }
+}
+
+/// How long a call to a session being paused waits for the pause.
+const PAUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Resume session `handle` if it is paused (then true), waiting first if
+/// it is being paused; a live or gone one is left to the call.
+async fn resume_if_paused(
+    broker: &Arc<Broker>,
+    conn: &mut Conn,
+    peer: &Peer,
+    id: &str,
+    handle: &str,
+) -> Result<bool, NotStarted> {
+    let deadline = std::time::Instant::now() + PAUSE_WAIT;
+    loop {
+        match broker.lookup(&peer.principal(), handle) {
+            Err(Lookup::Pausing) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await
+            }
+            Err(Lookup::Paused(snapshot)) => {
+                let request = SessionStartRequest {
+                    from_snapshot: Some(snapshot),
+                    ..SessionStartRequest::default()
+                };
+                started_as(broker, conn, peer, id, request, Some(handle)).await?;
+                return Ok(true);
+            }
+            _ => return Ok(false),
+        }
     }
 }
 
@@ -168,6 +222,11 @@ pub(super) async fn call(broker: &Arc<Broker>, conn: &mut Conn, peer: &Peer, ask
         timeout_s,
         watch,
     } = asked;
+    let resumed = match resume_if_paused(broker, conn, peer, &id, &handle).await {
+        Ok(resumed) => resumed,
+        Err(NotStarted::Reply(reply)) => return conn.out.send(reply).await,
+        Err(NotStarted::ClientGone) => return false,
+    };
     let (session, op, tools) = match broker.session_op(&peer.principal(), &handle, call, timeout_s)
     {
         Ok(s) => s,
@@ -227,7 +286,7 @@ pub(super) async fn call(broker: &Arc<Broker>, conn: &mut Conn, peer: &Peer, ask
     let reply = match answered {
         Ok(answer) => ServerMessage::SessionAnswer {
             id,
-            answer: Box::new(answer),
+            answer: Box::new(SessionAnswer { resumed, ..answer }),
         },
         Err(e) => refusal(&id, broker.session_error(&handle, e)),
     };
