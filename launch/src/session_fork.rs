@@ -236,6 +236,7 @@ pub async fn snapshot(
         owner: owner.to_string(),
         start: start.clone(),
         cells: report.cells,
+        created_ms: crate::snapshots::now_ms(),
     };
     writing.finish(&kept).map_err(stored)?;
     Ok(info)

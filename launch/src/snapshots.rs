@@ -52,6 +52,10 @@ pub struct Stored {
     pub start: SessionStartRequest,
     /// The cells its session had run.
     pub cells: u64,
+    /// When it was taken, in milliseconds since the epoch (what orders
+    /// an owner's snapshots, oldest first).
+    #[serde(default)]
+    pub created_ms: u64,
 }
 
 /// Why a snapshot could not be kept or found.
@@ -108,9 +112,14 @@ fn new_id() -> std::io::Result<String> {
 }
 
 fn now_s() -> u64 {
+    now_ms() / 1000
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl SnapshotStore {
@@ -172,7 +181,7 @@ impl SnapshotStore {
                 _ => remove(dir, id),
             }
         }
-        kept.sort_by_key(|s| (s.info.created_at, s.info.snapshot.clone()));
+        kept.sort_by_key(|s| (s.created_ms, s.info.snapshot.clone()));
         kept
     }
 
@@ -363,6 +372,7 @@ mod tests {
             owner: owner.into(),
             start: SessionStartRequest::default(),
             cells: 2,
+            created_ms: created_at,
         }
     }
 
