@@ -5,7 +5,7 @@
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -243,6 +243,31 @@ impl Daemon {
         }
     }
 
+    /// One protocol message (JSON) from a raw client running as `uid`
+    /// (python, through setpriv), after its hello: the daemon's reply.
+    pub fn ask_as(&self, uid: u32, message: &str) -> serde_json::Value {
+        let script = self.dir.path().join("ask_as.py");
+        std::fs::write(&script, RAW_CLIENT).unwrap();
+        let out = Command::new("setpriv")
+            .args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+                "/usr/bin/python3",
+            ])
+            .arg(&script)
+            .arg(self.socket())
+            .arg(message)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            panic!("{e}: {stdout}\n{stderr}\n{}", self.log())
+        })
+    }
+
     /// Host processes running as one of this daemon's sandbox uids.
     pub fn sandbox_processes(&self) -> Vec<crate::HostProc> {
         crate::host_processes()
@@ -302,3 +327,21 @@ impl Drop for Daemon {
         crate::remove_cgroup_parent(&self.cgroup_parent, Duration::from_secs(5));
     }
 }
+
+/// A raw client (argv: socket, message): hello, the message, then the
+/// daemon's reply printed.
+const RAW_CLIENT: &str = r#"
+import json, socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+def send(m):
+    b = json.dumps(m).encode()
+    s.sendall(struct.pack(">I", len(b)) + b)
+def recv():
+    n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+    return json.loads(s.recv(n, socket.MSG_WAITALL))
+send({"type": "hello", "version": 6, "client": "a raw client"})
+recv()
+send(json.loads(sys.argv[2]))
+print(json.dumps(recv()))
+"#;

@@ -36,38 +36,9 @@ fn refused_code(r: Result<SessionAnswer, ClientError>) -> (ErrorCode, String) {
     }
 }
 
-/// A raw client as uid `uid` (python, through setpriv): one session call
-/// with `handle`; prints the daemon's reply.
-fn call_as(d: &Daemon, uid: u32, handle: &str) -> serde_json::Value {
-    let script = d.dir.path().join("other_uid.py");
-    std::fs::write(&script, RAW_CLIENT).unwrap();
-    let out = Command::new("setpriv")
-        .args([
-            &format!("--reuid={uid}"),
-            &format!("--regid={uid}"),
-            "--clear-groups",
-            "/usr/bin/python3",
-        ])
-        .arg(&script)
-        .arg(d.socket())
-        .arg(handle)
-        .arg("x")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {stdout}\n{}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            d.log()
-        )
-    })
-}
-
 /// A raw client (argv: socket, handle, code): one cell in the session,
 /// then the daemon's reply printed.
-const RAW_CLIENT: &str = r#"
+const RAW_CELL: &str = r#"
 import json, socket, struct, sys
 s = socket.socket(socket.AF_UNIX)
 s.connect(sys.argv[1])
@@ -82,6 +53,13 @@ recv()
 send({"type": "session", "id": "1", "session": sys.argv[2], "call": {"op": "cell", "code": sys.argv[3]}})
 print(json.dumps(recv()))
 "#;
+
+/// One cell `x` in session `handle`, from a raw client as uid `uid`: the
+/// daemon's reply.
+fn call_as(d: &Daemon, uid: u32, handle: &str) -> serde_json::Value {
+    let call = serde_json::json!({"type": "session", "id": "1", "session": handle, "call": {"op": "cell", "code": "x"}});
+    d.ask_as(uid, &call.to_string())
+}
 
 #[test]
 fn a_session_keeps_state_across_calls_and_connections_and_belongs_to_its_uid() {
@@ -352,7 +330,7 @@ fn a_killed_jailer_kills_its_session_and_a_killed_client_does_not() {
     // A client SIGKILLed in the middle of a cell: the session is its
     // uid's, not the connection's, and goes on.
     let script = d.dir.path().join("client.py");
-    std::fs::write(&script, RAW_CLIENT).unwrap();
+    std::fs::write(&script, RAW_CELL).unwrap();
     let mut client = Command::new("/usr/bin/python3")
         .arg(&script)
         .arg(d.socket())

@@ -8,7 +8,6 @@
 //! owner, makes room within its owner's quota, and one cut short by a
 //! killed pycelld leaves nothing.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pycell_protocol::client::{ClientError, DaemonClient};
@@ -131,7 +130,7 @@ fn a_fork_is_a_copy_that_goes_its_own_way_and_only_its_owner_may_make_one() {
 
     // Another uid gets what an unknown handle gets.
     let fork = format!(r#"{{"type": "session_fork", "id": "1", "session": "{s}"}}"#);
-    let other = as_uid(&d, OTHER, &fork);
+    let other = d.ask_as(OTHER, &fork);
     assert_eq!(other["type"], "error", "{other}");
     assert_eq!(other["code"], "unknown_session", "{other}");
     for h in [&s, &f, &second.session.session] {
@@ -258,8 +257,7 @@ fn a_snapshot_outlives_its_session_and_pycelld_and_is_its_owners_alone() {
     // The session goes on unchanged.
     assert_eq!(value(&mut c, &s, "x"), "41");
     // Another uid can neither snapshot the session nor start from its snapshot.
-    let other = as_uid(
-        &d,
+    let other = d.ask_as(
         OTHER,
         &format!(r#"{{"type": "session_snapshot", "id": "1", "session": "{s}"}}"#),
     );
@@ -268,7 +266,7 @@ fn a_snapshot_outlives_its_session_and_pycelld_and_is_its_owners_alone() {
         r#"{{"type": "session_start", "id": "1", "request": {{"from_snapshot": "{}"}}}}"#,
         snap.snapshot
     );
-    let other = as_uid(&d, OTHER, &from);
+    let other = d.ask_as(OTHER, &from);
     assert_eq!(other["code"], "unknown_snapshot", "{other}");
     // A restart of pycelld: the session is gone, its snapshot is not.
     drop(c);
@@ -351,51 +349,13 @@ fn a_pycelld_killed_mid_snapshot_keeps_no_half_of_it() {
     d.wait(Duration::from_secs(10));
     d.assert_sandbox_gone(Duration::from_secs(15));
     assert!(taking.join().unwrap().is_err());
-    // The next pycelld removes the half-written snapshot as it starts.
-    let _d = Daemon::start(&conf);
+    // The next pycelld removes the half-written snapshot as it starts
+    // (its broker, which answers once it has).
+    let d = Daemon::start(&conf);
+    d.client().status().unwrap();
     let left = files_in(&snapshots);
     assert!(left.is_empty(), "{left:?}");
 }
-
-/// One message (JSON) from a raw client as uid `uid`: the reply.
-fn as_uid(d: &Daemon, uid: u32, message: &str) -> serde_json::Value {
-    let script = d.dir.path().join("fork_as.py");
-    std::fs::write(&script, RAW_FORK).unwrap();
-    let out = Command::new("setpriv")
-        .args([
-            &format!("--reuid={uid}"),
-            &format!("--regid={uid}"),
-            "--clear-groups",
-            "/usr/bin/python3",
-        ])
-        .arg(&script)
-        .arg(d.socket())
-        .arg(message)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        panic!("{e}: {stdout}\n{stderr}\n{}", d.log())
-    })
-}
-
-const RAW_FORK: &str = r#"
-import json, socket, struct, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
-def send(m):
-    b = json.dumps(m).encode()
-    s.sendall(struct.pack(">I", len(b)) + b)
-def recv():
-    n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
-    return json.loads(s.recv(n, socket.MSG_WAITALL))
-send({"type": "hello", "version": 6, "client": "a raw client"})
-recv()
-send(json.loads(sys.argv[2]))
-print(json.dumps(recv()))
-"#;
 
 /// A policy whose sessions pause after a second idle, in a directory of
 /// its own: (the directory, pycelld's configuration naming it).
@@ -469,7 +429,12 @@ fn an_idle_session_pauses_and_its_next_call_resumes_it() {
     let admitted = d.client().status().unwrap().memory_admitted_bytes;
     assert!(admitted >= info.limits.memory.get(), "{admitted}");
     assert!(!busy.join().unwrap().resumed);
-    // Its pause's snapshot went once it resumed; a second pause, then an
+    // A second pause and resume loses nothing either (E2B #884).
+    wait_paused(&d, &h);
+    let a = cell(&mut c, &h, "x + 2, open('kept.txt').read()");
+    assert!(a.resumed, "{a:?}");
+    assert_eq!(a.reply.value.as_deref(), Some("(43, 'yes')"), "{a:?}");
+    // Each pause's snapshot went once it resumed; a third pause, then an
     // end while paused, leaves no snapshot behind.
     wait_paused(&d, &h);
     d.client().session_end(&h).unwrap();
