@@ -338,14 +338,34 @@ async def cluster_phase(args):
         async with client(url, token, "legacy") as c:
             return [await call(c, "run_python", {"code": "print('ran')"}) for _ in range(n)]
 
+    made = []
+
     async def sessions():
         out = []
         async with client(url, token, "auto") as c:
             for _ in range(3):
                 s = await call(c, "session_start", {})
                 h = (s.get("structured") or {}).get("session")
+                made.append(h)
                 out.append({"handle": h, "start": s, "assign": await call(c, "run_python", {"session": h, "code": "x = 41"})})
         return out
+
+    async def fork_on_node():
+        """A fork and a snapshot of the first session, and a session from
+        the snapshot: each on the source's node (then ended)."""
+        h = made[0]
+        async with client(url, token, "auto") as c:
+            f = await call(c, "session_fork", {"session": h})
+            k = ((f.get("structured") or {}).get("session") or {}).get("session")
+            cell = await call(c, "run_python", {"session": k, "code": "x + 1"})
+            snap = await call(c, "session_snapshot", {"session": h})
+            sid = (snap.get("structured") or {}).get("snapshot")
+            started = await call(c, "session_start", {"from_snapshot": sid})
+            r = (started.get("structured") or {}).get("session")
+            restored = await call(c, "run_python", {"session": r, "code": "x + 2"})
+            for s in (k, r):
+                await call(c, "session_end", {"session": s})
+        return {"source": h, "fork": k, "cell": cell, "snapshot": sid, "restored": r, "restored_cell": restored}
 
     async def cells():
         async with client(url, token, "auto") as c:
@@ -359,6 +379,7 @@ async def cluster_phase(args):
         await step("runs", lambda: runs(6), timeout=90)
         await step("sessions", sessions, timeout=90)
         await step("info", lambda: listed(), timeout=30)
+        await step("fork", fork_on_node, timeout=90)
     elif args.phase in ("after_kill", "after_restart"):
         await step("cells", cells, timeout=90)
         await step("runs", lambda: runs(4), timeout=90)

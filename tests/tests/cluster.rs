@@ -176,6 +176,19 @@ fn runs_spread_sessions_stay_and_a_lost_node_takes_only_its_sessions() {
         "{}",
         show(&r)
     );
+    // A fork, a snapshot and a session from it stay on the source's node.
+    let node_of = |p: &str| text(&r, p).rsplit_once('@').map(|(_, n)| n.to_string());
+    let source = node_of("/fork/source");
+    assert!(source.is_some(), "{}", show(&r));
+    for p in ["/fork/fork", "/fork/snapshot", "/fork/restored"] {
+        assert_eq!(node_of(p), source, "{p}: {}", show(&r));
+    }
+    assert!(text(&r, "/fork/cell/text").contains("42"), "{}", show(&r));
+    assert!(
+        text(&r, "/fork/restored_cell/text").contains("43"),
+        "{}",
+        show(&r)
+    );
 
     // SIGKILL node b's pycelld: its sessions are gone; a's and c's are not;
     // new runs go to a and c.
