@@ -419,6 +419,10 @@ impl Config {
     fn apply_snapshots(&mut self, raw: &RawConfig, at: &Locator<'_>) -> Result<(), ConfigError> {
         let q = &mut self.snapshots;
         if let Some(n) = raw.snapshots_per_owner {
+            if n == 0 {
+                let why = "must be at least 1 (snapshots cannot be turned off here; a policy without sessions has none)";
+                return Err(at.field("snapshots_per_owner", why));
+            }
             q.count = n;
         }
         if let Some(s) = &raw.snapshot_bytes_per_owner {

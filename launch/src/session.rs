@@ -182,6 +182,9 @@ pub struct Session {
     ended: watch::Receiver<Option<SessionEnded>>,
     /// Requests asked and not yet answered.
     pending: Arc<std::sync::atomic::AtomicUsize>,
+    /// Held while the session's state is read out (a fork, a snapshot, a
+    /// pause): one at a time, since its runner keeps one export.
+    state_reads: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Counts a request as pending while it lives.
@@ -386,6 +389,7 @@ impl Session {
             interrupt,
             ended,
             pending: Default::default(),
+            state_reads: Default::default(),
         };
         match session.request(first_request()).await {
             Ok(_) => Ok(session),
@@ -436,6 +440,11 @@ impl Session {
             Ok(r) => r,
             Err(_) => Err(SessionError::Ended(self.wait_ended().await)),
         }
+    }
+
+    /// Wait until no other reads the session's state out, then hold it.
+    pub async fn read_state(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        Arc::clone(&self.state_reads).lock_owned().await
     }
 
     /// Whether a request is asked and not yet answered.

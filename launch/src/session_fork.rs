@@ -112,6 +112,8 @@ pub async fn carry_state(
 /// A session's state being read out of it, chunk by chunk.
 struct Export<'a> {
     session: &'a Session,
+    /// No other reads this session's state meanwhile.
+    _alone: tokio::sync::OwnedMutexGuard<()>,
     clocks: Clocks,
     report: StateReport,
     size: u64,
@@ -121,6 +123,7 @@ struct Export<'a> {
 impl<'a> Export<'a> {
     /// Ask `session` to write its state, at most `bound` bytes.
     async fn begin(session: &'a Session, clocks: Clocks, bound: u64) -> Result<Self, ForkError> {
+        let alone = session.read_state().await;
         let asked = SessionRequest::ExportState { max_bytes: bound };
         let exported = ask(session, clocks.op(asked), "source").await?;
         let size = exported.size.unwrap_or(0);
@@ -129,6 +132,7 @@ impl<'a> Export<'a> {
         }
         Ok(Export {
             session,
+            _alone: alone,
             clocks,
             report: exported.state.unwrap_or_default(),
             size,
@@ -252,7 +256,11 @@ pub async fn restore(
     limits: &RunLimits,
 ) -> Result<Restored, ForkError> {
     let half_made = HalfMade(Some(to.clone()));
-    let loaded = load_bundle(to, &kept, bundle, Clocks::of(policy, limits)).await;
+    let bound = state_bound(limits);
+    let loaded = match kept.info.size_bytes <= bound {
+        true => load_bundle(to, &kept, bundle, Clocks::of(policy, limits)).await,
+        false => Err(too_big(kept.info.size_bytes, bound)),
+    };
     let loaded = match loaded {
         Ok(l) => l,
         Err(e) => {
@@ -356,7 +364,7 @@ fn refused(why: &str) -> ForkError {
 
 fn too_big(size: u64, bound: u64) -> ForkError {
     refused(&format!(
-        "the session's state is {size} bytes, more than the {bound} a fork may carry (a quarter of its memory limit, at most its disk limit): delete large names or files first"
+        "the session's state is {size} bytes, more than the {bound} it may carry (a quarter of its memory limit, at most its disk limit, and for a snapshot at most its owner's snapshot quota): delete large names or files first"
     ))
 }
 
@@ -437,11 +445,13 @@ pub fn paused_key(owner: &str) -> String {
     format!("{owner}-paused")
 }
 
-/// Pause the sessions of `table` due for it (idle for their idle timeout,
-/// under a policy that pauses them): each one's state kept in `store`
-/// under its owner's paused key (`key` makes an owner's key), then its
-/// jail ended; the table then knows it as paused. A session that cannot
-/// be paused goes on (its jailer ends it past its idle timeout).
+/// Keep `table`'s sessions to their lifetime across pauses (end those
+/// past it, forget paused ones past it), then pause those due for it
+/// (idle for their idle timeout, under a policy that pauses them): each
+/// one's state kept in `store` under its owner's paused key (`key` makes
+/// an owner's key), then its jail ended; the table then knows it as
+/// paused. A session that cannot be paused goes on (its jailer ends it
+/// past its idle timeout).
 pub async fn pause_idle<T, O>(
     table: &std::sync::Mutex<crate::session_table::SessionTable<T, O>>,
     store: &SnapshotStore,
@@ -450,6 +460,16 @@ pub async fn pause_idle<T, O>(
     T: Clone + crate::session_table::HeldPolicy,
     O: Clone + Eq,
 {
+    let (over, dropped) = table
+        .lock()
+        .map(|mut t| t.past_lifetime())
+        .unwrap_or_default();
+    for session in over {
+        session.end().await;
+    }
+    for (owner, snapshot) in dropped {
+        store.remove(&paused_key(&key(&owner)), &snapshot);
+    }
     let due = table
         .lock()
         .map(|mut t| t.due_for_pause())
@@ -460,8 +480,11 @@ pub async fn pause_idle<T, O>(
         let kept = snapshot(&e.session, &handle, held, store, &owner).await;
         let paused = match (table.lock(), kept) {
             (Ok(mut t), Ok(s)) => {
-                t.paused(&handle, s.snapshot, e.info.policy().name.clone());
-                true
+                let kept = t.paused(&handle, s.snapshot.clone(), e.info.policy());
+                if !kept {
+                    store.remove(&owner, &s.snapshot);
+                }
+                kept
             }
             (Ok(mut t), Err(_)) => {
                 t.pause_failed(&handle);

@@ -86,8 +86,11 @@ pub enum Lookup {
 pub struct Paused<O> {
     pub owner: O,
     pub snapshot: String,
+    /// When its session first started: its lifetime counts from then,
+    /// across pauses.
     pub started: Instant,
     pub paused_at: Instant,
+    pub lifetime: Duration,
     pub policy: String,
 }
 
@@ -181,17 +184,49 @@ impl<T: Clone, O: Clone + Eq> SessionTable<T, O> {
 
     /// `handle`'s session is over: remember why.
     pub fn forget(&mut self, handle: &str, ended: SessionEnded) {
+        // Only a session that is over: a handle resumed since names a
+        // new one, which its predecessor's end must not take away.
+        if self
+            .live
+            .get(handle)
+            .is_some_and(|e| e.session.ended().is_none())
+        {
+            return;
+        }
         self.unpausable.remove(handle);
+        self.pausing.remove(handle);
         let Some(e) = self.live.remove(handle) else {
             return;
         };
+        self.remember_end(handle, e.owner, ended);
+    }
+
+    fn remember_end(&mut self, handle: &str, owner: O, ended: SessionEnded) {
         if self.ended_order.len() >= REMEMBERED_ENDS {
             if let Some(old) = self.ended_order.pop_front() {
                 self.ended.remove(&old);
             }
         }
-        self.ended.insert(handle.to_string(), (e.owner, ended));
+        self.ended.insert(handle.to_string(), (owner, ended));
         self.ended_order.push_back(handle.to_string());
+    }
+
+    /// The live entry `handle`, whoever owns it and whatever it is doing
+    /// (for the server that is resuming it).
+    pub fn resuming(&self, handle: &str) -> Option<Entry<T, O>> {
+        self.live.get(handle).cloned()
+    }
+
+    /// Session `handle` is resumed (its state loaded): calls get it.
+    pub fn resumed(&mut self, handle: &str) {
+        self.pausing.remove(handle);
+    }
+
+    /// A call to `handle` is done: its idle time counts from now.
+    pub fn touch(&mut self, handle: &str) {
+        if let Some(e) = self.live.get_mut(handle) {
+            e.last_used = Instant::now();
+        }
     }
 
     /// The refusal of a call to `handle` that got no answer. A session
@@ -240,18 +275,27 @@ impl<T: Clone, O: Clone + Eq> SessionTable<T, O> {
     }
 
     /// Session `handle`, being paused, is: its snapshot is `snapshot`.
-    pub fn paused(&mut self, handle: &str, snapshot: String, policy: String) {
+    /// False if it ended meanwhile (the snapshot is then no one's).
+    pub fn paused(
+        &mut self,
+        handle: &str,
+        snapshot: String,
+        policy: &pycell_policy::Policy,
+    ) -> bool {
         self.pausing.remove(handle);
-        if let Some(e) = self.live.remove(handle) {
-            let paused = Paused {
-                owner: e.owner,
-                snapshot,
-                started: e.started,
-                paused_at: Instant::now(),
-                policy,
-            };
-            self.paused.insert(handle.to_string(), paused);
-        }
+        let Some(e) = self.live.remove(handle) else {
+            return false;
+        };
+        let paused = Paused {
+            owner: e.owner,
+            snapshot,
+            started: e.started,
+            paused_at: Instant::now(),
+            lifetime: policy.session.lifetime,
+            policy: policy.name.clone(),
+        };
+        self.paused.insert(handle.to_string(), paused);
+        true
     }
 
     /// The snapshots of the paused sessions.
@@ -295,7 +339,8 @@ impl<T: Clone + HeldPolicy, O: Clone + Eq> SessionTable<T, O> {
     }
 
     /// [`SessionTable::admit`], under `handle` if given: a paused session
-    /// of `owner`'s resumed.
+    /// of `owner`'s resumed, with its first start (its lifetime counts
+    /// from then), which calls wait for until [`SessionTable::resumed`].
     pub fn admit_as(
         &mut self,
         handle: Option<&str>,
@@ -306,23 +351,53 @@ impl<T: Clone + HeldPolicy, O: Clone + Eq> SessionTable<T, O> {
         if self.count(&owner) >= info.policy().session.per_uid as usize {
             return None;
         }
-        let handle = match handle {
+        let (handle, started) = match handle {
             Some(h) => {
-                self.forget_paused(&owner, h)?;
-                h.to_string()
+                let p = self.paused.get(h).filter(|p| p.owner == owner)?;
+                let started = p.started;
+                self.paused.remove(h);
+                self.pausing.insert(h.to_string());
+                (h.to_string(), started)
             }
-            None => self.new_handle().ok()?,
+            None => (self.new_handle().ok()?, Instant::now()),
         };
-        let now = Instant::now();
         let entry = Entry {
             session,
             owner,
-            started: now,
-            last_used: now,
+            started,
+            last_used: Instant::now(),
             info,
         };
         self.insert(handle.clone(), entry);
         Some(handle)
+    }
+
+    /// Sessions past their lifetime counted from their first start (a
+    /// resumed session's jail counts only its own): the live ones to end,
+    /// and the snapshots of the paused ones, which are forgotten (their
+    /// next call hears `lifetime`).
+    pub fn past_lifetime(&mut self) -> (Vec<Session>, Vec<(O, String)>) {
+        let now = Instant::now();
+        let live = self
+            .live
+            .values()
+            .filter(|e| now - e.started >= e.info.policy().session.lifetime)
+            .map(|e| e.session.clone())
+            .collect();
+        let over: Vec<String> = self
+            .paused
+            .iter()
+            .filter(|(_, p)| now - p.started >= p.lifetime)
+            .map(|(h, _)| h.clone())
+            .collect();
+        let mut snapshots = Vec::new();
+        for h in over {
+            if let Some(p) = self.paused.remove(&h) {
+                snapshots.push((p.owner.clone(), p.snapshot));
+                self.remember_end(&h, p.owner, lifetime_over());
+            }
+        }
+        (live, snapshots)
     }
 
     /// Live sessions idle for their policy's idle timeout, with nothing
@@ -381,7 +456,7 @@ impl<T: Clone + HeldPolicy, O: Clone + Eq> SessionTable<T, O> {
                 policy: p.policy.clone(),
                 age_s: (now - p.started).as_secs_f64(),
                 idle_s: (now - p.paused_at).as_secs_f64(),
-                expires_in_s: 0.0,
+                expires_in_s: p.lifetime.saturating_sub(now - p.started).as_secs_f64(),
                 paused: true,
             })
             .collect();
@@ -426,6 +501,21 @@ pub fn end_info(handle: &str, ended: &SessionEnded) -> SessionEndInfo {
         reason: ended.reason.as_str().to_string(),
         message: ended.message.clone(),
         peak_memory_bytes: ended.result.peak_memory_bytes,
+    }
+}
+
+/// The end of a paused session whose lifetime ran out.
+fn lifetime_over() -> SessionEnded {
+    let f = pycell_wire::report::JailFailure::new(
+        FailureCode::SessionGone,
+        pycell_wire::codes::Layer::Sessions,
+        "the session's lifetime ran out while it was paused",
+    );
+    let result = pycell_protocol::result::RunResult::refused("", "", f);
+    SessionEnded {
+        reason: crate::session::EndReason::Lifetime,
+        message: "the session's lifetime ran out while it was paused".into(),
+        result: std::sync::Arc::new(result),
     }
 }
 

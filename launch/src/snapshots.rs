@@ -123,9 +123,10 @@ pub fn now_ms() -> u64 {
 }
 
 impl SnapshotStore {
-    /// The store at `root` (made, mode 0700, if missing), its half-written
-    /// and expired snapshots removed.
-    pub fn open(root: &Path, quota: Quota) -> Result<SnapshotStore, StoreError> {
+    /// The store at `root` (made, mode 0700, if missing), its expired
+    /// snapshots removed, and its half-written ones at least `stale` old
+    /// (a server alone on its store: all of them).
+    pub fn open(root: &Path, quota: Quota, stale: Duration) -> Result<SnapshotStore, StoreError> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -139,7 +140,12 @@ impl SnapshotStore {
         for owner in std::fs::read_dir(root).map_err(io(root))?.flatten() {
             let dir = owner.path();
             for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-                if entry.path().extension().is_some_and(|e| e == "partial") {
+                let age = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .map(|t| t.elapsed().unwrap_or_default());
+                let stale_enough = age.map_or(true, |a| a >= stale);
+                if entry.path().extension().is_some_and(|e| e == "partial") && stale_enough {
                     let _ = std::fs::remove_file(entry.path());
                 }
             }
@@ -196,8 +202,7 @@ impl SnapshotStore {
         if stored.info.expires_at <= now_s() || stored.owner != owner {
             return Err(unknown());
         }
-        let bundle =
-            std::fs::File::open(dir.join(format!("{id}.bundle"))).map_err(|_| unknown())?;
+        let bundle = open_nofollow(&dir.join(format!("{id}.bundle"))).map_err(|_| unknown())?;
         Ok((stored, bundle))
     }
 
@@ -240,6 +245,14 @@ impl SnapshotStore {
         }
         let mut kept = self.sweep(&dir);
         let mut evicted = Vec::new();
+        // Paused sessions' snapshots never make room for one another: a
+        // pause over the quota is refused (the session goes on).
+        if owner.ends_with("-paused") && !fits(&kept, size, self.quota) {
+            return Err(StoreError::TooBig {
+                size,
+                quota: self.quota.bytes,
+            });
+        }
         while !kept.is_empty()
             && (kept.len() + 1 > self.quota.count
                 || kept.iter().map(|s| s.info.size_bytes).sum::<u64>() + size > self.quota.bytes)
@@ -267,9 +280,25 @@ impl SnapshotStore {
     }
 }
 
+/// `path` open for reading, if it is not a symlink: a snapshot's files
+/// never are.
+fn open_nofollow(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+}
+
+/// Whether one more snapshot of `size` fits beside `kept` in `quota`.
+fn fits(kept: &[Stored], size: u64, quota: Quota) -> bool {
+    let used: u64 = kept.iter().map(|s| s.info.size_bytes).sum();
+    kept.len() < quota.count && used + size <= quota.bytes
+}
+
 fn read_stored(path: &Path) -> Option<Stored> {
     let mut text = String::new();
-    std::fs::File::open(path)
+    open_nofollow(path)
         .ok()?
         .take(4 << 20)
         .read_to_string(&mut text)
@@ -393,7 +422,7 @@ mod tests {
             bytes: 10,
             keep: Duration::from_secs(60),
         };
-        let store = SnapshotStore::open(root.path(), quota).unwrap();
+        let store = SnapshotStore::open(root.path(), quota, Duration::ZERO).unwrap();
         let (a, _) = take(&store, "uid-1", b"aaaa", 1);
         let (mut got, mut bundle) = store.get("uid-1", &a).unwrap();
         let mut bytes = Vec::new();
@@ -425,7 +454,7 @@ mod tests {
     #[test]
     fn half_written_snapshots_are_gone_and_never_found() {
         let root = tempfile::tempdir().unwrap();
-        let store = SnapshotStore::open(root.path(), Quota::default()).unwrap();
+        let store = SnapshotStore::open(root.path(), Quota::default(), Duration::ZERO).unwrap();
         let mut w = store.begin("uid-1", 8).unwrap();
         w.write(b"half").unwrap();
         let id = w.id().to_string();
@@ -434,7 +463,7 @@ mod tests {
         let partial = root.path().join("uid-1").join(format!("{id}.partial"));
         assert!(partial.exists());
         assert!(store.get("uid-1", &id).is_err());
-        SnapshotStore::open(root.path(), Quota::default()).unwrap();
+        SnapshotStore::open(root.path(), Quota::default(), Duration::ZERO).unwrap();
         assert!(!partial.exists());
         // Dropped, or short of its size: nothing kept.
         let w = store.begin("uid-1", 8).unwrap();

@@ -87,6 +87,10 @@ def _pycell_flush_std():
 
 def _pycell_serve(main, state, request):
     op = request.get("op")
+    if op != "export_chunk":
+        # An export is read chunk after chunk: any other request ends it
+        # (a fork or snapshot cut short holds no copy of the state).
+        state.pop("export", None)
     try:
         if op == "cell":
             state["cells"] += 1

@@ -360,6 +360,11 @@ fn a_pycelld_killed_mid_snapshot_keeps_no_half_of_it() {
 /// A policy whose sessions pause after a second idle, in a directory of
 /// its own: (the directory, pycelld's configuration naming it).
 fn pausing_policy() -> (tempfile::TempDir, String) {
+    pausing_policy_living("1h")
+}
+
+/// [`pausing_policy`], its sessions living `lifetime`.
+fn pausing_policy_living(lifetime: &str) -> (tempfile::TempDir, String) {
     let policies = pycell_tests::open_tempdir("pycell-pausing");
     let text = pycell_policy::builtin::source("default")
         .unwrap()
@@ -367,7 +372,12 @@ fn pausing_policy() -> (tempfile::TempDir, String) {
         .replace(
             "idle_timeout = \"10m\"",
             "idle_timeout = \"1s\"\npause_when_idle = true",
-        );
+        )
+        .replace("lifetime = \"1h\"", &format!("lifetime = \"{lifetime}\""));
+    assert!(
+        text.contains(&format!("lifetime = \"{lifetime}\"")),
+        "{text}"
+    );
     assert!(text.contains("pause_when_idle = true"), "{text}");
     std::fs::write(policies.path().join("pausing.toml"), text).unwrap();
     let conf = format!("policy_dir = \"{}\"\n", policies.path().display());
@@ -445,4 +455,43 @@ fn an_idle_session_pauses_and_its_next_call_resumes_it() {
         Err(ClientError::Refused { code, .. }) => assert_eq!(code, ErrorCode::UnknownSession),
         other => panic!("expected unknown_session, got {other:?}"),
     }
+}
+
+#[test]
+fn pauses_do_not_stretch_a_sessions_lifetime() {
+    let (_policies, conf) = pausing_policy_living("4s");
+    let (store, store_conf) = lasting_store();
+    let d = Daemon::start(&format!("{conf}{store_conf}"));
+    let req = SessionStartRequest {
+        policy: Some("pausing".into()),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let info = d.client().session_start(req, |_| {}).unwrap();
+    let h = info.session.clone();
+    let mut c = d.client();
+    cell(&mut c, &h, "x = 1");
+    wait_paused(&d, &h);
+    // Past its lifetime, counted from its first start, it is over: its
+    // next call does not resume it, and its kept state is gone.
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(started.elapsed()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let listed = d.client().session_list().unwrap();
+        if listed.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still listed: {listed:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    match c.session_call(&h, SessionCall::Cell { code: "x".into() }, None) {
+        Err(ClientError::Refused { code, message }) => {
+            assert_eq!(code, ErrorCode::SessionGone, "{message}");
+            assert!(message.contains("lifetime"), "{message}");
+        }
+        other => panic!("expected session_gone, got {other:?}"),
+    }
+    d.assert_sandbox_gone(Duration::from_secs(10));
+    let left = files_in(&store.path().join("envs/snapshots"));
+    assert!(left.is_empty(), "{left:?}");
 }

@@ -443,9 +443,12 @@ impl Broker {
         allowed_gids: Vec<u32>,
         link: Arc<MonitorLink>,
     ) -> Arc<Broker> {
-        let snapshots =
-            pycell_launch::snapshots::SnapshotStore::open(&config.snapshot_dir(), config.snapshots)
-                .map_err(|e| e.to_string());
+        let snapshots = pycell_launch::snapshots::SnapshotStore::open(
+            &config.snapshot_dir(),
+            config.snapshots,
+            Duration::ZERO,
+        )
+        .map_err(|e| e.to_string());
         // The sessions paused by an earlier pycelld ended with it.
         if let Ok(store) = &snapshots {
             store.clear_paused();

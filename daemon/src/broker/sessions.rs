@@ -290,7 +290,7 @@ impl Broker {
     fn snapshot_store(&self) -> Result<&SnapshotStore, Refused> {
         self.snapshots.as_ref().map_err(|why| {
             let m = format!("this pycelld keeps no snapshots: {why}");
-            refused(FailureCode::StateRefused, m)
+            refused(FailureCode::Internal, m)
         })
     }
 
@@ -329,7 +329,7 @@ impl Broker {
             return Ok((request, None));
         };
         let start = SessionStartRequest {
-            tools: request.tools,
+            tools: request.tools.or_else(|| kept.start.tools.clone()),
             ..kept.start.clone()
         };
         Ok((start, Some((kept, bundle))))
@@ -344,16 +344,26 @@ impl Broker {
         snapshot: Restoring,
         resume: Option<&str>,
     ) -> Result<SessionInfo, Refused> {
-        let entry = self.session_of(who, &info.session)?;
+        let entry = match resume {
+            // Calls wait for a session being resumed: only this finds it.
+            Some(h) => self.sessions.lock().ok().and_then(|t| t.resuming(h)),
+            None => self.session_of(who, &info.session).ok(),
+        };
+        let Some(entry) = entry else {
+            let m = format!("session {} ended as it started", info.session);
+            return Err(refused(FailureCode::SessionGone, m));
+        };
         let held = &entry.info;
         let id = snapshot.0.info.snapshot.clone();
-        let restored = session_fork::restore(&entry.session, snapshot, &held.policy, &held.limits)
-            .await
-            .map_err(|(code, m)| refused(code, m))?;
-        info.restored = Some(restored);
+        let restored =
+            session_fork::restore(&entry.session, snapshot, &held.policy, &held.limits).await;
+        if let (Some(h), Ok(mut t)) = (resume, self.sessions.lock()) {
+            t.resumed(h);
+        }
         if let (Some(_), Ok(store)) = (resume, &self.snapshots) {
             store.remove(&store_key(who, resume), &id);
         }
+        info.restored = Some(restored.map_err(|(code, m)| refused(code, m))?);
         Ok(info)
     }
 
@@ -363,6 +373,27 @@ impl Broker {
         match self.sessions.lock() {
             Ok(mut t) => t.get(who, handle).map(|_| ()),
             Err(_) => Err(Lookup::Unknown),
+        }
+    }
+
+    /// Whether paused session `handle`'s snapshot is still kept; if not,
+    /// the session is forgotten.
+    pub(crate) fn paused_state_kept(&self, who: &Principal, handle: &str, snapshot: &str) -> bool {
+        let key = store_key(who, Some(handle));
+        let kept = self
+            .snapshots
+            .as_ref()
+            .is_ok_and(|s| s.get(&key, snapshot).is_ok());
+        if !kept {
+            let _ = self.end_paused(who, handle);
+        }
+        kept
+    }
+
+    /// A call to session `handle` is done: its idle time counts from now.
+    pub(crate) fn touch_session(&self, handle: &str) {
+        if let Ok(mut t) = self.sessions.lock() {
+            t.touch(handle);
         }
     }
 

@@ -52,29 +52,31 @@ pub(super) fn clear_cloexec(fd: &impl AsFd) -> Result<(), MonitorError> {
 /// not a plain directory (a symlink) is left as it is, and snapshots are
 /// refused.
 pub(super) fn prepare_snapshot_dir(config: &Config, ids: &ResolvedIds) {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let dir = config.snapshot_dir();
-    let made = fs::create_dir_all(&config.env_store)
-        .and_then(|_| match fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-            made => made,
-        })
-        .and_then(|_| fs::symlink_metadata(&dir))
-        .and_then(|m| match m.file_type().is_dir() {
-            true => Ok(()),
-            false => Err(io::Error::other("not a directory")),
-        })
-        .and_then(|_| {
-            let (uid, gid) = (ids.broker_uid.as_raw(), ids.broker_gid.as_raw());
-            std::os::unix::fs::lchown(&dir, Some(uid), Some(gid))
-        })
-        .and_then(|_| fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)));
-    if let Err(e) = made {
+    if let Err(e) = snapshot_dir(&config.env_store, ids) {
         tracing::warn!(
             "sessions' snapshots will be refused: {}: {e}",
-            dir.display()
+            config.snapshot_dir().display()
         );
     }
+}
+
+/// `snapshots` in `store`, made if missing and given to the broker: by
+/// descriptor, no symlink followed, so that nothing else is chowned or
+/// chmodded if the path changes under us.
+fn snapshot_dir(store: &Path, ids: &ResolvedIds) -> nix::Result<()> {
+    use nix::fcntl::{open, openat, OFlag};
+    use nix::sys::stat::{fchmod, mkdirat, Mode};
+    fs::create_dir_all(store)
+        .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)))?;
+    let dir = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let store = open(store, dir, Mode::empty())?;
+    match mkdirat(&store, "snapshots", Mode::S_IRWXU) {
+        Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+        Err(e) => return Err(e),
+    }
+    let snapshots = openat(&store, "snapshots", dir, Mode::empty())?;
+    nix::unistd::fchown(&snapshots, Some(ids.broker_uid), Some(ids.broker_gid))?;
+    fchmod(&snapshots, Mode::S_IRWXU)
 }
 
 /// pycelld's env store (created if need be) and its builders.

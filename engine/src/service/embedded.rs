@@ -110,6 +110,8 @@ pub struct Embedded {
     zygote: std::sync::OnceLock<super::zygote::Forked>,
     /// Set once the task that pauses idle sessions runs.
     pauser: std::sync::OnceLock<()>,
+    /// Sessions' snapshots, or why there are none: opened when first used.
+    snapshots: std::sync::OnceLock<Result<SnapshotStore, String>>,
 }
 
 /// The uid that owns embedded sessions: this process's.
@@ -118,18 +120,20 @@ fn owner() -> u32 {
 }
 
 /// Embedded sessions' snapshots: `snapshots` in the embedded env store's
-/// directory (`$PYCELL_ENV_STORE`, else /var/cache/pycell), under this
-/// process's uid; opened when first used.
-fn snapshot_store() -> Result<SnapshotStore, SessionFailure> {
-    let root = std::env::var_os("PYCELL_ENV_STORE")
-        .filter(|p| !p.is_empty())
-        .map_or_else(
-            || std::path::PathBuf::from(pycell_deps::store::EMBEDDED_STORE),
-            std::path::PathBuf::from,
-        );
-    SnapshotStore::open(&root.join("snapshots"), Quota::default())
-        .map_err(|e| SessionFailure::new(FailureCode::StateRefused, e.to_string()))
+/// directory (`$PYCELL_ENV_STORE`, else /var/cache/pycell), checked as
+/// the env store is (root's, writable by no one else, no symlink on the
+/// way), under this process's uid. Other processes of the same uid may
+/// use it at once: only their `.partial` files an hour old are taken for
+/// dead ones.
+fn open_snapshot_store() -> Result<SnapshotStore, String> {
+    let store = pycell_deps::build::embedded_store().map_err(|f| f.message)?;
+    let root = store.root().join("snapshots");
+    SnapshotStore::open(&root, Quota::default(), STALE_PARTIAL).map_err(|e| e.to_string())
 }
+
+/// How old a `.partial` snapshot of the embedded store must be to be
+/// taken for one a killed process left.
+const STALE_PARTIAL: std::time::Duration = std::time::Duration::from_secs(3600);
 
 fn owner_key() -> String {
     format!("uid-{}", owner())
@@ -167,6 +171,7 @@ impl Embedded {
             timings: options.timings,
             zygote: std::sync::OnceLock::new(),
             pauser: std::sync::OnceLock::new(),
+            snapshots: std::sync::OnceLock::new(),
         }
     }
 
@@ -229,11 +234,11 @@ impl Embedded {
         let (req, restoring) = match req.from_snapshot.is_some() {
             false => (req, None),
             true => {
-                let store = snapshot_store()?;
-                let found = session_fork::snapshot_to_start(&store, &key, &req);
+                let store = self.snapshot_store()?;
+                let found = session_fork::snapshot_to_start(store, &key, &req);
                 let (kept, bundle) = found.map_err(failed)?.expect("from_snapshot is set");
                 let start = SessionStartRequest {
-                    tools: req.tools,
+                    tools: req.tools.or_else(|| kept.start.tools.clone()),
                     ..kept.start.clone()
                 };
                 (start, Some((kept, bundle)))
@@ -257,18 +262,35 @@ impl Embedded {
         let mut info = self.admit(session, policy, ensured, start, resume).await?;
         if let Some(snapshot) = restoring {
             let id = snapshot.0.info.snapshot.clone();
-            let entry = self.session(&info.session)?;
+            let entry = match resume {
+                // Calls wait for a session being resumed: only this finds it.
+                Some(h) => self.table().ok().and_then(|t| t.resuming(h)),
+                None => self.session(&info.session).ok(),
+            };
+            let entry = entry.ok_or_else(|| {
+                let m = format!("session {} ended as it started", info.session);
+                SessionFailure::new(FailureCode::SessionGone, m)
+            })?;
             let held = &entry.info;
             let restored =
-                session_fork::restore(&entry.session, snapshot, &held.policy, &held.limits)
-                    .await
-                    .map_err(failed)?;
-            info.restored = Some(restored);
-            if resume.is_some() {
-                snapshot_store()?.remove(&key, &id);
+                session_fork::restore(&entry.session, snapshot, &held.policy, &held.limits).await;
+            if let (Some(h), Ok(mut t)) = (resume, self.table()) {
+                t.resumed(h);
             }
+            if resume.is_some() {
+                self.snapshot_store()?.remove(&key, &id);
+            }
+            info.restored = Some(restored.map_err(failed)?);
         }
         Ok(info)
+    }
+
+    fn snapshot_store(&self) -> Result<&SnapshotStore, SessionFailure> {
+        let store = self.snapshots.get_or_init(open_snapshot_store);
+        store.as_ref().map_err(|why| {
+            let m = format!("this process keeps no snapshots: {why}");
+            SessionFailure::new(FailureCode::Internal, m)
+        })
     }
 
     /// The live session `handle`, resumed first if it was paused (then
@@ -291,6 +313,13 @@ impl Embedded {
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await
                 }
                 Err(Lookup::Paused(snapshot)) if !resumed => {
+                    let key = session_fork::paused_key(&owner_key());
+                    if self.snapshot_store()?.get(&key, &snapshot).is_err() {
+                        if let Ok(mut t) = self.table() {
+                            t.forget_paused(&owner(), handle);
+                        }
+                        return Err(paused_state_gone(handle));
+                    }
                     let req = SessionStartRequest {
                         from_snapshot: Some(snapshot),
                         ..SessionStartRequest::default()
@@ -308,9 +337,11 @@ impl Embedded {
     fn keep_pausing(&self) {
         let table = Arc::clone(&self.sessions);
         let shutdown = self.shutdown.clone();
+        let Ok(store) = self.snapshot_store().cloned() else {
+            return;
+        };
         self.pauser.get_or_init(|| {
             tokio::spawn(async move {
-                let Ok(store) = snapshot_store() else { return };
                 let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
                 loop {
                     tokio::select! {
@@ -322,6 +353,12 @@ impl Embedded {
             });
         });
     }
+}
+
+/// A paused session whose snapshot is gone (expired, or removed).
+fn paused_state_gone(handle: &str) -> SessionFailure {
+    let m = format!("session {handle} is over: it was paused while idle, and its kept state is gone (expired); start a new one with session_start");
+    SessionFailure::new(FailureCode::SessionGone, m)
 }
 
 /// How long a call to a session being paused waits for the pause.
@@ -489,10 +526,10 @@ impl Sandboxes for Embedded {
         _asker: &Asker,
         handle: &str,
     ) -> Result<SnapshotInfo, SessionFailure> {
-        let store = snapshot_store()?;
+        let store = self.snapshot_store()?;
         let entry = self.session(handle)?;
         let held = (&*entry.info.policy, &entry.info.limits, &*entry.info.start);
-        session_fork::snapshot(&entry.session, handle, held, &store, &owner_key())
+        session_fork::snapshot(&entry.session, handle, held, store, &owner_key())
             .await
             .map_err(failed)
     }
@@ -558,6 +595,10 @@ impl Sandboxes for Embedded {
             };
             SessionFailure::new(code, message)
         })?;
+        // Idle from the end of the call, not its start.
+        if let Ok(mut t) = self.table() {
+            t.touch(handle);
+        }
         Ok(SessionAnswer { resumed, ..answer })
     }
 
@@ -572,7 +613,7 @@ impl Sandboxes for Embedded {
             .and_then(|mut t| t.forget_paused(&owner(), handle));
         if let Some(snapshot) = paused {
             let key = session_fork::paused_key(&owner_key());
-            snapshot_store()?.remove(&key, &snapshot);
+            self.snapshot_store()?.remove(&key, &snapshot);
             return Ok(session_table::paused_end_info(handle));
         }
         let entry = self.session(handle)?;
@@ -668,7 +709,7 @@ impl Sandboxes for Embedded {
             .table()
             .map(|t| t.paused_snapshots())
             .unwrap_or_default();
-        if let (false, Ok(store)) = (paused.is_empty(), snapshot_store()) {
+        if let (false, Ok(store)) = (paused.is_empty(), self.snapshot_store()) {
             let key = session_fork::paused_key(&owner_key());
             for id in paused {
                 store.remove(&key, &id);

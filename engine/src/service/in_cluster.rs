@@ -248,6 +248,9 @@ impl Sandboxes for Cluster {
         let mut info = reached(taken, &node, handle)?;
         info.session = handle.to_string();
         info.snapshot = join_handle(&info.snapshot, &node.name);
+        for id in &mut info.evicted {
+            *id = join_handle(id, &node.name);
+        }
         Ok(info)
     }
 

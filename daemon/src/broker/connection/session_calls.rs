@@ -168,6 +168,11 @@ async fn resume_if_paused(
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await
             }
             Err(Lookup::Paused(snapshot)) => {
+                if !broker.paused_state_kept(&peer.principal(), handle, &snapshot) {
+                    let m = format!("session {handle} is over: it was paused while idle, and its kept state is gone (expired); start a new one with session_start");
+                    let gone = (ErrorCode::SessionGone, m);
+                    return Err(NotStarted::Reply(refusal(id, gone)));
+                }
                 let request = SessionStartRequest {
                     from_snapshot: Some(snapshot),
                     ..SessionStartRequest::default()
@@ -283,6 +288,8 @@ pub(super) async fn call(broker: &Arc<Broker>, conn: &mut Conn, peer: &Peer, ask
             },
         }
     };
+    // Idle from the end of the call, not its start.
+    broker.touch_session(&handle);
     let reply = match answered {
         Ok(answer) => ServerMessage::SessionAnswer {
             id,
