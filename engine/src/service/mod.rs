@@ -695,13 +695,23 @@ impl RunService {
         &self,
         mut req: SessionStartRequest,
     ) -> Result<SessionInfo, SessionFailure> {
-        self.may_use(req.policy_name())
-            .map_err(|e| SessionFailure::new(FailureCode::InvalidRequest, e.to_string()))?;
+        let not_allowed =
+            |e: PolicyNotAllowed| SessionFailure::new(FailureCode::InvalidRequest, e.to_string());
+        // A snapshot names its policy: checked once the session says it.
+        let restoring = req.from_snapshot.is_some();
+        if !restoring {
+            self.may_use(req.policy_name()).map_err(not_allowed)?;
+        }
         let asker = self.asker();
         if let Some(servers) = &asker.tools {
             req.tools = Some(servers.catalog().await.into());
         }
-        self.shared.backend.start_session(&asker, req).await
+        let info = self.shared.backend.start_session(&asker, req).await?;
+        if let (true, Err(e)) = (restoring, self.may_use(&info.policy)) {
+            let _ = self.shared.backend.end_session(&asker, &info.session).await;
+            return Err(not_allowed(e));
+        }
+        Ok(info)
     }
 
     /// A call in a session (see [`Sandboxes::session_call`]).
