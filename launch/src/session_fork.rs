@@ -474,27 +474,43 @@ pub async fn pause_idle<T, O>(
         .lock()
         .map(|mut t| t.due_for_pause())
         .unwrap_or_default();
-    for (handle, e) in due {
-        let held = (e.info.policy(), e.info.limits(), e.info.start());
+    // At once: one slow export does not hold up another owner's pause.
+    let pauses = due.into_iter().map(|(handle, e)| {
         let owner = paused_key(&key(&e.owner));
-        let kept = snapshot(&e.session, &handle, held, store, &owner).await;
-        let paused = match (table.lock(), kept) {
-            (Ok(mut t), Ok(s)) => {
-                let kept = t.paused(&handle, s.snapshot.clone(), e.info.policy());
-                if !kept {
-                    store.remove(&owner, &s.snapshot);
-                }
-                kept
+        pause_one(table, store, handle, e, owner)
+    });
+    futures::future::join_all(pauses).await;
+}
+
+/// Pause `handle` (`e`), marked as being paused: see [`pause_idle`].
+async fn pause_one<T, O>(
+    table: &std::sync::Mutex<crate::session_table::SessionTable<T, O>>,
+    store: &SnapshotStore,
+    handle: String,
+    e: crate::session_table::Entry<T, O>,
+    owner: String,
+) where
+    T: Clone + crate::session_table::HeldPolicy,
+    O: Clone + Eq,
+{
+    let held = (e.info.policy(), e.info.limits(), e.info.start());
+    let kept = snapshot(&e.session, &handle, held, store, &owner).await;
+    let paused = match (table.lock(), kept) {
+        (Ok(mut t), Ok(s)) => {
+            let kept = t.paused(&handle, s.snapshot.clone(), e.info.policy());
+            if !kept {
+                store.remove(&owner, &s.snapshot);
             }
-            (Ok(mut t), Err(_)) => {
-                t.pause_failed(&handle);
-                false
-            }
-            (Err(_), _) => return,
-        };
-        if paused {
-            e.session.end().await;
+            kept
         }
+        (Ok(mut t), Err(_)) => {
+            t.pause_failed(&handle);
+            false
+        }
+        (Err(_), _) => false,
+    };
+    if paused {
+        e.session.end().await;
     }
 }
 
