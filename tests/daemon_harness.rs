@@ -330,7 +330,7 @@ impl Drop for Daemon {
 
 /// A raw client (argv: socket, message): hello, the message, then the
 /// daemon's reply printed.
-const RAW_CLIENT: &str = r#"
+pub const RAW_CLIENT: &str = r#"
 import json, socket, struct, sys
 s = socket.socket(socket.AF_UNIX)
 s.connect(sys.argv[1])

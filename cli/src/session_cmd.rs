@@ -147,25 +147,8 @@ fn run(c: &mut DaemonClient, command: &SessionCommand) -> Result<i32, Failure> {
             say!("{}: {}", e.session, e.message);
             Ok(0)
         }
-        SessionCommand::Snapshot { session, json } => {
-            let s = c.session_snapshot(session)?;
-            match json {
-                true => say!("{}", serde_json::to_string(&s).unwrap_or_default()),
-                false => say!("{}", s.snapshot),
-            }
-            for (name, why) in s.dropped.iter().chain(&s.skipped) {
-                eprintln!("pycell: not kept: {name}: {why}");
-            }
-            Ok(0)
-        }
-        SessionCommand::Fork { session, json } => {
-            let fork = c.session_fork(session, |_| {})?;
-            match json {
-                true => say!("{}", serde_json::to_string(&fork).unwrap_or_default()),
-                false => show_fork(&fork),
-            }
-            Ok(0)
-        }
+        SessionCommand::Snapshot { session, json } => snapshot(c, session, *json),
+        SessionCommand::Fork { session, json } => fork(c, session, *json),
         SessionCommand::List { json } => {
             let list = c.session_list()?;
             if *json {
@@ -184,6 +167,30 @@ fn run(c: &mut DaemonClient, command: &SessionCommand) -> Result<i32, Failure> {
             Ok(0)
         }
     }
+}
+
+/// `pycell session snapshot`: the id on stdout (or the whole as JSON),
+/// what was not kept on stderr.
+fn snapshot(c: &mut DaemonClient, session: &str, json: bool) -> Result<i32, Failure> {
+    let s = c.session_snapshot(session)?;
+    match json {
+        true => say!("{}", serde_json::to_string(&s).unwrap_or_default()),
+        false => say!("{}", s.snapshot),
+    }
+    for (name, why) in s.dropped.iter().chain(&s.skipped) {
+        eprintln!("pycell: not kept: {name}: {why}");
+    }
+    Ok(0)
+}
+
+/// `pycell session fork`.
+fn fork(c: &mut DaemonClient, session: &str, json: bool) -> Result<i32, Failure> {
+    let fork = c.session_fork(session, |_| {})?;
+    match json {
+        true => say!("{}", serde_json::to_string(&fork).unwrap_or_default()),
+        false => show_fork(&fork),
+    }
+    Ok(0)
 }
 
 /// The new handle on stdout; what was not carried on stderr.

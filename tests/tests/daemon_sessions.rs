@@ -36,24 +36,6 @@ fn refused_code(r: Result<SessionAnswer, ClientError>) -> (ErrorCode, String) {
     }
 }
 
-/// A raw client (argv: socket, handle, code): one cell in the session,
-/// then the daemon's reply printed.
-const RAW_CELL: &str = r#"
-import json, socket, struct, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
-def send(m):
-    b = json.dumps(m).encode()
-    s.sendall(struct.pack(">I", len(b)) + b)
-def recv():
-    n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
-    return json.loads(s.recv(n, socket.MSG_WAITALL))
-send({"type": "hello", "version": 6, "client": "a raw client"})
-recv()
-send({"type": "session", "id": "1", "session": sys.argv[2], "call": {"op": "cell", "code": sys.argv[3]}})
-print(json.dumps(recv()))
-"#;
-
 /// One cell `x` in session `handle`, from a raw client as uid `uid`: the
 /// daemon's reply.
 fn call_as(d: &Daemon, uid: u32, handle: &str) -> serde_json::Value {
@@ -330,12 +312,13 @@ fn a_killed_jailer_kills_its_session_and_a_killed_client_does_not() {
     // A client SIGKILLed in the middle of a cell: the session is its
     // uid's, not the connection's, and goes on.
     let script = d.dir.path().join("client.py");
-    std::fs::write(&script, RAW_CELL).unwrap();
+    std::fs::write(&script, pycell_tests::daemon::RAW_CLIENT).unwrap();
+    let asked = serde_json::json!({"type": "session", "id": "1", "session": h,
+        "call": {"op": "cell", "code": "import time\ntime.sleep(1.5)\nslept = True"}});
     let mut client = Command::new("/usr/bin/python3")
         .arg(&script)
         .arg(d.socket())
-        .arg(&h)
-        .arg("import time\ntime.sleep(1.5)\nslept = True")
+        .arg(asked.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .spawn()

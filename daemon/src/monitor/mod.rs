@@ -152,7 +152,6 @@ pub fn run(config: Config, config_path: &Path) -> Result<(), MonitorError> {
     let warm_reserved = crate::monitor::pool::reserved_memory(&plans);
     let pools = Pools::new(plans, config.warm_idle);
     let pools_reported = pools.status();
-    prepare_snapshot_dir(&config, &ids);
     let (link, broker_pid) = start_broker(
         &config,
         config_path,
@@ -244,8 +243,5 @@ mod serve;
 mod setup;
 
 use builds::EnvStep;
-use setup::{
-    block_signals, listening_socket, notify_systemd, open_envs, prepare_snapshot_dir, start_broker,
-    Watchdog,
-};
+use setup::{block_signals, listening_socket, notify_systemd, open_envs, start_broker, Watchdog};
 pub use setup::{resolve_ids, ResolvedIds};

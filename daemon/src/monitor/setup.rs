@@ -51,7 +51,7 @@ pub(super) fn clear_cloexec(fd: &impl AsFd) -> Result<(), MonitorError> {
 /// root, and given to the broker user alone (0700). A path there that is
 /// not a plain directory (a symlink) is left as it is, and snapshots are
 /// refused.
-pub(super) fn prepare_snapshot_dir(config: &Config, ids: &ResolvedIds) {
+fn prepare_snapshot_dir(config: &Config, ids: &ResolvedIds) {
     if let Err(e) = snapshot_dir(&config.env_store, ids) {
         tracing::warn!(
             "sessions' snapshots will be refused: {}: {e}",
@@ -124,8 +124,9 @@ pub(super) fn listening_socket(
     Ok((l, listen::Origin::Bound))
 }
 
-/// Start the broker: this same executable with `--broker`, as the broker
-/// user, its end of the monitor link as its stdin; then hand it the
+/// Start the broker: its snapshot directory made, then this same
+/// executable with `--broker`, as the broker user, its end of the monitor
+/// link as its stdin; then hand it the
 /// listening socket and the configuration over that link. Returns our end
 /// of the link (with timeouts set) and the broker's pid.
 pub(super) fn start_broker(
@@ -136,6 +137,7 @@ pub(super) fn start_broker(
     warm_reserved_bytes: u64,
     pools: Vec<pycell_protocol::info::WarmPoolStatus>,
 ) -> Result<(UnixStream, Pid), MonitorError> {
+    prepare_snapshot_dir(config, ids);
     let (mine, theirs) = UnixStream::pair().map_err(MonitorError::Broker)?;
     // The broker execs this binary through a descriptor opened here as root:
     // as the broker user it may not be able to reach the file by its path
