@@ -687,6 +687,18 @@ fn session_request(
                 max_entries: MAX_LISTED,
             }
         }
+        SessionCall::MakeDir { path } => {
+            bounded(bounds::check_session_path(&path))?;
+            SessionRequest::MakeDir { path }
+        }
+        SessionCall::Remove { path } => {
+            bounded(bounds::check_session_path(&path))?;
+            SessionRequest::Remove { path }
+        }
+        SessionCall::Command { command } => {
+            bounded(bounds::check_code(&command))?;
+            SessionRequest::Command { command }
+        }
     })
 }
 

@@ -56,6 +56,13 @@ pub enum SessionCall {
     Read { path: String },
     /// List a directory of /workspace (`""`: /workspace itself).
     List { path: String },
+    /// Make a directory of /workspace, and those above it.
+    MakeDir { path: String },
+    /// Remove a file, link or directory tree of /workspace.
+    Remove { path: String },
+    /// Run a shell command (`/bin/sh -c`) in /workspace, in the session's
+    /// jail; its output is the call's, its exit status the answer's.
+    Command { command: String },
 }
 
 /// A started session, as `session_started` reports it (and MCP's
@@ -245,6 +252,12 @@ pub struct SessionReply {
     pub entries: Vec<DirEntry>,
     #[serde(default)]
     pub truncated: bool,
+    /// A make_dir: whether the directory was made (false: it was there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<bool>,
+    /// A command: its exit status (negative: the signal that ended it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
     /// A fork's state requests (never a client's call): what the runner
     /// said its state carried. Not on the wire.
     #[serde(skip)]
@@ -300,6 +313,8 @@ impl From<RunnerReply> for SessionReply {
             data,
             entries,
             truncated,
+            created,
+            exit_code,
             state,
         } = r;
         SessionReply {
@@ -331,6 +346,8 @@ impl From<RunnerReply> for SessionReply {
             data,
             entries: entries.into_iter().map(DirEntry::from).collect(),
             truncated,
+            created,
+            exit_code,
             state,
         }
     }

@@ -101,6 +101,12 @@ def _pycell_serve(main, state, request):
             reply = _pycell_read_file(request)
         elif op == "list":
             reply = _pycell_list_files(request)
+        elif op == "make_dir":
+            reply = _pycell_make_dir(request)
+        elif op == "remove":
+            reply = _pycell_remove(request)
+        elif op == "command":
+            reply = _pycell_command(request)
         elif op in _PYCELL_STATE_OPS:
             reply = _pycell_state_op(main, state, request)
         else:
@@ -451,6 +457,92 @@ def _pycell_list_files(request):
         os.close(fd)
     path = "/".join([_PYCELL_WORKSPACE] + parts)
     return {"path": path, "entries": entries, "truncated": len(names) > cap}
+
+
+def _pycell_make_dir(request):
+    """Make a directory of /workspace and those above it; `created` is
+    false if it was there already."""
+    import os
+
+    parts = _pycell_parts(request["path"])
+    if not parts:
+        return {"path": _PYCELL_WORKSPACE, "created": False}
+    fd = _pycell_open_dir(parts[:-1], create=True)
+    try:
+        os.mkdir(parts[-1], 0o755, dir_fd=fd)
+        created = True
+    except FileExistsError:
+        created = False
+    except OSError as e:
+        raise _PycellRefusal(_pycell_why(parts[-1], e))
+    finally:
+        os.close(fd)
+    if not created:
+        os.close(_pycell_open_dir(parts))
+    return {"path": _pycell_workspace_path(request["path"]), "created": created}
+
+
+def _pycell_remove(request):
+    """Remove a file, link or directory tree of /workspace (never what a
+    link points to)."""
+    import os
+    import shutil
+    import stat
+
+    parts = _pycell_parts(request["path"])
+    if not parts:
+        raise _PycellRefusal("the workspace itself cannot be removed")
+    fd = _pycell_open_dir(parts[:-1])
+    try:
+        try:
+            st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+        except OSError as e:
+            raise _PycellRefusal(_pycell_why(parts[-1], e))
+        try:
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(parts[-1], dir_fd=fd)
+            else:
+                os.unlink(parts[-1], dir_fd=fd)
+        except OSError as e:
+            raise _PycellRefusal("removing %r: %s" % (request["path"], e.strerror))
+    finally:
+        os.close(fd)
+    return {"path": _pycell_workspace_path(request["path"])}
+
+
+def _pycell_command(request):
+    """Run a shell command in /workspace, its output the call's: its exit
+    status (negative: the signal that ended it). Interrupted (the call's
+    clock), it is killed with its process group."""
+    import os
+    import signal
+    import subprocess
+
+    _pycell_flush_std()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", request["command"]],
+            cwd=_PYCELL_WORKSPACE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError as e:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise _PycellRefusal("the shell could not be started: %s" % e.strerror)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        code = None
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if proc.returncode is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            code = proc.wait()
+    return {"exit_code": code}
 
 
 def _pycell_kind(mode):

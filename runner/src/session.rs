@@ -115,6 +115,12 @@ pub enum SessionRequest {
     Read { path: String, max_bytes: u64 },
     /// List the directory `path` in /workspace.
     List { path: String, max_entries: u32 },
+    /// Make the directory `path` in /workspace, and those above it.
+    MakeDir { path: String },
+    /// Remove `path` in /workspace: a file, a link, or a directory tree.
+    Remove { path: String },
+    /// Run `command` with /bin/sh in /workspace; its output is the call's.
+    Command { command: String },
     /// Write the session's state (`__main__` and /workspace) as a bundle
     /// of at most `max_bytes`, kept in the runner until read: its size,
     /// and what it carries and leaves ([`StateReport`]).
@@ -180,7 +186,10 @@ impl SessionOp {
         }
         match &self.request {
             SessionRequest::Cell { .. } => Ok(()),
-            SessionRequest::Write { path, .. } | SessionRequest::List { path, .. }
+            SessionRequest::Write { path, .. }
+            | SessionRequest::List { path, .. }
+            | SessionRequest::MakeDir { path }
+            | SessionRequest::Remove { path }
                 if path.contains('\0') =>
             {
                 Err(SessionOpError::NulInPath)
@@ -296,6 +305,12 @@ pub struct RunnerReply {
     pub entries: Vec<DirEntry>,
     #[serde(default)]
     pub truncated: bool,
+    /// A make_dir: whether the directory was made (false: it was there).
+    #[serde(default)]
+    pub created: Option<bool>,
+    /// A command: its exit status (negative: the signal that ended it).
+    #[serde(default)]
+    pub exit_code: Option<i32>,
     /// A state's export or import: what it carried and left.
     #[serde(default)]
     pub state: Option<StateReport>,
