@@ -48,6 +48,8 @@ pub struct Front {
     pub admission: Arc<Admission>,
     /// The calls in flight, by caller and request id.
     pub cancels: Arc<crate::server::cancels::Cancels>,
+    /// The E2B-compatible endpoint (under [`super::e2b::PREFIX`]).
+    pub e2b: Arc<super::e2b::E2b>,
 }
 
 impl std::fmt::Debug for Front {
@@ -97,6 +99,12 @@ impl Front {
         }
         if path == "/healthz" {
             return plain(StatusCode::OK, "ok\n");
+        }
+        if let Some(rest) = path.strip_prefix(super::e2b::PREFIX) {
+            if rest.starts_with('/') {
+                let rest = rest.to_string();
+                return self.e2b_request(req, &rest, conn).await;
+            }
         }
         let metadata_here =
             path == METADATA_PREFIX || path.strip_prefix(METADATA_PREFIX) == Some(&*self.path);
@@ -169,6 +177,36 @@ impl Front {
             return unreadable_message(&bytes).unwrap_or(answer);
         }
         answer
+    }
+
+    /// A request to the E2B endpoint: the origin checked, the caller or
+    /// sandbox authenticated, the body read (bounded in size and time).
+    async fn e2b_request(
+        &self,
+        req: Request<Incoming>,
+        path: &str,
+        conn: &Activity,
+    ) -> Response<Body> {
+        if let Some(origin) = req.headers().get(header::ORIGIN) {
+            if !origin_allowed(origin.as_bytes(), &self.allowed_hosts) {
+                let m = "the Origin header names a site this server does not serve\n";
+                return plain(StatusCode::FORBIDDEN, m);
+            }
+        }
+        let asker = match self.e2b.authenticate(req.headers()) {
+            Ok(a) => a,
+            Err(refusal) => return refusal.answer(),
+        };
+        if !self.admission.authenticated(conn) {
+            let m = "every connection slot is taken by authenticated callers; try again shortly\n";
+            return plain(StatusCode::SERVICE_UNAVAILABLE, m);
+        }
+        let (parts, body) = req.into_parts();
+        let bytes = match self.read_body(body).await {
+            Ok(b) => b,
+            Err(answer) => return answer,
+        };
+        self.e2b.serve(asker, parts, path, bytes).await
     }
 
     /// The whole body: at most `max_body` bytes (rmcp's own limit,

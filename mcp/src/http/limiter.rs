@@ -92,6 +92,13 @@ impl Limiter {
 #[derive(Debug, Default)]
 pub struct QuotaGate(Arc<Limiter>);
 
+impl QuotaGate {
+    /// A gate counting in `limiter` (which other endpoints may share).
+    pub fn new(limiter: Arc<Limiter>) -> QuotaGate {
+        QuotaGate(limiter)
+    }
+}
+
 impl Gate for QuotaGate {
     fn enter(
         &self,

@@ -15,6 +15,7 @@
 
 pub(crate) mod callers;
 mod conns;
+mod e2b;
 mod front;
 mod gate;
 pub(crate) mod limiter;
@@ -79,14 +80,14 @@ fn mcp_server(
     args: &McpArgs,
     sandboxes: &RunService,
     code_mode: Option<&pycell_protocol::info::ToolsInfo>,
-    open: bool,
+    quotas: Option<Arc<limiter::Limiter>>,
 ) -> (PycellServer, Arc<crate::server::cancels::Cancels>) {
     let cancels = Arc::<crate::server::cancels::Cancels>::default();
     let mut server = PycellServer::new(sandboxes.clone(), args.policy.clone(), code_mode)
         .with_cancels(Arc::clone(&cancels))
         .with_hand_off_after(args.hand_off_after);
-    if !open {
-        server = server.with_gate(Arc::new(limiter::QuotaGate::default()));
+    if let Some(quotas) = quotas {
+        server = server.with_gate(Arc::new(limiter::QuotaGate::new(quotas)));
     }
     (server, cancels)
 }
@@ -115,7 +116,19 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
     };
     let tools = servers.clone().map(|s| Arc::new(s) as Arc<dyn ToolSource>);
     let sandboxes = RunService::new(mode, tools);
-    let (server, cancels) = mcp_server(args, &sandboxes, code_mode.as_ref(), setup.gate.open);
+    // The callers' quotas, counted alike on the MCP and E2B endpoints
+    // (not at all without authentication).
+    let quotas = Arc::new(limiter::Limiter::default());
+    let counted = (!setup.gate.open).then(|| Arc::clone(&quotas));
+    let (server, cancels) = mcp_server(args, &sandboxes, code_mode.as_ref(), counted);
+    let e2b = Arc::new(e2b::E2b {
+        service: sandboxes.clone(),
+        sandboxes: e2b::sandboxes::Sandboxes::default(),
+        gate: Arc::clone(&setup.gate),
+        limiter: quotas,
+        default_policy: args.policy.clone(),
+    });
+    let reaper = tokio::spawn(Arc::clone(&e2b).reap(stop.child_token()));
     let mut config =
         StreamableHttpServerConfig::default().with_allowed_hosts(setup.allowed_hosts.clone());
     config.legacy_session_mode = false;
@@ -137,6 +150,7 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
         allowed_hosts: Arc::from(setup.allowed_hosts.clone()),
         admission: conns::Admission::new(conns::MAX_AUTHENTICATED, conns::MAX_UNAUTHENTICATED),
         cancels,
+        e2b,
     };
     let listener = match tokio::net::TcpListener::from_std(setup.listener) {
         Ok(l) => l,
@@ -160,6 +174,8 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
         );
     }
     stop.cancel();
+    // The E2B sandboxes end with the front end that holds their tokens.
+    let _ = reaper.await;
     sandboxes.shutdown(Duration::from_secs(5)).await;
     if let Some(servers) = servers {
         servers.shutdown().await;

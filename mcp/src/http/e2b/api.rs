@@ -1,0 +1,317 @@
+//! E2B's REST control plane: create, connect, list, describe, time and
+//! kill sandboxes. A template names a pycell policy ([`policy_of`]); what
+//! pycell does not do (pause, resume, fork, snapshots, metrics, logs,
+//! templates, volumes, secrets) is answered 501 saying so.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::{Method, Response, StatusCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::sandboxes::{NewSandbox, Sandbox};
+use super::{empty, error, parse, rfc3339, unsupported, E2b, Refusal, ENVD_VERSION};
+use crate::http::callers::Caller;
+use crate::http::front::Body;
+use pycell_protocol::session::SessionStartRequest;
+
+/// E2B's default templates: the code interpreter's and the base image.
+/// Both are the front end's default policy; any other template is a
+/// policy's name.
+const DEFAULT_TEMPLATES: [&str; 2] = ["code-interpreter-v1", "base"];
+/// A sandbox's timeout when the request names none (E2B's).
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// `POST /sandboxes` (v1 and v2).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewSandboxBody {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(default)]
+    timeout: Option<u64>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    allow_internet_access: Option<bool>,
+    #[serde(default)]
+    auto_pause: Option<bool>,
+    #[serde(default)]
+    mcp: Option<Value>,
+    #[serde(default)]
+    network: Option<Value>,
+    #[serde(default)]
+    volume_mounts: Option<Vec<Value>>,
+    #[serde(default)]
+    secure: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/timeout` and `/connect`.
+#[derive(Debug, Deserialize)]
+struct TimeoutBody {
+    #[serde(default)]
+    timeout: Option<u64>,
+}
+
+pub(super) async fn serve(
+    e2b: &Arc<E2b>,
+    caller: Option<Arc<Caller>>,
+    parts: &http::request::Parts,
+    path: &str,
+    body: &[u8],
+) -> Response<Body> {
+    let identity = caller.as_ref().map(|c| c.identity().to_string());
+    let path = path.strip_prefix("/v2").unwrap_or(path);
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (&parts.method, segments.as_slice()) {
+        (&Method::POST, ["sandboxes"]) => create(e2b, caller, body).await,
+        (&Method::GET, ["sandboxes"]) => list(e2b, identity.as_deref(), parts),
+        (method, ["sandboxes", id, rest @ ..]) => {
+            let Some(s) = e2b.sandboxes.owned(id, identity.as_deref()) else {
+                let m = format!("sandbox {id} not found");
+                return error(StatusCode::NOT_FOUND, &m);
+            };
+            on_sandbox(e2b, &s, method, rest, body).await
+        }
+        (method, _) => unsupported(&format!("{method} {path}")),
+    }
+}
+
+/// A request about one sandbox, the caller's.
+async fn on_sandbox(
+    e2b: &Arc<E2b>,
+    s: &Arc<Sandbox>,
+    method: &Method,
+    rest: &[&str],
+    body: &[u8],
+) -> Response<Body> {
+    match (method, rest) {
+        (&Method::GET, []) => super::json(StatusCode::OK, &detail(s)),
+        (&Method::DELETE, []) => {
+            if e2b.sandboxes.remove(&s.id).is_some() {
+                e2b.end(s).await;
+            }
+            empty(StatusCode::NO_CONTENT)
+        }
+        (&Method::POST, ["timeout"]) => match set_timeout(s, body) {
+            Ok(()) => empty(StatusCode::NO_CONTENT),
+            Err(r) => r.answer(),
+        },
+        (&Method::POST, ["refreshes"]) => empty(StatusCode::NO_CONTENT),
+        (&Method::POST, ["connect"]) => match set_timeout(s, body) {
+            Ok(()) => super::json(StatusCode::OK, &created(s)),
+            Err(r) => r.answer(),
+        },
+        (m, r) => unsupported(&format!("{m} /sandboxes/{{id}}/{}", r.join("/"))),
+    }
+}
+
+/// Set a sandbox's timeout from a `{"timeout": SECONDS}` body (absent:
+/// unchanged).
+fn set_timeout(s: &Sandbox, body: &[u8]) -> Result<(), Refusal> {
+    let t: TimeoutBody = parse(body)?;
+    let Some(secs) = t.timeout else {
+        return Ok(());
+    };
+    s.set_timeout(SystemTime::now(), Duration::from_secs(secs))
+        .map_err(|m| Refusal::new(StatusCode::BAD_REQUEST, m))
+}
+
+/// The policy a template names, or why it names none here.
+pub(super) fn policy_of(template: &str, default_policy: &str) -> String {
+    match DEFAULT_TEMPLATES.contains(&template) {
+        true => default_policy.to_string(),
+        false => template.to_string(),
+    }
+}
+
+/// What of a new sandbox's request pycell cannot honour.
+fn refused_options(b: &NewSandboxBody) -> Option<&'static str> {
+    let some_map = |m: &Option<BTreeMap<String, String>>| m.as_ref().is_some_and(|m| !m.is_empty());
+    if some_map(&b.env_vars) {
+        return Some("envVars: a sandbox's environment is its policy's (pycell sets no variables a request names)");
+    }
+    if b.allow_internet_access == Some(true) {
+        return Some("allowInternetAccess: a sandbox's network is its policy's egress allowlist; choose a template (policy) that has the network it needs, and leave this unset");
+    }
+    if b.auto_pause == Some(true) {
+        return Some(
+            "autoPause: pycell pauses idle sessions by the policy's [session] pause_when_idle",
+        );
+    }
+    if b.mcp.as_ref().is_some_and(|m| !m.is_null()) {
+        return Some("mcp: jailed MCP servers are pycell's `pycell mcp-server`");
+    }
+    if b.network.as_ref().is_some_and(|n| !n.is_null()) {
+        return Some("network: a sandbox's network is its policy's egress allowlist");
+    }
+    if b.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Some("volumeMounts: a sandbox has only its own /workspace");
+    }
+    None
+}
+
+async fn create(e2b: &Arc<E2b>, caller: Option<Arc<Caller>>, body: &[u8]) -> Response<Body> {
+    let b: NewSandboxBody = match parse(body) {
+        Ok(b) => b,
+        Err(r) => return r.answer(),
+    };
+    if let Some(why) = refused_options(&b) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("not supported by pycell: {why}"),
+        );
+    }
+    let _ = b.secure;
+    let policy = policy_of(&b.template_id, &e2b.default_policy);
+    let service = match &caller {
+        Some(c) => e2b.service.speaking_for(Arc::clone(&c.speaks_as)),
+        None => e2b.service.clone(),
+    };
+    if let Err(e) = service.may_use(&policy) {
+        let m = format!(
+            "template {:?} (pycell policy {policy:?}): {e}",
+            b.template_id
+        );
+        return error(StatusCode::BAD_REQUEST, &m);
+    }
+    let start = SessionStartRequest {
+        policy: Some(policy.clone()),
+        ..SessionStartRequest::default()
+    };
+    let info = match service.start_session(start).await {
+        Ok(i) => i,
+        Err(f) => return start_failed(&b.template_id, &f),
+    };
+    let timeout = b.timeout.map_or(DEFAULT_TIMEOUT, Duration::from_secs);
+    let lifetime = Duration::from_secs_f64(info.lifetime_s);
+    let new = NewSandbox {
+        owner: caller,
+        template: b.template_id,
+        policy,
+        metadata: b.metadata.unwrap_or_default(),
+        now: SystemTime::now(),
+        timeout: timeout.min(lifetime),
+        info,
+    };
+    let session = new.info.session.clone();
+    match e2b.sandboxes.add(new) {
+        Ok((s, _)) => super::json(StatusCode::CREATED, &created(&s)),
+        Err(why) => {
+            let _ = service.end_session(&session).await;
+            error(StatusCode::TOO_MANY_REQUESTS, &why)
+        }
+    }
+}
+
+/// A session that could not start, in E2B's terms: an unknown policy is
+/// an unknown template.
+fn start_failed(template: &str, f: &pycell_engine::service::SessionFailure) -> Response<Body> {
+    use pycell_wire::codes::FailureCode;
+    let status = match f.code {
+        FailureCode::InvalidPolicy | FailureCode::InvalidRequest => StatusCode::BAD_REQUEST,
+        FailureCode::DaemonUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        FailureCode::TooManySessions | FailureCode::SessionBusy | FailureCode::Busy => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let m = format!(
+        "template {template:?}: no sandbox was made: {} ({}); a template is the name of a pycell policy, or code-interpreter-v1 or base for the server's default",
+        f.message,
+        f.code.as_str()
+    );
+    error(status, &m)
+}
+
+/// The `Sandbox` answer of a create or connect.
+fn created(s: &Sandbox) -> Value {
+    json!({
+        "templateID": s.template,
+        "sandboxID": s.id,
+        "clientID": "pycell",
+        "envdVersion": ENVD_VERSION,
+        "alias": s.template,
+        "envdAccessToken": s.token(),
+        "trafficAccessToken": s.token(),
+    })
+}
+
+/// A sandbox as `GET /sandboxes/{id}` and the listing describe it.
+fn detail(s: &Sandbox) -> Value {
+    let l = &s.info.limits;
+    json!({
+        "templateID": s.template,
+        "sandboxID": s.id,
+        "clientID": "pycell",
+        "alias": s.template,
+        "startedAt": rfc3339(s.started),
+        "endAt": rfc3339(s.end_at()),
+        "envdVersion": ENVD_VERSION,
+        "cpuCount": l.cpus.get().ceil().max(1.0) as u64,
+        "memoryMB": l.memory.get() >> 20,
+        "diskSizeMB": l.disk.get() >> 20,
+        "state": "running",
+        "metadata": s.metadata,
+    })
+}
+
+/// `GET /sandboxes` and `/v2/sandboxes`: the caller's, filtered by the
+/// `metadata` query (`k=v&...`, URL-encoded) and `state`.
+fn list(e2b: &E2b, identity: Option<&str>, parts: &http::request::Parts) -> Response<Body> {
+    let wanted: Vec<(String, String)> = super::query_param(parts, "metadata")
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default();
+    // Sandboxes here are running: none is paused.
+    let paused_only = super::query_param(parts, "state").is_some_and(|s| !s.contains("running"));
+    let listed = match paused_only {
+        true => Vec::new(),
+        false => e2b.sandboxes.of(identity),
+    };
+    let all: Vec<Value> = listed
+        .iter()
+        .filter(|s| wanted.iter().all(|(k, v)| s.metadata.get(k) == Some(v)))
+        .map(|s| detail(s))
+        .collect();
+    super::json(StatusCode::OK, &Value::Array(all))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(v: Value) -> NewSandboxBody {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn templates_name_policies_and_the_defaults_the_servers() {
+        assert_eq!(policy_of("code-interpreter-v1", "default"), "default");
+        assert_eq!(policy_of("base", "data-science"), "data-science");
+        assert_eq!(policy_of("data-science", "default"), "data-science");
+    }
+
+    #[test]
+    fn what_pycell_cannot_honour_is_refused_not_ignored() {
+        let ok = body(
+            json!({"templateID": "base", "envVars": {}, "metadata": {"a": "b"}, "allowInternetAccess": false}),
+        );
+        assert_eq!(refused_options(&ok), None);
+        for (field, v) in [
+            ("envVars", json!({"K": "v"})),
+            ("allowInternetAccess", json!(true)),
+            ("autoPause", json!(true)),
+            ("volumeMounts", json!([{"name": "v", "path": "/data"}])),
+            ("network", json!({"allowOut": ["example.net"]})),
+        ] {
+            let mut b = json!({"templateID": "base"});
+            b[field] = v;
+            let why = refused_options(&body(b)).unwrap_or_else(|| panic!("{field} passed"));
+            assert!(why.starts_with(field), "{why}");
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! The E2B endpoint of `pycell mcp --http` (docs/e2b.md), driven by the
+//! published E2B code interpreter SDK, unchanged (tests/mcp/sdk_e2b.py),
+//! against a real pycelld: sandboxes made, used and killed by two
+//! identities whose tokens are the SDK's API keys.
+//!
+//! Needs root, the tools venv's python (PYCELL_TEST_TOOLS_PYTHON) with the
+//! SDK, and the test venv (PYCELL_TEST_NUMPY_VENV) with pandas and
+//! matplotlib, which the test's `data-science` policy runs.
+
+#![forbid(unsafe_code)]
+
+use std::time::Duration;
+
+use pycell_tests::daemon::Daemon;
+use pycell_tests::http::{get, make_token, start_front, text, FRONT_UID};
+use pycell_tests::sdk::sdk_report_with;
+use pycell_tests::{repo_root, require_root};
+use serde_json::{json, Value};
+
+const GUARD: Duration = Duration::from_secs(300);
+
+/// A policy directory: pycell's policies, and `data-science` as the
+/// default policy with the test venv for its interpreter.
+fn policies(dir: &std::path::Path) -> std::path::PathBuf {
+    let venv = std::env::var("PYCELL_TEST_NUMPY_VENV").expect(
+        "PYCELL_TEST_NUMPY_VENV is not set: run the tests through scripts/test, which builds the test venv",
+    );
+    let out = dir.join("policies");
+    std::fs::create_dir(&out).unwrap();
+    for name in ["default", "install"] {
+        let from = repo_root().join(format!("policies/{name}.toml"));
+        std::fs::copy(from, out.join(format!("{name}.toml"))).unwrap();
+    }
+    let default = std::fs::read_to_string(out.join("default.toml")).unwrap();
+    let science = default
+        .replacen("name = \"default\"", "name = \"data-science\"", 1)
+        .replacen(
+            "python = \"/usr/bin/python3\"",
+            &format!("venv = {venv:?}"),
+            1,
+        );
+    assert_ne!(
+        science, default,
+        "policies/default.toml names no python to replace"
+    );
+    std::fs::write(out.join("data-science.toml"), science).unwrap();
+    out
+}
+
+#[test]
+fn the_published_e2b_sdk_makes_uses_and_kills_sandboxes_of_its_own() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let policy_dir = policies(dir.path());
+    let daemon = Daemon::start(&format!(
+        "socket_mode = \"0666\"\nallowed_uids = [{FRONT_UID}]\nfront_end_uids = [{FRONT_UID}]\npolicy_dir = {:?}\npolicies_by_uid = {{ \"{FRONT_UID}\" = [\"data-science\"] }}\n",
+        policy_dir
+    ));
+    let mut file = String::new();
+    let mut tokens = serde_json::Map::new();
+    for name in ["alice", "bob"] {
+        let (token, entry) = make_token(name, &[]);
+        file.push_str(&entry);
+        file.push_str("policies = [\"default\", \"data-science\"]\n");
+        tokens.insert(name.into(), Value::String(token));
+    }
+    let tokens_file = dir.path().join("tokens.toml");
+    std::fs::write(&tokens_file, file).unwrap();
+    let socket = daemon.socket();
+    let front = start_front(&[
+        "--socket",
+        socket.to_str().unwrap(),
+        "--tokens",
+        tokens_file.to_str().unwrap(),
+    ]);
+    let origin = front.at.trim_end_matches("/mcp").to_string();
+    let tokens = Value::Object(tokens).to_string();
+    let r = sdk_report_with(
+        "sdk_e2b.py",
+        &["--url", &origin, "--tokens", &tokens],
+        GUARD,
+    );
+    let show = || {
+        format!(
+            "{}\nfront end:\n{}\npycelld:\n{}",
+            serde_json::to_string_pretty(&r).unwrap(),
+            front.said(),
+            daemon.log()
+        )
+    };
+    let eq = |pointer: &str, want: Value| {
+        assert_eq!(get(&r, pointer), &want, "{pointer}\n{}", show());
+    };
+    let has = |pointer: &str, part: &str| {
+        let t = text(&r, pointer);
+        assert!(
+            t.contains(part),
+            "{pointer}: {t:?} lacks {part:?}\n{}",
+            show()
+        );
+    };
+
+    // Two cells keep state; the second's value is its main result.
+    eq("/state/text", json!("42"));
+    eq("/state/count", json!(2));
+    // Output reaches the callbacks as it is printed, in order.
+    let seen: Vec<(String, String)> = get(&r, "/stream/seen")
+        .as_array()
+        .unwrap_or_else(|| panic!("no stream step\n{}", show()))
+        .iter()
+        .map(|s| (text(s, "/0"), text(s, "/1")))
+        .collect();
+    let want = [
+        ("stdout", "one\n"),
+        ("stderr", "two\n"),
+        ("stdout", "three\n"),
+    ];
+    assert_eq!(
+        seen,
+        want.map(|(a, b)| (a.to_string(), b.to_string())),
+        "{}",
+        show()
+    );
+    // A DataFrame is a main result with its text and a markdown table; a
+    // figure is a PNG.
+    eq("/dataframe/main", json!(1));
+    eq("/dataframe/markdown_table", json!(true));
+    has("/dataframe/text", "4.5");
+    eq("/plot/pngs", json!(1));
+    eq("/plot/png_magic", json!(true));
+    // An exception: its name, value and traceback; on_error heard.
+    eq("/error/name", json!("ZeroDivisionError"));
+    eq("/error/value", json!("division by zero"));
+    has("/error/traceback", "return 1 / 0");
+    eq("/error/on_error", json!(["KeyError"]));
+    // Files: /home/user is the session's /workspace; nothing else.
+    eq("/files/write_path", json!("/home/user/notes/data.txt"));
+    eq("/files/read", json!("hello from e2b"));
+    eq("/files/read_bytes", json!([0, 1, 2]));
+    eq("/files/exists", json!(true));
+    eq("/files/missing", json!(false));
+    eq("/files/made", json!(true));
+    eq("/files/made_again", json!(false));
+    eq("/files/removed", json!(true));
+    eq("/files/seen_by_code", json!("'hello from e2b'"));
+    has("/files/outside", "only under /home/user");
+    let listed = get(&r, "/files/listed");
+    assert!(
+        listed.as_array().is_some_and(
+            |l| l.contains(&json!(["notes", "dir"])) && l.contains(&json!(["raw.bin", "file"]))
+        ),
+        "{}",
+        show()
+    );
+    // Commands run in the jail's shell, in /workspace.
+    has("/command/stdout", "raw.bin");
+    eq("/command/exit_code", json!(0));
+    eq("/command/both", json!(["out\n", "err\n"]));
+    eq("/command/failed/exit_code", json!(3));
+    // A context is a session of its own.
+    eq("/contexts/in_context", json!("True"));
+    eq("/contexts/in_default", json!("False"));
+    eq("/contexts/x_in_context", json!("False"));
+    eq("/contexts/listed", json!(2));
+    // The control plane: listed for its owner only; connect keeps state.
+    eq("/control/mine", json!(true));
+    eq("/control/theirs", json!(false));
+    eq("/control/running", json!(true));
+    eq("/control/template", json!("data-science"));
+    eq("/control/connected_state", json!("41"));
+    // A wrong key is refused as E2B refuses one; another identity cannot
+    // kill or connect to the sandbox.
+    eq("/wrong_key/type", json!("AuthenticationException"));
+    eq("/stranger/kill", json!(false));
+    eq("/stranger/connect", json!("SandboxNotFoundException"));
+    eq("/stranger/still_alive", json!("41"));
+    has("/unsupported/pause", "not supported by pycell");
+    has("/unsupported/language", "runs Python only");
+    eq("/kill/killed", json!(true));
+    eq("/kill/listed", json!(false));
+    assert_ne!(text(&r, "/kill/after"), "", "{}", show());
+    drop(front);
+    daemon.assert_sandbox_gone(Duration::from_secs(10));
+}
