@@ -288,6 +288,11 @@ pub(super) async fn call(broker: &Arc<Broker>, conn: &mut Conn, peer: &Peer, ask
             },
         }
     };
+    // Output heard before the answer goes before it (the select above
+    // may have taken the answer first).
+    while let Ok(chunk) = output.try_recv() {
+        conn.out.offer(chunk);
+    }
     // Idle from the end of the call, not its start.
     broker.touch_session(&handle);
     let reply = match answered {
