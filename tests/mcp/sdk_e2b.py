@@ -28,6 +28,9 @@ def main():
     os.environ.pop("E2B_API_KEY", None)
     tokens = json.loads(a.tokens)
     report = {}
+    # Libraries that print (smolagents' logger) print to stderr: stdout
+    # carries the report alone.
+    out, sys.stdout = sys.stdout, sys.stderr
 
     def step(name, fn):
         try:
@@ -52,7 +55,7 @@ def main():
     step("create", create)
     sbx = holder.get("sbx")
     if sbx is None:
-        print(json.dumps(report))
+        print(json.dumps(report), file=out)
         return
     step("state", lambda: state(sbx))
     step("stream", lambda: stream(sbx))
@@ -67,7 +70,8 @@ def main():
     step("stranger", lambda: stranger(sbx, bob))
     step("unsupported", lambda: unsupported(sbx))
     step("kill", lambda: kill(sbx, alice))
-    print(json.dumps(report))
+    step("smolagents", lambda: smolagents_agent(alice))
+    print(json.dumps(report), file=out)
 
 
 def state(sbx):
@@ -260,6 +264,41 @@ def kill(sbx, alice):
     except Exception as e:
         after = type(e).__name__
     return {"killed": killed, "listed": sbx.sandbox_id in listed, "after": after}
+
+
+def smolagents_agent(key):
+    """smolagents' E2B executor, unchanged: a CodeAgent whose scripted
+    model writes two code actions, run in a pycell sandbox."""
+    from smolagents import CodeAgent
+    from smolagents.models import ChatMessage, MessageRole, Model
+
+    actions = iter(
+        [
+            "Thought: compute in the sandbox.\n<code>\nimport sys\ntotal = sum(range(10))\n"
+            "print('python', sys.version_info[0])\n</code>",
+            "Thought: answer.\n<code>\nfinal_answer(total * 2)\n</code>",
+        ]
+    )
+
+    class Scripted(Model):
+        def generate(self, messages, stop_sequences=None, **kwargs):
+            return ChatMessage(role=MessageRole.ASSISTANT, content=next(actions))
+
+    agent = CodeAgent(
+        tools=[],
+        model=Scripted(model_id="scripted"),
+        executor_type="e2b",
+        executor_kwargs={"api_key": key, "template": "data-science"},
+        max_steps=4,
+        verbosity_level=0,
+    )
+    try:
+        answer = agent.run("What is twice the sum of 0..9?")
+        sandbox = agent.python_executor.sandbox.sandbox_id
+        logs = [str(getattr(s, "observations", "")) for s in agent.memory.steps]
+    finally:
+        agent.cleanup()
+    return {"answer": answer, "sandbox": sandbox, "observations": logs}
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ fn the_published_e2b_sdk_makes_uses_and_kills_sandboxes_of_its_own() {
     let dir = tempfile::tempdir().unwrap();
     let policy_dir = policies(dir.path());
     let daemon = Daemon::start(&format!(
-        "socket_mode = \"0666\"\nallowed_uids = [{FRONT_UID}]\nfront_end_uids = [{FRONT_UID}]\npolicy_dir = {:?}\npolicies_by_uid = {{ \"{FRONT_UID}\" = [\"data-science\"] }}\n",
+        "socket_mode = \"0666\"\nallowed_uids = [{FRONT_UID}]\nfront_end_uids = [{FRONT_UID}]\npolicy_dir = {:?}\npolicies_by_uid = {{ \"{FRONT_UID}\" = [\"default\", \"data-science\"] }}\n",
         policy_dir
     ));
     let mut file = String::new();
@@ -179,6 +179,12 @@ fn the_published_e2b_sdk_makes_uses_and_kills_sandboxes_of_its_own() {
     eq("/kill/killed", json!(true));
     eq("/kill/listed", json!(false));
     assert_ne!(text(&r, "/kill/after"), "", "{}", show());
+    // smolagents' E2B executor, unchanged: its CodeAgent's actions ran in
+    // a sandbox here (the scripted model's first printed, the second
+    // answered).
+    eq("/smolagents/answer", json!(90));
+    let observed = get(&r, "/smolagents/observations").to_string();
+    assert!(observed.contains("python 3"), "{}", show());
     drop(front);
     daemon.assert_sandbox_gone(Duration::from_secs(10));
 }

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::connect::{self, Code};
 use super::interpreter::is_gone;
 use super::sandboxes::Sandbox;
-use super::{error, streamed, E2b};
+use super::{error, streamed, E2b, Lines};
 use crate::http::front::Body;
 use pycell_engine::service::{OutputSink, SessionFailure};
 use pycell_protocol::session::{DirEntry, SessionAnswer, SessionCall};
@@ -171,6 +171,15 @@ struct PathRequest {
     path: String,
     #[serde(default)]
     depth: Option<u32>,
+}
+
+/// A chunk of a command's output, as a process event.
+fn data_event(stream: Stream, bytes: &[u8]) -> Value {
+    let key = match stream {
+        Stream::Stdout => "stdout",
+        Stream::Stderr => "stderr",
+    };
+    json!({"event": {"data": {key: B64.encode(bytes)}}})
 }
 
 /// A session call failed: as a Connect error.
@@ -378,14 +387,12 @@ impl Calls<'_> {
             }
         };
         let _ = tx.send(connect::envelope(&json!({"event": {"start": {"pid": 1}}})));
-        let out = tx.clone();
+        let (out, lines) = (tx.clone(), Arc::new(Lines::default()));
+        let taken = Arc::clone(&lines);
         let sink: OutputSink = Arc::new(move |stream, bytes| {
-            let key = match stream {
-                Stream::Stdout => "stdout",
-                Stream::Stderr => "stderr",
-            };
-            let data = json!({"event": {"data": {key: B64.encode(bytes)}}});
-            let _ = out.send(connect::envelope(&data));
+            if let Some(ready) = taken.take(stream, bytes) {
+                let _ = out.send(connect::envelope(&data_event(stream, &ready)));
+            }
         });
         let (e2b, s, stop) = (Arc::clone(self.e2b), Arc::clone(self.s), cancel.clone());
         tokio::spawn(async move {
@@ -397,6 +404,13 @@ impl Calls<'_> {
                 .await;
             if is_gone(&answer) {
                 e2b.gone(&s).await;
+            }
+            if let Ok(a) = &answer {
+                for (stream, whole) in [(Stream::Stdout, &a.stdout), (Stream::Stderr, &a.stderr)] {
+                    if let Some(rest) = lines.finish(stream, whole) {
+                        let _ = tx.send(connect::envelope(&data_event(stream, &rest)));
+                    }
+                }
             }
             let end = match answer {
                 Ok(a) => match (a.reply.refused, a.reply.exit_code) {

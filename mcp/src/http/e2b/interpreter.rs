@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::sandboxes::{Context, Sandbox};
-use super::{error, parse, sandboxes, streamed, E2b, Refusal};
+use super::{error, parse, sandboxes, streamed, E2b, Lines, Refusal};
 use crate::http::front::Body;
 use pycell_engine::service::{OutputSink, SessionFailure};
 use pycell_protocol::session::{SessionAnswer, SessionCall, SessionStartRequest};
@@ -188,18 +188,30 @@ async fn execute(e2b: &Arc<E2b>, s: &Arc<Sandbox>, body: &[u8]) -> Response<Body
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
     let cancel = CancellationToken::new();
-    let out = tx.clone();
+    let (out, lines) = (tx.clone(), Arc::new(Lines::default()));
+    let taken = Arc::clone(&lines);
     let sink: OutputSink = Arc::new(move |stream, bytes| {
-        let _ = out.send(line(&output_line(stream, bytes)));
+        if let Some(ready) = taken.take(stream, bytes) {
+            let _ = out.send(line(&output_line(stream, &ready)));
+        }
     });
     let (e2b, s, stop) = (Arc::clone(e2b), Arc::clone(s), cancel.clone());
     tokio::spawn(async move {
         let _permit = permit;
-        let call = SessionCall::Cell { code: b.code };
+        let call = SessionCall::Cell {
+            code: shell_escapes(&b.code),
+        };
         let answer = e2b
             .service_of(&s)
             .session_call_watched(&session, call, None, stop, Some(sink))
             .await;
+        if let Ok(a) = &answer {
+            for (stream, whole) in [(Stream::Stdout, &a.stdout), (Stream::Stderr, &a.stderr)] {
+                if let Some(rest) = lines.finish(stream, whole) {
+                    let _ = tx.send(line(&output_line(stream, &rest)));
+                }
+            }
+        }
         for l in answer_lines(&answer) {
             let _ = tx.send(line(&l));
         }
@@ -208,6 +220,46 @@ async fn execute(e2b: &Arc<E2b>, s: &Arc<Sandbox>, body: &[u8]) -> Response<Body
         }
     });
     streamed(StatusCode::OK, "application/x-ndjson", rx, cancel)
+}
+
+/// `code` with IPython's shell escapes (a line `!cmd`, or `%pip ...` and
+/// `%sh ...`), which E2B's interpreter runs, as the same commands run by
+/// the jail's shell from Python (a line that starts with `!` is never
+/// Python; one inside a multi-line string is changed too).
+fn shell_escapes(code: &str) -> String {
+    if !code.lines().any(|l| escaped_command(l).is_some()) {
+        return code.to_string();
+    }
+    let mut out = String::with_capacity(code.len() + 64);
+    for l in code.split_inclusive('\n') {
+        let body = l.trim_end_matches(['\n', '\r']);
+        match escaped_command(body) {
+            Some((indent, command)) => {
+                // A JSON string is a Python string literal.
+                let literal = serde_json::Value::String(command.to_string());
+                out.push_str(&format!(
+                    "{indent}__import__('subprocess').run({literal}, shell=True)"
+                ));
+                out.push_str(&l[body.len()..]);
+            }
+            None => out.push_str(l),
+        }
+    }
+    out
+}
+
+/// A shell escape's indentation and command.
+fn escaped_command(line: &str) -> Option<(&str, &str)> {
+    let rest = line.trim_start();
+    let indent = &line[..line.len() - rest.len()];
+    let command = match rest.strip_prefix('!') {
+        Some(c) => c,
+        None => ["%pip ", "%sh "].iter().find_map(|m| {
+            rest.strip_prefix(m)
+                .map(|c| if *m == "%pip " { &rest[1..] } else { c })
+        })?,
+    };
+    Some((indent, command.trim()))
 }
 
 /// Whether a call found its session over.
@@ -355,6 +407,17 @@ mod tests {
         assert!(is_gone(&gone));
         let lines = answer_lines(&gone);
         assert_eq!(lines[0]["name"], "PycellError[session_gone]");
+    }
+
+    #[test]
+    fn ipython_shell_escapes_become_shell_commands_and_python_is_untouched() {
+        let plain = "x = 1\nif x != 2:\n    print(x)\n";
+        assert_eq!(shell_escapes(plain), plain);
+        let code = "import os\n!pip install numpy\nfor i in range(2):\n    !echo \"$HOME\" 'a'\n%pip list\n";
+        assert_eq!(
+            shell_escapes(code),
+            "import os\n__import__('subprocess').run(\"pip install numpy\", shell=True)\nfor i in range(2):\n    __import__('subprocess').run(\"echo \\\"$HOME\\\" 'a'\", shell=True)\n__import__('subprocess').run(\"pip list\", shell=True)\n"
+        );
     }
 
     #[test]

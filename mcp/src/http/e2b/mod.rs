@@ -296,3 +296,77 @@ impl http_body::Body for Streamed {
             .map(|b| b.map(|b| Ok(http_body::Frame::data(b))))
     }
 }
+
+/// A call's output on its way to the caller, by stream: sent a line at a
+/// time (a line written in pieces goes as one, as a notebook shows it),
+/// the rest of a line when the call ends. A watch may miss the last
+/// chunks (pycelld drops chunks rather than hold up a busy connection;
+/// the answer has the whole output): [`Lines::finish`] sends what the
+/// caller was not sent.
+#[derive(Debug, Default)]
+struct Lines(std::sync::Mutex<[Heard; 2]>);
+
+#[derive(Debug, Default)]
+struct Heard {
+    /// Everything the watch passed on.
+    all: Vec<u8>,
+    /// Of it, what is not sent yet (no newline after it yet).
+    unsent: usize,
+}
+
+impl Lines {
+    /// `bytes` heard: the complete lines now ready to send, if any.
+    fn take(&self, stream: pycell_wire::events::Stream, bytes: &[u8]) -> Option<Vec<u8>> {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let h = &mut all[stream as usize];
+        h.all.extend_from_slice(bytes);
+        h.unsent += bytes.len();
+        let pending = &h.all[h.all.len() - h.unsent..];
+        let cut = pending.iter().rposition(|b| *b == b'\n')? + 1;
+        let ready = pending[..cut].to_vec();
+        h.unsent -= cut;
+        Some(ready)
+    }
+
+    /// The call is over and its stream was `whole`: what is left to send
+    /// (the unsent end of a line, and what the watch missed if what it
+    /// heard is the start of `whole`).
+    fn finish(&self, stream: pycell_wire::events::Stream, whole: &str) -> Option<Vec<u8>> {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let h = &mut all[stream as usize];
+        let mut left = h.all[h.all.len() - h.unsent..].to_vec();
+        if let Some(missed) = whole.as_bytes().strip_prefix(h.all.as_slice()) {
+            left.extend_from_slice(missed);
+        }
+        h.unsent = 0;
+        (!left.is_empty()).then_some(left)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pycell_wire::events::Stream;
+
+    #[test]
+    fn output_goes_by_lines_and_what_a_watch_missed_goes_at_the_end() {
+        let lines = Lines::default();
+        assert_eq!(lines.take(Stream::Stdout, b"one"), None);
+        assert_eq!(lines.take(Stream::Stdout, b"\ntw"), Some(b"one\n".to_vec()));
+        assert_eq!(
+            lines.take(Stream::Stdout, b"o\nthr"),
+            Some(b"two\n".to_vec())
+        );
+        // "three\n" was heard only in part; "four\n" not at all.
+        let end = lines.finish(Stream::Stdout, "one\ntwo\nthree\nfour\n");
+        assert_eq!(end, Some(b"three\nfour\n".to_vec()));
+        assert_eq!(
+            lines.finish(Stream::Stderr, "oops\n"),
+            Some(b"oops\n".to_vec())
+        );
+        // Heard out of step with the answer: only what is unsent.
+        let other = Lines::default();
+        assert_eq!(other.take(Stream::Stdout, b"uno"), None);
+        assert_eq!(other.finish(Stream::Stdout, "one\n"), Some(b"uno".to_vec()));
+    }
+}
