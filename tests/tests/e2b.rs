@@ -9,15 +9,61 @@
 
 #![forbid(unsafe_code)]
 
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use pycell_tests::daemon::Daemon;
 use pycell_tests::http::{get, make_token, start_front, text, FRONT_UID};
 use pycell_tests::sdk::sdk_report_with;
-use pycell_tests::{repo_root, require_root};
+use pycell_tests::{output_guarded, repo_root, require_root};
 use serde_json::{json, Value};
 
 const GUARD: Duration = Duration::from_secs(300);
+/// `npm ci` of the JavaScript SDK on its first run here.
+const NPM_GUARD: Duration = Duration::from_secs(600);
+
+/// The JavaScript SDK (tests/e2b-node, pinned by its lockfile) installed
+/// once under the target directory: that directory.
+fn node_sdk() -> std::path::PathBuf {
+    let from = repo_root().join("tests/e2b-node");
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2b-node");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lock = std::fs::read(from.join("package-lock.json")).unwrap();
+    let installed = std::fs::read(dir.join("package-lock.json")).ok();
+    for f in ["package.json", "package-lock.json", "sdk_e2b.mjs"] {
+        std::fs::copy(from.join(f), dir.join(f)).unwrap();
+    }
+    if installed.as_deref() != Some(&lock[..]) || !dir.join("node_modules").exists() {
+        let child = Command::new("npm")
+            .args(["ci", "--silent", "--no-audit", "--no-fund"])
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("npm runs (Node.js is on PATH)");
+        let g = output_guarded(child, NPM_GUARD);
+        assert!(g.status.is_some_and(|s| s.success()), "npm ci: {}", g.stderr);
+    }
+    dir
+}
+
+/// `node sdk_e2b.mjs URL TOKENS`: its report.
+fn node_report(origin: &str, tokens: &str) -> Value {
+    let dir = node_sdk();
+    let child = Command::new("node")
+        .args(["sdk_e2b.mjs", origin, tokens])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("node runs");
+    let g = output_guarded(child, GUARD);
+    serde_json::from_str(g.stdout.trim()).unwrap_or_else(|e| {
+        panic!("node printed no report ({e}): {}\n{}", g.stdout, g.stderr)
+    })
+}
 
 /// A policy directory: pycell's policies, and `data-science` as the
 /// default policy with the test venv for its interpreter.
@@ -185,6 +231,32 @@ fn the_published_e2b_sdk_makes_uses_and_kills_sandboxes_of_its_own() {
     eq("/smolagents/answer", json!(90));
     let observed = get(&r, "/smolagents/observations").to_string();
     assert!(observed.contains("python 3"), "{}", show());
+
+    // The JavaScript SDK, the same way.
+    let n = node_report(&origin, &tokens);
+    let shown = || format!("{}\nfront end:\n{}", serde_json::to_string_pretty(&n).unwrap(), front.said());
+    let is = |pointer: &str, want: Value| {
+        assert_eq!(get(&n, pointer), &want, "node {pointer}\n{}", shown());
+    };
+    is("/state/text", json!("42"));
+    is("/stream/seen", json!([["stdout", "one\n"], ["stderr", "two\n"], ["stdout", "three\n"]]));
+    is("/dataframe/main", json!(1));
+    assert!(text(&n, "/dataframe/markdown").contains("| 4.5"), "{}", shown());
+    is("/plot/png_magic", json!(true));
+    is("/error/name", json!("ZeroDivisionError"));
+    is("/files/read", json!("from node"));
+    is("/files/listed", json!([["note.txt", "file"]]));
+    is("/files/exists", json!(true));
+    is("/files/made", json!(true));
+    is("/command/stdout", json!("note.txt\nsub\n"));
+    is("/command/exitCode", json!(0));
+    is("/command/failed/exitCode", json!(4));
+    is("/stranger/killed", json!(false));
+    is("/stranger/listed", json!(false));
+    is("/stranger/alive", json!("41"));
+    is("/wrong_key/name", json!("AuthenticationError"));
+    is("/kill/killed", json!(true));
+    is("/kill/listed", json!(false));
     drop(front);
     daemon.assert_sandbox_gone(Duration::from_secs(10));
 }
