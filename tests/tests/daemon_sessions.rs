@@ -551,6 +551,88 @@ fn a_watched_cell_streams_its_output_while_it_runs() {
         "the first line was not heard while the cell ran: {heard:?}"
     );
     assert_eq!(a.stdout, "first\nsecond\n", "{a:?}");
-    // 'second' may come with the answer rather than before it.
-    assert!(heard.starts_with(b"first\n"), "{heard:?}");
+    // All of it heard before the answer, 'second' too.
+    assert_eq!(
+        heard,
+        b"first\nsecond\n",
+        "{}",
+        String::from_utf8_lossy(&heard)
+    );
+}
+
+fn call(c: &mut DaemonClient, s: &str, call: SessionCall, timeout_s: Option<f64>) -> SessionAnswer {
+    c.session_call(s, call.clone(), timeout_s)
+        .unwrap_or_else(|e| panic!("{call:?}: {e}"))
+}
+
+#[test]
+fn commands_run_in_the_jails_shell_and_end_with_their_process_group() {
+    let d = Daemon::start("");
+    let s = start(&d, None).session;
+    let mut c = d.client();
+    let command = |command: &str| SessionCall::Command {
+        command: command.into(),
+    };
+    let a = call(&mut c, &s, command("pwd; echo err >&2; exit 3"), None);
+    assert_eq!(
+        (a.stdout.as_str(), a.stderr.as_str()),
+        ("/workspace\n", "err\n"),
+        "{a:?}"
+    );
+    assert_eq!(a.reply.exit_code, Some(3), "{a:?}");
+    assert_eq!(
+        call(&mut c, &s, command("/no/such/program"), None)
+            .reply
+            .exit_code,
+        Some(127)
+    );
+    // Past the call's clock the shell and what it started are killed.
+    let a = call(&mut c, &s, command("sleep 300 & sleep 300"), Some(0.5));
+    assert!(a.measure.interrupted, "{a:?}");
+    assert_eq!(a.reply.exit_code, Some(-9), "{a:?}");
+    let left = "import os\n[open(f'/proc/{p}/cmdline').read() for p in os.listdir('/proc') if p.isdigit() and 'sleep' in open(f'/proc/{p}/cmdline').read()]";
+    assert_eq!(cell(&mut c, &s, left).reply.value.as_deref(), Some("[]"));
+    // Directories made (once) and trees removed, inside /workspace only.
+    let make_dir = |path: &str| SessionCall::MakeDir { path: path.into() };
+    let remove = |path: &str| SessionCall::Remove { path: path.into() };
+    assert_eq!(
+        call(&mut c, &s, make_dir("a/b"), None).reply.created,
+        Some(true)
+    );
+    assert_eq!(
+        call(&mut c, &s, make_dir("/workspace/a/b"), None)
+            .reply
+            .created,
+        Some(false)
+    );
+    call(
+        &mut c,
+        &s,
+        command("touch a/b/f && ln -s /etc a/link"),
+        None,
+    );
+    let gone = call(&mut c, &s, remove("a"), None);
+    assert_eq!(gone.reply.refused, None, "{gone:?}");
+    assert_eq!(
+        cell(
+            &mut c,
+            &s,
+            "import os; os.path.exists('/workspace/a'), os.path.exists('/etc/passwd')"
+        )
+        .reply
+        .value
+        .as_deref(),
+        Some("(False, True)")
+    );
+    for (path, why) in [
+        ("a", "does not exist"),
+        ("", "workspace itself"),
+        ("../x", "'..'"),
+    ] {
+        let r = call(&mut c, &s, remove(path), None);
+        assert!(
+            r.reply.refused.as_deref().unwrap_or("").contains(why),
+            "{path}: {r:?}"
+        );
+    }
 }
