@@ -67,7 +67,9 @@ def main():
     step("contexts", lambda: contexts(sbx))
     step("control", lambda: control(sbx, alice, bob))
     step("wrong_key", lambda: wrong_key())
+    step("refused_creates", lambda: refused_creates(alice))
     step("stranger", lambda: stranger(sbx, bob))
+    step("forged", lambda: forged(a.url, sbx))
     step("unsupported", lambda: unsupported(sbx))
     step("kill", lambda: kill(sbx, alice))
     step("smolagents", lambda: smolagents_agent(alice))
@@ -225,6 +227,24 @@ def wrong_key():
         return {"type": type(e).__name__, "message": str(e)}
 
 
+def refused_creates(key):
+    from e2b_code_interpreter import Sandbox
+
+    out = {}
+    for name, kwargs in (
+        ("unknown_template", {"template": "no-such-template"}),
+        ("too_long", {"timeout": 7200}),
+        ("internet", {"allow_internet_access": True}),
+    ):
+        try:
+            Sandbox.create(api_key=key, **kwargs).kill()
+            out[name] = "created"
+        except Exception as e:
+            out[name] = str(e)
+    out["left"] = len(Sandbox.list(api_key=key).next_items())
+    return out
+
+
 def stranger(sbx, bob):
     from e2b_code_interpreter import Sandbox
 
@@ -235,6 +255,21 @@ def stranger(sbx, bob):
     except Exception as e:
         out["connect"] = type(e).__name__
     out["still_alive"] = sbx.run_code("x").text
+    return out
+
+
+def forged(url, sbx):
+    """Sandbox requests without the sandbox's token, or with another."""
+    import httpx
+
+    body = {"code": "x"}
+    out = {}
+    for name, headers in (
+        ("no_token", {}),
+        ("wrong_token", {"X-Access-Token": "pycell_sbx_" + "0" * 64}),
+    ):
+        r = httpx.post(f"{url}/e2b/execute", json=body, headers={"E2b-Sandbox-Id": sbx.sandbox_id, **headers})
+        out[name] = {"status": r.status_code, "message": r.json().get("message", "")}
     return out
 
 

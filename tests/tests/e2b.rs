@@ -43,7 +43,11 @@ fn node_sdk() -> std::path::PathBuf {
             .spawn()
             .expect("npm runs (Node.js is on PATH)");
         let g = output_guarded(child, NPM_GUARD);
-        assert!(g.status.is_some_and(|s| s.success()), "npm ci: {}", g.stderr);
+        assert!(
+            g.status.is_some_and(|s| s.success()),
+            "npm ci: {}",
+            g.stderr
+        );
     }
     dir
 }
@@ -60,9 +64,8 @@ fn node_report(origin: &str, tokens: &str) -> Value {
         .spawn()
         .expect("node runs");
     let g = output_guarded(child, GUARD);
-    serde_json::from_str(g.stdout.trim()).unwrap_or_else(|e| {
-        panic!("node printed no report ({e}): {}\n{}", g.stdout, g.stderr)
-    })
+    serde_json::from_str(g.stdout.trim())
+        .unwrap_or_else(|e| panic!("node printed no report ({e}): {}\n{}", g.stdout, g.stderr))
 }
 
 /// A policy directory: pycell's policies, and `data-science` as the
@@ -217,9 +220,21 @@ fn the_published_e2b_sdk_makes_uses_and_kills_sandboxes_of_its_own() {
     // A wrong key is refused as E2B refuses one; another identity cannot
     // kill or connect to the sandbox.
     eq("/wrong_key/type", json!("AuthenticationException"));
+    // What cannot be made as asked is refused, saying why, and leaves no
+    // sandbox (alice's one is all she has).
+    has("/refused_creates/unknown_template", "no-such-template");
+    has(
+        "/refused_creates/too_long",
+        "ends a session 3600 s after it starts",
+    );
+    has("/refused_creates/internet", "egress allowlist");
+    eq("/refused_creates/left", json!(1));
     eq("/stranger/kill", json!(false));
     eq("/stranger/connect", json!("SandboxNotFoundException"));
     eq("/stranger/still_alive", json!("41"));
+    eq("/forged/no_token/status", json!(401));
+    eq("/forged/wrong_token/status", json!(502));
+    has("/forged/wrong_token/message", "was not found");
     has("/unsupported/pause", "not supported by pycell");
     has("/unsupported/language", "runs Python only");
     eq("/kill/killed", json!(true));
@@ -234,14 +249,31 @@ fn the_published_e2b_sdk_makes_uses_and_kills_sandboxes_of_its_own() {
 
     // The JavaScript SDK, the same way.
     let n = node_report(&origin, &tokens);
-    let shown = || format!("{}\nfront end:\n{}", serde_json::to_string_pretty(&n).unwrap(), front.said());
+    let shown = || {
+        format!(
+            "{}\nfront end:\n{}",
+            serde_json::to_string_pretty(&n).unwrap(),
+            front.said()
+        )
+    };
     let is = |pointer: &str, want: Value| {
         assert_eq!(get(&n, pointer), &want, "node {pointer}\n{}", shown());
     };
     is("/state/text", json!("42"));
-    is("/stream/seen", json!([["stdout", "one\n"], ["stderr", "two\n"], ["stdout", "three\n"]]));
+    is(
+        "/stream/seen",
+        json!([
+            ["stdout", "one\n"],
+            ["stderr", "two\n"],
+            ["stdout", "three\n"]
+        ]),
+    );
     is("/dataframe/main", json!(1));
-    assert!(text(&n, "/dataframe/markdown").contains("| 4.5"), "{}", shown());
+    assert!(
+        text(&n, "/dataframe/markdown").contains("| 4.5"),
+        "{}",
+        shown()
+    );
     is("/plot/png_magic", json!(true));
     is("/error/name", json!("ZeroDivisionError"));
     is("/files/read", json!("from node"));

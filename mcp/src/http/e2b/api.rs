@@ -36,7 +36,8 @@ struct NewSandboxBody {
     metadata: Option<BTreeMap<String, String>>,
     #[serde(default)]
     env_vars: Option<BTreeMap<String, String>>,
-    #[serde(default)]
+    /// Spelt so by the v2 API, camelCase by v1.
+    #[serde(default, alias = "allow_internet_access")]
     allow_internet_access: Option<bool>,
     #[serde(default)]
     auto_pause: Option<bool>,
@@ -46,6 +47,8 @@ struct NewSandboxBody {
     network: Option<Value>,
     #[serde(default)]
     volume_mounts: Option<Vec<Value>>,
+    #[serde(default)]
+    iam: Option<Value>,
     #[serde(default)]
     secure: Option<bool>,
 }
@@ -149,6 +152,9 @@ fn refused_options(b: &NewSandboxBody) -> Option<&'static str> {
     if b.network.as_ref().is_some_and(|n| !n.is_null()) {
         return Some("network: a sandbox's network is its policy's egress allowlist");
     }
+    if b.iam.as_ref().is_some_and(|i| !i.is_null()) {
+        return Some("iam: a sandbox holds no cloud identity (pycell's egress proxy injects no credentials yet)");
+    }
     if b.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
         return Some("volumeMounts: a sandbox has only its own /workspace");
     }
@@ -188,22 +194,35 @@ async fn create(e2b: &Arc<E2b>, caller: Option<Arc<Caller>>, body: &[u8]) -> Res
         Err(f) => return start_failed(&b.template_id, &f),
     };
     let timeout = b.timeout.map_or(DEFAULT_TIMEOUT, Duration::from_secs);
-    let lifetime = Duration::from_secs_f64(info.lifetime_s);
+    let now = SystemTime::now();
     let new = NewSandbox {
         owner: caller,
         template: b.template_id,
         policy,
         metadata: b.metadata.unwrap_or_default(),
-        now: SystemTime::now(),
-        timeout: timeout.min(lifetime),
+        now,
+        timeout: Duration::ZERO,
         info,
     };
     let session = new.info.session.clone();
-    match e2b.sandboxes.add(new) {
-        Ok((s, _)) => super::json(StatusCode::CREATED, &created(&s)),
+    let made = e2b
+        .sandboxes
+        .add(new)
+        .map_err(|why| Refusal::new(StatusCode::TOO_MANY_REQUESTS, why));
+    // Its timeout as a later set_timeout would set it (refused past its
+    // session's lifetime).
+    let timed = made.and_then(|(s, _)| match s.set_timeout(now, timeout) {
+        Ok(()) => Ok(s),
         Err(why) => {
+            e2b.sandboxes.remove(&s.id);
+            Err(Refusal::new(StatusCode::BAD_REQUEST, why))
+        }
+    });
+    match timed {
+        Ok(s) => super::json(StatusCode::CREATED, &created(&s)),
+        Err(r) => {
             let _ = service.end_session(&session).await;
-            error(StatusCode::TOO_MANY_REQUESTS, &why)
+            r.answer()
         }
     }
 }

@@ -272,11 +272,7 @@ impl Calls<'_> {
 
     /// The entry at `rel`, from its directory's listing.
     async fn stat(&self, asked: &str, rel: &str) -> Result<Value, connect::Error> {
-        let Some((parent, name)) = rel
-            .rsplit_once('/')
-            .or(Some(("", rel)))
-            .filter(|_| !rel.is_empty())
-        else {
+        if rel.is_empty() {
             let root = DirEntry {
                 name: "user".into(),
                 kind: "directory".into(),
@@ -284,7 +280,8 @@ impl Calls<'_> {
                 mtime: 0.0,
             };
             return Ok(entry_info(&root, asked));
-        };
+        }
+        let (parent, name) = rel.rsplit_once('/').unwrap_or(("", rel));
         let entries = self.list(parent).await?;
         let e = entries.iter().find(|e| e.name == name).ok_or_else(|| {
             connect::Error::new(
