@@ -55,6 +55,23 @@ def start_node(pycelld, jailer, d, name, uid_base):
     return p, f"{d}/pycell.sock"
 
 
+def daemon_binaries(pycell):
+    """pycelld and pycell-jailer beside `pycell`."""
+    target_dir = os.path.dirname(pycell)
+    return os.path.join(target_dir, "pycelld"), os.path.join(target_dir, "pycell-jailer")
+
+
+def stop_all(procs):
+    """SIGTERM each process started, then wait for it (SIGKILL after 20 s)."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def serve(cmd, marker):
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     line = p.stderr.readline()
@@ -186,8 +203,7 @@ def main():
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=10)
     a = ap.parse_args()
-    target_dir = os.path.dirname(a.pycell)
-    pycelld, jailer = os.path.join(target_dir, "pycelld"), os.path.join(target_dir, "pycell-jailer")
+    pycelld, jailer = daemon_binaries(a.pycell)
     procs = []
     with tempfile.TemporaryDirectory(prefix="pycell-bench-http-") as d:
         os.chmod(d, 0o755)
@@ -221,13 +237,7 @@ def main():
             s1 = asyncio.run(sessions_per_second(single, tok, a.clients, a.seconds))
             s3 = asyncio.run(sessions_per_second(three, tok, a.clients, a.seconds))
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_all(procs)
     med = {k: statistics.median(v) for k, v in {**t, **{f"lean_{k}": v for k, v in t_lean.items()}}.items()}
     stdio, http = med["stdio"], med["http"]
     print(f"pycell mcp over HTTP; medians over {len(t['http'])} calls each (interleaved, paced: every run warm)")
