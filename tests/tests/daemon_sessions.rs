@@ -636,3 +636,26 @@ fn commands_run_in_the_jails_shell_and_end_with_their_process_group() {
         );
     }
 }
+
+#[test]
+fn each_cell_gets_its_own_cpu_time_past_what_the_session_used() {
+    let d = Daemon::start("");
+    let s = start(&d, None).session;
+    let mut c = d.client();
+    // 2.5 s of CPU a cell, three times: more than the session's first
+    // cells could once use in all (a request lowered the hard limit that
+    // the next one then could not raise).
+    let burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 2.5: pass\ntime.process_time()";
+    for n in 1..=3 {
+        let a = cell(&mut c, &s, burn);
+        assert!(a.reply.error.is_none(), "cell {n}: {a:?}");
+        let used: f64 = a
+            .reply
+            .value
+            .as_deref()
+            .unwrap_or("")
+            .parse()
+            .unwrap_or(0.0);
+        assert!(used >= 2.5 * f64::from(n), "cell {n}: {a:?}");
+    }
+}

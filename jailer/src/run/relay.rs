@@ -468,6 +468,7 @@ impl Relay {
             cgroup,
             spec.limits.cpu_time_whole_secs(),
             spec.limits.cpu_time_whole_secs(),
+            crate::run::warm::CpuBackstop::HardLimit,
         ) {
             w.refused = Some(format!("restarting the CPU clock: {e}"));
             return Some(WarmStep::Abandoned);
@@ -527,6 +528,7 @@ impl Relay {
             cgroup,
             pycell_wire::limits::whole_secs(op.cpu_time),
             spec.limits.cpu_time_whole_secs(),
+            crate::run::warm::CpuBackstop::WallClock,
         );
         s.clocks.begin(Instant::now(), op.wall_timeout);
         self.sent = [0, 0];

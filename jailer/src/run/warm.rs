@@ -126,6 +126,20 @@ impl WarmState {
     }
 }
 
+/// What kills a program that ignores SIGXCPU at its soft CPU limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CpuBackstop {
+    /// The hard limit, a second after the soft one: a warm run's, whose
+    /// clock restarts once.
+    HardLimit,
+    /// Its wall clock (SIGINT, then the session ends): a session's request,
+    /// whose clock restarts at every request. Its hard limit stays the
+    /// jail's, since one lowered cannot be raised again (that takes a
+    /// capability the jailer need not have), and each request needs a
+    /// soft limit past what the ones before used.
+    WallClock,
+}
+
 /// RLIMIT_CPU (soft, hard) for a program that has used `used_ticks` of
 /// CPU (clock ticks of `ticks_per_s`) when its run starts with `cpu_time_s`
 /// of its own; never above the hard limit it has (`hard_now`: raising one
@@ -135,12 +149,16 @@ pub(crate) fn cpu_clock_from_now(
     ticks_per_s: u64,
     cpu_time_s: u64,
     hard_now: u64,
+    backstop: CpuBackstop,
 ) -> (u64, u64) {
     let used_s = used_ticks.div_ceil(ticks_per_s.max(1));
     let soft = used_s
         .saturating_add(cpu_time_s)
         .min(hard_now.saturating_sub(1));
-    (soft, soft.saturating_add(1).min(hard_now))
+    match backstop {
+        CpuBackstop::HardLimit => (soft, soft.saturating_add(1).min(hard_now)),
+        CpuBackstop::WallClock => (soft, hard_now),
+    }
 }
 
 /// Field `n` (numbered from 1, as in proc(5)) of a `/proc/PID/stat` line,
@@ -189,6 +207,7 @@ pub(crate) fn restart_cpu_clock(
     cgroup: &SandboxCgroup,
     cpu_time_s: u64,
     jail_cpu_time_s: u64,
+    backstop: CpuBackstop,
 ) -> Result<(), CpuClockError> {
     let program = cgroup
         .processes()
@@ -205,7 +224,7 @@ pub(crate) fn restart_cpu_clock(
         .flatten()
         .unwrap_or(100) as u64;
     let hard = rlimits::cpu_seconds_hard(jail_cpu_time_s);
-    let (soft, hard) = cpu_clock_from_now(used, ticks, cpu_time_s, hard);
+    let (soft, hard) = cpu_clock_from_now(used, ticks, cpu_time_s, hard, backstop);
     // As the owner of the jail's user namespace: pycelld's jailer has no
     // CAP_SYS_RESOURCE over it otherwise (see `crate::setup::ns_owner`).
     crate::setup::ns_owner::as_jail_owner(spec, || {
@@ -305,11 +324,19 @@ mod tests {
 
     #[test]
     fn the_cpu_clock_restarts_but_never_above_the_hard_limit() {
+        use CpuBackstop::{HardLimit, WallClock};
         // 2.01 s used at 100 ticks/s: 3 s rounded up, plus the run's 10 s.
-        assert_eq!(cpu_clock_from_now(201, 100, 10, 131), (13, 14));
-        assert_eq!(cpu_clock_from_now(0, 100, 10, 131), (10, 11));
+        assert_eq!(cpu_clock_from_now(201, 100, 10, 131, HardLimit), (13, 14));
+        assert_eq!(cpu_clock_from_now(0, 100, 10, 131, HardLimit), (10, 11));
         // A warm-up that used its whole allowance: clamped.
-        assert_eq!(cpu_clock_from_now(100 * 500, 100, 10, 131), (130, 131));
+        assert_eq!(
+            cpu_clock_from_now(100 * 500, 100, 10, 131, HardLimit),
+            (130, 131)
+        );
+        // A session's requests: the hard limit stays, so that each next
+        // request's soft limit can be past what the last ones used.
+        assert_eq!(cpu_clock_from_now(100, 100, 1, 131, WallClock), (2, 131));
+        assert_eq!(cpu_clock_from_now(2500, 100, 10, 131, WallClock), (35, 131));
     }
 
     #[test]
