@@ -69,6 +69,7 @@ def main():
     step("wrong_key", lambda: wrong_key())
     step("refused_creates", lambda: refused_creates(alice))
     step("stranger", lambda: stranger(sbx, bob))
+    step("lifecycle", lambda: lifecycle(sbx, alice))
     step("forged", lambda: forged(a.url, sbx))
     step("unsupported", lambda: unsupported(sbx))
     step("kill", lambda: kill(sbx, alice))
@@ -273,13 +274,44 @@ def forged(url, sbx):
     return out
 
 
+def lifecycle(sbx, key):
+    """Pause and connect, fork, snapshot and create from it: pycell's
+    session snapshots and forks under E2B's calls."""
+    from e2b_code_interpreter import Sandbox
+
+    out = {"paused": sbx.pause()}
+    out["states"] = [s.state.value for s in Sandbox.list(api_key=key).next_items()]
+    try:
+        sbx.run_code("x")
+        out["while_paused"] = "ran"
+    except Exception as e:
+        out["while_paused"] = type(e).__name__
+    resumed = Sandbox.connect(sbx.sandbox_id, api_key=key)
+    out["resumed_x"] = resumed.run_code("x").text
+    out["same_id"] = resumed.sandbox_id == sbx.sandbox_id
+    forks = sbx.fork()
+    out["forks"] = len(forks)
+    fork = forks[0]
+    out["fork_x"] = fork.run_code("x").text
+    fork.run_code("x = 7")
+    out["source_x_after_fork_changed"] = sbx.run_code("x").text
+    out["fork_killed"] = fork.kill()
+    info = sbx.create_snapshot()
+    out["snapshot_id"] = info.snapshot_id
+    restored = Sandbox.create(info.snapshot_id, api_key=key)
+    out["restored_x"] = restored.run_code("x").text
+    out["restored_file"] = restored.files.read("/home/user/notes/data.txt")
+    out["restored_killed"] = restored.kill()
+    return out
+
+
 def unsupported(sbx):
     out = {}
     try:
-        sbx.pause()
-        out["pause"] = "paused"
+        sbx.get_metrics()
+        out["metrics"] = "got"
     except Exception as e:
-        out["pause"] = str(e)
+        out["metrics"] = str(e)
     try:
         sbx.run_code("1", language="r")
         out["language"] = "ran"

@@ -235,7 +235,21 @@ fn the_published_e2b_sdk_makes_uses_and_kills_sandboxes_of_its_own() {
     eq("/forged/no_token/status", json!(401));
     eq("/forged/wrong_token/status", json!(502));
     has("/forged/wrong_token/message", "was not found");
-    has("/unsupported/pause", "not supported by pycell");
+    has("/unsupported/metrics", "not supported by pycell");
+    // Pause and connect, fork, snapshot: pycell's snapshots and forks.
+    eq("/lifecycle/paused", json!(true));
+    eq("/lifecycle/states", json!(["paused"]));
+    eq("/lifecycle/while_paused", json!("TimeoutException"));
+    eq("/lifecycle/resumed_x", json!("41"));
+    eq("/lifecycle/same_id", json!(true));
+    eq("/lifecycle/forks", json!(1));
+    eq("/lifecycle/fork_x", json!("41"));
+    eq("/lifecycle/source_x_after_fork_changed", json!("41"));
+    eq("/lifecycle/fork_killed", json!(true));
+    has("/lifecycle/snapshot_id", "snap-");
+    eq("/lifecycle/restored_x", json!("41"));
+    eq("/lifecycle/restored_file", json!("hello from e2b"));
+    eq("/lifecycle/restored_killed", json!(true));
     has("/unsupported/language", "runs Python only");
     eq("/kill/killed", json!(true));
     eq("/kill/listed", json!(false));

@@ -1,7 +1,8 @@
 //! E2B's REST control plane: create, connect, list, describe, time and
-//! kill sandboxes. A template names a pycell policy ([`policy_of`]); what
-//! pycell does not do (pause, resume, fork, snapshots, metrics, logs,
-//! templates, volumes, secrets) is answered 501 saying so.
+//! kill sandboxes (pause, resume, fork and snapshots: [`lifecycle`]). A
+//! template names a pycell policy ([`policy_of`]) or a snapshot; what
+//! pycell does not do (metrics, logs, templates, volumes, secrets) is
+//! answered 501 saying so.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,10 +12,12 @@ use http::{Method, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::lifecycle;
 use super::sandboxes::{NewSandbox, Sandbox};
 use super::{empty, error, parse, rfc3339, unsupported, E2b, Refusal, ENVD_VERSION};
 use crate::http::callers::Caller;
 use crate::http::front::Body;
+use pycell_engine::service::RunService;
 use pycell_protocol::session::SessionStartRequest;
 
 /// E2B's default templates: the code interpreter's and the base image.
@@ -22,7 +25,9 @@ use pycell_protocol::session::SessionStartRequest;
 /// policy's name.
 const DEFAULT_TEMPLATES: [&str; 2] = ["code-interpreter-v1", "base"];
 /// A sandbox's timeout when the request names none (E2B's).
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// How pycell's snapshot ids start: such a template is a snapshot.
+const SNAPSHOT_PREFIX: &str = "snap-";
 
 /// `POST /sandboxes` (v1 and v2).
 #[derive(Debug, Deserialize)]
@@ -105,17 +110,17 @@ async fn on_sandbox(
             Err(r) => r.answer(),
         },
         (&Method::POST, ["refreshes"]) => empty(StatusCode::NO_CONTENT),
-        (&Method::POST, ["connect"]) => match set_timeout(s, body) {
-            Ok(()) => super::json(StatusCode::OK, &created(s)),
-            Err(r) => r.answer(),
-        },
+        (&Method::POST, ["connect" | "resume"]) => lifecycle::connect(e2b, s, body).await,
+        (&Method::POST, ["pause"]) => lifecycle::pause(e2b, s).await,
+        (&Method::POST, ["fork"]) => lifecycle::fork(e2b, s, body).await,
+        (&Method::POST, ["snapshots"]) => lifecycle::snapshot(e2b, s, body).await,
         (m, r) => unsupported(&format!("{m} /sandboxes/{{id}}/{}", r.join("/"))),
     }
 }
 
 /// Set a sandbox's timeout from a `{"timeout": SECONDS}` body (absent:
 /// unchanged).
-fn set_timeout(s: &Sandbox, body: &[u8]) -> Result<(), Refusal> {
+pub(super) fn set_timeout(s: &Sandbox, body: &[u8]) -> Result<(), Refusal> {
     let t: TimeoutBody = parse(body)?;
     let Some(secs) = t.timeout else {
         return Ok(());
@@ -173,44 +178,65 @@ async fn create(e2b: &Arc<E2b>, caller: Option<Arc<Caller>>, body: &[u8]) -> Res
         );
     }
     let _ = b.secure;
-    let policy = policy_of(&b.template_id, &e2b.default_policy);
     let service = match &caller {
         Some(c) => e2b.service.speaking_for(Arc::clone(&c.speaks_as)),
         None => e2b.service.clone(),
     };
-    if let Err(e) = service.may_use(&policy) {
+    // A snapshot (`Sandbox.create(snapshot_id)`) names its policy, which
+    // the run service checks once the session says it.
+    let from_snapshot = b.template_id.starts_with(SNAPSHOT_PREFIX);
+    let policy = policy_of(&b.template_id, &e2b.default_policy);
+    if let (false, Err(e)) = (from_snapshot, service.may_use(&policy)) {
         let m = format!(
             "template {:?} (pycell policy {policy:?}): {e}",
             b.template_id
         );
         return error(StatusCode::BAD_REQUEST, &m);
     }
-    let start = SessionStartRequest {
-        policy: Some(policy.clone()),
-        ..SessionStartRequest::default()
+    let start = match from_snapshot {
+        true => SessionStartRequest {
+            from_snapshot: Some(b.template_id.clone()),
+            ..SessionStartRequest::default()
+        },
+        false => SessionStartRequest {
+            policy: Some(policy),
+            ..SessionStartRequest::default()
+        },
     };
     let info = match service.start_session(start).await {
         Ok(i) => i,
         Err(f) => return start_failed(&b.template_id, &f),
     };
-    let timeout = b.timeout.map_or(DEFAULT_TIMEOUT, Duration::from_secs);
-    let now = SystemTime::now();
     let new = NewSandbox {
         owner: caller,
         template: b.template_id,
-        policy,
+        policy: info.policy.clone(),
         metadata: b.metadata.unwrap_or_default(),
-        now,
+        now: SystemTime::now(),
         timeout: Duration::ZERO,
         info,
     };
-    let session = new.info.session.clone();
+    let timeout = b.timeout.map_or(DEFAULT_TIMEOUT, Duration::from_secs);
+    match keep(e2b, &service, new, timeout).await {
+        Ok(s) => super::json(StatusCode::CREATED, &created(&s)),
+        Err(r) => r.answer(),
+    }
+}
+
+/// Keep a sandbox of a started session, its timeout set as a later
+/// set_timeout would set it (refused past its session's lifetime); if it
+/// cannot be kept, its session is ended.
+pub(super) async fn keep(
+    e2b: &E2b,
+    service: &RunService,
+    new: NewSandbox,
+    timeout: Duration,
+) -> Result<Arc<Sandbox>, Refusal> {
+    let (session, now) = (new.info.session.clone(), new.now);
     let made = e2b
         .sandboxes
         .add(new)
         .map_err(|why| Refusal::new(StatusCode::TOO_MANY_REQUESTS, why));
-    // Its timeout as a later set_timeout would set it (refused past its
-    // session's lifetime).
     let timed = made.and_then(|(s, _)| match s.set_timeout(now, timeout) {
         Ok(()) => Ok(s),
         Err(why) => {
@@ -218,13 +244,10 @@ async fn create(e2b: &Arc<E2b>, caller: Option<Arc<Caller>>, body: &[u8]) -> Res
             Err(Refusal::new(StatusCode::BAD_REQUEST, why))
         }
     });
-    match timed {
-        Ok(s) => super::json(StatusCode::CREATED, &created(&s)),
-        Err(r) => {
-            let _ = service.end_session(&session).await;
-            r.answer()
-        }
+    if timed.is_err() {
+        let _ = service.end_session(&session).await;
     }
+    timed
 }
 
 /// A session that could not start, in E2B's terms: an unknown policy is
@@ -248,7 +271,7 @@ fn start_failed(template: &str, f: &pycell_engine::service::SessionFailure) -> R
 }
 
 /// The `Sandbox` answer of a create or connect.
-fn created(s: &Sandbox) -> Value {
+pub(super) fn created(s: &Sandbox) -> Value {
     json!({
         "templateID": s.template,
         "sandboxID": s.id,
@@ -274,9 +297,16 @@ fn detail(s: &Sandbox) -> Value {
         "cpuCount": l.cpus.get().ceil().max(1.0) as u64,
         "memoryMB": l.memory.get() >> 20,
         "diskSizeMB": l.disk.get() >> 20,
-        "state": "running",
+        "state": state(s),
         "metadata": s.metadata,
     })
+}
+
+fn state(s: &Sandbox) -> &'static str {
+    match s.paused() {
+        Some(_) => "paused",
+        None => "running",
+    }
 }
 
 /// `GET /sandboxes` and `/v2/sandboxes`: the caller's, filtered by the
@@ -285,14 +315,16 @@ fn list(e2b: &E2b, identity: Option<&str>, parts: &http::request::Parts) -> Resp
     let wanted: Vec<(String, String)> = super::query_param(parts, "metadata")
         .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
         .unwrap_or_default();
-    // Sandboxes here are running: none is paused.
-    let paused_only = super::query_param(parts, "state").is_some_and(|s| !s.contains("running"));
-    let listed = match paused_only {
-        true => Vec::new(),
-        false => e2b.sandboxes.of(identity),
-    };
-    let all: Vec<Value> = listed
+    let states = super::query_param(parts, "state");
+    let all: Vec<Value> = e2b
+        .sandboxes
+        .of(identity)
         .iter()
+        .filter(|s| {
+            states
+                .as_deref()
+                .is_none_or(|w| w.split(',').any(|w| w == state(s)))
+        })
         .filter(|s| wanted.iter().all(|(k, v)| s.metadata.get(k) == Some(v)))
         .map(|s| detail(s))
         .collect();

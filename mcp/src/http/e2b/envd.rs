@@ -212,8 +212,9 @@ impl Calls<'_> {
     /// A file operation in the sandbox's session: its reply, or the error.
     async fn call(&self, call: SessionCall) -> Result<SessionAnswer, connect::Error> {
         let service = self.e2b.service_of(self.s);
+        let session = self.session()?;
         let answer = service
-            .session_call(&self.s.session, call, None, CancellationToken::new())
+            .session_call(&session, call, None, CancellationToken::new())
             .await;
         if is_gone(&answer) {
             self.e2b.gone(self.s).await;
@@ -223,6 +224,17 @@ impl Calls<'_> {
             Some(why) => Err(refusal(why)),
             None => Ok(a),
         }
+    }
+
+    /// The sandbox's session (paused: none, and the call is refused).
+    fn session(&self) -> Result<String, connect::Error> {
+        self.s.session().ok_or_else(|| {
+            let m = format!(
+                "The sandbox {} is paused: Sandbox.connect() resumes it",
+                self.s.id
+            );
+            connect::Error::new(Code::Unavailable, m)
+        })
     }
 
     async fn list(&self, rel: &str) -> Result<Vec<DirEntry>, connect::Error> {
@@ -370,13 +382,14 @@ impl Calls<'_> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
         let cancel = CancellationToken::new();
         let started = self.command(body).and_then(|line| {
+            let session = self.session()?;
             let permit = self
                 .e2b
                 .permit(self.s)
                 .map_err(|m| connect::Error::new(Code::ResourceExhausted, m))?;
-            Ok((line, permit))
+            Ok((line, session, permit))
         });
-        let (line, permit) = match started {
+        let (line, session, permit) = match started {
             Ok(x) => x,
             Err(e) => {
                 let _ = tx.send(connect::end_of_stream(Some(&e)));
@@ -397,7 +410,7 @@ impl Calls<'_> {
             let call = SessionCall::Command { command: line };
             let answer = e2b
                 .service_of(&s)
-                .session_call_watched(&s.session, call, None, stop, Some(sink))
+                .session_call_watched(&session, call, None, stop, Some(sink))
                 .await;
             if is_gone(&answer) {
                 e2b.gone(&s).await;

@@ -215,7 +215,7 @@ async fn execute(e2b: &Arc<E2b>, s: &Arc<Sandbox>, body: &[u8]) -> Response<Body
         for l in answer_lines(&answer) {
             let _ = tx.send(line(&l));
         }
-        if is_gone(&answer) && session == s.session {
+        if is_gone(&answer) && s.session().as_ref() == Some(&session) {
             e2b.gone(&s).await;
         }
     });

@@ -22,6 +22,7 @@ mod api;
 mod connect;
 mod envd;
 mod interpreter;
+mod lifecycle;
 pub(crate) mod sandboxes;
 
 use std::sync::Arc;
@@ -113,6 +114,13 @@ impl E2b {
     ) -> Response<Body> {
         match asker {
             Asker::Api(caller) => api::serve(self, caller, &parts, path, &body).await,
+            Asker::Sandbox(s) if s.paused().is_some() => {
+                let m = format!(
+                    "The sandbox {} is paused: Sandbox.connect() resumes it",
+                    s.id
+                );
+                error(StatusCode::BAD_GATEWAY, &m)
+            }
             Asker::Sandbox(s) => match path {
                 "/execute" | "/contexts" => interpreter::serve(self, &s, &parts, path, &body).await,
                 p if p.starts_with("/contexts/") => {
@@ -149,7 +157,9 @@ impl E2b {
         for c in sandbox.contexts() {
             let _ = service.end_session(&c.session).await;
         }
-        let _ = service.end_session(&sandbox.session).await;
+        if let Some(session) = sandbox.session() {
+            let _ = service.end_session(&session).await;
+        }
     }
 
     /// Sandbox `id` is over (its session ended under it): forget it.

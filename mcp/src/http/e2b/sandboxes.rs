@@ -35,13 +35,26 @@ pub struct Sandbox {
     token: String,
     pub template: String,
     pub policy: String,
-    /// Its default context's session.
-    pub session: String,
     pub info: pycell_protocol::session::SessionInfo,
     pub metadata: BTreeMap<String, String>,
     pub started: SystemTime,
     end_at: Mutex<SystemTime>,
     contexts: Mutex<Vec<Context>>,
+    /// Its default context's session, and when that session's lifetime
+    /// ends; or, paused, the snapshot it resumes from.
+    run: Mutex<Run>,
+}
+
+/// Whether a sandbox runs, and in what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Run {
+    Running {
+        session: String,
+        life_ends: SystemTime,
+    },
+    Paused {
+        snapshot: String,
+    },
 }
 
 impl Sandbox {
@@ -50,10 +63,50 @@ impl Sandbox {
         *self.end_at.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn run(&self) -> std::sync::MutexGuard<'_, Run> {
+        self.run.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Its default context's session (None: paused).
+    pub fn session(&self) -> Option<String> {
+        match &*self.run() {
+            Run::Running { session, .. } => Some(session.clone()),
+            Run::Paused { .. } => None,
+        }
+    }
+
+    /// The snapshot it resumes from, if paused.
+    pub fn paused(&self) -> Option<String> {
+        match &*self.run() {
+            Run::Paused { snapshot } => Some(snapshot.clone()),
+            Run::Running { .. } => None,
+        }
+    }
+
+    /// Paused into `snapshot` (its sessions ended), kept until `until`
+    /// (when the snapshot expires); its contexts are gone.
+    pub fn pause(&self, snapshot: String, until: SystemTime) {
+        *self.run() = Run::Paused { snapshot };
+        self.contexts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        *self.end_at.lock().unwrap_or_else(|p| p.into_inner()) = until;
+    }
+
+    /// Running again in `session` (started at `now`, for `lifetime`).
+    pub fn resume(&self, session: String, now: SystemTime, lifetime: Duration) {
+        let life_ends = now + lifetime;
+        *self.run() = Run::Running { session, life_ends };
+    }
+
     /// It ends `timeout` from `now`; refused past its session's lifetime.
     pub fn set_timeout(&self, now: SystemTime, timeout: Duration) -> Result<(), String> {
         let end = now + timeout;
-        let last = self.started + Duration::from_secs_f64(self.info.lifetime_s);
+        let last = match &*self.run() {
+            Run::Running { life_ends, .. } => *life_ends,
+            Run::Paused { .. } => return Err("the sandbox is paused: connect to resume it".into()),
+        };
         if end > last + Duration::from_secs(1) {
             let left = last.duration_since(now).unwrap_or_default().as_secs();
             return Err(format!(
@@ -92,8 +145,8 @@ impl Sandbox {
     /// The session of context `id` (None or `""`: the default one).
     pub fn context_session(&self, id: Option<&str>) -> Option<String> {
         match id {
-            None | Some("") => Some(self.session.clone()),
-            Some(id) if id == self.id => Some(self.session.clone()),
+            None | Some("") => self.session(),
+            Some(id) if id == self.id => self.session(),
             Some(id) => self
                 .contexts()
                 .into_iter()
@@ -165,7 +218,10 @@ impl Sandboxes {
         let sandbox = Arc::new(Sandbox {
             id,
             token: token.clone(),
-            session: new.info.session.clone(),
+            run: Mutex::new(Run::Running {
+                session: new.info.session.clone(),
+                life_ends: new.now + Duration::from_secs_f64(new.info.lifetime_s),
+            }),
             owner: new.owner,
             template: new.template,
             policy: new.policy,
@@ -311,6 +367,37 @@ mod tests {
         let later = now + Duration::from_secs(3601);
         assert_eq!(t.take_expired(later, false).len(), 1);
         assert!(t.owned(&a.id, None).is_none());
+    }
+
+    #[test]
+    fn a_paused_sandbox_has_no_session_until_resumed_and_keeps_its_token() {
+        let t = Sandboxes::default();
+        let now = SystemTime::now();
+        let (a, token) = t.add(new(None, now)).unwrap();
+        let c = Context {
+            id: "c".into(),
+            session: "s-c".into(),
+        };
+        a.add_context(c).unwrap();
+        let until = now + Duration::from_secs(7 * 24 * 3600);
+        a.pause("snap-1".into(), until);
+        assert_eq!((a.session(), a.paused().as_deref()), (None, Some("snap-1")));
+        assert!(a.contexts().is_empty());
+        assert!(a
+            .set_timeout(now, Duration::from_secs(60))
+            .unwrap_err()
+            .contains("paused"));
+        // Kept until its snapshot expires, not its old timeout.
+        assert!(t
+            .take_expired(now + Duration::from_secs(3600), false)
+            .is_empty());
+        let later = now + Duration::from_secs(5000);
+        a.resume("s-2".into(), later, Duration::from_secs(3600));
+        assert_eq!((a.session().as_deref(), a.paused()), (Some("s-2"), None));
+        assert!(t.reached(&a.id, &token).is_some());
+        // Its lifetime counts from the resume.
+        assert!(a.set_timeout(later, Duration::from_secs(3000)).is_ok());
+        assert!(a.set_timeout(later, Duration::from_secs(4000)).is_err());
     }
 
     #[test]
