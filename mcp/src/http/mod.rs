@@ -116,18 +116,10 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
     };
     let tools = servers.clone().map(|s| Arc::new(s) as Arc<dyn ToolSource>);
     let sandboxes = RunService::new(mode, tools);
-    // The callers' quotas, counted alike on the MCP and E2B endpoints
-    // (not at all without authentication).
     let quotas = Arc::new(limiter::Limiter::default());
     let counted = (!setup.gate.open).then(|| Arc::clone(&quotas));
     let (server, cancels) = mcp_server(args, &sandboxes, code_mode.as_ref(), counted);
-    let e2b = Arc::new(e2b::E2b {
-        service: sandboxes.clone(),
-        sandboxes: e2b::sandboxes::Sandboxes::default(),
-        gate: Arc::clone(&setup.gate),
-        limiter: quotas,
-        default_policy: args.policy.clone(),
-    });
+    let e2b = e2b_endpoint(args, &setup.gate, &sandboxes, quotas);
     let reaper = tokio::spawn(Arc::clone(&e2b).reap(stop.child_token()));
     let mut config =
         StreamableHttpServerConfig::default().with_allowed_hosts(setup.allowed_hosts.clone());
@@ -181,6 +173,24 @@ async fn serve(args: &McpArgs, setup: Setup) -> i32 {
         servers.shutdown().await;
     }
     0
+}
+
+/// The E2B endpoint over `sandboxes`, counting in `quotas` as the MCP
+/// endpoint does (the callers' quotas are one, whichever endpoint they
+/// call).
+fn e2b_endpoint(
+    args: &McpArgs,
+    gate: &Arc<gate::Gate>,
+    sandboxes: &RunService,
+    quotas: Arc<limiter::Limiter>,
+) -> Arc<e2b::E2b> {
+    Arc::new(e2b::E2b {
+        service: sandboxes.clone(),
+        sandboxes: e2b::sandboxes::Sandboxes::default(),
+        gate: Arc::clone(gate),
+        limiter: quotas,
+        default_policy: args.policy.clone(),
+    })
 }
 
 /// The mode of the sandboxes: one pycelld, or a cluster's nodes (those

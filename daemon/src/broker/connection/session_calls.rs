@@ -295,14 +295,25 @@ pub(super) async fn call(broker: &Arc<Broker>, conn: &mut Conn, peer: &Peer, ask
     }
     // Idle from the end of the call, not its start.
     broker.touch_session(&handle);
-    let reply = match answered {
+    let reply = answer_message(broker, id, &handle, answered, resumed);
+    conn.out.send(reply).await
+}
+
+/// What a session call's outcome is told as.
+fn answer_message(
+    broker: &Broker,
+    id: String,
+    handle: &str,
+    answered: Result<SessionAnswer, pycell_launch::session::SessionError>,
+    resumed: bool,
+) -> ServerMessage {
+    match answered {
         Ok(answer) => ServerMessage::SessionAnswer {
             id,
             answer: Box::new(SessionAnswer { resumed, ..answer }),
         },
-        Err(e) => refusal(&id, broker.session_error(&handle, e)),
-    };
-    conn.out.send(reply).await
+        Err(e) => refusal(&id, broker.session_error(handle, e)),
+    }
 }
 
 /// `session_end`.

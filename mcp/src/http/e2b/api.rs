@@ -253,21 +253,10 @@ pub(super) async fn keep(
 /// A session that could not start, in E2B's terms: an unknown policy is
 /// an unknown template.
 fn start_failed(template: &str, f: &pycell_engine::service::SessionFailure) -> Response<Body> {
-    use pycell_wire::codes::FailureCode;
-    let status = match f.code {
-        FailureCode::InvalidPolicy | FailureCode::InvalidRequest => StatusCode::BAD_REQUEST,
-        FailureCode::DaemonUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-        FailureCode::TooManySessions | FailureCode::SessionBusy | FailureCode::Busy => {
-            StatusCode::TOO_MANY_REQUESTS
-        }
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    let m = format!(
-        "template {template:?}: no sandbox was made: {} ({}); a template is the name of a pycell policy, or code-interpreter-v1 or base for the server's default",
-        f.message,
-        f.code.as_str()
+    let what = format!(
+        "template {template:?}: no sandbox was made (a template is the name of a pycell policy, or code-interpreter-v1 or base for the server's default)"
     );
-    error(status, &m)
+    Refusal::failed(&what, f).answer()
 }
 
 /// The `Sandbox` answer of a create or connect.

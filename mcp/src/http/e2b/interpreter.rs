@@ -135,10 +135,7 @@ async fn start(e2b: &E2b, s: &Sandbox) -> Result<String, Refusal> {
     };
     match e2b.service_of(s).start_session(req).await {
         Ok(info) => Ok(info.session),
-        Err(f) => Err(Refusal::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("no context was made: {} ({})", f.message, f.code.as_str()),
-        )),
+        Err(f) => Err(Refusal::failed("no context was made", &f)),
     }
 }
 

@@ -18,7 +18,6 @@ use super::api::{created, keep, set_timeout, DEFAULT_TIMEOUT};
 use super::sandboxes::{NewSandbox, Sandbox};
 use super::{empty, error, parse, E2b, Refusal};
 use crate::http::front::Body;
-use pycell_engine::service::SessionFailure;
 use pycell_protocol::session::SessionStartRequest;
 
 /// Forks one request may ask for (E2B's bound).
@@ -38,21 +37,6 @@ struct SnapshotBody {
     name: Option<String>,
 }
 
-/// A session call failed, in E2B's shape.
-fn failed(what: &str, f: &SessionFailure) -> Refusal {
-    use pycell_wire::codes::FailureCode as F;
-    let status = match f.code {
-        F::TooManySessions | F::SessionBusy | F::Busy => StatusCode::TOO_MANY_REQUESTS,
-        F::StateRefused | F::InvalidRequest => StatusCode::BAD_REQUEST,
-        F::UnknownSnapshot => StatusCode::NOT_FOUND,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    Refusal::new(
-        status,
-        format!("{what}: {} ({})", f.message, f.code.as_str()),
-    )
-}
-
 /// `POST /sandboxes/{id}/pause`: 409 if it is paused already.
 pub(super) async fn pause(e2b: &E2b, s: &Sandbox) -> Response<Body> {
     let Some(session) = s.session() else {
@@ -61,7 +45,7 @@ pub(super) async fn pause(e2b: &E2b, s: &Sandbox) -> Response<Body> {
     let service = e2b.service_of(s);
     let snap = match service.snapshot_session(&session).await {
         Ok(snap) => snap,
-        Err(f) => return failed("the sandbox was not paused", &f).answer(),
+        Err(f) => return Refusal::failed("the sandbox was not paused", &f).answer(),
     };
     e2b.end(s).await;
     let until = SystemTime::UNIX_EPOCH + Duration::from_secs(snap.expires_at);
@@ -93,7 +77,7 @@ async fn resume(e2b: &E2b, s: &Sandbox, snapshot: String) -> Result<(), Refusal>
         .service_of(s)
         .start_session(req)
         .await
-        .map_err(|f| failed("the sandbox was not resumed", &f))?;
+        .map_err(|f| Refusal::failed("the sandbox was not resumed", &f))?;
     let now = SystemTime::now();
     s.resume(info.session, now, Duration::from_secs_f64(info.lifetime_s));
     s.set_timeout(
@@ -143,7 +127,7 @@ async fn fork_one(
     let forked = service
         .fork_session(session)
         .await
-        .map_err(|f| failed("no fork was made", &f))?;
+        .map_err(|f| Refusal::failed("no fork was made", &f))?;
     let new = NewSandbox {
         owner: s.owner.clone(),
         template: s.template.clone(),
@@ -178,6 +162,6 @@ pub(super) async fn snapshot(e2b: &E2b, s: &Sandbox, body: &[u8]) -> Response<Bo
             StatusCode::CREATED,
             &json!({"snapshotID": snap.snapshot, "names": [snap.snapshot]}),
         ),
-        Err(f) => failed("no snapshot was taken", &f).answer(),
+        Err(f) => Refusal::failed("no snapshot was taken", &f).answer(),
     }
 }

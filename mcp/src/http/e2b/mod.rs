@@ -213,8 +213,26 @@ impl Refusal {
         }
     }
 
+    /// A session call that failed: `what` did not happen, and why.
+    pub fn failed(what: &str, f: &pycell_engine::service::SessionFailure) -> Refusal {
+        let m = format!("{what}: {} ({})", f.message, f.code.as_str());
+        Refusal::new(failure_status(f.code), m)
+    }
+
     pub fn answer(&self) -> Response<Body> {
         error(self.status, &self.message)
+    }
+}
+
+/// The HTTP status of a session call's failure.
+fn failure_status(code: pycell_wire::codes::FailureCode) -> StatusCode {
+    use pycell_wire::codes::FailureCode as F;
+    match code {
+        F::InvalidPolicy | F::InvalidRequest | F::StateRefused => StatusCode::BAD_REQUEST,
+        F::UnknownSnapshot => StatusCode::NOT_FOUND,
+        F::TooManySessions | F::SessionBusy | F::Busy => StatusCode::TOO_MANY_REQUESTS,
+        F::DaemonUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
